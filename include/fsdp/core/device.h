@@ -1,0 +1,30 @@
+// A device is "cpu" or "cuda:N". Tensors carry one; ops dispatch on it.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace fsdp {
+
+struct Device {
+  enum class Type : uint8_t { cpu, cuda };
+  Type type = Type::cpu;
+  int index = 0;
+
+  static Device cpu() { return {}; }
+  static Device cuda(int i = 0) { return {Type::cuda, i}; }
+  bool is_cpu() const { return type == Type::cpu; }
+  bool is_cuda() const { return type == Type::cuda; }
+  bool operator==(const Device& o) const { return type == o.type && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+  std::string str() const;
+};
+
+// Parses "cpu", "cuda" or "cuda:N"; throws on anything else.
+Device parse_device(std::string_view s);
+
+// True when this build has CUDA and at least one device is visible.
+bool cuda_available();
+int cuda_device_count();
+
+}  // namespace fsdp

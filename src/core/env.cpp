@@ -1,0 +1,38 @@
+// The table of environment knobs. Add new knobs here, nowhere else.
+#include "fsdp/core/env.h"
+
+#include <cstdlib>
+
+#include "fsdp/core/error.h"
+
+namespace fsdp {
+
+const std::vector<EnvKnob>& env_knobs() {
+  static const std::vector<EnvKnob> knobs = {
+      {"FSDP_CACHE_DIR", "", "where measured machine ceilings are cached (default $XDG_CACHE_HOME/fsdp or ~/.cache/fsdp)"},
+      {"FSDP_GEMM_PEAK_GFLOPS", "0", "fp32 GEMM peak to measure MFU against, in GFLOP/s; 0 measures it once and caches it"},
+  };
+  return knobs;
+}
+
+static const EnvKnob& knob(const char* name) {
+  for (const EnvKnob& k : env_knobs())
+    if (std::string_view(k.name) == name) return k;
+  FSDP_FAIL("[env] '{}' is not a declared knob (see src/core/env.cpp)", name);
+}
+
+std::string env_str(const char* name) {
+  const EnvKnob& k = knob(name);
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string(k.default_value);
+}
+
+double env_double(const char* name) {
+  std::string s = env_str(name);
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  FSDP_CHECK(!s.empty() && end && *end == '\0', "[env] {}='{}' is not a number", name, s);
+  return v;
+}
+
+}  // namespace fsdp
