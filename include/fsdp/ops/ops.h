@@ -1,0 +1,77 @@
+// The math of fsdp.cpp: a forward and a backward function per op. Each checks
+// its inputs (shapes, dtypes, devices) and names the bad value, then
+// dispatches on device to kernels/cpu or kernels/cuda.
+//
+// dtypes: f32 and f64 compute as themselves; bf16 and f16 are storage types,
+// widened to f32 for the math and narrowed back for the output.
+// Gradient convention: a backward returns the gradient of its input and ADDS
+// into the gradients of its parameters (dw, db), so gradient accumulation is
+// free and callers zero parameter gradients once per step.
+#pragma once
+
+#include <utility>
+
+#include "fsdp/core/tensor.h"
+
+namespace fsdp::ops {
+
+// C = alpha * op(A) op(B) + beta * C for 2-D tensors (op = transpose when asked).
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha = 1.0,
+          double beta = 0.0);
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
+// y = x w^T + b over the last dim of x. b may be undefined (no bias).
+Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b);
+// Returns dx; adds dy^T x into dw and the row sum of dy into db (if defined).
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dw, const Tensor& db);
+
+// y[..., :] = w[ids[...], :]; ids are i32 or i64 and must be in [0, vocab).
+Tensor embedding_forward(const Tensor& ids, const Tensor& w);
+void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dw);
+
+// nn.RMSNorm's default eps: the machine epsilon of the compute dtype.
+double default_rmsnorm_eps(DType dtype);
+struct RMSNormOut {
+  Tensor y, rstd;  // rstd: one per row, saved for the backward
+};
+RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps);
+Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dw);
+
+Tensor silu_forward(const Tensor& x);
+Tensor silu_backward(const Tensor& dy, const Tensor& x);
+// swiglu(gate, up) = silu(gate) * up, the llama FFN's gate.
+Tensor swiglu_forward(const Tensor& gate, const Tensor& up);
+std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up);
+
+// Rotary embedding, in place, on the q and k parts of a packed qkv [B, T, 3d].
+// inverse = true is the backward (the transpose rotation).
+void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse);
+
+// Scaled dot-product attention over a packed qkv [B, T, 3d] -> [B, T, d].
+struct AttentionOut {
+  Tensor out, lse;  // lse [B, H, T]: row log-sum-exp, saved for the backward
+};
+AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal);
+Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                          int64_t heads, bool causal);
+
+Tensor add(const Tensor& a, const Tensor& b);
+void add_(const Tensor& a, const Tensor& b);  // a += b
+double sum_squares(const Tensor& x);
+
+// Mean cross-entropy of logits [N, V] against targets [N] (i32/i64 in [0, V)).
+struct CrossEntropyOut {
+  double loss;
+  Tensor lse;  // [N]
+};
+CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets);
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss = 1.0);
+
+// One AdamW step in place over flat, contiguous buffers of one dtype.
+struct AdamWHyper {
+  double lr = 3e-4, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+};
+void adamw_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+            const AdamWHyper& h, int64_t step);
+
+}  // namespace fsdp::ops

@@ -1,0 +1,475 @@
+// Validation and dispatch for every op. The kernels trust what arrives here:
+// contiguous buffers of one compute dtype (f32 or f64) with checked shapes.
+#include "fsdp/ops/ops.h"
+
+#include <initializer_list>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/dispatch.h"
+#ifdef FSDP_WITH_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
+
+namespace fsdp::ops {
+
+namespace cpu = kernels::cpu;
+
+namespace {
+
+void require_cpu(const char* op, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts) {
+    if (!t->defined() || t->device().is_cpu()) continue;
+#ifdef FSDP_WITH_CUDA
+    FSDP_FAIL("[{}] has no CUDA kernel in this build yet (input on {})", op, t->device().str());
+#else
+    FSDP_FAIL("[{}] built without CUDA (input on {})", op, t->device().str());
+#endif
+  }
+}
+
+// bf16 and f16 compute in f32; f32 and f64 compute as themselves.
+DType compute_dtype(DType t) {
+  FSDP_CHECK(is_floating(t), "[ops] expected a floating dtype, got {}", dtype_name(t));
+  return t == DType::f64 ? DType::f64 : DType::f32;
+}
+
+Tensor as_compute(const Tensor& t, DType ct) { return t.to(ct).contiguous(); }
+
+// Narrows a compute-dtype result back to the storage dtype of the inputs.
+Tensor as_storage(const Tensor& t, DType storage) { return t.to(storage); }
+
+// A gradient buffer to add into. When it is not already a contiguous buffer
+// of the compute dtype, the kernel adds into a widened copy and finish()
+// writes it back.
+class Accum {
+ public:
+  Accum(const Tensor& target, DType ct) : target_(target) {
+    if (target.defined()) work_ = as_compute(target, ct);
+  }
+  template <class T>
+  T* data() const {
+    return work_.defined() ? work_.data<T>() : nullptr;
+  }
+  void finish() {
+    if (work_.defined() && !work_.shares_storage_with(target_)) target_.copy_(work_);
+  }
+
+ private:
+  Tensor target_, work_;
+};
+
+void check_same_dtype(const char* op, const Tensor& a, const Tensor& b, const char* an, const char* bn) {
+  FSDP_CHECK(a.dtype() == b.dtype(), "[{}] {} is {} but {} is {}", op, an, dtype_name(a.dtype()), bn,
+             dtype_name(b.dtype()));
+}
+
+template <class I>
+void check_ids(const char* op, const Tensor& ids, int64_t vocab, const char* what) {
+  const I* p = ids.data<I>();
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    FSDP_CHECK(p[i] >= 0 && p[i] < vocab, "[{}] {} {} at position {} is outside [0, {})", op, what,
+               int64_t(p[i]), i, vocab);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- gemm
+
+void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha, double beta) {
+  require_cpu("gemm", {&a, &b, &c});
+  FSDP_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "[gemm] needs 2-D tensors, got {} {} {}",
+             shape_str(a.shape()), shape_str(b.shape()), shape_str(c.shape()));
+  check_same_dtype("gemm", a, b, "A", "B");
+  check_same_dtype("gemm", a, c, "A", "C");
+  const int64_t m = ta ? a.size(1) : a.size(0), k = ta ? a.size(0) : a.size(1);
+  const int64_t kb = tb ? b.size(1) : b.size(0), n = tb ? b.size(0) : b.size(1);
+  FSDP_CHECK(k == kb, "[gemm] inner dims differ: op(A) is [{}, {}], op(B) is [{}, {}]", m, k, kb, n);
+  FSDP_CHECK(c.size(0) == m && c.size(1) == n, "[gemm] C is {} but op(A) op(B) is [{}, {}]",
+             shape_str(c.shape()), m, n);
+  FSDP_CHECK(c.is_contiguous(), "[gemm] C must be contiguous");
+  const DType ct = compute_dtype(a.dtype());
+  Tensor A = as_compute(a, ct), B = as_compute(b, ct);
+  Accum C(c, ct);
+  cpu::dispatch_compute(ct, "gemm", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::gemm<T>(ta, tb, m, n, k, T(alpha), A.data<T>(), a.size(1), B.data<T>(), b.size(1), T(beta),
+                 C.data<T>(), n);
+  });
+  C.finish();
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  FSDP_CHECK(a.dim() == 2 && b.dim() == 2, "[matmul] needs 2-D tensors, got {} and {}", shape_str(a.shape()),
+             shape_str(b.shape()));
+  Tensor c = Tensor::empty({ta ? a.size(1) : a.size(0), tb ? b.size(0) : b.size(1)}, a.dtype(), a.device());
+  gemm(a, ta, b, tb, c, 1.0, 0.0);
+  return c;
+}
+
+// ---------------------------------------------------------------- linear
+
+Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
+  require_cpu("linear", {&x, &w, &b});
+  FSDP_CHECK(w.dim() == 2, "[linear] weight must be 2-D, got {}", shape_str(w.shape()));
+  FSDP_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "[linear] input {} has last dim {} but weight {} expects {}",
+             shape_str(x.shape()), x.dim() ? x.size(-1) : 0, shape_str(w.shape()), w.size(1));
+  check_same_dtype("linear", x, w, "input", "weight");
+  const int64_t out = w.size(0), in = w.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
+  if (b.defined())
+    FSDP_CHECK(b.dim() == 1 && b.size(0) == out, "[linear] bias {} does not match {} outputs",
+               shape_str(b.shape()), out);
+  const DType ct = compute_dtype(x.dtype());
+  Tensor X = as_compute(x, ct), W = as_compute(w, ct);
+  Shape ys = x.shape();
+  ys.back() = out;
+  Tensor y = Tensor::empty(ys, ct);
+  cpu::dispatch_compute(ct, "linear", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::gemm<T>(false, true, rows, out, in, T(1), X.data<T>(), in, W.data<T>(), in, T(0), y.data<T>(), out);
+    if (b.defined()) cpu::bias_add_rows<T>(y.data<T>(), as_compute(b, ct).data<T>(), rows, out);
+  });
+  return as_storage(y, x.dtype());
+}
+
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dw, const Tensor& db) {
+  require_cpu("linear_backward", {&dy, &x, &w, &dw, &db});
+  const int64_t out = w.size(0), in = w.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
+  FSDP_CHECK(dy.numel() == rows * out, "[linear_backward] dy {} does not match input {} and weight {}",
+             shape_str(dy.shape()), shape_str(x.shape()), shape_str(w.shape()));
+  if (dw.defined())
+    FSDP_CHECK(dw.shape() == w.shape(), "[linear_backward] dw {} vs weight {}", shape_str(dw.shape()),
+               shape_str(w.shape()));
+  if (db.defined())
+    FSDP_CHECK(db.numel() == out, "[linear_backward] db has {} elements, expected {}", db.numel(), out);
+  const DType ct = compute_dtype(x.dtype());
+  Tensor DY = as_compute(dy, ct), X = as_compute(x, ct), W = as_compute(w, ct);
+  Tensor dx = Tensor::empty(x.shape(), ct);
+  Accum DW(dw, ct), DB(db, ct);
+  cpu::dispatch_compute(ct, "linear_backward", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::gemm<T>(false, false, rows, in, out, T(1), DY.data<T>(), out, W.data<T>(), in, T(0), dx.data<T>(), in);
+    if (dw.defined())
+      cpu::gemm<T>(true, false, out, in, rows, T(1), DY.data<T>(), out, X.data<T>(), in, T(1), DW.data<T>(), in);
+    if (db.defined()) cpu::sum_rows_into<T>(DY.data<T>(), DB.data<T>(), rows, out);
+  });
+  DW.finish();
+  DB.finish();
+  return as_storage(dx, x.dtype());
+}
+
+// ---------------------------------------------------------------- embedding
+
+Tensor embedding_forward(const Tensor& ids, const Tensor& w) {
+  require_cpu("embedding", {&ids, &w});
+  FSDP_CHECK(w.dim() == 2, "[embedding] weight must be [vocab, dim], got {}", shape_str(w.shape()));
+  const int64_t vocab = w.size(0), dim = w.size(1);
+  Tensor I = ids.contiguous();
+  const DType ct = compute_dtype(w.dtype());
+  Tensor W = as_compute(w, ct);
+  Shape ys = ids.shape();
+  ys.push_back(dim);
+  Tensor y = Tensor::empty(ys, ct);
+  cpu::dispatch_index(I.dtype(), "embedding", [&](auto iv) {
+    using Ix = decltype(iv);
+    check_ids<Ix>("embedding", I, vocab, "token id");
+    cpu::dispatch_compute(ct, "embedding", [&](auto tv) {
+      using T = decltype(tv);
+      cpu::embedding_forward<T, Ix>(I.data<Ix>(), W.data<T>(), y.data<T>(), I.numel(), dim);
+    });
+  });
+  return as_storage(y, w.dtype());
+}
+
+void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dw) {
+  require_cpu("embedding_backward", {&dy, &ids, &dw});
+  const int64_t dim = dw.size(1);
+  FSDP_CHECK(dy.numel() == ids.numel() * dim, "[embedding_backward] dy {} does not match ids {} and dim {}",
+             shape_str(dy.shape()), shape_str(ids.shape()), dim);
+  Tensor I = ids.contiguous();
+  const DType ct = compute_dtype(dw.dtype());
+  Tensor DY = as_compute(dy, ct);
+  Accum DW(dw, ct);
+  cpu::dispatch_index(I.dtype(), "embedding_backward", [&](auto iv) {
+    using Ix = decltype(iv);
+    check_ids<Ix>("embedding_backward", I, dw.size(0), "token id");
+    cpu::dispatch_compute(ct, "embedding_backward", [&](auto tv) {
+      using T = decltype(tv);
+      cpu::embedding_backward<T, Ix>(I.data<Ix>(), DY.data<T>(), DW.data<T>(), I.numel(), dim);
+    });
+  });
+  DW.finish();
+}
+
+// ---------------------------------------------------------------- rmsnorm
+
+double default_rmsnorm_eps(DType dtype) {
+  switch (dtype) {
+    case DType::f64: return 2.220446049250313e-16;
+    case DType::bf16: return 0.0078125;
+    case DType::f16: return 0.0009765625;
+    default: return 1.1920928955078125e-07;
+  }
+}
+
+RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps) {
+  require_cpu("rmsnorm", {&x, &w});
+  FSDP_CHECK(w.dim() == 1 && x.dim() >= 1 && x.size(-1) == w.size(0),
+             "[rmsnorm] weight {} does not match the last dim of input {}", shape_str(w.shape()),
+             shape_str(x.shape()));
+  FSDP_CHECK(eps >= 0, "[rmsnorm] eps must be >= 0, got {}", eps);
+  const int64_t dim = w.size(0), rows = x.numel() / std::max<int64_t>(dim, 1);
+  const DType ct = compute_dtype(x.dtype());
+  Tensor X = as_compute(x, ct), W = as_compute(w, ct);
+  Tensor y = Tensor::empty(x.shape(), ct), rstd = Tensor::empty({rows}, ct);
+  cpu::dispatch_compute(ct, "rmsnorm", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::rmsnorm_forward<T>(X.data<T>(), W.data<T>(), y.data<T>(), rstd.data<T>(), rows, dim, eps);
+  });
+  return {as_storage(y, x.dtype()), rstd};
+}
+
+Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dw) {
+  require_cpu("rmsnorm_backward", {&dy, &x, &w, &rstd, &dw});
+  FSDP_CHECK(dy.shape() == x.shape(), "[rmsnorm_backward] dy {} vs x {}", shape_str(dy.shape()),
+             shape_str(x.shape()));
+  const int64_t dim = w.size(0), rows = x.numel() / std::max<int64_t>(dim, 1);
+  FSDP_CHECK(rstd.numel() == rows, "[rmsnorm_backward] rstd has {} rows, expected {}", rstd.numel(), rows);
+  const DType ct = compute_dtype(x.dtype());
+  Tensor DY = as_compute(dy, ct), X = as_compute(x, ct), W = as_compute(w, ct), R = as_compute(rstd, ct);
+  Tensor dx = Tensor::empty(x.shape(), ct);
+  Accum DW(dw, ct);
+  cpu::dispatch_compute(ct, "rmsnorm_backward", [&](auto tv) {
+    using T = decltype(tv);
+    Tensor scratch;
+    T* dwp = DW.data<T>();
+    if (!dwp) {  // no weight gradient wanted: reduce into a scratch buffer
+      scratch = Tensor::zeros({dim}, ct);
+      dwp = scratch.data<T>();
+    }
+    cpu::rmsnorm_backward<T>(DY.data<T>(), X.data<T>(), W.data<T>(), R.data<T>(), dx.data<T>(), dwp, rows, dim);
+  });
+  DW.finish();
+  return as_storage(dx, x.dtype());
+}
+
+// ---------------------------------------------------------------- activations
+
+Tensor silu_forward(const Tensor& x) {
+  require_cpu("silu", {&x});
+  const DType ct = compute_dtype(x.dtype());
+  Tensor X = as_compute(x, ct), y = Tensor::empty(x.shape(), ct);
+  cpu::dispatch_compute(ct, "silu", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::silu_forward<T>(X.data<T>(), y.data<T>(), x.numel());
+  });
+  return as_storage(y, x.dtype());
+}
+
+Tensor silu_backward(const Tensor& dy, const Tensor& x) {
+  require_cpu("silu_backward", {&dy, &x});
+  FSDP_CHECK(dy.shape() == x.shape(), "[silu_backward] dy {} vs x {}", shape_str(dy.shape()), shape_str(x.shape()));
+  const DType ct = compute_dtype(x.dtype());
+  Tensor DY = as_compute(dy, ct), X = as_compute(x, ct), dx = Tensor::empty(x.shape(), ct);
+  cpu::dispatch_compute(ct, "silu_backward", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::silu_backward<T>(DY.data<T>(), X.data<T>(), dx.data<T>(), x.numel());
+  });
+  return as_storage(dx, x.dtype());
+}
+
+Tensor swiglu_forward(const Tensor& gate, const Tensor& up) {
+  require_cpu("swiglu", {&gate, &up});
+  FSDP_CHECK(gate.shape() == up.shape(), "[swiglu] gate {} vs up {}", shape_str(gate.shape()),
+             shape_str(up.shape()));
+  const DType ct = compute_dtype(gate.dtype());
+  Tensor G = as_compute(gate, ct), U = as_compute(up, ct), y = Tensor::empty(gate.shape(), ct);
+  cpu::dispatch_compute(ct, "swiglu", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::swiglu_forward<T>(G.data<T>(), U.data<T>(), y.data<T>(), y.numel());
+  });
+  return as_storage(y, gate.dtype());
+}
+
+std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up) {
+  require_cpu("swiglu_backward", {&dy, &gate, &up});
+  FSDP_CHECK(dy.shape() == gate.shape() && gate.shape() == up.shape(), "[swiglu_backward] dy {} gate {} up {}",
+             shape_str(dy.shape()), shape_str(gate.shape()), shape_str(up.shape()));
+  const DType ct = compute_dtype(gate.dtype());
+  Tensor DY = as_compute(dy, ct), G = as_compute(gate, ct), U = as_compute(up, ct);
+  Tensor dg = Tensor::empty(gate.shape(), ct), du = Tensor::empty(gate.shape(), ct);
+  cpu::dispatch_compute(ct, "swiglu_backward", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::swiglu_backward<T>(DY.data<T>(), G.data<T>(), U.data<T>(), dg.data<T>(), du.data<T>(), dg.numel());
+  });
+  return {as_storage(dg, gate.dtype()), as_storage(du, gate.dtype())};
+}
+
+// ---------------------------------------------------------------- attention
+
+namespace {
+struct QkvDims {
+  int64_t B, T, H, hd;
+};
+QkvDims qkv_dims(const char* op, const Tensor& qkv, int64_t heads) {
+  FSDP_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, "[{}] qkv must be [B, T, 3*dim], got {}", op,
+             shape_str(qkv.shape()));
+  const int64_t d = qkv.size(2) / 3;
+  FSDP_CHECK(heads > 0 && d % heads == 0, "[{}] dim {} is not divisible by heads {}", op, d, heads);
+  return {qkv.size(0), qkv.size(1), heads, d / heads};
+}
+}  // namespace
+
+void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse) {
+  require_cpu("rope", {&qkv});
+  auto [B, T_, H, hd] = qkv_dims("rope", qkv, heads);
+  FSDP_CHECK(hd % 2 == 0, "[rope] head dim {} must be even", hd);
+  FSDP_CHECK(qkv.is_contiguous() && (qkv.dtype() == DType::f32 || qkv.dtype() == DType::f64),
+             "[rope] works in place on a contiguous f32 or f64 qkv, got {}", dtype_name(qkv.dtype()));
+  cpu::dispatch_compute(qkv.dtype(), "rope", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::rope_qkv<T>(qkv.data<T>(), B, T_, H, hd, theta, inverse);
+  });
+}
+
+AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
+  require_cpu("attention", {&qkv});
+  auto [B, T_, H, hd] = qkv_dims("attention", qkv, heads);
+  const DType ct = compute_dtype(qkv.dtype());
+  Tensor Q = as_compute(qkv, ct);
+  Tensor out = Tensor::empty({B, T_, H * hd}, ct), lse = Tensor::empty({B, H, T_}, ct);
+  cpu::dispatch_compute(ct, "attention", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::attention_forward<T>(Q.data<T>(), out.data<T>(), lse.data<T>(), B, T_, H, hd, causal);
+  });
+  return {as_storage(out, qkv.dtype()), lse};
+}
+
+Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                          int64_t heads, bool causal) {
+  require_cpu("attention_backward", {&dout, &qkv, &out, &lse});
+  auto [B, T_, H, hd] = qkv_dims("attention_backward", qkv, heads);
+  FSDP_CHECK(dout.shape() == Shape({B, T_, H * hd}) && out.shape() == dout.shape(),
+             "[attention_backward] dout {} / out {} do not match qkv {}", shape_str(dout.shape()),
+             shape_str(out.shape()), shape_str(qkv.shape()));
+  FSDP_CHECK(lse.numel() == B * H * T_, "[attention_backward] lse has {} elements, expected {}", lse.numel(),
+             B * H * T_);
+  const DType ct = compute_dtype(qkv.dtype());
+  Tensor DO = as_compute(dout, ct), Q = as_compute(qkv, ct), O = as_compute(out, ct), L = as_compute(lse, ct);
+  Tensor dqkv = Tensor::empty(qkv.shape(), ct);
+  cpu::dispatch_compute(ct, "attention_backward", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::attention_backward<T>(DO.data<T>(), Q.data<T>(), O.data<T>(), L.data<T>(), dqkv.data<T>(), B, T_, H, hd,
+                               causal);
+  });
+  return as_storage(dqkv, qkv.dtype());
+}
+
+// ---------------------------------------------------------------- elementwise
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  FSDP_CHECK(a.shape() == b.shape(), "[add] shapes differ: {} and {}", shape_str(a.shape()), shape_str(b.shape()));
+  check_same_dtype("add", a, b, "a", "b");
+  FSDP_CHECK(a.device() == b.device(), "[add] a is on {} but b is on {}", a.device().str(), b.device().str());
+#ifdef FSDP_WITH_CUDA
+  if (a.device().is_cuda()) {
+    Tensor A = a.contiguous(), B = b.contiguous(), out = Tensor::empty(a.shape(), a.dtype(), a.device());
+    kernels::cuda::add(A.raw_data(), B.raw_data(), out.raw_data(), a.dtype(), a.numel(), a.device().index,
+                       nullptr);
+    return out;
+  }
+#endif
+  require_cpu("add", {&a, &b});
+  const DType ct = compute_dtype(a.dtype());
+  Tensor A = as_compute(a, ct), B = as_compute(b, ct), out = Tensor::empty(a.shape(), ct);
+  cpu::dispatch_compute(ct, "add", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::add<T>(A.data<T>(), B.data<T>(), out.data<T>(), a.numel());
+  });
+  return as_storage(out, a.dtype());
+}
+
+void add_(const Tensor& a, const Tensor& b) {
+  require_cpu("add_", {&a, &b});
+  FSDP_CHECK(a.shape() == b.shape(), "[add_] shapes differ: {} and {}", shape_str(a.shape()),
+             shape_str(b.shape()));
+  const DType ct = compute_dtype(a.dtype());
+  Accum A(a, ct);
+  Tensor B = as_compute(b, ct);
+  cpu::dispatch_compute(ct, "add_", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::add_inplace<T>(A.data<T>(), B.data<T>(), a.numel());
+  });
+  A.finish();
+}
+
+double sum_squares(const Tensor& x) {
+  require_cpu("sum_squares", {&x});
+  const DType ct = compute_dtype(x.dtype());
+  Tensor X = as_compute(x, ct);
+  return cpu::dispatch_compute(ct, "sum_squares", [&](auto tv) {
+    using T = decltype(tv);
+    return cpu::sum_squares<T>(X.data<T>(), X.numel());
+  });
+}
+
+// ---------------------------------------------------------------- loss
+
+CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets) {
+  require_cpu("cross_entropy", {&logits, &targets});
+  FSDP_CHECK(logits.dim() == 2, "[cross_entropy] logits must be [N, V], got {}", shape_str(logits.shape()));
+  const int64_t n = logits.size(0), v = logits.size(1);
+  FSDP_CHECK(targets.numel() == n, "[cross_entropy] {} targets for {} rows of logits", targets.numel(), n);
+  FSDP_CHECK(n > 0, "[cross_entropy] no rows");
+  const DType ct = compute_dtype(logits.dtype());
+  Tensor L = as_compute(logits, ct), Tg = targets.contiguous(), lse = Tensor::empty({n}, ct);
+  double loss = cpu::dispatch_index(Tg.dtype(), "cross_entropy", [&](auto iv) {
+    using Ix = decltype(iv);
+    check_ids<Ix>("cross_entropy", Tg, v, "target");
+    return cpu::dispatch_compute(ct, "cross_entropy", [&](auto tv) {
+      using T = decltype(tv);
+      return cpu::softmax_xent_forward<T, Ix>(L.data<T>(), Tg.data<Ix>(), lse.data<T>(), n, v);
+    });
+  });
+  return {loss, lse};
+}
+
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss) {
+  require_cpu("cross_entropy_backward", {&logits, &targets, &lse});
+  const int64_t n = logits.size(0), v = logits.size(1);
+  FSDP_CHECK(lse.numel() == n && targets.numel() == n, "[cross_entropy_backward] lse {} / targets {} for {} rows",
+             lse.numel(), targets.numel(), n);
+  const DType ct = compute_dtype(logits.dtype());
+  Tensor L = as_compute(logits, ct), Tg = targets.contiguous(), LS = as_compute(lse, ct);
+  Tensor d = Tensor::empty(logits.shape(), ct);
+  cpu::dispatch_index(Tg.dtype(), "cross_entropy_backward", [&](auto iv) {
+    using Ix = decltype(iv);
+    cpu::dispatch_compute(ct, "cross_entropy_backward", [&](auto tv) {
+      using T = decltype(tv);
+      cpu::softmax_xent_backward<T, Ix>(L.data<T>(), Tg.data<Ix>(), LS.data<T>(), d.data<T>(), dloss, n, v);
+    });
+  });
+  return as_storage(d, logits.dtype());
+}
+
+// ---------------------------------------------------------------- optimizer
+
+void adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWHyper& h,
+            int64_t step) {
+  require_cpu("adamw", {&param, &grad, &m, &v});
+  for (const Tensor* t : {&param, &grad, &m, &v}) {
+    FSDP_CHECK(t->is_contiguous() && t->numel() == param.numel() && t->dtype() == param.dtype(),
+               "[adamw] param, grad, exp_avg and exp_avg_sq must be contiguous {} buffers of {} elements; got {} "
+               "{} elements",
+               dtype_name(param.dtype()), param.numel(), dtype_name(t->dtype()), t->numel());
+  }
+  FSDP_CHECK(step >= 1, "[adamw] step must be >= 1, got {}", step);
+  FSDP_CHECK(h.lr >= 0 && h.eps >= 0 && h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1,
+             "[adamw] bad hyper-parameters lr {} betas ({}, {}) eps {}", h.lr, h.beta1, h.beta2, h.eps);
+  cpu::AdamWArgs a{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step};
+  cpu::dispatch_compute(param.dtype(), "adamw", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::adamw<T>(param.data<T>(), grad.data<T>(), m.data<T>(), v.data<T>(), param.numel(), a);
+  });
+}
+
+}  // namespace fsdp::ops

@@ -1,0 +1,76 @@
+// Shared by the tests: random tensors, finite-difference gradient checks in
+// f64, and relative-error helpers.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "fsdp/core/tensor.h"
+#include "fsdp/nn/init.h"
+
+namespace fsdp::test {
+
+// Uniform values in [lo, hi), reproducible from `seed`.
+inline Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype = DType::f64, double lo = -1.0,
+                            double hi = 1.0) {
+  Tensor t = Tensor::empty(shape, dtype);
+  nn::init_fill(nn::Init::uniform(lo, hi), seed, "test", 0, t);
+  return t;
+}
+
+inline Tensor random_ids(const Shape& shape, int64_t vocab, uint64_t seed) {
+  Tensor t = Tensor::empty(shape, DType::i64);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.data<int64_t>()[i] = int64_t(nn::counter_uniform(seed, uint64_t(i)) * double(vocab));
+  return t;
+}
+
+inline double dot(const Tensor& a, const Tensor& b) {
+  auto x = a.to_f64_vector(), y = b.to_f64_vector();
+  double s = 0;
+  for (size_t i = 0; i < x.size(); ++i) s += x[i] * y[i];
+  return s;
+}
+
+// ||a - b|| / ||b||
+inline double rel_error(const Tensor& a, const Tensor& b) {
+  auto x = a.to_f64_vector(), y = b.to_f64_vector();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    num += (x[i] - y[i]) * (x[i] - y[i]);
+    den += y[i] * y[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
+}
+
+// Compares `analytic` with central differences of `loss` with respect to the
+// f64 tensor `x`, perturbing up to `max_checks` elements spread over x.
+inline void expect_grad_matches(const std::string& what, const std::function<double()>& loss, const Tensor& x,
+                                const Tensor& analytic, int64_t max_checks = 64, double h = 1e-6,
+                                double tol = 1e-8) {
+  ASSERT_EQ(x.dtype(), DType::f64) << what;
+  ASSERT_EQ(x.shape(), analytic.shape()) << what;
+  Tensor g = analytic.to(DType::f64).contiguous();
+  const int64_t n = x.numel();
+  const int64_t stride = std::max<int64_t>(1, n / max_checks);
+  double* p = x.data<double>();
+  ASSERT_TRUE(x.is_contiguous()) << what;
+  int checked = 0;
+  for (int64_t i = 0; i < n; i += stride) {
+    const double saved = p[i];
+    p[i] = saved + h;
+    const double lp = loss();
+    p[i] = saved - h;
+    const double lm = loss();
+    p[i] = saved;
+    const double numeric = (lp - lm) / (2 * h);
+    const double a = g.data<double>()[i];
+    EXPECT_NEAR(a, numeric, tol * std::max(1.0, std::abs(numeric))) << what << " element " << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0) << what;
+}
+
+}  // namespace fsdp::test
