@@ -1,0 +1,109 @@
+// The building blocks of the MiniLLM, each with PyTorch's parameter names and
+// default initialisation, so that state_dicts line up name for name:
+//   Linear            weight [out, in], bias [out]     U(-1/sqrt(in), 1/sqrt(in))
+//   Embedding         weight [vocab, dim]              N(0, 1)
+//   RMSNorm           weight [dim]                     ones; eps defaults to the dtype's epsilon
+//   MultiheadAttention in_proj_weight [3d, d], in_proj_bias [3d], out_proj.{weight,bias}
+//                     (nn.MultiheadAttention: xavier_uniform in-projection, zero biases)
+//   FeedForward       seed: "0" Linear(d, 4d), SiLU, "2" Linear(4d, d), no bias
+//                     llama: w1 (gate), w3 (up), w2 (down), SwiGLU, no bias
+#pragma once
+
+#include <optional>
+
+#include "fsdp/nn/module.h"
+
+namespace fsdp::nn {
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in, int64_t out, bool bias);
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  Parameter& weight() { return *weight_; }
+  Parameter* bias() { return bias_; }
+
+ private:
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+  Tensor x_;
+};
+
+// forward() takes token ids [B, T] (i32/i64) and returns [B, T, dim];
+// backward() adds into the weight gradient and returns an undefined tensor.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t vocab, int64_t dim);
+  Tensor forward(const Tensor& ids) override;
+  Tensor backward(const Tensor& dy) override;
+
+ private:
+  Parameter* weight_;
+  Tensor ids_;
+};
+
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(int64_t dim, std::optional<double> eps = std::nullopt);
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+
+ private:
+  Parameter* weight_;
+  std::optional<double> eps_;
+  Tensor x_, rstd_;
+};
+
+struct AttentionOptions {
+  bool bias = true;         // in_proj_bias and out_proj.bias
+  bool causal = false;      // mask out future positions
+  double rope_theta = 0.0;  // > 0: rotary embedding on q and k (half-split pairs)
+  bool xavier_in_proj = true;  // nn.MultiheadAttention's init; false: Linear's init
+};
+
+class MultiheadAttention : public Module {
+ public:
+  MultiheadAttention(int64_t dim, int64_t heads, AttentionOptions opt);
+  Tensor forward(const Tensor& x) override;  // x [B, T, dim]
+  Tensor backward(const Tensor& dy) override;
+
+ private:
+  int64_t dim_, heads_;
+  AttentionOptions opt_;
+  Parameter* in_proj_weight_;
+  Parameter* in_proj_bias_ = nullptr;
+  Linear* out_proj_;
+  Tensor x_, qkv_, out_, lse_;
+};
+
+class FeedForward : public Module {
+ public:
+  enum class Kind : uint8_t { silu_mlp, swiglu };
+  FeedForward(int64_t dim, int64_t hidden, Kind kind);
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+
+ private:
+  Kind kind_;
+  Linear* up_;    // "0" or "w3"
+  Linear* down_;  // "2" or "w2"
+  Linear* gate_ = nullptr;  // "w1" (swiglu only)
+  Tensor h_, g_, u_;
+};
+
+// x + attn(norm1(x)), then x + ffn(norm2(x)): the pre-norm block of the reference script.
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(int64_t dim, int64_t heads, int64_t ffn_hidden, FeedForward::Kind ffn_kind,
+                   AttentionOptions attn, std::optional<double> norm_eps);
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+
+ private:
+  RMSNorm* norm1_;
+  MultiheadAttention* attn_;
+  RMSNorm* norm2_;
+  FeedForward* ffn_;
+};
+
+}  // namespace fsdp::nn

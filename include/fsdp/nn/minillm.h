@@ -1,0 +1,62 @@
+// The MiniLLM: embedding, N transformer blocks, [final norm], untied head.
+//
+// Two architectures:
+//   seed   the reference script's model, exactly: bidirectional
+//          nn.MultiheadAttention (packed in-projection with bias, out-projection
+//          with bias, no positions), FFN Linear-SiLU-Linear without bias, no
+//          final norm. Parameter names are that script's state_dict keys.
+//   llama  what llama.cpp and Hugging Face call llama: causal attention with
+//          rotary embedding, SwiGLU FFN, no biases, a final RMSNorm.
+//
+// Presets: "seed" (the reference size) and "tiny" (sized for a 2-core CPU).
+// Every field can be overridden after picking a preset; validate() refuses
+// impossible combinations with a message that names the values.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "fsdp/nn/layers.h"
+
+namespace fsdp::nn {
+
+enum class Arch : uint8_t { seed, llama };
+Arch parse_arch(const std::string& s);
+std::string arch_name(Arch a);
+
+struct MiniLLMConfig {
+  Arch arch = Arch::seed;
+  int64_t vocab = 32000, dim = 2048, layers = 12, heads = 16;
+  int64_t seq = 1024, batch = 8;
+  int64_t ffn_hidden = 0;           // 0: 4*dim for seed, llama's 8/3*dim rounded up to 256 for llama
+  double rope_theta = 10000.0;      // llama only
+  std::optional<double> norm_eps;   // unset: the compute dtype's epsilon, as nn.RMSNorm(eps=None)
+
+  static MiniLLMConfig preset(const std::string& name);  // "seed" or "tiny"
+  int64_t resolved_ffn_hidden() const;
+  void validate() const;
+  // Parameters that take part in matmuls (all but the embedding), for MFU.
+  int64_t matmul_params() const;
+  // Training FLOPs per token: 6 * matmul_params + 12 * layers * dim * seq.
+  double flops_per_token() const;
+};
+
+class MiniLLM : public Module {
+ public:
+  explicit MiniLLM(const MiniLLMConfig& cfg);
+  // tokens [B, T] (i32/i64) -> logits [B, T, vocab]
+  Tensor forward(const Tensor& tokens) override;
+  // dlogits [B, T, vocab] -> undefined (the input is discrete)
+  Tensor backward(const Tensor& dlogits) override;
+  const MiniLLMConfig& config() const { return cfg_; }
+  ModuleList& layers() { return *layers_; }
+
+ private:
+  MiniLLMConfig cfg_;
+  Embedding* embed_;
+  ModuleList* layers_;
+  RMSNorm* norm_ = nullptr;
+  Linear* head_;
+};
+
+}  // namespace fsdp::nn

@@ -1,0 +1,90 @@
+// Module: a name-addressed tree of parameters with an explicit forward and
+// backward (no autograd tape, see DESIGN.md). forward() saves what backward()
+// needs; backward() returns the input gradient and ADDS into the gradients
+// of the module's parameters. A container runs its children's backward in
+// reverse order.
+//
+// Parameters are declared with a shape and an Init at construction and hold
+// no memory until materialize() gives every parameter of a tree a view of
+// one flat buffer (and every gradient a view of another), initialised by
+// (seed, dotted name, element index). The optimizer then steps the flat
+// buffers in one fused call; fully_shard will instead materialise shards.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/core/tensor.h"
+#include "fsdp/nn/init.h"
+
+namespace fsdp::nn {
+
+struct Parameter {
+  std::string local_name;  // "weight"; the dotted path comes from the tree
+  Shape shape;
+  Init init;
+  Tensor data, grad;  // defined after materialize()
+};
+
+class Module {
+ public:
+  explicit Module(std::string type_name) : type_name_(std::move(type_name)) {}
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  virtual Tensor forward(const Tensor& x) = 0;
+  virtual Tensor backward(const Tensor& dy) = 0;
+
+  const std::string& type_name() const { return type_name_; }
+  // Every parameter of the subtree with its dotted name ("layers.0.attn.in_proj_weight"),
+  // in registration order, depth first: the order of PyTorch's state_dict.
+  std::vector<std::pair<std::string, Parameter*>> named_parameters(const std::string& prefix = "");
+  std::vector<std::pair<std::string, Module*>> named_children();
+  Parameter& parameter(const std::string& dotted_name);  // throws when absent
+  int64_t num_parameters();
+  void zero_grad();
+
+ protected:
+  Parameter& register_parameter(std::string local_name, Shape shape, Init init);
+  template <class M>
+  M& register_module(std::string local_name, std::unique_ptr<M> m) {
+    M& ref = *m;
+    children_.emplace_back(std::move(local_name), std::move(m));
+    return ref;
+  }
+
+ private:
+  std::string type_name_;
+  std::vector<std::unique_ptr<Parameter>> params_;
+  std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+};
+
+// The flat buffers behind a materialised tree.
+struct FlatParameters {
+  Tensor params, grads;  // 1-D, parameters laid out in named_parameters() order
+};
+FlatParameters materialize(Module& root, DType dtype, uint64_t seed, Device device = Device::cpu());
+
+// Runs its children in order; backward in reverse. Children are named "0", "1", ...
+class ModuleList : public Module {
+ public:
+  ModuleList() : Module("ModuleList") {}
+  template <class M>
+  M& append(std::unique_ptr<M> m) {
+    modules_.push_back(m.get());
+    return register_module(std::to_string(modules_.size() - 1), std::move(m));
+  }
+  size_t size() const { return modules_.size(); }
+  Module& operator[](size_t i) const { return *modules_[i]; }
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+
+ private:
+  std::vector<Module*> modules_;
+};
+
+}  // namespace fsdp::nn

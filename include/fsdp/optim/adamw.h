@@ -1,0 +1,38 @@
+// AdamW with torch.optim.AdamW's semantics (decoupled weight decay, bias
+// correction), fused: each parameter group is one flat buffer and one kernel
+// call. State (exp_avg, exp_avg_sq) has the dtype of the parameters it
+// steps, f32 for the usual f32 master weights. Under fully_shard the groups
+// are the local shards, so the state is sharded too.
+#pragma once
+
+#include <vector>
+
+#include "fsdp/core/tensor.h"
+#include "fsdp/ops/ops.h"
+
+namespace fsdp::optim {
+
+struct ParamGroup {
+  Tensor params, grads;  // 1-D contiguous buffers of one dtype and equal length
+  double weight_decay = 0.01;
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<ParamGroup> groups, ops::AdamWHyper hyper);
+  // One step over every group with the current learning rate.
+  void step();
+  void set_lr(double lr) { hyper_.lr = lr; }
+  double lr() const { return hyper_.lr; }
+  int64_t step_count() const { return step_; }
+  // Bytes of optimizer state (exp_avg and exp_avg_sq of every group).
+  int64_t state_bytes() const;
+
+ private:
+  std::vector<ParamGroup> groups_;
+  std::vector<Tensor> exp_avg_, exp_avg_sq_;
+  ops::AdamWHyper hyper_;
+  int64_t step_ = 0;
+};
+
+}  // namespace fsdp::optim

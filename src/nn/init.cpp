@@ -1,0 +1,56 @@
+// Counter-based initialisation: element i of parameter `name` under `seed`
+// is a pure function of the three. Normals use Box-Muller on the counters
+// (2i, 2i + 1), so an element never depends on its neighbours.
+#include "fsdp/nn/init.h"
+
+#include <cmath>
+#include <numbers>
+
+namespace fsdp::nn {
+
+namespace {
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+uint64_t name_hash(std::string_view name) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+double counter_uniform(uint64_t key, uint64_t counter) {
+  uint64_t r = splitmix64(key ^ splitmix64(counter));
+  return (double(r >> 11) + 0.5) * (1.0 / 9007199254740992.0);  // (0, 1), never 0
+}
+
+void init_fill(const Init& init, uint64_t seed, std::string_view name, int64_t begin, const Tensor& out) {
+  FSDP_CHECK(out.is_contiguous(), "[init] parameter '{}' buffer must be contiguous", name);
+  const int64_t n = out.numel();
+  Tensor tmp = Tensor::empty({n}, DType::f64);
+  double* p = tmp.data<double>();
+  const uint64_t key = splitmix64(seed) ^ name_hash(name);
+#pragma omp parallel for if (n > (1 << 16))
+  for (int64_t j = 0; j < n; ++j) {
+    const uint64_t i = uint64_t(begin + j);
+    switch (init.kind) {
+      case Init::Kind::constant: p[j] = init.a; break;
+      case Init::Kind::uniform: p[j] = init.a + (init.b - init.a) * counter_uniform(key, i); break;
+      case Init::Kind::normal: {
+        double u1 = counter_uniform(key, 2 * i), u2 = counter_uniform(key, 2 * i + 1);
+        p[j] = init.a + init.b * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+        break;
+      }
+    }
+  }
+  out.view({n}).copy_(tmp);
+}
+
+}  // namespace fsdp::nn

@@ -1,0 +1,166 @@
+// Forward and backward of the MiniLLM's building blocks, on top of fsdp::ops.
+#include "fsdp/nn/layers.h"
+
+#include <cmath>
+
+#include "fsdp/ops/ops.h"
+
+namespace fsdp::nn {
+
+// ---------------------------------------------------------------- Linear
+
+Linear::Linear(int64_t in, int64_t out, bool bias) : Module("Linear") {
+  FSDP_CHECK(in > 0 && out > 0, "[Linear] sizes must be positive, got in {} out {}", in, out);
+  const double bound = 1.0 / std::sqrt(double(in));
+  weight_ = &register_parameter("weight", {out, in}, Init::uniform(-bound, bound));
+  if (bias) bias_ = &register_parameter("bias", {out}, Init::uniform(-bound, bound));
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  x_ = x;
+  return ops::linear_forward(x, weight_->data, bias_ ? bias_->data : Tensor());
+}
+
+Tensor Linear::backward(const Tensor& dy) {
+  Tensor dx = ops::linear_backward(dy, x_, weight_->data, weight_->grad, bias_ ? bias_->grad : Tensor());
+  x_ = Tensor();
+  return dx;
+}
+
+// ---------------------------------------------------------------- Embedding
+
+Embedding::Embedding(int64_t vocab, int64_t dim) : Module("Embedding") {
+  FSDP_CHECK(vocab > 0 && dim > 0, "[Embedding] sizes must be positive, got vocab {} dim {}", vocab, dim);
+  weight_ = &register_parameter("weight", {vocab, dim}, Init::normal(0.0, 1.0));
+}
+
+Tensor Embedding::forward(const Tensor& ids) {
+  ids_ = ids;
+  return ops::embedding_forward(ids, weight_->data);
+}
+
+Tensor Embedding::backward(const Tensor& dy) {
+  ops::embedding_backward(dy, ids_, weight_->grad);
+  ids_ = Tensor();
+  return Tensor();
+}
+
+// ---------------------------------------------------------------- RMSNorm
+
+RMSNorm::RMSNorm(int64_t dim, std::optional<double> eps) : Module("RMSNorm"), eps_(eps) {
+  weight_ = &register_parameter("weight", {dim}, Init::constant(1.0));
+}
+
+Tensor RMSNorm::forward(const Tensor& x) {
+  auto r = ops::rmsnorm_forward(x, weight_->data, eps_.value_or(ops::default_rmsnorm_eps(x.dtype())));
+  x_ = x;
+  rstd_ = r.rstd;
+  return r.y;
+}
+
+Tensor RMSNorm::backward(const Tensor& dy) {
+  Tensor dx = ops::rmsnorm_backward(dy, x_, weight_->data, rstd_, weight_->grad);
+  x_ = rstd_ = Tensor();
+  return dx;
+}
+
+// ---------------------------------------------------------------- attention
+
+MultiheadAttention::MultiheadAttention(int64_t dim, int64_t heads, AttentionOptions opt)
+    : Module("MultiheadAttention"), dim_(dim), heads_(heads), opt_(opt) {
+  FSDP_CHECK(heads > 0 && dim % heads == 0, "[MultiheadAttention] dim {} is not divisible by heads {}", dim, heads);
+  FSDP_CHECK(opt.rope_theta <= 0 || (dim / heads) % 2 == 0,
+             "[MultiheadAttention] rotary embedding needs an even head dim, got {}", dim / heads);
+  const double bound = opt.xavier_in_proj ? std::sqrt(6.0 / double(dim + 3 * dim)) : 1.0 / std::sqrt(double(dim));
+  in_proj_weight_ = &register_parameter("in_proj_weight", {3 * dim, dim}, Init::uniform(-bound, bound));
+  if (opt.bias) in_proj_bias_ = &register_parameter("in_proj_bias", {3 * dim}, Init::constant(0.0));
+  out_proj_ = &register_module("out_proj", std::make_unique<Linear>(dim, dim, opt.bias));
+  if (opt.bias) out_proj_->bias()->init = Init::constant(0.0);  // nn.MultiheadAttention zeroes it
+}
+
+Tensor MultiheadAttention::forward(const Tensor& x) {
+  FSDP_CHECK(x.dim() == 3 && x.size(2) == dim_, "[MultiheadAttention] input must be [B, T, {}], got {}", dim_,
+             shape_str(x.shape()));
+  x_ = x;
+  Tensor qkv = ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());
+  if (opt_.rope_theta > 0) ops::rope_(qkv, heads_, opt_.rope_theta, false);
+  auto a = ops::attention_forward(qkv, heads_, opt_.causal);
+  qkv_ = qkv;
+  out_ = a.out;
+  lse_ = a.lse;
+  return out_proj_->forward(a.out);
+}
+
+Tensor MultiheadAttention::backward(const Tensor& dy) {
+  Tensor dattn = out_proj_->backward(dy);
+  Tensor dqkv = ops::attention_backward(dattn, qkv_, out_, lse_, heads_, opt_.causal);
+  if (opt_.rope_theta > 0) ops::rope_(dqkv, heads_, opt_.rope_theta, true);
+  Tensor dx = ops::linear_backward(dqkv, x_, in_proj_weight_->data, in_proj_weight_->grad,
+                                   in_proj_bias_ ? in_proj_bias_->grad : Tensor());
+  x_ = qkv_ = out_ = lse_ = Tensor();
+  return dx;
+}
+
+// ---------------------------------------------------------------- feed-forward
+
+FeedForward::FeedForward(int64_t dim, int64_t hidden, Kind kind) : Module("FeedForward"), kind_(kind) {
+  if (kind == Kind::silu_mlp) {
+    up_ = &register_module("0", std::make_unique<Linear>(dim, hidden, false));
+    down_ = &register_module("2", std::make_unique<Linear>(hidden, dim, false));
+  } else {
+    gate_ = &register_module("w1", std::make_unique<Linear>(dim, hidden, false));
+    down_ = &register_module("w2", std::make_unique<Linear>(hidden, dim, false));
+    up_ = &register_module("w3", std::make_unique<Linear>(dim, hidden, false));
+  }
+}
+
+Tensor FeedForward::forward(const Tensor& x) {
+  if (kind_ == Kind::silu_mlp) {
+    h_ = up_->forward(x);
+    return down_->forward(ops::silu_forward(h_));
+  }
+  g_ = gate_->forward(x);
+  u_ = up_->forward(x);
+  return down_->forward(ops::swiglu_forward(g_, u_));
+}
+
+Tensor FeedForward::backward(const Tensor& dy) {
+  Tensor dh = down_->backward(dy);
+  if (kind_ == Kind::silu_mlp) {
+    Tensor dx = up_->backward(ops::silu_backward(dh, h_));
+    h_ = Tensor();
+    return dx;
+  }
+  auto [dg, du] = ops::swiglu_backward(dh, g_, u_);
+  g_ = u_ = Tensor();
+  Tensor dx = gate_->backward(dg);
+  ops::add_(dx, up_->backward(du));
+  return dx;
+}
+
+// ---------------------------------------------------------------- block
+
+TransformerBlock::TransformerBlock(int64_t dim, int64_t heads, int64_t ffn_hidden, FeedForward::Kind ffn_kind,
+                                   AttentionOptions attn, std::optional<double> norm_eps)
+    : Module("TransformerBlock") {
+  norm1_ = &register_module("norm1", std::make_unique<RMSNorm>(dim, norm_eps));
+  attn_ = &register_module("attn", std::make_unique<MultiheadAttention>(dim, heads, attn));
+  norm2_ = &register_module("norm2", std::make_unique<RMSNorm>(dim, norm_eps));
+  ffn_ = &register_module("ffn", std::make_unique<FeedForward>(dim, ffn_hidden, ffn_kind));
+}
+
+Tensor TransformerBlock::forward(const Tensor& x) {
+  Tensor h = ops::add(x, attn_->forward(norm1_->forward(x)));
+  return ops::add(h, ffn_->forward(norm2_->forward(h)));
+}
+
+Tensor TransformerBlock::backward(const Tensor& dy) {
+  // dy flows straight through both residuals; each branch adds its part.
+  Tensor dh = norm2_->backward(ffn_->backward(dy));
+  ops::add_(dh, dy);
+  Tensor dx = norm1_->backward(attn_->backward(dh));
+  ops::add_(dx, dh);
+  return dx;
+}
+
+}  // namespace fsdp::nn

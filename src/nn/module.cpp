@@ -1,0 +1,72 @@
+// Module tree traversal and materialisation into flat buffers.
+#include "fsdp/nn/module.h"
+
+namespace fsdp::nn {
+
+std::vector<std::pair<std::string, Parameter*>> Module::named_parameters(const std::string& prefix) {
+  std::vector<std::pair<std::string, Parameter*>> out;
+  for (auto& p : params_) out.emplace_back(prefix + p->local_name, p.get());
+  for (auto& [name, child] : children_) {
+    auto sub = child->named_parameters(prefix + name + ".");
+    out.insert(out.end(), sub.begin(), sub.end());
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_children() {
+  std::vector<std::pair<std::string, Module*>> out;
+  for (auto& [name, child] : children_) out.emplace_back(name, child.get());
+  return out;
+}
+
+Parameter& Module::parameter(const std::string& dotted_name) {
+  for (auto& [name, p] : named_parameters())
+    if (name == dotted_name) return *p;
+  FSDP_FAIL("[Module] {} has no parameter named '{}'", type_name_, dotted_name);
+}
+
+int64_t Module::num_parameters() {
+  int64_t n = 0;
+  for (auto& [name, p] : named_parameters()) n += shape_numel(p->shape);
+  return n;
+}
+
+void Module::zero_grad() {
+  for (auto& [name, p] : named_parameters())
+    if (p->grad.defined()) p->grad.zero_();
+}
+
+Parameter& Module::register_parameter(std::string local_name, Shape shape, Init init) {
+  params_.push_back(std::make_unique<Parameter>(Parameter{std::move(local_name), std::move(shape), init, {}, {}}));
+  return *params_.back();
+}
+
+FlatParameters materialize(Module& root, DType dtype, uint64_t seed, Device device) {
+  auto named = root.named_parameters();
+  int64_t total = 0;
+  for (auto& [name, p] : named) total += shape_numel(p->shape);
+  FlatParameters flat{Tensor::empty({total}, dtype, device), Tensor::zeros({total}, dtype, device)};
+  int64_t off = 0;
+  for (auto& [name, p] : named) {
+    const int64_t n = shape_numel(p->shape);
+    p->data = flat.params.slice(off, off + n).view(p->shape);
+    p->grad = flat.grads.slice(off, off + n).view(p->shape);
+    init_fill(p->init, seed, name, 0, p->data);
+    off += n;
+  }
+  return flat;
+}
+
+Tensor ModuleList::forward(const Tensor& x) {
+  Tensor h = x;
+  for (Module* m : modules_) h = m->forward(h);
+  return h;
+}
+
+Tensor ModuleList::backward(const Tensor& dy) {
+  Tensor g = dy;
+  for (auto it = modules_.rbegin(); it != modules_.rend(); ++it) g = (*it)->backward(g);
+  return g;
+}
+
+}  // namespace fsdp::nn

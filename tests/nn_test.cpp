@@ -1,0 +1,137 @@
+// Modules and the MiniLLM: parameter names, world-size-free initialisation,
+// and whole-model gradient checks in f64 for both architectures.
+#include <gtest/gtest.h>
+
+#include "fsdp/nn/minillm.h"
+#include "fsdp/ops/ops.h"
+#include "test_util.h"
+
+namespace fsdp {
+namespace {
+
+nn::MiniLLMConfig small_config(nn::Arch arch) {
+  nn::MiniLLMConfig c;
+  c.arch = arch;
+  c.vocab = 11;
+  c.dim = 8;
+  c.layers = 2;
+  c.heads = 2;
+  c.seq = 5;
+  c.batch = 2;
+  c.ffn_hidden = 12;
+  return c;
+}
+
+TEST(Init, SliceEqualsSliceOfWhole) {
+  for (auto init : {nn::Init::normal(0, 1), nn::Init::uniform(-0.3, 0.3)}) {
+    Tensor whole = Tensor::empty({1000}, DType::f32);
+    nn::init_fill(init, 7, "layers.3.ffn.0.weight", 0, whole);
+    Tensor part = Tensor::empty({333}, DType::f32);
+    nn::init_fill(init, 7, "layers.3.ffn.0.weight", 500, part);
+    EXPECT_EQ(part.to_f64_vector(), whole.slice(500, 833).to_f64_vector());
+    Tensor other = Tensor::empty({1000}, DType::f32);
+    nn::init_fill(init, 7, "layers.3.ffn.2.weight", 0, other);  // another name, other values
+    EXPECT_NE(other.to_f64_vector(), whole.to_f64_vector());
+  }
+}
+
+TEST(Init, Distributions) {
+  Tensor t = Tensor::empty({200000}, DType::f64);
+  nn::init_fill(nn::Init::normal(0.5, 2.0), 1, "w", 0, t);
+  double s = 0, ss = 0;
+  for (double v : t.to_f64_vector()) s += v, ss += v * v;
+  const double mean = s / 200000, var = ss / 200000 - mean * mean;
+  EXPECT_NEAR(mean, 0.5, 0.02);
+  EXPECT_NEAR(std::sqrt(var), 2.0, 0.02);
+  nn::init_fill(nn::Init::uniform(-0.25, 0.75), 1, "w", 0, t);
+  auto v = t.to_f64_vector();
+  EXPECT_GE(*std::min_element(v.begin(), v.end()), -0.25);
+  EXPECT_LT(*std::max_element(v.begin(), v.end()), 0.75);
+}
+
+TEST(MiniLLM, SeedParameterNamesArePyTorchStateDictKeys) {
+  nn::MiniLLMConfig c = small_config(nn::Arch::seed);
+  c.layers = 1;
+  nn::MiniLLM m(c);
+  std::vector<std::string> names;
+  for (auto& [n, p] : m.named_parameters()) names.push_back(n);
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "embed.weight", "layers.0.norm1.weight", "layers.0.attn.in_proj_weight",
+                       "layers.0.attn.in_proj_bias", "layers.0.attn.out_proj.weight", "layers.0.attn.out_proj.bias",
+                       "layers.0.norm2.weight", "layers.0.ffn.0.weight", "layers.0.ffn.2.weight", "head.weight"}));
+  EXPECT_EQ(m.parameter("layers.0.attn.in_proj_weight").shape, Shape({24, 8}));
+}
+
+TEST(MiniLLM, PresetsAndValidation) {
+  auto seed = nn::MiniLLMConfig::preset("seed");
+  EXPECT_EQ(seed.vocab, 32000);
+  EXPECT_EQ(seed.dim, 2048);
+  EXPECT_EQ(seed.layers, 12);
+  EXPECT_EQ(seed.resolved_ffn_hidden(), 8192);
+  auto tiny = nn::MiniLLMConfig::preset("tiny");
+  EXPECT_EQ(tiny.dim, 256);
+  tiny.arch = nn::Arch::llama;
+  EXPECT_EQ(tiny.resolved_ffn_hidden(), 768);
+  EXPECT_THROW(nn::MiniLLMConfig::preset("huge"), Error);
+  tiny.dim = 250;
+  try {
+    tiny.validate();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dim 250 is not divisible by heads 4"), std::string::npos);
+  }
+}
+
+TEST(MiniLLM, MaterializeIsOneFlatBuffer) {
+  nn::MiniLLM m(small_config(nn::Arch::llama));
+  auto flat = nn::materialize(m, DType::f32, 3);
+  EXPECT_EQ(flat.params.numel(), m.num_parameters());
+  for (auto& [n, p] : m.named_parameters()) {
+    EXPECT_TRUE(p->data.shares_storage_with(flat.params)) << n;
+    EXPECT_TRUE(p->grad.shares_storage_with(flat.grads)) << n;
+  }
+  // norms start at one, as nn.RMSNorm does
+  for (double v : m.parameter("layers.1.norm2.weight").data.to_f64_vector()) EXPECT_EQ(v, 1.0);
+  // the same seed gives the same model
+  nn::MiniLLM m2(small_config(nn::Arch::llama));
+  auto flat2 = nn::materialize(m2, DType::f32, 3);
+  EXPECT_EQ(flat.params.to_f64_vector(), flat2.params.to_f64_vector());
+}
+
+class WholeModelGradient : public ::testing::TestWithParam<nn::Arch> {};
+
+TEST_P(WholeModelGradient, MatchesFiniteDifferencesInF64) {
+  nn::MiniLLMConfig c = small_config(GetParam());
+  nn::MiniLLM m(c);
+  auto flat = nn::materialize(m, DType::f64, 11);
+  // Random small biases, so that their gradients are tested away from zero init.
+  for (auto& [n, p] : m.named_parameters())
+    if (n.find("bias") != std::string::npos) nn::init_fill(nn::Init::uniform(-0.1, 0.1), 5, n, 0, p->data);
+  Tensor tokens = test::random_ids({c.batch, c.seq}, c.vocab, 12);
+  Tensor targets = test::random_ids({c.batch * c.seq}, c.vocab, 13);
+  auto loss = [&] {
+    Tensor logits = m.forward(tokens).view({c.batch * c.seq, c.vocab});
+    return ops::cross_entropy_forward(logits, targets).loss;
+  };
+  flat.grads.zero_();
+  Tensor logits = m.forward(tokens).view({c.batch * c.seq, c.vocab});
+  auto x = ops::cross_entropy_forward(logits, targets);
+  m.backward(ops::cross_entropy_backward(logits, targets, x.lse).view({c.batch, c.seq, c.vocab}));
+  Tensor grads = flat.grads.clone();
+  int params = 0;
+  for (auto& [n, p] : m.named_parameters()) {
+    // grads of this parameter, as laid out in the flat buffer
+    int64_t off = (static_cast<const char*>(p->grad.raw_data()) - static_cast<const char*>(flat.grads.raw_data())) /
+                  int64_t(sizeof(double));
+    Tensor g = grads.slice(off, off + p->grad.numel()).view(p->shape);
+    test::expect_grad_matches(n, loss, p->data, g, 8, 1e-6, 1e-8);
+    ++params;
+  }
+  EXPECT_EQ(params, int(m.named_parameters().size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(BothArchs, WholeModelGradient, ::testing::Values(nn::Arch::seed, nn::Arch::llama),
+                         [](const auto& info) { return nn::arch_name(info.param); });
+
+}  // namespace
+}  // namespace fsdp
