@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Configures and builds fsdp.cpp in build/ (or $FSDP_BUILD_DIR) with Ninja,
+# ccache when present, and CUDA when nvcc is found. Extra arguments are
+# build targets (default: everything).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${FSDP_BUILD_DIR:-build}
+if [ ! -f "$build/build.ninja" ]; then
+  mkdir -p "$build"
+  # shellcheck disable=SC2086 # FSDP_CMAKE_ARGS is a list of -D flags
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${FSDP_CMAKE_ARGS:-} > "$build/configure.log" 2>&1 \
+    || { cat "$build/configure.log"; exit 1; }
+  grep -E '^-- fsdp:' "$build/configure.log" || true
+fi
+if [ $# -gt 0 ]; then
+  cmake --build "$build" --target "$@"
+else
+  cmake --build "$build"
+fi

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# fsdp-train end to end: the step line's exact shape, the loss falling on
+# real text, --help, and each bad input refused with a message that names the
+# value and a non-zero exit.
+set -uo pipefail
+bin=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fails=0
+pass=0
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# Real text: the license texts every Debian machine has.
+cat /usr/share/common-licenses/* > "$work/text.txt" 2> /dev/null
+[ -s "$work/text.txt" ] || head -c 200000 /usr/share/doc/*/copyright > "$work/text.txt" 2>/dev/null
+
+small=(--preset tiny --arch llama --vocab 256 --dim 64 --layers 2 --heads 2 --seq 64 --batch 8 --threads 2)
+line_re='^step [0-9]+ \| loss [0-9]+\.[0-9]{4} \| [0-9]+ tok/s \| mfu [0-9]+\.[0-9]% \| peak mem [0-9]+\.[0-9]{2} GB$'
+
+# 1. Trains on text: 30 well-formed step lines and a clearly falling loss.
+if "$bin" "${small[@]}" --steps 30 --lr 3e-3 --data "$work/text.txt" --sample-tokens 20 > "$work/train.out" 2> "$work/train.err"; then
+  n=$(grep -cE "$line_re" "$work/train.out")
+  [ "$n" -eq 30 ] && ok || bad "expected 30 step lines in the exact shape, got $n"
+  first=$(grep -E '^step 0 ' "$work/train.out" | sed -E 's/.*loss ([0-9.]+).*/\1/')
+  last5=$(grep -E "$line_re" "$work/train.out" | tail -5 | sed -E 's/.*loss ([0-9.]+).*/\1/' | awk '{s+=$1} END {print s/NR}')
+  awk -v f="$first" -v l="$last5" 'BEGIN {exit !(l < f - 1.0)}' && ok || bad "loss did not fall: first $first, last-5 mean $last5"
+  grep -q '^sample: ' "$work/train.out" && ok || bad "no sample printed"
+  grep -q 'parameters' "$work/train.out" && ok || bad "no configuration table"
+else
+  bad "training on text failed: $(cat "$work/train.err")"
+fi
+
+# 2. Random tokens (the reference script's data) and the seed architecture.
+"$bin" --preset tiny --dim 64 --layers 1 --heads 4 --seq 32 --batch 2 --steps 2 --threads 2 > "$work/rand.out" 2>&1 \
+  && [ "$(grep -cE "$line_re" "$work/rand.out")" -eq 2 ] && ok || bad "random-token run: $(cat "$work/rand.out")"
+
+# 3. --help lists the flags the later issues rely on.
+if "$bin" --help > "$work/help.out" 2>&1; then
+  for f in --preset --arch --vocab --dim --layers --heads --seq --batch --steps --lr --seed --dtype --threads --data; do
+    grep -q -- "$f" "$work/help.out" && ok || bad "--help does not list $f"
+  done
+else
+  bad "--help exited non-zero"
+fi
+
+# 4. Bad input: each must exit non-zero and name the bad value.
+expect_fail() {
+  local needle=$1
+  shift
+  if "$bin" "$@" > "$work/bad.out" 2>&1; then
+    bad "expected failure for: $* (output: $(head -3 "$work/bad.out"))"
+  elif ! grep -qF -- "$needle" "$work/bad.out"; then
+    bad "message for '$*' lacks '$needle': $(cat "$work/bad.out")"
+  else
+    ok
+  fi
+}
+mkdir -p "$work/a_directory"
+expect_fail "--bogus" --bogus 3
+expect_fail "dim 250 is not divisible by heads 4" --preset tiny --dim 250 --heads 4 --steps 1
+expect_fail "seq must be positive, got 0" --preset tiny --seq 0 --steps 1
+expect_fail "batch must be positive, got -2" --preset tiny --batch -2 --steps 1
+expect_fail "vocab must be positive, got 0" --preset tiny --vocab 0 --steps 1
+expect_fail "unknown preset 'huge'" --preset huge
+expect_fail "unknown arch 'gpt'" --arch gpt
+expect_fail "--dtype bf16 is not a CPU training dtype" --preset tiny --dtype bf16 --steps 1
+expect_fail "unknown dtype 'f8'" --preset tiny --dtype f8 --steps 1
+expect_fail "--steps must be >= 0, got -1" --preset tiny --steps -1
+expect_fail "data file '$work/missing.txt' does not exist" "${small[@]}" --data "$work/missing.txt" --steps 1
+expect_fail "is a directory" "${small[@]}" --data "$work/a_directory" --steps 1
+expect_fail "needs vocab >= 256, got 100" "${small[@]}" --vocab 100 --data "$work/text.txt" --steps 1
+expect_fail "--lr" --lr notanumber
+
+echo "$pass passed, $fails failed"
+[ "$fails" -eq 0 ]
