@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "fsdp/ops/ops.h"
+#include "kernels/cpu/vec_math.h"
 #include "test_util.h"
 
 namespace fsdp {
@@ -13,6 +14,19 @@ using test::expect_grad_matches;
 using test::random_ids;
 using test::random_tensor;
 using test::rel_error;
+
+TEST(VecMath, ExpF32IsAccurate) {
+  double worst = 0;
+  for (double x = -87.0; x <= 88.0; x += 0.00137) {
+    const double ref = std::exp(double(float(x)));
+    worst = std::max(worst, std::abs(double(kernels::cpu::exp_f32(float(x))) - ref) / ref);
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_EQ(kernels::cpu::exp_f32(-200.0f), 0.0f);
+  EXPECT_EQ(kernels::cpu::exp_f32(-INFINITY), 0.0f);
+  EXPECT_EQ(kernels::cpu::exp_f32(0.0f), 1.0f);
+  EXPECT_GT(kernels::cpu::exp_f32(1000.0f), 1e38f);
+}
 
 TEST(Gemm, AllTransposesMatchNaive) {
   for (DType dt : {DType::f64, DType::f32})

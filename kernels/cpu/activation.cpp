@@ -3,12 +3,13 @@
 #include <cmath>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace fsdp::kernels::cpu {
 
 template <class T>
 static inline T sigmoid(T x) {
-  return T(1) / (T(1) + std::exp(-x));
+  return T(1) / (T(1) + vexp(-x));
 }
 
 template <class T>

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace fsdp::kernels::cpu {
 
@@ -37,7 +38,7 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int6
           T sum = 0;
 #pragma omp simd reduction(+ : sum)
           for (int64_t j = 0; j < n; ++j) {
-            row[j] = std::exp(row[j] - m);
+            row[j] = vexp(row[j] - m);
             sum += row[j];
           }
           const T inv = T(1) / sum;
@@ -77,7 +78,7 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
           T* row = p.data() + i * T_;
           const int64_t n = causal ? i + 1 : T_;
 #pragma omp simd
-          for (int64_t j = 0; j < n; ++j) row[j] = std::exp(row[j] - l[i]);
+          for (int64_t j = 0; j < n; ++j) row[j] = vexp(row[j] - l[i]);
           for (int64_t j = n; j < T_; ++j) row[j] = T(0);
           T acc = 0;
 #pragma omp simd reduction(+ : acc)

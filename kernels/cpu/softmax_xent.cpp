@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace fsdp::kernels::cpu {
 
@@ -19,7 +20,7 @@ double softmax_xent_forward(const T* logits, const I* targets, T* lse, int64_t n
     for (int64_t j = 0; j < v; ++j) m = std::max(m, row[j]);
     T sum = 0;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < v; ++j) sum += std::exp(row[j] - m);
+    for (int64_t j = 0; j < v; ++j) sum += vexp(row[j] - m);
     const T l = m + std::log(sum);
     lse[r] = l;
     total += double(l - row[targets[r]]);
@@ -37,7 +38,7 @@ void softmax_xent_backward(const T* logits, const I* targets, const T* lse, T* d
     T* drow = dlogits + r * v;
     const T l = lse[r];
 #pragma omp simd
-    for (int64_t j = 0; j < v; ++j) drow[j] = std::exp(row[j] - l) * k;
+    for (int64_t j = 0; j < v; ++j) drow[j] = vexp(row[j] - l) * k;
     drow[targets[r]] -= k;
   }
 }

@@ -37,7 +37,9 @@ class CudaAllocator final : public Allocator {
     if (ptr) cudaFree(ptr);
     current_.fetch_sub(int64_t(nbytes));
   }
-  MemoryStats stats() const override { return {current_.load(), peak_.load(), allocations_.load()}; }
+  MemoryStats stats() const override {
+    return {current_.load(), peak_.load(), allocations_.load(), current_.load()};
+  }
   void reset_peak() override { peak_.store(current_.load()); }
 
  private:

@@ -10,6 +10,7 @@ namespace fsdp {
 const std::vector<EnvKnob>& env_knobs() {
   static const std::vector<EnvKnob> knobs = {
       {"FSDP_CACHE_DIR", "", "where measured machine ceilings are cached (default $XDG_CACHE_HOME/fsdp or ~/.cache/fsdp)"},
+      {"FSDP_CPU_CACHE_MB", "2048", "most MiB of freed large CPU blocks the allocator keeps for reuse"},
       {"FSDP_GEMM_PEAK_GFLOPS", "0", "fp32 GEMM peak to measure MFU against, in GFLOP/s; 0 measures it once and caches it"},
   };
   return knobs;

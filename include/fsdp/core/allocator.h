@@ -15,6 +15,7 @@ struct MemoryStats {
   int64_t current = 0;  // bytes allocated and not yet freed
   int64_t peak = 0;     // high-water mark of `current` since reset_peak()
   int64_t allocations = 0;
+  int64_t reserved = 0;  // current plus what the allocator keeps cached for reuse
 };
 
 class Allocator {
@@ -24,6 +25,8 @@ class Allocator {
   virtual void deallocate(void* ptr, size_t nbytes) = 0;
   virtual MemoryStats stats() const = 0;
   virtual void reset_peak() = 0;
+  // Returns cached, unused blocks to the system.
+  virtual void empty_cache() {}
 };
 
 Allocator& allocator_for(Device d);

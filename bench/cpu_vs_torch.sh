@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Side by side on this CPU, in one run, with the same threads: fsdp-train and
+# the same model in PyTorch (bench/minillm_torch.py) on the tiny preset of the
+# reference (seed) architecture, random tokens, f32; plus the OpenBLAS sgemm
+# peak measured afresh. Writes bench/results/cpu-tiny.md.
+#   bench/cpu_vs_torch.sh [threads] [steps]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+threads=${1:-$(nproc)}
+steps=${2:-12}
+py=${PYTHON:-/usr/bin/python3}
+scripts/build.sh fsdp-train > /dev/null
+out=bench/results/cpu-tiny.md
+log=$(mktemp -d)
+trap 'rm -rf "$log"' EXIT
+
+# Two rounds, alternating, so that both see the same machine noise; each
+# side's better round is reported. A fresh cache directory makes fsdp-train
+# measure the sgemm peak in this run.
+for round in 1 2; do
+  FSDP_CACHE_DIR="$log/cache" build/examples/fsdp-train --preset tiny --steps "$steps" --threads "$threads" \
+    > "$log/ours$round.txt"
+  "$py" bench/minillm_torch.py --steps "$steps" --threads "$threads" > "$log/torch$round.txt"
+done
+# Mean ms/step over steps 2.. (the first two warm up), from the per-step tok/s.
+ours_mean() { grep -E '^step ' "$1" | awk -v t=2048 'NR > 2 {s += t / $7 * 1000; n++} END {printf "%.1f", s / n}'; }
+torch_mean() { grep -oE 'ms/step [0-9.]+' "$1" | grep -oE '[0-9.]+$'; }
+best=1; [ "$(awk -v a="$(ours_mean "$log/ours2.txt")" -v b="$(ours_mean "$log/ours1.txt")" 'BEGIN {print (a < b)}')" = 1 ] && best=2
+cp "$log/ours$best.txt" "$log/ours.txt"
+best=1; [ "$(awk -v a="$(torch_mean "$log/torch2.txt")" -v b="$(torch_mean "$log/torch1.txt")" 'BEGIN {print (a < b)}')" = 1 ] && best=2
+cp "$log/torch$best.txt" "$log/torch.txt"
+rounds="fsdp-train $(ours_mean "$log/ours1.txt") / $(ours_mean "$log/ours2.txt") ms, PyTorch $(torch_mean "$log/torch1.txt") / $(torch_mean "$log/torch2.txt") ms"
+
+peak=$(grep -oE 'sgemm peak +\| [0-9.]+' "$log/ours.txt" | grep -oE '[0-9.]+$')
+flops=$(grep -oE 'FLOPs / token +\| [0-9.e+]+' "$log/ours.txt" | grep -oE '[0-9.e+]+$')
+ours_ms=$(ours_mean "$log/ours.txt")
+ours_mfu=$(grep -E '^step ' "$log/ours.txt" | awk 'NR > 2 {gsub("%", "", $11); s += $11; n++} END {printf "%.1f", s / n}')
+torch_ms=$(torch_mean "$log/torch.txt")
+torch_ver=$(grep -oE 'torch [0-9][^,]*' "$log/torch.txt" | head -1)
+ratio=$(awk -v a="$torch_ms" -v b="$ours_ms" 'BEGIN {printf "%.2f", a / b}')
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')
+
+{
+  echo "# CPU: fsdp-train vs PyTorch, tiny preset (seed architecture), f32"
+  echo
+  echo "Run: \`bench/cpu_vs_torch.sh $threads $steps\` on $(date -u +%Y-%m-%d), $cpu, $threads threads."
+  echo "Model: vocab 4096, dim 256, 4 layers, 4 heads, seq 256, batch 8 (2048 tokens/step), random tokens, AdamW."
+  echo "Times are the mean of steps 2..$((steps - 1)) (the first two warm up); two alternating rounds each,"
+  echo "the better one reported (rounds: $rounds)."
+  echo
+  echo "| | ms/step | tok/s | MFU vs measured sgemm peak |"
+  echo "| --- | ---: | ---: | ---: |"
+  echo "| fsdp-train | $ours_ms | $(awk -v m="$ours_ms" 'BEGIN {printf "%.0f", 2048 / m * 1000}') | ${ours_mfu}% |"
+  echo "| PyTorch ($torch_ver) | $torch_ms | $(awk -v m="$torch_ms" 'BEGIN {printf "%.0f", 2048 / m * 1000}') | $(awk -v m="$torch_ms" -v p="$peak" -v f="$flops" 'BEGIN {printf "%.1f", f * 2048 / (m / 1000) / (p * 1e9) * 100}')% |"
+  echo
+  echo "**Speed-up: ${ratio}x** (PyTorch ms/step / fsdp-train ms/step). Measured sgemm peak: $peak GFLOP/s."
+  echo
+  echo "## fsdp-train output"
+  echo '```'
+  cat "$log/ours.txt"
+  echo '```'
+  echo "## PyTorch output"
+  echo '```'
+  cat "$log/torch.txt"
+  echo '```'
+} > "$out"
+cat "$out" | head -14
