@@ -9,6 +9,11 @@ namespace fsdp {
 
 const std::vector<EnvKnob>& env_knobs() {
   static const std::vector<EnvKnob> knobs = {
+      {"FSDP_BACKEND", "", "process group backend: mpi, gloo, nccl or local (default: from the launcher and the device)"},
+      {"FSDP_STORE_TIMEOUT_S", "300", "seconds the rendezvous store waits for ranks and keys"},
+      {"FSDP_COLLECTIVE_TIMEOUT_S", "600", "seconds Work::wait() waits before calling a collective stuck"},
+      {"FSDP_DIST_CHECK", "1", "1: compare each collective's kind, dtype and sizes across ranks first; 0: skip"},
+      {"FSDP_GLOO_HOSTNAME", "", "address Gloo listens on (default: 127.0.0.1 when MASTER_ADDR is local, else the hostname)"},
       {"FSDP_CACHE_DIR", "", "where measured machine ceilings are cached (default $XDG_CACHE_HOME/fsdp or ~/.cache/fsdp)"},
       {"FSDP_CPU_CACHE_MB", "2048", "most MiB of freed large CPU blocks the allocator keeps for reuse"},
       {"FSDP_GEMM_PEAK_GFLOPS", "0", "fp32 GEMM peak to measure MFU against, in GFLOP/s; 0 measures it once and caches it"},

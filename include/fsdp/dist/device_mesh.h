@@ -1,0 +1,50 @@
+// DeviceMesh: the ranks of the world laid out row-major in 1 or 2 named
+// dims, e.g. {2, 2} with names {"replicate", "shard"} for HSDP. Each mesh
+// dim has a process group of the ranks that differ only in that coordinate
+// (made with ProcessGroup::split, collectively, at construction). A named
+// sub-mesh, mesh["shard"], is the 1-D mesh of that dim's group.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/dist/process_group.h"
+
+namespace fsdp::dist {
+
+class DeviceMesh {
+ public:
+  // Collective over `group`: every rank must call it with the same shape.
+  DeviceMesh(std::shared_ptr<ProcessGroup> group, std::vector<int64_t> shape, std::vector<std::string> names = {});
+
+  int ndim() const { return int(shape_.size()); }
+  int64_t size(int dim) const;
+  int64_t size() const;  // all ranks of the mesh
+  const std::vector<int64_t>& shape() const { return shape_; }
+  const std::vector<std::string>& names() const { return names_; }
+  int dim_index(const std::string& name) const;
+  // This rank's coordinate along each dim.
+  const std::vector<int64_t>& coordinate() const { return coord_; }
+  int64_t local_rank(int dim) const { return coord_.at(size_t(dim)); }
+  std::shared_ptr<ProcessGroup> group(int dim) const;
+  std::shared_ptr<ProcessGroup> group(const std::string& name) const { return group(dim_index(name)); }
+  // The group of all ranks of the mesh.
+  std::shared_ptr<ProcessGroup> whole() const { return whole_; }
+  Device device() const { return whole_->device(); }
+  // The 1-D mesh along one named dim.
+  std::shared_ptr<DeviceMesh> operator[](const std::string& name) const;
+  std::string str() const;
+
+ private:
+  DeviceMesh() = default;
+  std::shared_ptr<ProcessGroup> whole_;
+  std::vector<int64_t> shape_, coord_;
+  std::vector<std::string> names_;
+  std::vector<std::shared_ptr<ProcessGroup>> groups_;
+};
+
+// A mesh over the initialised world.
+std::shared_ptr<DeviceMesh> init_device_mesh(std::vector<int64_t> shape, std::vector<std::string> names = {});
+
+}  // namespace fsdp::dist

@@ -1,0 +1,45 @@
+// init_process_group(): the world, from the launcher's environment.
+//   mpirun          OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK   -> mpi (CPU), nccl (CUDA; id over MPI)
+//   torchrun-style  RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
+//                   MASTER_ADDR MASTER_PORT                      -> gloo (CPU), nccl (CUDA; id over the store)
+//   no launcher     a world of one                               -> local (CPU), nccl (CUDA)
+// FSDP_BACKEND overrides the choice. Under torchrun-style launch every rank
+// meets at a TCPStore served by rank 0: an unreachable MASTER_ADDR, a port
+// in use, a rank that never arrives or a WORLD_SIZE that differs between
+// ranks is an error naming the value within FSDP_STORE_TIMEOUT_S.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "fsdp/dist/process_group.h"
+#include "fsdp/dist/store.h"
+
+namespace fsdp::dist {
+
+struct WorldInfo {
+  int rank = 0, size = 1, local_rank = 0, local_size = 1;
+  std::string launcher = "none";  // "mpirun", "torchrun" or "none"
+  std::string backend;
+  Device device;
+};
+
+struct InitOptions {
+  Device device = Device::cpu();
+  std::string backend;  // empty: FSDP_BACKEND, else from the launcher and the device
+};
+
+// Creates the world group once per process and returns it.
+std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt = {});
+bool is_initialized();
+std::shared_ptr<ProcessGroup> world();  // throws before init_process_group
+const WorldInfo& world_info();
+// The rendezvous store (torchrun-style launch only; nullptr otherwise).
+std::shared_ptr<TCPStore> world_store();
+// Waits for every rank, then releases the world (and finalises MPI).
+void destroy_process_group();
+// For binaries after an error: ends this process (and, under MPI, the job)
+// without waiting on peers that may never answer.
+[[noreturn]] void abort_process(int code);
+
+}  // namespace fsdp::dist

@@ -1,0 +1,39 @@
+// How a DTensor lies on one dim of a DeviceMesh, with DTensor's names:
+//   Shard(d)     each rank along the mesh dim holds one torch.chunk of tensor dim d
+//   Replicate    each rank holds the whole (along that mesh dim)
+//   Partial(op)  each rank holds a partial value; the true value is their sum or average
+#pragma once
+
+#include <string>
+#include <variant>
+
+#include "fsdp/dist/process_group.h"
+
+namespace fsdp::dist {
+
+struct Shard {
+  int dim = 0;
+  bool operator==(const Shard& o) const { return dim == o.dim; }
+};
+struct Replicate {
+  bool operator==(const Replicate&) const { return true; }
+};
+struct Partial {
+  ReduceOp op = ReduceOp::SUM;
+  bool operator==(const Partial& o) const { return op == o.op; }
+};
+using Placement = std::variant<Shard, Replicate, Partial>;
+
+std::string placement_str(const Placement& p);
+inline bool is_shard(const Placement& p, int dim = -1) {
+  auto* s = std::get_if<Shard>(&p);
+  return s && (dim < 0 || s->dim == dim);
+}
+
+// torch.chunk's split of n elements into `parts`: each chunk has ceil(n / parts)
+// elements except the last non-empty one; trailing chunks may be empty.
+int64_t chunk_size(int64_t n, int64_t parts);
+// [begin, begin + length) of chunk `index`.
+std::pair<int64_t, int64_t> chunk_range(int64_t n, int64_t parts, int64_t index);
+
+}  // namespace fsdp::dist

@@ -1,0 +1,71 @@
+// CpuStream: one worker thread draining an ordered task queue.
+#include "fsdp/core/stream.h"
+
+#include "fsdp/core/error.h"
+
+namespace fsdp {
+
+void Event::wait(std::chrono::milliseconds timeout, const std::string& what) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return done_; }))
+    FSDP_FAIL("[Work] {} did not complete within {} s; a peer rank may have died or stopped making progress", what,
+              double(timeout.count()) / 1000.0);
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool Event::query() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void Event::set_done(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    error_ = error;
+  }
+  cv_.notify_all();
+}
+
+CpuStream::CpuStream(std::string name) : name_(std::move(name)), thread_([this] { loop(); }) {}
+
+CpuStream::~CpuStream() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::shared_ptr<Event> CpuStream::enqueue(std::function<void()> task) {
+  auto ev = std::make_shared<Event>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FSDP_CHECK(!stop_, "[CpuStream] {} is shut down", name_);
+    queue_.emplace_back(std::move(task), ev);
+  }
+  cv_.notify_one();
+  return ev;
+}
+
+void CpuStream::loop() {
+  for (;;) {
+    std::pair<std::function<void()>, std::shared_ptr<Event>> item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and drained
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    try {
+      item.first();
+      item.second->set_done();
+    } catch (...) {
+      item.second->set_done(std::current_exception());
+    }
+  }
+}
+
+}  // namespace fsdp

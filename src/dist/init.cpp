@@ -1,0 +1,224 @@
+// Rendezvous and the world group.
+#include "fsdp/dist/init.h"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "fsdp/core/env.h"
+#include "src/dist/backend.h"
+#include "src/dist/cpu_group.h"
+#ifdef FSDP_WITH_NCCL
+#include "src/dist/nccl/nccl_group.h"
+#endif
+
+namespace fsdp::dist {
+
+namespace {
+
+struct World {
+  std::shared_ptr<ProcessGroup> group;
+  std::shared_ptr<TCPStore> store;
+  WorldInfo info;
+  bool mpi = false;
+};
+World& the_world() {
+  static World w;
+  return w;
+}
+std::mutex init_mu;
+
+const char* getenv_or_null(const char* k) {
+  const char* v = std::getenv(k);
+  return v && *v ? v : nullptr;
+}
+
+int env_int(const char* name, const char* value) {
+  int v = 0;
+  const char* end = value + std::strlen(value);
+  auto [p, ec] = std::from_chars(value, end, v);
+  FSDP_CHECK(ec == std::errc() && p == end, "[init_process_group] {}='{}' is not an integer", name, value);
+  return v;
+}
+
+int required_int(const char* name) {
+  const char* v = getenv_or_null(name);
+  FSDP_CHECK(v, "[init_process_group] {} is not set (torchrun-style launch needs RANK, WORLD_SIZE, MASTER_ADDR and "
+                "MASTER_PORT)",
+             name);
+  return env_int(name, v);
+}
+
+std::string gloo_hostname(const std::string& master) {
+  std::string h = env_str("FSDP_GLOO_HOSTNAME");
+  if (!h.empty()) return h;
+  if (master == "localhost" || master.rfind("127.", 0) == 0 || master == "::1") return "127.0.0.1";
+  char buf[256] = {0};
+  ::gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+// Rank 0 checks that every rank arrived with the same WORLD_SIZE, then
+// publishes "ok" or the error, so that every rank fails with the same words.
+void rendezvous(TCPStore& store, int rank, int size) {
+  store.set(fmt::format("rdzv/world_size/{}", rank), std::to_string(size));
+  const auto timeout = store.timeout();
+  if (rank == 0) {
+    std::vector<std::string> keys;
+    for (int r = 1; r < size; ++r) keys.push_back(fmt::format("rdzv/world_size/{}", r));
+    std::string error;
+    if (!store.wait(keys, timeout)) {
+      std::vector<int> missing;
+      for (int r = 1; r < size; ++r)
+        if (!store.check({keys[size_t(r - 1)]})) missing.push_back(r);
+      error = fmt::format("[init_process_group] only {} of {} ranks arrived at {} within {} s; missing rank(s): {}",
+                          size - int(missing.size()), size, store.address(), double(timeout.count()) / 1000.0,
+                          fmt::join(missing, ", "));
+    } else {
+      for (int r = 1; r < size && error.empty(); ++r) {
+        std::string ws = store.get_string(keys[size_t(r - 1)]);
+        if (ws != std::to_string(size))
+          error = fmt::format("[init_process_group] rank {} has WORLD_SIZE={} but rank 0 has WORLD_SIZE={}", r, ws,
+                              size);
+      }
+    }
+    store.set("rdzv/status", error.empty() ? std::string("ok") : error);
+    if (!error.empty()) throw Error(error);
+  } else {
+    if (!store.wait({"rdzv/status"}, timeout))
+      FSDP_FAIL("[init_process_group] rank 0 at {} did not complete the rendezvous within {} s", store.address(),
+                double(timeout.count()) / 1000.0);
+    std::string status = store.get_string("rdzv/status");
+    if (status != "ok") throw Error(status);
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
+  std::lock_guard<std::mutex> lock(init_mu);
+  World& w = the_world();
+  FSDP_CHECK(!w.group, "[init_process_group] already initialised (backend {})", w.info.backend);
+
+  WorldInfo info;
+  info.device = opt.device;
+  const bool under_mpirun = getenv_or_null("OMPI_COMM_WORLD_SIZE") != nullptr;
+  const bool under_torchrun = getenv_or_null("RANK") != nullptr || getenv_or_null("WORLD_SIZE") != nullptr;
+  if (under_mpirun) {
+    info.launcher = "mpirun";
+    info.rank = env_int("OMPI_COMM_WORLD_RANK", getenv_or_null("OMPI_COMM_WORLD_RANK"));
+    info.size = env_int("OMPI_COMM_WORLD_SIZE", getenv_or_null("OMPI_COMM_WORLD_SIZE"));
+    if (auto v = getenv_or_null("OMPI_COMM_WORLD_LOCAL_RANK")) info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", v);
+    if (auto v = getenv_or_null("OMPI_COMM_WORLD_LOCAL_SIZE")) info.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", v);
+  } else if (under_torchrun) {
+    info.launcher = "torchrun";
+    info.rank = required_int("RANK");
+    info.size = required_int("WORLD_SIZE");
+    info.local_rank = getenv_or_null("LOCAL_RANK") ? required_int("LOCAL_RANK") : info.rank;
+    info.local_size = getenv_or_null("LOCAL_WORLD_SIZE") ? required_int("LOCAL_WORLD_SIZE") : info.size;
+  }
+  FSDP_CHECK(info.size >= 1, "[init_process_group] WORLD_SIZE must be >= 1, got {}", info.size);
+  FSDP_CHECK(info.rank >= 0 && info.rank < info.size, "[init_process_group] RANK={} is not in [0, WORLD_SIZE={})",
+             info.rank, info.size);
+
+  std::string backend = opt.backend.empty() ? env_str("FSDP_BACKEND") : opt.backend;
+  if (backend.empty()) {
+    if (opt.device.is_cuda()) backend = "nccl";
+    else if (info.launcher == "mpirun") backend = "mpi";
+    else if (info.launcher == "torchrun") backend = "gloo";
+    else backend = "local";
+  }
+  FSDP_CHECK(backend == "mpi" || backend == "gloo" || backend == "nccl" || backend == "local",
+             "[init_process_group] FSDP_BACKEND='{}'; expected mpi, gloo, nccl or local", backend);
+  FSDP_CHECK(backend == "nccl" || opt.device.is_cpu(),
+             "[init_process_group] backend {} holds CPU tensors but the device is {}; use nccl", backend,
+             opt.device.str());
+  FSDP_CHECK(backend != "local" || info.size == 1,
+             "[init_process_group] the local backend is a world of one, but WORLD_SIZE is {}", info.size);
+  info.backend = backend;
+
+  const auto store_timeout = std::chrono::milliseconds(int64_t(env_double("FSDP_STORE_TIMEOUT_S") * 1000.0));
+  if (info.launcher == "torchrun" && backend != "mpi") {
+    const char* addr = getenv_or_null("MASTER_ADDR");
+    FSDP_CHECK(addr, "[init_process_group] MASTER_ADDR is not set (torchrun-style launch)");
+    const int port = required_int("MASTER_PORT");
+    w.store = std::make_shared<TCPStore>(addr, port, info.rank == 0, store_timeout);
+    rendezvous(*w.store, info.rank, info.size);
+  }
+
+  if (backend == "mpi") {
+#ifdef FSDP_WITH_MPI
+    w.group = std::make_shared<CpuProcessGroup>(make_mpi_world_backend());
+    w.mpi = true;
+    FSDP_CHECK(w.group->size() == info.size, "[init_process_group] MPI reports {} ranks but the launcher says {}",
+               w.group->size(), info.size);
+#else
+    FSDP_FAIL("[init_process_group] backend mpi requested but fsdp.cpp was built without MPI (FSDP_MPI=OFF)");
+#endif
+  } else if (backend == "gloo") {
+#ifdef FSDP_WITH_GLOO
+    if (!w.store) {
+      FSDP_CHECK(info.size == 1, "[init_process_group] gloo needs torchrun-style launch (MASTER_ADDR, MASTER_PORT) for "
+                                 "{} ranks",
+                 info.size);
+      w.store = std::make_shared<TCPStore>("127.0.0.1", 0, true, store_timeout);  // a private store for one rank
+    }
+    const char* addr = getenv_or_null("MASTER_ADDR");
+    w.group = std::make_shared<CpuProcessGroup>(
+        make_gloo_backend(w.store, info.rank, info.size, gloo_hostname(addr ? addr : "127.0.0.1")));
+#else
+    FSDP_FAIL("[init_process_group] backend gloo requested but fsdp.cpp was built without Gloo (FSDP_GLOO=OFF)");
+#endif
+  } else if (backend == "nccl") {
+#ifdef FSDP_WITH_NCCL
+    w.group = make_nccl_world(info, w.store);
+#else
+    FSDP_FAIL("[init_process_group] backend nccl requested but fsdp.cpp was built without CUDA and NCCL");
+#endif
+  } else {
+    w.group = std::make_shared<CpuProcessGroup>(make_local_backend());
+  }
+  w.info = info;
+  return w.group;
+}
+
+bool is_initialized() { return the_world().group != nullptr; }
+
+std::shared_ptr<ProcessGroup> world() {
+  FSDP_CHECK(is_initialized(), "[dist] call fsdp::dist::init_process_group() first");
+  return the_world().group;
+}
+
+const WorldInfo& world_info() {
+  FSDP_CHECK(is_initialized(), "[dist] call fsdp::dist::init_process_group() first");
+  return the_world().info;
+}
+
+std::shared_ptr<TCPStore> world_store() { return the_world().store; }
+
+void destroy_process_group() {
+  std::lock_guard<std::mutex> lock(init_mu);
+  World& w = the_world();
+  if (!w.group) return;
+  w.group->barrier()->wait();  // rank 0 serves the store: nobody leaves while others may still need it
+  w.group.reset();
+  w.store.reset();
+#ifdef FSDP_WITH_MPI
+  if (w.mpi) mpi_finalize();
+#endif
+  w = World{};
+}
+
+void abort_process(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+#ifdef FSDP_WITH_MPI
+  if (the_world().mpi) mpi_abort(code);
+#endif
+  std::_Exit(code);
+}
+
+}  // namespace fsdp::dist

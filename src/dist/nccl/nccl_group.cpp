@@ -1,0 +1,200 @@
+// NCCL process groups. Each group owns a high-priority, non-blocking CUDA
+// stream. A collective first makes that stream wait for the work already
+// queued on the caller's stream (an event, never a device-wide sync), runs
+// on it, and records a completion event; Work::wait() makes the caller's
+// stream wait for that event, so the host never blocks. Each local rank uses
+// the GPU of its local rank.
+#include "src/dist/nccl/nccl_group.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+
+#include "fsdp/core/error.h"
+#include "src/dist/backend.h"
+
+#define NCCL_CHECK(expr)                                                                          \
+  do {                                                                                            \
+    ncclResult_t r_ = (expr);                                                                     \
+    if (r_ != ncclSuccess) FSDP_FAIL("[nccl] {} failed: {}", #expr, ncclGetErrorString(r_));     \
+  } while (0)
+#define CUDA_RT_CHECK(expr)                                                                       \
+  do {                                                                                            \
+    cudaError_t e_ = (expr);                                                                      \
+    if (e_ != cudaSuccess) FSDP_FAIL("[nccl] {} failed: {}", #expr, cudaGetErrorString(e_));      \
+  } while (0)
+
+namespace fsdp::dist {
+
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+  }
+  return ncclFloat32;
+}
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(cudaEvent_t done, int device, std::vector<Tensor> keep) : done_(done), device_(device), keep_(std::move(keep)) {}
+  ~NcclWork() override { cudaEventDestroy(done_); }
+  void wait() override {
+    CUDA_RT_CHECK(cudaSetDevice(device_));
+    CUDA_RT_CHECK(cudaStreamWaitEvent(nullptr, done_, 0));  // the caller's (default) stream
+  }
+  bool is_completed() const override { return cudaEventQuery(done_) == cudaSuccess; }
+
+ private:
+  cudaEvent_t done_;
+  int device_;
+  std::vector<Tensor> keep_;  // inputs and outputs stay alive while the collective may still read them
+};
+
+class NcclProcessGroup final : public ProcessGroup {
+ public:
+  NcclProcessGroup(ncclComm_t comm, int device) : comm_(comm), device_(device) {
+    NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
+    NCCL_CHECK(ncclCommCount(comm_, &size_));
+    CUDA_RT_CHECK(cudaSetDevice(device_));
+    int least = 0, greatest = 0;
+    CUDA_RT_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_RT_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+  }
+  ~NcclProcessGroup() override {
+    cudaStreamSynchronize(stream_);
+    ncclCommDestroy(comm_);
+    cudaStreamDestroy(stream_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "nccl"; }
+  Device device() const override { return Device::cuda(device_); }
+
+  std::shared_ptr<Work> all_gather_into_tensor(const Tensor& out, const Tensor& in) override {
+    check("all_gather_into_tensor", {out, in});
+    FSDP_CHECK(out.numel() == in.numel() * size_ && out.dtype() == in.dtype(),
+               "[all_gather_into_tensor] output {} x {} does not hold {} ranks x {} of {}", dtype_name(out.dtype()),
+               out.numel(), size_, in.numel(), dtype_name(in.dtype()));
+    return launch({out, in}, [&] {
+      NCCL_CHECK(ncclAllGather(in.raw_data(), out.raw_data(), size_t(in.numel()), nccl_type(in.dtype()), comm_, stream_));
+    });
+  }
+  std::shared_ptr<Work> reduce_scatter_tensor(const Tensor& out, const Tensor& in, ReduceOp op) override {
+    check("reduce_scatter_tensor", {out, in});
+    FSDP_CHECK(in.numel() == out.numel() * size_ && out.dtype() == in.dtype(),
+               "[reduce_scatter_tensor] input {} x {} does not hold {} ranks x {} of {}", dtype_name(in.dtype()),
+               in.numel(), size_, out.numel(), dtype_name(out.dtype()));
+    return launch({out, in}, [&] {
+      NCCL_CHECK(ncclReduceScatter(in.raw_data(), out.raw_data(), size_t(out.numel()), nccl_type(in.dtype()),
+                                   op == ReduceOp::SUM ? ncclSum : ncclAvg, comm_, stream_));
+    });
+  }
+  std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op) override {
+    check("all_reduce", {t});
+    return launch({t}, [&] {
+      NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_type(t.dtype()),
+                               op == ReduceOp::SUM ? ncclSum : ncclAvg, comm_, stream_));
+    });
+  }
+  std::shared_ptr<Work> broadcast(const Tensor& t, int root) override {
+    check("broadcast", {t});
+    FSDP_CHECK(root >= 0 && root < size_, "[broadcast] root {} is not a rank of this group of {}", root, size_);
+    return launch({t}, [&] {
+      NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_type(t.dtype()), root, comm_, stream_));
+    });
+  }
+  std::shared_ptr<Work> all_to_all_single(const Tensor& out, const Tensor& in) override {
+    check("all_to_all_single", {out, in});
+    FSDP_CHECK(in.numel() == out.numel() && in.numel() % size_ == 0 && in.dtype() == out.dtype(),
+               "[all_to_all_single] input {} and output {} must match and split into {} blocks", in.numel(),
+               out.numel(), size_);
+    return launch({out, in}, [&] {
+      const size_t count = size_t(in.numel() / size_), bytes = count * dtype_size(in.dtype());
+      NCCL_CHECK(ncclGroupStart());
+      for (int peer = 0; peer < size_; ++peer) {
+        NCCL_CHECK(ncclSend(static_cast<const char*>(in.raw_data()) + bytes * size_t(peer), count, nccl_type(in.dtype()),
+                            peer, comm_, stream_));
+        NCCL_CHECK(ncclRecv(static_cast<char*>(out.raw_data()) + bytes * size_t(peer), count, nccl_type(in.dtype()),
+                            peer, comm_, stream_));
+      }
+      NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+  std::shared_ptr<Work> barrier() override {
+    Tensor one = Tensor::zeros({1}, DType::f32, Device::cuda(device_));
+    return all_reduce(one, ReduceOp::SUM);
+  }
+  std::shared_ptr<ProcessGroup> split(int color, int key) override {
+    ncclComm_t sub = nullptr;
+    NCCL_CHECK(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, nullptr));
+    if (color < 0 || !sub) return nullptr;
+    return std::make_shared<NcclProcessGroup>(sub, device_);
+  }
+
+ private:
+  void check(const char* op, std::initializer_list<Tensor> ts) {
+    for (const Tensor& t : ts) {
+      FSDP_CHECK(t.defined() && t.device() == Device::cuda(device_),
+                 "[{}] a tensor is on {} but this NCCL group runs on cuda:{}", op,
+                 t.defined() ? t.device().str() : "nothing", device_);
+      FSDP_CHECK(t.is_contiguous(), "[{}] NCCL needs contiguous tensors", op);
+    }
+  }
+  template <class F>
+  std::shared_ptr<Work> launch(std::vector<Tensor> keep, F&& f) {
+    CUDA_RT_CHECK(cudaSetDevice(device_));
+    cudaEvent_t ready, done;
+    CUDA_RT_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    CUDA_RT_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    CUDA_RT_CHECK(cudaEventRecord(ready, nullptr));  // what the caller queued so far
+    CUDA_RT_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+    cudaEventDestroy(ready);
+    f();
+    CUDA_RT_CHECK(cudaEventRecord(done, stream_));
+    return std::make_shared<NcclWork>(done, device_, std::move(keep));
+  }
+
+  ncclComm_t comm_;
+  int device_;
+  int rank_ = 0, size_ = 1;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_nccl_world(const WorldInfo& info, std::shared_ptr<TCPStore> store) {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0)
+    FSDP_FAIL("[nccl] no CUDA device is visible on rank {}", info.rank);
+  const int device = info.local_rank % ndev;
+  CUDA_RT_CHECK(cudaSetDevice(device));
+  ncclUniqueId id;
+  if (info.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+  if (info.size > 1) {
+    if (store) {
+      if (info.rank == 0) store->set("nccl/world/id", std::vector<char>(id.internal, id.internal + sizeof(id.internal)));
+      auto v = store->get("nccl/world/id");
+      FSDP_CHECK(v.size() == sizeof(id.internal), "[nccl] the unique id in the store has {} bytes", v.size());
+      std::memcpy(id.internal, v.data(), v.size());
+    } else {
+#ifdef FSDP_WITH_MPI
+      auto mpi = make_mpi_world_backend();
+      mpi->broadcast(id.internal, sizeof(id.internal), 0);
+#else
+      FSDP_FAIL("[nccl] {} ranks without a store need MPI to share the NCCL id", info.size);
+#endif
+    }
+  }
+  ncclComm_t comm;
+  NCCL_CHECK(ncclCommInitRank(&comm, info.size, id, info.rank));
+  return std::make_shared<NcclProcessGroup>(comm, device);
+}
+
+}  // namespace fsdp::dist

@@ -1,0 +1,234 @@
+// The CPU ProcessGroup: checks each call, then runs it on the group's
+// communication thread through a Backend (MPI, Gloo, or local for a world of
+// one). Also the local backend, which is what a collective means for one rank.
+#include "fsdp/dist/process_group.h"
+
+#include <cstring>
+
+#include "fsdp/core/env.h"
+#include "kernels/cpu/dispatch.h"
+#include "src/dist/backend.h"
+#include "src/dist/cpu_group.h"
+
+namespace fsdp::dist {
+
+std::string_view reduce_op_name(ReduceOp op) { return op == ReduceOp::SUM ? "sum" : "avg"; }
+
+std::chrono::milliseconds collective_timeout() {
+  return std::chrono::milliseconds(int64_t(env_double("FSDP_COLLECTIVE_TIMEOUT_S") * 1000.0));
+}
+
+namespace {
+
+class CpuWork final : public Work {
+ public:
+  CpuWork(std::shared_ptr<Event> ev, std::string what) : ev_(std::move(ev)), what_(std::move(what)) {}
+  void wait() override { ev_->wait(collective_timeout(), what_); }
+  bool is_completed() const override { return ev_->query(); }
+
+ private:
+  std::shared_ptr<Event> ev_;
+  std::string what_;
+};
+
+// ---------------------------------------------------------------- local backend
+
+class LocalBackend final : public Backend {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string name() const override { return "local"; }
+  void all_gather(const void* in, void* out, size_t bytes) override { std::memmove(out, in, bytes); }
+  void all_reduce_sum(void*, size_t, DType) override {}
+  void reduce_scatter_sum(const void* in, void* out, size_t count, DType dtype) override {
+    std::memmove(out, in, count * dtype_size(dtype));
+  }
+  void broadcast(void*, size_t, int) override {}
+  void all_to_all(const void* in, void* out, size_t bytes) override { std::memmove(out, in, bytes); }
+  void barrier() override {}
+  std::unique_ptr<Backend> split(int, int, const std::vector<int>&, int, int) override {
+    return std::make_unique<LocalBackend>();
+  }
+};
+
+bool is_narrow(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+void check_cpu_tensor(const char* op, const Tensor& t, const char* what) {
+  FSDP_CHECK(t.defined(), "[{}] {} is undefined", op, what);
+  FSDP_CHECK(t.device().is_cpu(), "[{}] {} is on {} but this process group holds CPU tensors (use nccl for CUDA)",
+             op, what, t.device().str());
+}
+
+void divide(const Tensor& t, double by) {
+  kernels::cpu::dispatch_all(t.dtype(), [&](auto tv) {
+    using T = decltype(tv);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      T* p = t.data<T>();
+      for (int64_t i = 0; i < t.numel(); ++i) p[i] = T(p[i] / by);
+    }
+  });
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_local_backend() { return std::make_unique<LocalBackend>(); }
+
+// ---------------------------------------------------------------- CpuProcessGroup
+
+CpuProcessGroup::CpuProcessGroup(std::unique_ptr<Backend> backend)
+    : be_(std::move(backend)),
+      stream_(std::make_unique<CpuStream>(fmt::format("{} comm (rank {} of {})", be_->name(), be_->rank(), be_->size()))),
+      check_(env_str("FSDP_DIST_CHECK") != "0") {}
+
+CpuProcessGroup::~CpuProcessGroup() { stream_.reset(); }  // drain the queue before the backend goes
+
+int CpuProcessGroup::rank() const { return be_->rank(); }
+int CpuProcessGroup::size() const { return be_->size(); }
+std::string CpuProcessGroup::backend() const { return be_->name(); }
+std::thread::id CpuProcessGroup::comm_thread_id() const { return stream_->thread_id(); }
+
+std::shared_ptr<Work> CpuProcessGroup::submit(const std::string& what, std::function<void()> fn) {
+  auto task = [this, what, fn = std::move(fn)] {
+    try {
+      fn();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("[{}] {} failed on rank {}: {}", be_->name(), what, be_->rank(), e.what()));
+    }
+  };
+  return std::make_shared<CpuWork>(stream_->enqueue(std::move(task)), what);
+}
+
+// Runs on the communication thread: every rank shares (kind, dtype, sizes)
+// and all of them throw, naming the ranks, if they differ.
+void CpuProcessGroup::check_signature(const char* op, DType dtype, int64_t a, int64_t b) {
+  if (!check_ || size() == 1) return;
+  const int64_t mine[4] = {int64_t(std::hash<std::string_view>{}(op) & 0x7fffffff), int64_t(dtype), a, b};
+  std::vector<int64_t> all(size_t(4 * size()));
+  be_->all_gather(mine, all.data(), sizeof(mine));
+  for (int r = 0; r < size(); ++r) {
+    const int64_t* o = all.data() + 4 * r;
+    if (o[0] != mine[0])
+      FSDP_FAIL("[{}] rank {} issued {} while rank {} issued a different collective: the ranks are out of order", op,
+                rank(), op, r);
+    if (o[1] != mine[1] || o[2] != mine[2] || o[3] != mine[3])
+      FSDP_FAIL("[{}] ranks disagree: rank {} has {} x {} (arg {}) but rank {} has {} x {} (arg {})", op, rank(),
+                dtype_name(dtype), a, b, r, dtype_name(DType(o[1])), o[2], o[3]);
+  }
+}
+
+std::shared_ptr<Work> CpuProcessGroup::all_gather_into_tensor(const Tensor& out, const Tensor& in) {
+  const char* op = "all_gather_into_tensor";
+  check_cpu_tensor(op, out, "output");
+  check_cpu_tensor(op, in, "input");
+  FSDP_CHECK(out.dtype() == in.dtype(), "[{}] output is {} but input is {}", op, dtype_name(out.dtype()),
+             dtype_name(in.dtype()));
+  FSDP_CHECK(out.numel() == in.numel() * size(), "[{}] output has {} elements; expected {} = {} ranks x {}", op,
+             out.numel(), in.numel() * size(), size(), in.numel());
+  FSDP_CHECK(out.is_contiguous(), "[{}] output must be contiguous", op);
+  Tensor src = in.contiguous();
+  return submit(op, [=, this] {
+    check_signature(op, in.dtype(), in.numel(), 0);
+    be_->all_gather(src.raw_data(), out.raw_data(), src.nbytes());
+  });
+}
+
+std::shared_ptr<Work> CpuProcessGroup::reduce_scatter_tensor(const Tensor& out, const Tensor& in, ReduceOp rop) {
+  const char* op = "reduce_scatter_tensor";
+  check_cpu_tensor(op, out, "output");
+  check_cpu_tensor(op, in, "input");
+  FSDP_CHECK(out.dtype() == in.dtype(), "[{}] output is {} but input is {}", op, dtype_name(out.dtype()),
+             dtype_name(in.dtype()));
+  FSDP_CHECK(in.numel() == out.numel() * size(), "[{}] input has {} elements; expected {} = {} ranks x {}", op,
+             in.numel(), out.numel() * size(), size(), out.numel());
+  FSDP_CHECK(out.is_contiguous(), "[{}] output must be contiguous", op);
+  FSDP_CHECK(rop == ReduceOp::SUM || is_floating(in.dtype()), "[{}] AVG needs a floating dtype, got {}", op,
+             dtype_name(in.dtype()));
+  // Engines reduce f32/f64/i32/i64; narrow types are reduced in f32.
+  const bool narrow = is_narrow(in.dtype());
+  Tensor src = narrow ? in.to(DType::f32) : in.contiguous();
+  return submit(op, [=, this] {
+    check_signature(op, in.dtype(), out.numel(), int64_t(rop));
+    Tensor dst = narrow ? Tensor::empty(out.shape(), DType::f32) : out;
+    be_->reduce_scatter_sum(src.raw_data(), dst.raw_data(), size_t(out.numel()), src.dtype());
+    if (rop == ReduceOp::AVG) divide(dst, double(size()));
+    if (narrow) out.copy_(dst);
+  });
+}
+
+std::shared_ptr<Work> CpuProcessGroup::all_reduce(const Tensor& t, ReduceOp rop) {
+  const char* op = "all_reduce";
+  check_cpu_tensor(op, t, "tensor");
+  FSDP_CHECK(t.is_contiguous(), "[{}] tensor must be contiguous", op);
+  FSDP_CHECK(rop == ReduceOp::SUM || is_floating(t.dtype()), "[{}] AVG needs a floating dtype, got {}", op,
+             dtype_name(t.dtype()));
+  const bool narrow = is_narrow(t.dtype());
+  return submit(op, [=, this] {
+    check_signature(op, t.dtype(), t.numel(), int64_t(rop));
+    Tensor buf = narrow ? t.to(DType::f32) : t;
+    be_->all_reduce_sum(buf.raw_data(), size_t(buf.numel()), buf.dtype());
+    if (rop == ReduceOp::AVG) divide(buf, double(size()));
+    if (narrow) t.copy_(buf);
+  });
+}
+
+std::shared_ptr<Work> CpuProcessGroup::broadcast(const Tensor& t, int root) {
+  const char* op = "broadcast";
+  check_cpu_tensor(op, t, "tensor");
+  FSDP_CHECK(t.is_contiguous(), "[{}] tensor must be contiguous", op);
+  FSDP_CHECK(root >= 0 && root < size(), "[{}] root {} is not a rank of this group of {}", op, root, size());
+  return submit(op, [=, this] {
+    check_signature(op, t.dtype(), t.numel(), root);
+    be_->broadcast(t.raw_data(), t.nbytes(), root);
+  });
+}
+
+std::shared_ptr<Work> CpuProcessGroup::all_to_all_single(const Tensor& out, const Tensor& in) {
+  const char* op = "all_to_all_single";
+  check_cpu_tensor(op, out, "output");
+  check_cpu_tensor(op, in, "input");
+  FSDP_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel(),
+             "[{}] output ({} x {}) and input ({} x {}) must match", op, dtype_name(out.dtype()), out.numel(),
+             dtype_name(in.dtype()), in.numel());
+  FSDP_CHECK(in.numel() % size() == 0, "[{}] {} elements do not split into {} equal blocks", op, in.numel(), size());
+  FSDP_CHECK(out.is_contiguous(), "[{}] output must be contiguous", op);
+  Tensor src = in.contiguous();
+  return submit(op, [=, this] {
+    check_signature(op, in.dtype(), in.numel(), 0);
+    be_->all_to_all(src.raw_data(), out.raw_data(), src.nbytes() / size_t(size()));
+  });
+}
+
+std::shared_ptr<Work> CpuProcessGroup::barrier() {
+  return submit("barrier", [this] {
+    check_signature("barrier", DType::i32, 0, 0);
+    be_->barrier();
+  });
+}
+
+std::shared_ptr<ProcessGroup> CpuProcessGroup::split(int color, int key) {
+  std::unique_ptr<Backend> sub;
+  const int seq = split_seq_++;
+  auto work = submit("split", [&, this] {
+    const int64_t mine[2] = {color, key};
+    std::vector<int64_t> all(size_t(2 * size()));
+    be_->all_gather(mine, all.data(), sizeof(mine));
+    std::vector<std::pair<int64_t, int>> order;  // (key, rank) of my color
+    for (int r = 0; r < size(); ++r)
+      if (all[2 * r] == color) order.emplace_back(all[2 * r + 1], r);
+    std::sort(order.begin(), order.end());
+    std::vector<int> members;
+    int index = -1;
+    for (auto& [k, r] : order) {
+      if (r == rank()) index = int(members.size());
+      members.push_back(r);
+    }
+    sub = be_->split(color, key, members, index, seq);
+  });
+  work->wait();
+  if (color < 0 || !sub) return nullptr;
+  return std::make_shared<CpuProcessGroup>(std::move(sub));
+}
+
+}  // namespace fsdp::dist
