@@ -10,6 +10,7 @@ namespace fsdp {
 const std::vector<EnvKnob>& env_knobs() {
   static const std::vector<EnvKnob> knobs = {
       {"FSDP_BACKEND", "", "process group backend: mpi, gloo, nccl or local (default: from the launcher and the device)"},
+      {"FSDP_STORE_PORT", "", "port of our rendezvous store (default MASTER_PORT; MASTER_PORT+1 when torchrun's agent serves its own store there)"},
       {"FSDP_STORE_TIMEOUT_S", "300", "seconds the rendezvous store waits for ranks and keys"},
       {"FSDP_COLLECTIVE_TIMEOUT_S", "600", "seconds Work::wait() waits before calling a collective stuck"},
       {"FSDP_DIST_CHECK", "1", "1: compare each collective's kind, dtype and sizes across ranks first; 0: skip"},

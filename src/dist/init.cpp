@@ -144,7 +144,14 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
   if (info.launcher == "torchrun" && backend != "mpi") {
     const char* addr = getenv_or_null("MASTER_ADDR");
     FSDP_CHECK(addr, "[init_process_group] MASTER_ADDR is not set (torchrun-style launch)");
-    const int port = required_int("MASTER_PORT");
+    int port = required_int("MASTER_PORT");
+    const std::string store_port = env_str("FSDP_STORE_PORT");
+    const char* agent_store = getenv_or_null("TORCHELASTIC_USE_AGENT_STORE");
+    if (!store_port.empty()) {
+      port = env_int("FSDP_STORE_PORT", store_port.c_str());
+    } else if (agent_store && std::string(agent_store) == "True") {
+      port += 1;  // torchrun's agent already serves its own (torch) store on MASTER_PORT
+    }
     w.store = std::make_shared<TCPStore>(addr, port, info.rank == 0, store_timeout);
     rendezvous(*w.store, info.rank, info.size);
   }
