@@ -71,6 +71,10 @@ expect_fail "data file '$work/missing.txt' does not exist" "${small[@]}" --data 
 expect_fail "is a directory" "${small[@]}" --data "$work/a_directory" --steps 1
 expect_fail "needs vocab >= 256, got 100" "${small[@]}" --vocab 100 --data "$work/text.txt" --steps 1
 expect_fail "--lr" --lr notanumber
+expect_fail "--shard must be full or none, got 'half'" --preset tiny --shard half --steps 1
+expect_fail "--hsdp 2 does not divide the world size 1" --preset tiny --hsdp 2 --steps 1
+expect_fail "--grad-accum must be >= 1, got 0" --preset tiny --grad-accum 0 --steps 1
+expect_fail "--reshard-after-forward" --preset tiny --reshard-after-forward maybe --steps 1
 
 echo "$pass passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -4,6 +4,12 @@
 // tokens, batch 8 x 1024) and the same per-step line, plus tokens/s and MFU:
 //   step 3 | loss 7.1234 | 1234 tok/s | mfu 41.2% | peak mem 0.52 GB
 // With --data FILE it trains on the file's bytes and prints a sample at the end.
+//
+// Launched with mpirun, scripts/fsdprun or torchrun, it trains sharded with
+// fully_shard on every block and on the root (FSDP2's recipe); each rank
+// reads its own rows of a global batch of world_size x --batch rows, so the
+// data a step sees does not depend on the world size. --shard none is a
+// DDP-style baseline (replicated parameters, all-reduced gradients).
 // This binary is the only place that catches fsdp::Error: it prints the
 // message and exits non-zero.
 #include <omp.h>
@@ -17,11 +23,14 @@
 
 #include "fsdp/core/allocator.h"
 #include "fsdp/data/text_dataset.h"
+#include "fsdp/dist/init.h"
+#include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/init.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/ops/ops.h"
 #include "fsdp/ops/peak.h"
 #include "fsdp/optim/adamw.h"
+#include "fsdp/optim/clip.h"
 
 namespace {
 
@@ -40,24 +49,44 @@ struct Options {
   int64_t sample_tokens = 200;
   std::string prompt = "The ";
   double temperature = 0.8;
+  // distributed
+  std::string shard = "full";
+  bool reshard_after_forward = true;
+  int64_t hsdp = 0;
+  int64_t grad_accum = 1;
+  std::string param_dtype, reduce_dtype;
+  double clip = 0.0;
+};
+
+struct World {
+  std::shared_ptr<dist::ProcessGroup> pg;
+  std::shared_ptr<dist::DeviceMesh> mesh;
+  int rank = 0, size = 1;
+  bool main() const { return rank == 0; }
 };
 
 void print_config(const nn::MiniLLMConfig& c, const Options& o, int64_t nparams, DType dtype, int threads,
-                  const data::TokenSource& src, double peak) {
+                  const data::TokenSource& src, double peak, const World& w, const std::string& dtypes,
+                  int64_t persistent_bytes) {
   auto row = [](const std::string& k, const std::string& v) { fmt::print("| {:<22} | {:<44} |\n", k, v); };
   fmt::print("+{:-<24}+{:-<46}+\n", "", "");
   row("preset / arch", fmt::format("{} / {}", o.preset, nn::arch_name(c.arch)));
   row("vocab / dim / layers", fmt::format("{} / {} / {}", c.vocab, c.dim, c.layers));
   row("heads / ffn hidden", fmt::format("{} / {}", c.heads, c.resolved_ffn_hidden()));
-  row("seq x batch", fmt::format("{} x {} = {} tokens/step", c.seq, c.batch, c.seq * c.batch));
+  row("seq x batch", fmt::format("{} x {} x {} ranks x {} accum = {} tokens/step", c.seq, c.batch, w.size,
+                                 o.grad_accum, c.seq * c.batch * w.size * o.grad_accum));
   row("parameters", fmt::format("{} ({:.2f} M)", nparams, double(nparams) / 1e6));
-  row("dtype", std::string(dtype_name(dtype)));
+  row("dtype", std::string(dtype_name(dtype)) + dtypes);
   row("optimizer", fmt::format("AdamW lr {:g} betas ({:g}, {:g}) wd {:g}", o.lr, o.beta1, o.beta2, o.weight_decay));
   row("steps / seed", fmt::format("{} / {}", o.steps, o.seed));
   row("data", src.describe());
-  row("world size", "1 (cpu)");
+  row("world size", fmt::format("{} ({}, {})", w.size, w.pg->backend(), dist::world_info().launcher));
+  row("sharding", o.shard == "none" ? std::string("none (DDP-style baseline)")
+                                    : fmt::format("fully_shard on {}{}", w.mesh->str(),
+                                                  o.reshard_after_forward ? "" : ", no reshard after forward"));
+  row("persistent mem / rank", fmt::format("{:.2f} MB (params, grads, AdamW state)", double(persistent_bytes) / 1e6));
   row("threads", std::to_string(threads));
-  row("sgemm peak", fmt::format("{:.1f} GFLOP/s (MFU denominator)", peak / 1e9));
+  row("sgemm peak", fmt::format("{:.1f} GFLOP/s, all ranks (MFU denominator)", peak / 1e9));
   row("FLOPs / token", fmt::format("{:.3g}", c.flops_per_token()));
   fmt::print("+{:-<24}+{:-<46}+\n", "", "");
 }
@@ -89,7 +118,18 @@ std::string sample(nn::MiniLLM& model, const std::string& prompt, int64_t n, dou
   return out;
 }
 
-int run(const Options& o) {
+// Bytes per rank of parameters, gradients and AdamW state when each
+// parameter is chunked on dim 0 over `shards` ranks and padded to the largest chunk.
+int64_t persistent_bytes(nn::MiniLLM& model, int64_t shards, DType dtype) {
+  int64_t elems = 0;
+  for (auto& [name, p] : model.named_parameters()) {
+    const int64_t rows = p->shape[0], row = shape_numel(p->shape) / std::max<int64_t>(rows, 1);
+    elems += dist::chunk_size(rows, shards) * row;
+  }
+  return 4 * elems * int64_t(dtype_size(dtype));
+}
+
+int run(const Options& o, World& w) {
   nn::MiniLLMConfig cfg = nn::MiniLLMConfig::preset(o.preset);
   if (o.arch) cfg.arch = nn::parse_arch(*o.arch);
   if (o.vocab) cfg.vocab = *o.vocab;
@@ -102,20 +142,40 @@ int run(const Options& o) {
   cfg.validate();
   FSDP_CHECK(o.steps >= 0, "[fsdp-train] --steps must be >= 0, got {}", o.steps);
   FSDP_CHECK(o.lr >= 0 && std::isfinite(o.lr), "[fsdp-train] --lr must be a finite number >= 0, got {}", o.lr);
-  FSDP_CHECK(o.threads >= 0, "[fsdp-train] --threads must be >= 0 (0 = all cores), got {}", o.threads);
+  FSDP_CHECK(o.threads >= 0, "[fsdp-train] --threads must be >= 0 (0 = this rank's share of the cores), got {}",
+             o.threads);
+  FSDP_CHECK(o.grad_accum >= 1, "[fsdp-train] --grad-accum must be >= 1, got {}", o.grad_accum);
+  FSDP_CHECK(o.shard == "full" || o.shard == "none", "[fsdp-train] --shard must be full or none, got '{}'", o.shard);
+  FSDP_CHECK(o.clip >= 0, "[fsdp-train] --clip must be >= 0 (0 = off), got {}", o.clip);
   const DType dtype = parse_dtype(o.dtype);
   FSDP_CHECK(dtype == DType::f32 || dtype == DType::f64,
-             "[fsdp-train] --dtype {} is not a CPU training dtype; use f32 or f64 (bf16 parameters come with "
-             "fully_shard's MixedPrecisionPolicy)",
+             "[fsdp-train] --dtype {} is not a CPU training dtype; use f32 or f64 for the (master) parameters and "
+             "--param-dtype bf16 for bf16 compute",
              o.dtype);
+  MixedPrecisionPolicy mp;
+  if (!o.param_dtype.empty()) mp.param_dtype = parse_dtype(o.param_dtype);
+  if (!o.reduce_dtype.empty()) mp.reduce_dtype = parse_dtype(o.reduce_dtype);
+  FSDP_CHECK(o.shard == "full" || (!mp.param_dtype && !mp.reduce_dtype),
+             "[fsdp-train] --param-dtype and --reduce-dtype need --shard full (they are fully_shard's policy)");
 
-  const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  // Mesh: all ranks shard, or --hsdp R replica groups of size/R ranks each.
+  if (o.hsdp > 0) {
+    FSDP_CHECK(o.shard == "full", "[fsdp-train] --hsdp needs --shard full");
+    FSDP_CHECK(w.size % o.hsdp == 0, "[fsdp-train] --hsdp {} does not divide the world size {}", o.hsdp, w.size);
+    w.mesh = dist::init_device_mesh({o.hsdp, w.size / o.hsdp}, {"replicate", "shard"});
+  } else {
+    w.mesh = dist::init_device_mesh({w.size}, {"shard"});
+  }
+
+  const auto& info = dist::world_info();
+  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = o.threads > 0 ? o.threads : std::max(1, hw / std::max(1, info.local_size));
   omp_set_num_threads(threads);
 
   std::unique_ptr<data::TokenSource> src;
   if (!o.data.empty()) {
     src = std::make_unique<data::ByteTextSource>(o.data, cfg.vocab, cfg.seq);
-    if (cfg.arch == nn::Arch::seed)
+    if (cfg.arch == nn::Arch::seed && w.main())
       fmt::print(stderr,
                  "warning: arch seed attends in both directions with no mask, so on text it sees the next token "
                  "it must predict; use --arch llama to learn a language model\n");
@@ -124,38 +184,91 @@ int run(const Options& o) {
   }
 
   nn::MiniLLM model(cfg);
-  nn::FlatParameters flat = nn::materialize(model, dtype, o.seed);
-  optim::AdamW opt({{flat.params, flat.grads, o.weight_decay}},
-                   {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps, .weight_decay = o.weight_decay});
-  const double peak = ops::sgemm_peak_flops(threads);
-  print_config(cfg, o, model.num_parameters(), dtype, threads, *src, peak);
-  std::fflush(stdout);
+  nn::FlatParameters flat;  // --shard none only
+  std::vector<nn::ParamGroup> groups;
+  FSDPModule* root = nullptr;
+  const int64_t shards = o.shard == "full" ? w.mesh->size(w.mesh->ndim() - 1) : 1;
+  if (o.shard == "full") {
+    FullyShardOptions fo{.reshard_after_forward = o.reshard_after_forward, .mp_policy = mp, .init_dtype = dtype,
+                         .seed = o.seed};
+    for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], w.mesh, fo);
+    root = &fully_shard(model, w.mesh, fo);
+    groups = root->param_groups(o.weight_decay);
+  } else {
+    flat = nn::materialize(model, dtype, o.seed);
+    groups = {{flat.params, flat.grads, o.weight_decay}};
+  }
+  optim::AdamW opt(groups, {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
+                            .weight_decay = o.weight_decay});
 
-  const int64_t tokens_per_step = cfg.batch * cfg.seq;
-  for (int64_t step = 0; step < o.steps; ++step) {
-    auto t0 = std::chrono::steady_clock::now();
-    data::Batch b = src->batch(step, cfg.batch, 0, cfg.batch, cfg.seq);
-    flat.grads.zero_();
-    Tensor logits = model.forward(b.inputs).view({tokens_per_step, cfg.vocab});
-    auto xent = ops::cross_entropy_forward(logits, b.targets);
-    Tensor dlogits = ops::cross_entropy_backward(logits, b.targets, xent.lse, 1.0);
-    logits = Tensor();
-    model.backward(dlogits.view({cfg.batch, cfg.seq, cfg.vocab}));
-    opt.step();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    FSDP_CHECK(std::isfinite(xent.loss), "[fsdp-train] loss became {} at step {}; lower --lr", xent.loss, step);
-    const double tok_s = double(tokens_per_step) / dt;
-    const double mfu = cfg.flops_per_token() * tok_s / peak;
-    fmt::print("step {} | loss {:.4f} | {:.0f} tok/s | mfu {:.1f}% | peak mem {:.2f} GB\n", step, xent.loss, tok_s,
-               100.0 * mfu, double(memory_stats().peak) / 1e9);
+  // The ceiling is the machine's sgemm peak on all its cores (measured by rank
+  // 0 alone, so ranks do not compete for the cores while measuring), times
+  // the number of machines.
+  Tensor peak_t = Tensor::zeros({1}, DType::f64);
+  if (w.main()) peak_t.fill_(ops::sgemm_peak_flops(hw));
+  omp_set_num_threads(threads);
+  w.pg->broadcast(peak_t, 0)->wait();
+  const double peak = peak_t.item() * double(w.size) / double(std::max(1, info.local_size));
+  std::string dtypes;
+  if (mp.param_dtype || mp.reduce_dtype)
+    dtypes = fmt::format(" master, {} params, {} reduce", dtype_name(mp.param_dtype.value_or(dtype)),
+                         dtype_name(mp.reduce_dtype.value_or(mp.param_dtype.value_or(dtype))));
+  if (w.main()) {
+    print_config(cfg, o, model.num_parameters(), dtype, threads, *src, peak, w, dtypes,
+                 persistent_bytes(model, shards, dtype));
     std::fflush(stdout);
   }
 
+  const int64_t B = cfg.batch, T = cfg.seq, global_rows = B * w.size;
+  const int64_t tokens_per_step = global_rows * T * o.grad_accum;
+  for (int64_t step = 0; step < o.steps; ++step) {
+    auto t0 = std::chrono::steady_clock::now();
+    if (root) root->zero_grad();
+    else flat.grads.zero_();
+    double loss = 0;
+    for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
+      const bool sync = micro == o.grad_accum - 1;
+      if (root) root->set_requires_gradient_sync(sync);
+      data::Batch b = src->batch(step * o.grad_accum + micro, global_rows, w.rank * B, B, T);
+      Tensor logits = model.forward(b.inputs).view({B * T, cfg.vocab});
+      auto xent = ops::cross_entropy_forward(logits, b.targets);
+      Tensor dlogits = ops::cross_entropy_backward(logits, b.targets, xent.lse, 1.0 / double(o.grad_accum));
+      logits = Tensor();
+      model.backward(dlogits.view({B, T, cfg.vocab}));
+      loss += xent.loss / double(o.grad_accum);
+    }
+    if (!root && w.size > 1) w.pg->all_reduce(flat.grads, dist::ReduceOp::AVG)->wait();
+    double grad_norm = -1;
+    if (o.clip > 0) grad_norm = optim::clip_grad_norm(groups, o.clip, root ? w.mesh->group(w.mesh->ndim() - 1) : nullptr);
+    opt.step();
+    // The printed loss is the mean over all ranks; peak mem is the largest rank's.
+    Tensor stats = Tensor::from_vector<double>({loss, double(memory_stats().peak)}, {2});
+    Tensor all = Tensor::empty({2 * int64_t(w.size)}, DType::f64);
+    w.pg->all_gather_into_tensor(all, stats)->wait();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double mean_loss = 0, max_peak = 0;
+    for (int r = 0; r < w.size; ++r) {
+      mean_loss += all.data<double>()[2 * r] / w.size;
+      max_peak = std::max(max_peak, all.data<double>()[2 * r + 1]);
+    }
+    FSDP_CHECK(std::isfinite(mean_loss), "[fsdp-train] loss became {} at step {}; lower --lr", mean_loss, step);
+    const double tok_s = double(tokens_per_step) / dt;
+    const double mfu = cfg.flops_per_token() * tok_s / peak;
+    if (w.main()) {
+      fmt::print("step {} | loss {:.4f} | {:.0f} tok/s | mfu {:.1f}% | peak mem {:.2f} GB", step, mean_loss, tok_s,
+                 100.0 * mfu, max_peak / 1e9);
+      if (grad_norm >= 0) fmt::print(" | grad norm {:.3f}", grad_norm);
+      fmt::print("\n");
+      std::fflush(stdout);
+    }
+  }
+
   if (!o.data.empty() && o.sample_tokens > 0) {
+    // Every rank samples in lockstep (sharded forwards are collective); rank 0 prints.
     std::string text = sample(model, o.prompt, o.sample_tokens, o.temperature, o.seed);
     for (char& ch : text)
       if ((unsigned char)ch < 32 && ch != '\n') ch = ' ';
-    fmt::print("sample: {}{}\n", o.prompt, text);
+    if (w.main()) fmt::print("sample: {}{}\n", o.prompt, text);
   }
   return 0;
 }
@@ -191,6 +304,18 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--prompt", o.prompt, "prompt for the sample")->capture_default_str();
   app.add_option("--temperature", o.temperature, "sampling temperature")->capture_default_str();
+  app.add_option("--shard", o.shard, "full: fully_shard every block and the root; none: DDP-style baseline")
+      ->capture_default_str();
+  app.add_option("--reshard-after-forward", o.reshard_after_forward,
+                 "free each block's unsharded parameters after its forward (false: ZeRO-2 style)")
+      ->capture_default_str();
+  app.add_option("--hsdp", o.hsdp, "HSDP: this many replica groups, each sharding over world/R ranks (0: off)")
+      ->capture_default_str();
+  app.add_option("--grad-accum", o.grad_accum, "microbatches per optimizer step (gradients reduced on the last)")
+      ->capture_default_str();
+  app.add_option("--param-dtype", o.param_dtype, "fully_shard's param_dtype: all-gather and compute dtype (e.g. bf16)");
+  app.add_option("--reduce-dtype", o.reduce_dtype, "fully_shard's reduce_dtype: gradient reduce-scatter dtype");
+  app.add_option("--clip", o.clip, "clip gradients to this global norm (0: off)")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -199,12 +324,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    return run(o);
-  } catch (const fsdp::Error& e) {
-    fmt::print(stderr, "fsdp-train: error: {}\n", e.what());
-    return 1;
+    World w;
+    w.pg = fsdp::dist::init_process_group();
+    w.rank = w.pg->rank();
+    w.size = w.pg->size();
+    int rc = run(o, w);
+    w.mesh.reset();
+    fsdp::dist::destroy_process_group();
+    return rc;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "fsdp-train: error: {}\n", e.what());
-    return 1;
+    // Peers may be waiting in a collective this rank will never join: end the
+    // job instead of unwinding into destructors that wait for them.
+    const int rank = fsdp::dist::is_initialized() ? fsdp::dist::world_info().rank : 0;
+    fmt::print(stderr, "fsdp-train: error{}: {}\n", rank ? fmt::format(" (rank {})", rank) : "", e.what());
+    fsdp::dist::abort_process(1);
   }
 }

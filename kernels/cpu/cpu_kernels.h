@@ -29,6 +29,7 @@ template <class T> void add_inplace(T* a, const T* b, int64_t n);
 template <class T> void bias_add_rows(T* y, const T* bias, int64_t rows, int64_t cols);
 template <class T> void sum_rows_into(const T* dy, T* db, int64_t rows, int64_t cols);  // db += sum_r dy[r]
 template <class T> double sum_squares(const T* x, int64_t n);
+template <class T> void scale(T* x, T s, int64_t n);
 
 // activation.cpp
 template <class T> void silu_forward(const T* x, T* y, int64_t n);

@@ -48,7 +48,14 @@ double sum_squares(const T* x, int64_t n) {
   return s;
 }
 
+template <class T>
+void scale(T* x, T s, int64_t n) {
+#pragma omp parallel for simd if (n > (1 << 15))
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
 #define FSDP_INSTANTIATE(T)                                            \
+  template void scale<T>(T*, T, int64_t);                              \
   template void add<T>(const T*, const T*, T*, int64_t);               \
   template void add_inplace<T>(T*, const T*, int64_t);                 \
   template void bias_add_rows<T>(T*, const T*, int64_t, int64_t);      \

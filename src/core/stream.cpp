@@ -59,12 +59,16 @@ void CpuStream::loop() {
       item = std::move(queue_.front());
       queue_.pop_front();
     }
+    // The task (and the tensors it captured) is destroyed before the event
+    // completes, so a waiter sees its memory already returned.
+    std::exception_ptr error;
     try {
       item.first();
-      item.second->set_done();
     } catch (...) {
-      item.second->set_done(std::current_exception());
+      error = std::current_exception();
     }
+    item.first = nullptr;
+    item.second->set_done(error);
   }
 }
 

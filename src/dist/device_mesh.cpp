@@ -64,6 +64,12 @@ std::shared_ptr<ProcessGroup> DeviceMesh::group(int dim) const {
   return groups_[size_t(dim)];
 }
 
+std::shared_ptr<ProcessGroup> DeviceMesh::stream_group(int dim, int index) const {
+  auto& g = stream_groups_[{dim, index}];
+  if (!g) g = group(dim)->split(0, group(dim)->rank());
+  return g;
+}
+
 std::shared_ptr<DeviceMesh> DeviceMesh::operator[](const std::string& name) const {
   const int d = dim_index(name);
   std::shared_ptr<DeviceMesh> sub(new DeviceMesh());

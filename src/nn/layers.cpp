@@ -16,12 +16,12 @@ Linear::Linear(int64_t in, int64_t out, bool bias) : Module("Linear") {
   if (bias) bias_ = &register_parameter("bias", {out}, Init::uniform(-bound, bound));
 }
 
-Tensor Linear::forward(const Tensor& x) {
+Tensor Linear::forward_impl(const Tensor& x) {
   x_ = x;
   return ops::linear_forward(x, weight_->data, bias_ ? bias_->data : Tensor());
 }
 
-Tensor Linear::backward(const Tensor& dy) {
+Tensor Linear::backward_impl(const Tensor& dy) {
   Tensor dx = ops::linear_backward(dy, x_, weight_->data, weight_->grad, bias_ ? bias_->grad : Tensor());
   x_ = Tensor();
   return dx;
@@ -34,12 +34,12 @@ Embedding::Embedding(int64_t vocab, int64_t dim) : Module("Embedding") {
   weight_ = &register_parameter("weight", {vocab, dim}, Init::normal(0.0, 1.0));
 }
 
-Tensor Embedding::forward(const Tensor& ids) {
+Tensor Embedding::forward_impl(const Tensor& ids) {
   ids_ = ids;
   return ops::embedding_forward(ids, weight_->data);
 }
 
-Tensor Embedding::backward(const Tensor& dy) {
+Tensor Embedding::backward_impl(const Tensor& dy) {
   ops::embedding_backward(dy, ids_, weight_->grad);
   ids_ = Tensor();
   return Tensor();
@@ -51,14 +51,14 @@ RMSNorm::RMSNorm(int64_t dim, std::optional<double> eps) : Module("RMSNorm"), ep
   weight_ = &register_parameter("weight", {dim}, Init::constant(1.0));
 }
 
-Tensor RMSNorm::forward(const Tensor& x) {
+Tensor RMSNorm::forward_impl(const Tensor& x) {
   auto r = ops::rmsnorm_forward(x, weight_->data, eps_.value_or(ops::default_rmsnorm_eps(x.dtype())));
   x_ = x;
   rstd_ = r.rstd;
   return r.y;
 }
 
-Tensor RMSNorm::backward(const Tensor& dy) {
+Tensor RMSNorm::backward_impl(const Tensor& dy) {
   Tensor dx = ops::rmsnorm_backward(dy, x_, weight_->data, rstd_, weight_->grad);
   x_ = rstd_ = Tensor();
   return dx;
@@ -78,7 +78,7 @@ MultiheadAttention::MultiheadAttention(int64_t dim, int64_t heads, AttentionOpti
   if (opt.bias) out_proj_->bias()->init = Init::constant(0.0);  // nn.MultiheadAttention zeroes it
 }
 
-Tensor MultiheadAttention::forward(const Tensor& x) {
+Tensor MultiheadAttention::forward_impl(const Tensor& x) {
   FSDP_CHECK(x.dim() == 3 && x.size(2) == dim_, "[MultiheadAttention] input must be [B, T, {}], got {}", dim_,
              shape_str(x.shape()));
   x_ = x;
@@ -91,7 +91,7 @@ Tensor MultiheadAttention::forward(const Tensor& x) {
   return out_proj_->forward(a.out);
 }
 
-Tensor MultiheadAttention::backward(const Tensor& dy) {
+Tensor MultiheadAttention::backward_impl(const Tensor& dy) {
   Tensor dattn = out_proj_->backward(dy);
   Tensor dqkv = ops::attention_backward(dattn, qkv_, out_, lse_, heads_, opt_.causal);
   if (opt_.rope_theta > 0) ops::rope_(dqkv, heads_, opt_.rope_theta, true);
@@ -114,7 +114,7 @@ FeedForward::FeedForward(int64_t dim, int64_t hidden, Kind kind) : Module("FeedF
   }
 }
 
-Tensor FeedForward::forward(const Tensor& x) {
+Tensor FeedForward::forward_impl(const Tensor& x) {
   if (kind_ == Kind::silu_mlp) {
     h_ = up_->forward(x);
     return down_->forward(ops::silu_forward(h_));
@@ -124,7 +124,7 @@ Tensor FeedForward::forward(const Tensor& x) {
   return down_->forward(ops::swiglu_forward(g_, u_));
 }
 
-Tensor FeedForward::backward(const Tensor& dy) {
+Tensor FeedForward::backward_impl(const Tensor& dy) {
   Tensor dh = down_->backward(dy);
   if (kind_ == Kind::silu_mlp) {
     Tensor dx = up_->backward(ops::silu_backward(dh, h_));
@@ -149,12 +149,12 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t heads, int64_t ffn_hidde
   ffn_ = &register_module("ffn", std::make_unique<FeedForward>(dim, ffn_hidden, ffn_kind));
 }
 
-Tensor TransformerBlock::forward(const Tensor& x) {
+Tensor TransformerBlock::forward_impl(const Tensor& x) {
   Tensor h = ops::add(x, attn_->forward(norm1_->forward(x)));
   return ops::add(h, ffn_->forward(norm2_->forward(h)));
 }
 
-Tensor TransformerBlock::backward(const Tensor& dy) {
+Tensor TransformerBlock::backward_impl(const Tensor& dy) {
   // dy flows straight through both residuals; each branch adds its part.
   Tensor dh = norm2_->backward(ffn_->backward(dy));
   ops::add_(dh, dy);

@@ -78,14 +78,14 @@ MiniLLM::MiniLLM(const MiniLLMConfig& cfg) : Module("MiniLLM"), cfg_(cfg) {
   head_ = &register_module("head", std::make_unique<Linear>(cfg.dim, cfg.vocab, false));
 }
 
-Tensor MiniLLM::forward(const Tensor& tokens) {
+Tensor MiniLLM::forward_impl(const Tensor& tokens) {
   FSDP_CHECK(tokens.dim() == 2, "[MiniLLM] tokens must be [batch, seq], got {}", shape_str(tokens.shape()));
   Tensor x = layers_->forward(embed_->forward(tokens));
   if (norm_) x = norm_->forward(x);
   return head_->forward(x);
 }
 
-Tensor MiniLLM::backward(const Tensor& dlogits) {
+Tensor MiniLLM::backward_impl(const Tensor& dlogits) {
   Tensor dx = head_->backward(dlogits);
   if (norm_) dx = norm_->backward(dx);
   return embed_->backward(layers_->backward(dx));

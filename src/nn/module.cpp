@@ -19,6 +19,12 @@ std::vector<std::pair<std::string, Module*>> Module::named_children() {
   return out;
 }
 
+std::vector<std::pair<std::string, Parameter*>> Module::direct_parameters() {
+  std::vector<std::pair<std::string, Parameter*>> out;
+  for (auto& p : params_) out.emplace_back(p->local_name, p.get());
+  return out;
+}
+
 Parameter& Module::parameter(const std::string& dotted_name) {
   for (auto& [name, p] : named_parameters())
     if (name == dotted_name) return *p;
@@ -34,6 +40,35 @@ int64_t Module::num_parameters() {
 void Module::zero_grad() {
   for (auto& [name, p] : named_parameters())
     if (p->grad.defined()) p->grad.zero_();
+}
+
+Tensor Module::forward(const Tensor& x) {
+  if (!hooks_) return forward_impl(x);
+  Tensor in = hooks_->pre_forward(*this, x);
+  return hooks_->post_forward(*this, forward_impl(in));
+}
+
+Tensor Module::backward(const Tensor& dy) {
+  if (!hooks_) return backward_impl(dy);
+  hooks_->pre_backward(*this);
+  Tensor dx = backward_impl(dy);
+  hooks_->post_backward(*this);
+  return dx;
+}
+
+void Module::set_hooks(std::shared_ptr<ModuleHooks> hooks) { hooks_ = std::move(hooks); }
+
+std::string Module::path() const {
+  if (!parent_) return "";
+  std::string up = parent_->path();
+  return up.empty() ? name_in_parent_ : up + "." + name_in_parent_;
+}
+
+const Module* Module::root() const { return parent_ ? parent_->root() : this; }
+
+void Module::for_each_module(const std::function<void(Module&)>& fn) {
+  fn(*this);
+  for (auto& [name, child] : children_) child->for_each_module(fn);
 }
 
 Parameter& Module::register_parameter(std::string local_name, Shape shape, Init init) {
@@ -57,13 +92,13 @@ FlatParameters materialize(Module& root, DType dtype, uint64_t seed, Device devi
   return flat;
 }
 
-Tensor ModuleList::forward(const Tensor& x) {
+Tensor ModuleList::forward_impl(const Tensor& x) {
   Tensor h = x;
   for (Module* m : modules_) h = m->forward(h);
   return h;
 }
 
-Tensor ModuleList::backward(const Tensor& dy) {
+Tensor ModuleList::backward_impl(const Tensor& dy) {
   Tensor g = dy;
   for (auto it = modules_.rbegin(); it != modules_.rend(); ++it) g = (*it)->backward(g);
   return g;

@@ -323,12 +323,13 @@ void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse) {
   require_cpu("rope", {&qkv});
   auto [B, T_, H, hd] = qkv_dims("rope", qkv, heads);
   FSDP_CHECK(hd % 2 == 0, "[rope] head dim {} must be even", hd);
-  FSDP_CHECK(qkv.is_contiguous() && (qkv.dtype() == DType::f32 || qkv.dtype() == DType::f64),
-             "[rope] works in place on a contiguous f32 or f64 qkv, got {}", dtype_name(qkv.dtype()));
-  cpu::dispatch_compute(qkv.dtype(), "rope", [&](auto tv) {
+  const DType ct = compute_dtype(qkv.dtype());
+  Accum Q(qkv, ct);  // in place; bf16/f16 round-trip through f32
+  cpu::dispatch_compute(ct, "rope", [&](auto tv) {
     using T = decltype(tv);
-    cpu::rope_qkv<T>(qkv.data<T>(), B, T_, H, hd, theta, inverse);
+    cpu::rope_qkv<T>(Q.data<T>(), B, T_, H, hd, theta, inverse);
   });
+  Q.finish();
 }
 
 AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
@@ -410,6 +411,17 @@ double sum_squares(const Tensor& x) {
     using T = decltype(tv);
     return cpu::sum_squares<T>(X.data<T>(), X.numel());
   });
+}
+
+void scale_(const Tensor& x, double s) {
+  require_cpu("scale_", {&x});
+  const DType ct = compute_dtype(x.dtype());
+  Accum X(x, ct);
+  cpu::dispatch_compute(ct, "scale_", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::scale<T>(X.data<T>(), T(s), x.numel());
+  });
+  X.finish();
 }
 
 // ---------------------------------------------------------------- loss

@@ -5,6 +5,7 @@
 // sub-mesh, mesh["shard"], is the 1-D mesh of that dim's group.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,11 @@ class DeviceMesh {
   // The group of all ranks of the mesh.
   std::shared_ptr<ProcessGroup> whole() const { return whole_; }
   Device device() const { return whole_->device(); }
+  // A duplicate of group(dim) with its own communication thread (CPU) or
+  // stream (NCCL): the CPU form of a side CUDA stream. `index` names it (FSDP
+  // uses 0 for all-gathers, 1 for reduce-scatters). Made collectively on first
+  // use, which every rank reaches in the same order; later calls share it.
+  std::shared_ptr<ProcessGroup> stream_group(int dim, int index) const;
   // The 1-D mesh along one named dim.
   std::shared_ptr<DeviceMesh> operator[](const std::string& name) const;
   std::string str() const;
@@ -42,6 +48,7 @@ class DeviceMesh {
   std::vector<int64_t> shape_, coord_;
   std::vector<std::string> names_;
   std::vector<std::shared_ptr<ProcessGroup>> groups_;
+  mutable std::map<std::pair<int, int>, std::shared_ptr<ProcessGroup>> stream_groups_;
 };
 
 // A mesh over the initialised world.

@@ -18,8 +18,8 @@ namespace fsdp::nn {
 class Linear : public Module {
  public:
   Linear(int64_t in, int64_t out, bool bias);
-  Tensor forward(const Tensor& x) override;
-  Tensor backward(const Tensor& dy) override;
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
   Parameter& weight() { return *weight_; }
   Parameter* bias() { return bias_; }
 
@@ -34,8 +34,8 @@ class Linear : public Module {
 class Embedding : public Module {
  public:
   Embedding(int64_t vocab, int64_t dim);
-  Tensor forward(const Tensor& ids) override;
-  Tensor backward(const Tensor& dy) override;
+  Tensor forward_impl(const Tensor& ids) override;
+  Tensor backward_impl(const Tensor& dy) override;
 
  private:
   Parameter* weight_;
@@ -45,8 +45,8 @@ class Embedding : public Module {
 class RMSNorm : public Module {
  public:
   explicit RMSNorm(int64_t dim, std::optional<double> eps = std::nullopt);
-  Tensor forward(const Tensor& x) override;
-  Tensor backward(const Tensor& dy) override;
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
 
  private:
   Parameter* weight_;
@@ -64,8 +64,8 @@ struct AttentionOptions {
 class MultiheadAttention : public Module {
  public:
   MultiheadAttention(int64_t dim, int64_t heads, AttentionOptions opt);
-  Tensor forward(const Tensor& x) override;  // x [B, T, dim]
-  Tensor backward(const Tensor& dy) override;
+  Tensor forward_impl(const Tensor& x) override;  // x [B, T, dim]
+  Tensor backward_impl(const Tensor& dy) override;
 
  private:
   int64_t dim_, heads_;
@@ -80,8 +80,8 @@ class FeedForward : public Module {
  public:
   enum class Kind : uint8_t { silu_mlp, swiglu };
   FeedForward(int64_t dim, int64_t hidden, Kind kind);
-  Tensor forward(const Tensor& x) override;
-  Tensor backward(const Tensor& dy) override;
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
 
  private:
   Kind kind_;
@@ -96,8 +96,8 @@ class TransformerBlock : public Module {
  public:
   TransformerBlock(int64_t dim, int64_t heads, int64_t ffn_hidden, FeedForward::Kind ffn_kind,
                    AttentionOptions attn, std::optional<double> norm_eps);
-  Tensor forward(const Tensor& x) override;
-  Tensor backward(const Tensor& dy) override;
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
 
  private:
   RMSNorm* norm1_;

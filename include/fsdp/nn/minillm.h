@@ -45,9 +45,9 @@ class MiniLLM : public Module {
  public:
   explicit MiniLLM(const MiniLLMConfig& cfg);
   // tokens [B, T] (i32/i64) -> logits [B, T, vocab]
-  Tensor forward(const Tensor& tokens) override;
+  Tensor forward_impl(const Tensor& tokens) override;
   // dlogits [B, T, vocab] -> undefined (the input is discrete)
-  Tensor backward(const Tensor& dlogits) override;
+  Tensor backward_impl(const Tensor& dlogits) override;
   const MiniLLMConfig& config() const { return cfg_; }
   ModuleList& layers() { return *layers_; }
 

@@ -1,8 +1,13 @@
 // Module: a name-addressed tree of parameters with an explicit forward and
-// backward (no autograd tape, see DESIGN.md). forward() saves what backward()
-// needs; backward() returns the input gradient and ADDS into the gradients
-// of the module's parameters. A container runs its children's backward in
-// reverse order.
+// backward (no autograd tape, see DESIGN.md). forward_impl() saves what
+// backward_impl() needs; backward_impl() returns the input gradient and ADDS
+// into the gradients of the module's parameters. A container runs its
+// children's backward in reverse order.
+//
+// Callers use forward() and backward(), which run the module's hooks around
+// the implementation: this is where fully_shard plugs in its pre-forward
+// unshard, post-forward reshard, pre-backward unshard and post-backward
+// reduce-scatter, as plain calls.
 //
 // Parameters are declared with a shape and an Init at construction and hold
 // no memory until materialize() gives every parameter of a tree a view of
@@ -29,6 +34,18 @@ struct Parameter {
   Tensor data, grad;  // defined after materialize()
 };
 
+class Module;
+
+// Calls around a module's forward and backward. fully_shard installs one.
+class ModuleHooks {
+ public:
+  virtual ~ModuleHooks() = default;
+  virtual Tensor pre_forward(Module&, const Tensor& x) { return x; }
+  virtual Tensor post_forward(Module&, const Tensor& y) { return y; }
+  virtual void pre_backward(Module&) {}
+  virtual void post_backward(Module&) {}
+};
+
 class Module {
  public:
   explicit Module(std::string type_name) : type_name_(std::move(type_name)) {}
@@ -36,29 +53,48 @@ class Module {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  virtual Tensor forward(const Tensor& x) = 0;
-  virtual Tensor backward(const Tensor& dy) = 0;
+  // The module's forward and backward with its hooks around them.
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
 
   const std::string& type_name() const { return type_name_; }
+  // Dotted path from the top of the tree ("layers.3"); "" for the top.
+  std::string path() const;
+  const Module* root() const;
+  Module* parent() const { return parent_; }
+  void set_hooks(std::shared_ptr<ModuleHooks> hooks);
+  ModuleHooks* hooks() const { return hooks_.get(); }
+  // Pre-order walk of this module and every descendant.
+  void for_each_module(const std::function<void(Module&)>& fn);
   // Every parameter of the subtree with its dotted name ("layers.0.attn.in_proj_weight"),
   // in registration order, depth first: the order of PyTorch's state_dict.
   std::vector<std::pair<std::string, Parameter*>> named_parameters(const std::string& prefix = "");
   std::vector<std::pair<std::string, Module*>> named_children();
+  // The parameters registered on this module itself, by local name.
+  std::vector<std::pair<std::string, Parameter*>> direct_parameters();
   Parameter& parameter(const std::string& dotted_name);  // throws when absent
   int64_t num_parameters();
   void zero_grad();
 
  protected:
+  virtual Tensor forward_impl(const Tensor& x) = 0;
+  virtual Tensor backward_impl(const Tensor& dy) = 0;
+
   Parameter& register_parameter(std::string local_name, Shape shape, Init init);
   template <class M>
   M& register_module(std::string local_name, std::unique_ptr<M> m) {
     M& ref = *m;
+    ref.parent_ = this;
+    ref.name_in_parent_ = local_name;
     children_.emplace_back(std::move(local_name), std::move(m));
     return ref;
   }
 
  private:
   std::string type_name_;
+  Module* parent_ = nullptr;
+  std::string name_in_parent_;
+  std::shared_ptr<ModuleHooks> hooks_;
   std::vector<std::unique_ptr<Parameter>> params_;
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
 };
@@ -80,8 +116,10 @@ class ModuleList : public Module {
   }
   size_t size() const { return modules_.size(); }
   Module& operator[](size_t i) const { return *modules_[i]; }
-  Tensor forward(const Tensor& x) override;
-  Tensor backward(const Tensor& dy) override;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
 
  private:
   std::vector<Module*> modules_;

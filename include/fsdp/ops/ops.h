@@ -58,6 +58,7 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
 Tensor add(const Tensor& a, const Tensor& b);
 void add_(const Tensor& a, const Tensor& b);  // a += b
 double sum_squares(const Tensor& x);
+void scale_(const Tensor& x, double s);  // x *= s
 
 // Mean cross-entropy of logits [N, V] against targets [N] (i32/i64 in [0, V)).
 struct CrossEntropyOut {

@@ -9,13 +9,11 @@
 
 #include "fsdp/core/tensor.h"
 #include "fsdp/ops/ops.h"
+#include "fsdp/nn/param_group.h"
 
 namespace fsdp::optim {
 
-struct ParamGroup {
-  Tensor params, grads;  // 1-D contiguous buffers of one dtype and equal length
-  double weight_decay = 0.01;
-};
+using ParamGroup = nn::ParamGroup;
 
 class AdamW {
  public:

@@ -1,0 +1,118 @@
+// fully_shard: FSDP2's per-parameter sharding for fsdp.cpp modules.
+//
+//   for (auto& block : model.layers()) fsdp::fully_shard(block, mesh);
+//   fsdp::FSDPModule& root = fsdp::fully_shard(model, mesh);
+//   optim::AdamW opt(root.param_groups(0.01), {.lr = 3e-4});
+//   root.zero_grad(); loss = model.forward(...); model.backward(...); opt.step();
+//
+// Each call forms one communication group from the module's parameters that
+// no inner call already owns, applied bottom-up. Every parameter becomes a
+// Shard(0) DTensor over the mesh (the last mesh dim; a 2-D mesh is HSDP,
+// (replicate, shard)), chunked as torch.chunk does, each local shard padded
+// to the largest chunk. Parameters are created directly as shards: the
+// values depend only on (seed, dotted name, element index), so every world
+// size gives the same model. A module whose parameters already hold values
+// is sharded from them instead.
+//
+// At run time, through the module hooks:
+//   pre-forward    all-gather the group in param_dtype into one flat buffer
+//                  (on the all-gather group's thread), copy out per-parameter
+//                  tensors, and issue the next group's all-gather (prefetch);
+//   post-forward   free the unsharded parameters (reshard_after_forward; the
+//                  root keeps them);
+//   pre-backward   unshard again (prefetched by the group after it) and
+//                  prefetch the group before it in post-forward order;
+//   post-backward  lay the gradients out rank-major in reduce_dtype, issue an
+//                  AVG reduce-scatter (on the reduce-scatter group's thread),
+//                  free the unsharded parameters and gradients;
+//   root end of backward: wait for the reduce-scatters (and, for HSDP, the
+//                  all-reduce over replicas) and add into the sharded grads.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/dist/device_mesh.h"
+#include "fsdp/dist/dtensor.h"
+#include "fsdp/nn/module.h"
+#include "fsdp/nn/param_group.h"
+
+namespace fsdp {
+
+struct MixedPrecisionPolicy {
+  std::optional<DType> param_dtype;   // all-gather and compute dtype; unset: the sharded parameters' dtype
+  std::optional<DType> reduce_dtype;  // gradient reduce-scatter dtype; unset: param_dtype's
+  std::optional<DType> output_dtype;  // cast the module's floating output to it; unset: leave it
+};
+
+struct FullyShardOptions {
+  bool reshard_after_forward = true;  // false: keep the parameters from forward to backward (ZeRO-2 style)
+  MixedPrecisionPolicy mp_policy;
+  DType init_dtype = DType::f32;  // dtype of the sharded (master) parameters created here
+  uint64_t seed = 0;              // initialisation seed of the parameters created here
+};
+
+class FSDPModule;
+
+// Waits for an asynchronous unshard().
+class UnshardHandle {
+ public:
+  explicit UnshardHandle(FSDPModule* m) : m_(m) {}
+  void wait();
+
+ private:
+  FSDPModule* m_;
+};
+
+// The state fully_shard attaches to a module; the FSDP2 methods live here.
+class FSDPModule : public nn::ModuleHooks {
+ public:
+  ~FSDPModule() override;
+  nn::Module& module() const;
+
+  // All-gathers this module's parameters now; async returns before they arrive.
+  std::shared_ptr<UnshardHandle> unshard(bool async = false);
+  void reshard();
+  // false: backward keeps the unsharded gradients (reduce_dtype) and
+  // accumulates; the next backward with true reduces them. Applies to every
+  // FSDP module under this one.
+  void set_requires_gradient_sync(bool sync);
+  void set_reshard_after_backward(bool reshard);
+  void set_reshard_after_forward(bool reshard);
+  void set_modules_to_forward_prefetch(const std::vector<FSDPModule*>& modules);
+  void set_modules_to_backward_prefetch(const std::vector<FSDPModule*>& modules);
+
+  // The sharded parameters and gradients of every FSDP module under this one,
+  // one flat buffer pair per group, for the optimizer.
+  std::vector<nn::ParamGroup> param_groups(double weight_decay);
+  void zero_grad();
+  // Parameter name -> its Shard(0) DTensor (the unpadded local shard).
+  std::vector<std::pair<std::string, dist::DTensor>> sharded_parameters();
+  // Bytes this rank holds for sharded parameters and gradients (padding included).
+  int64_t sharded_bytes() const;
+
+  struct Impl;
+  Impl& impl() const { return *impl_; }
+  explicit FSDPModule(std::unique_ptr<Impl> impl);
+
+  Tensor pre_forward(nn::Module&, const Tensor& x) override;
+  Tensor post_forward(nn::Module&, const Tensor& y) override;
+  void pre_backward(nn::Module&) override;
+  void post_backward(nn::Module&) override;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+FSDPModule& fully_shard(nn::Module& module, std::shared_ptr<dist::DeviceMesh> mesh, FullyShardOptions options = {});
+// The FSDP state of a module, or nullptr.
+FSDPModule* fsdp_state(const nn::Module& module);
+
+// An ordered log of FSDP events ("ag_issue:layers.1", "fwd_end:layers.0",
+// "rs_issue:layers.2", "rs_wait:layers.2", ...) for tests and debugging.
+void set_event_log(bool on);
+std::vector<std::string> take_event_log();
+
+}  // namespace fsdp

@@ -1,0 +1,16 @@
+// A parameter group for the optimizers: one flat buffer of parameters and one
+// of their gradients (1-D, contiguous, equal length), with its weight decay.
+// It lives in nn so that both fsdp (which makes them) and optim (which steps
+// them) can use it without breaking the layer order.
+#pragma once
+
+#include "fsdp/core/tensor.h"
+
+namespace fsdp::nn {
+
+struct ParamGroup {
+  Tensor params, grads;
+  double weight_decay = 0.01;
+};
+
+}  // namespace fsdp::nn

@@ -1,0 +1,390 @@
+// fully_shard with real ranks (mpirun -np 1..4 under MPI, scripts/fsdprun
+// under Gloo). The 5-step loss trajectory and the final parameters at every
+// world size equal an unsharded model trained on the same global batch in
+// this process; memory follows the formula; the order of events shows the
+// prefetch and the reduce-scatter overlapping compute; bad input is named.
+#include <gtest/gtest.h>
+
+#include "fsdp/core/allocator.h"
+#include "fsdp/data/text_dataset.h"
+#include "fsdp/dist/init.h"
+#include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/nn/minillm.h"
+#include "fsdp/ops/ops.h"
+#include "fsdp/optim/adamw.h"
+#include "fsdp/optim/clip.h"
+#include "test_util.h"
+
+namespace fsdp {
+namespace {
+
+using dist::world;
+
+constexpr int64_t kGlobalRows = 12;  // divisible by 1, 2, 3 and 4 ranks
+constexpr int kSteps = 5;
+constexpr uint64_t kSeed = 7;
+
+struct Run {
+  nn::Arch arch = nn::Arch::llama;
+  DType dtype = DType::f64;
+  bool reshard_after_forward = true;
+  int64_t hsdp = 0;  // replica groups
+  int64_t accum = 1;
+  std::optional<DType> param_dtype;
+};
+
+// Dims that do not divide by 3 or 4, so the shards are uneven.
+nn::MiniLLMConfig config(nn::Arch arch) {
+  nn::MiniLLMConfig c;
+  c.arch = arch;
+  c.vocab = 37;
+  c.dim = 20;
+  c.layers = 3;
+  c.heads = arch == nn::Arch::llama ? 2 : 4;
+  c.seq = 6;
+  c.ffn_hidden = 22;
+  return c;
+}
+
+struct Result {
+  std::vector<double> losses;
+  std::vector<std::pair<std::string, Tensor>> params;  // full values after the last step
+};
+
+// The unsharded model, one process, the whole global batch.
+Result reference(const Run& run) {
+  nn::MiniLLMConfig c = config(run.arch);
+  nn::MiniLLM model(c);
+  auto flat = nn::materialize(model, run.dtype, kSeed);
+  optim::AdamW opt({{flat.params, flat.grads, 0.01}}, {.lr = 1e-2});
+  data::RandomTokenSource src(c.vocab, kSeed);
+  const int64_t rows = kGlobalRows * run.accum;
+  Result r;
+  for (int step = 0; step < kSteps; ++step) {
+    flat.grads.zero_();
+    auto b = src.batch(step, rows, 0, rows, c.seq);
+    Tensor logits = model.forward(b.inputs).view({rows * c.seq, c.vocab});
+    auto x = ops::cross_entropy_forward(logits, b.targets);
+    model.backward(ops::cross_entropy_backward(logits, b.targets, x.lse).view({rows, c.seq, c.vocab}));
+    opt.step();
+    r.losses.push_back(x.loss);
+  }
+  for (auto& [n, p] : model.named_parameters()) r.params.emplace_back(n, p->data.clone());
+  return r;
+}
+
+Result sharded(const Run& run) {
+  nn::MiniLLMConfig c = config(run.arch);
+  const int N = world()->size(), me = world()->rank();
+  auto mesh = run.hsdp ? dist::init_device_mesh({run.hsdp, N / run.hsdp}, {"replicate", "shard"})
+                       : dist::init_device_mesh({N}, {"shard"});
+  nn::MiniLLM model(c);
+  FullyShardOptions fo{.reshard_after_forward = run.reshard_after_forward, .init_dtype = run.dtype, .seed = kSeed};
+  if (run.param_dtype) fo.mp_policy = {.param_dtype = run.param_dtype, .reduce_dtype = DType::f32};
+  for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, fo);
+  FSDPModule& root = fully_shard(model, mesh, fo);
+  optim::AdamW opt(root.param_groups(0.01), {.lr = 1e-2});
+  data::RandomTokenSource src(c.vocab, kSeed);
+  const int64_t B = kGlobalRows / N;
+  Result r;
+  for (int step = 0; step < kSteps; ++step) {
+    root.zero_grad();
+    double loss = 0;
+    for (int64_t m = 0; m < run.accum; ++m) {
+      root.set_requires_gradient_sync(m == run.accum - 1);
+      auto b = src.batch(step * run.accum + m, kGlobalRows, me * B, B, c.seq);
+      Tensor logits = model.forward(b.inputs).view({B * c.seq, c.vocab});
+      auto x = ops::cross_entropy_forward(logits, b.targets);
+      model.backward(
+          ops::cross_entropy_backward(logits, b.targets, x.lse, 1.0 / double(run.accum)).view({B, c.seq, c.vocab}));
+      loss += x.loss / double(run.accum);
+    }
+    opt.step();
+    Tensor t = Tensor::full({1}, loss, DType::f64);
+    world()->all_reduce(t, dist::ReduceOp::AVG)->wait();
+    r.losses.push_back(t.item());
+  }
+  for (auto& [n, d] : root.sharded_parameters()) r.params.emplace_back(n, d.full_tensor());
+  return r;
+}
+
+void expect_equivalent(const Run& run, double loss_tol, double param_tol) {
+  Result ref = reference(run), got = sharded(run);
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  for (size_t s = 0; s < ref.losses.size(); ++s)
+    EXPECT_NEAR(got.losses[s], ref.losses[s], loss_tol * std::abs(ref.losses[s])) << "step " << s;
+  ASSERT_EQ(got.params.size(), ref.params.size());
+  for (size_t i = 0; i < ref.params.size(); ++i) {
+    EXPECT_EQ(got.params[i].first, ref.params[i].first);
+    EXPECT_LT(test::rel_error(got.params[i].second, ref.params[i].second), param_tol) << ref.params[i].first;
+  }
+}
+
+TEST(Equivalence, F64MatchesOneRank) { expect_equivalent({}, 1e-10, 1e-10); }
+TEST(Equivalence, F32MatchesOneRank) { expect_equivalent({.dtype = DType::f32}, 1e-5, 1e-4); }
+TEST(Equivalence, SeedArchitecture) { expect_equivalent({.arch = nn::Arch::seed}, 1e-10, 1e-10); }
+TEST(Equivalence, NoReshardAfterForward) { expect_equivalent({.reshard_after_forward = false}, 1e-10, 1e-10); }
+TEST(Equivalence, GradientAccumulationEqualsALargerBatch) { expect_equivalent({.accum = 2}, 1e-10, 1e-10); }
+TEST(Equivalence, Hsdp2x2) {
+  if (world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  expect_equivalent({.hsdp = 2}, 1e-10, 1e-10);
+}
+// bf16 parameters round every weight to 8 bits of mantissa before use; the
+// losses then follow the f64 run to about 1e-2.
+TEST(Equivalence, Bf16ParamDtypeIsClose) {
+  expect_equivalent({.dtype = DType::f32, .param_dtype = DType::bf16}, 2e-2, 5e-2);
+}
+
+TEST(Sharding, SameSeedSameModelAtAnyWorldSize) {
+  nn::MiniLLMConfig c = config(nn::Arch::llama);
+  nn::MiniLLM plain(c);
+  nn::materialize(plain, DType::f64, kSeed);
+  nn::MiniLLM model(c);
+  auto mesh = dist::init_device_mesh({world()->size()});
+  for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, {.init_dtype = DType::f64, .seed = kSeed});
+  FSDPModule& root = fully_shard(model, mesh, {.init_dtype = DType::f64, .seed = kSeed});
+  for (auto& [n, d] : root.sharded_parameters()) {
+    EXPECT_EQ(d.full_tensor().to_f64_vector(), plain.parameter(n).data.to_f64_vector()) << n;
+    EXPECT_TRUE(dist::is_shard(d.placements()[0], 0));
+    auto [b, len] = dist::chunk_range(d.shape()[0], world()->size(), world()->rank());
+    EXPECT_EQ(d.to_local().size(0), len) << n;
+  }
+}
+
+// Bytes a rank holds for parameters, gradients and AdamW's two moments: each
+// parameter's dim 0 chunked over the ranks and padded to the largest chunk.
+int64_t formula_bytes(nn::MiniLLM& m, int64_t N, DType dt) {
+  int64_t elems = 0;
+  for (auto& [n, p] : m.named_parameters())
+    elems += dist::chunk_size(p->shape[0], N) * (shape_numel(p->shape) / p->shape[0]);
+  return 4 * elems * int64_t(dtype_size(dt));
+}
+
+nn::MiniLLMConfig memory_config() {
+  nn::MiniLLMConfig c = config(nn::Arch::llama);
+  c.vocab = 64;
+  c.dim = 64;
+  c.heads = 4;
+  c.layers = 8;
+  c.ffn_hidden = 256;
+  c.seq = 8;
+  return c;
+}
+
+int64_t step_peak(nn::MiniLLM& model, FSDPModule* root, const Tensor& flat_grads, optim::AdamW& opt, int64_t B) {
+  const auto& c = model.config();
+  data::RandomTokenSource src(c.vocab, kSeed);
+  auto b = src.batch(0, B, 0, B, c.seq);
+  allocator_for(Device::cpu()).reset_peak();
+  if (root) root->zero_grad();
+  else flat_grads.zero_();
+  Tensor logits = model.forward(b.inputs).view({B * c.seq, c.vocab});
+  auto x = ops::cross_entropy_forward(logits, b.targets);
+  Tensor d = ops::cross_entropy_backward(logits, b.targets, x.lse).view({B, c.seq, c.vocab});
+  logits = Tensor();
+  model.backward(d);
+  d = Tensor();
+  opt.step();
+  return memory_stats().peak;
+}
+
+TEST(Memory, PersistentBytesFollowTheFormulaAndPeakDrops) {
+  const int N = world()->size();
+  const int64_t B = 2;
+  nn::MiniLLMConfig c = memory_config();
+  int64_t plain_persistent = 0, plain_peak = 0;
+  {
+    nn::MiniLLM plain(c);
+    const int64_t before = memory_stats().current;
+    auto flat = nn::materialize(plain, DType::f32, kSeed);
+    optim::AdamW opt({{flat.params, flat.grads, 0.01}}, {.lr = 1e-3});
+    plain_persistent = memory_stats().current - before;
+    EXPECT_EQ(plain_persistent, formula_bytes(plain, 1, DType::f32));
+    plain_peak = step_peak(plain, nullptr, flat.grads, opt, B) - before;
+  }
+  auto mesh = dist::init_device_mesh({N});
+  nn::MiniLLM model(c);
+  const int64_t before = memory_stats().current;
+  for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh);
+  FSDPModule& root = fully_shard(model, mesh);
+  optim::AdamW opt(root.param_groups(0.01), {.lr = 1e-3});
+  const int64_t persistent = memory_stats().current - before;
+  EXPECT_EQ(persistent, formula_bytes(model, N, DType::f32)) << "rank " << world()->rank();
+  const int64_t peak = step_peak(model, &root, Tensor(), opt, B) - before;
+  EXPECT_EQ(memory_stats().current - before, persistent) << "unsharded buffers outlived the step";
+  if (N == 4) {
+    const int64_t saved = plain_persistent - persistent;
+    EXPECT_GE(plain_peak - peak, int64_t(0.6 * double(saved)))
+        << "peak " << peak << " vs unsharded " << plain_peak << ", persistent saved " << saved;
+  }
+}
+
+TEST(Memory, ReshardReturnsTheUnshardedBytes) {
+  auto mesh = dist::init_device_mesh({world()->size()});
+  nn::MiniLLM model(memory_config());
+  FSDPModule& block = fully_shard(model.layers()[0], mesh);
+  fully_shard(model, mesh);
+  const int64_t before = memory_stats().current;
+  block.unshard();
+  const int64_t unsharded = memory_stats().current - before;
+  if (world()->size() > 1) EXPECT_GT(unsharded, 0);
+  block.reshard();
+  EXPECT_EQ(memory_stats().current, before);
+  auto handle = block.unshard(/*async=*/true);
+  handle->wait();
+  EXPECT_TRUE(model.parameter("layers.0.attn.in_proj_weight").data.defined());
+  block.reshard();
+  EXPECT_FALSE(model.parameter("layers.0.attn.in_proj_weight").data.defined());
+}
+
+int index_of(const std::vector<std::string>& log, const std::string& ev, int from = 0) {
+  for (int i = from; i < int(log.size()); ++i)
+    if (log[size_t(i)] == ev) return i;
+  return -1;
+}
+
+TEST(Overlap, PrefetchAndReduceScatterByOrderOfEvents) {
+  if (world()->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  nn::MiniLLMConfig c = config(nn::Arch::llama);
+  auto mesh = dist::init_device_mesh({world()->size()});
+  nn::MiniLLM model(c);
+  for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh);
+  FSDPModule& root = fully_shard(model, mesh);
+  data::RandomTokenSource src(c.vocab, kSeed);
+  for (int step = 0; step < 2; ++step) {  // the first step uses the tree order, the second the recorded one
+    set_event_log(true);
+    auto b = src.batch(step, 2, 0, 2, c.seq);
+    Tensor logits = model.forward(b.inputs).view({2 * c.seq, c.vocab});
+    auto x = ops::cross_entropy_forward(logits, b.targets);
+    model.backward(ops::cross_entropy_backward(logits, b.targets, x.lse).view({2, c.seq, c.vocab}));
+    auto log = take_event_log();
+    set_event_log(false);
+    for (int64_t i = 0; i + 1 < c.layers; ++i) {
+      // Forward: block i+1's all-gather is issued before block i's compute ends.
+      const int issue = index_of(log, fmt::format("ag_issue:layers.{}", i + 1));
+      const int end = index_of(log, fmt::format("fwd_end:layers.{}", i));
+      EXPECT_GE(issue, 0);
+      EXPECT_LT(issue, end) << "step " << step << " block " << i;
+    }
+    for (int64_t i = 1; i < c.layers; ++i) {
+      // Backward: block i's reduce-scatter is issued before block i-1 computes
+      // and nobody waits for it until block i-1 has finished.
+      const int rs = index_of(log, fmt::format("rs_issue:layers.{}", i));
+      const int begin = index_of(log, fmt::format("bwd_begin:layers.{}", i - 1));
+      const int end = index_of(log, fmt::format("bwd_end:layers.{}", i - 1));
+      const int wait = index_of(log, fmt::format("rs_wait:layers.{}", i));
+      EXPECT_TRUE(rs >= 0 && rs < begin && begin < end && end < wait) << "step " << step << " block " << i;
+    }
+    // Backward prefetch: block i-1 is gathered before block i's backward begins.
+    for (int64_t i = 1; i < c.layers; ++i) {
+      const int bwd_issue = index_of(log, fmt::format("ag_issue:layers.{}", i - 1), index_of(log, "fwd_end:<root>"));
+      EXPECT_LT(bwd_issue, index_of(log, fmt::format("bwd_begin:layers.{}", i))) << "block " << i;
+    }
+  }
+  (void)root;
+}
+
+TEST(Clip, GlobalNormAcrossShardsEqualsTheUnshardedNorm) {
+  nn::MiniLLMConfig c = config(nn::Arch::llama);
+  const int N = world()->size(), me = world()->rank();
+  nn::MiniLLM plain(c);
+  auto flat = nn::materialize(plain, DType::f64, kSeed);
+  data::RandomTokenSource src(c.vocab, kSeed);
+  auto b = src.batch(0, kGlobalRows, 0, kGlobalRows, c.seq);
+  Tensor logits = plain.forward(b.inputs).view({kGlobalRows * c.seq, c.vocab});
+  auto x = ops::cross_entropy_forward(logits, b.targets);
+  plain.backward(ops::cross_entropy_backward(logits, b.targets, x.lse).view({kGlobalRows, c.seq, c.vocab}));
+  const double ref = optim::clip_grad_norm({{flat.params, flat.grads, 0}}, 0, nullptr);
+
+  auto mesh = dist::init_device_mesh({N});
+  nn::MiniLLM model(c);
+  for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, {.init_dtype = DType::f64, .seed = kSeed});
+  FSDPModule& root = fully_shard(model, mesh, {.init_dtype = DType::f64, .seed = kSeed});
+  const int64_t B = kGlobalRows / N;
+  auto mb = src.batch(0, kGlobalRows, me * B, B, c.seq);
+  Tensor l2 = model.forward(mb.inputs).view({B * c.seq, c.vocab});
+  auto x2 = ops::cross_entropy_forward(l2, mb.targets);
+  model.backward(ops::cross_entropy_backward(l2, mb.targets, x2.lse).view({B, c.seq, c.vocab}));
+  auto groups = root.param_groups(0);
+  const double norm = optim::clip_grad_norm(groups, ref / 2, mesh->group(0));
+  EXPECT_NEAR(norm, ref, 1e-10 * ref);
+  EXPECT_NEAR(optim::clip_grad_norm(groups, 0, mesh->group(0)), ref / 2, 1e-6 * ref);  // clipped to half
+}
+
+// A module with a 0-dim parameter.
+class Scalar : public nn::Module {
+ public:
+  Scalar() : Module("Scalar") { register_parameter("scale", {}, nn::Init::constant(1)); }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override { return x; }
+  Tensor backward_impl(const Tensor& dy) override { return dy; }
+};
+
+TEST(BadInput, ShardingTwiceZeroDimAndShapesThatDiffer) {
+  auto mesh = dist::init_device_mesh({world()->size()});
+  {
+    nn::MiniLLM model(config(nn::Arch::llama));
+    fully_shard(model.layers()[0], mesh);
+    try {
+      fully_shard(model.layers()[0], mesh);
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("TransformerBlock 'layers.0' is already sharded"), std::string::npos)
+          << e.what();
+    }
+  }
+  {
+    Scalar s;
+    try {
+      fully_shard(s, mesh);
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("parameter 'scale' is 0-dim"), std::string::npos) << e.what();
+    }
+  }
+  if (world()->size() < 2) return;
+  nn::MiniLLMConfig c = config(nn::Arch::llama);
+  if (world()->rank() == 1) c.ffn_hidden += 1;  // this rank's FFN weights differ
+  nn::MiniLLM model(c);
+  for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh);
+  fully_shard(model, mesh);
+  data::RandomTokenSource src(c.vocab, kSeed);
+  auto b = src.batch(0, 1, 0, 1, c.seq);
+  try {
+    model.forward(b.inputs);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 'layers.0.ffn.w1.weight' has shape"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(BadInput, ParameterOnAnotherDeviceThanTheMesh) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device (needs a parameter on cuda:0 and a CPU mesh)";
+  auto mesh = dist::init_device_mesh({world()->size()});
+  nn::MiniLLM model(config(nn::Arch::llama));
+  nn::materialize(model, DType::f32, kSeed, Device::cuda(0));
+  try {
+    fully_shard(model, mesh);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is on cuda:0 but the mesh is on cpu"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace fsdp
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  try {
+    fsdp::dist::init_process_group();
+  } catch (const fsdp::Error& e) {
+    fmt::print(stderr, "fsdp_test: error: {}\n", e.what());
+    return 1;
+  }
+  int rc = RUN_ALL_TESTS();
+  fsdp::dist::destroy_process_group();
+  return rc;
+}
