@@ -13,6 +13,7 @@
 // This binary is the only place that catches fsdp::Error: it prints the
 // message and exits non-zero.
 #include <omp.h>
+#include <sched.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -67,7 +68,7 @@ struct World {
 
 void print_config(const nn::MiniLLMConfig& c, const Options& o, int64_t nparams, DType dtype, int threads,
                   const data::TokenSource& src, double peak, const World& w, const std::string& dtypes,
-                  int64_t persistent_bytes) {
+                  int64_t persistent_bytes, int64_t persistent_measured) {
   auto row = [](const std::string& k, const std::string& v) { fmt::print("| {:<22} | {:<44} |\n", k, v); };
   fmt::print("+{:-<24}+{:-<46}+\n", "", "");
   row("preset / arch", fmt::format("{} / {}", o.preset, nn::arch_name(c.arch)));
@@ -84,7 +85,8 @@ void print_config(const nn::MiniLLMConfig& c, const Options& o, int64_t nparams,
   row("sharding", o.shard == "none" ? std::string("none (DDP-style baseline)")
                                     : fmt::format("fully_shard on {}{}", w.mesh->str(),
                                                   o.reshard_after_forward ? "" : ", no reshard after forward"));
-  row("persistent mem / rank", fmt::format("{:.2f} MB (params, grads, AdamW state)", double(persistent_bytes) / 1e6));
+  row("persistent mem / rank", fmt::format("{:.3f} MB formula, {:.3f} MB measured", double(persistent_bytes) / 1e6,
+                                           double(persistent_measured) / 1e6));
   row("threads", std::to_string(threads));
   row("sgemm peak", fmt::format("{:.1f} GFLOP/s, all ranks (MFU denominator)", peak / 1e9));
   row("FLOPs / token", fmt::format("{:.3g}", c.flops_per_token()));
@@ -168,8 +170,12 @@ int run(const Options& o, World& w) {
   }
 
   const auto& info = dist::world_info();
+  // Default threads: this rank's share of the cores it may run on (mpirun
+  // binds each rank to a core unless told --bind-to none).
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = o.threads > 0 ? o.threads : std::max(1, hw / std::max(1, info.local_size));
+  cpu_set_t mask;
+  const int allowed = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : hw;
+  const int threads = o.threads > 0 ? o.threads : std::max(1, std::min(allowed, hw / std::max(1, info.local_size)));
   omp_set_num_threads(threads);
 
   std::unique_ptr<data::TokenSource> src;
@@ -183,6 +189,7 @@ int run(const Options& o, World& w) {
     src = std::make_unique<data::RandomTokenSource>(cfg.vocab, o.seed);
   }
 
+  const int64_t mem_before = memory_stats().current;
   nn::MiniLLM model(cfg);
   nn::FlatParameters flat;  // --shard none only
   std::vector<nn::ParamGroup> groups;
@@ -200,6 +207,7 @@ int run(const Options& o, World& w) {
   }
   optim::AdamW opt(groups, {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
                             .weight_decay = o.weight_decay});
+  const int64_t persistent_measured = memory_stats().current - mem_before;
 
   // The ceiling is the machine's sgemm peak on all its cores (measured by rank
   // 0 alone, so ranks do not compete for the cores while measuring), times
@@ -215,14 +223,28 @@ int run(const Options& o, World& w) {
                          dtype_name(mp.reduce_dtype.value_or(mp.param_dtype.value_or(dtype))));
   if (w.main()) {
     print_config(cfg, o, model.num_parameters(), dtype, threads, *src, peak, w, dtypes,
-                 persistent_bytes(model, shards, dtype));
+                 persistent_bytes(model, shards, dtype), persistent_measured);
     std::fflush(stdout);
   }
+
+  // Communication per step: seconds in collectives on their threads, and
+  // seconds the compute thread waited for them (exposed).
+  double comm_total = 0, exposed_total = 0, step_total = 0;
+  auto comm_now = [&]() -> std::pair<double, double> {
+    if (root) {
+      auto st = root->comm_stats();
+      return {st.comm_seconds, st.exposed_seconds};
+    }
+    return {w.pg->comm_seconds(), 0.0};
+  };
+  double ddp_wait = 0;
 
   const int64_t B = cfg.batch, T = cfg.seq, global_rows = B * w.size;
   const int64_t tokens_per_step = global_rows * T * o.grad_accum;
   for (int64_t step = 0; step < o.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
+    const auto [comm0, exposed0] = comm_now();
+    const double ddp_wait0 = ddp_wait;
     if (root) root->zero_grad();
     else flat.grads.zero_();
     double loss = 0;
@@ -237,7 +259,12 @@ int run(const Options& o, World& w) {
       model.backward(dlogits.view({B, T, cfg.vocab}));
       loss += xent.loss / double(o.grad_accum);
     }
-    if (!root && w.size > 1) w.pg->all_reduce(flat.grads, dist::ReduceOp::AVG)->wait();
+    if (!root && w.size > 1) {
+      auto tw = std::chrono::steady_clock::now();
+      w.pg->all_reduce(flat.grads, dist::ReduceOp::AVG)->wait();
+      ddp_wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - tw).count();
+    }
+    const auto [comm1, exposed1] = comm_now();
     double grad_norm = -1;
     if (o.clip > 0) grad_norm = optim::clip_grad_norm(groups, o.clip, root ? w.mesh->group(w.mesh->ndim() - 1) : nullptr);
     opt.step();
@@ -252,6 +279,11 @@ int run(const Options& o, World& w) {
       max_peak = std::max(max_peak, all.data<double>()[2 * r + 1]);
     }
     FSDP_CHECK(std::isfinite(mean_loss), "[fsdp-train] loss became {} at step {}; lower --lr", mean_loss, step);
+    if (step > 0 || o.steps == 1) {  // the first step warms up
+      comm_total += comm1 - comm0;
+      exposed_total += (exposed1 - exposed0) + (ddp_wait - ddp_wait0);
+      step_total += dt;
+    }
     const double tok_s = double(tokens_per_step) / dt;
     const double mfu = cfg.flops_per_token() * tok_s / peak;
     if (w.main()) {
@@ -260,6 +292,23 @@ int run(const Options& o, World& w) {
       if (grad_norm >= 0) fmt::print(" | grad norm {:.3f}", grad_norm);
       fmt::print("\n");
       std::fflush(stdout);
+    }
+  }
+
+  if (o.steps > 0) {
+    // Means over the steps after the first; communication as rank 0 saw it.
+    const double n = double(std::max<int64_t>(1, o.steps > 1 ? o.steps - 1 : 1));
+    Tensor peak_mem = Tensor::full({1}, double(memory_stats().peak), DType::f64);
+    Tensor peaks = Tensor::empty({w.size}, DType::f64);
+    w.pg->all_gather_into_tensor(peaks, peak_mem)->wait();
+    const auto pv = peaks.to_f64_vector();
+    if (w.main()) {
+      fmt::print("summary | step {:.1f} ms | peak mem {:.1f} MB", 1e3 * step_total / n,
+                 *std::max_element(pv.begin(), pv.end()) / 1e6);
+      if (w.size > 1)
+        fmt::print(" | comm {:.1f} ms/step in collectives, {:.1f} ms/step exposed ({:.0f}%)", 1e3 * comm_total / n,
+                   1e3 * exposed_total / n, comm_total > 0 ? 100.0 * std::min(1.0, exposed_total / comm_total) : 0.0);
+      fmt::print("\n");
     }
   }
 

@@ -62,12 +62,14 @@ void CpuStream::loop() {
     // The task (and the tensors it captured) is destroyed before the event
     // completes, so a waiter sees its memory already returned.
     std::exception_ptr error;
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       item.first();
     } catch (...) {
       error = std::current_exception();
     }
     item.first = nullptr;
+    busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     item.second->set_done(error);
   }
 }

@@ -26,6 +26,7 @@ class CpuProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> barrier() override;
   std::shared_ptr<ProcessGroup> split(int color, int key) override;
   std::thread::id comm_thread_id() const override;
+  double comm_seconds() const override { return stream_->busy_seconds(); }
 
  private:
   std::shared_ptr<Work> submit(const std::string& what, std::function<void()> fn);

@@ -13,6 +13,8 @@
 #include "fsdp/fsdp/fully_shard.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -23,6 +25,15 @@
 namespace fsdp {
 
 namespace {
+
+std::atomic<int64_t> exposed_ns{0};  // compute thread blocked on FSDP collectives
+
+// Waits for a work item and counts the time as exposed communication.
+void timed_wait(const std::shared_ptr<dist::Work>& w) {
+  const auto t0 = std::chrono::steady_clock::now();
+  w->wait();
+  exposed_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+}
 
 std::mutex log_mu;
 bool log_on = false;
@@ -205,7 +216,7 @@ struct FSDPModule::Impl {
       return;
     }
     if (!ag_work) unshard_issue();
-    ag_work->wait();
+    timed_wait(ag_work);
     trace("ag_wait", label());
     unsharded = Tensor::empty({U}, param_dtype, sharded.device());
     for (auto& fp : params) {  // copy-out: rank k's rows of each parameter
@@ -282,7 +293,7 @@ struct FSDPModule::Impl {
   void complete_oldest_reduce() {
     auto [s, p] = rs_inflight.front();
     rs_inflight.pop_front();
-    p.work->wait();
+    timed_wait(p.work);
     trace("rs_wait", s->label());
     if (s->replicate_group) {
       replica_inflight.push_back({s, {s->replicate_group->all_reduce(p.out, dist::ReduceOp::AVG), p.out}});
@@ -338,7 +349,7 @@ struct FSDPModule::Impl {
   void finish_backward() {
     while (!rs_inflight.empty()) complete_oldest_reduce();
     for (auto& [s, p] : replica_inflight) {
-      p.work->wait();
+      timed_wait(p.work);
       ops::add_(s->sharded_grad, p.out);
     }
     replica_inflight.clear();
@@ -425,6 +436,19 @@ std::vector<std::pair<std::string, dist::DTensor>> FSDPModule::sharded_parameter
                                                          p->shape));
   }
   return out;
+}
+
+FSDPModule::CommStats FSDPModule::comm_stats() const {
+  CommStats st;
+  std::vector<const dist::ProcessGroup*> seen;
+  for (Impl* s : subtree_states(*impl_->module))
+    for (auto* g : {s->ag_group.get(), s->rs_group.get(), s->replicate_group.get()})
+      if (g && std::find(seen.begin(), seen.end(), g) == seen.end()) {
+        seen.push_back(g);
+        st.comm_seconds += g->comm_seconds();
+      }
+  st.exposed_seconds = double(exposed_ns.load()) * 1e-9;
+  return st;
 }
 
 int64_t FSDPModule::sharded_bytes() const {

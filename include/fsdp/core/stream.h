@@ -5,6 +5,7 @@
 // that completes when the task has run; wait() rethrows the task's error.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -43,6 +44,8 @@ class CpuStream {
   const std::string& name() const { return name_; }
   // The worker's thread id, for tests and the profiler.
   std::thread::id thread_id() const { return thread_.get_id(); }
+  // Seconds the worker has spent running tasks since it started.
+  double busy_seconds() const { return double(busy_ns_.load()) * 1e-9; }
 
  private:
   void loop();
@@ -51,6 +54,7 @@ class CpuStream {
   std::condition_variable cv_;
   std::deque<std::pair<std::function<void()>, std::shared_ptr<Event>>> queue_;
   bool stop_ = false;
+  std::atomic<int64_t> busy_ns_{0};
   std::thread thread_;
 };
 

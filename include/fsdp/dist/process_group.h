@@ -63,6 +63,9 @@ class ProcessGroup {
   // The thread that runs this group's collectives on CPU (for ordering tests
   // and the profiler); the default thread id for CUDA groups.
   virtual std::thread::id comm_thread_id() const { return {}; }
+  // Seconds this group's communication thread has spent in collectives (CPU
+  // groups; 0 where the engine runs on a device stream).
+  virtual double comm_seconds() const { return 0.0; }
 };
 
 // The collective time-out from FSDP_COLLECTIVE_TIMEOUT_S.

@@ -92,6 +92,13 @@ class FSDPModule : public nn::ModuleHooks {
   std::vector<std::pair<std::string, dist::DTensor>> sharded_parameters();
   // Bytes this rank holds for sharded parameters and gradients (padding included).
   int64_t sharded_bytes() const;
+  // Cumulative seconds: spent in this mesh's all-gathers and reduce-scatters
+  // on their threads, and spent by the compute thread waiting for them (the
+  // communication that compute did not hide).
+  struct CommStats {
+    double comm_seconds = 0, exposed_seconds = 0;
+  };
+  CommStats comm_stats() const;
 
   struct Impl;
   Impl& impl() const { return *impl_; }
