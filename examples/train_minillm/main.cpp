@@ -45,6 +45,7 @@ struct Options {
   double lr = 3e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   uint64_t seed = 1337;
   std::string dtype = "f32";
+  std::string device = "cpu";
   int threads = 0;
   std::string data;
   int64_t sample_tokens = 200;
@@ -95,7 +96,8 @@ void print_config(const nn::MiniLLMConfig& c, const Options& o, int64_t nparams,
 
 // Samples `n` bytes after `prompt` with temperature sampling, recomputing the
 // whole window each token (the model has no KV cache yet).
-std::string sample(nn::MiniLLM& model, const std::string& prompt, int64_t n, double temperature, uint64_t seed) {
+std::string sample(nn::MiniLLM& model, const std::string& prompt, int64_t n, double temperature, uint64_t seed,
+                   Device device) {
   const auto& c = model.config();
   std::vector<int32_t> ctx;
   for (unsigned char ch : prompt) ctx.push_back(int32_t(ch) % int32_t(c.vocab));
@@ -104,7 +106,7 @@ std::string sample(nn::MiniLLM& model, const std::string& prompt, int64_t n, dou
   for (int64_t i = 0; i < n; ++i) {
     const int64_t len = std::min<int64_t>(int64_t(ctx.size()), c.seq);
     std::vector<int32_t> window(ctx.end() - len, ctx.end());
-    Tensor logits = model.forward(Tensor::from_vector(window, {1, len})).to(DType::f64);
+    Tensor logits = model.forward(Tensor::from_vector(window, {1, len}).to(device)).to(Device::cpu()).to(DType::f64);
     const double* last = logits.data<double>() + (len - 1) * c.vocab;
     double m = -1e300;
     for (int64_t v = 0; v < 256 && v < c.vocab; ++v) m = std::max(m, last[v]);
@@ -154,6 +156,9 @@ int run(const Options& o, World& w) {
              "[fsdp-train] --dtype {} is not a CPU training dtype; use f32 or f64 for the (master) parameters and "
              "--param-dtype bf16 for bf16 compute",
              o.dtype);
+  const Device device = w.pg->device();
+  FSDP_CHECK(device.is_cpu() || dtype == DType::f32, "[fsdp-train] --dtype {} on CUDA: the kernels take f32 (master) "
+             "with --param-dtype bf16 or f16", o.dtype);
   MixedPrecisionPolicy mp;
   if (!o.param_dtype.empty()) mp.param_dtype = parse_dtype(o.param_dtype);
   if (!o.reduce_dtype.empty()) mp.reduce_dtype = parse_dtype(o.reduce_dtype);
@@ -189,7 +194,7 @@ int run(const Options& o, World& w) {
     src = std::make_unique<data::RandomTokenSource>(cfg.vocab, o.seed);
   }
 
-  const int64_t mem_before = memory_stats().current;
+  const int64_t mem_before = memory_stats(device).current;
   nn::MiniLLM model(cfg);
   nn::FlatParameters flat;  // --shard none only
   std::vector<nn::ParamGroup> groups;
@@ -202,21 +207,29 @@ int run(const Options& o, World& w) {
     root = &fully_shard(model, w.mesh, fo);
     groups = root->param_groups(o.weight_decay);
   } else {
-    flat = nn::materialize(model, dtype, o.seed);
+    flat = nn::materialize(model, dtype, o.seed, device);
     groups = {{flat.params, flat.grads, o.weight_decay}};
   }
   optim::AdamW opt(groups, {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
                             .weight_decay = o.weight_decay});
-  const int64_t persistent_measured = memory_stats().current - mem_before;
+  const int64_t persistent_measured = memory_stats(device).current - mem_before;
 
   // The ceiling is the machine's sgemm peak on all its cores (measured by rank
   // 0 alone, so ranks do not compete for the cores while measuring), times
   // the number of machines.
-  Tensor peak_t = Tensor::zeros({1}, DType::f64);
-  if (w.main()) peak_t.fill_(ops::sgemm_peak_flops(hw));
+  // On CUDA each rank has its own GPU: the ceiling is its GEMM peak in the
+  // compute dtype, times the ranks.
+  Tensor peak_t = Tensor::zeros({1}, DType::f32);
+  if (device.is_cuda()) {
+    peak_t.fill_(ops::device_gemm_peak_flops(device, mp.param_dtype.value_or(DType::f32)) / 1e9);
+  } else if (w.main()) {
+    peak_t.fill_(ops::sgemm_peak_flops(hw) / 1e9);
+  }
   omp_set_num_threads(threads);
-  w.pg->broadcast(peak_t, 0)->wait();
-  const double peak = peak_t.item() * double(w.size) / double(std::max(1, info.local_size));
+  Tensor peak_d = peak_t.to(device);
+  w.pg->broadcast(peak_d, 0)->wait();
+  const double per_node = device.is_cuda() ? double(std::max(1, info.local_size)) : 1.0;
+  const double peak = peak_d.item() * 1e9 * per_node * double(w.size) / double(std::max(1, info.local_size));
   std::string dtypes;
   if (mp.param_dtype || mp.reduce_dtype)
     dtypes = fmt::format(" master, {} params, {} reduce", dtype_name(mp.param_dtype.value_or(dtype)),
@@ -252,6 +265,8 @@ int run(const Options& o, World& w) {
       const bool sync = micro == o.grad_accum - 1;
       if (root) root->set_requires_gradient_sync(sync);
       data::Batch b = src->batch(step * o.grad_accum + micro, global_rows, w.rank * B, B, T);
+      b.inputs = b.inputs.to(device);
+      b.targets = b.targets.to(device);
       Tensor logits = model.forward(b.inputs).view({B * T, cfg.vocab});
       auto xent = ops::cross_entropy_forward(logits, b.targets);
       Tensor dlogits = ops::cross_entropy_backward(logits, b.targets, xent.lse, 1.0 / double(o.grad_accum));
@@ -269,9 +284,10 @@ int run(const Options& o, World& w) {
     if (o.clip > 0) grad_norm = optim::clip_grad_norm(groups, o.clip, root ? w.mesh->group(w.mesh->ndim() - 1) : nullptr);
     opt.step();
     // The printed loss is the mean over all ranks; peak mem is the largest rank's.
-    Tensor stats = Tensor::from_vector<double>({loss, double(memory_stats().peak)}, {2});
-    Tensor all = Tensor::empty({2 * int64_t(w.size)}, DType::f64);
-    w.pg->all_gather_into_tensor(all, stats)->wait();
+    Tensor stats = Tensor::from_vector<double>({loss, double(memory_stats(device).peak)}, {2}).to(device);
+    Tensor all_d = Tensor::empty({2 * int64_t(w.size)}, DType::f64, device);
+    w.pg->all_gather_into_tensor(all_d, stats)->wait();
+    Tensor all = all_d.to(Device::cpu());
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double mean_loss = 0, max_peak = 0;
     for (int r = 0; r < w.size; ++r) {
@@ -298,8 +314,8 @@ int run(const Options& o, World& w) {
   if (o.steps > 0) {
     // Means over the steps after the first; communication as rank 0 saw it.
     const double n = double(std::max<int64_t>(1, o.steps > 1 ? o.steps - 1 : 1));
-    Tensor peak_mem = Tensor::full({1}, double(memory_stats().peak), DType::f64);
-    Tensor peaks = Tensor::empty({w.size}, DType::f64);
+    Tensor peak_mem = Tensor::full({1}, double(memory_stats(device).peak), DType::f64).to(device);
+    Tensor peaks = Tensor::empty({w.size}, DType::f64, device);
     w.pg->all_gather_into_tensor(peaks, peak_mem)->wait();
     const auto pv = peaks.to_f64_vector();
     if (w.main()) {
@@ -314,7 +330,7 @@ int run(const Options& o, World& w) {
 
   if (!o.data.empty() && o.sample_tokens > 0) {
     // Every rank samples in lockstep (sharded forwards are collective); rank 0 prints.
-    std::string text = sample(model, o.prompt, o.sample_tokens, o.temperature, o.seed);
+    std::string text = sample(model, o.prompt, o.sample_tokens, o.temperature, o.seed, device);
     for (char& ch : text)
       if ((unsigned char)ch < 32 && ch != '\n') ch = ' ';
     if (w.main()) fmt::print("sample: {}{}\n", o.prompt, text);
@@ -346,7 +362,10 @@ int main(int argc, char** argv) {
   app.add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str();
   app.add_option("--eps", o.eps, "AdamW eps")->capture_default_str();
   app.add_option("--seed", o.seed, "seed for initialisation and random tokens")->capture_default_str();
-  app.add_option("--dtype", o.dtype, "parameter and compute dtype on CPU: f32 or f64")->capture_default_str();
+  app.add_option("--dtype", o.dtype, "dtype of the (master) parameters: f32 or f64 (f32 on CUDA)")
+      ->capture_default_str();
+  app.add_option("--device", o.device, "cpu or cuda (ranks take the GPU of their local rank; NCCL)")
+      ->capture_default_str();
   app.add_option("--threads", o.threads, "OpenMP threads for BLAS and kernels (0: all cores)")->capture_default_str();
   app.add_option("--data", o.data, "train on this file's bytes (vocab >= 256); default: random tokens");
   app.add_option("--sample-tokens", o.sample_tokens, "bytes to sample after training on --data")
@@ -374,7 +393,10 @@ int main(int argc, char** argv) {
   }
   try {
     World w;
-    w.pg = fsdp::dist::init_process_group();
+    const fsdp::Device device = fsdp::parse_device(o.device);
+    FSDP_CHECK(device.is_cpu() || fsdp::cuda_available(),
+               "[fsdp-train] --device {}: no CUDA device is visible (or fsdp.cpp was built without CUDA)", o.device);
+    w.pg = fsdp::dist::init_process_group({.device = device});
     w.rank = w.pg->rank();
     w.size = w.pg->size();
     int rc = run(o, w);

@@ -1,4 +1,5 @@
-// Shared by the .cu files: error checks and the dtype switch for device code.
+// Shared by the .cu files: error checks, the dtype switches, f32 loads and
+// stores for every storage type, and warp/block reductions.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -31,6 +32,24 @@ void dispatch_device(DType t, F&& f) {
   }
 }
 
+// The floating storage types the compute kernels take.
+template <class F>
+void dispatch_float(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: f(float{}); return;
+    case DType::bf16: f(__nv_bfloat16{}); return;
+    case DType::f16: f(__half{}); return;
+    default: FSDP_FAIL("[{}] CUDA kernels take f32, bf16 or f16, got {}", op, dtype_name(t));
+  }
+}
+
+template <class F>
+void dispatch_index(DType t, const char* op, F&& f) {
+  if (t == DType::i32) return f(int32_t{});
+  if (t == DType::i64) return f(int64_t{});
+  FSDP_FAIL("[{}] token ids must be i32 or i64, got {}", op, dtype_name(t));
+}
+
 template <class T> __device__ __forceinline__ float to_f32(T v) { return float(v); }
 template <> __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 template <> __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
@@ -45,6 +64,66 @@ __device__ __forceinline__ D convert(S v) {
   else return D(v);
 }
 
-inline unsigned grid_for(int64_t n, int block) { return unsigned((n + block - 1) / block); }
+template <class T> __device__ __forceinline__ T from_f32(float v) { return convert<T>(v); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[32];
+  __shared__ float total;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float s = lane < int(blockDim.x / 32) ? partial[lane] : 0.f;
+    s = warp_sum(s);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  return total;
+}
+
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float partial[32];
+  __shared__ float total;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float s = lane < int(blockDim.x / 32) ? partial[lane] : -INFINITY;
+    s = warp_max(s);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  return total;
+}
+
+// Adds v into a gradient element of any floating storage type.
+template <class T>
+__device__ __forceinline__ void atomic_add(T* p, float v) {
+  if constexpr (std::is_same_v<T, float>) atomicAdd(p, v);
+  else if constexpr (std::is_same_v<T, double>) atomicAdd(p, double(v));
+  else atomicAdd(p, from_f32<T>(v));  // native bf16/f16 atomics (sm_80+)
+}
+
+inline unsigned grid_for(int64_t n, int block, unsigned cap = 65535u) {
+  const int64_t g = (n + block - 1) / block;
+  return unsigned(g < 1 ? 1 : (g > cap ? cap : g));
+}
+
+#define GRID_STRIDE(i, n) \
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 
 }  // namespace fsdp::kernels::cuda

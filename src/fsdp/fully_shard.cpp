@@ -219,16 +219,16 @@ struct FSDPModule::Impl {
     timed_wait(ag_work);
     trace("ag_wait", label());
     unsharded = Tensor::empty({U}, param_dtype, sharded.device());
-    for (auto& fp : params) {  // copy-out: rank k's rows of each parameter
-      Tensor full = unsharded.slice(fp.unsharded_offset, fp.unsharded_offset + fp.dim0 * fp.row);
+    std::vector<ops::Segment> copy_out;  // rank k's rows of each parameter, in one launch
+    for (auto& fp : params) {
       for (int k = 0; k < N; ++k) {
         auto [b, len] = dist::chunk_range(fp.dim0, N, k);
-        if (len == 0) continue;
-        const int64_t src = int64_t(k) * G + fp.shard_offset;
-        full.slice(b * fp.row, (b + len) * fp.row).copy_(ag_out.slice(src, src + len * fp.row));
+        if (len > 0) copy_out.push_back({fp.unsharded_offset + b * fp.row, int64_t(k) * G + fp.shard_offset, len * fp.row});
       }
-      fp.param->data = full.view(fp.param->shape);
+      fp.param->data =
+          unsharded.slice(fp.unsharded_offset, fp.unsharded_offset + fp.dim0 * fp.row).view(fp.param->shape);
     }
+    ops::copy_segments(unsharded, ag_out, copy_out);
     ag_out = Tensor();
     ag_work = nullptr;
     unsharded_ready = true;
@@ -269,14 +269,13 @@ struct FSDPModule::Impl {
     }
     grads_kept = false;
     Tensor in = Tensor::zeros({int64_t(N) * G}, reduce_dtype, sharded.device());
-    for (auto& fp : params) {  // chunk-cat: rank k's rows of each gradient into block k
+    std::vector<ops::Segment> chunk_cat;  // rank k's rows of each gradient into block k
+    for (auto& fp : params)
       for (int k = 0; k < N; ++k) {
         auto [b, len] = dist::chunk_range(fp.dim0, N, k);
-        if (len == 0) continue;
-        const int64_t dst = int64_t(k) * G + fp.shard_offset, src = fp.unsharded_offset + b * fp.row;
-        in.slice(dst, dst + len * fp.row).copy_(unsharded_grad.slice(src, src + len * fp.row));
+        if (len > 0) chunk_cat.push_back({int64_t(k) * G + fp.shard_offset, fp.unsharded_offset + b * fp.row, len * fp.row});
       }
-    }
+    ops::copy_segments(in, unsharded_grad, chunk_cat);
     unsharded_grad = Tensor();
     Tensor out = Tensor::empty({G}, reduce_dtype, sharded.device());
     Impl* r = root ? root : this;

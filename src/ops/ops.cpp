@@ -8,6 +8,13 @@
 #include "kernels/cpu/dispatch.h"
 #ifdef FSDP_WITH_CUDA
 #include "kernels/cuda/cuda_kernels.h"
+#include "src/ops/cuda_ops.h"
+// After an op's shape checks: CUDA tensors go to the CUDA implementation.
+// FSDP_CUDA_DISPATCH(("op", {&inputs...}), call(args...));
+#define FSDP_CUDA_DISPATCH(check, ...) \
+  if (cuda_impl::on_cuda check) return cuda_impl::__VA_ARGS__
+#else
+#define FSDP_CUDA_DISPATCH(check, ...)
 #endif
 
 namespace fsdp::ops {
@@ -16,15 +23,13 @@ namespace cpu = kernels::cpu;
 
 namespace {
 
-void require_cpu(const char* op, std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts) {
-    if (!t->defined() || t->device().is_cpu()) continue;
-#ifdef FSDP_WITH_CUDA
-    FSDP_FAIL("[{}] has no CUDA kernel in this build yet (input on {})", op, t->device().str());
-#else
-    FSDP_FAIL("[{}] built without CUDA (input on {})", op, t->device().str());
+// Without CUDA, a CUDA tensor is refused up front; with CUDA, each op hands
+// CUDA tensors to cuda_impl after its shape checks.
+void require_cpu([[maybe_unused]] const char* op, [[maybe_unused]] std::initializer_list<const Tensor*> ts) {
+#ifndef FSDP_WITH_CUDA
+  for (const Tensor* t : ts)
+    if (t->defined() && !t->device().is_cpu()) FSDP_FAIL("[{}] built without CUDA (input on {})", op, t->device().str());
 #endif
-  }
 }
 
 // bf16 and f16 compute in f32; f32 and f64 compute as themselves.
@@ -87,6 +92,7 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
   FSDP_CHECK(c.size(0) == m && c.size(1) == n, "[gemm] C is {} but op(A) op(B) is [{}, {}]",
              shape_str(c.shape()), m, n);
   FSDP_CHECK(c.is_contiguous(), "[gemm] C must be contiguous");
+  FSDP_CUDA_DISPATCH(("gemm", {&a, &b, &c}), gemm(a, ta, b, tb, c, alpha, beta));
   const DType ct = compute_dtype(a.dtype());
   Tensor A = as_compute(a, ct), B = as_compute(b, ct);
   Accum C(c, ct);
@@ -118,6 +124,7 @@ Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (b.defined())
     FSDP_CHECK(b.dim() == 1 && b.size(0) == out, "[linear] bias {} does not match {} outputs",
                shape_str(b.shape()), out);
+  FSDP_CUDA_DISPATCH(("linear", {&x, &w, &b}), linear_forward(x, w, b));
   const DType ct = compute_dtype(x.dtype());
   Tensor X = as_compute(x, ct), W = as_compute(w, ct);
   Shape ys = x.shape();
@@ -141,6 +148,7 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const
                shape_str(w.shape()));
   if (db.defined())
     FSDP_CHECK(db.numel() == out, "[linear_backward] db has {} elements, expected {}", db.numel(), out);
+  FSDP_CUDA_DISPATCH(("linear_backward", {&dy, &x, &w, &dw, &db}), linear_backward(dy, x, w, dw, db));
   const DType ct = compute_dtype(x.dtype());
   Tensor DY = as_compute(dy, ct), X = as_compute(x, ct), W = as_compute(w, ct);
   Tensor dx = Tensor::empty(x.shape(), ct);
@@ -164,6 +172,7 @@ Tensor embedding_forward(const Tensor& ids, const Tensor& w) {
   FSDP_CHECK(w.dim() == 2, "[embedding] weight must be [vocab, dim], got {}", shape_str(w.shape()));
   const int64_t vocab = w.size(0), dim = w.size(1);
   Tensor I = ids.contiguous();
+  FSDP_CUDA_DISPATCH(("embedding", {&w, &ids}), embedding_forward(ids, w));
   const DType ct = compute_dtype(w.dtype());
   Tensor W = as_compute(w, ct);
   Shape ys = ids.shape();
@@ -186,6 +195,7 @@ void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dw) {
   FSDP_CHECK(dy.numel() == ids.numel() * dim, "[embedding_backward] dy {} does not match ids {} and dim {}",
              shape_str(dy.shape()), shape_str(ids.shape()), dim);
   Tensor I = ids.contiguous();
+  FSDP_CUDA_DISPATCH(("embedding_backward", {&dw, &dy, &ids}), embedding_backward(dy, ids, dw));
   const DType ct = compute_dtype(dw.dtype());
   Tensor DY = as_compute(dy, ct);
   Accum DW(dw, ct);
@@ -218,6 +228,7 @@ RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps) {
              shape_str(x.shape()));
   FSDP_CHECK(eps >= 0, "[rmsnorm] eps must be >= 0, got {}", eps);
   const int64_t dim = w.size(0), rows = x.numel() / std::max<int64_t>(dim, 1);
+  FSDP_CUDA_DISPATCH(("rmsnorm", {&x, &w}), rmsnorm_forward(x, w, eps));
   const DType ct = compute_dtype(x.dtype());
   Tensor X = as_compute(x, ct), W = as_compute(w, ct);
   Tensor y = Tensor::empty(x.shape(), ct), rstd = Tensor::empty({rows}, ct);
@@ -234,6 +245,7 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
              shape_str(x.shape()));
   const int64_t dim = w.size(0), rows = x.numel() / std::max<int64_t>(dim, 1);
   FSDP_CHECK(rstd.numel() == rows, "[rmsnorm_backward] rstd has {} rows, expected {}", rstd.numel(), rows);
+  FSDP_CUDA_DISPATCH(("rmsnorm_backward", {&dy, &x, &w, &rstd, &dw}), rmsnorm_backward(dy, x, w, rstd, dw));
   const DType ct = compute_dtype(x.dtype());
   Tensor DY = as_compute(dy, ct), X = as_compute(x, ct), W = as_compute(w, ct), R = as_compute(rstd, ct);
   Tensor dx = Tensor::empty(x.shape(), ct);
@@ -256,6 +268,7 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
 
 Tensor silu_forward(const Tensor& x) {
   require_cpu("silu", {&x});
+  FSDP_CUDA_DISPATCH(("silu", {&x}), silu_forward(x));
   const DType ct = compute_dtype(x.dtype());
   Tensor X = as_compute(x, ct), y = Tensor::empty(x.shape(), ct);
   cpu::dispatch_compute(ct, "silu", [&](auto tv) {
@@ -268,6 +281,7 @@ Tensor silu_forward(const Tensor& x) {
 Tensor silu_backward(const Tensor& dy, const Tensor& x) {
   require_cpu("silu_backward", {&dy, &x});
   FSDP_CHECK(dy.shape() == x.shape(), "[silu_backward] dy {} vs x {}", shape_str(dy.shape()), shape_str(x.shape()));
+  FSDP_CUDA_DISPATCH(("silu_backward", {&dy, &x}), silu_backward(dy, x));
   const DType ct = compute_dtype(x.dtype());
   Tensor DY = as_compute(dy, ct), X = as_compute(x, ct), dx = Tensor::empty(x.shape(), ct);
   cpu::dispatch_compute(ct, "silu_backward", [&](auto tv) {
@@ -281,6 +295,7 @@ Tensor swiglu_forward(const Tensor& gate, const Tensor& up) {
   require_cpu("swiglu", {&gate, &up});
   FSDP_CHECK(gate.shape() == up.shape(), "[swiglu] gate {} vs up {}", shape_str(gate.shape()),
              shape_str(up.shape()));
+  FSDP_CUDA_DISPATCH(("swiglu", {&gate, &up}), swiglu_forward(gate, up));
   const DType ct = compute_dtype(gate.dtype());
   Tensor G = as_compute(gate, ct), U = as_compute(up, ct), y = Tensor::empty(gate.shape(), ct);
   cpu::dispatch_compute(ct, "swiglu", [&](auto tv) {
@@ -294,6 +309,7 @@ std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, 
   require_cpu("swiglu_backward", {&dy, &gate, &up});
   FSDP_CHECK(dy.shape() == gate.shape() && gate.shape() == up.shape(), "[swiglu_backward] dy {} gate {} up {}",
              shape_str(dy.shape()), shape_str(gate.shape()), shape_str(up.shape()));
+  FSDP_CUDA_DISPATCH(("swiglu_backward", {&dy, &gate, &up}), swiglu_backward(dy, gate, up));
   const DType ct = compute_dtype(gate.dtype());
   Tensor DY = as_compute(dy, ct), G = as_compute(gate, ct), U = as_compute(up, ct);
   Tensor dg = Tensor::empty(gate.shape(), ct), du = Tensor::empty(gate.shape(), ct);
@@ -323,6 +339,7 @@ void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse) {
   require_cpu("rope", {&qkv});
   auto [B, T_, H, hd] = qkv_dims("rope", qkv, heads);
   FSDP_CHECK(hd % 2 == 0, "[rope] head dim {} must be even", hd);
+  FSDP_CUDA_DISPATCH(("rope", {&qkv}), rope_(qkv, heads, theta, inverse));
   const DType ct = compute_dtype(qkv.dtype());
   Accum Q(qkv, ct);  // in place; bf16/f16 round-trip through f32
   cpu::dispatch_compute(ct, "rope", [&](auto tv) {
@@ -335,6 +352,7 @@ void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse) {
 AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
   require_cpu("attention", {&qkv});
   auto [B, T_, H, hd] = qkv_dims("attention", qkv, heads);
+  FSDP_CUDA_DISPATCH(("attention", {&qkv}), attention_forward(qkv, heads, causal));
   const DType ct = compute_dtype(qkv.dtype());
   Tensor Q = as_compute(qkv, ct);
   Tensor out = Tensor::empty({B, T_, H * hd}, ct), lse = Tensor::empty({B, H, T_}, ct);
@@ -354,6 +372,7 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
              shape_str(out.shape()), shape_str(qkv.shape()));
   FSDP_CHECK(lse.numel() == B * H * T_, "[attention_backward] lse has {} elements, expected {}", lse.numel(),
              B * H * T_);
+  FSDP_CUDA_DISPATCH(("attention_backward", {&dout, &qkv, &out, &lse}), attention_backward(dout, qkv, out, lse, heads, causal));
   const DType ct = compute_dtype(qkv.dtype());
   Tensor DO = as_compute(dout, ct), Q = as_compute(qkv, ct), O = as_compute(out, ct), L = as_compute(lse, ct);
   Tensor dqkv = Tensor::empty(qkv.shape(), ct);
@@ -371,14 +390,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
   FSDP_CHECK(a.shape() == b.shape(), "[add] shapes differ: {} and {}", shape_str(a.shape()), shape_str(b.shape()));
   check_same_dtype("add", a, b, "a", "b");
   FSDP_CHECK(a.device() == b.device(), "[add] a is on {} but b is on {}", a.device().str(), b.device().str());
-#ifdef FSDP_WITH_CUDA
-  if (a.device().is_cuda()) {
-    Tensor A = a.contiguous(), B = b.contiguous(), out = Tensor::empty(a.shape(), a.dtype(), a.device());
-    kernels::cuda::add(A.raw_data(), B.raw_data(), out.raw_data(), a.dtype(), a.numel(), a.device().index,
-                       nullptr);
-    return out;
-  }
-#endif
+  FSDP_CUDA_DISPATCH(("add", {&a, &b}), add(a, b));
   require_cpu("add", {&a, &b});
   const DType ct = compute_dtype(a.dtype());
   Tensor A = as_compute(a, ct), B = as_compute(b, ct), out = Tensor::empty(a.shape(), ct);
@@ -393,6 +405,7 @@ void add_(const Tensor& a, const Tensor& b) {
   require_cpu("add_", {&a, &b});
   FSDP_CHECK(a.shape() == b.shape(), "[add_] shapes differ: {} and {}", shape_str(a.shape()),
              shape_str(b.shape()));
+  FSDP_CUDA_DISPATCH(("add_", {&a, &b}), add_(a, b));
   const DType ct = compute_dtype(a.dtype());
   Accum A(a, ct);
   Tensor B = as_compute(b, ct);
@@ -405,6 +418,7 @@ void add_(const Tensor& a, const Tensor& b) {
 
 double sum_squares(const Tensor& x) {
   require_cpu("sum_squares", {&x});
+  FSDP_CUDA_DISPATCH(("sum_squares", {&x}), sum_squares(x));
   const DType ct = compute_dtype(x.dtype());
   Tensor X = as_compute(x, ct);
   return cpu::dispatch_compute(ct, "sum_squares", [&](auto tv) {
@@ -415,6 +429,7 @@ double sum_squares(const Tensor& x) {
 
 void scale_(const Tensor& x, double s) {
   require_cpu("scale_", {&x});
+  FSDP_CUDA_DISPATCH(("scale_", {&x}), scale_(x, s));
   const DType ct = compute_dtype(x.dtype());
   Accum X(x, ct);
   cpu::dispatch_compute(ct, "scale_", [&](auto tv) {
@@ -432,6 +447,7 @@ CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& target
   const int64_t n = logits.size(0), v = logits.size(1);
   FSDP_CHECK(targets.numel() == n, "[cross_entropy] {} targets for {} rows of logits", targets.numel(), n);
   FSDP_CHECK(n > 0, "[cross_entropy] no rows");
+  FSDP_CUDA_DISPATCH(("cross_entropy", {&logits, &targets}), cross_entropy_forward(logits, targets));
   const DType ct = compute_dtype(logits.dtype());
   Tensor L = as_compute(logits, ct), Tg = targets.contiguous(), lse = Tensor::empty({n}, ct);
   double loss = cpu::dispatch_index(Tg.dtype(), "cross_entropy", [&](auto iv) {
@@ -450,6 +466,7 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   const int64_t n = logits.size(0), v = logits.size(1);
   FSDP_CHECK(lse.numel() == n && targets.numel() == n, "[cross_entropy_backward] lse {} / targets {} for {} rows",
              lse.numel(), targets.numel(), n);
+  FSDP_CUDA_DISPATCH(("cross_entropy_backward", {&logits, &targets, &lse}), cross_entropy_backward(logits, targets, lse, dloss));
   const DType ct = compute_dtype(logits.dtype());
   Tensor L = as_compute(logits, ct), Tg = targets.contiguous(), LS = as_compute(lse, ct);
   Tensor d = Tensor::empty(logits.shape(), ct);
@@ -461,6 +478,33 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
     });
   });
   return as_storage(d, logits.dtype());
+}
+
+// ---------------------------------------------------------------- copies
+
+void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segment>& segments) {
+  FSDP_CHECK(dst.dim() == 1 && src.dim() == 1 && dst.is_contiguous() && src.is_contiguous(),
+             "[copy_segments] needs flat contiguous buffers, got {} and {}", shape_str(dst.shape()),
+             shape_str(src.shape()));
+  FSDP_CHECK(dst.device() == src.device(), "[copy_segments] dst on {} but src on {}", dst.device().str(),
+             src.device().str());
+  for (const Segment& g : segments)
+    FSDP_CHECK(g.count >= 0 && g.dst_offset >= 0 && g.src_offset >= 0 && g.dst_offset + g.count <= dst.numel() &&
+                   g.src_offset + g.count <= src.numel(),
+               "[copy_segments] segment ({}, {}, {}) is outside dst of {} or src of {}", g.dst_offset, g.src_offset,
+               g.count, dst.numel(), src.numel());
+#ifdef FSDP_WITH_CUDA
+  if (dst.device().is_cuda()) {
+    std::vector<int64_t> d, s, c;
+    for (const Segment& g : segments) d.push_back(g.dst_offset), s.push_back(g.src_offset), c.push_back(g.count);
+    kernels::cuda::copy_segments(dst.raw_data(), dst.dtype(), src.raw_data(), src.dtype(), d.data(), s.data(), c.data(),
+                                 int64_t(segments.size()), dst.device().index, nullptr);
+    return;
+  }
+#endif
+  require_cpu("copy_segments", {&dst, &src});
+  for (const Segment& g : segments)
+    if (g.count > 0) dst.slice(g.dst_offset, g.dst_offset + g.count).copy_(src.slice(g.src_offset, g.src_offset + g.count));
 }
 
 // ---------------------------------------------------------------- optimizer
@@ -477,6 +521,7 @@ void adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, const Tens
   FSDP_CHECK(step >= 1, "[adamw] step must be >= 1, got {}", step);
   FSDP_CHECK(h.lr >= 0 && h.eps >= 0 && h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1,
              "[adamw] bad hyper-parameters lr {} betas ({}, {}) eps {}", h.lr, h.beta1, h.beta2, h.eps);
+  FSDP_CUDA_DISPATCH(("adamw", {&param, &grad, &m, &v}), adamw_(param, grad, m, v, h, step));
   cpu::AdamWArgs a{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step};
   cpu::dispatch_compute(param.dtype(), "adamw", [&](auto tv) {
     using T = decltype(tv);

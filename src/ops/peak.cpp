@@ -13,6 +13,9 @@
 
 #include "fsdp/core/env.h"
 #include "kernels/cpu/cpu_kernels.h"
+#ifdef FSDP_WITH_CUDA
+#include "kernels/cuda/cuda_kernels.h"
+#endif
 
 namespace fsdp::ops {
 
@@ -70,6 +73,20 @@ double sgemm_peak_flops(int threads) {
   std::filesystem::rename(tmp, path, ec);  // atomic; a failure only costs a re-measure next time
   if (ec) std::filesystem::remove(tmp, ec);
   return flops;
+}
+
+double device_gemm_peak_flops(Device device, DType dtype) {
+#ifdef FSDP_WITH_CUDA
+  if (device.is_cuda()) return kernels::cuda::measure_gemm_flops(8192, dtype, device.index);
+#endif
+  FSDP_FAIL("[peak] no CUDA GEMM peak for {} in this build", device.str());
+}
+
+double device_copy_gbps(Device device) {
+#ifdef FSDP_WITH_CUDA
+  if (device.is_cuda()) return kernels::cuda::measure_copy_gbps(int64_t(1) << 30, device.index);
+#endif
+  FSDP_FAIL("[peak] no CUDA copy bandwidth for {} in this build", device.str());
 }
 
 }  // namespace fsdp::ops

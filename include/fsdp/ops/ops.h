@@ -10,6 +10,7 @@
 #pragma once
 
 #include <utility>
+#include <vector>
 
 #include "fsdp/core/tensor.h"
 
@@ -67,6 +68,14 @@ struct CrossEntropyOut {
 };
 CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets);
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss = 1.0);
+
+// FSDP's copy kernel: for each segment, dst[dst_offset, +count) = src[src_offset, +count)
+// on flat contiguous buffers, casting the dtype. One launch on CUDA for all
+// segments: the all-gather copy-out and the reduce-scatter chunk-cat.
+struct Segment {
+  int64_t dst_offset, src_offset, count;
+};
+void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segment>& segments);
 
 // One AdamW step in place over flat, contiguous buffers of one dtype.
 struct AdamWHyper {

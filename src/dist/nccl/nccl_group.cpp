@@ -44,16 +44,23 @@ ncclDataType_t nccl_type(DType t) {
 class NcclWork final : public Work {
  public:
   NcclWork(cudaEvent_t done, int device, std::vector<Tensor> keep) : done_(done), device_(device), keep_(std::move(keep)) {}
-  ~NcclWork() override { cudaEventDestroy(done_); }
+  ~NcclWork() override {
+    // Dropped without wait(): the tensors may go back to the compute stream's
+    // pool, so the collective must be done with them first.
+    if (!waited_) cudaEventSynchronize(done_);
+    cudaEventDestroy(done_);
+  }
   void wait() override {
     CUDA_RT_CHECK(cudaSetDevice(device_));
     CUDA_RT_CHECK(cudaStreamWaitEvent(nullptr, done_, 0));  // the caller's (default) stream
+    waited_ = true;
   }
   bool is_completed() const override { return cudaEventQuery(done_) == cudaSuccess; }
 
  private:
   cudaEvent_t done_;
   int device_;
+  bool waited_ = false;
   std::vector<Tensor> keep_;  // inputs and outputs stay alive while the collective may still read them
 };
 

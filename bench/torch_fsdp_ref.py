@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""The reference PyTorch FSDP2 run for the side-by-side GPU benchmark: the
+model, sharding and optimizer of ../shared/seed/train_fsdp.py (fully_shard on
+each block and the root, MixedPrecisionPolicy(bf16, fp32), AdamW lr 3e-4),
+with its configuration as flags and timing added. Run it as the reference
+script is run:
+    torchrun --nproc_per_node 1 bench/torch_fsdp_ref.py --steps 20
+Prints one line per step and a summary:
+    torch-ref: tok/s 123456 (steps 2..N) | peak 12.34 GB | step 123.4 ms
+"""
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+try:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+except ImportError:  # older torch
+    from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim, n_heads):
+        super().__init__()
+        self.norm1 = nn.RMSNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, n_heads, batch_first=True)
+        self.norm2 = nn.RMSNorm(dim)
+        self.ffn = nn.Sequential(nn.Linear(dim, dim * 4, bias=False), nn.SiLU(), nn.Linear(dim * 4, dim, bias=False))
+
+    def forward(self, x):
+        h = self.norm1(x)
+        attn_out, _ = self.attn(h, h, h, need_weights=False)
+        x = x + attn_out
+        return x + self.ffn(self.norm2(x))
+
+
+class MiniLLM(nn.Module):
+    def __init__(self, vocab, dim, layers, heads):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList([TransformerBlock(dim, heads) for _ in range(layers)])
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--dim", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=20)
+    a = p.parse_args()
+    dist.init_process_group(backend="nccl")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    model = MiniLLM(a.vocab, a.dim, a.layers, a.heads).to(device)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    times = []
+    for step in range(a.steps):
+        tokens = torch.randint(0, a.vocab, (a.batch, a.seq), device=device)
+        targets = torch.randint(0, a.vocab, (a.batch, a.seq), device=device)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        logits = model(tokens)
+        loss = nn.functional.cross_entropy(logits.view(-1, a.vocab), targets.view(-1))
+        loss.backward()
+        opt.step()
+        loss_v = loss.item()  # as the reference prints it each step
+        dt = time.perf_counter() - t0
+        times.append(dt)
+        if local_rank == 0:
+            mem = torch.cuda.max_memory_allocated(device) / 1e9
+            print(f"Step {step} | Loss: {loss_v:.4f} | Peak VRAM/GPU: {mem:.2f} GB | {a.batch * a.seq / dt:.0f} tok/s",
+                  flush=True)
+    steady = times[2:] if len(times) > 2 else times
+    ms = 1000 * sum(steady) / len(steady)
+    if local_rank == 0:
+        print(f"torch-ref: tok/s {a.batch * a.seq / (ms / 1000):.0f} (steps 2..{a.steps - 1}) | "
+              f"peak {torch.cuda.max_memory_allocated(device) / 1e9:.2f} GB | step {ms:.1f} ms | torch {torch.__version__}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

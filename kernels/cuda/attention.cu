@@ -1,0 +1,254 @@
+// Flash-style attention on the device: no T x T matrix ever reaches HBM.
+// Each warp owns one row (a query in the forward and for dq, a key for dk and
+// dv); the warps of a block share tiles of the other side's rows, staged in
+// shared memory. The forward keeps a running max and sum (online softmax) and
+// stores only the row's log-sum-exp; the backward recomputes the
+// probabilities from it, in two passes that need no atomics (dq by query
+// rows, dk and dv by key rows). Scores are dot products reduced across the
+// warp, so this is the simple version: correct for any T and head dims up to
+// 256, without the tensor-core tiling of FlashAttention-2.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace fsdp::kernels::cuda {
+
+namespace {
+
+constexpr int kWarps = 8, kTile = 16, kMaxD = 256, kPerLane = kMaxD / 32;
+
+struct Dims {
+  int64_t B, T, H, hd;
+};
+
+template <class T>
+__device__ __forceinline__ const T* qkv_row(const T* qkv, const Dims& d, int64_t b, int64_t t, int part, int64_t h) {
+  return qkv + ((b * d.T + t) * 3 + part) * d.H * d.hd + h * d.hd;
+}
+
+template <class T>
+__device__ __forceinline__ void load_row(float (&r)[kPerLane], const T* p, int64_t hd, int lane, float mul = 1.f) {
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    const int64_t c = lane + 32 * u;
+    r[u] = c < hd ? to_f32(p[c]) * mul : 0.f;
+  }
+}
+
+__device__ __forceinline__ float dot_row(const float (&r)[kPerLane], const float* s, int64_t hd, int lane) {
+  float acc = 0.f;
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    const int64_t c = lane + 32 * u;
+    if (c < hd) acc += r[u] * s[c];
+  }
+  return warp_sum(acc);
+}
+
+// Stages rows [j0, j0 + kTile) of two row sources into shared memory.
+template <class T, class RowA, class RowB>
+__device__ __forceinline__ void stage(float (*sa)[kMaxD], float (*sb)[kMaxD], int64_t j0, int64_t limit, int64_t hd,
+                                      RowA row_a, RowB row_b) {
+  for (int64_t e = threadIdx.x; e < kTile * hd; e += blockDim.x) {
+    const int64_t jj = e / hd, c = e % hd, j = j0 + jj;
+    sa[jj][c] = j < limit ? to_f32(row_a(j)[c]) : 0.f;
+    sb[jj][c] = j < limit ? to_f32(row_b(j)[c]) : 0.f;
+  }
+}
+
+template <class T>
+__global__ void attn_fwd(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse, Dims d, bool causal,
+                         float scale) {
+  __shared__ float sk[kTile][kMaxD], sv[kTile][kMaxD];
+  const int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t i = int64_t(blockIdx.y) * kWarps + warp;
+  const bool valid = i < d.T;
+  float q[kPerLane], acc[kPerLane] = {0};
+  if (valid) load_row(q, qkv_row(qkv, d, b, i, 0, h), d.hd, lane, scale);
+  float m = -INFINITY, l = 0.f;
+  const int64_t end = causal ? min(d.T, (int64_t(blockIdx.y) + 1) * kWarps) : d.T;
+  for (int64_t j0 = 0; j0 < end; j0 += kTile) {
+    __syncthreads();
+    stage<T>(sk, sv, j0, d.T, d.hd, [&](int64_t j) { return qkv_row(qkv, d, b, j, 1, h); },
+             [&](int64_t j) { return qkv_row(qkv, d, b, j, 2, h); });
+    __syncthreads();
+    if (!valid) continue;
+    for (int jj = 0; jj < kTile; ++jj) {
+      const int64_t j = j0 + jj;
+      if (j >= d.T || (causal && j > i)) break;
+      const float s = dot_row(q, sk[jj], d.hd, lane);
+      const float m_new = fmaxf(m, s), corr = __expf(m - m_new), p = __expf(s - m_new);
+      l = l * corr + p;
+#pragma unroll
+      for (int u = 0; u < kPerLane; ++u) {
+        const int64_t c = lane + 32 * u;
+        acc[u] = acc[u] * corr + (c < d.hd ? p * sv[jj][c] : 0.f);
+      }
+      m = m_new;
+    }
+  }
+  if (!valid) return;
+  T* o = out + (b * d.T + i) * d.H * d.hd + h * d.hd;
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    const int64_t c = lane + 32 * u;
+    if (c < d.hd) o[c] = from_f32<T>(acc[u] / l);
+  }
+  if (lane == 0) lse[(b * d.H + h) * d.T + i] = m + logf(l);
+}
+
+// D[i] = dO[i] . O[i], per (b, h, i).
+template <class T>
+__global__ void attn_rowdot(const T* __restrict__ dout, const T* __restrict__ out, float* __restrict__ D, Dims d) {
+  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // over B * T * H
+  const int lane = threadIdx.x % 32;
+  if (row >= d.B * d.T * d.H) return;
+  const int64_t h = row % d.H, bt = row / d.H, b = bt / d.T, t = bt % d.T;
+  const T* a = dout + bt * d.H * d.hd + h * d.hd;
+  const T* o = out + bt * d.H * d.hd + h * d.hd;
+  float acc = 0.f;
+  for (int64_t c = lane; c < d.hd; c += 32) acc += to_f32(a[c]) * to_f32(o[c]);
+  acc = warp_sum(acc);
+  if (lane == 0) D[(b * d.H + h) * d.T + t] = acc;
+}
+
+template <class T>
+__global__ void attn_bwd_dq(const T* __restrict__ dout, const T* __restrict__ qkv, const float* __restrict__ lse,
+                            const float* __restrict__ D, T* __restrict__ dqkv, Dims d, bool causal, float scale) {
+  __shared__ float sk[kTile][kMaxD], sv[kTile][kMaxD];
+  const int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t i = int64_t(blockIdx.y) * kWarps + warp;
+  const bool valid = i < d.T;
+  float q[kPerLane], go[kPerLane], dq[kPerLane] = {0};
+  float li = 0.f, Di = 0.f;
+  if (valid) {
+    load_row(q, qkv_row(qkv, d, b, i, 0, h), d.hd, lane, scale);
+    load_row(go, dout + (b * d.T + i) * d.H * d.hd + h * d.hd, d.hd, lane);
+    li = lse[(b * d.H + h) * d.T + i];
+    Di = D[(b * d.H + h) * d.T + i];
+  }
+  const int64_t end = causal ? min(d.T, (int64_t(blockIdx.y) + 1) * kWarps) : d.T;
+  for (int64_t j0 = 0; j0 < end; j0 += kTile) {
+    __syncthreads();
+    stage<T>(sk, sv, j0, d.T, d.hd, [&](int64_t j) { return qkv_row(qkv, d, b, j, 1, h); },
+             [&](int64_t j) { return qkv_row(qkv, d, b, j, 2, h); });
+    __syncthreads();
+    if (!valid) continue;
+    for (int jj = 0; jj < kTile; ++jj) {
+      const int64_t j = j0 + jj;
+      if (j >= d.T || (causal && j > i)) break;
+      const float p = __expf(dot_row(q, sk[jj], d.hd, lane) - li);
+      const float ds = p * (dot_row(go, sv[jj], d.hd, lane) - Di);
+#pragma unroll
+      for (int u = 0; u < kPerLane; ++u) {
+        const int64_t c = lane + 32 * u;
+        if (c < d.hd) dq[u] += ds * sk[jj][c];
+      }
+    }
+  }
+  if (!valid) return;
+  T* o = dqkv + ((b * d.T + i) * 3 + 0) * d.H * d.hd + h * d.hd;
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    const int64_t c = lane + 32 * u;
+    if (c < d.hd) o[c] = from_f32<T>(dq[u] * scale);
+  }
+}
+
+template <class T>
+__global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ qkv, const float* __restrict__ lse,
+                              const float* __restrict__ D, T* __restrict__ dqkv, Dims d, bool causal, float scale) {
+  __shared__ float sq[kTile][kMaxD], sdo[kTile][kMaxD];
+  __shared__ float slse[kTile], sD[kTile];
+  const int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t j = int64_t(blockIdx.y) * kWarps + warp;  // this warp's key row
+  const bool valid = j < d.T;
+  float k[kPerLane], v[kPerLane], dk[kPerLane] = {0}, dv[kPerLane] = {0};
+  if (valid) {
+    load_row(k, qkv_row(qkv, d, b, j, 1, h), d.hd, lane, scale);
+    load_row(v, qkv_row(qkv, d, b, j, 2, h), d.hd, lane);
+  }
+  const int64_t begin = causal ? (int64_t(blockIdx.y) * kWarps) / kTile * kTile : 0;
+  for (int64_t i0 = begin; i0 < d.T; i0 += kTile) {
+    __syncthreads();
+    stage<T>(sq, sdo, i0, d.T, d.hd, [&](int64_t i) { return qkv_row(qkv, d, b, i, 0, h); },
+             [&](int64_t i) { return dout + (b * d.T + i) * d.H * d.hd + h * d.hd; });
+    if (threadIdx.x < kTile) {
+      const int64_t i = i0 + threadIdx.x;
+      slse[threadIdx.x] = i < d.T ? lse[(b * d.H + h) * d.T + i] : 0.f;
+      sD[threadIdx.x] = i < d.T ? D[(b * d.H + h) * d.T + i] : 0.f;
+    }
+    __syncthreads();
+    if (!valid) continue;
+    for (int ii = 0; ii < kTile; ++ii) {
+      const int64_t i = i0 + ii;
+      if (i >= d.T) break;
+      if (causal && i < j) continue;
+      const float p = __expf(dot_row(k, sq[ii], d.hd, lane) - slse[ii]);
+      const float ds = p * (dot_row(v, sdo[ii], d.hd, lane) - sD[ii]);
+#pragma unroll
+      for (int u = 0; u < kPerLane; ++u) {
+        const int64_t c = lane + 32 * u;
+        if (c < d.hd) {
+          dv[u] += p * sdo[ii][c];
+          dk[u] += ds * sq[ii][c];
+        }
+      }
+    }
+  }
+  if (!valid) return;
+  T* ok = dqkv + ((b * d.T + j) * 3 + 1) * d.H * d.hd + h * d.hd;
+  T* ov = dqkv + ((b * d.T + j) * 3 + 2) * d.H * d.hd + h * d.hd;
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    const int64_t c = lane + 32 * u;
+    if (c < d.hd) {
+      ok[c] = from_f32<T>(dk[u] * scale);
+      ov[c] = from_f32<T>(dv[u]);
+    }
+  }
+}
+
+}  // namespace
+
+void attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                       bool causal, int device, Stream s) {
+  FSDP_CHECK(hd <= kMaxD, "[attention] CUDA attention supports head dims up to {}, got {}", kMaxD, hd);
+  if (B * T * H == 0) return;
+  CUDA_CHECK(cudaSetDevice(device));
+  const Dims d{B, T, H, hd};
+  const dim3 grid(unsigned(B * H), unsigned((T + kWarps - 1) / kWarps));
+  dispatch_float(t, "attention", [&](auto tv) {
+    using TT = decltype(tv);
+    attn_fwd<TT><<<grid, 32 * kWarps, 0, cudaStream_t(s)>>>(static_cast<const TT*>(qkv), static_cast<TT*>(out), lse, d,
+                                                            causal, 1.f / sqrtf(float(hd)));
+  });
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void attention_backward(const void* dout, const void* qkv, const void* out, const float* lse, void* dqkv, DType t,
+                        int64_t B, int64_t T, int64_t H, int64_t hd, bool causal, int device, Stream s) {
+  FSDP_CHECK(hd <= kMaxD, "[attention_backward] CUDA attention supports head dims up to {}, got {}", kMaxD, hd);
+  if (B * T * H == 0) return;
+  CUDA_CHECK(cudaSetDevice(device));
+  const Dims d{B, T, H, hd};
+  float* D = nullptr;
+  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&D), size_t(B * H * T) * sizeof(float), cudaStream_t(s)));
+  const dim3 grid(unsigned(B * H), unsigned((T + kWarps - 1) / kWarps));
+  const float scale = 1.f / sqrtf(float(hd));
+  dispatch_float(t, "attention_backward", [&](auto tv) {
+    using TT = decltype(tv);
+    attn_rowdot<TT><<<unsigned((B * T * H + kWarps - 1) / kWarps), 32 * kWarps, 0, cudaStream_t(s)>>>(
+        static_cast<const TT*>(dout), static_cast<const TT*>(out), D, d);
+    attn_bwd_dq<TT><<<grid, 32 * kWarps, 0, cudaStream_t(s)>>>(static_cast<const TT*>(dout), static_cast<const TT*>(qkv),
+                                                               lse, D, static_cast<TT*>(dqkv), d, causal, scale);
+    attn_bwd_dkdv<TT><<<grid, 32 * kWarps, 0, cudaStream_t(s)>>>(
+        static_cast<const TT*>(dout), static_cast<const TT*>(qkv), lse, D, static_cast<TT*>(dqkv), d, causal, scale);
+  });
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaFreeAsync(D, cudaStream_t(s)));
+}
+
+}  // namespace fsdp::kernels::cuda
