@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Trains the tiny MiniLLM on this CPU on real text: the license texts under
-# /usr/share/common-licenses, read as bytes. Installs missing dependencies and
-# builds fsdp-train first. Extra arguments go to fsdp-train and override the
-# defaults below (for example: scripts/train.sh --steps 200).
+# The main command: trains a tiny llama-architecture MiniLLM on this CPU on
+# real text (the license texts under /usr/share/common-licenses, read as
+# bytes) with 2 ranks under mpirun, saves sharded checkpoints, exports the
+# last one to safetensors (Hugging Face names) and GGUF, and samples text
+# from the export. Installs missing dependencies and builds first. Extra
+# arguments go to fsdp-train and override the defaults below (for example:
+# scripts/train.sh --steps 200); --resume continues the previous run.
 #
 # The llama architecture is used because the reference (seed) architecture
 # attends in both directions without a mask: on text it can read the very
@@ -10,9 +13,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-scripts/build.sh fsdp-train
+scripts/build.sh fsdp-train fsdp-export fsdp-generate
 build=${FSDP_BUILD_DIR:-build}
 mkdir -p "$build/data"
 text="$build/data/licenses.txt"
 [ -s "$text" ] || cat /usr/share/common-licenses/* > "$text"
-exec "$build/examples/fsdp-train" --preset tiny --arch llama --vocab 256 --steps 50 --lr 1e-3 --data "$text" "$@"
+ckpt="$build/ckpt/tiny-llama"
+if [[ " $* " != *" --resume "* ]]; then
+  rm -rf "$ckpt"  # a fresh run; pass --resume to continue the last one instead
+fi
+root=()
+[ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
+export OMP_WAIT_POLICY=PASSIVE
+mpirun "${root[@]}" --oversubscribe --bind-to none -np 2 "$build/examples/fsdp-train" \
+  --preset tiny --arch llama --vocab 256 --batch 4 --steps 60 \
+  --lr 2e-3 --warmup-steps 5 --lr-decay cosine --min-lr 2e-4 --wd-2d-only --grad-clip 1.0 \
+  --data "$text" --eval-every 20 --ckpt-dir "$ckpt" --ckpt-every 20 --keep 2 --log-file "$build/train.jsonl" \
+  --sample-tokens 0 "$@"
+"$build/examples/fsdp-export" --ckpt "$ckpt" --out "$build/export/model.safetensors" --gguf "$build/export/model.gguf"
+"$build/examples/fsdp-generate" --model "$build/export/model.safetensors" --prompt "The " --tokens 200

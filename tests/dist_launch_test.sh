@@ -68,9 +68,9 @@ expect_error "unreachable MASTER_ADDR" "no-such-host.invalid:29999" "$work/addr.
 
 # 6. A port already in use.
 port=$(free_port)
-python3 -c "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', $port)); s.listen(); time.sleep(20)" &
+python3 -c "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', $port)); s.listen(); open('$work/held','w').close(); time.sleep(30)" &
 holder=$!
-sleep 0.5
+for _ in $(seq 100); do [ -f "$work/held" ] && break; sleep 0.1; done
 RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 30 "$probe" > "$work/inuse.out" 2>&1
 expect_error "port in use" "cannot serve on port $port: Address already in use" "$work/inuse.out" $?
 kill $holder 2> /dev/null

@@ -16,7 +16,7 @@ cat /usr/share/common-licenses/* > "$work/text.txt" 2> /dev/null
 [ -s "$work/text.txt" ] || head -c 200000 /usr/share/doc/*/copyright > "$work/text.txt" 2>/dev/null
 
 small=(--preset tiny --arch llama --vocab 256 --dim 64 --layers 2 --heads 2 --seq 64 --batch 8 --threads 2)
-line_re='^step [0-9]+ \| loss [0-9]+\.[0-9]{4} \| [0-9]+ tok/s \| mfu [0-9]+\.[0-9]% \| peak mem [0-9]+\.[0-9]{2} GB$'
+line_re='^step [0-9]+ \| loss [0-9]+\.[0-9]{4} \| [0-9]+ tok/s \| mfu [0-9]+\.[0-9]% \| peak mem [0-9]+\.[0-9]{2} GB \| lr [0-9]\.[0-9]e[-+][0-9]+ \| grad norm [0-9]+\.[0-9]{3}$'
 
 # 1. Trains on text: 30 well-formed step lines and a clearly falling loss.
 if "$bin" "${small[@]}" --steps 30 --lr 3e-3 --data "$work/text.txt" --sample-tokens 20 > "$work/train.out" 2> "$work/train.err"; then
@@ -37,7 +37,9 @@ fi
 
 # 3. --help lists the flags the later issues rely on.
 if "$bin" --help > "$work/help.out" 2>&1; then
-  for f in --preset --arch --vocab --dim --layers --heads --seq --batch --steps --lr --seed --dtype --threads --data; do
+  for f in --preset --arch --vocab --dim --layers --heads --seq --batch --steps --lr --seed --dtype --threads --data \
+    --warmup-steps --lr-decay --min-lr --wd-2d-only --grad-clip --eval-every --ckpt-dir --ckpt-every --keep --resume \
+    --init-from --log-file; do
     grep -q -- "$f" "$work/help.out" && ok || bad "--help does not list $f"
   done
 else
@@ -57,6 +59,7 @@ expect_fail() {
   fi
 }
 mkdir -p "$work/a_directory"
+printf '\x02\x00\x00\x00\x00\x00\x00\x00{}' > "$work/empty.safetensors"
 expect_fail "--bogus" --bogus 3
 expect_fail "dim 250 is not divisible by heads 4" --preset tiny --dim 250 --heads 4 --steps 1
 expect_fail "seq must be positive, got 0" --preset tiny --seq 0 --steps 1
@@ -68,13 +71,17 @@ expect_fail "--dtype bf16 is not a CPU training dtype" --preset tiny --dtype bf1
 expect_fail "unknown dtype 'f8'" --preset tiny --dtype f8 --steps 1
 expect_fail "--steps must be >= 0, got -1" --preset tiny --steps -1
 expect_fail "data file '$work/missing.txt' does not exist" "${small[@]}" --data "$work/missing.txt" --steps 1
-expect_fail "is a directory" "${small[@]}" --data "$work/a_directory" --steps 1
+expect_fail "holds no .bin shards" "${small[@]}" --data "$work/a_directory" --steps 1
 expect_fail "needs vocab >= 256, got 100" "${small[@]}" --vocab 100 --data "$work/text.txt" --steps 1
 expect_fail "--lr" --lr notanumber
 expect_fail "--shard must be full or none, got 'half'" --preset tiny --shard half --steps 1
 expect_fail "--hsdp 2 does not divide the world size 1" --preset tiny --hsdp 2 --steps 1
 expect_fail "--grad-accum must be >= 1, got 0" --preset tiny --grad-accum 0 --steps 1
 expect_fail "--reshard-after-forward" --preset tiny --reshard-after-forward maybe --steps 1
+expect_fail "--lr-decay must be none, cosine or linear, got 'step'" --preset tiny --lr-decay step --steps 1
+expect_fail "--resume needs --ckpt-dir" --preset tiny --resume --steps 1
+expect_fail "no tensor named" --preset tiny --steps 1 --init-from "$work/empty.safetensors"
+expect_fail "cannot open" --preset tiny --steps 1 --init-from "$work/missing.safetensors"
 
 echo "$pass passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -20,8 +20,13 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
+#include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/checkpoint/interchange.h"
+#include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/core/allocator.h"
 #include "fsdp/data/text_dataset.h"
 #include "fsdp/dist/init.h"
@@ -58,7 +63,33 @@ struct Options {
   int64_t grad_accum = 1;
   std::string param_dtype, reduce_dtype;
   double clip = 0.0;
+  // schedule, data, checkpoints, logging
+  int64_t warmup = 0;
+  std::string lr_decay = "none";
+  double min_lr = 0.0;
+  int64_t decay_steps = 0;
+  bool wd_2d_only = false;
+  int64_t eval_every = 0, eval_batches = 4;
+  std::string val_data;
+  double val_fraction = 0.1;
+  std::string ckpt_dir;
+  int64_t ckpt_every = 0;
+  int keep = 0;
+  bool resume = false;
+  std::string init_from;
+  std::string log_file;
 };
+
+// Learning rate at `step`: linear warmup to --lr over --warmup-steps, then
+// constant, cosine or linear decay to --min-lr at --decay-steps (default: --steps).
+double lr_at(const Options& o, int64_t step) {
+  if (step < o.warmup) return o.lr * double(step + 1) / double(o.warmup + 1);
+  if (o.lr_decay == "none") return o.lr;
+  const int64_t end = o.decay_steps > 0 ? o.decay_steps : o.steps;
+  const double ratio = end > o.warmup ? std::clamp(double(step - o.warmup) / double(end - o.warmup), 0.0, 1.0) : 1.0;
+  if (o.lr_decay == "cosine") return o.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (o.lr - o.min_lr);
+  return o.lr - ratio * (o.lr - o.min_lr);
+}
 
 struct World {
   std::shared_ptr<dist::ProcessGroup> pg;
@@ -183,16 +214,34 @@ int run(const Options& o, World& w) {
   const int threads = o.threads > 0 ? o.threads : std::max(1, std::min(allowed, hw / std::max(1, info.local_size)));
   omp_set_num_threads(threads);
 
-  std::unique_ptr<data::TokenSource> src;
+  FSDP_CHECK(o.lr_decay == "none" || o.lr_decay == "cosine" || o.lr_decay == "linear",
+             "[fsdp-train] --lr-decay must be none, cosine or linear, got '{}'", o.lr_decay);
+  FSDP_CHECK(o.warmup >= 0 && o.min_lr >= 0 && o.eval_every >= 0 && o.ckpt_every >= 0 && o.keep >= 0,
+             "[fsdp-train] --warmup-steps, --min-lr, --eval-every, --ckpt-every and --keep must be >= 0");
+  FSDP_CHECK(o.ckpt_every == 0 || !o.ckpt_dir.empty(), "[fsdp-train] --ckpt-every needs --ckpt-dir");
+  FSDP_CHECK(!o.resume || !o.ckpt_dir.empty(), "[fsdp-train] --resume needs --ckpt-dir");
+  FSDP_CHECK(o.shard == "full" || (o.ckpt_dir.empty() && !o.wd_2d_only),
+             "[fsdp-train] checkpoints and --wd-2d-only need --shard full");
+
+  std::unique_ptr<data::TokenSource> src, val;
   if (!o.data.empty()) {
-    src = std::make_unique<data::ByteTextSource>(o.data, cfg.vocab, cfg.seq);
+    auto stream = data::open_token_stream(o.data, cfg.vocab, cfg.seq);
+    if (o.eval_every > 0 && o.val_data.empty()) {
+      auto [train, tail] = stream->split_tail(o.val_fraction, cfg.seq);
+      src = std::move(train);
+      val = std::move(tail);
+    } else {
+      src = std::move(stream);
+    }
     if (cfg.arch == nn::Arch::seed && w.main())
       fmt::print(stderr,
                  "warning: arch seed attends in both directions with no mask, so on text it sees the next token "
                  "it must predict; use --arch llama to learn a language model\n");
   } else {
     src = std::make_unique<data::RandomTokenSource>(cfg.vocab, o.seed);
+    if (o.eval_every > 0) val = std::make_unique<data::RandomTokenSource>(cfg.vocab, o.seed + 1);
   }
+  if (!o.val_data.empty()) val = data::open_token_stream(o.val_data, cfg.vocab, cfg.seq);
 
   const int64_t mem_before = memory_stats(device).current;
   nn::MiniLLM model(cfg);
@@ -200,14 +249,26 @@ int run(const Options& o, World& w) {
   std::vector<nn::ParamGroup> groups;
   FSDPModule* root = nullptr;
   const int64_t shards = o.shard == "full" ? w.mesh->size(w.mesh->ndim() - 1) : 1;
+  if (!o.init_from.empty()) {
+    // Full weights from a file (PyTorch or Hugging Face names), sharded by fully_shard below.
+    checkpoint::SafetensorsIndex file(o.init_from);
+    auto full = nn::materialize(model, dtype, o.seed, device);
+    for (auto& [name, p] : model.named_parameters()) {
+      Tensor t = checkpoint::read_param(file, cfg, name);
+      FSDP_CHECK(t.shape() == p->shape, "[fsdp-train] --init-from {}: '{}' has shape {} but the model needs {}",
+                 o.init_from, name, shape_str(t.shape()), shape_str(p->shape));
+      p->data.copy_(t);
+    }
+    if (o.shard == "none") flat = full;
+  }
   if (o.shard == "full") {
     FullyShardOptions fo{.reshard_after_forward = o.reshard_after_forward, .mp_policy = mp, .init_dtype = dtype,
                          .seed = o.seed};
     for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], w.mesh, fo);
     root = &fully_shard(model, w.mesh, fo);
-    groups = root->param_groups(o.weight_decay);
+    groups = root->param_groups(o.weight_decay, !o.wd_2d_only);
   } else {
-    flat = nn::materialize(model, dtype, o.seed, device);
+    if (!flat.params.defined()) flat = nn::materialize(model, dtype, o.seed, device);
     groups = {{flat.params, flat.grads, o.weight_decay}};
   }
   optim::AdamW opt(groups, {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
@@ -252,10 +313,44 @@ int run(const Options& o, World& w) {
   };
   double ddp_wait = 0;
 
+  // The run's config, saved in checkpoints; the model keys must match on resume.
+  const std::vector<std::string> model_keys = {"arch", "vocab", "dim", "layers", "heads", "ffn_hidden", "dtype"};
+  const std::string config_json = nlohmann::json{{"arch", nn::arch_name(cfg.arch)},
+                                                 {"vocab", cfg.vocab},
+                                                 {"dim", cfg.dim},
+                                                 {"layers", cfg.layers},
+                                                 {"heads", cfg.heads},
+                                                 {"ffn_hidden", cfg.resolved_ffn_hidden()},
+                                                 {"seq", cfg.seq},
+                                                 {"batch", cfg.batch},
+                                                 {"world_size", w.size},
+                                                 {"seed", o.seed},
+                                                 {"dtype", std::string(dtype_name(dtype))},
+                                                 {"lr", o.lr},
+                                                 {"data", o.data}}
+                                      .dump();
+  int64_t start_step = 0;
+  if (o.resume) {
+    const std::string path = checkpoint::latest(o.ckpt_dir);
+    if (path.empty()) {
+      if (w.main()) fmt::print("resume: no checkpoint in {} yet; starting at step 0\n", o.ckpt_dir);
+    } else {
+      auto loaded = checkpoint::load(path, *root, opt, config_json, model_keys);
+      start_step = loaded.step;
+      if (w.main()) fmt::print("resume: loaded {} (step {})\n", path, start_step);
+    }
+  }
+  std::ofstream log_file;
+  if (w.main() && !o.log_file.empty()) {
+    log_file.open(o.log_file, start_step > 0 ? std::ios::app : std::ios::trunc);
+    FSDP_CHECK(log_file.good(), "[fsdp-train] cannot write --log-file '{}'", o.log_file);
+  }
+
   const int64_t B = cfg.batch, T = cfg.seq, global_rows = B * w.size;
   const int64_t tokens_per_step = global_rows * T * o.grad_accum;
-  for (int64_t step = 0; step < o.steps; ++step) {
+  for (int64_t step = start_step; step < o.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
+    opt.set_lr(lr_at(o, step));
     const auto [comm0, exposed0] = comm_now();
     const double ddp_wait0 = ddp_wait;
     if (root) root->zero_grad();
@@ -280,8 +375,8 @@ int run(const Options& o, World& w) {
       ddp_wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - tw).count();
     }
     const auto [comm1, exposed1] = comm_now();
-    double grad_norm = -1;
-    if (o.clip > 0) grad_norm = optim::clip_grad_norm(groups, o.clip, root ? w.mesh->group(w.mesh->ndim() - 1) : nullptr);
+    const double grad_norm =
+        optim::clip_grad_norm(groups, o.clip, root ? w.mesh->group(w.mesh->ndim() - 1) : nullptr);
     opt.step();
     // The printed loss is the mean over all ranks; peak mem is the largest rank's.
     Tensor stats = Tensor::from_vector<double>({loss, double(memory_stats(device).peak)}, {2}).to(device);
@@ -295,7 +390,7 @@ int run(const Options& o, World& w) {
       max_peak = std::max(max_peak, all.data<double>()[2 * r + 1]);
     }
     FSDP_CHECK(std::isfinite(mean_loss), "[fsdp-train] loss became {} at step {}; lower --lr", mean_loss, step);
-    if (step > 0 || o.steps == 1) {  // the first step warms up
+    if (step > start_step || o.steps == start_step + 1) {  // the first step warms up
       comm_total += comm1 - comm0;
       exposed_total += (exposed1 - exposed0) + (ddp_wait - ddp_wait0);
       step_total += dt;
@@ -303,11 +398,37 @@ int run(const Options& o, World& w) {
     const double tok_s = double(tokens_per_step) / dt;
     const double mfu = cfg.flops_per_token() * tok_s / peak;
     if (w.main()) {
-      fmt::print("step {} | loss {:.4f} | {:.0f} tok/s | mfu {:.1f}% | peak mem {:.2f} GB", step, mean_loss, tok_s,
-                 100.0 * mfu, max_peak / 1e9);
-      if (grad_norm >= 0) fmt::print(" | grad norm {:.3f}", grad_norm);
-      fmt::print("\n");
+      fmt::print("step {} | loss {:.4f} | {:.0f} tok/s | mfu {:.1f}% | peak mem {:.2f} GB | lr {:.1e} | grad norm {:.3f}\n",
+                 step, mean_loss, tok_s, 100.0 * mfu, max_peak / 1e9, opt.lr(), grad_norm);
       std::fflush(stdout);
+    }
+    double val_loss = -1;
+    if (val && o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
+      double sum = 0;
+      for (int64_t e = 0; e < o.eval_batches; ++e) {
+        data::Batch b = val->batch(e, global_rows, w.rank * B, B, T);
+        Tensor logits = model.forward(b.inputs.to(device)).view({B * T, cfg.vocab});
+        sum += ops::cross_entropy_forward(logits, b.targets.to(device)).loss;
+      }
+      Tensor v = Tensor::full({1}, sum / double(o.eval_batches), DType::f64).to(device);
+      w.pg->all_reduce(v, dist::ReduceOp::AVG)->wait();
+      val_loss = v.item();
+      if (w.main()) fmt::print("step {} | val loss {:.4f}\n", step, val_loss);
+    }
+    if (log_file.is_open()) {
+      nlohmann::json j{{"step", step}, {"loss", mean_loss}, {"lr", opt.lr()}, {"grad_norm", grad_norm},
+                       {"tok_s", tok_s}, {"mfu", mfu}, {"peak_mem_gb", max_peak / 1e9}, {"step_ms", dt * 1e3}};
+      if (val_loss >= 0) j["val_loss"] = val_loss;
+      log_file << j.dump() << "\n";
+      log_file.flush();
+    }
+    if (o.ckpt_every > 0 && ((step + 1) % o.ckpt_every == 0 || step + 1 == o.steps)) {
+      auto tc = std::chrono::steady_clock::now();
+      if (w.main()) fmt::print("checkpoint: writing step {} to {} ...\n", step + 1, o.ckpt_dir);
+      checkpoint::save(o.ckpt_dir, step + 1, *root, opt, config_json, o.keep, w.pg);
+      if (w.main())
+        fmt::print("checkpoint: done in {:.2f} s\n",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - tc).count());
     }
   }
 
@@ -367,7 +488,9 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "cpu or cuda (ranks take the GPU of their local rank; NCCL)")
       ->capture_default_str();
   app.add_option("--threads", o.threads, "OpenMP threads for BLAS and kernels (0: all cores)")->capture_default_str();
-  app.add_option("--data", o.data, "train on this file's bytes (vocab >= 256); default: random tokens");
+  app.add_option("--data", o.data,
+                 "llm.c .bin token shards (a file, a directory or a glob) or a text file read as bytes (vocab >= 256); "
+                 "default: random tokens");
   app.add_option("--sample-tokens", o.sample_tokens, "bytes to sample after training on --data")
       ->capture_default_str();
   app.add_option("--prompt", o.prompt, "prompt for the sample")->capture_default_str();
@@ -383,7 +506,25 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--param-dtype", o.param_dtype, "fully_shard's param_dtype: all-gather and compute dtype (e.g. bf16)");
   app.add_option("--reduce-dtype", o.reduce_dtype, "fully_shard's reduce_dtype: gradient reduce-scatter dtype");
-  app.add_option("--clip", o.clip, "clip gradients to this global norm (0: off)")->capture_default_str();
+  app.add_option("--grad-clip,--clip", o.clip, "clip gradients to this global norm (0: off)")->capture_default_str();
+  app.add_option("--warmup-steps", o.warmup, "linear learning-rate warmup steps")->capture_default_str();
+  app.add_option("--lr-decay", o.lr_decay, "after warmup: none (constant), cosine or linear")->capture_default_str();
+  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the decay")->capture_default_str();
+  app.add_option("--decay-steps", o.decay_steps, "step at which the decay reaches --min-lr (0: --steps)")
+      ->capture_default_str();
+  app.add_flag("--wd-2d-only", o.wd_2d_only, "apply weight decay to 2-D weights only (not norms and biases)");
+  app.add_option("--eval-every", o.eval_every, "print the validation loss every N steps (0: never)")
+      ->capture_default_str();
+  app.add_option("--eval-batches", o.eval_batches, "batches per validation")->capture_default_str();
+  app.add_option("--val-data", o.val_data, "validation data (default: the last --val-fraction of --data)");
+  app.add_option("--val-fraction", o.val_fraction, "share of --data held out for validation")->capture_default_str();
+  app.add_option("--ckpt-dir", o.ckpt_dir, "directory of sharded checkpoints");
+  app.add_option("--ckpt-every", o.ckpt_every, "save a checkpoint every N steps and at the end (0: never)")
+      ->capture_default_str();
+  app.add_option("--keep", o.keep, "keep the newest K checkpoints (0: all)")->capture_default_str();
+  app.add_flag("--resume", o.resume, "continue from the newest checkpoint in --ckpt-dir");
+  app.add_option("--init-from", o.init_from, "initialise from full weights in a safetensors file");
+  app.add_option("--log-file", o.log_file, "append one JSON object per step to this file");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -2,11 +2,13 @@
 #include "fsdp/checkpoint/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -50,7 +52,7 @@ bool SafetensorsFile::contains(const std::string& name) const {
   return false;
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
+SafetensorsIndex::SafetensorsIndex(const std::string& path) : path_(path) {
   std::ifstream f(path, std::ios::binary);
   FSDP_CHECK(f.good(), "[safetensors] cannot open '{}': {}", path, std::strerror(errno));
   f.seekg(0, std::ios::end);
@@ -71,40 +73,97 @@ SafetensorsFile load_safetensors(const std::string& path) {
     FSDP_FAIL("[safetensors] {}: header is not valid JSON: {}", path, e.what());
   }
   FSDP_CHECK(j.is_object(), "[safetensors] {}: header must be a JSON object", path);
-  const uint64_t data_start = 8 + hlen, data_size = fsize - data_start;
-
-  SafetensorsFile out;
-  out.path = path;
-  std::vector<std::pair<uint64_t, std::string>> order;
+  data_start_ = 8 + hlen;
+  const uint64_t data_size = fsize - data_start_;
   for (auto& [name, v] : j.items()) {
     if (name == "__metadata__") {
-      for (auto& [k, mv] : v.items())
-        out.metadata[k] = mv.is_string() ? mv.get<std::string>() : mv.dump();
+      for (auto& [k, mv] : v.items()) metadata_[k] = mv.is_string() ? mv.get<std::string>() : mv.dump();
       continue;
     }
     FSDP_CHECK(v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
                "[safetensors] {}: entry '{}' lacks dtype, shape or data_offsets", path, name);
-    order.emplace_back(v["data_offsets"][0].get<uint64_t>(), name);
-  }
-  std::sort(order.begin(), order.end());
-  for (auto& [begin_off, name] : order) {
-    const auto& v = j[name];
-    DType dt = parse_st_dtype(v["dtype"].get<std::string>(), path, name);
-    Shape shape = v["shape"].get<Shape>();
-    const uint64_t b = v["data_offsets"][0].get<uint64_t>(), e = v["data_offsets"][1].get<uint64_t>();
-    const uint64_t want = uint64_t(shape_numel(shape)) * dtype_size(dt);
-    FSDP_CHECK(b <= e && e <= data_size,
+    Entry e{parse_st_dtype(v["dtype"].get<std::string>(), path, name), v["shape"].get<Shape>(),
+            v["data_offsets"][0].get<uint64_t>(), v["data_offsets"][1].get<uint64_t>()};
+    const uint64_t want = uint64_t(shape_numel(e.shape)) * dtype_size(e.dtype);
+    FSDP_CHECK(e.begin <= e.end && e.end <= data_size,
                "[safetensors] {}: tensor '{}' spans bytes [{}, {}) but the data section has {} bytes (truncated?)",
-               path, name, b, e, data_size);
-    FSDP_CHECK(e - b == want, "[safetensors] {}: tensor '{}' has {} bytes but shape {} of {} needs {}", path, name,
-               e - b, shape_str(shape), dtype_name(dt), want);
-    Tensor t = Tensor::empty(shape, dt);
-    f.seekg(std::streamoff(data_start + b));
-    f.read(static_cast<char*>(t.raw_data()), std::streamsize(want));
-    FSDP_CHECK(f.good(), "[safetensors] {}: short read of tensor '{}'", path, name);
-    out.tensors.emplace_back(name, t);
+               path, name, e.begin, e.end, data_size);
+    FSDP_CHECK(e.end - e.begin == want, "[safetensors] {}: tensor '{}' has {} bytes but shape {} of {} needs {}", path,
+               name, e.end - e.begin, shape_str(e.shape), dtype_name(e.dtype), want);
+    entries_[name] = e;
+  }
+}
+
+std::vector<std::string> SafetensorsIndex::names() const {
+  std::vector<std::pair<uint64_t, std::string>> order;
+  for (auto& [n, e] : entries_) order.emplace_back(e.begin, n);
+  std::sort(order.begin(), order.end());
+  std::vector<std::string> out;
+  for (auto& [b, n] : order) out.push_back(n);
+  return out;
+}
+
+std::tuple<DType, Shape, uint64_t> SafetensorsIndex::locate(const std::string& name) const {
+  auto it = entries_.find(name);
+  FSDP_CHECK(it != entries_.end(), "[safetensors] {}: no tensor named '{}'", path_, name);
+  return {it->second.dtype, it->second.shape, data_start_ + it->second.begin};
+}
+
+Tensor SafetensorsIndex::read(const std::string& name) const {
+  auto it = entries_.find(name);
+  FSDP_CHECK(it != entries_.end(), "[safetensors] {}: no tensor named '{}'", path_, name);
+  const Entry& e = it->second;
+  Tensor t = Tensor::empty(e.shape, e.dtype);
+  std::ifstream f(path_, std::ios::binary);
+  f.seekg(std::streamoff(data_start_ + e.begin));
+  f.read(static_cast<char*>(t.raw_data()), std::streamsize(e.end - e.begin));
+  FSDP_CHECK(f.good() || e.end == e.begin, "[safetensors] {}: short read of tensor '{}'", path_, name);
+  return t;
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  SafetensorsIndex index(path);
+  SafetensorsFile out;
+  out.path = path;
+  out.metadata = index.metadata();
+  for (const std::string& n : index.names()) out.tensors.emplace_back(n, index.read(n));
+  return out;
+}
+
+SafetensorsFile map_safetensors(const std::string& path) {
+  SafetensorsIndex index(path);  // validates every offset first
+  int fd = ::open(path.c_str(), O_RDONLY);
+  FSDP_CHECK(fd >= 0, "[safetensors] cannot open '{}': {}", path, std::strerror(errno));
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  void* base = size > 0 ? ::mmap(nullptr, size_t(size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0) : nullptr;
+  ::close(fd);
+  FSDP_CHECK(size == 0 || base != MAP_FAILED, "[safetensors] mmap of '{}' failed: {}", path, std::strerror(errno));
+  std::shared_ptr<void> mapping(base, [size](void* p) {
+    if (p) ::munmap(p, size_t(size));
+  });
+  SafetensorsFile out;
+  out.path = path;
+  out.metadata = index.metadata();
+  for (const std::string& n : index.names()) {
+    auto [dtype, shape, offset] = index.locate(n);
+    out.tensors.emplace_back(n, Tensor::from_blob(static_cast<char*>(base) + offset, shape, dtype, mapping));
   }
   return out;
+}
+
+std::string file_checksum(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  FSDP_CHECK(f.good(), "[checkpoint] cannot read '{}': {}", path, std::strerror(errno));
+  uint64_t h = 0xcbf29ce484222325ull;
+  std::vector<char> buf(1 << 20);
+  while (f) {
+    f.read(buf.data(), std::streamsize(buf.size()));
+    for (std::streamsize i = 0; i < f.gcount(); ++i) {
+      h ^= static_cast<unsigned char>(buf[size_t(i)]);
+      h *= 0x100000001b3ull;
+    }
+  }
+  return fmt::format("{:016x}", h);
 }
 
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,

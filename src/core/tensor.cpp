@@ -34,7 +34,11 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
   data_ = allocator_for(device).allocate(nbytes);
 }
 
+Storage::Storage(void* data, size_t nbytes, Device device, std::shared_ptr<void> owner)
+    : data_(data), nbytes_(nbytes), device_(device), owner_(std::move(owner)) {}
+
 Storage::~Storage() {
+  if (owner_) return;  // external memory: the owner releases it
   if (data_ || nbytes_) allocator_for(device_).deallocate(data_, nbytes_);
 }
 
@@ -46,6 +50,16 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;
   t.storage_ = std::make_shared<Storage>(size_t(shape_numel(shape)) * dtype_size(dtype), device);
+  return t;
+}
+
+Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner, Device device) {
+  FSDP_CHECK(owner, "[Tensor::from_blob] needs an owner that keeps the memory alive");
+  Tensor t;
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(data, size_t(shape_numel(shape)) * dtype_size(dtype), device, std::move(owner));
   return t;
 }
 

@@ -400,10 +400,16 @@ void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule*>
   for (FSDPModule* m : modules) impl_->bwd_prefetch.push_back(&m->impl());
 }
 
-std::vector<nn::ParamGroup> FSDPModule::param_groups(double weight_decay) {
+std::vector<nn::ParamGroup> FSDPModule::param_groups(double weight_decay, bool decay_1d) {
   std::vector<nn::ParamGroup> out;
-  for (Impl* s : subtree_states(*impl_->module))
-    if (!s->params.empty()) out.push_back({s->sharded, s->sharded_grad, weight_decay});
+  for (Impl* s : subtree_states(*impl_->module)) {
+    if (s->params.empty()) continue;
+    nn::ParamGroup g{s->sharded, s->sharded_grad, weight_decay};
+    if (!decay_1d)
+      for (auto& fp : s->params)
+        if (fp.param->shape.size() == 1) g.no_decay.emplace_back(fp.shard_offset, fp.padded_rows * fp.row);
+    out.push_back(std::move(g));
+  }
   return out;
 }
 
@@ -436,6 +442,28 @@ std::vector<std::pair<std::string, dist::DTensor>> FSDPModule::sharded_parameter
   }
   return out;
 }
+
+std::vector<FSDPModule::ShardInfo> FSDPModule::shard_infos() {
+  std::map<const nn::Parameter*, std::pair<size_t, const FSDPParam*>> where;
+  size_t group = 0;
+  for (Impl* s : subtree_states(*impl_->module)) {
+    if (s->params.empty()) continue;
+    for (auto& fp : s->params) where[fp.param] = {group, &fp};
+    ++group;
+  }
+  std::vector<ShardInfo> out;
+  for (auto& [rel, p] : impl_->module->named_parameters()) {
+    auto it = where.find(p);
+    FSDP_CHECK(it != where.end(), "[fully_shard] parameter '{}' is not sharded", rel);
+    auto [g, fp] = it->second;
+    out.push_back({fp->name, p->shape, fp->local_begin, fp->local_rows, g, fp->shard_offset});
+  }
+  return out;
+}
+
+int FSDPModule::shard_rank() const { return impl_->rank; }
+int FSDPModule::shard_count() const { return impl_->N; }
+bool FSDPModule::first_replica() const { return impl_->mesh->ndim() == 1 || impl_->mesh->local_rank(0) == 0; }
 
 FSDPModule::CommStats FSDPModule::comm_stats() const {
   CommStats st;

@@ -17,9 +17,28 @@ AdamW::AdamW(std::vector<ParamGroup> groups, ops::AdamWHyper hyper) : groups_(st
 void AdamW::step() {
   ++step_;
   for (size_t i = 0; i < groups_.size(); ++i) {
+    const ParamGroup& g = groups_[i];
     ops::AdamWHyper h = hyper_;
-    h.weight_decay = groups_[i].weight_decay;
-    ops::adamw_(groups_[i].params, groups_[i].grads, exp_avg_[i], exp_avg_sq_[i], h, step_);
+    h.weight_decay = g.weight_decay;
+    if (g.no_decay.empty()) {
+      ops::adamw_(g.params, g.grads, exp_avg_[i], exp_avg_sq_[i], h, step_);
+      continue;
+    }
+    // Runs alternate between decayed and undecayed ranges.
+    int64_t at = 0;
+    auto run = [&](int64_t b, int64_t e, double wd) {
+      if (e <= b) return;
+      ops::AdamWHyper hh = h;
+      hh.weight_decay = wd;
+      ops::adamw_(g.params.slice(b, e), g.grads.slice(b, e), exp_avg_[i].slice(b, e), exp_avg_sq_[i].slice(b, e), hh,
+                  step_);
+    };
+    for (auto [off, count] : g.no_decay) {
+      run(at, off, g.weight_decay);
+      run(off, off + count, 0.0);
+      at = off + count;
+    }
+    run(at, g.params.numel(), g.weight_decay);
   }
 }
 

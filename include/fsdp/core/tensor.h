@@ -24,6 +24,9 @@ int64_t shape_numel(const Shape& s);
 class Storage {
  public:
   Storage(size_t nbytes, Device device);
+  // Memory owned elsewhere (an mmap, say): `owner` keeps it alive, and the
+  // allocator neither counts nor frees it.
+  Storage(void* data, size_t nbytes, Device device, std::shared_ptr<void> owner);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -35,6 +38,7 @@ class Storage {
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
+  std::shared_ptr<void> owner_;
 };
 
 class Tensor {
@@ -45,6 +49,9 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu());
   static Tensor full(const Shape& shape, double value, DType dtype, Device device = Device::cpu());
+  // A view of memory owned by `owner` (zero copy), e.g. an mmap'ed file.
+  static Tensor from_blob(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner,
+                          Device device = Device::cpu());
   template <class T>
   static Tensor from_vector(const std::vector<T>& v, const Shape& shape) {
     Tensor t = empty(shape, dtype_of<T>());

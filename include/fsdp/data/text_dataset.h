@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,18 +27,42 @@ class TokenSource {
   virtual std::string describe() const = 0;
 };
 
+// A stream of tokens held in memory, batched as above.
+class TokenStream : public TokenSource {
+ public:
+  TokenStream(std::vector<int32_t> tokens, std::string description, int64_t seq);
+  Batch batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows, int64_t seq) const override;
+  std::string describe() const override { return description_; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  // Splits off the last `fraction` of the tokens as a validation stream.
+  std::pair<std::unique_ptr<TokenStream>, std::unique_ptr<TokenStream>> split_tail(double fraction, int64_t seq) const;
+
+ protected:
+  std::vector<int32_t> tokens_;
+  std::string description_;
+};
+
 // A file read as bytes: token = byte value, so the vocab must be >= 256.
-class ByteTextSource : public TokenSource {
+class ByteTextSource : public TokenStream {
  public:
   ByteTextSource(const std::string& path, int64_t vocab, int64_t seq);
-  Batch batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows, int64_t seq) const override;
-  std::string describe() const override;
-  const std::vector<int32_t>& tokens() const { return tokens_; }
-
- private:
-  std::string path_;
-  std::vector<int32_t> tokens_;
 };
+
+// llm.c's token shards: a header of 256 int32 (magic 20240520, version 1, the
+// token count), then uint16 tokens. `spec` is one file, a directory (its
+// *.bin files in name order) or a glob; the shards are read in that order.
+// Every token must be below `vocab`.
+class BinShardSource : public TokenStream {
+ public:
+  BinShardSource(const std::string& spec, int64_t vocab, int64_t seq);
+};
+
+// Opens `spec` as llm.c shards (a directory, a glob, or a file that starts
+// with the shard magic) or else as bytes.
+std::unique_ptr<TokenStream> open_token_stream(const std::string& spec, int64_t vocab, int64_t seq);
+
+// Writes tokens as one llm.c shard (used by tests and scripts/prepare_text.py's C++ twin).
+void write_bin_shard(const std::string& path, const std::vector<uint16_t>& tokens);
 
 // Uniform random inputs and targets in [0, vocab), as the reference script
 // draws them. Token (step, row, position) depends only on the seed.

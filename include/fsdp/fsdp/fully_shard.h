@@ -86,10 +86,27 @@ class FSDPModule : public nn::ModuleHooks {
 
   // The sharded parameters and gradients of every FSDP module under this one,
   // one flat buffer pair per group, for the optimizer.
-  std::vector<nn::ParamGroup> param_groups(double weight_decay);
+  // decay_1d = false: 1-D parameters (norms, biases) get no weight decay.
+  std::vector<nn::ParamGroup> param_groups(double weight_decay, bool decay_1d = true);
   void zero_grad();
   // Parameter name -> its Shard(0) DTensor (the unpadded local shard).
   std::vector<std::pair<std::string, dist::DTensor>> sharded_parameters();
+  // Where each parameter's local shard lives, in named_parameters() order:
+  // `group` indexes param_groups() (and so the optimizer's state), `offset`
+  // is the shard's start in that group's flat buffer.
+  struct ShardInfo {
+    std::string name;
+    Shape global_shape;
+    int64_t local_begin = 0, local_rows = 0;  // rows of dim 0 this rank holds
+    size_t group = 0;
+    int64_t offset = 0;
+  };
+  std::vector<ShardInfo> shard_infos();
+  // This rank's place on the shard dim, and whether it is the first replica (HSDP).
+  int shard_rank() const;
+  int shard_count() const;
+  bool first_replica() const;
+
   // Bytes this rank holds for sharded parameters and gradients (padding included).
   int64_t sharded_bytes() const;
   // Cumulative seconds: spent in this mesh's all-gathers and reduce-scatters

@@ -4,6 +4,9 @@
 // them) can use it without breaking the layer order.
 #pragma once
 
+#include <utility>
+#include <vector>
+
 #include "fsdp/core/tensor.h"
 
 namespace fsdp::nn {
@@ -11,6 +14,9 @@ namespace fsdp::nn {
 struct ParamGroup {
   Tensor params, grads;
   double weight_decay = 0.01;
+  // [offset, offset + count) ranges that get no weight decay (1-D parameters
+  // under --wd-2d-only); empty: the whole buffer decays.
+  std::vector<std::pair<int64_t, int64_t>> no_decay = {};
 };
 
 }  // namespace fsdp::nn

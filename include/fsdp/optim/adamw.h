@@ -23,6 +23,11 @@ class AdamW {
   void set_lr(double lr) { hyper_.lr = lr; }
   double lr() const { return hyper_.lr; }
   int64_t step_count() const { return step_; }
+  void set_step_count(int64_t step) { step_ = step; }
+  // The first and second moments of group i (same layout as its params).
+  const Tensor& exp_avg(size_t i) const { return exp_avg_.at(i); }
+  const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
+  size_t num_groups() const { return groups_.size(); }
   // Bytes of optimizer state (exp_avg and exp_avg_sq of every group).
   int64_t state_bytes() const;
 

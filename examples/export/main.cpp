@@ -1,0 +1,69 @@
+// fsdp-export: a sharded checkpoint -> one consolidated file for other tools.
+//   fsdp-export --ckpt D [--out model.safetensors] [--dtype f32|bf16|f16]
+//       the seed architecture keeps PyTorch's state_dict names; the llama
+//       architecture takes Hugging Face's LlamaForCausalLM names and gets a
+//       config.json beside the file (--names ours keeps ours)
+//   fsdp-export --ckpt D --gguf model.gguf [--dtype ...]   GGUF v3 for llama.cpp
+// D is a checkpoint directory (step_NNNNNNNN) or a --ckpt-dir, whose newest is taken.
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/checkpoint/interchange.h"
+
+int main(int argc, char** argv) {
+  using namespace fsdp;
+  std::string ckpt, out, gguf, dtype_s = "f32", names = "auto";
+  CLI::App app{"fsdp-export: consolidate a sharded checkpoint into safetensors or GGUF", "fsdp-export"};
+  app.add_option("--ckpt", ckpt, "checkpoint directory, or a --ckpt-dir (its newest checkpoint)")->required();
+  app.add_option("--out", out, "safetensors file to write");
+  app.add_option("--gguf", gguf, "GGUF v3 file to write (llama architecture)");
+  app.add_option("--dtype", dtype_s, "tensor dtype: f32, bf16 or f16")->capture_default_str();
+  app.add_option("--names", names, "safetensors names: auto (PyTorch for seed, Hugging Face for llama) or ours")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    FSDP_CHECK(!out.empty() || !gguf.empty(), "[fsdp-export] give --out FILE.safetensors or --gguf FILE.gguf");
+    FSDP_CHECK(names == "auto" || names == "ours", "[fsdp-export] --names must be auto or ours, got '{}'", names);
+    const DType dtype = parse_dtype(dtype_s);
+    FSDP_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
+               "[fsdp-export] --dtype must be f32, bf16 or f16, got {}", dtype_s);
+    std::string path = ckpt;
+    if (!std::filesystem::exists(std::filesystem::path(ckpt) / "metadata.json")) {
+      path = checkpoint::latest(ckpt);
+      FSDP_CHECK(!path.empty(), "[fsdp-export] no checkpoint in '{}'", ckpt);
+    }
+    fmt::print("export: reading {}\n", path);
+    for (const std::string& f : {out, gguf})
+      if (!f.empty() && std::filesystem::path(f).has_parent_path())
+        std::filesystem::create_directories(std::filesystem::path(f).parent_path());
+    nn::MiniLLMConfig cfg;
+    auto tensors = checkpoint::consolidate(path, &cfg);
+    fmt::print("export: {} tensors, {} {} layers dim {}\n", tensors.size(), nn::arch_name(cfg.arch), cfg.layers, cfg.dim);
+    if (!out.empty()) {
+      auto named = cfg.arch == nn::Arch::llama && names == "auto" ? checkpoint::to_hf_llama(cfg, tensors) : tensors;
+      for (auto& [n, t] : named) t = t.contiguous().to(dtype);
+      const std::string config = nlohmann::json{{"arch", nn::arch_name(cfg.arch)}, {"vocab", cfg.vocab},
+                                                {"dim", cfg.dim}, {"layers", cfg.layers}, {"heads", cfg.heads},
+                                                {"ffn_hidden", cfg.resolved_ffn_hidden()}, {"seq", cfg.seq}}
+                                     .dump();
+      checkpoint::save_safetensors(out, named, {{"format", "pt"}, {"fsdp.config", config}});
+      fmt::print("export: wrote {} ({} tensors, {})\n", out, named.size(), dtype_name(dtype));
+      if (cfg.arch == nn::Arch::llama && names == "auto") {
+        const auto cj = std::filesystem::path(out).parent_path() / "config.json";
+        std::ofstream(cj) << checkpoint::hf_llama_config_json(cfg, dtype) << "\n";
+        fmt::print("export: wrote {}\n", cj.string());
+      }
+    }
+    if (!gguf.empty()) {
+      checkpoint::write_gguf(gguf, cfg, tensors, dtype);
+      fmt::print("export: wrote {} (GGUF v3, {})\n", gguf, dtype_name(dtype));
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "fsdp-export: error: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,46 @@
+// Sharded checkpoints of a fully_shard'ed model and its AdamW state.
+//
+//   D/step_00000100/metadata.json         global shape, dtype, placement and the
+//                                          row chunk of every shard file, the run's
+//                                          config, the step (= data position and
+//                                          RNG state: both are functions of seed and
+//                                          step) and a checksum per file
+//   D/step_00000100/shard_00000.safetensors  param/<name>, exp_avg/<name>,
+//                                          exp_avg_sq/<name>: this shard's rows
+//
+// Each rank of the first replica writes its own shard file into
+// D/.tmp_step_00000100, every file is fsynced, rank 0 writes the metadata
+// last and renames the directory: a crash leaves a .tmp directory that
+// latest() ignores, never a half-written checkpoint that looks whole.
+// Loading at another world size reads, for each parameter, the rows this
+// rank now owns from whichever old shard files hold them.
+#pragma once
+
+#include <string>
+
+#include "fsdp/dist/process_group.h"
+#include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/optim/adamw.h"
+
+namespace fsdp::checkpoint {
+
+// Collective over `world`. `config_json` is a JSON object describing the run;
+// its model fields are checked on load. Keeps the newest `keep` checkpoints (0: all).
+void save(const std::string& dir, int64_t step, FSDPModule& root, optim::AdamW& opt, const std::string& config_json,
+          int keep, const std::shared_ptr<dist::ProcessGroup>& world);
+
+// The newest complete checkpoint directory in `dir`, or "" when there is none.
+std::string latest(const std::string& dir);
+
+struct Loaded {
+  int64_t step = 0;
+  std::string config_json;
+};
+// Loads `path` into root's shards and the optimizer's state, resharding as
+// needed. Refuses, naming the file and the problem: a missing shard file, a
+// checksum that does not match (truncated or corrupted), and a model config
+// (`model_keys` of config_json) that differs from the checkpoint's.
+Loaded load(const std::string& path, FSDPModule& root, optim::AdamW& opt, const std::string& config_json,
+            const std::vector<std::string>& model_keys);
+
+}  // namespace fsdp::checkpoint

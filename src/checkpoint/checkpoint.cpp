@@ -1,0 +1,237 @@
+// Sharded checkpoint save/load with resharding.
+#include "fsdp/checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "fsdp/checkpoint/safetensors.h"
+#include "fsdp/core/env.h"
+#include "fsdp/dist/placement.h"
+
+namespace fsdp::checkpoint {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string step_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+std::string shard_file(int shard) { return fmt::format("shard_{:05d}.safetensors", shard); }
+
+void fsync_path(const fs::path& p, bool directory) {
+  int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void barrier(const std::shared_ptr<dist::ProcessGroup>& world) {
+  if (world && world->size() > 1) world->barrier()->wait();
+}
+
+// Rows [begin, begin + len) of a shard buffer `flat` at `offset` with row width `row`, shaped like the parameter.
+Tensor rows_view(const Tensor& flat, int64_t offset, int64_t rows, const Shape& global) {
+  const int64_t row = global[0] ? shape_numel(global) / global[0] : 0;
+  Shape s = global;
+  s[0] = rows;
+  return flat.slice(offset, offset + rows * row).view(s);
+}
+
+}  // namespace
+
+void save(const std::string& dir, int64_t step, FSDPModule& root, optim::AdamW& opt, const std::string& config_json,
+          int keep, const std::shared_ptr<dist::ProcessGroup>& world) {
+  const int rank = world ? world->rank() : 0;
+  const fs::path final_dir = fs::path(dir) / step_name(step);
+  const fs::path tmp = fs::path(dir) / (".tmp_" + step_name(step));
+  if (rank == 0) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    FSDP_CHECK(!ec, "[checkpoint] cannot create '{}': {}", dir, ec.message());
+    fs::remove_all(tmp, ec);  // a crashed earlier attempt
+    fs::create_directories(tmp, ec);
+    FSDP_CHECK(!ec, "[checkpoint] cannot create '{}': {}", tmp.string(), ec.message());
+  }
+  barrier(world);
+
+  auto infos = root.shard_infos();
+  auto groups = root.param_groups(0);
+  const int shard = root.shard_rank(), shards = root.shard_count();
+  std::string checksum;
+  if (root.first_replica()) {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    const double slow_ms = env_double("FSDP_CKPT_SLOW_WRITE_MS");
+    for (const auto& in : infos) {
+      tensors.emplace_back("param/" + in.name, rows_view(groups[in.group].params, in.offset, in.local_rows, in.global_shape));
+      tensors.emplace_back("exp_avg/" + in.name, rows_view(opt.exp_avg(in.group), in.offset, in.local_rows, in.global_shape));
+      tensors.emplace_back("exp_avg_sq/" + in.name,
+                           rows_view(opt.exp_avg_sq(in.group), in.offset, in.local_rows, in.global_shape));
+    }
+    if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(int64_t(slow_ms)));  // tests: a window to kill in
+    const fs::path file = tmp / shard_file(shard);
+    save_safetensors(file.string(), tensors, {{"shard", std::to_string(shard)}});
+    checksum = file_checksum(file.string());
+  }
+  // Rank 0 gathers each shard's checksum (16 hex digits) and writes the metadata.
+  std::vector<char> mine(16, '0');
+  std::copy(checksum.begin(), checksum.end(), mine.begin());
+  const int n = world ? world->size() : 1;
+  Tensor my_t = Tensor::empty({16}, DType::i32);
+  for (int i = 0; i < 16; ++i) my_t.data<int32_t>()[i] = mine[size_t(i)];
+  Tensor all_t = Tensor::empty({16 * int64_t(n)}, DType::i32);
+  Tensor shard_t = Tensor::full({1}, double(root.first_replica() ? shard : -1), DType::i32);
+  Tensor shards_t = Tensor::empty({n}, DType::i32);
+  if (world && n > 1) {
+    const Device d = world->device();
+    Tensor a = all_t.to(d), s = shards_t.to(d);
+    world->all_gather_into_tensor(a, my_t.to(d))->wait();
+    world->all_gather_into_tensor(s, shard_t.to(d))->wait();
+    all_t = a.to(Device::cpu());
+    shards_t = s.to(Device::cpu());
+  } else {
+    all_t = my_t;
+    shards_t = shard_t;
+  }
+  if (rank == 0) {
+    json meta;
+    meta["format"] = "fsdp.cpp-checkpoint/1";
+    meta["step"] = step;
+    meta["optimizer_step"] = opt.step_count();
+    meta["shards"] = shards;
+    meta["config"] = json::parse(config_json);
+    json files = json::object();
+    for (int r = 0; r < n; ++r) {
+      const int s = shards_t.data<int32_t>()[r];
+      if (s < 0) continue;
+      std::string c;
+      for (int i = 0; i < 16; ++i) c.push_back(char(all_t.data<int32_t>()[16 * r + i]));
+      files[shard_file(s)] = {{"checksum", c}};
+    }
+    meta["files"] = files;
+    json tensors = json::object();
+    for (const auto& in : infos) {
+      json chunks = json::array();
+      for (int s = 0; s < shards; ++s) {
+        auto [b, len] = dist::chunk_range(in.global_shape[0], shards, s);
+        chunks.push_back({b, len});
+      }
+      tensors[in.name] = {{"shape", in.global_shape},
+                          {"dtype", std::string(dtype_name(groups[in.group].params.dtype()))},
+                          {"placement", "Shard(0)"},
+                          {"chunks", chunks}};
+    }
+    meta["tensors"] = tensors;
+    const fs::path mp = tmp / "metadata.json";
+    {
+      std::ofstream f(mp);
+      f << meta.dump(1) << "\n";
+      FSDP_CHECK(f.good(), "[checkpoint] writing '{}' failed", mp.string());
+    }
+    fsync_path(mp, false);
+    fsync_path(tmp, true);
+    std::error_code ec;
+    fs::remove_all(final_dir, ec);  // an older checkpoint of the same step is replaced whole
+    fs::rename(tmp, final_dir, ec);
+    FSDP_CHECK(!ec, "[checkpoint] rename '{}' -> '{}' failed: {}", tmp.string(), final_dir.string(), ec.message());
+    fsync_path(dir, true);
+    if (keep > 0) {
+      std::vector<fs::path> steps;
+      for (auto& e : fs::directory_iterator(dir))
+        if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) steps.push_back(e.path());
+      std::sort(steps.begin(), steps.end());
+      for (size_t i = 0; i + size_t(keep) < steps.size(); ++i) fs::remove_all(steps[i], ec);
+    }
+  }
+  barrier(world);
+}
+
+std::string latest(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return "";
+  std::vector<fs::path> steps;
+  for (auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0 &&
+        fs::exists(e.path() / "metadata.json"))
+      steps.push_back(e.path());
+  if (steps.empty()) return "";
+  std::sort(steps.begin(), steps.end());
+  return steps.back().string();
+}
+
+Loaded load(const std::string& path, FSDPModule& root, optim::AdamW& opt, const std::string& config_json,
+            const std::vector<std::string>& model_keys) {
+  const fs::path dir(path);
+  const fs::path mp = dir / "metadata.json";
+  FSDP_CHECK(fs::exists(mp), "[checkpoint] {} has no metadata.json (not a checkpoint, or an unfinished one)", path);
+  json meta;
+  try {
+    std::ifstream f(mp);
+    f >> meta;
+  } catch (const json::exception& e) {
+    FSDP_FAIL("[checkpoint] {}: metadata.json is not valid JSON: {}", path, e.what());
+  }
+  FSDP_CHECK(meta.value("format", "") == "fsdp.cpp-checkpoint/1", "[checkpoint] {}: unknown format '{}'", mp.string(),
+             meta.value("format", ""));
+  const json want = json::parse(config_json);
+  for (const std::string& k : model_keys) {
+    const json have = meta["config"].value(k, json());
+    FSDP_CHECK(have == want.value(k, json()), "[checkpoint] {} was saved with {} {} but this run has {} {}", path, k,
+               have.dump(), k, want.value(k, json()).dump());
+  }
+  const int old_shards = meta["shards"].get<int>();
+  for (int s = 0; s < old_shards; ++s) {
+    const fs::path file = dir / shard_file(s);
+    FSDP_CHECK(fs::exists(file), "[checkpoint] {} is missing {} (the checkpoint was written by {} shards)", path,
+               shard_file(s), old_shards);
+  }
+
+  auto infos = root.shard_infos();
+  auto groups = root.param_groups(0);
+  std::map<int, std::unique_ptr<SafetensorsIndex>> open;  // old shard files this rank reads, checked once
+  auto shard_index = [&](int s) -> SafetensorsIndex& {
+    auto& idx = open[s];
+    if (!idx) {
+      const fs::path file = dir / shard_file(s);
+      const std::string expect = meta["files"].value(shard_file(s), json::object()).value("checksum", "");
+      const std::string got = file_checksum(file.string());
+      FSDP_CHECK(got == expect, "[checkpoint] {}: checksum {} does not match the metadata's {} (truncated or corrupted)",
+                 file.string(), got, expect);
+      idx = std::make_unique<SafetensorsIndex>(file.string());
+    }
+    return *idx;
+  };
+  for (const auto& in : infos) {
+    FSDP_CHECK(meta["tensors"].contains(in.name), "[checkpoint] {} has no tensor '{}'", path, in.name);
+    const json& t = meta["tensors"][in.name];
+    FSDP_CHECK(t["shape"].get<Shape>() == in.global_shape, "[checkpoint] {}: '{}' has shape {} but the model has {}",
+               path, in.name, shape_str(t["shape"].get<Shape>()), shape_str(in.global_shape));
+    const int64_t row = in.global_shape[0] ? shape_numel(in.global_shape) / in.global_shape[0] : 0;
+    const int64_t my_b = in.local_begin, my_e = in.local_begin + in.local_rows;
+    for (int s = 0; s < old_shards; ++s) {
+      const int64_t b = t["chunks"][s][0].get<int64_t>(), len = t["chunks"][s][1].get<int64_t>();
+      const int64_t lo = std::max(b, my_b), hi = std::min(b + len, my_e);
+      if (lo >= hi) continue;
+      SafetensorsIndex& idx = shard_index(s);
+      const std::pair<const char*, Tensor> dst[3] = {{"param/", groups[in.group].params},
+                                                     {"exp_avg/", opt.exp_avg(in.group)},
+                                                     {"exp_avg_sq/", opt.exp_avg_sq(in.group)}};
+      for (const auto& [prefix, flat] : dst) {
+        Tensor src = idx.read(prefix + in.name);
+        const int64_t at = in.offset + (lo - my_b) * row;
+        flat.slice(at, at + (hi - lo) * row).copy_(src.reshape({-1}).slice((lo - b) * row, (hi - b) * row));
+      }
+    }
+  }
+  opt.set_step_count(meta.value("optimizer_step", int64_t(0)));
+  return {meta["step"].get<int64_t>(), meta["config"].dump()};
+}
+
+}  // namespace fsdp::checkpoint

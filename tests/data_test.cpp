@@ -1,0 +1,56 @@
+// Token sources: the rows of a global batch split over ranks are disjoint and
+// cover it exactly, in the same order at every world size; epochs wrap;
+// llm.c shards round-trip and bad ones are named.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <set>
+#include <unistd.h>
+
+#include "fsdp/data/text_dataset.h"
+
+namespace fsdp::data {
+namespace {
+
+TEST(Batches, RanksCoverTheGlobalBatchDisjointly) {
+  std::vector<int32_t> tokens(1000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i);
+  TokenStream s(tokens, "iota", 8);
+  const int64_t G = 12, T = 8;
+  for (int64_t N : {1, 2, 3, 4}) {
+    std::multiset<int32_t> starts;
+    for (int64_t r = 0; r < N; ++r) {
+      Batch b = s.batch(5, G, r * (G / N), G / N, T);
+      for (int64_t row = 0; row < G / N; ++row) {
+        starts.insert(b.inputs.data<int32_t>()[row * T]);
+        EXPECT_EQ(b.targets.data<int32_t>()[row * T], (b.inputs.data<int32_t>()[row * T] + 1) % 1000);
+      }
+    }
+    std::multiset<int32_t> want;
+    for (int64_t g = 0; g < G; ++g) want.insert(int32_t(((5 * G + g) * T) % 1000));
+    EXPECT_EQ(starts, want) << N << " ranks";  // disjoint (no repeats) and complete
+  }
+  Batch wrap = s.batch(100, G, 0, 1, T);  // past the end: the epoch wraps
+  EXPECT_EQ(wrap.inputs.data<int32_t>()[0], int32_t((100 * G * T) % 1000));
+}
+
+TEST(Shards, RoundTripAndErrors) {
+  const auto dir = std::filesystem::path(::testing::TempDir()) / ("fsdp_shards_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  write_bin_shard((dir / "a.bin").string(), {1, 2, 3, 4, 5});
+  write_bin_shard((dir / "b.bin").string(), {6, 7, 8});
+  auto s = open_token_stream(dir.string(), 256, 4);
+  EXPECT_EQ(s->tokens(), (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  auto g = open_token_stream((dir / "*.bin").string(), 256, 4);
+  EXPECT_EQ(g->tokens().size(), 8u);
+  EXPECT_THROW(open_token_stream(dir.string(), 8, 4), Error);  // id 8 is not below vocab 8
+  auto [train, val] = s->split_tail(0.25, 1);
+  EXPECT_EQ(train->tokens().size(), 6u);
+  EXPECT_EQ(val->tokens(), (std::vector<int32_t>{7, 8}));
+  EXPECT_THROW(open_token_stream((dir / "none*.bin").string(), 256, 4), Error);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace fsdp::data
