@@ -35,11 +35,22 @@ fi
 "$bin" --preset tiny --dim 64 --layers 1 --heads 4 --seq 32 --batch 2 --steps 2 --threads 2 > "$work/rand.out" 2>&1 \
   && [ "$(grep -cE "$line_re" "$work/rand.out")" -eq 2 ] && ok || bad "random-token run: $(cat "$work/rand.out")"
 
+# 2b. --profile-steps writes a Chrome trace that parses and a key-averages table.
+if "$bin" --preset tiny --dim 64 --layers 1 --heads 4 --seq 32 --batch 2 --steps 3 --threads 2 --profile-steps 1:2 \
+  --profile-dir "$work/prof" > "$work/prof.out" 2>&1; then
+  python3 -c "import json,sys; e=json.load(open(sys.argv[1]))['traceEvents']; assert any(x.get('name')=='linear' for x in e)" \
+    "$work/prof/trace_rank0.json" && ok || bad "the trace does not parse or has no linear op"
+  grep -q "Self CPU time total" "$work/prof/table_rank0.txt" && grep -q "^overlap |" "$work/prof/table_rank0.txt" \
+    && ok || bad "no key-averages table"
+else
+  bad "profiling run failed: $(tail -3 "$work/prof.out")"
+fi
+
 # 3. --help lists the flags the later issues rely on.
 if "$bin" --help > "$work/help.out" 2>&1; then
   for f in --preset --arch --vocab --dim --layers --heads --seq --batch --steps --lr --seed --dtype --threads --data \
     --warmup-steps --lr-decay --min-lr --wd-2d-only --grad-clip --eval-every --ckpt-dir --ckpt-every --keep --resume \
-    --init-from --log-file; do
+    --init-from --log-file --profile-steps --profile-dir; do
     grep -q -- "$f" "$work/help.out" && ok || bad "--help does not list $f"
   done
 else
@@ -80,6 +91,7 @@ expect_fail "--grad-accum must be >= 1, got 0" --preset tiny --grad-accum 0 --st
 expect_fail "--reshard-after-forward" --preset tiny --reshard-after-forward maybe --steps 1
 expect_fail "--lr-decay must be none, cosine or linear, got 'step'" --preset tiny --lr-decay step --steps 1
 expect_fail "--resume needs --ckpt-dir" --preset tiny --resume --steps 1
+expect_fail "--profile-steps '3' must be A:B" --preset tiny --profile-steps 3 --steps 1
 expect_fail "no tensor named" --preset tiny --steps 1 --init-from "$work/empty.safetensors"
 expect_fail "cannot open" --preset tiny --steps 1 --init-from "$work/missing.safetensors"
 

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -37,6 +38,7 @@
 #include "fsdp/ops/peak.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/clip.h"
+#include "fsdp/profiler/profiler.h"
 
 namespace {
 
@@ -78,6 +80,7 @@ struct Options {
   bool resume = false;
   std::string init_from;
   std::string log_file;
+  std::string profile_steps, profile_dir = "profile";
 };
 
 // Learning rate at `step`: linear warmup to --lr over --warmup-steps, then
@@ -346,9 +349,43 @@ int run(const Options& o, World& w) {
     FSDP_CHECK(log_file.good(), "[fsdp-train] cannot write --log-file '{}'", o.log_file);
   }
 
+  int64_t prof_begin = -1, prof_end = -1;
+  if (!o.profile_steps.empty()) {
+    const auto colon = o.profile_steps.find(':');
+    try {
+      FSDP_CHECK(colon != std::string::npos, "");
+      prof_begin = std::stoll(o.profile_steps.substr(0, colon));
+      prof_end = std::stoll(o.profile_steps.substr(colon + 1));
+    } catch (const std::exception&) {
+      FSDP_FAIL("[fsdp-train] --profile-steps '{}' must be A:B, the steps [A, B) to profile", o.profile_steps);
+    }
+    FSDP_CHECK(prof_begin >= 0 && prof_end > prof_begin, "[fsdp-train] --profile-steps '{}': need 0 <= A < B",
+               o.profile_steps);
+  }
+  std::unique_ptr<profiler::Profiler> prof;
+  auto finish_profile = [&] {
+    if (!prof) return;
+    prof->stop();
+    std::filesystem::create_directories(o.profile_dir);
+    const std::string trace = fmt::format("{}/trace_rank{}.json", o.profile_dir, w.rank);
+    prof->export_chrome_trace(trace);
+    const std::string table = prof->key_averages().table("cpu_time_total", 15) + prof->overlap_summary() + "\n";
+    std::ofstream(fmt::format("{}/table_rank{}.txt", o.profile_dir, w.rank)) << table;
+    if (w.main()) fmt::print("profile: steps {}:{} -> {} (and the other ranks')\n{}", prof_begin, prof_end, trace, table);
+    prof.reset();
+  };
+
   const int64_t B = cfg.batch, T = cfg.seq, global_rows = B * w.size;
   const int64_t tokens_per_step = global_rows * T * o.grad_accum;
   for (int64_t step = start_step; step < o.steps; ++step) {
+    if (step == prof_begin) {
+      std::vector<profiler::Activity> acts = {profiler::Activity::CPU};
+      if (device.is_cuda()) acts.push_back(profiler::Activity::CUDA);
+      prof = std::make_unique<profiler::Profiler>(profiler::ProfilerOptions{
+          .activities = acts, .record_shapes = true, .profile_memory = true, .rank = w.rank});
+      prof->start();
+    }
+    if (step == prof_end) finish_profile();
     auto t0 = std::chrono::steady_clock::now();
     opt.set_lr(lr_at(o, step));
     const auto [comm0, exposed0] = comm_now();
@@ -432,6 +469,7 @@ int run(const Options& o, World& w) {
     }
   }
 
+  finish_profile();
   if (o.steps > 0) {
     // Means over the steps after the first; communication as rank 0 saw it.
     const double n = double(std::max<int64_t>(1, o.steps > 1 ? o.steps - 1 : 1));
@@ -525,6 +563,8 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", o.resume, "continue from the newest checkpoint in --ckpt-dir");
   app.add_option("--init-from", o.init_from, "initialise from full weights in a safetensors file");
   app.add_option("--log-file", o.log_file, "append one JSON object per step to this file");
+  app.add_option("--profile-steps", o.profile_steps, "profile steps A:B (A included, B not), e.g. 3:5");
+  app.add_option("--profile-dir", o.profile_dir, "where the trace and table of each rank go")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -11,6 +11,7 @@
 
 #include "fsdp/core/env.h"
 #include "fsdp/core/error.h"
+#include "fsdp/core/trace.h"
 
 namespace fsdp {
 
@@ -52,11 +53,13 @@ class CpuAllocator final : public Allocator {
     while (now > prev && !peak_.compare_exchange_weak(prev, now)) {
     }
     allocations_.fetch_add(1);
+    if (trace::recording_memory()) count(now);
     return p;
   }
 
   void deallocate(void* ptr, size_t nbytes) override {
-    current_.fetch_sub(int64_t(nbytes));
+    const int64_t now = current_.fetch_sub(int64_t(nbytes)) - int64_t(nbytes);
+    if (trace::recording_memory()) count(now);
     if (nbytes >= kCacheMin && ptr) {
       const size_t rounded = round_up(nbytes);
       std::lock_guard<std::mutex> lock(mu_);
@@ -80,6 +83,16 @@ class CpuAllocator final : public Allocator {
   }
 
  private:
+  static void count(int64_t bytes) {
+    trace::Record r;
+    r.kind = trace::Kind::counter;
+    r.name = "memory";
+    r.device = "cpu";
+    r.tid = trace::thread_id();
+    r.begin_ns = r.end_ns = trace::now_ns();
+    r.value = bytes;
+    trace::add(std::move(r));
+  }
   static size_t round_up(size_t n) { return (n + 4095) / 4096 * 4096; }
   static int64_t cache_limit() {
     static const int64_t limit = int64_t(env_double("FSDP_CPU_CACHE_MB") * 1048576.0);

@@ -2,6 +2,7 @@
 #include "fsdp/core/stream.h"
 
 #include "fsdp/core/error.h"
+#include "fsdp/core/trace.h"
 
 namespace fsdp {
 
@@ -50,6 +51,7 @@ std::shared_ptr<Event> CpuStream::enqueue(std::function<void()> task) {
 }
 
 void CpuStream::loop() {
+  trace::set_thread_name(name_);
   for (;;) {
     std::pair<std::function<void()>, std::shared_ptr<Event>> item;
     {

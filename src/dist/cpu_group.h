@@ -27,9 +27,10 @@ class CpuProcessGroup final : public ProcessGroup {
   std::shared_ptr<ProcessGroup> split(int color, int key) override;
   std::thread::id comm_thread_id() const override;
   double comm_seconds() const override { return stream_->busy_seconds(); }
+  void set_label(const std::string& label) override;
 
  private:
-  std::shared_ptr<Work> submit(const std::string& what, std::function<void()> fn);
+  std::shared_ptr<Work> submit(const std::string& what, double bytes, std::function<void()> fn);
   void check_signature(const char* op, DType dtype, int64_t a, int64_t b);
 
   std::unique_ptr<Backend> be_;

@@ -66,7 +66,10 @@ std::shared_ptr<ProcessGroup> DeviceMesh::group(int dim) const {
 
 std::shared_ptr<ProcessGroup> DeviceMesh::stream_group(int dim, int index) const {
   auto& g = stream_groups_[{dim, index}];
-  if (!g) g = group(dim)->split(0, group(dim)->rank());
+  if (!g) {
+    g = group(dim)->split(0, group(dim)->rank());
+    g->set_label(fmt::format("{} stream {}", names_[size_t(dim)], index));
+  }
   return g;
 }
 

@@ -188,6 +188,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
   } else {
     w.group = std::make_shared<CpuProcessGroup>(make_local_backend());
   }
+  w.group->set_label("world");
   w.info = info;
   return w.group;
 }

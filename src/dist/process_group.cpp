@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "fsdp/core/env.h"
+#include "fsdp/core/trace.h"
 #include "kernels/cpu/dispatch.h"
 #include "src/dist/backend.h"
 #include "src/dist/cpu_group.h"
@@ -87,8 +88,19 @@ int CpuProcessGroup::size() const { return be_->size(); }
 std::string CpuProcessGroup::backend() const { return be_->name(); }
 std::thread::id CpuProcessGroup::comm_thread_id() const { return stream_->thread_id(); }
 
-std::shared_ptr<Work> CpuProcessGroup::submit(const std::string& what, std::function<void()> fn) {
-  auto task = [this, what, fn = std::move(fn)] {
+void CpuProcessGroup::set_label(const std::string& label) {
+  const std::string name = fmt::format("{} {} (rank {} of {})", be_->name(), label, be_->rank(), be_->size());
+  stream_->enqueue([name] { trace::set_thread_name(name); });
+}
+
+std::shared_ptr<Work> CpuProcessGroup::submit(const std::string& what, double bytes, std::function<void()> fn) {
+  auto task = [this, what, bytes, fn = std::move(fn)] {
+    const std::string label = be_->name() + ":" + what;
+    trace::Scope prof(label.c_str(), trace::Kind::collective);
+    if (prof.on()) {
+      prof.set("", "", 0, bytes, "cpu");
+      prof.set_detail(fmt::format("{} group of {} (rank {})", be_->name(), be_->size(), be_->rank()));
+    }
     try {
       fn();
     } catch (const Error&) {
@@ -128,7 +140,7 @@ std::shared_ptr<Work> CpuProcessGroup::all_gather_into_tensor(const Tensor& out,
              out.numel(), in.numel() * size(), size(), in.numel());
   FSDP_CHECK(out.is_contiguous(), "[{}] output must be contiguous", op);
   Tensor src = in.contiguous();
-  return submit(op, [=, this] {
+  return submit(op, double(out.nbytes()), [=, this] {
     check_signature(op, in.dtype(), in.numel(), 0);
     be_->all_gather(src.raw_data(), out.raw_data(), src.nbytes());
   });
@@ -148,7 +160,7 @@ std::shared_ptr<Work> CpuProcessGroup::reduce_scatter_tensor(const Tensor& out, 
   // Engines reduce f32/f64/i32/i64; narrow types are reduced in f32.
   const bool narrow = is_narrow(in.dtype());
   Tensor src = narrow ? in.to(DType::f32) : in.contiguous();
-  return submit(op, [=, this] {
+  return submit(op, double(in.nbytes()), [=, this] {
     check_signature(op, in.dtype(), out.numel(), int64_t(rop));
     Tensor dst = narrow ? Tensor::empty(out.shape(), DType::f32) : out;
     be_->reduce_scatter_sum(src.raw_data(), dst.raw_data(), size_t(out.numel()), src.dtype());
@@ -164,7 +176,7 @@ std::shared_ptr<Work> CpuProcessGroup::all_reduce(const Tensor& t, ReduceOp rop)
   FSDP_CHECK(rop == ReduceOp::SUM || is_floating(t.dtype()), "[{}] AVG needs a floating dtype, got {}", op,
              dtype_name(t.dtype()));
   const bool narrow = is_narrow(t.dtype());
-  return submit(op, [=, this] {
+  return submit(op, double(t.nbytes()), [=, this] {
     check_signature(op, t.dtype(), t.numel(), int64_t(rop));
     Tensor buf = narrow ? t.to(DType::f32) : t;
     be_->all_reduce_sum(buf.raw_data(), size_t(buf.numel()), buf.dtype());
@@ -178,7 +190,7 @@ std::shared_ptr<Work> CpuProcessGroup::broadcast(const Tensor& t, int root) {
   check_cpu_tensor(op, t, "tensor");
   FSDP_CHECK(t.is_contiguous(), "[{}] tensor must be contiguous", op);
   FSDP_CHECK(root >= 0 && root < size(), "[{}] root {} is not a rank of this group of {}", op, root, size());
-  return submit(op, [=, this] {
+  return submit(op, double(t.nbytes()), [=, this] {
     check_signature(op, t.dtype(), t.numel(), root);
     be_->broadcast(t.raw_data(), t.nbytes(), root);
   });
@@ -194,14 +206,14 @@ std::shared_ptr<Work> CpuProcessGroup::all_to_all_single(const Tensor& out, cons
   FSDP_CHECK(in.numel() % size() == 0, "[{}] {} elements do not split into {} equal blocks", op, in.numel(), size());
   FSDP_CHECK(out.is_contiguous(), "[{}] output must be contiguous", op);
   Tensor src = in.contiguous();
-  return submit(op, [=, this] {
+  return submit(op, double(in.nbytes()), [=, this] {
     check_signature(op, in.dtype(), in.numel(), 0);
     be_->all_to_all(src.raw_data(), out.raw_data(), src.nbytes() / size_t(size()));
   });
 }
 
 std::shared_ptr<Work> CpuProcessGroup::barrier() {
-  return submit("barrier", [this] {
+  return submit("barrier", 0, [this] {
     check_signature("barrier", DType::i32, 0, 0);
     be_->barrier();
   });
@@ -210,7 +222,7 @@ std::shared_ptr<Work> CpuProcessGroup::barrier() {
 std::shared_ptr<ProcessGroup> CpuProcessGroup::split(int color, int key) {
   std::unique_ptr<Backend> sub;
   const int seq = split_seq_++;
-  auto work = submit("split", [&, this] {
+  auto work = submit("split", 0, [&, this] {
     const int64_t mine[2] = {color, key};
     std::vector<int64_t> all(size_t(2 * size()));
     be_->all_gather(mine, all.data(), sizeof(mine));

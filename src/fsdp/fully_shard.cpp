@@ -19,6 +19,7 @@
 #include <map>
 #include <mutex>
 
+#include "fsdp/core/trace.h"
 #include "fsdp/nn/init.h"
 #include "fsdp/ops/ops.h"
 
@@ -30,6 +31,7 @@ std::atomic<int64_t> exposed_ns{0};  // compute thread blocked on FSDP collectiv
 
 // Waits for a work item and counts the time as exposed communication.
 void timed_wait(const std::shared_ptr<dist::Work>& w) {
+  trace::Scope prof("FSDP::wait", trace::Kind::annotation);
   const auto t0 = std::chrono::steady_clock::now();
   w->wait();
   exposed_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
@@ -39,7 +41,7 @@ std::mutex log_mu;
 bool log_on = false;
 std::vector<std::string> log_events;
 
-void trace(const char* what, const std::string& label) {
+void log_event(const char* what, const std::string& label) {
   if (!log_on) return;
   std::lock_guard<std::mutex> lock(log_mu);
   log_events.push_back(std::string(what) + ":" + label);
@@ -205,11 +207,12 @@ struct FSDPModule::Impl {
     Tensor in = sharded.to(param_dtype);  // copy-in (no copy when the dtypes match)
     ag_out = Tensor::empty({int64_t(N) * G}, param_dtype, sharded.device());
     ag_work = ag_group->all_gather_into_tensor(ag_out, in);
-    trace("ag_issue", label());
+    log_event("ag_issue", label());
   }
 
   void unshard_wait() {
     if (params.empty() || unsharded_ready) return;
+    trace::Scope prof(("FSDP::unshard " + label()).c_str(), trace::Kind::annotation);
     if (direct) {
       for (auto& fp : params) fp.param->data = local_shard(fp).view(fp.param->shape);
       unsharded_ready = true;
@@ -217,7 +220,7 @@ struct FSDPModule::Impl {
     }
     if (!ag_work) unshard_issue();
     timed_wait(ag_work);
-    trace("ag_wait", label());
+    log_event("ag_wait", label());
     unsharded = Tensor::empty({U}, param_dtype, sharded.device());
     std::vector<ops::Segment> copy_out;  // rank k's rows of each parameter, in one launch
     for (auto& fp : params) {
@@ -236,10 +239,11 @@ struct FSDPModule::Impl {
 
   void do_reshard() {
     if (params.empty() || !unsharded_ready) return;
+    trace::Scope prof(("FSDP::reshard " + label()).c_str(), trace::Kind::annotation);
     for (auto& fp : params) fp.param->data = Tensor();
     unsharded = Tensor();  // back to the allocator
     unsharded_ready = false;
-    trace("reshard", label());
+    log_event("reshard", label());
   }
 
   // ---------------------------------------------------------------- gradients
@@ -268,6 +272,7 @@ struct FSDPModule::Impl {
       return;
     }
     grads_kept = false;
+    trace::Scope prof(("FSDP::reduce_scatter " + label()).c_str(), trace::Kind::annotation);
     Tensor in = Tensor::zeros({int64_t(N) * G}, reduce_dtype, sharded.device());
     std::vector<ops::Segment> chunk_cat;  // rank k's rows of each gradient into block k
     for (auto& fp : params)
@@ -280,7 +285,7 @@ struct FSDPModule::Impl {
     Tensor out = Tensor::empty({G}, reduce_dtype, sharded.device());
     Impl* r = root ? root : this;
     r->rs_inflight.push_back({this, {rs_group->reduce_scatter_tensor(out, in, dist::ReduceOp::AVG), out}});
-    trace("rs_issue", label());
+    log_event("rs_issue", label());
     // Keep one reduce-scatter queued behind this one at most: the one issued
     // by the previous group is finished now, while this group's runs during
     // the next group's backward (FSDP2 frees its reduce-scatter buffers the same way).
@@ -293,7 +298,7 @@ struct FSDPModule::Impl {
     auto [s, p] = rs_inflight.front();
     rs_inflight.pop_front();
     timed_wait(p.work);
-    trace("rs_wait", s->label());
+    log_event("rs_wait", s->label());
     if (s->replicate_group) {
       replica_inflight.push_back({s, {s->replicate_group->all_reduce(p.out, dist::ReduceOp::AVG), p.out}});
     } else {
@@ -500,14 +505,14 @@ Tensor FSDPModule::pre_forward(nn::Module&, const Tensor& x) {
   s.unshard_issue();
   for (Impl* t : s.forward_prefetch_targets()) t->unshard_issue();
   s.unshard_wait();
-  trace("fwd_begin", s.label());
+  log_event("fwd_begin", s.label());
   if (s.opt.mp_policy.param_dtype && is_floating(x.dtype()) && x.dtype() != s.param_dtype) return x.to(s.param_dtype);
   return x;
 }
 
 Tensor FSDPModule::post_forward(nn::Module&, const Tensor& y) {
   Impl& s = *impl_;
-  trace("fwd_end", s.label());
+  log_event("fwd_end", s.label());
   s.root->post_fwd_order.push_back(&s);
   if (!s.is_root && s.reshard_after_forward) s.do_reshard();
   if (s.opt.mp_policy.output_dtype && is_floating(y.dtype())) return y.to(*s.opt.mp_policy.output_dtype);
@@ -520,12 +525,12 @@ void FSDPModule::pre_backward(nn::Module&) {
   for (Impl* t : s.backward_prefetch_targets()) t->unshard_issue();
   s.unshard_wait();
   s.prepare_grads();
-  trace("bwd_begin", s.label());
+  log_event("bwd_begin", s.label());
 }
 
 void FSDPModule::post_backward(nn::Module&) {
   Impl& s = *impl_;
-  trace("bwd_end", s.label());
+  log_event("bwd_end", s.label());
   s.reduce_grads();
   if (s.reshard_after_backward) s.do_reshard();
   if (s.is_root) s.finish_backward();
@@ -561,6 +566,8 @@ FSDPModule& fully_shard(nn::Module& module, std::shared_ptr<dist::DeviceMesh> me
     // thread, so a reduce-scatter in flight never delays the next all-gather.
     impl->ag_group = mesh->stream_group(shard_dim, 0);
     impl->rs_group = mesh->stream_group(shard_dim, 1);
+    impl->ag_group->set_label("all-gather");
+    impl->rs_group->set_label("reduce-scatter");
   }
   auto state = std::make_shared<FSDPModule>(std::move(impl));
   module.set_hooks(state);

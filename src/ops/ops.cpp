@@ -4,6 +4,7 @@
 
 #include <initializer_list>
 
+#include "fsdp/core/trace.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/dispatch.h"
 #ifdef FSDP_WITH_CUDA
@@ -63,6 +64,31 @@ class Accum {
   Tensor target_, work_;
 };
 
+std::string shapes_of(std::initializer_list<const Tensor*> ts) {
+  std::string s;
+  for (const Tensor* t : ts) {
+    if (!t->defined()) continue;
+    if (!s.empty()) s += ", ";
+    s += shape_str(t->shape());
+  }
+  return s;
+}
+
+double bytes_of(std::initializer_list<const Tensor*> ts) {
+  double b = 0;
+  for (const Tensor* t : ts)
+    if (t->defined()) b += double(t->nbytes());
+  return b;
+}
+
+// Records the op when the profiler is on: shapes, dtype, FLOPs, and the
+// bytes it must move (inputs plus outputs, `out_bytes` of them written).
+#define FSDP_OP_SCOPE(name, first, inputs, flops, out_bytes)                                                     \
+  trace::Scope prof_scope_(name);                                                                                \
+  if (prof_scope_.on())                                                                                          \
+  prof_scope_.set(shapes_of inputs, std::string(dtype_name((first).dtype())), double(flops),                      \
+                  bytes_of inputs + double(out_bytes), (first).device().str())
+
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b, const char* an, const char* bn) {
   FSDP_CHECK(a.dtype() == b.dtype(), "[{}] {} is {} but {} is {}", op, an, dtype_name(a.dtype()), bn,
              dtype_name(b.dtype()));
@@ -81,6 +107,7 @@ void check_ids(const char* op, const Tensor& ids, int64_t vocab, const char* wha
 // ---------------------------------------------------------------- gemm
 
 void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha, double beta) {
+  FSDP_OP_SCOPE("gemm", a, ({&a, &b, &c}), 2.0 * double(c.numel()) * double(ta ? a.size(0) : a.size(-1)), c.nbytes());
   require_cpu("gemm", {&a, &b, &c});
   FSDP_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "[gemm] needs 2-D tensors, got {} {} {}",
              shape_str(a.shape()), shape_str(b.shape()), shape_str(c.shape()));
@@ -115,6 +142,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 // ---------------------------------------------------------------- linear
 
 Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
+  FSDP_OP_SCOPE("linear", x, ({&x, &w, &b}), 2.0 * double(x.numel()) * double(w.dim() == 2 ? w.size(0) : 0), double(x.numel()) / std::max<int64_t>(x.dim() ? x.size(-1) : 1, 1) * double(w.dim() == 2 ? w.size(0) : 0) * double(dtype_size(x.dtype())));
   require_cpu("linear", {&x, &w, &b});
   FSDP_CHECK(w.dim() == 2, "[linear] weight must be 2-D, got {}", shape_str(w.shape()));
   FSDP_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), "[linear] input {} has last dim {} but weight {} expects {}",
@@ -139,6 +167,7 @@ Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
 }
 
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dw, const Tensor& db) {
+  FSDP_OP_SCOPE("linear_backward", x, ({&dy, &x, &w}), 4.0 * double(x.numel()) * double(w.size(0)), x.nbytes() + w.nbytes());
   require_cpu("linear_backward", {&dy, &x, &w, &dw, &db});
   const int64_t out = w.size(0), in = w.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
   FSDP_CHECK(dy.numel() == rows * out, "[linear_backward] dy {} does not match input {} and weight {}",
@@ -168,6 +197,7 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const
 // ---------------------------------------------------------------- embedding
 
 Tensor embedding_forward(const Tensor& ids, const Tensor& w) {
+  FSDP_OP_SCOPE("embedding", w, ({&ids}), 0, double(ids.numel()) * double(w.dim() == 2 ? w.size(1) : 0) * 2 * double(dtype_size(w.dtype())));
   require_cpu("embedding", {&ids, &w});
   FSDP_CHECK(w.dim() == 2, "[embedding] weight must be [vocab, dim], got {}", shape_str(w.shape()));
   const int64_t vocab = w.size(0), dim = w.size(1);
@@ -190,6 +220,7 @@ Tensor embedding_forward(const Tensor& ids, const Tensor& w) {
 }
 
 void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dw) {
+  FSDP_OP_SCOPE("embedding_backward", dy, ({&dy, &ids}), double(dy.numel()), dy.nbytes());
   require_cpu("embedding_backward", {&dy, &ids, &dw});
   const int64_t dim = dw.size(1);
   FSDP_CHECK(dy.numel() == ids.numel() * dim, "[embedding_backward] dy {} does not match ids {} and dim {}",
@@ -222,6 +253,7 @@ double default_rmsnorm_eps(DType dtype) {
 }
 
 RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps) {
+  FSDP_OP_SCOPE("rmsnorm", x, ({&x, &w}), 4.0 * double(x.numel()), x.nbytes());
   require_cpu("rmsnorm", {&x, &w});
   FSDP_CHECK(w.dim() == 1 && x.dim() >= 1 && x.size(-1) == w.size(0),
              "[rmsnorm] weight {} does not match the last dim of input {}", shape_str(w.shape()),
@@ -240,6 +272,7 @@ RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps) {
 }
 
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dw) {
+  FSDP_OP_SCOPE("rmsnorm_backward", x, ({&dy, &x, &w}), 8.0 * double(x.numel()), x.nbytes());
   require_cpu("rmsnorm_backward", {&dy, &x, &w, &rstd, &dw});
   FSDP_CHECK(dy.shape() == x.shape(), "[rmsnorm_backward] dy {} vs x {}", shape_str(dy.shape()),
              shape_str(x.shape()));
@@ -267,6 +300,7 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
 // ---------------------------------------------------------------- activations
 
 Tensor silu_forward(const Tensor& x) {
+  FSDP_OP_SCOPE("silu", x, ({&x}), 4.0 * double(x.numel()), x.nbytes());
   require_cpu("silu", {&x});
   FSDP_CUDA_DISPATCH(("silu", {&x}), silu_forward(x));
   const DType ct = compute_dtype(x.dtype());
@@ -279,6 +313,7 @@ Tensor silu_forward(const Tensor& x) {
 }
 
 Tensor silu_backward(const Tensor& dy, const Tensor& x) {
+  FSDP_OP_SCOPE("silu_backward", x, ({&dy, &x}), 6.0 * double(x.numel()), x.nbytes());
   require_cpu("silu_backward", {&dy, &x});
   FSDP_CHECK(dy.shape() == x.shape(), "[silu_backward] dy {} vs x {}", shape_str(dy.shape()), shape_str(x.shape()));
   FSDP_CUDA_DISPATCH(("silu_backward", {&dy, &x}), silu_backward(dy, x));
@@ -292,6 +327,7 @@ Tensor silu_backward(const Tensor& dy, const Tensor& x) {
 }
 
 Tensor swiglu_forward(const Tensor& gate, const Tensor& up) {
+  FSDP_OP_SCOPE("swiglu", gate, ({&gate, &up}), 5.0 * double(gate.numel()), gate.nbytes());
   require_cpu("swiglu", {&gate, &up});
   FSDP_CHECK(gate.shape() == up.shape(), "[swiglu] gate {} vs up {}", shape_str(gate.shape()),
              shape_str(up.shape()));
@@ -306,6 +342,7 @@ Tensor swiglu_forward(const Tensor& gate, const Tensor& up) {
 }
 
 std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up) {
+  FSDP_OP_SCOPE("swiglu_backward", gate, ({&dy, &gate, &up}), 9.0 * double(gate.numel()), 2.0 * double(gate.nbytes()));
   require_cpu("swiglu_backward", {&dy, &gate, &up});
   FSDP_CHECK(dy.shape() == gate.shape() && gate.shape() == up.shape(), "[swiglu_backward] dy {} gate {} up {}",
              shape_str(dy.shape()), shape_str(gate.shape()), shape_str(up.shape()));
@@ -336,6 +373,7 @@ QkvDims qkv_dims(const char* op, const Tensor& qkv, int64_t heads) {
 }  // namespace
 
 void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse) {
+  FSDP_OP_SCOPE(inverse ? "rope_backward" : "rope", qkv, ({&qkv}), 2.0 * double(qkv.numel()), 2.0 / 3.0 * double(qkv.nbytes()));
   require_cpu("rope", {&qkv});
   auto [B, T_, H, hd] = qkv_dims("rope", qkv, heads);
   FSDP_CHECK(hd % 2 == 0, "[rope] head dim {} must be even", hd);
@@ -350,6 +388,7 @@ void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse) {
 }
 
 AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
+  FSDP_OP_SCOPE("attention", qkv, ({&qkv}), qkv.dim() == 3 ? 4.0 * double(qkv.size(0)) * double(qkv.size(1)) * double(qkv.size(1)) * double(qkv.size(2) / 3) * (causal ? 0.5 : 1.0) : 0.0, double(qkv.nbytes()) / 3.0);
   require_cpu("attention", {&qkv});
   auto [B, T_, H, hd] = qkv_dims("attention", qkv, heads);
   FSDP_CUDA_DISPATCH(("attention", {&qkv}), attention_forward(qkv, heads, causal));
@@ -365,6 +404,7 @@ AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
 
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                           int64_t heads, bool causal) {
+  FSDP_OP_SCOPE("attention_backward", qkv, ({&dout, &qkv, &out}), qkv.dim() == 3 ? 10.0 * double(qkv.size(0)) * double(qkv.size(1)) * double(qkv.size(1)) * double(qkv.size(2) / 3) * (causal ? 0.5 : 1.0) : 0.0, qkv.nbytes());
   require_cpu("attention_backward", {&dout, &qkv, &out, &lse});
   auto [B, T_, H, hd] = qkv_dims("attention_backward", qkv, heads);
   FSDP_CHECK(dout.shape() == Shape({B, T_, H * hd}) && out.shape() == dout.shape(),
@@ -387,6 +427,7 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
 // ---------------------------------------------------------------- elementwise
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  FSDP_OP_SCOPE("add", a, ({&a, &b}), double(a.numel()), a.nbytes());
   FSDP_CHECK(a.shape() == b.shape(), "[add] shapes differ: {} and {}", shape_str(a.shape()), shape_str(b.shape()));
   check_same_dtype("add", a, b, "a", "b");
   FSDP_CHECK(a.device() == b.device(), "[add] a is on {} but b is on {}", a.device().str(), b.device().str());
@@ -402,6 +443,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 void add_(const Tensor& a, const Tensor& b) {
+  FSDP_OP_SCOPE("add_", a, ({&a, &b}), double(a.numel()), a.nbytes());
   require_cpu("add_", {&a, &b});
   FSDP_CHECK(a.shape() == b.shape(), "[add_] shapes differ: {} and {}", shape_str(a.shape()),
              shape_str(b.shape()));
@@ -442,6 +484,7 @@ void scale_(const Tensor& x, double s) {
 // ---------------------------------------------------------------- loss
 
 CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets) {
+  FSDP_OP_SCOPE("cross_entropy", logits, ({&logits, &targets}), 3.0 * double(logits.numel()), 0);
   require_cpu("cross_entropy", {&logits, &targets});
   FSDP_CHECK(logits.dim() == 2, "[cross_entropy] logits must be [N, V], got {}", shape_str(logits.shape()));
   const int64_t n = logits.size(0), v = logits.size(1);
@@ -462,6 +505,7 @@ CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& target
 }
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss) {
+  FSDP_OP_SCOPE("cross_entropy_backward", logits, ({&logits, &targets}), 3.0 * double(logits.numel()), logits.nbytes());
   require_cpu("cross_entropy_backward", {&logits, &targets, &lse});
   const int64_t n = logits.size(0), v = logits.size(1);
   FSDP_CHECK(lse.numel() == n && targets.numel() == n, "[cross_entropy_backward] lse {} / targets {} for {} rows",
@@ -483,6 +527,7 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
 // ---------------------------------------------------------------- copies
 
 void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segment>& segments) {
+  FSDP_OP_SCOPE("copy_segments", dst, ({&src}), 0, dst.nbytes());
   FSDP_CHECK(dst.dim() == 1 && src.dim() == 1 && dst.is_contiguous() && src.is_contiguous(),
              "[copy_segments] needs flat contiguous buffers, got {} and {}", shape_str(dst.shape()),
              shape_str(src.shape()));
@@ -511,6 +556,7 @@ void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segme
 
 void adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWHyper& h,
             int64_t step) {
+  FSDP_OP_SCOPE("adamw", param, ({&param, &grad, &m, &v}), 12.0 * double(param.numel()), 3.0 * double(param.nbytes()));
   require_cpu("adamw", {&param, &grad, &m, &v});
   for (const Tensor* t : {&param, &grad, &m, &v}) {
     FSDP_CHECK(t->is_contiguous() && t->numel() == param.numel() && t->dtype() == param.dtype(),

@@ -1,6 +1,8 @@
 // AdamW over flat parameter groups.
 #include "fsdp/optim/adamw.h"
 
+#include "fsdp/core/trace.h"
+
 namespace fsdp::optim {
 
 AdamW::AdamW(std::vector<ParamGroup> groups, ops::AdamWHyper hyper) : groups_(std::move(groups)), hyper_(hyper) {
@@ -15,6 +17,7 @@ AdamW::AdamW(std::vector<ParamGroup> groups, ops::AdamWHyper hyper) : groups_(st
 }
 
 void AdamW::step() {
+  trace::Scope prof("Optimizer.step#AdamW.step", trace::Kind::annotation);
   ++step_;
   for (size_t i = 0; i < groups_.size(); ++i) {
     const ParamGroup& g = groups_[i];

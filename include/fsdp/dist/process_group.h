@@ -66,6 +66,8 @@ class ProcessGroup {
   // Seconds this group's communication thread has spent in collectives (CPU
   // groups; 0 where the engine runs on a device stream).
   virtual double comm_seconds() const { return 0.0; }
+  // Names the group's communication thread in traces ("all-gather").
+  virtual void set_label(const std::string&) {}
 };
 
 // The collective time-out from FSDP_COLLECTIVE_TIMEOUT_S.
