@@ -10,6 +10,7 @@ Prints one line per step and a summary:
 """
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -22,33 +23,8 @@ except ImportError:  # older torch
     from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
 
 
-class TransformerBlock(nn.Module):
-    def __init__(self, dim, n_heads):
-        super().__init__()
-        self.norm1 = nn.RMSNorm(dim)
-        self.attn = nn.MultiheadAttention(dim, n_heads, batch_first=True)
-        self.norm2 = nn.RMSNorm(dim)
-        self.ffn = nn.Sequential(nn.Linear(dim, dim * 4, bias=False), nn.SiLU(), nn.Linear(dim * 4, dim, bias=False))
-
-    def forward(self, x):
-        h = self.norm1(x)
-        attn_out, _ = self.attn(h, h, h, need_weights=False)
-        x = x + attn_out
-        return x + self.ffn(self.norm2(x))
-
-
-class MiniLLM(nn.Module):
-    def __init__(self, vocab, dim, layers, heads):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleList([TransformerBlock(dim, heads) for _ in range(layers)])
-        self.head = nn.Linear(dim, vocab, bias=False)
-
-    def forward(self, idx):
-        x = self.embed(idx)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from minillm_torch import MiniLLM  # noqa: E402  (the reference script's model)
 
 
 def main():

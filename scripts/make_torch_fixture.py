@@ -20,48 +20,8 @@ import torch.nn as nn
 CFG = dict(vocab=48, dim=16, layers=2, heads=4, seq=8, batch=2, steps=3, lr=1e-2)
 
 
-class RMSNorm(nn.Module):
-    """nn.RMSNorm(dim) with eps=None, for torch builds older than 2.4."""
-
-    def __init__(self, dim):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        eps = torch.finfo(x.dtype).eps
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * self.weight
-
-
-Norm = getattr(nn, "RMSNorm", RMSNorm)
-
-
-class TransformerBlock(nn.Module):  # as in train_fsdp.py
-    def __init__(self, dim, n_heads):
-        super().__init__()
-        self.norm1 = Norm(dim)
-        self.attn = nn.MultiheadAttention(dim, n_heads, batch_first=True)
-        self.norm2 = Norm(dim)
-        self.ffn = nn.Sequential(nn.Linear(dim, dim * 4, bias=False), nn.SiLU(), nn.Linear(dim * 4, dim, bias=False))
-
-    def forward(self, x):
-        h = self.norm1(x)
-        attn_out, _ = self.attn(h, h, h, need_weights=False)
-        x = x + attn_out
-        return x + self.ffn(self.norm2(x))
-
-
-class MiniLLM(nn.Module):  # as in train_fsdp.py
-    def __init__(self, vocab_size, dim, n_layers, n_heads):
-        super().__init__()
-        self.embed = nn.Embedding(vocab_size, dim)
-        self.layers = nn.ModuleList([TransformerBlock(dim, n_heads) for _ in range(n_layers)])
-        self.head = nn.Linear(dim, vocab_size, bias=False)
-
-    def forward(self, idx):
-        x = self.embed(idx)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+from minillm_torch import MiniLLM  # noqa: E402  (the reference script's model)
 
 
 def save_safetensors(path, tensors, metadata):

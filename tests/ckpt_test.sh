@@ -13,10 +13,7 @@ export_bin="$bindir/fsdp-export"
 gen="$bindir/fsdp-generate"
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2> /dev/null; rm -rf "$work"' EXIT
-pass=0
-fails=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+source "$(dirname "$0")/testlib.sh"
 export OMP_WAIT_POLICY=PASSIVE FSDP_COLLECTIVE_TIMEOUT_S=120
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 cat /usr/share/common-licenses/* > "$work/text.txt" 2> /dev/null
@@ -162,5 +159,4 @@ else
   echo "note: python3-torch not installed; skipped the PyTorch load of the export"
 fi
 
-echo "$pass passed, $fails failed"
-[ "$fails" -eq 0 ]
+summary

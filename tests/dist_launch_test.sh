@@ -9,10 +9,7 @@ probe=$1
 fsdprun=$2
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2> /dev/null; rm -rf "$work"' EXIT
-pass=0
-fails=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+source "$(dirname "$0")/testlib.sh"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 export FSDP_STORE_TIMEOUT_S=3 FSDP_COLLECTIVE_TIMEOUT_S=5 OMP_NUM_THREADS=1
 unset OMPI_COMM_WORLD_SIZE RANK WORLD_SIZE FSDP_BACKEND
@@ -111,5 +108,4 @@ if command -v mpirun > /dev/null; then
   [ $st -ne 0 ] && [ $st -ne 124 ] && ok || bad "dead peer (mpi): status $st"
 fi
 
-echo "$pass passed, $fails failed"
-[ "$fails" -eq 0 ]
+summary

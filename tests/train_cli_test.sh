@@ -6,10 +6,7 @@ set -uo pipefail
 bin=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-fails=0
-pass=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+source "$(dirname "$0")/testlib.sh"
 
 # Real text: the license texts every Debian machine has.
 cat /usr/share/common-licenses/* > "$work/text.txt" 2> /dev/null
@@ -95,5 +92,4 @@ expect_fail "--profile-steps '3' must be A:B" --preset tiny --profile-steps 3 --
 expect_fail "no tensor named" --preset tiny --steps 1 --init-from "$work/empty.safetensors"
 expect_fail "cannot open" --preset tiny --steps 1 --init-from "$work/missing.safetensors"
 
-echo "$pass passed, $fails failed"
-[ "$fails" -eq 0 ]
+summary

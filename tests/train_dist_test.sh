@@ -6,10 +6,7 @@ bin=$1
 fsdprun=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-pass=0
-fails=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+source "$(dirname "$0")/testlib.sh"
 export OMP_WAIT_POLICY=PASSIVE FSDP_COLLECTIVE_TIMEOUT_S=120
 cat /usr/share/common-licenses/* > "$work/text.txt" 2> /dev/null
 small=(--preset tiny --arch llama --vocab 256 --dim 64 --layers 2 --heads 2 --seq 64 --steps 20 --lr 3e-3
@@ -42,5 +39,4 @@ done
 grep -q "world size             | 2 (mpi, mpirun)" "$work/mpi2.out" && ok || bad "mpi run did not report world size 2"
 grep -q "world size             | 2 (gloo, torchrun)" "$work/gloo2.out" && ok || bad "gloo run did not report world size 2"
 
-echo "$pass passed, $fails failed"
-[ "$fails" -eq 0 ]
+summary
