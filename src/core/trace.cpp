@@ -3,6 +3,9 @@
 #include "fsdp/core/trace.h"
 
 #include <chrono>
+#ifdef FSDP_WITH_CUDA
+#include <nvtx3/nvToolsExt.h>  // header-only; a no-op unless Nsight is attached
+#endif
 #include <mutex>
 #include <utility>
 
@@ -80,6 +83,9 @@ void Scope::begin(const char* name, Kind kind) {
   rec_->name = name;
   rec_->tid = thread_id();
   rec_->begin_ns = now_ns();
+#ifdef FSDP_WITH_CUDA
+  nvtxRangePushA(name);  // so that Nsight Systems and Nsight Compute show our names
+#endif
 }
 
 void Scope::set(std::string shapes, std::string dtype, double flops, double bytes, std::string device) {
@@ -97,6 +103,9 @@ void Scope::set(std::string shapes, std::string dtype, double flops, double byte
 }
 
 void Scope::end() {
+#ifdef FSDP_WITH_CUDA
+  nvtxRangePop();
+#endif
   if (device_ >= 0) device_hook(false, token_, device_);
   rec_->end_ns = now_ns();
   add(std::move(*rec_));

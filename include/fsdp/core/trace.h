@@ -2,7 +2,8 @@
 // collective and allocation can record itself with no code at the call
 // site. When nothing is recording, a Scope costs one relaxed atomic load and
 // a branch. The profiler layer (fsdp/profiler) turns these records into a
-// Chrome trace, a key-averages table and roofline verdicts.
+// Chrome trace, a key-averages table and roofline verdicts. In a CUDA build
+// each recorded scope is also an NVTX range, for Nsight Systems and Compute.
 #pragma once
 
 #include <atomic>
