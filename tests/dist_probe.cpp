@@ -10,6 +10,7 @@ int main() {
   using namespace fsdp;
   try {
     auto world = dist::init_process_group();
+    world->barrier()->wait();  // everyone is connected before anyone dies on purpose
     const char* die = std::getenv("FSDP_PROBE_DIE_RANK");
     if (die && std::atoi(die) == world->rank()) {
       fmt::print("probe: rank {} dies on purpose\n", world->rank());

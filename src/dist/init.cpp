@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 
 #include "fsdp/core/env.h"
 #include "src/dist/backend.h"
@@ -86,13 +87,25 @@ void rendezvous(TCPStore& store, int rank, int size) {
       }
     }
     store.set("rdzv/status", error.empty() ? std::string("ok") : error);
-    if (!error.empty()) throw Error(error);
+    if (!error.empty()) {
+      // This process serves the store: before it goes, let the ranks that
+      // arrived read the error, so that they fail with the same words.
+      int arrived = 0;
+      for (int r = 1; r < size; ++r) arrived += store.check({fmt::format("rdzv/world_size/{}", r)}) ? 1 : 0;
+      const auto deadline = std::chrono::steady_clock::now() + std::min(timeout, std::chrono::milliseconds(10000));
+      while (store.add("rdzv/read", 0) < arrived && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      throw Error(error);
+    }
   } else {
     if (!store.wait({"rdzv/status"}, timeout))
       FSDP_FAIL("[init_process_group] rank 0 at {} did not complete the rendezvous within {} s", store.address(),
                 double(timeout.count()) / 1000.0);
     std::string status = store.get_string("rdzv/status");
-    if (status != "ok") throw Error(status);
+    if (status != "ok") {
+      store.add("rdzv/read", 1);
+      throw Error(status);
+    }
   }
 }
 
