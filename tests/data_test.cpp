@@ -34,6 +34,28 @@ TEST(Batches, RanksCoverTheGlobalBatchDisjointly) {
   EXPECT_EQ(wrap.inputs.data<int32_t>()[0], int32_t((100 * G * T) % 1000));
 }
 
+TEST(Batches, ShuffledEpochsAreDisjointPermutationsFromTheSeed) {
+  std::vector<int32_t> tokens(8 * 10 + 1);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i);
+  TokenStream s(tokens, "iota", 8), t(tokens, "iota", 8), u(tokens, "iota", 8);
+  s.set_shuffle(7, 8);
+  t.set_shuffle(7, 8);
+  u.set_shuffle(8, 8);
+  std::set<int32_t> epoch0;
+  for (int64_t step = 0; step < 5; ++step)
+    for (int64_t r = 0; r < 2; ++r) {  // 2 ranks x 1 row, 10 windows per epoch
+      Batch b = s.batch(step, 2, r, 1, 8);
+      EXPECT_EQ(b.inputs.data<int32_t>()[0] % 8, 0);
+      epoch0.insert(b.inputs.data<int32_t>()[0]);
+      EXPECT_EQ(t.batch(step, 2, r, 1, 8).inputs.data<int32_t>()[0], b.inputs.data<int32_t>()[0]);  // same seed, same order
+    }
+  EXPECT_EQ(epoch0.size(), 10u);  // every window once
+  bool differs = false;
+  for (int64_t step = 0; step < 5; ++step)
+    differs |= u.batch(step, 2, 0, 1, 8).inputs.data<int32_t>()[0] != s.batch(step, 2, 0, 1, 8).inputs.data<int32_t>()[0];
+  EXPECT_TRUE(differs);  // another seed, another order
+}
+
 TEST(Shards, RoundTripAndErrors) {
   const auto dir = std::filesystem::path(::testing::TempDir()) / ("fsdp_shards_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);

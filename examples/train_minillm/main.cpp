@@ -81,6 +81,7 @@ struct Options {
   std::string init_from;
   std::string log_file;
   std::string profile_steps, profile_dir = "profile";
+  bool shuffle = false;
 };
 
 // Learning rate at `step`: linear warmup to --lr over --warmup-steps, then
@@ -229,8 +230,10 @@ int run(const Options& o, World& w) {
   std::unique_ptr<data::TokenSource> src, val;
   if (!o.data.empty()) {
     auto stream = data::open_token_stream(o.data, cfg.vocab, cfg.seq);
+    if (o.shuffle) stream->set_shuffle(o.seed, cfg.seq);
     if (o.eval_every > 0 && o.val_data.empty()) {
       auto [train, tail] = stream->split_tail(o.val_fraction, cfg.seq);
+      if (o.shuffle) train->set_shuffle(o.seed, cfg.seq);
       src = std::move(train);
       val = std::move(tail);
     } else {
@@ -554,6 +557,7 @@ int main(int argc, char** argv) {
   app.add_option("--eval-every", o.eval_every, "print the validation loss every N steps (0: never)")
       ->capture_default_str();
   app.add_option("--eval-batches", o.eval_batches, "batches per validation")->capture_default_str();
+  app.add_flag("--shuffle", o.shuffle, "visit the data's seq+1-token windows in a seeded random order each epoch");
   app.add_option("--val-data", o.val_data, "validation data (default: the last --val-fraction of --data)");
   app.add_option("--val-fraction", o.val_fraction, "share of --data held out for validation")->capture_default_str();
   app.add_option("--ckpt-dir", o.ckpt_dir, "directory of sharded checkpoints");

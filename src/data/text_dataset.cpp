@@ -23,14 +23,36 @@ Batch TokenStream::batch(int64_t step, int64_t global_rows, int64_t row_begin, i
   int32_t* in = b.inputs.data<int32_t>();
   int32_t* tg = b.targets.data<int32_t>();
   const int64_t n = int64_t(tokens_.size());
+  const int64_t windows = std::max<int64_t>(1, (n - 1) / seq);
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t start = ((step * global_rows + row_begin + r) * seq) % n;
+    const int64_t q = step * global_rows + row_begin + r;  // global row index
+    int64_t start = (q * seq) % n;
+    if (shuffle_) {
+      const int64_t epoch = q / windows;
+      if (epoch != perm_epoch_) {  // the permutation of this epoch's windows, from (seed, epoch)
+        perm_.resize(size_t(windows));
+        std::vector<std::pair<double, int64_t>> keys(static_cast<size_t>(windows));
+        for (int64_t i = 0; i < windows; ++i)
+          keys[size_t(i)] = {nn::counter_uniform(seed_ ^ (0x9e3779b97f4a7c15ull * uint64_t(epoch + 1)), uint64_t(i)), i};
+        std::sort(keys.begin(), keys.end());
+        for (int64_t i = 0; i < windows; ++i) perm_[size_t(i)] = keys[size_t(i)].second;
+        perm_epoch_ = epoch;
+      }
+      start = perm_[size_t(q % windows)] * seq;
+    }
     for (int64_t t = 0; t < seq; ++t) {
       in[r * seq + t] = tokens_[size_t((start + t) % n)];
       tg[r * seq + t] = tokens_[size_t((start + t + 1) % n)];
     }
   }
   return b;
+}
+
+void TokenStream::set_shuffle(uint64_t seed, int64_t seq) {
+  FSDP_CHECK(seq > 0, "[data] shuffle needs seq > 0");
+  shuffle_ = true;
+  seed_ = seed;
+  perm_epoch_ = -1;
 }
 
 std::pair<std::unique_ptr<TokenStream>, std::unique_ptr<TokenStream>> TokenStream::split_tail(double fraction,

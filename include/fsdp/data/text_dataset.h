@@ -34,12 +34,20 @@ class TokenStream : public TokenSource {
   Batch batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows, int64_t seq) const override;
   std::string describe() const override { return description_; }
   const std::vector<int32_t>& tokens() const { return tokens_; }
+  // Shuffled order: the stream is cut into windows of seq + 1 tokens and each
+  // epoch visits them in a permutation drawn from (seed, epoch), the same on
+  // every rank, so ranks still read disjoint rows. Off: file order (llm.c's).
+  void set_shuffle(uint64_t seed, int64_t seq);
   // Splits off the last `fraction` of the tokens as a validation stream.
   std::pair<std::unique_ptr<TokenStream>, std::unique_ptr<TokenStream>> split_tail(double fraction, int64_t seq) const;
 
  protected:
   std::vector<int32_t> tokens_;
   std::string description_;
+  bool shuffle_ = false;
+  uint64_t seed_ = 0;
+  mutable int64_t perm_epoch_ = -1;
+  mutable std::vector<int64_t> perm_;
 };
 
 // A file read as bytes: token = byte value, so the vocab must be >= 256.
