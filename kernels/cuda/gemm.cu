@@ -113,6 +113,26 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
                               kWorkspace, cudaStream_t(s)));
 }
 
+namespace {
+// Milliseconds per call of `f` over `iters` calls on the default stream, after one warm-up call.
+template <class F>
+double time_ms(F&& f, int iters) {
+  f();
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  CUDA_CHECK(cudaEventRecord(e0));
+  for (int i = 0; i < iters; ++i) f();
+  CUDA_CHECK(cudaEventRecord(e1));
+  CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return double(ms) / iters;
+}
+}  // namespace
+
 double measure_gemm_flops(int64_t n, DType t, int device) {
   CUDA_CHECK(cudaSetDevice(device));
   const size_t bytes = size_t(n * n) * dtype_size(t);
@@ -122,23 +142,11 @@ double measure_gemm_flops(int64_t n, DType t, int device) {
   CUDA_CHECK(cudaMalloc(&c, bytes));
   fill(a, t, n * n, 0.01, device, nullptr);
   fill(b, t, n * n, 0.01, device, nullptr);
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  gemm(false, false, n, n, n, 1.f, a, b, 0.f, c, t, nullptr, device, nullptr);  // warm-up and plan
-  const int iters = 20;
-  CUDA_CHECK(cudaEventRecord(e0));
-  for (int i = 0; i < iters; ++i) gemm(false, false, n, n, n, 1.f, a, b, 0.f, c, t, nullptr, device, nullptr);
-  CUDA_CHECK(cudaEventRecord(e1));
-  CUDA_CHECK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  const double ms = time_ms([&] { gemm(false, false, n, n, n, 1.f, a, b, 0.f, c, t, nullptr, device, nullptr); }, 20);
   cudaFree(a);
   cudaFree(b);
   cudaFree(c);
-  return 2.0 * double(n) * double(n) * double(n) * iters / (double(ms) * 1e-3);
+  return 2.0 * double(n) * double(n) * double(n) / (ms * 1e-3);
 }
 
 double measure_copy_gbps(int64_t bytes, int device) {
@@ -147,22 +155,10 @@ double measure_copy_gbps(int64_t bytes, int device) {
   CUDA_CHECK(cudaMalloc(&a, size_t(bytes)));
   CUDA_CHECK(cudaMalloc(&b, size_t(bytes)));
   CUDA_CHECK(cudaMemset(a, 0, size_t(bytes)));
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  CUDA_CHECK(cudaMemcpy(b, a, size_t(bytes), cudaMemcpyDeviceToDevice));
-  const int iters = 10;
-  CUDA_CHECK(cudaEventRecord(e0));
-  for (int i = 0; i < iters; ++i) CUDA_CHECK(cudaMemcpyAsync(b, a, size_t(bytes), cudaMemcpyDeviceToDevice));
-  CUDA_CHECK(cudaEventRecord(e1));
-  CUDA_CHECK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  const double ms = time_ms([&] { CUDA_CHECK(cudaMemcpyAsync(b, a, size_t(bytes), cudaMemcpyDeviceToDevice)); }, 10);
   cudaFree(a);
   cudaFree(b);
-  return 2.0 * double(bytes) * iters / (double(ms) * 1e-3) / 1e9;  // read + write
+  return 2.0 * double(bytes) / (ms * 1e-3) / 1e9;  // read + write
 }
 
 }  // namespace fsdp::kernels::cuda
