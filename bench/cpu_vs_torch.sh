@@ -55,6 +55,18 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')
   echo
   echo "**Speed-up: ${ratio}x** (PyTorch ms/step / fsdp-train ms/step). Measured sgemm peak: $peak GFLOP/s."
   echo
+  if command -v perf > /dev/null && perf record -q -o "$log/perf.data" -- build/examples/fsdp-train --preset tiny \
+      --steps 6 --threads "$threads" > /dev/null 2>&1; then
+    echo "## Where fsdp-train's time goes"
+    echo
+    echo "\`perf record\` over 6 steps of the same run, share of CPU samples by symbol:"
+    echo '```'
+    perf report -i "$log/perf.data" --no-children --sort symbol 2> /dev/null | grep -E '^ +[0-9]' | head -14
+    echo '```'
+    echo "OpenBLAS's sgemm (kernel, packing copies and beta scaling) is most of the step, and PyTorch's step is"
+    echo "GEMM-bound too, so the ratio is bounded by how much closer to the sgemm peak each side gets."
+    echo
+  fi
   echo "## fsdp-train output"
   echo '```'
   cat "$log/ours.txt"
