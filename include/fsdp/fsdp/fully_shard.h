@@ -24,9 +24,11 @@
 //                  prefetch the group before it in post-forward order;
 //   post-backward  lay the gradients out rank-major in reduce_dtype, issue an
 //                  AVG reduce-scatter (on the reduce-scatter group's thread),
-//                  free the unsharded parameters and gradients;
-//   root end of backward: wait for the reduce-scatters (and, for HSDP, the
-//                  all-reduce over replicas) and add into the sharded grads.
+//                  then finish the one issued by the group before (it ran
+//                  during this group's backward) and add it into the sharded
+//                  grads; free the unsharded parameters and gradients;
+//   root end of backward: finish the last reduce-scatter (and, for HSDP, the
+//                  all-reduces over replicas).
 #pragma once
 
 #include <memory>
