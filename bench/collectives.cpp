@@ -45,10 +45,11 @@ int main(int argc, char** argv) {
     const int n = pg->size(), me = pg->rank();
     const double local_gbps = memcpy_gbps(size_t(std::max<int64_t>(max_bytes, 64 << 20)));
     if (me == 0) {
-      fmt::print("backend {} | ranks {} | memcpy {:.2f} GB/s (one thread, {} MiB)\n\n", pg->backend(), n, local_gbps,
-                 std::max<int64_t>(max_bytes, 64 << 20) >> 20);
-      fmt::print("| {:>10} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} |\n", "size",
-                 "ag us", "algbw", "busbw", "rs us", "algbw", "busbw", "ar us", "algbw", "busbw");
+      fmt::print("backend {} | ranks {} | memcpy {:.2f} GB/s (one thread, {} MiB)\n\n",
+                 pg->backend(), n, local_gbps, std::max<int64_t>(max_bytes, 64 << 20) >> 20);
+      fmt::print("| {:>10} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} |\n",
+                 "size", "ag us", "algbw", "busbw", "rs us", "algbw", "busbw", "ar us", "algbw",
+                 "busbw");
       fmt::print("|{:-<12}|{:-<30}|{:-<30}|{:-<30}|\n", "", "", "", "");
     }
     for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
@@ -63,18 +64,22 @@ int main(int argc, char** argv) {
         pg->barrier()->wait();
         auto t0 = Clock::now();
         for (int i = 0; i < iters; ++i) op()->wait();
-        Tensor t = Tensor::full({1}, std::chrono::duration<double>(Clock::now() - t0).count() / iters, DType::f64);
+        Tensor t = Tensor::full(
+            {1}, std::chrono::duration<double>(Clock::now() - t0).count() / iters, DType::f64);
         pg->all_reduce(t, dist::ReduceOp::AVG)->wait();
         return t.item();
       };
       const double ag = time_it([&] { return pg->all_gather_into_tensor(full, part); });
-      const double rs = time_it([&] { return pg->reduce_scatter_tensor(part, full, dist::ReduceOp::SUM); });
+      const double rs =
+          time_it([&] { return pg->reduce_scatter_tensor(part, full, dist::ReduceOp::SUM); });
       const double ar = time_it([&] { return pg->all_reduce(full, dist::ReduceOp::SUM); });
       if (me == 0) {
         const double f = double(n - 1) / n, gb = double(real_bytes) / 1e9;
-        fmt::print("| {:>10} | {:>10.1f} {:>8.2f} {:>8.2f} | {:>10.1f} {:>8.2f} {:>8.2f} | {:>10.1f} {:>8.2f} {:>8.2f} |\n",
-                   real_bytes, ag * 1e6, gb / ag, gb / ag * f, rs * 1e6, gb / rs, gb / rs * f, ar * 1e6, gb / ar,
-                   gb / ar * 2 * f);
+        fmt::print(
+            "| {:>10} | {:>10.1f} {:>8.2f} {:>8.2f} | {:>10.1f} {:>8.2f} {:>8.2f} | {:>10.1f} "
+            "{:>8.2f} {:>8.2f} |\n",
+            real_bytes, ag * 1e6, gb / ag, gb / ag * f, rs * 1e6, gb / rs, gb / rs * f, ar * 1e6,
+            gb / ar, gb / ar * 2 * f);
       }
     }
     dist::destroy_process_group();

@@ -10,9 +10,10 @@ int main() {
   try {
     FSDP_CHECK(cuda_available(), "[fsdp-bench-gpu] no CUDA device");
     const Device d = Device::cuda(0);
-    fmt::print("gpu-ceilings: bf16 GEMM {:.1f} TFLOP/s | f32 GEMM {:.1f} TFLOP/s | D2D copy {:.0f} GB/s\n",
-               ops::device_gemm_peak_flops(d, DType::bf16) / 1e12, ops::device_gemm_peak_flops(d, DType::f32) / 1e12,
-               ops::device_copy_gbps(d));
+    fmt::print(
+        "gpu-ceilings: bf16 GEMM {:.1f} TFLOP/s | f32 GEMM {:.1f} TFLOP/s | D2D copy {:.0f} GB/s\n",
+        ops::device_gemm_peak_flops(d, DType::bf16) / 1e12,
+        ops::device_gemm_peak_flops(d, DType::f32) / 1e12, ops::device_copy_gbps(d));
     return 0;
   } catch (const Error& e) {
     fmt::print(stderr, "fsdp-bench-gpu: error: {}\n", e.what());

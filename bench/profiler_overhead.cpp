@@ -12,7 +12,9 @@
 using namespace fsdp;
 using Clock = std::chrono::steady_clock;
 
-static double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+static double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 int main() {
   const int64_t n = 200'000'000;
@@ -34,7 +36,8 @@ int main() {
   auto flat = nn::materialize(model, DType::f32, 1);
   std::vector<int32_t> ids(size_t(c.batch * c.seq));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i * 7 % c.vocab);
-  Tensor tok = Tensor::from_vector(ids, {c.batch, c.seq}), tgt = Tensor::from_vector(ids, {c.batch * c.seq});
+  Tensor tok = Tensor::from_vector(ids, {c.batch, c.seq}),
+         tgt = Tensor::from_vector(ids, {c.batch * c.seq});
   auto step = [&] {
     flat.grads.zero_();
     Tensor logits = model.forward(tok).view({c.batch * c.seq, c.vocab});
@@ -56,11 +59,14 @@ int main() {
     prof.stop();
     ops_per_step = prof.records().size();
   }
-  fmt::print("profiler off: {:.2f} ns per op (one inactive trace::Scope), {:.3f}% of a 1024-element add ({:.0f} ns)\n",
-             off_ns, 100.0 * off_ns / add_ns, add_ns);
-  fmt::print("tiny-preset forward+backward: {:.1f} ms off, {:.1f} ms on ({} records: shapes and memory), "
-             "{:+.2f}% when on; off costs {} x {:.2f} ns = {:.4f}% of the step\n",
-             best_off * 1e3, best_on * 1e3, ops_per_step, 100.0 * (best_on / best_off - 1), ops_per_step, off_ns,
-             100.0 * double(ops_per_step) * off_ns * 1e-9 / best_off);
+  fmt::print(
+      "profiler off: {:.2f} ns per op (one inactive trace::Scope), {:.3f}% of a 1024-element add "
+      "({:.0f} ns)\n",
+      off_ns, 100.0 * off_ns / add_ns, add_ns);
+  fmt::print(
+      "tiny-preset forward+backward: {:.1f} ms off, {:.1f} ms on ({} records: shapes and memory), "
+      "{:+.2f}% when on; off costs {} x {:.2f} ns = {:.4f}% of the step\n",
+      best_off * 1e3, best_on * 1e3, ops_per_step, 100.0 * (best_on / best_off - 1), ops_per_step,
+      off_ns, 100.0 * double(ops_per_step) * off_ns * 1e-9 / best_off);
   return 0;
 }

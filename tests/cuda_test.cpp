@@ -34,7 +34,8 @@ bool any_nan(const Tensor& t) {
 
 // Runs `f` on CPU f32 inputs and on the same inputs on CUDA in `dt`; compares every output.
 void expect_matches(const std::string& what, const std::vector<Tensor>& inputs,
-                    const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& f, DType dt, double tol) {
+                    const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& f,
+                    DType dt, double tol) {
   std::vector<Tensor> cpu_in, gpu_in;
   for (const Tensor& t : inputs) {
     const bool is_float = is_floating(t.dtype());
@@ -48,7 +49,8 @@ void expect_matches(const std::string& what, const std::vector<Tensor>& inputs,
   for (size_t i = 0; i < ref.size(); ++i) {
     Tensor g = got[i].to(Device::cpu());
     EXPECT_FALSE(any_nan(g)) << what << " output " << i << " has NaN (an element never written?)";
-    EXPECT_LT(test::rel_error(g, ref[i]), tol) << what << " output " << i << " in " << dtype_name(dt);
+    EXPECT_LT(test::rel_error(g, ref[i]), tol)
+        << what << " output " << i << " in " << dtype_name(dt);
   }
 }
 
@@ -62,58 +64,75 @@ TEST_P(BackendOps, EveryOpMatchesTheCpu) {
   REQUIRE_CUDA();
   const DType dt = GetParam();
   const double tol = dt == DType::f32 ? 1e-5 : 1e-2;
-  expect_matches("linear", {rnd({4, 33, 40}, 1), rnd({24, 40}, 2), rnd({24}, 3)},
-                 [](auto& v) { return std::vector<Tensor>{ops::linear_forward(v[0], v[1], v[2])}; }, dt, tol);
-  expect_matches("linear_backward", {rnd({4, 33, 24}, 4), rnd({4, 33, 40}, 5), rnd({24, 40}, 6)},
-                 [](auto& v) {
-                   Tensor dw = Tensor::zeros(v[2].shape(), DType::f32, v[2].device());
-                   Tensor db = Tensor::zeros({24}, DType::f32, v[2].device());
-                   Tensor dx = ops::linear_backward(v[0], v[1], v[2], dw, db);
-                   return std::vector<Tensor>{dx, dw, db};
-                 }, dt, tol);
+  expect_matches(
+      "linear", {rnd({4, 33, 40}, 1), rnd({24, 40}, 2), rnd({24}, 3)},
+      [](auto& v) { return std::vector<Tensor>{ops::linear_forward(v[0], v[1], v[2])}; }, dt, tol);
+  expect_matches(
+      "linear_backward", {rnd({4, 33, 24}, 4), rnd({4, 33, 40}, 5), rnd({24, 40}, 6)},
+      [](auto& v) {
+        Tensor dw = Tensor::zeros(v[2].shape(), DType::f32, v[2].device());
+        Tensor db = Tensor::zeros({24}, DType::f32, v[2].device());
+        Tensor dx = ops::linear_backward(v[0], v[1], v[2], dw, db);
+        return std::vector<Tensor>{dx, dw, db};
+      },
+      dt, tol);
   Tensor ids = test::random_ids({3, 17}, 50, 7).to(DType::i32);
-  expect_matches("embedding", {ids, rnd({50, 24}, 8), rnd({3, 17, 24}, 9)},
-                 [](auto& v) {
-                   Tensor dw = Tensor::zeros({50, 24}, DType::f32, v[1].device());
-                   ops::embedding_backward(v[2], v[0], dw);
-                   return std::vector<Tensor>{ops::embedding_forward(v[0], v[1]), dw};
-                 }, dt, tol);
-  expect_matches("rmsnorm", {rnd({37, 96}, 10), rnd({96}, 11, 0.5, 1.5), rnd({37, 96}, 12)},
-                 [](auto& v) {
-                   auto o = ops::rmsnorm_forward(v[0], v[1], 1e-5);
-                   Tensor dw = Tensor::zeros({96}, DType::f32, v[1].device());
-                   Tensor dx = ops::rmsnorm_backward(v[2], v[0], v[1], o.rstd, dw);
-                   return std::vector<Tensor>{o.y, dx, dw};
-                 }, dt, tol);
-  expect_matches("silu", {rnd({1000}, 13, -4, 4), rnd({1000}, 14)},
-                 [](auto& v) { return std::vector<Tensor>{ops::silu_forward(v[0]), ops::silu_backward(v[1], v[0])}; },
-                 dt, tol);
-  expect_matches("swiglu", {rnd({1000}, 15, -4, 4), rnd({1000}, 16), rnd({1000}, 17)},
-                 [](auto& v) {
-                   auto [dg, du] = ops::swiglu_backward(v[2], v[0], v[1]);
-                   return std::vector<Tensor>{ops::swiglu_forward(v[0], v[1]), dg, du};
-                 }, dt, tol);
-  expect_matches("add", {rnd({999}, 18), rnd({999}, 19)},
-                 [](auto& v) { return std::vector<Tensor>{ops::add(v[0], v[1])}; }, dt, tol);
+  expect_matches(
+      "embedding", {ids, rnd({50, 24}, 8), rnd({3, 17, 24}, 9)},
+      [](auto& v) {
+        Tensor dw = Tensor::zeros({50, 24}, DType::f32, v[1].device());
+        ops::embedding_backward(v[2], v[0], dw);
+        return std::vector<Tensor>{ops::embedding_forward(v[0], v[1]), dw};
+      },
+      dt, tol);
+  expect_matches(
+      "rmsnorm", {rnd({37, 96}, 10), rnd({96}, 11, 0.5, 1.5), rnd({37, 96}, 12)},
+      [](auto& v) {
+        auto o = ops::rmsnorm_forward(v[0], v[1], 1e-5);
+        Tensor dw = Tensor::zeros({96}, DType::f32, v[1].device());
+        Tensor dx = ops::rmsnorm_backward(v[2], v[0], v[1], o.rstd, dw);
+        return std::vector<Tensor>{o.y, dx, dw};
+      },
+      dt, tol);
+  expect_matches(
+      "silu", {rnd({1000}, 13, -4, 4), rnd({1000}, 14)},
+      [](auto& v) {
+        return std::vector<Tensor>{ops::silu_forward(v[0]), ops::silu_backward(v[1], v[0])};
+      },
+      dt, tol);
+  expect_matches(
+      "swiglu", {rnd({1000}, 15, -4, 4), rnd({1000}, 16), rnd({1000}, 17)},
+      [](auto& v) {
+        auto [dg, du] = ops::swiglu_backward(v[2], v[0], v[1]);
+        return std::vector<Tensor>{ops::swiglu_forward(v[0], v[1]), dg, du};
+      },
+      dt, tol);
+  expect_matches(
+      "add", {rnd({999}, 18), rnd({999}, 19)},
+      [](auto& v) { return std::vector<Tensor>{ops::add(v[0], v[1])}; }, dt, tol);
   for (bool causal : {false, true})
     for (int64_t hd : {16, 64, 128})
-      expect_matches(fmt::format("attention causal={} hd={}", causal, hd),
-                     {rnd({2, 45, 3 * 2 * hd}, 20), rnd({2, 45, 2 * hd}, 21)},
-                     [&](auto& v) {
-                       Tensor qkv = v[0].clone();
-                       ops::rope_(qkv, 2, 10000.0, false);
-                       auto a = ops::attention_forward(qkv, 2, causal);
-                       Tensor d = ops::attention_backward(v[1], qkv, a.out, a.lse, 2, causal);
-                       ops::rope_(d, 2, 10000.0, true);
-                       return std::vector<Tensor>{a.out, d};
-                     }, dt, tol);
+      expect_matches(
+          fmt::format("attention causal={} hd={}", causal, hd),
+          {rnd({2, 45, 3 * 2 * hd}, 20), rnd({2, 45, 2 * hd}, 21)},
+          [&](auto& v) {
+            Tensor qkv = v[0].clone();
+            ops::rope_(qkv, 2, 10000.0, false);
+            auto a = ops::attention_forward(qkv, 2, causal);
+            Tensor d = ops::attention_backward(v[1], qkv, a.out, a.lse, 2, causal);
+            ops::rope_(d, 2, 10000.0, true);
+            return std::vector<Tensor>{a.out, d};
+          },
+          dt, tol);
   Tensor targets = test::random_ids({70}, 300, 22).to(DType::i32);
-  expect_matches("cross_entropy", {rnd({70, 300}, 23, -3, 3), targets},
-                 [](auto& v) {
-                   auto x = ops::cross_entropy_forward(v[0], v[1]);
-                   Tensor d = ops::cross_entropy_backward(v[0], v[1], x.lse, 1.0);
-                   return std::vector<Tensor>{Tensor::full({1}, x.loss, DType::f32), d};
-                 }, dt, tol);
+  expect_matches(
+      "cross_entropy", {rnd({70, 300}, 23, -3, 3), targets},
+      [](auto& v) {
+        auto x = ops::cross_entropy_forward(v[0], v[1]);
+        Tensor d = ops::cross_entropy_backward(v[0], v[1], x.lse, 1.0);
+        return std::vector<Tensor>{Tensor::full({1}, x.loss, DType::f32), d};
+      },
+      dt, tol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, BackendOps, ::testing::Values(DType::f32, DType::bf16),
@@ -141,7 +160,8 @@ TEST(Cuda, CastRoundTripAndAllocatorCounts) {
   REQUIRE_CUDA();
   Tensor x = rnd({1000}, 1, -4, 4);
   for (DType d : {DType::bf16, DType::f16, DType::f64})
-    EXPECT_EQ(x.to(kGpu).to(d).to(Device::cpu()).to_f64_vector(), x.to(d).to_f64_vector()) << dtype_name(d);
+    EXPECT_EQ(x.to(kGpu).to(d).to(Device::cpu()).to_f64_vector(), x.to(d).to_f64_vector())
+        << dtype_name(d);
   const int64_t before = memory_stats(kGpu).current;
   {
     Tensor t = Tensor::empty({1 << 20}, DType::f32, kGpu);
@@ -152,7 +172,8 @@ TEST(Cuda, CastRoundTripAndAllocatorCounts) {
 }
 
 // `sharded`: fully_shard on every block and the root, over NCCL, with `mp`.
-std::vector<double> five_steps(nn::Arch arch, Device device, bool sharded = false, MixedPrecisionPolicy mp = {}) {
+std::vector<double> five_steps(nn::Arch arch, Device device, bool sharded = false,
+                               MixedPrecisionPolicy mp = {}) {
   nn::MiniLLMConfig c;
   c.arch = arch;
   c.vocab = 97;
@@ -167,7 +188,8 @@ std::vector<double> five_steps(nn::Arch arch, Device device, bool sharded = fals
   FSDPModule* root = nullptr;
   if (sharded) {
     auto mesh = dist::init_device_mesh({dist::world()->size()});
-    for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, {.mp_policy = mp, .seed = 5});
+    for (size_t i = 0; i < model.layers().size(); ++i)
+      fully_shard(model.layers()[i], mesh, {.mp_policy = mp, .seed = 5});
     root = &fully_shard(model, mesh, {.mp_policy = mp, .seed = 5});
     groups = root->param_groups(0.01);
   } else {
@@ -177,10 +199,14 @@ std::vector<double> five_steps(nn::Arch arch, Device device, bool sharded = fals
   optim::AdamW opt(groups, {.lr = 3e-3});
   std::vector<double> losses;
   for (int s = 0; s < 5; ++s) {
-    Tensor tok = test::random_ids({c.batch, c.seq}, c.vocab, 100 + uint64_t(s)).to(DType::i32).to(device);
-    Tensor tgt = test::random_ids({c.batch * c.seq}, c.vocab, 200 + uint64_t(s)).to(DType::i32).to(device);
-    if (root) root->zero_grad();
-    else flat.grads.zero_();
+    Tensor tok =
+        test::random_ids({c.batch, c.seq}, c.vocab, 100 + uint64_t(s)).to(DType::i32).to(device);
+    Tensor tgt =
+        test::random_ids({c.batch * c.seq}, c.vocab, 200 + uint64_t(s)).to(DType::i32).to(device);
+    if (root)
+      root->zero_grad();
+    else
+      flat.grads.zero_();
     Tensor logits = model.forward(tok).view({c.batch * c.seq, c.vocab});
     auto x = ops::cross_entropy_forward(logits, tgt);
     model.backward(ops::cross_entropy_backward(logits, tgt, x.lse).view({c.batch, c.seq, c.vocab}));
@@ -210,10 +236,14 @@ TEST(Cuda, NcclCollectivesAndFullyShardAtWorldSizeOne) {
   EXPECT_EQ(out.to_f64_vector(), in.to_f64_vector());
   // Same dtypes: the parameters are the shards themselves, no collective.
   auto plain = five_steps(nn::Arch::llama, kGpu), sharded = five_steps(nn::Arch::llama, kGpu, true);
-  for (size_t s = 0; s < plain.size(); ++s) EXPECT_NEAR(sharded[s], plain[s], 1e-6 * plain[s]) << "step " << s;
-  // bf16 parameters and f32 reduction: all-gather, copy-out, chunk-cat and reduce-scatter over NCCL.
-  auto mixed = five_steps(nn::Arch::llama, kGpu, true, {.param_dtype = DType::bf16, .reduce_dtype = DType::f32});
-  for (size_t s = 0; s < plain.size(); ++s) EXPECT_NEAR(mixed[s], plain[s], 2e-2 * plain[s]) << "step " << s;
+  for (size_t s = 0; s < plain.size(); ++s)
+    EXPECT_NEAR(sharded[s], plain[s], 1e-6 * plain[s]) << "step " << s;
+  // bf16 parameters and f32 reduction: all-gather, copy-out, chunk-cat and reduce-scatter over
+  // NCCL.
+  auto mixed = five_steps(nn::Arch::llama, kGpu, true,
+                          {.param_dtype = DType::bf16, .reduce_dtype = DType::f32});
+  for (size_t s = 0; s < plain.size(); ++s)
+    EXPECT_NEAR(mixed[s], plain[s], 2e-2 * plain[s]) << "step " << s;
   dist::destroy_process_group();
 }
 

@@ -2,10 +2,10 @@
 // cover it exactly, in the same order at every world size; epochs wrap;
 // llm.c shards round-trip and bad ones are named.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <set>
-#include <unistd.h>
 
 #include "fsdp/data/text_dataset.h"
 
@@ -23,7 +23,8 @@ TEST(Batches, RanksCoverTheGlobalBatchDisjointly) {
       Batch b = s.batch(5, G, r * (G / N), G / N, T);
       for (int64_t row = 0; row < G / N; ++row) {
         starts.insert(b.inputs.data<int32_t>()[row * T]);
-        EXPECT_EQ(b.targets.data<int32_t>()[row * T], (b.inputs.data<int32_t>()[row * T] + 1) % 1000);
+        EXPECT_EQ(b.targets.data<int32_t>()[row * T],
+                  (b.inputs.data<int32_t>()[row * T] + 1) % 1000);
       }
     }
     std::multiset<int32_t> want;
@@ -47,17 +48,20 @@ TEST(Batches, ShuffledEpochsAreDisjointPermutationsFromTheSeed) {
       Batch b = s.batch(step, 2, r, 1, 8);
       EXPECT_EQ(b.inputs.data<int32_t>()[0] % 8, 0);
       epoch0.insert(b.inputs.data<int32_t>()[0]);
-      EXPECT_EQ(t.batch(step, 2, r, 1, 8).inputs.data<int32_t>()[0], b.inputs.data<int32_t>()[0]);  // same seed, same order
+      EXPECT_EQ(t.batch(step, 2, r, 1, 8).inputs.data<int32_t>()[0],
+                b.inputs.data<int32_t>()[0]);  // same seed, same order
     }
   EXPECT_EQ(epoch0.size(), 10u);  // every window once
   bool differs = false;
   for (int64_t step = 0; step < 5; ++step)
-    differs |= u.batch(step, 2, 0, 1, 8).inputs.data<int32_t>()[0] != s.batch(step, 2, 0, 1, 8).inputs.data<int32_t>()[0];
+    differs |= u.batch(step, 2, 0, 1, 8).inputs.data<int32_t>()[0] !=
+               s.batch(step, 2, 0, 1, 8).inputs.data<int32_t>()[0];
   EXPECT_TRUE(differs);  // another seed, another order
 }
 
 TEST(Shards, RoundTripAndErrors) {
-  const auto dir = std::filesystem::path(::testing::TempDir()) / ("fsdp_shards_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::path(::testing::TempDir()) / ("fsdp_shards_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   write_bin_shard((dir / "a.bin").string(), {1, 2, 3, 4, 5});

@@ -1,8 +1,9 @@
 // A minimal distributed program for the launch and rendezvous tests: it
 // joins the world, optionally dies (FSDP_PROBE_DIE_RANK), all-reduces a
 // tensor of ones and prints the result. Errors print and exit non-zero.
-#include <cstdlib>
 #include <unistd.h>
+
+#include <cstdlib>
 
 #include "fsdp/dist/init.h"
 
@@ -19,8 +20,8 @@ int main() {
     }
     Tensor t = Tensor::full({16}, 1.0, DType::f32);
     world->all_reduce(t, dist::ReduceOp::SUM)->wait();
-    fmt::print("probe ok: rank {} of {} ({}, launcher {}) sum {}\n", world->rank(), world->size(), world->backend(),
-               dist::world_info().launcher, t.to_f64_vector()[0]);
+    fmt::print("probe ok: rank {} of {} ({}, launcher {}) sum {}\n", world->rank(), world->size(),
+               world->backend(), dist::world_info().launcher, t.to_f64_vector()[0]);
     dist::destroy_process_group();
     return 0;
   } catch (const Error& e) {

@@ -14,7 +14,8 @@
 namespace fsdp::dist {
 namespace {
 
-const DType kAllDtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64};
+const DType kAllDtypes[] = {DType::f32, DType::f64, DType::bf16,
+                            DType::f16, DType::i32, DType::i64};
 const int64_t kSizes[] = {0, 1, 7, 1000};
 
 // Small integers: exact in every dtype, and so are their sums over 4 ranks.
@@ -37,7 +38,8 @@ TEST(Collectives, AllGather) {
       auto got = out.to_f64_vector();
       for (int r = 0; r < R; ++r)
         for (int64_t i = 0; i < n; ++i)
-          ASSERT_EQ(got[size_t(r * n + i)], value(r, i)) << dtype_name(dt) << " n " << n << " from rank " << r;
+          ASSERT_EQ(got[size_t(r * n + i)], value(r, i))
+              << dtype_name(dt) << " n " << n << " from rank " << r;
     }
 }
 
@@ -54,7 +56,8 @@ TEST(Collectives, ReduceScatterSumAndAvg) {
           double s = 0;
           for (int r = 0; r < R; ++r) s += value(r, me * n + i);
           if (op == ReduceOp::AVG) s /= R;
-          ASSERT_NEAR(got[size_t(i)], s, dt == DType::bf16 ? 0.26 : 1e-12) << dtype_name(dt) << " n " << n;
+          ASSERT_NEAR(got[size_t(i)], s, dt == DType::bf16 ? 0.26 : 1e-12)
+              << dtype_name(dt) << " n " << n;
         }
       }
     }
@@ -73,7 +76,8 @@ TEST(Collectives, AllReduceSumAndAvg) {
           double s = 0;
           for (int r = 0; r < R; ++r) s += value(r, i);
           if (op == ReduceOp::AVG) s /= R;
-          ASSERT_NEAR(got[size_t(i)], s, dt == DType::bf16 ? 0.26 : 1e-12) << dtype_name(dt) << " n " << n;
+          ASSERT_NEAR(got[size_t(i)], s, dt == DType::bf16 ? 0.26 : 1e-12)
+              << dtype_name(dt) << " n " << n;
         }
       }
     }
@@ -86,7 +90,8 @@ TEST(Collectives, BroadcastFromEveryRoot) {
       Tensor t = filled(7, dt, me);
       W()->broadcast(t, root)->wait();
       auto got = t.to_f64_vector();
-      for (int64_t i = 0; i < 7; ++i) ASSERT_EQ(got[size_t(i)], value(root, i)) << dtype_name(dt) << " root " << root;
+      for (int64_t i = 0; i < 7; ++i)
+        ASSERT_EQ(got[size_t(i)], value(root, i)) << dtype_name(dt) << " root " << root;
     }
 }
 
@@ -98,7 +103,8 @@ TEST(Collectives, AllToAll) {
     W()->all_to_all_single(out, filled(n * R, dt, me))->wait();
     auto got = out.to_f64_vector();
     for (int r = 0; r < R; ++r)
-      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[size_t(r * n + i)], value(r, me * n + i)) << dtype_name(dt);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(got[size_t(r * n + i)], value(r, me * n + i)) << dtype_name(dt);
   }
   W()->barrier()->wait();
 }
@@ -106,13 +112,14 @@ TEST(Collectives, AllToAll) {
 TEST(Collectives, LocalMistakesAreRefusedBeforeTheCollective) {
   const int R = W()->size();
   try {
-    W()->all_gather_into_tensor(Tensor::empty({5 * R + 1}, DType::f32), Tensor::empty({5}, DType::f32));
+    W()->all_gather_into_tensor(Tensor::empty({5 * R + 1}, DType::f32),
+                                Tensor::empty({5}, DType::f32));
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("output has"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(W()->reduce_scatter_tensor(Tensor::empty({2}, DType::i32), Tensor::empty({2 * R}, DType::i32),
-                                          ReduceOp::AVG),
+  EXPECT_THROW(W()->reduce_scatter_tensor(Tensor::empty({2}, DType::i32),
+                                          Tensor::empty({2 * R}, DType::i32), ReduceOp::AVG),
                Error);
   EXPECT_THROW(W()->broadcast(Tensor::empty({2}, DType::f32), R), Error);
 }
@@ -140,7 +147,7 @@ TEST(Overlap, CollectiveInFlightDoesNotBlockTheCaller) {
   if (W()->rank() == 0) {
     auto work = W()->all_reduce(t, ReduceOp::SUM);
     Tensor a = test::random_tensor({128, 128}, 1, DType::f32);
-    Tensor c = ops::matmul(a, a);  // compute while the collective is in flight
+    Tensor c = ops::matmul(a, a);        // compute while the collective is in flight
     EXPECT_FALSE(work->is_completed());  // nobody else has joined yet
     EXPECT_NE(W()->comm_thread_id(), std::this_thread::get_id());
     flag.fill_(1);
@@ -163,7 +170,9 @@ Tensor iota(const Shape& s) {
   return Tensor::from_vector(v, s).to(DType::f32);
 }
 
-std::vector<Placement> one_d_placements() { return {Shard{0}, Shard{1}, Replicate{}, Partial{ReduceOp::SUM}}; }
+std::vector<Placement> one_d_placements() {
+  return {Shard{0}, Shard{1}, Replicate{}, Partial{ReduceOp::SUM}};
+}
 
 TEST(Chunk, MatchesTorchChunk) {
   // torch.chunk(range(5), 4) -> [0,1] [2,3] [4] []
@@ -199,10 +208,13 @@ TEST(DTensor, FromLocalWithUnevenGlobalShape) {
   auto mesh = init_device_mesh({W()->size()});
   Tensor full = iota({10, 3});
   auto [b, len] = chunk_range(10, W()->size(), W()->rank());
-  DTensor d = DTensor::from_local(full.slice(b, b + len).contiguous(), mesh, {Shard{0}}, Shape{10, 3});
+  DTensor d =
+      DTensor::from_local(full.slice(b, b + len).contiguous(), mesh, {Shard{0}}, Shape{10, 3});
   EXPECT_EQ(d.full_tensor().to_f64_vector(), full.to_f64_vector());
   EXPECT_EQ(d.stride(), Shape({3, 1}));
-  EXPECT_THROW(DTensor::from_local(Tensor::empty({len + 1, 3}, DType::f32), mesh, {Shard{0}}, Shape{10, 3}), Error);
+  EXPECT_THROW(
+      DTensor::from_local(Tensor::empty({len + 1, 3}, DType::f32), mesh, {Shard{0}}, Shape{10, 3}),
+      Error);
 }
 
 TEST(DTensor, TwoByTwoMeshRoundTrips) {
@@ -218,14 +230,18 @@ TEST(DTensor, TwoByTwoMeshRoundTrips) {
   for (const Placement& a : ps)
     for (const Placement& b : ps) {
       DTensor d = DTensor::distribute_tensor(full, mesh, {a, b});
-      ASSERT_EQ(d.to_local().shape(), DTensor::local_shape(shape, *mesh, {a, b}, mesh->coordinate()));
-      ASSERT_EQ(d.full_tensor().to_f64_vector(), full.to_f64_vector()) << placement_str(a) << placement_str(b);
+      ASSERT_EQ(d.to_local().shape(),
+                DTensor::local_shape(shape, *mesh, {a, b}, mesh->coordinate()));
+      ASSERT_EQ(d.full_tensor().to_f64_vector(), full.to_f64_vector())
+          << placement_str(a) << placement_str(b);
       for (const Placement& c : ps)
         for (const Placement& e : ps) {
           DTensor r = d.redistribute({c, e});
-          ASSERT_EQ(r.to_local().shape(), DTensor::local_shape(shape, *mesh, {c, e}, mesh->coordinate()));
+          ASSERT_EQ(r.to_local().shape(),
+                    DTensor::local_shape(shape, *mesh, {c, e}, mesh->coordinate()));
           ASSERT_EQ(r.full_tensor().to_f64_vector(), full.to_f64_vector())
-              << placement_str(a) << placement_str(b) << " -> " << placement_str(c) << placement_str(e);
+              << placement_str(a) << placement_str(b) << " -> " << placement_str(c)
+              << placement_str(e);
         }
     }
   // Nested shards of one dim: dim 0 of 9 rows -> chunks of 5 and 4, then 3+2 and 2+2.

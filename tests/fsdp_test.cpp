@@ -65,7 +65,8 @@ Result reference(const Run& run) {
     auto b = src.batch(step, rows, 0, rows, c.seq);
     Tensor logits = model.forward(b.inputs).view({rows * c.seq, c.vocab});
     auto x = ops::cross_entropy_forward(logits, b.targets);
-    model.backward(ops::cross_entropy_backward(logits, b.targets, x.lse).view({rows, c.seq, c.vocab}));
+    model.backward(
+        ops::cross_entropy_backward(logits, b.targets, x.lse).view({rows, c.seq, c.vocab}));
     opt.step();
     r.losses.push_back(x.loss);
   }
@@ -79,7 +80,8 @@ Result sharded(const Run& run) {
   auto mesh = run.hsdp ? dist::init_device_mesh({run.hsdp, N / run.hsdp}, {"replicate", "shard"})
                        : dist::init_device_mesh({N}, {"shard"});
   nn::MiniLLM model(c);
-  FullyShardOptions fo{.reshard_after_forward = run.reshard_after_forward, .init_dtype = run.dtype, .seed = kSeed};
+  FullyShardOptions fo{
+      .reshard_after_forward = run.reshard_after_forward, .init_dtype = run.dtype, .seed = kSeed};
   if (run.param_dtype) fo.mp_policy = {.param_dtype = run.param_dtype, .reduce_dtype = DType::f32};
   for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, fo);
   FSDPModule& root = fully_shard(model, mesh, fo);
@@ -95,8 +97,8 @@ Result sharded(const Run& run) {
       auto b = src.batch(step * run.accum + m, kGlobalRows, me * B, B, c.seq);
       Tensor logits = model.forward(b.inputs).view({B * c.seq, c.vocab});
       auto x = ops::cross_entropy_forward(logits, b.targets);
-      model.backward(
-          ops::cross_entropy_backward(logits, b.targets, x.lse, 1.0 / double(run.accum)).view({B, c.seq, c.vocab}));
+      model.backward(ops::cross_entropy_backward(logits, b.targets, x.lse, 1.0 / double(run.accum))
+                         .view({B, c.seq, c.vocab}));
       loss += x.loss / double(run.accum);
     }
     opt.step();
@@ -116,15 +118,20 @@ void expect_equivalent(const Run& run, double loss_tol, double param_tol) {
   ASSERT_EQ(got.params.size(), ref.params.size());
   for (size_t i = 0; i < ref.params.size(); ++i) {
     EXPECT_EQ(got.params[i].first, ref.params[i].first);
-    EXPECT_LT(test::rel_error(got.params[i].second, ref.params[i].second), param_tol) << ref.params[i].first;
+    EXPECT_LT(test::rel_error(got.params[i].second, ref.params[i].second), param_tol)
+        << ref.params[i].first;
   }
 }
 
 TEST(Equivalence, F64MatchesOneRank) { expect_equivalent({}, 1e-10, 1e-10); }
 TEST(Equivalence, F32MatchesOneRank) { expect_equivalent({.dtype = DType::f32}, 1e-5, 1e-4); }
 TEST(Equivalence, SeedArchitecture) { expect_equivalent({.arch = nn::Arch::seed}, 1e-10, 1e-10); }
-TEST(Equivalence, NoReshardAfterForward) { expect_equivalent({.reshard_after_forward = false}, 1e-10, 1e-10); }
-TEST(Equivalence, GradientAccumulationEqualsALargerBatch) { expect_equivalent({.accum = 2}, 1e-10, 1e-10); }
+TEST(Equivalence, NoReshardAfterForward) {
+  expect_equivalent({.reshard_after_forward = false}, 1e-10, 1e-10);
+}
+TEST(Equivalence, GradientAccumulationEqualsALargerBatch) {
+  expect_equivalent({.accum = 2}, 1e-10, 1e-10);
+}
 TEST(Equivalence, Hsdp2x2) {
   if (world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";
   expect_equivalent({.hsdp = 2}, 1e-10, 1e-10);
@@ -141,7 +148,8 @@ TEST(Sharding, SameSeedSameModelAtAnyWorldSize) {
   nn::materialize(plain, DType::f64, kSeed);
   nn::MiniLLM model(c);
   auto mesh = dist::init_device_mesh({world()->size()});
-  for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, {.init_dtype = DType::f64, .seed = kSeed});
+  for (size_t i = 0; i < model.layers().size(); ++i)
+    fully_shard(model.layers()[i], mesh, {.init_dtype = DType::f64, .seed = kSeed});
   FSDPModule& root = fully_shard(model, mesh, {.init_dtype = DType::f64, .seed = kSeed});
   for (auto& [n, d] : root.sharded_parameters()) {
     EXPECT_EQ(d.full_tensor().to_f64_vector(), plain.parameter(n).data.to_f64_vector()) << n;
@@ -171,13 +179,16 @@ nn::MiniLLMConfig memory_config() {
   return c;
 }
 
-int64_t step_peak(nn::MiniLLM& model, FSDPModule* root, const Tensor& flat_grads, optim::AdamW& opt, int64_t B) {
+int64_t step_peak(nn::MiniLLM& model, FSDPModule* root, const Tensor& flat_grads, optim::AdamW& opt,
+                  int64_t B) {
   const auto& c = model.config();
   data::RandomTokenSource src(c.vocab, kSeed);
   auto b = src.batch(0, B, 0, B, c.seq);
   allocator_for(Device::cpu()).reset_peak();
-  if (root) root->zero_grad();
-  else flat_grads.zero_();
+  if (root)
+    root->zero_grad();
+  else
+    flat_grads.zero_();
   Tensor logits = model.forward(b.inputs).view({B * c.seq, c.vocab});
   auto x = ops::cross_entropy_forward(logits, b.targets);
   Tensor d = ops::cross_entropy_backward(logits, b.targets, x.lse).view({B, c.seq, c.vocab});
@@ -251,7 +262,8 @@ TEST(Overlap, PrefetchAndReduceScatterByOrderOfEvents) {
   for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh);
   FSDPModule& root = fully_shard(model, mesh);
   data::RandomTokenSource src(c.vocab, kSeed);
-  for (int step = 0; step < 2; ++step) {  // the first step uses the tree order, the second the recorded one
+  for (int step = 0; step < 2;
+       ++step) {  // the first step uses the tree order, the second the recorded one
     set_event_log(true);
     auto b = src.batch(step, 2, 0, 2, c.seq);
     Tensor logits = model.forward(b.inputs).view({2 * c.seq, c.vocab});
@@ -273,11 +285,13 @@ TEST(Overlap, PrefetchAndReduceScatterByOrderOfEvents) {
       const int begin = index_of(log, fmt::format("bwd_begin:layers.{}", i - 1));
       const int end = index_of(log, fmt::format("bwd_end:layers.{}", i - 1));
       const int wait = index_of(log, fmt::format("rs_wait:layers.{}", i));
-      EXPECT_TRUE(rs >= 0 && rs < begin && begin < end && end < wait) << "step " << step << " block " << i;
+      EXPECT_TRUE(rs >= 0 && rs < begin && begin < end && end < wait)
+          << "step " << step << " block " << i;
     }
     // Backward prefetch: block i-1 is gathered before block i's backward begins.
     for (int64_t i = 1; i < c.layers; ++i) {
-      const int bwd_issue = index_of(log, fmt::format("ag_issue:layers.{}", i - 1), index_of(log, "fwd_end:<root>"));
+      const int bwd_issue =
+          index_of(log, fmt::format("ag_issue:layers.{}", i - 1), index_of(log, "fwd_end:<root>"));
       EXPECT_LT(bwd_issue, index_of(log, fmt::format("bwd_begin:layers.{}", i))) << "block " << i;
     }
   }
@@ -293,12 +307,14 @@ TEST(Clip, GlobalNormAcrossShardsEqualsTheUnshardedNorm) {
   auto b = src.batch(0, kGlobalRows, 0, kGlobalRows, c.seq);
   Tensor logits = plain.forward(b.inputs).view({kGlobalRows * c.seq, c.vocab});
   auto x = ops::cross_entropy_forward(logits, b.targets);
-  plain.backward(ops::cross_entropy_backward(logits, b.targets, x.lse).view({kGlobalRows, c.seq, c.vocab}));
+  plain.backward(
+      ops::cross_entropy_backward(logits, b.targets, x.lse).view({kGlobalRows, c.seq, c.vocab}));
   const double ref = optim::clip_grad_norm({{flat.params, flat.grads, 0}}, 0, nullptr);
 
   auto mesh = dist::init_device_mesh({N});
   nn::MiniLLM model(c);
-  for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, {.init_dtype = DType::f64, .seed = kSeed});
+  for (size_t i = 0; i < model.layers().size(); ++i)
+    fully_shard(model.layers()[i], mesh, {.init_dtype = DType::f64, .seed = kSeed});
   FSDPModule& root = fully_shard(model, mesh, {.init_dtype = DType::f64, .seed = kSeed});
   const int64_t B = kGlobalRows / N;
   auto mb = src.batch(0, kGlobalRows, me * B, B, c.seq);
@@ -308,7 +324,8 @@ TEST(Clip, GlobalNormAcrossShardsEqualsTheUnshardedNorm) {
   auto groups = root.param_groups(0);
   const double norm = optim::clip_grad_norm(groups, ref / 2, mesh->group(0));
   EXPECT_NEAR(norm, ref, 1e-10 * ref);
-  EXPECT_NEAR(optim::clip_grad_norm(groups, 0, mesh->group(0)), ref / 2, 1e-6 * ref);  // clipped to half
+  EXPECT_NEAR(optim::clip_grad_norm(groups, 0, mesh->group(0)), ref / 2,
+              1e-6 * ref);  // clipped to half
 }
 
 // A module with a 0-dim parameter.
@@ -330,7 +347,8 @@ TEST(BadInput, ShardingTwiceZeroDimAndShapesThatDiffer) {
       fully_shard(model.layers()[0], mesh);
       FAIL() << "expected an error";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("TransformerBlock 'layers.0' is already sharded"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("TransformerBlock 'layers.0' is already sharded"),
+                std::string::npos)
           << e.what();
     }
   }
@@ -340,7 +358,8 @@ TEST(BadInput, ShardingTwiceZeroDimAndShapesThatDiffer) {
       fully_shard(s, mesh);
       FAIL() << "expected an error";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("parameter 'scale' is 0-dim"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("parameter 'scale' is 0-dim"), std::string::npos)
+          << e.what();
     }
   }
   if (world()->size() < 2) return;
@@ -355,13 +374,15 @@ TEST(BadInput, ShardingTwiceZeroDimAndShapesThatDiffer) {
     model.forward(b.inputs);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("parameter 'layers.0.ffn.w1.weight' has shape"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("parameter 'layers.0.ffn.w1.weight' has shape"),
+              std::string::npos)
         << e.what();
   }
 }
 
 TEST(BadInput, ParameterOnAnotherDeviceThanTheMesh) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device (needs a parameter on cuda:0 and a CPU mesh)";
+  if (!cuda_available())
+    GTEST_SKIP() << "no CUDA device (needs a parameter on cuda:0 and a CPU mesh)";
   auto mesh = dist::init_device_mesh({world()->size()});
   nn::MiniLLM model(config(nn::Arch::llama));
   nn::materialize(model, DType::f32, kSeed, Device::cuda(0));
@@ -369,7 +390,8 @@ TEST(BadInput, ParameterOnAnotherDeviceThanTheMesh) {
     fully_shard(model, mesh);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("is on cuda:0 but the mesh is on cpu"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is on cuda:0 but the mesh is on cpu"), std::string::npos)
+        << e.what();
   }
 }
 

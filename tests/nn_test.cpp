@@ -57,8 +57,9 @@ TEST(MiniLLM, SeedParameterNamesArePyTorchStateDictKeys) {
   for (auto& [n, p] : m.named_parameters()) names.push_back(n);
   EXPECT_EQ(names, (std::vector<std::string>{
                        "embed.weight", "layers.0.norm1.weight", "layers.0.attn.in_proj_weight",
-                       "layers.0.attn.in_proj_bias", "layers.0.attn.out_proj.weight", "layers.0.attn.out_proj.bias",
-                       "layers.0.norm2.weight", "layers.0.ffn.0.weight", "layers.0.ffn.2.weight", "head.weight"}));
+                       "layers.0.attn.in_proj_bias", "layers.0.attn.out_proj.weight",
+                       "layers.0.attn.out_proj.bias", "layers.0.norm2.weight",
+                       "layers.0.ffn.0.weight", "layers.0.ffn.2.weight", "head.weight"}));
   EXPECT_EQ(m.parameter("layers.0.attn.in_proj_weight").shape, Shape({24, 8}));
 }
 
@@ -106,7 +107,8 @@ TEST_P(WholeModelGradient, MatchesFiniteDifferencesInF64) {
   auto flat = nn::materialize(m, DType::f64, 11);
   // Random small biases, so that their gradients are tested away from zero init.
   for (auto& [n, p] : m.named_parameters())
-    if (n.find("bias") != std::string::npos) nn::init_fill(nn::Init::uniform(-0.1, 0.1), 5, n, 0, p->data);
+    if (n.find("bias") != std::string::npos)
+      nn::init_fill(nn::Init::uniform(-0.1, 0.1), 5, n, 0, p->data);
   Tensor tokens = test::random_ids({c.batch, c.seq}, c.vocab, 12);
   Tensor targets = test::random_ids({c.batch * c.seq}, c.vocab, 13);
   auto loss = [&] {
@@ -121,7 +123,8 @@ TEST_P(WholeModelGradient, MatchesFiniteDifferencesInF64) {
   int params = 0;
   for (auto& [n, p] : m.named_parameters()) {
     // grads of this parameter, as laid out in the flat buffer
-    int64_t off = (static_cast<const char*>(p->grad.raw_data()) - static_cast<const char*>(flat.grads.raw_data())) /
+    int64_t off = (static_cast<const char*>(p->grad.raw_data()) -
+                   static_cast<const char*>(flat.grads.raw_data())) /
                   int64_t(sizeof(double));
     Tensor g = grads.slice(off, off + p->grad.numel()).view(p->shape);
     test::expect_grad_matches(n, loss, p->data, g, 8, 1e-6, 1e-8);
@@ -130,7 +133,8 @@ TEST_P(WholeModelGradient, MatchesFiniteDifferencesInF64) {
   EXPECT_EQ(params, int(m.named_parameters().size()));
 }
 
-INSTANTIATE_TEST_SUITE_P(BothArchs, WholeModelGradient, ::testing::Values(nn::Arch::seed, nn::Arch::llama),
+INSTANTIATE_TEST_SUITE_P(BothArchs, WholeModelGradient,
+                         ::testing::Values(nn::Arch::seed, nn::Arch::llama),
                          [](const auto& info) { return nn::arch_name(info.param); });
 
 }  // namespace

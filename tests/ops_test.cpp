@@ -1,8 +1,9 @@
 // Every op's forward against a direct reference and every backward against
 // central finite differences in f64; bf16 storage against f32; bad inputs.
+#include "fsdp/ops/ops.h"
+
 #include <gtest/gtest.h>
 
-#include "fsdp/ops/ops.h"
 #include "kernels/cpu/vec_math.h"
 #include "test_util.h"
 
@@ -38,18 +39,22 @@ TEST(Gemm, AllTransposesMatchNaive) {
         Tensor c = random_tensor({m, n}, 3, dt);
         Tensor c0 = c.clone();
         ops::gemm(a, ta, b, tb, c, 0.5, 2.0);
-        auto A = a.to_f64_vector(), B = b.to_f64_vector(), C0 = c0.to_f64_vector(), C = c.to_f64_vector();
+        auto A = a.to_f64_vector(), B = b.to_f64_vector(), C0 = c0.to_f64_vector(),
+             C = c.to_f64_vector();
         for (int64_t i = 0; i < m; ++i)
           for (int64_t j = 0; j < n; ++j) {
             double s = 0;
-            for (int64_t p = 0; p < k; ++p) s += A[ta ? p * m + i : i * k + p] * B[tb ? j * k + p : p * n + j];
-            EXPECT_NEAR(C[i * n + j], 0.5 * s + 2.0 * C0[i * n + j], dt == DType::f64 ? 1e-12 : 1e-5);
+            for (int64_t p = 0; p < k; ++p)
+              s += A[ta ? p * m + i : i * k + p] * B[tb ? j * k + p : p * n + j];
+            EXPECT_NEAR(C[i * n + j], 0.5 * s + 2.0 * C0[i * n + j],
+                        dt == DType::f64 ? 1e-12 : 1e-5);
           }
       }
 }
 
 TEST(Linear, ForwardAndGradients) {
-  Tensor x = random_tensor({2, 3, 5}, 10), w = random_tensor({4, 5}, 11), b = random_tensor({4}, 12);
+  Tensor x = random_tensor({2, 3, 5}, 10), w = random_tensor({4, 5}, 11),
+         b = random_tensor({4}, 12);
   Tensor r = random_tensor({2, 3, 4}, 13);
   Tensor y = ops::linear_forward(x, w, b);
   // y[0,0,j] = sum_k x[0,0,k] w[j,k] + b[j]
@@ -81,11 +86,13 @@ TEST(Embedding, ForwardAndGradient) {
       EXPECT_EQ(y.data<double>()[i * 4 + c], w.data<double>()[ids.data<int64_t>()[i] * 4 + c]);
   Tensor dw = Tensor::zeros(w.shape(), DType::f64);
   ops::embedding_backward(r, ids, dw);
-  expect_grad_matches("embedding dw", [&] { return dot(ops::embedding_forward(ids, w), r); }, w, dw);
+  expect_grad_matches(
+      "embedding dw", [&] { return dot(ops::embedding_forward(ids, w), r); }, w, dw);
 }
 
 TEST(RMSNorm, ForwardAndGradients) {
-  Tensor x = random_tensor({3, 8}, 30), w = random_tensor({8}, 31, DType::f64, 0.5, 1.5), r = random_tensor({3, 8}, 32);
+  Tensor x = random_tensor({3, 8}, 30), w = random_tensor({8}, 31, DType::f64, 0.5, 1.5),
+         r = random_tensor({3, 8}, 32);
   const double eps = 1e-5;
   auto out = ops::rmsnorm_forward(x, w, eps);
   for (int row = 0; row < 3; ++row) {
@@ -93,7 +100,8 @@ TEST(RMSNorm, ForwardAndGradients) {
     for (int c = 0; c < 8; ++c) ss += x.data<double>()[row * 8 + c] * x.data<double>()[row * 8 + c];
     const double rs = 1.0 / std::sqrt(ss / 8 + eps);
     for (int c = 0; c < 8; ++c)
-      EXPECT_NEAR(out.y.data<double>()[row * 8 + c], x.data<double>()[row * 8 + c] * rs * w.data<double>()[c], 1e-12);
+      EXPECT_NEAR(out.y.data<double>()[row * 8 + c],
+                  x.data<double>()[row * 8 + c] * rs * w.data<double>()[c], 1e-12);
   }
   Tensor dw = Tensor::zeros(w.shape(), DType::f64);
   Tensor dx = ops::rmsnorm_backward(r, x, w, out.rstd, dw);
@@ -105,13 +113,15 @@ TEST(RMSNorm, ForwardAndGradients) {
 }
 
 TEST(Activation, SiluAndSwigluGradients) {
-  Tensor x = random_tensor({4, 6}, 40, DType::f64, -3, 3), u = random_tensor({4, 6}, 41), r = random_tensor({4, 6}, 42);
+  Tensor x = random_tensor({4, 6}, 40, DType::f64, -3, 3), u = random_tensor({4, 6}, 41),
+         r = random_tensor({4, 6}, 42);
   Tensor y = ops::silu_forward(x);
   for (int i = 0; i < 24; ++i) {
     const double v = x.data<double>()[i];
     EXPECT_NEAR(y.data<double>()[i], v / (1 + std::exp(-v)), 1e-14);
   }
-  expect_grad_matches("silu dx", [&] { return dot(ops::silu_forward(x), r); }, x, ops::silu_backward(r, x));
+  expect_grad_matches(
+      "silu dx", [&] { return dot(ops::silu_forward(x), r); }, x, ops::silu_backward(r, x));
   auto [dg, du] = ops::swiglu_backward(r, x, u);
   auto loss = [&] { return dot(ops::swiglu_forward(x, u), r); };
   expect_grad_matches("swiglu dgate", loss, x, dg);
@@ -132,7 +142,8 @@ Tensor naive_attention(const Tensor& qkv, int64_t H, bool causal) {
         for (int64_t j = 0; j < T; ++j) {
           if (causal && j > i) continue;
           double acc = 0;
-          for (int64_t c = 0; c < hd; ++c) acc += p[(b * T + i) * 3 * d + h * hd + c] * p[(b * T + j) * 3 * d + d + h * hd + c];
+          for (int64_t c = 0; c < hd; ++c)
+            acc += p[(b * T + i) * 3 * d + h * hd + c] * p[(b * T + j) * 3 * d + d + h * hd + c];
           s[j] = acc / std::sqrt(double(hd));
           m = std::max(m, s[j]);
         }
@@ -141,7 +152,8 @@ Tensor naive_attention(const Tensor& qkv, int64_t H, bool causal) {
         for (int64_t j = 0; j < T; ++j) {
           if (s[j] == -INFINITY) continue;
           const double pj = std::exp(s[j] - m) / z;
-          for (int64_t c = 0; c < hd; ++c) o[(b * T + i) * d + h * hd + c] += pj * p[(b * T + j) * 3 * d + 2 * d + h * hd + c];
+          for (int64_t c = 0; c < hd; ++c)
+            o[(b * T + i) * d + h * hd + c] += pj * p[(b * T + j) * 3 * d + 2 * d + h * hd + c];
         }
       }
   return out;
@@ -154,8 +166,9 @@ TEST(Attention, ForwardMatchesNaiveAndGradients) {
     auto a = ops::attention_forward(qkv, H, causal);
     EXPECT_LT(rel_error(a.out, naive_attention(qkv, H, causal)), 1e-13) << "causal " << causal;
     Tensor dqkv = ops::attention_backward(r, qkv, a.out, a.lse, H, causal);
-    expect_grad_matches(causal ? "causal attention dqkv" : "attention dqkv",
-                        [&] { return dot(ops::attention_forward(qkv, H, causal).out, r); }, qkv, dqkv, 120);
+    expect_grad_matches(
+        causal ? "causal attention dqkv" : "attention dqkv",
+        [&] { return dot(ops::attention_forward(qkv, H, causal).out, r); }, qkv, dqkv, 120);
   }
 }
 
@@ -174,7 +187,8 @@ TEST(Attention, F32MatchesF64) {
   auto a32 = ops::attention_forward(qkv.to(DType::f32), 4, true);
   EXPECT_LT(rel_error(a32.out, a64.out), 1e-5);
   Tensor d64 = ops::attention_backward(r, qkv, a64.out, a64.lse, 4, true);
-  Tensor d32 = ops::attention_backward(r.to(DType::f32), qkv.to(DType::f32), a32.out, a32.lse, 4, true);
+  Tensor d32 =
+      ops::attention_backward(r.to(DType::f32), qkv.to(DType::f32), a32.out, a32.lse, 4, true);
   EXPECT_LT(rel_error(d32, d64), 1e-5);
 }
 
@@ -201,11 +215,14 @@ TEST(Rope, RotatesPairsAndBackwardIsTranspose) {
         }
   Tensor dr = r.clone();
   ops::rope_(dr, H, 10000.0, true);
-  expect_grad_matches("rope", [&] {
-    Tensor z = qkv.clone();
-    ops::rope_(z, H, 10000.0, false);
-    return dot(z, r);
-  }, qkv, dr);
+  expect_grad_matches(
+      "rope",
+      [&] {
+        Tensor z = qkv.clone();
+        ops::rope_(z, H, 10000.0, false);
+        return dot(z, r);
+      },
+      qkv, dr);
 }
 
 TEST(CrossEntropy, ValueAndGradient) {
@@ -220,14 +237,16 @@ TEST(CrossEntropy, ValueAndGradient) {
   }
   EXPECT_NEAR(out.loss, expect / 6, 1e-13);
   Tensor d = ops::cross_entropy_backward(logits, targets, out.lse, 1.0);
-  expect_grad_matches("cross_entropy dlogits", [&] { return ops::cross_entropy_forward(logits, targets).loss; },
-                      logits, d);
+  expect_grad_matches(
+      "cross_entropy dlogits", [&] { return ops::cross_entropy_forward(logits, targets).loss; },
+      logits, d);
 }
 
 TEST(Elementwise, AddAndSumSquares) {
   Tensor a = random_tensor({3, 4}, 80), b = random_tensor({3, 4}, 81);
   Tensor c = ops::add(a, b);
-  for (int i = 0; i < 12; ++i) EXPECT_DOUBLE_EQ(c.data<double>()[i], a.data<double>()[i] + b.data<double>()[i]);
+  for (int i = 0; i < 12; ++i)
+    EXPECT_DOUBLE_EQ(c.data<double>()[i], a.data<double>()[i] + b.data<double>()[i]);
   ops::add_(a, b);
   EXPECT_EQ(rel_error(a, c), 0.0);
   double ss = 0;
@@ -237,7 +256,8 @@ TEST(Elementwise, AddAndSumSquares) {
 
 TEST(AdamW, MatchesTorchFormulaOverSteps) {
   const int64_t n = 10;
-  Tensor p = random_tensor({n}, 90), m = Tensor::zeros({n}, DType::f64), v = Tensor::zeros({n}, DType::f64);
+  Tensor p = random_tensor({n}, 90), m = Tensor::zeros({n}, DType::f64),
+         v = Tensor::zeros({n}, DType::f64);
   std::vector<double> P = p.to_f64_vector(), M(n, 0.0), V(n, 0.0);
   ops::AdamWHyper h{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1};
   for (int64_t step = 1; step <= 3; ++step) {
@@ -264,7 +284,8 @@ TEST(Bf16, StorageComputesInF32) {
   EXPECT_EQ(y.dtype(), DType::bf16);
   EXPECT_LT(rel_error(y, ref), 1e-2);
   auto n = ops::rmsnorm_forward(x.to(DType::bf16), Tensor::full({64}, 1.0, DType::bf16), 1e-6);
-  EXPECT_LT(rel_error(n.y, ops::rmsnorm_forward(x, Tensor::full({64}, 1.0, DType::f32), 1e-6).y), 1e-2);
+  EXPECT_LT(rel_error(n.y, ops::rmsnorm_forward(x, Tensor::full({64}, 1.0, DType::f32), 1e-6).y),
+            1e-2);
 }
 
 TEST(BadInput, MessagesNameTheValue) {
@@ -274,14 +295,18 @@ TEST(BadInput, MessagesNameTheValue) {
     ops::embedding_forward(ids, w);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("token id 5 at position 1 is outside [0, 5)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("token id 5 at position 1 is outside [0, 5)"),
+              std::string::npos)
+        << e.what();
   }
-  EXPECT_THROW(ops::linear_forward(random_tensor({2, 3}, 1), random_tensor({4, 5}, 2), Tensor()), Error);
+  EXPECT_THROW(ops::linear_forward(random_tensor({2, 3}, 1), random_tensor({4, 5}, 2), Tensor()),
+               Error);
   try {
     ops::attention_forward(random_tensor({1, 2, 3 * 6}, 3), 4, false);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("dim 6 is not divisible by heads 4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dim 6 is not divisible by heads 4"), std::string::npos)
+        << e.what();
   }
   Tensor targets = Tensor::from_vector<int32_t>({0, 9}, {2});
   EXPECT_THROW(ops::cross_entropy_forward(random_tensor({2, 9}, 4), targets), Error);

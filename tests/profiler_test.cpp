@@ -2,6 +2,8 @@
 // thread's events nest, every call is one event, the table's totals add up,
 // a large GEMM is compute-bound and RMSNorm on a large tensor memory-bound,
 // and profiling changes no numeric result.
+#include "fsdp/profiler/profiler.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -9,14 +11,14 @@
 
 #include "fsdp/nn/minillm.h"
 #include "fsdp/ops/ops.h"
-#include "fsdp/profiler/profiler.h"
 #include "test_util.h"
 
 namespace fsdp::profiler {
 namespace {
 
 TEST(Profiler, TraceParsesNestsAndCountsCalls) {
-  Tensor x = test::random_tensor({64, 128}, 1, DType::f32), w = test::random_tensor({96, 128}, 2, DType::f32);
+  Tensor x = test::random_tensor({64, 128}, 1, DType::f32),
+         w = test::random_tensor({96, 128}, 2, DType::f32);
   Profiler prof({.record_shapes = true, .profile_memory = true});
   prof.start();
   for (int i = 0; i < 7; ++i) {
@@ -43,14 +45,17 @@ TEST(Profiler, TraceParsesNestsAndCountsCalls) {
       EXPECT_DOUBLE_EQ(e["args"]["flops"].get<double>(), 2.0 * 64 * 128 * 96);
     }
     if (e["cat"] == "user_annotation") ++annotations;
-    by_thread[e["tid"].get<int>()].push_back({e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()});
+    by_thread[e["tid"].get<int>()].push_back(
+        {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()});
   }
   EXPECT_EQ(linear, 7);
   EXPECT_EQ(annotations, 7);
   EXPECT_GT(counters, 0);
   EXPECT_GE(names, 1);
   for (auto& [tid, ev] : by_thread) {  // intervals on one thread nest: no partial overlap
-    std::sort(ev.begin(), ev.end(), [](auto a, auto b) { return a.first < b.first || (a.first == b.first && a.second > b.second); });
+    std::sort(ev.begin(), ev.end(), [](auto a, auto b) {
+      return a.first < b.first || (a.first == b.first && a.second > b.second);
+    });
     std::vector<double> open;
     for (auto [b, e] : ev) {
       while (!open.empty() && open.back() <= b + 1e-3) open.pop_back();
@@ -71,7 +76,8 @@ TEST(Profiler, TraceParsesNestsAndCountsCalls) {
 
 TEST(Profiler, RooflineVerdicts) {
   Tensor a = test::random_tensor({2048, 2048}, 3, DType::f32);
-  Tensor big = test::random_tensor({8192, 2048}, 4, DType::f32), g = Tensor::full({2048}, 1.0, DType::f32);
+  Tensor big = test::random_tensor({8192, 2048}, 4, DType::f32),
+         g = Tensor::full({2048}, 1.0, DType::f32);
   ops::matmul(a, a);  // warm up BLAS
   ops::rmsnorm_forward(big, g, 1e-6);
   Profiler prof;
@@ -82,7 +88,8 @@ TEST(Profiler, RooflineVerdicts) {
   for (auto& r : prof.key_averages().rows) {
     if (r.name == "gemm") EXPECT_EQ(r.verdict, "compute-bound") << r.pct_compute << "% of peak";
     if (r.name == "rmsnorm") {
-      EXPECT_EQ(r.verdict, "memory-bound") << r.pct_compute << "% compute, " << r.pct_bandwidth << "% bandwidth";
+      EXPECT_EQ(r.verdict, "memory-bound")
+          << r.pct_compute << "% compute, " << r.pct_bandwidth << "% bandwidth";
       EXPECT_LT(r.pct_compute, 25);
     }
   }
@@ -90,7 +97,8 @@ TEST(Profiler, RooflineVerdicts) {
 
 TEST(Profiler, ProfilingChangesNoResult) {
   nn::MiniLLMConfig c;
-  c.arch = nn::Arch::llama, c.vocab = 50, c.dim = 32, c.layers = 2, c.heads = 2, c.seq = 16, c.batch = 2;
+  c.arch = nn::Arch::llama, c.vocab = 50, c.dim = 32, c.layers = 2, c.heads = 2, c.seq = 16,
+  c.batch = 2;
   auto run = [&](bool profile) {
     nn::MiniLLM m(c);
     auto flat = nn::materialize(m, DType::f32, 9);

@@ -13,8 +13,8 @@
 namespace fsdp::test {
 
 // Uniform values in [lo, hi), reproducible from `seed`.
-inline Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype = DType::f64, double lo = -1.0,
-                            double hi = 1.0) {
+inline Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype = DType::f64,
+                            double lo = -1.0, double hi = 1.0) {
   Tensor t = Tensor::empty(shape, dtype);
   nn::init_fill(nn::Init::uniform(lo, hi), seed, "test", 0, t);
   return t;
@@ -47,9 +47,9 @@ inline double rel_error(const Tensor& a, const Tensor& b) {
 
 // Compares `analytic` with central differences of `loss` with respect to the
 // f64 tensor `x`, perturbing up to `max_checks` elements spread over x.
-inline void expect_grad_matches(const std::string& what, const std::function<double()>& loss, const Tensor& x,
-                                const Tensor& analytic, int64_t max_checks = 64, double h = 1e-6,
-                                double tol = 1e-8) {
+inline void expect_grad_matches(const std::string& what, const std::function<double()>& loss,
+                                const Tensor& x, const Tensor& analytic, int64_t max_checks = 64,
+                                double h = 1e-6, double tol = 1e-8) {
   ASSERT_EQ(x.dtype(), DType::f64) << what;
   ASSERT_EQ(x.shape(), analytic.shape()) << what;
   Tensor g = analytic.to(DType::f64).contiguous();

@@ -23,7 +23,8 @@ struct Fixture {
 };
 
 Fixture load_fixture() {
-  Fixture f{checkpoint::load_safetensors(FSDP_FIXTURE_DIR "/seed_tiny_torch.safetensors"), {}, 0, 0};
+  Fixture f{
+      checkpoint::load_safetensors(FSDP_FIXTURE_DIR "/seed_tiny_torch.safetensors"), {}, 0, 0};
   auto j = nlohmann::json::parse(f.file.metadata.at("config"));
   f.cfg.arch = nn::Arch::seed;
   f.cfg.vocab = j["vocab"];
@@ -49,12 +50,14 @@ std::pair<std::unique_ptr<nn::MiniLLM>, nn::FlatParameters> build(const Fixture&
   return {std::move(m), flat};
 }
 
-double loss_and_backward(nn::MiniLLM& m, const nn::FlatParameters& flat, const Tensor& tokens, const Tensor& targets) {
+double loss_and_backward(nn::MiniLLM& m, const nn::FlatParameters& flat, const Tensor& tokens,
+                         const Tensor& targets) {
   const auto& c = m.config();
   flat.grads.zero_();
   Tensor logits = m.forward(tokens).view({c.batch * c.seq, c.vocab});
   auto x = ops::cross_entropy_forward(logits, targets.flatten());
-  m.backward(ops::cross_entropy_backward(logits, targets.flatten(), x.lse).view({c.batch, c.seq, c.vocab}));
+  m.backward(ops::cross_entropy_backward(logits, targets.flatten(), x.lse)
+                 .view({c.batch, c.seq, c.vocab}));
   return x.loss;
 }
 
@@ -65,8 +68,8 @@ TEST_P(TorchReference, LossAndGradientsMatchPyTorch) {
   Fixture f = load_fixture();
   auto [m, flat] = build(f, dt);
   const double ref_loss = f.file.at("ref.loss").item();
-  const double loss =
-      loss_and_backward(*m, flat, f.file.at("input.tokens").select(0), f.file.at("input.targets").select(0));
+  const double loss = loss_and_backward(*m, flat, f.file.at("input.tokens").select(0),
+                                        f.file.at("input.targets").select(0));
   const double loss_tol = dt == DType::f64 ? 1e-12 : 1e-5;
   EXPECT_NEAR(loss, ref_loss, loss_tol * std::abs(ref_loss));
   const double grad_tol = dt == DType::f64 ? 1e-10 : 1e-4;
@@ -86,10 +89,11 @@ TEST_P(TorchReference, AdamWStepsMatchPyTorch) {
   auto ref = f.file.at("ref.adamw_losses").to_f64_vector();
   ASSERT_EQ(int64_t(ref.size()), f.steps);
   for (int64_t s = 0; s < f.steps; ++s) {
-    const double loss =
-        loss_and_backward(*m, flat, f.file.at("input.tokens").select(s), f.file.at("input.targets").select(s));
+    const double loss = loss_and_backward(*m, flat, f.file.at("input.tokens").select(s),
+                                          f.file.at("input.targets").select(s));
     opt.step();
-    EXPECT_NEAR(loss, ref[size_t(s)], (dt == DType::f64 ? 1e-10 : 1e-5) * std::abs(ref[size_t(s)])) << "step " << s;
+    EXPECT_NEAR(loss, ref[size_t(s)], (dt == DType::f64 ? 1e-10 : 1e-5) * std::abs(ref[size_t(s)]))
+        << "step " << s;
   }
 }
 

@@ -16,17 +16,22 @@
 int main(int argc, char** argv) {
   using namespace fsdp;
   std::string ckpt, out, gguf, dtype_s = "f32", names = "auto";
-  CLI::App app{"fsdp-export: consolidate a sharded checkpoint into safetensors or GGUF", "fsdp-export"};
-  app.add_option("--ckpt", ckpt, "checkpoint directory, or a --ckpt-dir (its newest checkpoint)")->required();
+  CLI::App app{"fsdp-export: consolidate a sharded checkpoint into safetensors or GGUF",
+               "fsdp-export"};
+  app.add_option("--ckpt", ckpt, "checkpoint directory, or a --ckpt-dir (its newest checkpoint)")
+      ->required();
   app.add_option("--out", out, "safetensors file to write");
   app.add_option("--gguf", gguf, "GGUF v3 file to write (llama architecture)");
   app.add_option("--dtype", dtype_s, "tensor dtype: f32, bf16 or f16")->capture_default_str();
-  app.add_option("--names", names, "safetensors names: auto (PyTorch for seed, Hugging Face for llama) or ours")
+  app.add_option("--names", names,
+                 "safetensors names: auto (PyTorch for seed, Hugging Face for llama) or ours")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
-    FSDP_CHECK(!out.empty() || !gguf.empty(), "[fsdp-export] give --out FILE.safetensors or --gguf FILE.gguf");
-    FSDP_CHECK(names == "auto" || names == "ours", "[fsdp-export] --names must be auto or ours, got '{}'", names);
+    FSDP_CHECK(!out.empty() || !gguf.empty(),
+               "[fsdp-export] give --out FILE.safetensors or --gguf FILE.gguf");
+    FSDP_CHECK(names == "auto" || names == "ours",
+               "[fsdp-export] --names must be auto or ours, got '{}'", names);
     const DType dtype = parse_dtype(dtype_s);
     FSDP_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
                "[fsdp-export] --dtype must be f32, bf16 or f16, got {}", dtype_s);
@@ -41,14 +46,21 @@ int main(int argc, char** argv) {
         std::filesystem::create_directories(std::filesystem::path(f).parent_path());
     nn::MiniLLMConfig cfg;
     auto tensors = checkpoint::consolidate(path, &cfg);
-    fmt::print("export: {} tensors, {} {} layers dim {}\n", tensors.size(), nn::arch_name(cfg.arch), cfg.layers, cfg.dim);
+    fmt::print("export: {} tensors, {} {} layers dim {}\n", tensors.size(), nn::arch_name(cfg.arch),
+               cfg.layers, cfg.dim);
     if (!out.empty()) {
-      auto named = cfg.arch == nn::Arch::llama && names == "auto" ? checkpoint::to_hf_llama(cfg, tensors) : tensors;
+      auto named = cfg.arch == nn::Arch::llama && names == "auto"
+                       ? checkpoint::to_hf_llama(cfg, tensors)
+                       : tensors;
       for (auto& [n, t] : named) t = t.contiguous().to(dtype);
-      const std::string config = nlohmann::json{{"arch", nn::arch_name(cfg.arch)}, {"vocab", cfg.vocab},
-                                                {"dim", cfg.dim}, {"layers", cfg.layers}, {"heads", cfg.heads},
-                                                {"ffn_hidden", cfg.resolved_ffn_hidden()}, {"seq", cfg.seq}}
-                                     .dump();
+      const std::string config = nlohmann::json{
+          {"arch", nn::arch_name(cfg.arch)},
+          {"vocab", cfg.vocab},
+          {"dim", cfg.dim},
+          {"layers", cfg.layers},
+          {"heads", cfg.heads},
+          {"ffn_hidden", cfg.resolved_ffn_hidden()},
+          {"seq", cfg.seq}}.dump();
       checkpoint::save_safetensors(out, named, {{"format", "pt"}, {"fsdp.config", config}});
       fmt::print("export: wrote {} ({} tensors, {})\n", out, named.size(), dtype_name(dtype));
       if (cfg.arch == nn::Arch::llama && names == "auto") {

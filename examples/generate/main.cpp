@@ -31,13 +31,15 @@ int main(int argc, char** argv) {
   app.add_option("--ckpt", ckpt, "checkpoint directory, or a --ckpt-dir (its newest checkpoint)");
   app.add_option("--prompt", prompt, "text to continue")->capture_default_str();
   app.add_option("--tokens", tokens, "bytes to generate")->capture_default_str();
-  app.add_option("--temperature", temperature, "sampling temperature (0: greedy)")->capture_default_str();
+  app.add_option("--temperature", temperature, "sampling temperature (0: greedy)")
+      ->capture_default_str();
   app.add_option("--top-k", top_k, "sample among the k likeliest (0: all)")->capture_default_str();
   app.add_option("--seed", seed, "sampling seed")->capture_default_str();
   app.add_option("--threads", threads, "OpenMP threads (0: all cores)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
-    FSDP_CHECK(model_path.empty() != ckpt.empty(), "[fsdp-generate] give exactly one of --model and --ckpt");
+    FSDP_CHECK(model_path.empty() != ckpt.empty(),
+               "[fsdp-generate] give exactly one of --model and --ckpt");
     FSDP_CHECK(tokens >= 0 && top_k >= 0 && temperature >= 0,
                "[fsdp-generate] --tokens, --top-k and --temperature must be >= 0");
     if (threads > 0) omp_set_num_threads(threads);
@@ -46,30 +48,37 @@ int main(int argc, char** argv) {
     checkpoint::SafetensorsFile mapped;
     if (!model_path.empty()) {
       mapped = checkpoint::map_safetensors(model_path);
-      FSDP_CHECK(mapped.metadata.count("fsdp.config"), "[fsdp-generate] {} has no fsdp.config metadata (write it with "
-                 "fsdp-export)", model_path);
+      FSDP_CHECK(mapped.metadata.count("fsdp.config"),
+                 "[fsdp-generate] {} has no fsdp.config metadata (write it with "
+                 "fsdp-export)",
+                 model_path);
       auto c = nlohmann::json::parse(mapped.metadata.at("fsdp.config"));
       cfg.arch = nn::parse_arch(c.at("arch").get<std::string>());
-      cfg.vocab = c.at("vocab"), cfg.dim = c.at("dim"), cfg.layers = c.at("layers"), cfg.heads = c.at("heads");
+      cfg.vocab = c.at("vocab"), cfg.dim = c.at("dim"), cfg.layers = c.at("layers"),
+      cfg.heads = c.at("heads");
       cfg.ffn_hidden = c.at("ffn_hidden"), cfg.seq = c.at("seq");
       model = std::make_unique<nn::MiniLLM>(cfg);
       checkpoint::SafetensorsIndex index(model_path);
       int64_t zero_copy = 0, copied = 0;
       for (auto& [name, p] : model->named_parameters()) {
         const std::string hf = checkpoint::hf_name(name);
-        const std::string key = mapped.contains(name) ? name : (!hf.empty() && mapped.contains(hf) ? hf : "");
+        const std::string key =
+            mapped.contains(name) ? name : (!hf.empty() && mapped.contains(hf) ? hf : "");
         if (!key.empty()) {
           p->data = mapped.at(key);  // a view of the mapping
           ++zero_copy;
         } else {
-          p->data = checkpoint::read_param(index, cfg, name).to(mapped.tensors.front().second.dtype());
+          p->data =
+              checkpoint::read_param(index, cfg, name).to(mapped.tensors.front().second.dtype());
           ++copied;
         }
       }
-      fmt::print("generate: mapped {} ({} tensors in place, {} assembled)\n", model_path, zero_copy, copied);
+      fmt::print("generate: mapped {} ({} tensors in place, {} assembled)\n", model_path, zero_copy,
+                 copied);
     } else {
       std::string path = ckpt;
-      if (!std::filesystem::exists(std::filesystem::path(ckpt) / "metadata.json")) path = checkpoint::latest(ckpt);
+      if (!std::filesystem::exists(std::filesystem::path(ckpt) / "metadata.json"))
+        path = checkpoint::latest(ckpt);
       FSDP_CHECK(!path.empty(), "[fsdp-generate] no checkpoint in '{}'", ckpt);
       auto tensors = checkpoint::consolidate(path, &cfg);
       model = std::make_unique<nn::MiniLLM>(cfg);
@@ -95,7 +104,8 @@ int main(int argc, char** argv) {
         const int64_t k = top_k > 0 ? std::min(top_k, v) : v;
         std::vector<double> p(static_cast<size_t>(k));
         double sum = 0;
-        for (int64_t j = 0; j < k; ++j) sum += p[size_t(j)] = std::exp((last[idx[size_t(j)]] - last[idx[0]]) / temperature);
+        for (int64_t j = 0; j < k; ++j)
+          sum += p[size_t(j)] = std::exp((last[idx[size_t(j)]] - last[idx[0]]) / temperature);
         double u = nn::counter_uniform(seed, uint64_t(i)) * sum;
         for (int64_t j = 0; j < k; ++j) {
           pick = idx[size_t(j)];
@@ -107,7 +117,8 @@ int main(int argc, char** argv) {
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("{}{}\n", prompt, out);
-    fmt::print("generate: {} tokens in {:.2f} s, {:.1f} tokens/s\n", tokens, s, double(tokens) / std::max(s, 1e-9));
+    fmt::print("generate: {} tokens in {:.2f} s, {:.1f} tokens/s\n", tokens, s,
+               double(tokens) / std::max(s, 1e-9));
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "fsdp-generate: error: {}\n", e.what());

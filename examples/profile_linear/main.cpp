@@ -15,15 +15,18 @@ int main(int argc, char** argv) {
   int64_t n = 4096, rows = 1024;
   CLI::App app{"profile_linear: profile a Linear's forward and backward", "profile_linear"};
   app.add_option("--device", device_s, "cpu or cuda")->capture_default_str();
-  app.add_option("--out", out, "Chrome trace to write (one per dtype on CPU: out with the dtype added)")
+  app.add_option("--out", out,
+                 "Chrome trace to write (one per dtype on CPU: out with the dtype added)")
       ->capture_default_str();
   app.add_option("--features", n, "in and out features")->capture_default_str();
   app.add_option("--rows", rows, "rows of the input")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     const Device dev = parse_device(device_s);
-    FSDP_CHECK(dev.is_cpu() || cuda_available(), "[profile_linear] --device {}: no CUDA device", device_s);
-    const std::vector<DType> dtypes = dev.is_cuda() ? std::vector<DType>{DType::f16} : std::vector<DType>{DType::f32, DType::bf16};
+    FSDP_CHECK(dev.is_cpu() || cuda_available(), "[profile_linear] --device {}: no CUDA device",
+               device_s);
+    const std::vector<DType> dtypes = dev.is_cuda() ? std::vector<DType>{DType::f16}
+                                                    : std::vector<DType>{DType::f32, DType::bf16};
     for (DType dt : dtypes) {
       auto make = [&](Shape s, const char* name) {
         Tensor t = Tensor::empty(s, DType::f32);
@@ -43,9 +46,13 @@ int main(int argc, char** argv) {
         ops::linear_backward(dy, x, w, dw, db);
       }
       prof.stop();
-      const std::string path = dtypes.size() > 1 ? out.substr(0, out.rfind('.')) + "_" + std::string(dtype_name(dt)) + ".json" : out;
-      fmt::print("== Linear {} x {} on [{}, {}], {} on {}\n", n, n, rows, n, dtype_name(dt), dev.str());
-      fmt::print("{}", prof.key_averages(true).table(dev.is_cuda() ? "device_time_total" : "cpu_time_total", 10));
+      const std::string path = dtypes.size() > 1 ? out.substr(0, out.rfind('.')) + "_" +
+                                                       std::string(dtype_name(dt)) + ".json"
+                                                 : out;
+      fmt::print("== Linear {} x {} on [{}, {}], {} on {}\n", n, n, rows, n, dtype_name(dt),
+                 dev.str());
+      fmt::print("{}", prof.key_averages(true).table(
+                           dev.is_cuda() ? "device_time_total" : "cpu_time_total", 10));
       prof.export_chrome_trace(path);
       fmt::print("trace: {} (open in ui.perfetto.dev)\n\n", path);
     }

@@ -19,9 +19,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <memory>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -90,8 +90,10 @@ double lr_at(const Options& o, int64_t step) {
   if (step < o.warmup) return o.lr * double(step + 1) / double(o.warmup + 1);
   if (o.lr_decay == "none") return o.lr;
   const int64_t end = o.decay_steps > 0 ? o.decay_steps : o.steps;
-  const double ratio = end > o.warmup ? std::clamp(double(step - o.warmup) / double(end - o.warmup), 0.0, 1.0) : 1.0;
-  if (o.lr_decay == "cosine") return o.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (o.lr - o.min_lr);
+  const double ratio =
+      end > o.warmup ? std::clamp(double(step - o.warmup) / double(end - o.warmup), 0.0, 1.0) : 1.0;
+  if (o.lr_decay == "cosine")
+    return o.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (o.lr - o.min_lr);
   return o.lr - ratio * (o.lr - o.min_lr);
 }
 
@@ -102,27 +104,34 @@ struct World {
   bool main() const { return rank == 0; }
 };
 
-void print_config(const nn::MiniLLMConfig& c, const Options& o, int64_t nparams, DType dtype, int threads,
-                  const data::TokenSource& src, double peak, const World& w, const std::string& dtypes,
-                  int64_t persistent_bytes, int64_t persistent_measured) {
-  auto row = [](const std::string& k, const std::string& v) { fmt::print("| {:<22} | {:<44} |\n", k, v); };
+void print_config(const nn::MiniLLMConfig& c, const Options& o, int64_t nparams, DType dtype,
+                  int threads, const data::TokenSource& src, double peak, const World& w,
+                  const std::string& dtypes, int64_t persistent_bytes,
+                  int64_t persistent_measured) {
+  auto row = [](const std::string& k, const std::string& v) {
+    fmt::print("| {:<22} | {:<44} |\n", k, v);
+  };
   fmt::print("+{:-<24}+{:-<46}+\n", "", "");
   row("preset / arch", fmt::format("{} / {}", o.preset, nn::arch_name(c.arch)));
   row("vocab / dim / layers", fmt::format("{} / {} / {}", c.vocab, c.dim, c.layers));
   row("heads / ffn hidden", fmt::format("{} / {}", c.heads, c.resolved_ffn_hidden()));
-  row("seq x batch", fmt::format("{} x {} x {} ranks x {} accum = {} tokens/step", c.seq, c.batch, w.size,
-                                 o.grad_accum, c.seq * c.batch * w.size * o.grad_accum));
+  row("seq x batch", fmt::format("{} x {} x {} ranks x {} accum = {} tokens/step", c.seq, c.batch,
+                                 w.size, o.grad_accum, c.seq * c.batch * w.size * o.grad_accum));
   row("parameters", fmt::format("{} ({:.2f} M)", nparams, double(nparams) / 1e6));
   row("dtype", std::string(dtype_name(dtype)) + dtypes);
-  row("optimizer", fmt::format("AdamW lr {:g} betas ({:g}, {:g}) wd {:g}", o.lr, o.beta1, o.beta2, o.weight_decay));
+  row("optimizer", fmt::format("AdamW lr {:g} betas ({:g}, {:g}) wd {:g}", o.lr, o.beta1, o.beta2,
+                               o.weight_decay));
   row("steps / seed", fmt::format("{} / {}", o.steps, o.seed));
   row("data", src.describe());
-  row("world size", fmt::format("{} ({}, {})", w.size, w.pg->backend(), dist::world_info().launcher));
-  row("sharding", o.shard == "none" ? std::string("none (DDP-style baseline)")
-                                    : fmt::format("fully_shard on {}{}", w.mesh->str(),
-                                                  o.reshard_after_forward ? "" : ", no reshard after forward"));
-  row("persistent mem / rank", fmt::format("{:.3f} MB formula, {:.3f} MB measured", double(persistent_bytes) / 1e6,
-                                           double(persistent_measured) / 1e6));
+  row("world size",
+      fmt::format("{} ({}, {})", w.size, w.pg->backend(), dist::world_info().launcher));
+  row("sharding", o.shard == "none"
+                      ? std::string("none (DDP-style baseline)")
+                      : fmt::format("fully_shard on {}{}", w.mesh->str(),
+                                    o.reshard_after_forward ? "" : ", no reshard after forward"));
+  row("persistent mem / rank",
+      fmt::format("{:.3f} MB formula, {:.3f} MB measured", double(persistent_bytes) / 1e6,
+                  double(persistent_measured) / 1e6));
   row("threads", std::to_string(threads));
   row("sgemm peak", fmt::format("{:.1f} GFLOP/s, all ranks (MFU denominator)", peak / 1e9));
   row("FLOPs / token", fmt::format("{:.3g}", c.flops_per_token()));
@@ -131,8 +140,8 @@ void print_config(const nn::MiniLLMConfig& c, const Options& o, int64_t nparams,
 
 // Samples `n` bytes after `prompt` with temperature sampling, recomputing the
 // whole window each token (the model has no KV cache yet).
-std::string sample(nn::MiniLLM& model, const std::string& prompt, int64_t n, double temperature, uint64_t seed,
-                   Device device) {
+std::string sample(nn::MiniLLM& model, const std::string& prompt, int64_t n, double temperature,
+                   uint64_t seed, Device device) {
   const auto& c = model.config();
   std::vector<int32_t> ctx;
   for (unsigned char ch : prompt) ctx.push_back(int32_t(ch) % int32_t(c.vocab));
@@ -141,7 +150,9 @@ std::string sample(nn::MiniLLM& model, const std::string& prompt, int64_t n, dou
   for (int64_t i = 0; i < n; ++i) {
     const int64_t len = std::min<int64_t>(int64_t(ctx.size()), c.seq);
     std::vector<int32_t> window(ctx.end() - len, ctx.end());
-    Tensor logits = model.forward(Tensor::from_vector(window, {1, len}).to(device)).to(Device::cpu()).to(DType::f64);
+    Tensor logits = model.forward(Tensor::from_vector(window, {1, len}).to(device))
+                        .to(Device::cpu())
+                        .to(DType::f64);
     const double* last = logits.data<double>() + (len - 1) * c.vocab;
     double m = -1e300;
     for (int64_t v = 0; v < 256 && v < c.vocab; ++v) m = std::max(m, last[v]);
@@ -180,30 +191,38 @@ int run(const Options& o, World& w) {
   if (o.ffn_hidden) cfg.ffn_hidden = *o.ffn_hidden;
   cfg.validate();
   FSDP_CHECK(o.steps >= 0, "[fsdp-train] --steps must be >= 0, got {}", o.steps);
-  FSDP_CHECK(o.lr >= 0 && std::isfinite(o.lr), "[fsdp-train] --lr must be a finite number >= 0, got {}", o.lr);
-  FSDP_CHECK(o.threads >= 0, "[fsdp-train] --threads must be >= 0 (0 = this rank's share of the cores), got {}",
+  FSDP_CHECK(o.lr >= 0 && std::isfinite(o.lr),
+             "[fsdp-train] --lr must be a finite number >= 0, got {}", o.lr);
+  FSDP_CHECK(o.threads >= 0,
+             "[fsdp-train] --threads must be >= 0 (0 = this rank's share of the cores), got {}",
              o.threads);
   FSDP_CHECK(o.grad_accum >= 1, "[fsdp-train] --grad-accum must be >= 1, got {}", o.grad_accum);
-  FSDP_CHECK(o.shard == "full" || o.shard == "none", "[fsdp-train] --shard must be full or none, got '{}'", o.shard);
+  FSDP_CHECK(o.shard == "full" || o.shard == "none",
+             "[fsdp-train] --shard must be full or none, got '{}'", o.shard);
   FSDP_CHECK(o.clip >= 0, "[fsdp-train] --clip must be >= 0 (0 = off), got {}", o.clip);
   const DType dtype = parse_dtype(o.dtype);
   FSDP_CHECK(dtype == DType::f32 || dtype == DType::f64,
-             "[fsdp-train] --dtype {} is not a CPU training dtype; use f32 or f64 for the (master) parameters and "
+             "[fsdp-train] --dtype {} is not a CPU training dtype; use f32 or f64 for the (master) "
+             "parameters and "
              "--param-dtype bf16 for bf16 compute",
              o.dtype);
   const Device device = w.pg->device();
-  FSDP_CHECK(device.is_cpu() || dtype == DType::f32, "[fsdp-train] --dtype {} on CUDA: the kernels take f32 (master) "
-             "with --param-dtype bf16 or f16", o.dtype);
+  FSDP_CHECK(device.is_cpu() || dtype == DType::f32,
+             "[fsdp-train] --dtype {} on CUDA: the kernels take f32 (master) "
+             "with --param-dtype bf16 or f16",
+             o.dtype);
   MixedPrecisionPolicy mp;
   if (!o.param_dtype.empty()) mp.param_dtype = parse_dtype(o.param_dtype);
   if (!o.reduce_dtype.empty()) mp.reduce_dtype = parse_dtype(o.reduce_dtype);
   FSDP_CHECK(o.shard == "full" || (!mp.param_dtype && !mp.reduce_dtype),
-             "[fsdp-train] --param-dtype and --reduce-dtype need --shard full (they are fully_shard's policy)");
+             "[fsdp-train] --param-dtype and --reduce-dtype need --shard full (they are "
+             "fully_shard's policy)");
 
   // Mesh: all ranks shard, or --hsdp R replica groups of size/R ranks each.
   if (o.hsdp > 0) {
     FSDP_CHECK(o.shard == "full", "[fsdp-train] --hsdp needs --shard full");
-    FSDP_CHECK(w.size % o.hsdp == 0, "[fsdp-train] --hsdp {} does not divide the world size {}", o.hsdp, w.size);
+    FSDP_CHECK(w.size % o.hsdp == 0, "[fsdp-train] --hsdp {} does not divide the world size {}",
+               o.hsdp, w.size);
     w.mesh = dist::init_device_mesh({o.hsdp, w.size / o.hsdp}, {"replicate", "shard"});
   } else {
     w.mesh = dist::init_device_mesh({w.size}, {"shard"});
@@ -215,14 +234,17 @@ int run(const Options& o, World& w) {
   const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
   cpu_set_t mask;
   const int allowed = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : hw;
-  const int threads = o.threads > 0 ? o.threads : std::max(1, std::min(allowed, hw / std::max(1, info.local_size)));
+  const int threads =
+      o.threads > 0 ? o.threads : std::max(1, std::min(allowed, hw / std::max(1, info.local_size)));
   omp_set_num_threads(threads);
 
   FSDP_CHECK(o.lr_decay == "none" || o.lr_decay == "cosine" || o.lr_decay == "linear",
              "[fsdp-train] --lr-decay must be none, cosine or linear, got '{}'", o.lr_decay);
-  FSDP_CHECK(o.warmup >= 0 && o.min_lr >= 0 && o.eval_every >= 0 && o.ckpt_every >= 0 && o.keep >= 0,
-             "[fsdp-train] --warmup-steps, --min-lr, --eval-every, --ckpt-every and --keep must be >= 0");
-  FSDP_CHECK(o.ckpt_every == 0 || !o.ckpt_dir.empty(), "[fsdp-train] --ckpt-every needs --ckpt-dir");
+  FSDP_CHECK(
+      o.warmup >= 0 && o.min_lr >= 0 && o.eval_every >= 0 && o.ckpt_every >= 0 && o.keep >= 0,
+      "[fsdp-train] --warmup-steps, --min-lr, --eval-every, --ckpt-every and --keep must be >= 0");
+  FSDP_CHECK(o.ckpt_every == 0 || !o.ckpt_dir.empty(),
+             "[fsdp-train] --ckpt-every needs --ckpt-dir");
   FSDP_CHECK(!o.resume || !o.ckpt_dir.empty(), "[fsdp-train] --resume needs --ckpt-dir");
   FSDP_CHECK(o.shard == "full" || (o.ckpt_dir.empty() && !o.wd_2d_only),
              "[fsdp-train] checkpoints and --wd-2d-only need --shard full");
@@ -241,7 +263,8 @@ int run(const Options& o, World& w) {
     }
     if (cfg.arch == nn::Arch::seed && w.main())
       fmt::print(stderr,
-                 "warning: arch seed attends in both directions with no mask, so on text it sees the next token "
+                 "warning: arch seed attends in both directions with no mask, so on text it sees "
+                 "the next token "
                  "it must predict; use --arch llama to learn a language model\n");
   } else {
     src = std::make_unique<data::RandomTokenSource>(cfg.vocab, o.seed);
@@ -261,14 +284,17 @@ int run(const Options& o, World& w) {
     auto full = nn::materialize(model, dtype, o.seed, device);
     for (auto& [name, p] : model.named_parameters()) {
       Tensor t = checkpoint::read_param(file, cfg, name);
-      FSDP_CHECK(t.shape() == p->shape, "[fsdp-train] --init-from {}: '{}' has shape {} but the model needs {}",
+      FSDP_CHECK(t.shape() == p->shape,
+                 "[fsdp-train] --init-from {}: '{}' has shape {} but the model needs {}",
                  o.init_from, name, shape_str(t.shape()), shape_str(p->shape));
       p->data.copy_(t);
     }
     if (o.shard == "none") flat = full;
   }
   if (o.shard == "full") {
-    FullyShardOptions fo{.reshard_after_forward = o.reshard_after_forward, .mp_policy = mp, .init_dtype = dtype,
+    FullyShardOptions fo{.reshard_after_forward = o.reshard_after_forward,
+                         .mp_policy = mp,
+                         .init_dtype = dtype,
                          .seed = o.seed};
     for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], w.mesh, fo);
     root = &fully_shard(model, w.mesh, fo);
@@ -277,7 +303,10 @@ int run(const Options& o, World& w) {
     if (!flat.params.defined()) flat = nn::materialize(model, dtype, o.seed, device);
     groups = {{flat.params, flat.grads, o.weight_decay}};
   }
-  optim::AdamW opt(groups, {.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2, .eps = o.eps,
+  optim::AdamW opt(groups, {.lr = o.lr,
+                            .beta1 = o.beta1,
+                            .beta2 = o.beta2,
+                            .eps = o.eps,
                             .weight_decay = o.weight_decay});
   const int64_t persistent_measured = memory_stats(device).current - mem_before;
 
@@ -296,11 +325,13 @@ int run(const Options& o, World& w) {
   Tensor peak_d = peak_t.to(device);
   w.pg->broadcast(peak_d, 0)->wait();
   const double per_node = device.is_cuda() ? double(std::max(1, info.local_size)) : 1.0;
-  const double peak = peak_d.item() * 1e9 * per_node * double(w.size) / double(std::max(1, info.local_size));
+  const double peak =
+      peak_d.item() * 1e9 * per_node * double(w.size) / double(std::max(1, info.local_size));
   std::string dtypes;
   if (mp.param_dtype || mp.reduce_dtype)
-    dtypes = fmt::format(" master, {} params, {} reduce", dtype_name(mp.param_dtype.value_or(dtype)),
-                         dtype_name(mp.reduce_dtype.value_or(mp.param_dtype.value_or(dtype))));
+    dtypes =
+        fmt::format(" master, {} params, {} reduce", dtype_name(mp.param_dtype.value_or(dtype)),
+                    dtype_name(mp.reduce_dtype.value_or(mp.param_dtype.value_or(dtype))));
   if (w.main()) {
     print_config(cfg, o, model.num_parameters(), dtype, threads, *src, peak, w, dtypes,
                  persistent_bytes(model, shards, dtype), persistent_measured);
@@ -320,21 +351,22 @@ int run(const Options& o, World& w) {
   double ddp_wait = 0;
 
   // The run's config, saved in checkpoints; the model keys must match on resume.
-  const std::vector<std::string> model_keys = {"arch", "vocab", "dim", "layers", "heads", "ffn_hidden", "dtype"};
-  const std::string config_json = nlohmann::json{{"arch", nn::arch_name(cfg.arch)},
-                                                 {"vocab", cfg.vocab},
-                                                 {"dim", cfg.dim},
-                                                 {"layers", cfg.layers},
-                                                 {"heads", cfg.heads},
-                                                 {"ffn_hidden", cfg.resolved_ffn_hidden()},
-                                                 {"seq", cfg.seq},
-                                                 {"batch", cfg.batch},
-                                                 {"world_size", w.size},
-                                                 {"seed", o.seed},
-                                                 {"dtype", std::string(dtype_name(dtype))},
-                                                 {"lr", o.lr},
-                                                 {"data", o.data}}
-                                      .dump();
+  const std::vector<std::string> model_keys = {"arch",  "vocab",      "dim",  "layers",
+                                               "heads", "ffn_hidden", "dtype"};
+  const std::string config_json = nlohmann::json{
+      {"arch", nn::arch_name(cfg.arch)},
+      {"vocab", cfg.vocab},
+      {"dim", cfg.dim},
+      {"layers", cfg.layers},
+      {"heads", cfg.heads},
+      {"ffn_hidden", cfg.resolved_ffn_hidden()},
+      {"seq", cfg.seq},
+      {"batch", cfg.batch},
+      {"world_size", w.size},
+      {"seed", o.seed},
+      {"dtype", std::string(dtype_name(dtype))},
+      {"lr", o.lr},
+      {"data", o.data}}.dump();
   int64_t start_step = 0;
   if (o.resume) {
     const std::string path = checkpoint::latest(o.ckpt_dir);
@@ -360,10 +392,11 @@ int run(const Options& o, World& w) {
       prof_begin = std::stoll(o.profile_steps.substr(0, colon));
       prof_end = std::stoll(o.profile_steps.substr(colon + 1));
     } catch (const std::exception&) {
-      FSDP_FAIL("[fsdp-train] --profile-steps '{}' must be A:B, the steps [A, B) to profile", o.profile_steps);
+      FSDP_FAIL("[fsdp-train] --profile-steps '{}' must be A:B, the steps [A, B) to profile",
+                o.profile_steps);
     }
-    FSDP_CHECK(prof_begin >= 0 && prof_end > prof_begin, "[fsdp-train] --profile-steps '{}': need 0 <= A < B",
-               o.profile_steps);
+    FSDP_CHECK(prof_begin >= 0 && prof_end > prof_begin,
+               "[fsdp-train] --profile-steps '{}': need 0 <= A < B", o.profile_steps);
   }
   std::unique_ptr<profiler::Profiler> prof;
   auto finish_profile = [&] {
@@ -372,9 +405,12 @@ int run(const Options& o, World& w) {
     std::filesystem::create_directories(o.profile_dir);
     const std::string trace = fmt::format("{}/trace_rank{}.json", o.profile_dir, w.rank);
     prof->export_chrome_trace(trace);
-    const std::string table = prof->key_averages().table("cpu_time_total", 15) + prof->overlap_summary() + "\n";
+    const std::string table =
+        prof->key_averages().table("cpu_time_total", 15) + prof->overlap_summary() + "\n";
     std::ofstream(fmt::format("{}/table_rank{}.txt", o.profile_dir, w.rank)) << table;
-    if (w.main()) fmt::print("profile: steps {}:{} -> {} (and the other ranks')\n{}", prof_begin, prof_end, trace, table);
+    if (w.main())
+      fmt::print("profile: steps {}:{} -> {} (and the other ranks')\n{}", prof_begin, prof_end,
+                 trace, table);
     prof.reset();
   };
 
@@ -393,8 +429,10 @@ int run(const Options& o, World& w) {
     opt.set_lr(lr_at(o, step));
     const auto [comm0, exposed0] = comm_now();
     const double ddp_wait0 = ddp_wait;
-    if (root) root->zero_grad();
-    else flat.grads.zero_();
+    if (root)
+      root->zero_grad();
+    else
+      flat.grads.zero_();
     double loss = 0;
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
       const bool sync = micro == o.grad_accum - 1;
@@ -404,7 +442,8 @@ int run(const Options& o, World& w) {
       b.targets = b.targets.to(device);
       Tensor logits = model.forward(b.inputs).view({B * T, cfg.vocab});
       auto xent = ops::cross_entropy_forward(logits, b.targets);
-      Tensor dlogits = ops::cross_entropy_backward(logits, b.targets, xent.lse, 1.0 / double(o.grad_accum));
+      Tensor dlogits =
+          ops::cross_entropy_backward(logits, b.targets, xent.lse, 1.0 / double(o.grad_accum));
       logits = Tensor();
       model.backward(dlogits.view({B, T, cfg.vocab}));
       loss += xent.loss / double(o.grad_accum);
@@ -419,7 +458,8 @@ int run(const Options& o, World& w) {
         optim::clip_grad_norm(groups, o.clip, root ? w.mesh->group(w.mesh->ndim() - 1) : nullptr);
     opt.step();
     // The printed loss is the mean over all ranks; peak mem is the largest rank's.
-    Tensor stats = Tensor::from_vector<double>({loss, double(memory_stats(device).peak)}, {2}).to(device);
+    Tensor stats =
+        Tensor::from_vector<double>({loss, double(memory_stats(device).peak)}, {2}).to(device);
     Tensor all_d = Tensor::empty({2 * int64_t(w.size)}, DType::f64, device);
     w.pg->all_gather_into_tensor(all_d, stats)->wait();
     Tensor all = all_d.to(Device::cpu());
@@ -429,7 +469,8 @@ int run(const Options& o, World& w) {
       mean_loss += all.data<double>()[2 * r] / w.size;
       max_peak = std::max(max_peak, all.data<double>()[2 * r + 1]);
     }
-    FSDP_CHECK(std::isfinite(mean_loss), "[fsdp-train] loss became {} at step {}; lower --lr", mean_loss, step);
+    FSDP_CHECK(std::isfinite(mean_loss), "[fsdp-train] loss became {} at step {}; lower --lr",
+               mean_loss, step);
     if (step > start_step || o.steps == start_step + 1) {  // the first step warms up
       comm_total += comm1 - comm0;
       exposed_total += (exposed1 - exposed0) + (ddp_wait - ddp_wait0);
@@ -438,8 +479,10 @@ int run(const Options& o, World& w) {
     const double tok_s = double(tokens_per_step) / dt;
     const double mfu = cfg.flops_per_token() * tok_s / peak;
     if (w.main()) {
-      fmt::print("step {} | loss {:.4f} | {:.0f} tok/s | mfu {:.1f}% | peak mem {:.2f} GB | lr {:.1e} | grad norm {:.3f}\n",
-                 step, mean_loss, tok_s, 100.0 * mfu, max_peak / 1e9, opt.lr(), grad_norm);
+      fmt::print(
+          "step {} | loss {:.4f} | {:.0f} tok/s | mfu {:.1f}% | peak mem {:.2f} GB | lr {:.1e} | "
+          "grad norm {:.3f}\n",
+          step, mean_loss, tok_s, 100.0 * mfu, max_peak / 1e9, opt.lr(), grad_norm);
       std::fflush(stdout);
     }
     double val_loss = -1;
@@ -456,8 +499,14 @@ int run(const Options& o, World& w) {
       if (w.main()) fmt::print("step {} | val loss {:.4f}\n", step, val_loss);
     }
     if (log_file.is_open()) {
-      nlohmann::json j{{"step", step}, {"loss", mean_loss}, {"lr", opt.lr()}, {"grad_norm", grad_norm},
-                       {"tok_s", tok_s}, {"mfu", mfu}, {"peak_mem_gb", max_peak / 1e9}, {"step_ms", dt * 1e3}};
+      nlohmann::json j{{"step", step},
+                       {"loss", mean_loss},
+                       {"lr", opt.lr()},
+                       {"grad_norm", grad_norm},
+                       {"tok_s", tok_s},
+                       {"mfu", mfu},
+                       {"peak_mem_gb", max_peak / 1e9},
+                       {"step_ms", dt * 1e3}};
       if (val_loss >= 0) j["val_loss"] = val_loss;
       log_file << j.dump() << "\n";
       log_file.flush();
@@ -484,8 +533,9 @@ int run(const Options& o, World& w) {
       fmt::print("summary | step {:.1f} ms | peak mem {:.1f} MB", 1e3 * step_total / n,
                  *std::max_element(pv.begin(), pv.end()) / 1e6);
       if (w.size > 1)
-        fmt::print(" | comm {:.1f} ms/step in collectives, {:.1f} ms/step exposed ({:.0f}%)", 1e3 * comm_total / n,
-                   1e3 * exposed_total / n, comm_total > 0 ? 100.0 * std::min(1.0, exposed_total / comm_total) : 0.0);
+        fmt::print(" | comm {:.1f} ms/step in collectives, {:.1f} ms/step exposed ({:.0f}%)",
+                   1e3 * comm_total / n, 1e3 * exposed_total / n,
+                   comm_total > 0 ? 100.0 * std::min(1.0, exposed_total / comm_total) : 0.0);
       fmt::print("\n");
     }
   }
@@ -504,71 +554,96 @@ int run(const Options& o, World& w) {
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app{"fsdp-train: train the MiniLLM (the C++ form of the reference FSDP2 script)", "fsdp-train"};
+  CLI::App app{"fsdp-train: train the MiniLLM (the C++ form of the reference FSDP2 script)",
+               "fsdp-train"};
   app.get_formatter()->column_width(34);
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides an earlier one
+  app.option_defaults()->multi_option_policy(
+      CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides an earlier one
   app.add_option("--preset", o.preset, "model and batch preset: seed (the reference size) or tiny")
       ->capture_default_str();
-  app.add_option("--arch", o.arch, "architecture: seed (reference MiniLLM) or llama (causal, RoPE, SwiGLU)");
+  app.add_option("--arch", o.arch,
+                 "architecture: seed (reference MiniLLM) or llama (causal, RoPE, SwiGLU)");
   app.add_option("--vocab", o.vocab, "vocabulary size (overrides the preset)");
   app.add_option("--dim", o.dim, "model width (overrides the preset)");
   app.add_option("--layers", o.layers, "transformer blocks (overrides the preset)");
   app.add_option("--heads", o.heads, "attention heads (overrides the preset)");
   app.add_option("--seq", o.seq, "sequence length (overrides the preset)");
   app.add_option("--batch", o.batch, "sequences per step (overrides the preset)");
-  app.add_option("--ffn-hidden", o.ffn_hidden, "FFN hidden size (0: 4*dim for seed, 8/3*dim rounded for llama)");
+  app.add_option("--ffn-hidden", o.ffn_hidden,
+                 "FFN hidden size (0: 4*dim for seed, 8/3*dim rounded for llama)");
   app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
-  app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")
+      ->capture_default_str();
   app.add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str();
   app.add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str();
   app.add_option("--eps", o.eps, "AdamW eps")->capture_default_str();
-  app.add_option("--seed", o.seed, "seed for initialisation and random tokens")->capture_default_str();
+  app.add_option("--seed", o.seed, "seed for initialisation and random tokens")
+      ->capture_default_str();
   app.add_option("--dtype", o.dtype, "dtype of the (master) parameters: f32 or f64 (f32 on CUDA)")
       ->capture_default_str();
   app.add_option("--device", o.device, "cpu or cuda (ranks take the GPU of their local rank; NCCL)")
       ->capture_default_str();
-  app.add_option("--threads", o.threads, "OpenMP threads for BLAS and kernels (0: all cores)")->capture_default_str();
+  app.add_option("--threads", o.threads, "OpenMP threads for BLAS and kernels (0: all cores)")
+      ->capture_default_str();
   app.add_option("--data", o.data,
-                 "llm.c .bin token shards (a file, a directory or a glob) or a text file read as bytes (vocab >= 256); "
+                 "llm.c .bin token shards (a file, a directory or a glob) or a text file read as "
+                 "bytes (vocab >= 256); "
                  "default: random tokens");
   app.add_option("--sample-tokens", o.sample_tokens, "bytes to sample after training on --data")
       ->capture_default_str();
   app.add_option("--prompt", o.prompt, "prompt for the sample")->capture_default_str();
   app.add_option("--temperature", o.temperature, "sampling temperature")->capture_default_str();
-  app.add_option("--shard", o.shard, "full: fully_shard every block and the root; none: DDP-style baseline")
+  app.add_option("--shard", o.shard,
+                 "full: fully_shard every block and the root; none: DDP-style baseline")
       ->capture_default_str();
   app.add_option("--reshard-after-forward", o.reshard_after_forward,
                  "free each block's unsharded parameters after its forward (false: ZeRO-2 style)")
       ->capture_default_str();
-  app.add_option("--hsdp", o.hsdp, "HSDP: this many replica groups, each sharding over world/R ranks (0: off)")
+  app.add_option("--hsdp", o.hsdp,
+                 "HSDP: this many replica groups, each sharding over world/R ranks (0: off)")
       ->capture_default_str();
-  app.add_option("--grad-accum", o.grad_accum, "microbatches per optimizer step (gradients reduced on the last)")
+  app.add_option("--grad-accum", o.grad_accum,
+                 "microbatches per optimizer step (gradients reduced on the last)")
       ->capture_default_str();
-  app.add_option("--param-dtype", o.param_dtype, "fully_shard's param_dtype: all-gather and compute dtype (e.g. bf16)");
-  app.add_option("--reduce-dtype", o.reduce_dtype, "fully_shard's reduce_dtype: gradient reduce-scatter dtype");
-  app.add_option("--grad-clip,--clip", o.clip, "clip gradients to this global norm (0: off)")->capture_default_str();
-  app.add_option("--warmup-steps", o.warmup, "linear learning-rate warmup steps")->capture_default_str();
-  app.add_option("--lr-decay", o.lr_decay, "after warmup: none (constant), cosine or linear")->capture_default_str();
-  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the decay")->capture_default_str();
-  app.add_option("--decay-steps", o.decay_steps, "step at which the decay reaches --min-lr (0: --steps)")
+  app.add_option("--param-dtype", o.param_dtype,
+                 "fully_shard's param_dtype: all-gather and compute dtype (e.g. bf16)");
+  app.add_option("--reduce-dtype", o.reduce_dtype,
+                 "fully_shard's reduce_dtype: gradient reduce-scatter dtype");
+  app.add_option("--grad-clip,--clip", o.clip, "clip gradients to this global norm (0: off)")
       ->capture_default_str();
-  app.add_flag("--wd-2d-only", o.wd_2d_only, "apply weight decay to 2-D weights only (not norms and biases)");
+  app.add_option("--warmup-steps", o.warmup, "linear learning-rate warmup steps")
+      ->capture_default_str();
+  app.add_option("--lr-decay", o.lr_decay, "after warmup: none (constant), cosine or linear")
+      ->capture_default_str();
+  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the decay")
+      ->capture_default_str();
+  app.add_option("--decay-steps", o.decay_steps,
+                 "step at which the decay reaches --min-lr (0: --steps)")
+      ->capture_default_str();
+  app.add_flag("--wd-2d-only", o.wd_2d_only,
+               "apply weight decay to 2-D weights only (not norms and biases)");
   app.add_option("--eval-every", o.eval_every, "print the validation loss every N steps (0: never)")
       ->capture_default_str();
   app.add_option("--eval-batches", o.eval_batches, "batches per validation")->capture_default_str();
-  app.add_flag("--shuffle", o.shuffle, "visit the data's seq+1-token windows in a seeded random order each epoch");
-  app.add_option("--val-data", o.val_data, "validation data (default: the last --val-fraction of --data)");
-  app.add_option("--val-fraction", o.val_fraction, "share of --data held out for validation")->capture_default_str();
+  app.add_flag("--shuffle", o.shuffle,
+               "visit the data's seq+1-token windows in a seeded random order each epoch");
+  app.add_option("--val-data", o.val_data,
+                 "validation data (default: the last --val-fraction of --data)");
+  app.add_option("--val-fraction", o.val_fraction, "share of --data held out for validation")
+      ->capture_default_str();
   app.add_option("--ckpt-dir", o.ckpt_dir, "directory of sharded checkpoints");
-  app.add_option("--ckpt-every", o.ckpt_every, "save a checkpoint every N steps and at the end (0: never)")
+  app.add_option("--ckpt-every", o.ckpt_every,
+                 "save a checkpoint every N steps and at the end (0: never)")
       ->capture_default_str();
   app.add_option("--keep", o.keep, "keep the newest K checkpoints (0: all)")->capture_default_str();
   app.add_flag("--resume", o.resume, "continue from the newest checkpoint in --ckpt-dir");
   app.add_option("--init-from", o.init_from, "initialise from full weights in a safetensors file");
   app.add_option("--log-file", o.log_file, "append one JSON object per step to this file");
-  app.add_option("--profile-steps", o.profile_steps, "profile steps A:B (A included, B not), e.g. 3:5");
-  app.add_option("--profile-dir", o.profile_dir, "where the trace and table of each rank go")->capture_default_str();
+  app.add_option("--profile-steps", o.profile_steps,
+                 "profile steps A:B (A included, B not), e.g. 3:5");
+  app.add_option("--profile-dir", o.profile_dir, "where the trace and table of each rank go")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -579,8 +654,10 @@ int main(int argc, char** argv) {
   try {
     World w;
     const fsdp::Device device = fsdp::parse_device(o.device);
-    FSDP_CHECK(device.is_cpu() || fsdp::cuda_available(),
-               "[fsdp-train] --device {}: no CUDA device is visible (or fsdp.cpp was built without CUDA)", o.device);
+    FSDP_CHECK(
+        device.is_cpu() || fsdp::cuda_available(),
+        "[fsdp-train] --device {}: no CUDA device is visible (or fsdp.cpp was built without CUDA)",
+        o.device);
     w.pg = fsdp::dist::init_process_group({.device = device});
     w.rank = w.pg->rank();
     w.size = w.pg->size();
@@ -592,7 +669,8 @@ int main(int argc, char** argv) {
     // Peers may be waiting in a collective this rank will never join: end the
     // job instead of unwinding into destructors that wait for them.
     const int rank = fsdp::dist::is_initialized() ? fsdp::dist::world_info().rank : 0;
-    fmt::print(stderr, "fsdp-train: error{}: {}\n", rank ? fmt::format(" (rank {})", rank) : "", e.what());
+    fmt::print(stderr, "fsdp-train: error{}: {}\n", rank ? fmt::format(" (rank {})", rank) : "",
+               e.what());
     fsdp::dist::abort_process(1);
   }
 }

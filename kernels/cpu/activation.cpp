@@ -44,10 +44,10 @@ void swiglu_backward(const T* dy, const T* gate, const T* up, T* dgate, T* dup, 
   }
 }
 
-#define FSDP_INSTANTIATE(T)                                                  \
-  template void silu_forward<T>(const T*, T*, int64_t);                      \
-  template void silu_backward<T>(const T*, const T*, T*, int64_t);           \
-  template void swiglu_forward<T>(const T*, const T*, T*, int64_t);          \
+#define FSDP_INSTANTIATE(T)                                         \
+  template void silu_forward<T>(const T*, T*, int64_t);             \
+  template void silu_backward<T>(const T*, const T*, T*, int64_t);  \
+  template void swiglu_forward<T>(const T*, const T*, T*, int64_t); \
   template void swiglu_backward<T>(const T*, const T*, const T*, T*, T*, int64_t);
 FSDP_INSTANTIATE(float)
 FSDP_INSTANTIATE(double)

@@ -15,7 +15,8 @@
 namespace fsdp::kernels::cpu {
 
 template <class T>
-void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int64_t H, int64_t hd, bool causal) {
+void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int64_t H, int64_t hd,
+                       bool causal) {
   const int64_t d = H * hd, ld = 3 * d;
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel
@@ -53,8 +54,8 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int6
 }
 
 template <class T>
-void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv, int64_t B, int64_t T_,
-                        int64_t H, int64_t hd, bool causal) {
+void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv, int64_t B,
+                        int64_t T_, int64_t H, int64_t hd, bool causal) {
   const int64_t d = H * hd, ld = 3 * d;
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel
@@ -102,10 +103,10 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
   }
 }
 
-#define FSDP_INSTANTIATE(T)                                                                                  \
-  template void attention_forward<T>(const T*, T*, T*, int64_t, int64_t, int64_t, int64_t, bool);           \
-  template void attention_backward<T>(const T*, const T*, const T*, const T*, T*, int64_t, int64_t, int64_t, \
-                                      int64_t, bool);
+#define FSDP_INSTANTIATE(T)                                                                       \
+  template void attention_forward<T>(const T*, T*, T*, int64_t, int64_t, int64_t, int64_t, bool); \
+  template void attention_backward<T>(const T*, const T*, const T*, const T*, T*, int64_t,        \
+                                      int64_t, int64_t, int64_t, bool);
 FSDP_INSTANTIATE(float)
 FSDP_INSTANTIATE(double)
 #undef FSDP_INSTANTIATE

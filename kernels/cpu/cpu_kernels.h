@@ -24,51 +24,71 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a
 double measure_sgemm_flops(int64_t n, int repeats);
 
 // elementwise.cpp
-template <class T> void add(const T* a, const T* b, T* out, int64_t n);
-template <class T> void add_inplace(T* a, const T* b, int64_t n);
-template <class T> void bias_add_rows(T* y, const T* bias, int64_t rows, int64_t cols);
-template <class T> void sum_rows_into(const T* dy, T* db, int64_t rows, int64_t cols);  // db += sum_r dy[r]
-template <class T> double sum_squares(const T* x, int64_t n);
-template <class T> void scale(T* x, T s, int64_t n);
+template <class T>
+void add(const T* a, const T* b, T* out, int64_t n);
+template <class T>
+void add_inplace(T* a, const T* b, int64_t n);
+template <class T>
+void bias_add_rows(T* y, const T* bias, int64_t rows, int64_t cols);
+template <class T>
+void sum_rows_into(const T* dy, T* db, int64_t rows, int64_t cols);  // db += sum_r dy[r]
+template <class T>
+double sum_squares(const T* x, int64_t n);
+template <class T>
+void scale(T* x, T s, int64_t n);
 
 // activation.cpp
-template <class T> void silu_forward(const T* x, T* y, int64_t n);
-template <class T> void silu_backward(const T* dy, const T* x, T* dx, int64_t n);
-template <class T> void swiglu_forward(const T* gate, const T* up, T* y, int64_t n);
-template <class T> void swiglu_backward(const T* dy, const T* gate, const T* up, T* dgate, T* dup, int64_t n);
+template <class T>
+void silu_forward(const T* x, T* y, int64_t n);
+template <class T>
+void silu_backward(const T* dy, const T* x, T* dx, int64_t n);
+template <class T>
+void swiglu_forward(const T* gate, const T* up, T* y, int64_t n);
+template <class T>
+void swiglu_backward(const T* dy, const T* gate, const T* up, T* dgate, T* dup, int64_t n);
 
 // embedding.cpp: ids are int32 or int64 (I).
-template <class T, class I> void embedding_forward(const I* ids, const T* w, T* y, int64_t n, int64_t dim);
-template <class T, class I> void embedding_backward(const I* ids, const T* dy, T* dw, int64_t n, int64_t dim);
+template <class T, class I>
+void embedding_forward(const I* ids, const T* w, T* y, int64_t n, int64_t dim);
+template <class T, class I>
+void embedding_backward(const I* ids, const T* dy, T* dw, int64_t n, int64_t dim);
 
 // rmsnorm.cpp: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps), per row.
-template <class T> void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t dim, double eps);
-template <class T> void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw,
-                                         int64_t rows, int64_t dim);
+template <class T>
+void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t dim, double eps);
+template <class T>
+void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw,
+                      int64_t rows, int64_t dim);
 
 // rope.cpp: rotates the q and k parts of a packed qkv [B, T, 3, H, hd] in
 // place, half-split pairs (i, i + hd/2) as Hugging Face's rotate_half does.
 // inverse = true applies the transpose rotation (the backward).
-template <class T> void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t hd, double theta, bool inverse);
+template <class T>
+void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t hd, double theta, bool inverse);
 
 // attention.cpp: out = softmax(q k^T / sqrt(hd) [+ causal mask]) v per (b, h)
 // from a packed qkv [B, T, 3d]. lse [B, H, T] keeps each row's log-sum-exp, so
 // the backward recomputes the probabilities instead of storing B*H*T*T of them.
-template <class T> void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int64_t H,
-                                          int64_t hd, bool causal);
-template <class T> void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv,
-                                           int64_t B, int64_t T_, int64_t H, int64_t hd, bool causal);
+template <class T>
+void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int64_t H, int64_t hd,
+                       bool causal);
+template <class T>
+void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv, int64_t B,
+                        int64_t T_, int64_t H, int64_t hd, bool causal);
 
 // softmax_xent.cpp: mean cross-entropy over n rows of v logits.
-template <class T, class I> double softmax_xent_forward(const T* logits, const I* targets, T* lse, int64_t n, int64_t v);
-template <class T, class I> void softmax_xent_backward(const T* logits, const I* targets, const T* lse, T* dlogits,
-                                                      double dloss, int64_t n, int64_t v);
+template <class T, class I>
+double softmax_xent_forward(const T* logits, const I* targets, T* lse, int64_t n, int64_t v);
+template <class T, class I>
+void softmax_xent_backward(const T* logits, const I* targets, const T* lse, T* dlogits,
+                           double dloss, int64_t n, int64_t v);
 
 // adamw.cpp: one fused AdamW step over a flat buffer, PyTorch's semantics.
 struct AdamWArgs {
   double lr, beta1, beta2, eps, weight_decay;
   int64_t step;  // 1-based, after the increment
 };
-template <class T> void adamw(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWArgs& a);
+template <class T>
+void adamw(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWArgs& a);
 
 }  // namespace fsdp::kernels::cpu

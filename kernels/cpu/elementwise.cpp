@@ -54,12 +54,12 @@ void scale(T* x, T s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
-#define FSDP_INSTANTIATE(T)                                            \
-  template void scale<T>(T*, T, int64_t);                              \
-  template void add<T>(const T*, const T*, T*, int64_t);               \
-  template void add_inplace<T>(T*, const T*, int64_t);                 \
-  template void bias_add_rows<T>(T*, const T*, int64_t, int64_t);      \
-  template void sum_rows_into<T>(const T*, T*, int64_t, int64_t);      \
+#define FSDP_INSTANTIATE(T)                                       \
+  template void scale<T>(T*, T, int64_t);                         \
+  template void add<T>(const T*, const T*, T*, int64_t);          \
+  template void add_inplace<T>(T*, const T*, int64_t);            \
+  template void bias_add_rows<T>(T*, const T*, int64_t, int64_t); \
+  template void sum_rows_into<T>(const T*, T*, int64_t, int64_t); \
   template double sum_squares<T>(const T*, int64_t);
 FSDP_INSTANTIATE(float)
 FSDP_INSTANTIATE(double)

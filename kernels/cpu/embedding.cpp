@@ -10,7 +10,8 @@ namespace fsdp::kernels::cpu {
 template <class T, class I>
 void embedding_forward(const I* ids, const T* w, T* y, int64_t n, int64_t dim) {
 #pragma omp parallel for if (n * dim > (1 << 15))
-  for (int64_t i = 0; i < n; ++i) std::memcpy(y + i * dim, w + int64_t(ids[i]) * dim, size_t(dim) * sizeof(T));
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(y + i * dim, w + int64_t(ids[i]) * dim, size_t(dim) * sizeof(T));
 }
 
 template <class T, class I>

@@ -27,8 +27,8 @@ void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_
 }
 
 template <class T>
-void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t rows,
-                      int64_t dim) {
+void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw,
+                      int64_t rows, int64_t dim) {
 #pragma omp parallel for if (rows * dim > (1 << 14))
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * dim;
@@ -52,9 +52,10 @@ void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx,
   }
 }
 
-#define FSDP_INSTANTIATE(T)                                                                     \
-  template void rmsnorm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);       \
-  template void rmsnorm_backward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t, int64_t);
+#define FSDP_INSTANTIATE(T)                                                                  \
+  template void rmsnorm_forward<T>(const T*, const T*, T*, T*, int64_t, int64_t, double);    \
+  template void rmsnorm_backward<T>(const T*, const T*, const T*, const T*, T*, T*, int64_t, \
+                                    int64_t);
 FSDP_INSTANTIATE(float)
 FSDP_INSTANTIATE(double)
 #undef FSDP_INSTANTIATE

@@ -29,8 +29,8 @@ double softmax_xent_forward(const T* logits, const I* targets, T* lse, int64_t n
 }
 
 template <class T, class I>
-void softmax_xent_backward(const T* logits, const I* targets, const T* lse, T* dlogits, double dloss, int64_t n,
-                           int64_t v) {
+void softmax_xent_backward(const T* logits, const I* targets, const T* lse, T* dlogits,
+                           double dloss, int64_t n, int64_t v) {
   const T k = T(dloss / double(n));
 #pragma omp parallel for if (n * v > (1 << 14))
   for (int64_t r = 0; r < n; ++r) {
@@ -43,9 +43,10 @@ void softmax_xent_backward(const T* logits, const I* targets, const T* lse, T* d
   }
 }
 
-#define FSDP_INSTANTIATE(T, I)                                                                     \
-  template double softmax_xent_forward<T, I>(const T*, const I*, T*, int64_t, int64_t);            \
-  template void softmax_xent_backward<T, I>(const T*, const I*, const T*, T*, double, int64_t, int64_t);
+#define FSDP_INSTANTIATE(T, I)                                                                 \
+  template double softmax_xent_forward<T, I>(const T*, const I*, T*, int64_t, int64_t);        \
+  template void softmax_xent_backward<T, I>(const T*, const I*, const T*, T*, double, int64_t, \
+                                            int64_t);
 FSDP_INSTANTIATE(float, int32_t)
 FSDP_INSTANTIATE(float, int64_t)
 FSDP_INSTANTIATE(double, int32_t)

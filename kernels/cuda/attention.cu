@@ -21,12 +21,14 @@ struct Dims {
 };
 
 template <class T>
-__device__ __forceinline__ const T* qkv_row(const T* qkv, const Dims& d, int64_t b, int64_t t, int part, int64_t h) {
+__device__ __forceinline__ const T* qkv_row(const T* qkv, const Dims& d, int64_t b, int64_t t,
+                                            int part, int64_t h) {
   return qkv + ((b * d.T + t) * 3 + part) * d.H * d.hd + h * d.hd;
 }
 
 template <class T>
-__device__ __forceinline__ void load_row(float (&r)[kPerLane], const T* p, int64_t hd, int lane, float mul = 1.f) {
+__device__ __forceinline__ void load_row(float (&r)[kPerLane], const T* p, int64_t hd, int lane,
+                                         float mul = 1.f) {
 #pragma unroll
   for (int u = 0; u < kPerLane; ++u) {
     const int64_t c = lane + 32 * u;
@@ -34,7 +36,8 @@ __device__ __forceinline__ void load_row(float (&r)[kPerLane], const T* p, int64
   }
 }
 
-__device__ __forceinline__ float dot_row(const float (&r)[kPerLane], const float* s, int64_t hd, int lane) {
+__device__ __forceinline__ float dot_row(const float (&r)[kPerLane], const float* s, int64_t hd,
+                                         int lane) {
   float acc = 0.f;
 #pragma unroll
   for (int u = 0; u < kPerLane; ++u) {
@@ -46,8 +49,8 @@ __device__ __forceinline__ float dot_row(const float (&r)[kPerLane], const float
 
 // Stages rows [j0, j0 + kTile) of two row sources into shared memory.
 template <class T, class RowA, class RowB>
-__device__ __forceinline__ void stage(float (*sa)[kMaxD], float (*sb)[kMaxD], int64_t j0, int64_t limit, int64_t hd,
-                                      RowA row_a, RowB row_b) {
+__device__ __forceinline__ void stage(float (*sa)[kMaxD], float (*sb)[kMaxD], int64_t j0,
+                                      int64_t limit, int64_t hd, RowA row_a, RowB row_b) {
   for (int64_t e = threadIdx.x; e < kTile * hd; e += blockDim.x) {
     const int64_t jj = e / hd, c = e % hd, j = j0 + jj;
     sa[jj][c] = j < limit ? to_f32(row_a(j)[c]) : 0.f;
@@ -56,8 +59,8 @@ __device__ __forceinline__ void stage(float (*sa)[kMaxD], float (*sb)[kMaxD], in
 }
 
 template <class T>
-__global__ void attn_fwd(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse, Dims d, bool causal,
-                         float scale) {
+__global__ void attn_fwd(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse,
+                         Dims d, bool causal, float scale) {
   __shared__ float sk[kTile][kMaxD], sv[kTile][kMaxD];
   const int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -69,8 +72,9 @@ __global__ void attn_fwd(const T* __restrict__ qkv, T* __restrict__ out, float* 
   const int64_t end = causal ? min(d.T, (int64_t(blockIdx.y) + 1) * kWarps) : d.T;
   for (int64_t j0 = 0; j0 < end; j0 += kTile) {
     __syncthreads();
-    stage<T>(sk, sv, j0, d.T, d.hd, [&](int64_t j) { return qkv_row(qkv, d, b, j, 1, h); },
-             [&](int64_t j) { return qkv_row(qkv, d, b, j, 2, h); });
+    stage<T>(
+        sk, sv, j0, d.T, d.hd, [&](int64_t j) { return qkv_row(qkv, d, b, j, 1, h); },
+        [&](int64_t j) { return qkv_row(qkv, d, b, j, 2, h); });
     __syncthreads();
     if (!valid) continue;
     for (int jj = 0; jj < kTile; ++jj) {
@@ -99,7 +103,8 @@ __global__ void attn_fwd(const T* __restrict__ qkv, T* __restrict__ out, float* 
 
 // D[i] = dO[i] . O[i], per (b, h, i).
 template <class T>
-__global__ void attn_rowdot(const T* __restrict__ dout, const T* __restrict__ out, float* __restrict__ D, Dims d) {
+__global__ void attn_rowdot(const T* __restrict__ dout, const T* __restrict__ out,
+                            float* __restrict__ D, Dims d) {
   const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // over B * T * H
   const int lane = threadIdx.x % 32;
   if (row >= d.B * d.T * d.H) return;
@@ -113,8 +118,9 @@ __global__ void attn_rowdot(const T* __restrict__ dout, const T* __restrict__ ou
 }
 
 template <class T>
-__global__ void attn_bwd_dq(const T* __restrict__ dout, const T* __restrict__ qkv, const float* __restrict__ lse,
-                            const float* __restrict__ D, T* __restrict__ dqkv, Dims d, bool causal, float scale) {
+__global__ void attn_bwd_dq(const T* __restrict__ dout, const T* __restrict__ qkv,
+                            const float* __restrict__ lse, const float* __restrict__ D,
+                            T* __restrict__ dqkv, Dims d, bool causal, float scale) {
   __shared__ float sk[kTile][kMaxD], sv[kTile][kMaxD];
   const int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -131,8 +137,9 @@ __global__ void attn_bwd_dq(const T* __restrict__ dout, const T* __restrict__ qk
   const int64_t end = causal ? min(d.T, (int64_t(blockIdx.y) + 1) * kWarps) : d.T;
   for (int64_t j0 = 0; j0 < end; j0 += kTile) {
     __syncthreads();
-    stage<T>(sk, sv, j0, d.T, d.hd, [&](int64_t j) { return qkv_row(qkv, d, b, j, 1, h); },
-             [&](int64_t j) { return qkv_row(qkv, d, b, j, 2, h); });
+    stage<T>(
+        sk, sv, j0, d.T, d.hd, [&](int64_t j) { return qkv_row(qkv, d, b, j, 1, h); },
+        [&](int64_t j) { return qkv_row(qkv, d, b, j, 2, h); });
     __syncthreads();
     if (!valid) continue;
     for (int jj = 0; jj < kTile; ++jj) {
@@ -157,8 +164,9 @@ __global__ void attn_bwd_dq(const T* __restrict__ dout, const T* __restrict__ qk
 }
 
 template <class T>
-__global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ qkv, const float* __restrict__ lse,
-                              const float* __restrict__ D, T* __restrict__ dqkv, Dims d, bool causal, float scale) {
+__global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ qkv,
+                              const float* __restrict__ lse, const float* __restrict__ D,
+                              T* __restrict__ dqkv, Dims d, bool causal, float scale) {
   __shared__ float sq[kTile][kMaxD], sdo[kTile][kMaxD];
   __shared__ float slse[kTile], sD[kTile];
   const int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H;
@@ -173,8 +181,9 @@ __global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ 
   const int64_t begin = causal ? (int64_t(blockIdx.y) * kWarps) / kTile * kTile : 0;
   for (int64_t i0 = begin; i0 < d.T; i0 += kTile) {
     __syncthreads();
-    stage<T>(sq, sdo, i0, d.T, d.hd, [&](int64_t i) { return qkv_row(qkv, d, b, i, 0, h); },
-             [&](int64_t i) { return dout + (b * d.T + i) * d.H * d.hd + h * d.hd; });
+    stage<T>(
+        sq, sdo, i0, d.T, d.hd, [&](int64_t i) { return qkv_row(qkv, d, b, i, 0, h); },
+        [&](int64_t i) { return dout + (b * d.T + i) * d.H * d.hd + h * d.hd; });
     if (threadIdx.x < kTile) {
       const int64_t i = i0 + threadIdx.x;
       slse[threadIdx.x] = i < d.T ? lse[(b * d.H + h) * d.T + i] : 0.f;
@@ -213,39 +222,46 @@ __global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ 
 
 }  // namespace
 
-void attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T, int64_t H, int64_t hd,
-                       bool causal, int device, Stream s) {
-  FSDP_CHECK(hd <= kMaxD, "[attention] CUDA attention supports head dims up to {}, got {}", kMaxD, hd);
+void attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
+                       int64_t H, int64_t hd, bool causal, int device, Stream s) {
+  FSDP_CHECK(hd <= kMaxD, "[attention] CUDA attention supports head dims up to {}, got {}", kMaxD,
+             hd);
   if (B * T * H == 0) return;
   CUDA_CHECK(cudaSetDevice(device));
   const Dims d{B, T, H, hd};
   const dim3 grid(unsigned(B * H), unsigned((T + kWarps - 1) / kWarps));
   dispatch_float(t, "attention", [&](auto tv) {
     using TT = decltype(tv);
-    attn_fwd<TT><<<grid, 32 * kWarps, 0, cudaStream_t(s)>>>(static_cast<const TT*>(qkv), static_cast<TT*>(out), lse, d,
-                                                            causal, 1.f / sqrtf(float(hd)));
+    attn_fwd<TT><<<grid, 32 * kWarps, 0, cudaStream_t(s)>>>(
+        static_cast<const TT*>(qkv), static_cast<TT*>(out), lse, d, causal, 1.f / sqrtf(float(hd)));
   });
   CUDA_CHECK(cudaGetLastError());
 }
 
-void attention_backward(const void* dout, const void* qkv, const void* out, const float* lse, void* dqkv, DType t,
-                        int64_t B, int64_t T, int64_t H, int64_t hd, bool causal, int device, Stream s) {
-  FSDP_CHECK(hd <= kMaxD, "[attention_backward] CUDA attention supports head dims up to {}, got {}", kMaxD, hd);
+void attention_backward(const void* dout, const void* qkv, const void* out, const float* lse,
+                        void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                        bool causal, int device, Stream s) {
+  FSDP_CHECK(hd <= kMaxD, "[attention_backward] CUDA attention supports head dims up to {}, got {}",
+             kMaxD, hd);
   if (B * T * H == 0) return;
   CUDA_CHECK(cudaSetDevice(device));
   const Dims d{B, T, H, hd};
   float* D = nullptr;
-  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&D), size_t(B * H * T) * sizeof(float), cudaStream_t(s)));
+  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&D), size_t(B * H * T) * sizeof(float),
+                             cudaStream_t(s)));
   const dim3 grid(unsigned(B * H), unsigned((T + kWarps - 1) / kWarps));
   const float scale = 1.f / sqrtf(float(hd));
   dispatch_float(t, "attention_backward", [&](auto tv) {
     using TT = decltype(tv);
-    attn_rowdot<TT><<<unsigned((B * T * H + kWarps - 1) / kWarps), 32 * kWarps, 0, cudaStream_t(s)>>>(
-        static_cast<const TT*>(dout), static_cast<const TT*>(out), D, d);
-    attn_bwd_dq<TT><<<grid, 32 * kWarps, 0, cudaStream_t(s)>>>(static_cast<const TT*>(dout), static_cast<const TT*>(qkv),
-                                                               lse, D, static_cast<TT*>(dqkv), d, causal, scale);
+    attn_rowdot<TT>
+        <<<unsigned((B * T * H + kWarps - 1) / kWarps), 32 * kWarps, 0, cudaStream_t(s)>>>(
+            static_cast<const TT*>(dout), static_cast<const TT*>(out), D, d);
+    attn_bwd_dq<TT><<<grid, 32 * kWarps, 0, cudaStream_t(s)>>>(
+        static_cast<const TT*>(dout), static_cast<const TT*>(qkv), lse, D, static_cast<TT*>(dqkv),
+        d, causal, scale);
     attn_bwd_dkdv<TT><<<grid, 32 * kWarps, 0, cudaStream_t(s)>>>(
-        static_cast<const TT*>(dout), static_cast<const TT*>(qkv), lse, D, static_cast<TT*>(dqkv), d, causal, scale);
+        static_cast<const TT*>(dout), static_cast<const TT*>(qkv), lse, D, static_cast<TT*>(dqkv),
+        d, causal, scale);
   });
   CUDA_CHECK(cudaGetLastError());
   CUDA_CHECK(cudaFreeAsync(D, cudaStream_t(s)));

@@ -1,9 +1,9 @@
 // dtype casts, fills and FSDP's segment copies on the device (grid-stride).
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cuda_kernels.h"
-
 #include <algorithm>
 #include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_kernels.h"
 
 namespace fsdp::kernels::cuda {
 
@@ -19,19 +19,23 @@ __global__ void fill_kernel(T* __restrict__ dst, T value, int64_t n) {
 
 // One block row per segment; threads stride over the segment's elements.
 template <class D, class S>
-__global__ void copy_segments_kernel(D* __restrict__ dst, const S* __restrict__ src, const int64_t* __restrict__ dst_off,
-                                     const int64_t* __restrict__ src_off, const int64_t* __restrict__ count) {
+__global__ void copy_segments_kernel(D* __restrict__ dst, const S* __restrict__ src,
+                                     const int64_t* __restrict__ dst_off,
+                                     const int64_t* __restrict__ src_off,
+                                     const int64_t* __restrict__ count) {
   const int64_t seg = blockIdx.y;
   const int64_t n = count[seg];
   D* d = dst + dst_off[seg];
   const S* s = src + src_off[seg];
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
     d[i] = convert<D>(s[i]);
 }
 
 void memcpy_sync(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) {
-  cudaMemcpyKind kind = dst_dev.is_cpu() ? (src_dev.is_cpu() ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost)
-                                         : (src_dev.is_cpu() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice);
+  cudaMemcpyKind kind =
+      dst_dev.is_cpu() ? (src_dev.is_cpu() ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost)
+                       : (src_dev.is_cpu() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice);
   CUDA_CHECK(cudaMemcpy(dst, src, nbytes, kind));
 }
 
@@ -39,14 +43,16 @@ void cast(void* dst, DType dst_t, const void* src, DType src_t, int64_t n, int d
   if (n == 0) return;
   CUDA_CHECK(cudaSetDevice(device));
   if (dst_t == src_t) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * dtype_size(dst_t), cudaMemcpyDeviceToDevice, cudaStream_t(s)));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * dtype_size(dst_t), cudaMemcpyDeviceToDevice,
+                               cudaStream_t(s)));
     return;
   }
   dispatch_device(dst_t, [&](auto dv) {
     using D = decltype(dv);
     dispatch_device(src_t, [&](auto sv) {
       using S = decltype(sv);
-      cast_kernel<D, S><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(static_cast<D*>(dst), static_cast<const S*>(src), n);
+      cast_kernel<D, S><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(
+          static_cast<D*>(dst), static_cast<const S*>(src), n);
     });
   });
   CUDA_CHECK(cudaGetLastError());
@@ -57,33 +63,38 @@ void fill(void* dst, DType t, int64_t n, double value, int device, Stream s) {
   CUDA_CHECK(cudaSetDevice(device));
   dispatch_device(t, [&](auto tv) {
     using T = decltype(tv);
-    fill_kernel<T><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(static_cast<T*>(dst), convert<T>(value), n);
+    fill_kernel<T>
+        <<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(static_cast<T*>(dst), convert<T>(value), n);
   });
   CUDA_CHECK(cudaGetLastError());
 }
 
-void copy_segments(void* dst, DType dst_t, const void* src, DType src_t, const int64_t* dst_off, const int64_t* src_off,
-                   const int64_t* count, int64_t segments, int device, Stream s) {
+void copy_segments(void* dst, DType dst_t, const void* src, DType src_t, const int64_t* dst_off,
+                   const int64_t* src_off, const int64_t* count, int64_t segments, int device,
+                   Stream s) {
   if (segments == 0) return;
   CUDA_CHECK(cudaSetDevice(device));
   // The offsets travel in one small device buffer, freed after the stream reaches it.
   int64_t* meta = nullptr;
   int64_t longest = 0;
   for (int64_t i = 0; i < segments; ++i) longest = std::max(longest, count[i]);
-  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&meta), size_t(3 * segments) * sizeof(int64_t), cudaStream_t(s)));
+  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&meta),
+                             size_t(3 * segments) * sizeof(int64_t), cudaStream_t(s)));
   std::vector<int64_t> host(size_t(3 * segments));
   std::copy(dst_off, dst_off + segments, host.begin());
   std::copy(src_off, src_off + segments, host.begin() + segments);
   std::copy(count, count + segments, host.begin() + 2 * segments);
-  CUDA_CHECK(cudaMemcpyAsync(meta, host.data(), host.size() * sizeof(int64_t), cudaMemcpyHostToDevice, cudaStream_t(s)));
+  CUDA_CHECK(cudaMemcpyAsync(meta, host.data(), host.size() * sizeof(int64_t),
+                             cudaMemcpyHostToDevice, cudaStream_t(s)));
   // From pageable memory, cudaMemcpyAsync returns once `host` is staged, so it may go now.
   dim3 grid(grid_for(longest, 256, 1024), unsigned(segments));
   dispatch_device(dst_t, [&](auto dv) {
     using D = decltype(dv);
     dispatch_device(src_t, [&](auto sv) {
       using S = decltype(sv);
-      copy_segments_kernel<D, S><<<grid, 256, 0, cudaStream_t(s)>>>(static_cast<D*>(dst), static_cast<const S*>(src),
-                                                                  meta, meta + segments, meta + 2 * segments);
+      copy_segments_kernel<D, S>
+          <<<grid, 256, 0, cudaStream_t(s)>>>(static_cast<D*>(dst), static_cast<const S*>(src),
+                                              meta, meta + segments, meta + 2 * segments);
     });
   });
   CUDA_CHECK(cudaGetLastError());

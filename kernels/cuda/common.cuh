@@ -11,9 +11,9 @@
 #include "fsdp/core/dtype.h"
 #include "fsdp/core/error.h"
 
-#define CUDA_CHECK(expr)                                                                          \
-  do {                                                                                            \
-    cudaError_t err_ = (expr);                                                                    \
+#define CUDA_CHECK(expr)                                                                         \
+  do {                                                                                           \
+    cudaError_t err_ = (expr);                                                                   \
     if (err_ != cudaSuccess) FSDP_FAIL("[cuda] {} failed: {}", #expr, cudaGetErrorString(err_)); \
   } while (0)
 
@@ -23,12 +23,24 @@ namespace fsdp::kernels::cuda {
 template <class F>
 void dispatch_device(DType t, F&& f) {
   switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::f64: f(double{}); return;
-    case DType::bf16: f(__nv_bfloat16{}); return;
-    case DType::f16: f(__half{}); return;
-    case DType::i32: f(int32_t{}); return;
-    case DType::i64: f(int64_t{}); return;
+    case DType::f32:
+      f(float{});
+      return;
+    case DType::f64:
+      f(double{});
+      return;
+    case DType::bf16:
+      f(__nv_bfloat16{});
+      return;
+    case DType::f16:
+      f(__half{});
+      return;
+    case DType::i32:
+      f(int32_t{});
+      return;
+    case DType::i64:
+      f(int64_t{});
+      return;
   }
 }
 
@@ -36,10 +48,17 @@ void dispatch_device(DType t, F&& f) {
 template <class F>
 void dispatch_float(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::bf16: f(__nv_bfloat16{}); return;
-    case DType::f16: f(__half{}); return;
-    default: FSDP_FAIL("[{}] CUDA kernels take f32, bf16 or f16, got {}", op, dtype_name(t));
+    case DType::f32:
+      f(float{});
+      return;
+    case DType::bf16:
+      f(__nv_bfloat16{});
+      return;
+    case DType::f16:
+      f(__half{});
+      return;
+    default:
+      FSDP_FAIL("[{}] CUDA kernels take f32, bf16 or f16, got {}", op, dtype_name(t));
   }
 }
 
@@ -50,21 +69,38 @@ void dispatch_index(DType t, const char* op, F&& f) {
   FSDP_FAIL("[{}] token ids must be i32 or i64, got {}", op, dtype_name(t));
 }
 
-template <class T> __device__ __forceinline__ float to_f32(T v) { return float(v); }
-template <> __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <> __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+template <class T>
+__device__ __forceinline__ float to_f32(T v) {
+  return float(v);
+}
+template <>
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ float to_f32(__half v) {
+  return __half2float(v);
+}
 
 // Converts through double for the wide types and through float for the narrow ones.
 template <class D, class S>
 __device__ __forceinline__ D convert(S v) {
-  if constexpr (std::is_same_v<D, S>) return v;
-  else if constexpr (std::is_same_v<D, __nv_bfloat16>) return __float2bfloat16(to_f32(v));
-  else if constexpr (std::is_same_v<D, __half>) return __float2half(to_f32(v));
-  else if constexpr (std::is_same_v<S, __nv_bfloat16> || std::is_same_v<S, __half>) return D(to_f32(v));
-  else return D(v);
+  if constexpr (std::is_same_v<D, S>)
+    return v;
+  else if constexpr (std::is_same_v<D, __nv_bfloat16>)
+    return __float2bfloat16(to_f32(v));
+  else if constexpr (std::is_same_v<D, __half>)
+    return __float2half(to_f32(v));
+  else if constexpr (std::is_same_v<S, __nv_bfloat16> || std::is_same_v<S, __half>)
+    return D(to_f32(v));
+  else
+    return D(v);
 }
 
-template <class T> __device__ __forceinline__ T from_f32(float v) { return convert<T>(v); }
+template <class T>
+__device__ __forceinline__ T from_f32(float v) {
+  return convert<T>(v);
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -113,9 +149,12 @@ __device__ __forceinline__ float block_max(float v) {
 // Adds v into a gradient element of any floating storage type.
 template <class T>
 __device__ __forceinline__ void atomic_add(T* p, float v) {
-  if constexpr (std::is_same_v<T, float>) atomicAdd(p, v);
-  else if constexpr (std::is_same_v<T, double>) atomicAdd(p, double(v));
-  else atomicAdd(p, from_f32<T>(v));  // native bf16/f16 atomics (sm_80+)
+  if constexpr (std::is_same_v<T, float>)
+    atomicAdd(p, v);
+  else if constexpr (std::is_same_v<T, double>)
+    atomicAdd(p, double(v));
+  else
+    atomicAdd(p, from_f32<T>(v));  // native bf16/f16 atomics (sm_80+)
 }
 
 inline unsigned grid_for(int64_t n, int block, unsigned cap = 65535u) {
@@ -123,7 +162,8 @@ inline unsigned grid_for(int64_t n, int block, unsigned cap = 65535u) {
   return unsigned(g < 1 ? 1 : (g > cap ? cap : g));
 }
 
-#define GRID_STRIDE(i, n) \
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+#define GRID_STRIDE(i, n)                                                   \
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); \
+       i += int64_t(gridDim.x) * blockDim.x)
 
 }  // namespace fsdp::kernels::cuda

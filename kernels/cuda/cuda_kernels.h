@@ -21,65 +21,74 @@ using Stream = void*;
 void memcpy_sync(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes);
 void cast(void* dst, DType dst_t, const void* src, DType src_t, int64_t n, int device, Stream s);
 void fill(void* dst, DType t, int64_t n, double value, int device, Stream s);
-// One launch for many contiguous segments: dst[dst_off[i] ..] = cast(src[src_off[i] ..]) for count[i]
-// elements. FSDP's all-gather copy-out and reduce-scatter chunk-cat are this.
+// One launch for many contiguous segments: dst[dst_off[i] ..] = cast(src[src_off[i] ..]) for
+// count[i] elements. FSDP's all-gather copy-out and reduce-scatter chunk-cat are this.
 void copy_segments(void* dst, DType dst_t, const void* src, DType src_t, const int64_t* dst_off,
-                   const int64_t* src_off, const int64_t* count, int64_t segments, int device, Stream s);
+                   const int64_t* src_off, const int64_t* count, int64_t segments, int device,
+                   Stream s);
 
 // elementwise.cu
 void add(const void* a, const void* b, void* out, DType t, int64_t n, int device, Stream s);
 void add_inplace(void* a, DType at, const void* b, DType bt, int64_t n, int device, Stream s);
 void scale(void* x, DType t, double v, int64_t n, int device, Stream s);
-double sum_squares(const void* x, DType t, int64_t n, int device, Stream s);  // synchronises to return
-void sum_rows_into(const void* dy, DType t, void* db, DType dbt, int64_t rows, int64_t cols, int device, Stream s);
+double sum_squares(const void* x, DType t, int64_t n, int device,
+                   Stream s);  // synchronises to return
+void sum_rows_into(const void* dy, DType t, void* db, DType dbt, int64_t rows, int64_t cols,
+                   int device, Stream s);
 
 // gemm.cu: row-major C[m,n] = alpha op(A) op(B) + beta C through cuBLASLt, f32 accumulation
 // (f32 inputs may use TF32 when FSDP_CUDA_TF32=1). bias (optional, [n], dtype t) is the epilogue.
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a, const void* b, float beta,
-          void* c, DType t, const void* bias, int device, Stream s);
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+          const void* b, float beta, void* c, DType t, const void* bias, int device, Stream s);
 // Best bf16 GEMM FLOP/s on an n x n x n product, and the device-to-device copy GB/s.
 double measure_gemm_flops(int64_t n, DType t, int device);
 double measure_copy_gbps(int64_t bytes, int device);
 
 // activation.cu
 void silu_forward(const void* x, void* y, DType t, int64_t n, int device, Stream s);
-void silu_backward(const void* dy, const void* x, void* dx, DType t, int64_t n, int device, Stream s);
-void swiglu_forward(const void* g, const void* u, void* y, DType t, int64_t n, int device, Stream s);
-void swiglu_backward(const void* dy, const void* g, const void* u, void* dg, void* du, DType t, int64_t n, int device,
-                     Stream s);
+void silu_backward(const void* dy, const void* x, void* dx, DType t, int64_t n, int device,
+                   Stream s);
+void swiglu_forward(const void* g, const void* u, void* y, DType t, int64_t n, int device,
+                    Stream s);
+void swiglu_backward(const void* dy, const void* g, const void* u, void* dg, void* du, DType t,
+                     int64_t n, int device, Stream s);
 
 // embedding.cu: ids are i32 or i64.
 // An id outside [0, vocab) gives a NaN row (forward) and no update (backward).
-void embedding_forward(const void* ids, DType idt, const void* w, void* y, DType t, int64_t n, int64_t vocab,
-                       int64_t dim, int device, Stream s);
-void embedding_backward(const void* ids, DType idt, const void* dy, DType t, void* dw, DType dwt, int64_t n,
-                        int64_t vocab, int64_t dim, int device, Stream s);
+void embedding_forward(const void* ids, DType idt, const void* w, void* y, DType t, int64_t n,
+                       int64_t vocab, int64_t dim, int device, Stream s);
+void embedding_backward(const void* ids, DType idt, const void* dy, DType t, void* dw, DType dwt,
+                        int64_t n, int64_t vocab, int64_t dim, int device, Stream s);
 
 // rmsnorm.cu: rstd is f32 [rows].
-void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, DType t, int64_t rows, int64_t dim,
-                     double eps, int device, Stream s);
-void rmsnorm_backward(const void* dy, const void* x, const void* w, const float* rstd, void* dx, void* dw, DType dwt,
-                      DType t, int64_t rows, int64_t dim, int device, Stream s);
+void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, DType t, int64_t rows,
+                     int64_t dim, double eps, int device, Stream s);
+void rmsnorm_backward(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
+                      void* dw, DType dwt, DType t, int64_t rows, int64_t dim, int device,
+                      Stream s);
 
 // rope.cu: in place on the q and k parts of qkv [B, T, 3, H, hd], half-split pairs.
-void rope_qkv(void* qkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd, double theta, bool inverse, int device,
-              Stream s);
+void rope_qkv(void* qkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd, double theta,
+              bool inverse, int device, Stream s);
 
 // attention.cu: flash-style; lse is f32 [B, H, T]; no T x T matrix is stored.
-void attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T, int64_t H, int64_t hd,
-                       bool causal, int device, Stream s);
-void attention_backward(const void* dout, const void* qkv, const void* out, const float* lse, void* dqkv, DType t,
-                        int64_t B, int64_t T, int64_t H, int64_t hd, bool causal, int device, Stream s);
+void attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
+                       int64_t H, int64_t hd, bool causal, int device, Stream s);
+void attention_backward(const void* dout, const void* qkv, const void* out, const float* lse,
+                        void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                        bool causal, int device, Stream s);
 
 // softmax_xent.cu: lse is f32 [n]; returns the mean loss (synchronises to read it);
 // a target outside [0, v) makes the loss NaN.
-double softmax_xent_forward(const void* logits, const void* targets, DType tt, float* lse, DType t, int64_t n,
-                            int64_t v, int device, Stream s);
-void softmax_xent_backward(const void* logits, const void* targets, DType tt, const float* lse, void* dlogits,
-                           DType t, double dloss, int64_t n, int64_t v, int device, Stream s);
+double softmax_xent_forward(const void* logits, const void* targets, DType tt, float* lse, DType t,
+                            int64_t n, int64_t v, int device, Stream s);
+void softmax_xent_backward(const void* logits, const void* targets, DType tt, const float* lse,
+                           void* dlogits, DType t, double dloss, int64_t n, int64_t v, int device,
+                           Stream s);
 
 // adamw.cu: one fused step over flat f32 buffers (the master weights).
-void adamw(void* param, const void* grad, void* m, void* v, DType t, int64_t n, double lr, double beta1, double beta2,
-           double eps, double weight_decay, int64_t step, int device, Stream s);
+void adamw(void* param, const void* grad, void* m, void* v, DType t, int64_t n, double lr,
+           double beta1, double beta2, double eps, double weight_decay, int64_t step, int device,
+           Stream s);
 
 }  // namespace fsdp::kernels::cuda

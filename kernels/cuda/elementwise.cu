@@ -5,7 +5,8 @@
 namespace fsdp::kernels::cuda {
 
 template <class T>
-__global__ void add_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out, int64_t n) {
+__global__ void add_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
+                           int64_t n) {
   GRID_STRIDE(i, n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));
 }
 
@@ -32,7 +33,8 @@ __global__ void sum_squares_kernel(const T* __restrict__ x, int64_t n, double* o
 
 // One thread per column, looping over rows: coalesced, deterministic.
 template <class T, class G>
-__global__ void sum_rows_kernel(const T* __restrict__ dy, G* __restrict__ db, int64_t rows, int64_t cols) {
+__global__ void sum_rows_kernel(const T* __restrict__ dy, G* __restrict__ db, int64_t rows,
+                                int64_t cols) {
   const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= cols) return;
   float acc = 0.f;
@@ -45,8 +47,8 @@ void add(const void* a, const void* b, void* out, DType t, int64_t n, int device
   CUDA_CHECK(cudaSetDevice(device));
   dispatch_float(t, "add", [&](auto tv) {
     using T = decltype(tv);
-    add_kernel<T><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(static_cast<const T*>(a), static_cast<const T*>(b),
-                                                                 static_cast<T*>(out), n);
+    add_kernel<T><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(
+        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n);
   });
   CUDA_CHECK(cudaGetLastError());
 }
@@ -58,8 +60,8 @@ void add_inplace(void* a, DType at, const void* b, DType bt, int64_t n, int devi
     using A = decltype(av);
     dispatch_float(bt, "add_", [&](auto bv) {
       using B = decltype(bv);
-      add_inplace_kernel<A, B><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(static_cast<A*>(a),
-                                                                             static_cast<const B*>(b), n);
+      add_inplace_kernel<A, B><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(
+          static_cast<A*>(a), static_cast<const B*>(b), n);
     });
   });
   CUDA_CHECK(cudaGetLastError());
@@ -83,25 +85,28 @@ double sum_squares(const void* x, DType t, int64_t n, int device, Stream s) {
   if (n > 0)
     dispatch_float(t, "sum_squares", [&](auto tv) {
       using T = decltype(tv);
-      sum_squares_kernel<T><<<grid_for(n, 256, 1024), 256, 0, cudaStream_t(s)>>>(static_cast<const T*>(x), n, d);
+      sum_squares_kernel<T>
+          <<<grid_for(n, 256, 1024), 256, 0, cudaStream_t(s)>>>(static_cast<const T*>(x), n, d);
     });
   CUDA_CHECK(cudaGetLastError());
   double h = 0;
   CUDA_CHECK(cudaMemcpyAsync(&h, d, sizeof(double), cudaMemcpyDeviceToHost, cudaStream_t(s)));
   CUDA_CHECK(cudaFreeAsync(d, cudaStream_t(s)));
-  CUDA_CHECK(cudaStreamSynchronize(cudaStream_t(s)));  // the caller asked for a host value (clipping, tests)
+  CUDA_CHECK(cudaStreamSynchronize(
+      cudaStream_t(s)));  // the caller asked for a host value (clipping, tests)
   return h;
 }
 
-void sum_rows_into(const void* dy, DType t, void* db, DType dbt, int64_t rows, int64_t cols, int device, Stream s) {
+void sum_rows_into(const void* dy, DType t, void* db, DType dbt, int64_t rows, int64_t cols,
+                   int device, Stream s) {
   if (cols == 0) return;
   CUDA_CHECK(cudaSetDevice(device));
   dispatch_float(t, "sum_rows", [&](auto tv) {
     using T = decltype(tv);
     dispatch_float(dbt, "sum_rows", [&](auto gv) {
       using G = decltype(gv);
-      sum_rows_kernel<T, G><<<grid_for(cols, 256, 1u << 30), 256, 0, cudaStream_t(s)>>>(static_cast<const T*>(dy),
-                                                                                        static_cast<G*>(db), rows, cols);
+      sum_rows_kernel<T, G><<<grid_for(cols, 256, 1u << 30), 256, 0, cudaStream_t(s)>>>(
+          static_cast<const T*>(dy), static_cast<G*>(db), rows, cols);
     });
   });
   CUDA_CHECK(cudaGetLastError());

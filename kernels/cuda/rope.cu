@@ -6,8 +6,8 @@
 namespace fsdp::kernels::cuda {
 
 template <class T>
-__global__ void rope_kernel(T* __restrict__ qkv, int64_t B, int64_t Tn, int64_t H, int64_t hd, float log_theta,
-                            float sign) {
+__global__ void rope_kernel(T* __restrict__ qkv, int64_t B, int64_t Tn, int64_t H, int64_t hd,
+                            float log_theta, float sign) {
   const int64_t half = hd / 2, n = B * Tn * 2 * H * half;
   GRID_STRIDE(idx, n) {
     const int64_t i = idx % half;
@@ -26,15 +26,15 @@ __global__ void rope_kernel(T* __restrict__ qkv, int64_t B, int64_t Tn, int64_t 
   }
 }
 
-void rope_qkv(void* qkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd, double theta, bool inverse, int device,
-              Stream s) {
+void rope_qkv(void* qkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd, double theta,
+              bool inverse, int device, Stream s) {
   const int64_t n = B * T * 2 * H * (hd / 2);
   if (n == 0) return;
   CUDA_CHECK(cudaSetDevice(device));
   dispatch_float(t, "rope", [&](auto tv) {
     using TT = decltype(tv);
-    rope_kernel<TT><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(static_cast<TT*>(qkv), B, T, H, hd,
-                                                                   float(std::log(theta)), inverse ? -1.f : 1.f);
+    rope_kernel<TT><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(
+        static_cast<TT*>(qkv), B, T, H, hd, float(std::log(theta)), inverse ? -1.f : 1.f);
   });
   CUDA_CHECK(cudaGetLastError());
 }

@@ -8,8 +8,8 @@
 namespace fsdp::kernels::cuda {
 
 template <class T, class I>
-__global__ void xent_fwd(const T* __restrict__ logits, const I* __restrict__ targets, float* __restrict__ lse,
-                         double* __restrict__ loss_sum, int64_t v) {
+__global__ void xent_fwd(const T* __restrict__ logits, const I* __restrict__ targets,
+                         float* __restrict__ lse, double* __restrict__ loss_sum, int64_t v) {
   const int64_t row = blockIdx.x;
   const T* x = logits + row * v;
   float m = -INFINITY;
@@ -27,8 +27,8 @@ __global__ void xent_fwd(const T* __restrict__ logits, const I* __restrict__ tar
 }
 
 template <class T, class I>
-__global__ void xent_bwd(const T* __restrict__ logits, const I* __restrict__ targets, const float* __restrict__ lse,
-                         T* __restrict__ d, float k, int64_t v) {
+__global__ void xent_bwd(const T* __restrict__ logits, const I* __restrict__ targets,
+                         const float* __restrict__ lse, T* __restrict__ d, float k, int64_t v) {
   const int64_t row = blockIdx.x;
   const T* x = logits + row * v;
   T* dr = d + row * v;
@@ -38,8 +38,8 @@ __global__ void xent_bwd(const T* __restrict__ logits, const I* __restrict__ tar
     dr[j] = from_f32<T>(__expf(to_f32(x[j]) - l) * k - (j == tgt ? k : 0.f));
 }
 
-double softmax_xent_forward(const void* logits, const void* targets, DType tt, float* lse, DType t, int64_t n, int64_t v,
-                            int device, Stream s) {
+double softmax_xent_forward(const void* logits, const void* targets, DType tt, float* lse, DType t,
+                            int64_t n, int64_t v, int device, Stream s) {
   CUDA_CHECK(cudaSetDevice(device));
   double* sum = nullptr;
   CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&sum), sizeof(double), cudaStream_t(s)));
@@ -48,8 +48,8 @@ double softmax_xent_forward(const void* logits, const void* targets, DType tt, f
     using I = decltype(iv);
     dispatch_float(t, "cross_entropy", [&](auto tv) {
       using T = decltype(tv);
-      xent_fwd<T, I><<<unsigned(n), 512, 0, cudaStream_t(s)>>>(static_cast<const T*>(logits),
-                                                              static_cast<const I*>(targets), lse, sum, v);
+      xent_fwd<T, I><<<unsigned(n), 512, 0, cudaStream_t(s)>>>(
+          static_cast<const T*>(logits), static_cast<const I*>(targets), lse, sum, v);
     });
   });
   CUDA_CHECK(cudaGetLastError());
@@ -60,16 +60,17 @@ double softmax_xent_forward(const void* logits, const void* targets, DType tt, f
   return h / double(n);
 }
 
-void softmax_xent_backward(const void* logits, const void* targets, DType tt, const float* lse, void* dlogits, DType t,
-                           double dloss, int64_t n, int64_t v, int device, Stream s) {
+void softmax_xent_backward(const void* logits, const void* targets, DType tt, const float* lse,
+                           void* dlogits, DType t, double dloss, int64_t n, int64_t v, int device,
+                           Stream s) {
   CUDA_CHECK(cudaSetDevice(device));
   dispatch_index(tt, "cross_entropy_backward", [&](auto iv) {
     using I = decltype(iv);
     dispatch_float(t, "cross_entropy_backward", [&](auto tv) {
       using T = decltype(tv);
-      xent_bwd<T, I><<<unsigned(n), 512, 0, cudaStream_t(s)>>>(static_cast<const T*>(logits),
-                                                              static_cast<const I*>(targets), lse, static_cast<T*>(dlogits),
-                                                              float(dloss / double(n)), v);
+      xent_bwd<T, I><<<unsigned(n), 512, 0, cudaStream_t(s)>>>(
+          static_cast<const T*>(logits), static_cast<const I*>(targets), lse,
+          static_cast<T*>(dlogits), float(dloss / double(n)), v);
     });
   });
   CUDA_CHECK(cudaGetLastError());

@@ -37,7 +37,8 @@ void barrier(const std::shared_ptr<dist::ProcessGroup>& world) {
   if (world && world->size() > 1) world->barrier()->wait();
 }
 
-// Rows [begin, begin + len) of a shard buffer `flat` at `offset` with row width `row`, shaped like the parameter.
+// Rows [begin, begin + len) of a shard buffer `flat` at `offset` with row width `row`, shaped like
+// the parameter.
 Tensor rows_view(const Tensor& flat, int64_t offset, int64_t rows, const Shape& global) {
   const int64_t row = global[0] ? shape_numel(global) / global[0] : 0;
   Shape s = global;
@@ -47,8 +48,9 @@ Tensor rows_view(const Tensor& flat, int64_t offset, int64_t rows, const Shape& 
 
 }  // namespace
 
-void save(const std::string& dir, int64_t step, FSDPModule& root, optim::AdamW& opt, const std::string& config_json,
-          int keep, const std::shared_ptr<dist::ProcessGroup>& world) {
+void save(const std::string& dir, int64_t step, FSDPModule& root, optim::AdamW& opt,
+          const std::string& config_json, int keep,
+          const std::shared_ptr<dist::ProcessGroup>& world) {
   const int rank = world ? world->rank() : 0;
   const fs::path final_dir = fs::path(dir) / step_name(step);
   const fs::path tmp = fs::path(dir) / (".tmp_" + step_name(step));
@@ -70,12 +72,16 @@ void save(const std::string& dir, int64_t step, FSDPModule& root, optim::AdamW& 
     std::vector<std::pair<std::string, Tensor>> tensors;
     const double slow_ms = env_double("FSDP_CKPT_SLOW_WRITE_MS");
     for (const auto& in : infos) {
-      tensors.emplace_back("param/" + in.name, rows_view(groups[in.group].params, in.offset, in.local_rows, in.global_shape));
-      tensors.emplace_back("exp_avg/" + in.name, rows_view(opt.exp_avg(in.group), in.offset, in.local_rows, in.global_shape));
-      tensors.emplace_back("exp_avg_sq/" + in.name,
-                           rows_view(opt.exp_avg_sq(in.group), in.offset, in.local_rows, in.global_shape));
+      tensors.emplace_back("param/" + in.name, rows_view(groups[in.group].params, in.offset,
+                                                         in.local_rows, in.global_shape));
+      tensors.emplace_back("exp_avg/" + in.name, rows_view(opt.exp_avg(in.group), in.offset,
+                                                           in.local_rows, in.global_shape));
+      tensors.emplace_back("exp_avg_sq/" + in.name, rows_view(opt.exp_avg_sq(in.group), in.offset,
+                                                              in.local_rows, in.global_shape));
     }
-    if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(int64_t(slow_ms)));  // tests: a window to kill in
+    if (slow_ms > 0)
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(int64_t(slow_ms)));  // tests: a window to kill in
     const fs::path file = tmp / shard_file(shard);
     save_safetensors(file.string(), tensors, {{"shard", std::to_string(shard)}});
     checksum = file_checksum(file.string());
@@ -140,12 +146,14 @@ void save(const std::string& dir, int64_t step, FSDPModule& root, optim::AdamW& 
     std::error_code ec;
     fs::remove_all(final_dir, ec);  // an older checkpoint of the same step is replaced whole
     fs::rename(tmp, final_dir, ec);
-    FSDP_CHECK(!ec, "[checkpoint] rename '{}' -> '{}' failed: {}", tmp.string(), final_dir.string(), ec.message());
+    FSDP_CHECK(!ec, "[checkpoint] rename '{}' -> '{}' failed: {}", tmp.string(), final_dir.string(),
+               ec.message());
     fsync_path(dir, true);
     if (keep > 0) {
       std::vector<fs::path> steps;
       for (auto& e : fs::directory_iterator(dir))
-        if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) steps.push_back(e.path());
+        if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0)
+          steps.push_back(e.path());
       std::sort(steps.begin(), steps.end());
       for (size_t i = 0; i + size_t(keep) < steps.size(); ++i) fs::remove_all(steps[i], ec);
     }
@@ -166,11 +174,12 @@ std::string latest(const std::string& dir) {
   return steps.back().string();
 }
 
-Loaded load(const std::string& path, FSDPModule& root, optim::AdamW& opt, const std::string& config_json,
-            const std::vector<std::string>& model_keys) {
+Loaded load(const std::string& path, FSDPModule& root, optim::AdamW& opt,
+            const std::string& config_json, const std::vector<std::string>& model_keys) {
   const fs::path dir(path);
   const fs::path mp = dir / "metadata.json";
-  FSDP_CHECK(fs::exists(mp), "[checkpoint] {} has no metadata.json (not a checkpoint, or an unfinished one)", path);
+  FSDP_CHECK(fs::exists(mp),
+             "[checkpoint] {} has no metadata.json (not a checkpoint, or an unfinished one)", path);
   json meta;
   try {
     std::ifstream f(mp);
@@ -178,41 +187,49 @@ Loaded load(const std::string& path, FSDPModule& root, optim::AdamW& opt, const 
   } catch (const json::exception& e) {
     FSDP_FAIL("[checkpoint] {}: metadata.json is not valid JSON: {}", path, e.what());
   }
-  FSDP_CHECK(meta.value("format", "") == "fsdp.cpp-checkpoint/1", "[checkpoint] {}: unknown format '{}'", mp.string(),
-             meta.value("format", ""));
+  FSDP_CHECK(meta.value("format", "") == "fsdp.cpp-checkpoint/1",
+             "[checkpoint] {}: unknown format '{}'", mp.string(), meta.value("format", ""));
   const json want = json::parse(config_json);
   for (const std::string& k : model_keys) {
     const json have = meta["config"].value(k, json());
-    FSDP_CHECK(have == want.value(k, json()), "[checkpoint] {} was saved with {} {} but this run has {} {}", path, k,
-               have.dump(), k, want.value(k, json()).dump());
+    FSDP_CHECK(have == want.value(k, json()),
+               "[checkpoint] {} was saved with {} {} but this run has {} {}", path, k, have.dump(),
+               k, want.value(k, json()).dump());
   }
   const int old_shards = meta["shards"].get<int>();
   for (int s = 0; s < old_shards; ++s) {
     const fs::path file = dir / shard_file(s);
-    FSDP_CHECK(fs::exists(file), "[checkpoint] {} is missing {} (the checkpoint was written by {} shards)", path,
+    FSDP_CHECK(fs::exists(file),
+               "[checkpoint] {} is missing {} (the checkpoint was written by {} shards)", path,
                shard_file(s), old_shards);
   }
 
   auto infos = root.shard_infos();
   auto groups = root.param_groups(0);
-  std::map<int, std::unique_ptr<SafetensorsIndex>> open;  // old shard files this rank reads, checked once
+  std::map<int, std::unique_ptr<SafetensorsIndex>>
+      open;  // old shard files this rank reads, checked once
   auto shard_index = [&](int s) -> SafetensorsIndex& {
     auto& idx = open[s];
     if (!idx) {
       const fs::path file = dir / shard_file(s);
-      const std::string expect = meta["files"].value(shard_file(s), json::object()).value("checksum", "");
+      const std::string expect =
+          meta["files"].value(shard_file(s), json::object()).value("checksum", "");
       const std::string got = file_checksum(file.string());
-      FSDP_CHECK(got == expect, "[checkpoint] {}: checksum {} does not match the metadata's {} (truncated or corrupted)",
-                 file.string(), got, expect);
+      FSDP_CHECK(
+          got == expect,
+          "[checkpoint] {}: checksum {} does not match the metadata's {} (truncated or corrupted)",
+          file.string(), got, expect);
       idx = std::make_unique<SafetensorsIndex>(file.string());
     }
     return *idx;
   };
   for (const auto& in : infos) {
-    FSDP_CHECK(meta["tensors"].contains(in.name), "[checkpoint] {} has no tensor '{}'", path, in.name);
+    FSDP_CHECK(meta["tensors"].contains(in.name), "[checkpoint] {} has no tensor '{}'", path,
+               in.name);
     const json& t = meta["tensors"][in.name];
-    FSDP_CHECK(t["shape"].get<Shape>() == in.global_shape, "[checkpoint] {}: '{}' has shape {} but the model has {}",
-               path, in.name, shape_str(t["shape"].get<Shape>()), shape_str(in.global_shape));
+    FSDP_CHECK(t["shape"].get<Shape>() == in.global_shape,
+               "[checkpoint] {}: '{}' has shape {} but the model has {}", path, in.name,
+               shape_str(t["shape"].get<Shape>()), shape_str(in.global_shape));
     const int64_t row = in.global_shape[0] ? shape_numel(in.global_shape) / in.global_shape[0] : 0;
     const int64_t my_b = in.local_begin, my_e = in.local_begin + in.local_rows;
     for (int s = 0; s < old_shards; ++s) {
@@ -226,7 +243,8 @@ Loaded load(const std::string& path, FSDPModule& root, optim::AdamW& opt, const 
       for (const auto& [prefix, flat] : dst) {
         Tensor src = idx.read(prefix + in.name);
         const int64_t at = in.offset + (lo - my_b) * row;
-        flat.slice(at, at + (hi - lo) * row).copy_(src.reshape({-1}).slice((lo - b) * row, (hi - b) * row));
+        flat.slice(at, at + (hi - lo) * row)
+            .copy_(src.reshape({-1}).slice((lo - b) * row, (hi - b) * row));
       }
     }
   }

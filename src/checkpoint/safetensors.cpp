@@ -5,10 +5,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -18,12 +18,18 @@ namespace {
 
 std::string st_dtype(DType t) {
   switch (t) {
-    case DType::f32: return "F32";
-    case DType::f64: return "F64";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
-    case DType::i32: return "I32";
-    case DType::i64: return "I64";
+    case DType::f32:
+      return "F32";
+    case DType::f64:
+      return "F64";
+    case DType::bf16:
+      return "BF16";
+    case DType::f16:
+      return "F16";
+    case DType::i32:
+      return "I32";
+    case DType::i64:
+      return "I64";
   }
   return "?";
 }
@@ -35,7 +41,9 @@ DType parse_st_dtype(const std::string& s, const std::string& path, const std::s
   if (s == "F16") return DType::f16;
   if (s == "I32") return DType::i32;
   if (s == "I64") return DType::i64;
-  FSDP_FAIL("[safetensors] {}: tensor '{}' has dtype '{}'; supported: F32, F64, BF16, F16, I32, I64", path, name, s);
+  FSDP_FAIL(
+      "[safetensors] {}: tensor '{}' has dtype '{}'; supported: F32, F64, BF16, F16, I32, I64",
+      path, name, s);
 }
 
 }  // namespace
@@ -43,7 +51,8 @@ DType parse_st_dtype(const std::string& s, const std::string& path, const std::s
 const Tensor& SafetensorsFile::at(const std::string& name) const {
   for (auto& [n, t] : tensors)
     if (n == name) return t;
-  FSDP_FAIL("[safetensors] {}: no tensor named '{}' ({} tensors in the file)", path, name, tensors.size());
+  FSDP_FAIL("[safetensors] {}: no tensor named '{}' ({} tensors in the file)", path, name,
+            tensors.size());
 }
 
 bool SafetensorsFile::contains(const std::string& name) const {
@@ -58,12 +67,15 @@ SafetensorsIndex::SafetensorsIndex(const std::string& path) : path_(path) {
   f.seekg(0, std::ios::end);
   const uint64_t fsize = uint64_t(f.tellg());
   f.seekg(0);
-  FSDP_CHECK(fsize >= 8, "[safetensors] {}: file is {} bytes, too short for the 8-byte header length", path, fsize);
+  FSDP_CHECK(fsize >= 8,
+             "[safetensors] {}: file is {} bytes, too short for the 8-byte header length", path,
+             fsize);
   uint64_t hlen = 0;
   f.read(reinterpret_cast<char*>(&hlen), 8);
   FSDP_CHECK(hlen <= fsize - 8 && hlen < (uint64_t(1) << 30),
-             "[safetensors] {}: header length {} does not fit in a {}-byte file (truncated or not safetensors)", path,
-             hlen, fsize);
+             "[safetensors] {}: header length {} does not fit in a {}-byte file (truncated or not "
+             "safetensors)",
+             path, hlen, fsize);
   std::string header(hlen, '\0');
   f.read(header.data(), std::streamsize(hlen));
   nlohmann::json j;
@@ -77,19 +89,23 @@ SafetensorsIndex::SafetensorsIndex(const std::string& path) : path_(path) {
   const uint64_t data_size = fsize - data_start_;
   for (auto& [name, v] : j.items()) {
     if (name == "__metadata__") {
-      for (auto& [k, mv] : v.items()) metadata_[k] = mv.is_string() ? mv.get<std::string>() : mv.dump();
+      for (auto& [k, mv] : v.items())
+        metadata_[k] = mv.is_string() ? mv.get<std::string>() : mv.dump();
       continue;
     }
-    FSDP_CHECK(v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
-               "[safetensors] {}: entry '{}' lacks dtype, shape or data_offsets", path, name);
+    FSDP_CHECK(
+        v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
+        "[safetensors] {}: entry '{}' lacks dtype, shape or data_offsets", path, name);
     Entry e{parse_st_dtype(v["dtype"].get<std::string>(), path, name), v["shape"].get<Shape>(),
             v["data_offsets"][0].get<uint64_t>(), v["data_offsets"][1].get<uint64_t>()};
     const uint64_t want = uint64_t(shape_numel(e.shape)) * dtype_size(e.dtype);
     FSDP_CHECK(e.begin <= e.end && e.end <= data_size,
-               "[safetensors] {}: tensor '{}' spans bytes [{}, {}) but the data section has {} bytes (truncated?)",
+               "[safetensors] {}: tensor '{}' spans bytes [{}, {}) but the data section has {} "
+               "bytes (truncated?)",
                path, name, e.begin, e.end, data_size);
-    FSDP_CHECK(e.end - e.begin == want, "[safetensors] {}: tensor '{}' has {} bytes but shape {} of {} needs {}", path,
-               name, e.end - e.begin, shape_str(e.shape), dtype_name(e.dtype), want);
+    FSDP_CHECK(e.end - e.begin == want,
+               "[safetensors] {}: tensor '{}' has {} bytes but shape {} of {} needs {}", path, name,
+               e.end - e.begin, shape_str(e.shape), dtype_name(e.dtype), want);
     entries_[name] = e;
   }
 }
@@ -117,7 +133,8 @@ Tensor SafetensorsIndex::read(const std::string& name) const {
   std::ifstream f(path_, std::ios::binary);
   f.seekg(std::streamoff(data_start_ + e.begin));
   f.read(static_cast<char*>(t.raw_data()), std::streamsize(e.end - e.begin));
-  FSDP_CHECK(f.good() || e.end == e.begin, "[safetensors] {}: short read of tensor '{}'", path_, name);
+  FSDP_CHECK(f.good() || e.end == e.begin, "[safetensors] {}: short read of tensor '{}'", path_,
+             name);
   return t;
 }
 
@@ -135,9 +152,11 @@ SafetensorsFile map_safetensors(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY);
   FSDP_CHECK(fd >= 0, "[safetensors] cannot open '{}': {}", path, std::strerror(errno));
   const off_t size = ::lseek(fd, 0, SEEK_END);
-  void* base = size > 0 ? ::mmap(nullptr, size_t(size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0) : nullptr;
+  void* base = size > 0 ? ::mmap(nullptr, size_t(size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0)
+                        : nullptr;
   ::close(fd);
-  FSDP_CHECK(size == 0 || base != MAP_FAILED, "[safetensors] mmap of '{}' failed: {}", path, std::strerror(errno));
+  FSDP_CHECK(size == 0 || base != MAP_FAILED, "[safetensors] mmap of '{}' failed: {}", path,
+             std::strerror(errno));
   std::shared_ptr<void> mapping(base, [size](void* p) {
     if (p) ::munmap(p, size_t(size));
   });
@@ -146,7 +165,8 @@ SafetensorsFile map_safetensors(const std::string& path) {
   out.metadata = index.metadata();
   for (const std::string& n : index.names()) {
     auto [dtype, shape, offset] = index.locate(n);
-    out.tensors.emplace_back(n, Tensor::from_blob(static_cast<char*>(base) + offset, shape, dtype, mapping));
+    out.tensors.emplace_back(
+        n, Tensor::from_blob(static_cast<char*>(base) + offset, shape, dtype, mapping));
   }
   return out;
 }
@@ -166,17 +186,20 @@ std::string file_checksum(const std::string& path) {
   return fmt::format("{:016x}", h);
 }
 
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   nlohmann::json j = nlohmann::json::object();
   if (!metadata.empty()) j["__metadata__"] = metadata;
   uint64_t off = 0;
   std::vector<Tensor> host;
   for (auto& [name, t] : tensors) {
-    FSDP_CHECK(name != "__metadata__" && !j.contains(name), "[safetensors] duplicate or reserved tensor name '{}'",
-               name);
+    FSDP_CHECK(name != "__metadata__" && !j.contains(name),
+               "[safetensors] duplicate or reserved tensor name '{}'", name);
     Tensor h = t.to(Device::cpu()).contiguous();
-    j[name] = {{"dtype", st_dtype(h.dtype())}, {"shape", h.shape()}, {"data_offsets", {off, off + h.nbytes()}}};
+    j[name] = {{"dtype", st_dtype(h.dtype())},
+               {"shape", h.shape()},
+               {"data_offsets", {off, off + h.nbytes()}}};
     off += h.nbytes();
     host.push_back(h);
   }
@@ -206,8 +229,8 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   for (const Tensor& h : host) write_all(h.raw_data(), h.nbytes());
   FSDP_CHECK(::fsync(fd) == 0, "[safetensors] fsync of '{}' failed: {}", tmp, std::strerror(errno));
   ::close(fd);
-  FSDP_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "[safetensors] rename '{}' -> '{}' failed: {}", tmp, path,
-             std::strerror(errno));
+  FSDP_CHECK(::rename(tmp.c_str(), path.c_str()) == 0,
+             "[safetensors] rename '{}' -> '{}' failed: {}", tmp, path, std::strerror(errno));
 }
 
 }  // namespace fsdp::checkpoint

@@ -56,8 +56,9 @@ class CudaAllocator final : public Allocator {
         empty_cache();
         e = cudaMalloc(&p, size);
       }
-      FSDP_CHECK(e == cudaSuccess, "[allocator] cuda:{}: out of memory allocating {} bytes ({} allocated): {}", device_,
-                 nbytes, allocated_.load(), cudaGetErrorString(e));
+      FSDP_CHECK(e == cudaSuccess,
+                 "[allocator] cuda:{}: out of memory allocating {} bytes ({} allocated): {}",
+                 device_, nbytes, allocated_.load(), cudaGetErrorString(e));
       std::lock_guard<std::mutex> lock(mu_);
       sizes_[p] = size;
       reserved_ += int64_t(size);

@@ -9,18 +9,31 @@ namespace fsdp {
 
 const std::vector<EnvKnob>& env_knobs() {
   static const std::vector<EnvKnob> knobs = {
-      {"FSDP_BACKEND", "", "process group backend: mpi, gloo, nccl or local (default: from the launcher and the device)"},
-      {"FSDP_STORE_PORT", "", "port of our rendezvous store (default MASTER_PORT; MASTER_PORT+1 when torchrun's agent serves its own store there)"},
+      {"FSDP_BACKEND", "",
+       "process group backend: mpi, gloo, nccl or local (default: from the launcher and the "
+       "device)"},
+      {"FSDP_STORE_PORT", "",
+       "port of our rendezvous store (default MASTER_PORT; MASTER_PORT+1 when torchrun's agent "
+       "serves its own store there)"},
       {"FSDP_STORE_TIMEOUT_S", "300", "seconds the rendezvous store waits for ranks and keys"},
-      {"FSDP_COLLECTIVE_TIMEOUT_S", "600", "seconds Work::wait() waits before calling a collective stuck"},
-      {"FSDP_DIST_CHECK", "1", "1: compare each collective's kind, dtype and sizes across ranks first; 0: skip"},
-      {"FSDP_GLOO_HOSTNAME", "", "address Gloo listens on (default: 127.0.0.1 when MASTER_ADDR is local, else the hostname)"},
-      {"FSDP_CACHE_DIR", "", "where measured machine ceilings are cached (default $XDG_CACHE_HOME/fsdp or ~/.cache/fsdp)"},
-      {"FSDP_CKPT_SLOW_WRITE_MS", "0", "tests only: pause this long while writing each checkpoint shard"},
-      {"FSDP_CPU_CACHE_MB", "2048", "most MiB of freed large CPU blocks the allocator keeps for reuse"},
-      {"FSDP_CUDA_POISON", "0", "1: fill every CUDA block handed out with 0xFF (NaN), to catch unwritten outputs"},
+      {"FSDP_COLLECTIVE_TIMEOUT_S", "600",
+       "seconds Work::wait() waits before calling a collective stuck"},
+      {"FSDP_DIST_CHECK", "1",
+       "1: compare each collective's kind, dtype and sizes across ranks first; 0: skip"},
+      {"FSDP_GLOO_HOSTNAME", "",
+       "address Gloo listens on (default: 127.0.0.1 when MASTER_ADDR is local, else the hostname)"},
+      {"FSDP_CACHE_DIR", "",
+       "where measured machine ceilings are cached (default $XDG_CACHE_HOME/fsdp or "
+       "~/.cache/fsdp)"},
+      {"FSDP_CKPT_SLOW_WRITE_MS", "0",
+       "tests only: pause this long while writing each checkpoint shard"},
+      {"FSDP_CPU_CACHE_MB", "2048",
+       "most MiB of freed large CPU blocks the allocator keeps for reuse"},
+      {"FSDP_CUDA_POISON", "0",
+       "1: fill every CUDA block handed out with 0xFF (NaN), to catch unwritten outputs"},
       {"FSDP_CUDA_TF32", "0", "1: let f32 GEMMs on CUDA use TF32 tensor cores"},
-      {"FSDP_GEMM_PEAK_GFLOPS", "0", "fp32 GEMM peak to measure MFU against, in GFLOP/s; 0 measures it once and caches it"},
+      {"FSDP_GEMM_PEAK_GFLOPS", "0",
+       "fp32 GEMM peak to measure MFU against, in GFLOP/s; 0 measures it once and caches it"},
   };
   return knobs;
 }

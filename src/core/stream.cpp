@@ -9,8 +9,10 @@ namespace fsdp {
 void Event::wait(std::chrono::milliseconds timeout, const std::string& what) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!cv_.wait_for(lock, timeout, [&] { return done_; }))
-    FSDP_FAIL("[Work] {} did not complete within {} s; a peer rank may have died or stopped making progress", what,
-              double(timeout.count()) / 1000.0);
+    FSDP_FAIL(
+        "[Work] {} did not complete within {} s; a peer rank may have died or stopped making "
+        "progress",
+        what, double(timeout.count()) / 1000.0);
   if (error_) std::rethrow_exception(error_);
 }
 
@@ -71,7 +73,9 @@ void CpuStream::loop() {
       error = std::current_exception();
     }
     item.first = nullptr;
-    busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    busy_ns_ +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     item.second->set_done(error);
   }
 }

@@ -53,13 +53,15 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return t;
 }
 
-Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner, Device device) {
+Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, std::shared_ptr<void> owner,
+                         Device device) {
   FSDP_CHECK(owner, "[Tensor::from_blob] needs an owner that keeps the memory alive");
   Tensor t;
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;
-  t.storage_ = std::make_shared<Storage>(data, size_t(shape_numel(shape)) * dtype_size(dtype), device, std::move(owner));
+  t.storage_ = std::make_shared<Storage>(data, size_t(shape_numel(shape)) * dtype_size(dtype),
+                                         device, std::move(owner));
   return t;
 }
 
@@ -75,11 +77,14 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
 
 int64_t Tensor::size(int d) const {
   if (d < 0) d += dim();
-  FSDP_CHECK(d >= 0 && d < dim(), "[Tensor::size] dim {} out of range for shape {}", d, shape_str(shape_));
+  FSDP_CHECK(d >= 0 && d < dim(), "[Tensor::size] dim {} out of range for shape {}", d,
+             shape_str(shape_));
   return shape_[d];
 }
 
-bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_) || numel() <= 1; }
+bool Tensor::is_contiguous() const {
+  return strides_ == contiguous_strides(shape_) || numel() <= 1;
+}
 
 void* Tensor::raw_data() const {
   FSDP_CHECK(defined(), "[Tensor] data of an undefined tensor");
@@ -87,8 +92,8 @@ void* Tensor::raw_data() const {
 }
 
 Tensor Tensor::view(const Shape& shape) const {
-  FSDP_CHECK(is_contiguous(), "[Tensor::view] needs a contiguous tensor; shape {} strides {}", shape_str(shape_),
-             shape_str(strides_));
+  FSDP_CHECK(is_contiguous(), "[Tensor::view] needs a contiguous tensor; shape {} strides {}",
+             shape_str(shape_), shape_str(strides_));
   Shape s = shape;
   int infer = -1;
   int64_t known = 1;
@@ -101,12 +106,12 @@ Tensor Tensor::view(const Shape& shape) const {
     }
   }
   if (infer >= 0) {
-    FSDP_CHECK(known > 0 && numel() % known == 0, "[Tensor::view] cannot view {} as {}", shape_str(shape_),
-               shape_str(shape));
+    FSDP_CHECK(known > 0 && numel() % known == 0, "[Tensor::view] cannot view {} as {}",
+               shape_str(shape_), shape_str(shape));
     s[infer] = numel() / known;
   }
-  FSDP_CHECK(shape_numel(s) == numel(), "[Tensor::view] cannot view {} ({} elements) as {}", shape_str(shape_),
-             numel(), shape_str(shape));
+  FSDP_CHECK(shape_numel(s) == numel(), "[Tensor::view] cannot view {} ({} elements) as {}",
+             shape_str(shape_), numel(), shape_str(shape));
   Tensor t = *this;
   t.shape_ = s;
   t.strides_ = contiguous_strides(s);
@@ -115,9 +120,11 @@ Tensor Tensor::view(const Shape& shape) const {
 
 Tensor Tensor::narrow(int d, int64_t start, int64_t length) const {
   if (d < 0) d += dim();
-  FSDP_CHECK(d >= 0 && d < dim(), "[Tensor::narrow] dim {} out of range for shape {}", d, shape_str(shape_));
+  FSDP_CHECK(d >= 0 && d < dim(), "[Tensor::narrow] dim {} out of range for shape {}", d,
+             shape_str(shape_));
   FSDP_CHECK(start >= 0 && length >= 0 && start + length <= shape_[d],
-             "[Tensor::narrow] [{}, {}) is outside dim {} of size {}", start, start + length, d, shape_[d]);
+             "[Tensor::narrow] [{}, {}) is outside dim {} of size {}", start, start + length, d,
+             shape_[d]);
   Tensor t = *this;
   t.shape_[d] = length;
   t.offset_ += start * strides_[d];
@@ -135,8 +142,8 @@ Tensor Tensor::select(int64_t index) const {
 Tensor Tensor::transpose(int a, int b) const {
   if (a < 0) a += dim();
   if (b < 0) b += dim();
-  FSDP_CHECK(a >= 0 && a < dim() && b >= 0 && b < dim(), "[Tensor::transpose] dims ({}, {}) for shape {}", a, b,
-             shape_str(shape_));
+  FSDP_CHECK(a >= 0 && a < dim() && b >= 0 && b < dim(),
+             "[Tensor::transpose] dims ({}, {}) for shape {}", a, b, shape_str(shape_));
   Tensor t = *this;
   std::swap(t.shape_[a], t.shape_[b]);
   std::swap(t.strides_[a], t.strides_[b]);
@@ -182,17 +189,20 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
   Tensor s = src.contiguous();
   if (s.device() != device()) {
     Tensor staged = empty(shape_, s.dtype_, device());
-    kernels::cuda::memcpy_sync(staged.raw_data(), staged.device(), s.raw_data(), s.device(), s.nbytes());
+    kernels::cuda::memcpy_sync(staged.raw_data(), staged.device(), s.raw_data(), s.device(),
+                               s.nbytes());
     s = staged;
   }
   if (device().is_cpu()) {
     kernels::cpu::copy_cast(*this, s);
   } else {
-    kernels::cuda::cast(raw_data(), dtype_, s.raw_data(), s.dtype_, numel(), device().index, nullptr);
+    kernels::cuda::cast(raw_data(), dtype_, s.raw_data(), s.dtype_, numel(), device().index,
+                        nullptr);
   }
   return *this;
 #else
-  FSDP_FAIL("[Tensor::copy_] built without CUDA (copy from {} to {})", src.device().str(), device().str());
+  FSDP_FAIL("[Tensor::copy_] built without CUDA (copy from {} to {})", src.device().str(),
+            device().str());
 #endif
 }
 
@@ -211,7 +221,8 @@ const Tensor& Tensor::fill_(double value) const {
 }
 
 double Tensor::item() const {
-  FSDP_CHECK(numel() == 1, "[Tensor::item] needs exactly one element, the tensor has shape {}", shape_str(shape_));
+  FSDP_CHECK(numel() == 1, "[Tensor::item] needs exactly one element, the tensor has shape {}",
+             shape_str(shape_));
   return to_f64_vector()[0];
 }
 

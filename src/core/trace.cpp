@@ -26,7 +26,8 @@ std::atomic<int64_t> next_token{1};
 }  // namespace
 
 int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -74,7 +75,9 @@ void set_device_hook(DeviceHook h) {
   hook = std::move(h);
 }
 
-int64_t device_hook(bool begin, int64_t token, int device) { return hook ? hook(begin, token, device) : 0; }
+int64_t device_hook(bool begin, int64_t token, int device) {
+  return hook ? hook(begin, token, device) : 0;
+}
 
 void Scope::begin(const char* name, Kind kind) {
   on_ = true;
@@ -88,7 +91,8 @@ void Scope::begin(const char* name, Kind kind) {
 #endif
 }
 
-void Scope::set(std::string shapes, std::string dtype, double flops, double bytes, std::string device) {
+void Scope::set(std::string shapes, std::string dtype, double flops, double bytes,
+                std::string device) {
   if (recording_shapes()) rec_->shapes = std::move(shapes);
   rec_->dtype = std::move(dtype);
   rec_->flops = flops;

@@ -1,12 +1,13 @@
 // Byte-level text and random token sources.
 #include "fsdp/data/text_dataset.h"
 
+#include <glob.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <glob.h>
-#include <algorithm>
 
 #include "fsdp/nn/init.h"
 
@@ -14,11 +15,13 @@ namespace fsdp::data {
 
 TokenStream::TokenStream(std::vector<int32_t> tokens, std::string description, int64_t seq)
     : tokens_(std::move(tokens)), description_(std::move(description)) {
-  FSDP_CHECK(int64_t(tokens_.size()) >= seq + 1, "[data] {} has {} tokens; need at least seq + 1 = {}", description_,
-             tokens_.size(), seq + 1);
+  FSDP_CHECK(int64_t(tokens_.size()) >= seq + 1,
+             "[data] {} has {} tokens; need at least seq + 1 = {}", description_, tokens_.size(),
+             seq + 1);
 }
 
-Batch TokenStream::batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows, int64_t seq) const {
+Batch TokenStream::batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows,
+                         int64_t seq) const {
   Batch b{Tensor::empty({rows, seq}, DType::i32), Tensor::empty({rows, seq}, DType::i32)};
   int32_t* in = b.inputs.data<int32_t>();
   int32_t* tg = b.targets.data<int32_t>();
@@ -33,7 +36,10 @@ Batch TokenStream::batch(int64_t step, int64_t global_rows, int64_t row_begin, i
         perm_.resize(size_t(windows));
         std::vector<std::pair<double, int64_t>> keys(static_cast<size_t>(windows));
         for (int64_t i = 0; i < windows; ++i)
-          keys[size_t(i)] = {nn::counter_uniform(seed_ ^ (0x9e3779b97f4a7c15ull * uint64_t(epoch + 1)), uint64_t(i)), i};
+          keys[size_t(i)] = {
+              nn::counter_uniform(seed_ ^ (0x9e3779b97f4a7c15ull * uint64_t(epoch + 1)),
+                                  uint64_t(i)),
+              i};
         std::sort(keys.begin(), keys.end());
         for (int64_t i = 0; i < windows; ++i) perm_[size_t(i)] = keys[size_t(i)].second;
         perm_epoch_ = epoch;
@@ -55,13 +61,17 @@ void TokenStream::set_shuffle(uint64_t seed, int64_t seq) {
   perm_epoch_ = -1;
 }
 
-std::pair<std::unique_ptr<TokenStream>, std::unique_ptr<TokenStream>> TokenStream::split_tail(double fraction,
-                                                                                                int64_t seq) const {
-  FSDP_CHECK(fraction > 0 && fraction < 1, "[data] validation fraction must be in (0, 1), got {}", fraction);
+std::pair<std::unique_ptr<TokenStream>, std::unique_ptr<TokenStream>> TokenStream::split_tail(
+    double fraction, int64_t seq) const {
+  FSDP_CHECK(fraction > 0 && fraction < 1, "[data] validation fraction must be in (0, 1), got {}",
+             fraction);
   const size_t cut = size_t(double(tokens_.size()) * (1.0 - fraction));
-  std::vector<int32_t> train(tokens_.begin(), tokens_.begin() + long(cut)), val(tokens_.begin() + long(cut), tokens_.end());
-  auto t = std::make_unique<TokenStream>(std::move(train), fmt::format("{} [first {:.0f}%]", description_, 100 * (1 - fraction)), seq);
-  auto v = std::make_unique<TokenStream>(std::move(val), fmt::format("{} [last {:.0f}%]", description_, 100 * fraction), seq);
+  std::vector<int32_t> train(tokens_.begin(), tokens_.begin() + long(cut)),
+      val(tokens_.begin() + long(cut), tokens_.end());
+  auto t = std::make_unique<TokenStream>(
+      std::move(train), fmt::format("{} [first {:.0f}%]", description_, 100 * (1 - fraction)), seq);
+  auto v = std::make_unique<TokenStream>(
+      std::move(val), fmt::format("{} [last {:.0f}%]", description_, 100 * fraction), seq);
   return {std::move(t), std::move(v)};
 }
 
@@ -71,13 +81,15 @@ std::vector<int32_t> read_bytes(const std::string& path, int64_t vocab) {
   FSDP_CHECK(vocab >= 256, "[data] a byte-level text file needs vocab >= 256, got {}", vocab);
   std::error_code ec;
   FSDP_CHECK(std::filesystem::exists(path, ec), "[data] data file '{}' does not exist", path);
-  FSDP_CHECK(!std::filesystem::is_directory(path, ec), "[data] data file '{}' is a directory, expected a file", path);
+  FSDP_CHECK(!std::filesystem::is_directory(path, ec),
+             "[data] data file '{}' is a directory, expected a file", path);
   std::ifstream f(path, std::ios::binary);
   FSDP_CHECK(f.good(), "[data] cannot read data file '{}': {}", path, std::strerror(errno));
   std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   FSDP_CHECK(!f.bad(), "[data] reading '{}' failed: {}", path, std::strerror(errno));
   std::vector<int32_t> tokens(bytes.size());
-  for (size_t i = 0; i < bytes.size(); ++i) tokens[i] = int32_t(static_cast<unsigned char>(bytes[i]));
+  for (size_t i = 0; i < bytes.size(); ++i)
+    tokens[i] = int32_t(static_cast<unsigned char>(bytes[i]));
   return tokens;
 }
 
@@ -125,17 +137,21 @@ static std::vector<int32_t> read_shards(const std::vector<std::string>& files, i
     FSDP_CHECK(f.good(), "[data] cannot read shard '{}': {}", path, std::strerror(errno));
     std::vector<int32_t> header(256);
     f.read(reinterpret_cast<char*>(header.data()), 256 * 4);
-    FSDP_CHECK(f.gcount() == 256 * 4, "[data] shard '{}' is shorter than its 1024-byte header", path);
-    FSDP_CHECK(header[0] == kShardMagic, "[data] shard '{}' has magic {}; expected {} (llm.c token shard)", path,
-               header[0], kShardMagic);
+    FSDP_CHECK(f.gcount() == 256 * 4, "[data] shard '{}' is shorter than its 1024-byte header",
+               path);
+    FSDP_CHECK(header[0] == kShardMagic,
+               "[data] shard '{}' has magic {}; expected {} (llm.c token shard)", path, header[0],
+               kShardMagic);
     FSDP_CHECK(header[1] == 1, "[data] shard '{}' has version {}; expected 1", path, header[1]);
     const int64_t count = header[2];
     std::vector<uint16_t> buf(size_t(std::max<int64_t>(count, 0)));
     f.read(reinterpret_cast<char*>(buf.data()), std::streamsize(buf.size() * 2));
     FSDP_CHECK(f.gcount() == std::streamsize(buf.size() * 2),
-               "[data] shard '{}' promises {} tokens but holds {} (truncated?)", path, count, f.gcount() / 2);
+               "[data] shard '{}' promises {} tokens but holds {} (truncated?)", path, count,
+               f.gcount() / 2);
     for (size_t i = 0; i < buf.size(); ++i) {
-      FSDP_CHECK(int64_t(buf[i]) < vocab, "[data] shard '{}': token id {} at position {} is not below vocab {}", path,
+      FSDP_CHECK(int64_t(buf[i]) < vocab,
+                 "[data] shard '{}': token id {} at position {} is not below vocab {}", path,
                  buf[i], i, vocab);
       tokens.push_back(int32_t(buf[i]));
     }
@@ -145,12 +161,15 @@ static std::vector<int32_t> read_shards(const std::vector<std::string>& files, i
 
 BinShardSource::BinShardSource(const std::string& spec, int64_t vocab, int64_t seq)
     : TokenStream(read_shards(shard_files(spec), vocab), spec, seq) {
-  description_ = fmt::format("{} ({} shard(s), {} tokens)", spec, shard_files(spec).size(), tokens_.size());
+  description_ =
+      fmt::format("{} ({} shard(s), {} tokens)", spec, shard_files(spec).size(), tokens_.size());
 }
 
-std::unique_ptr<TokenStream> open_token_stream(const std::string& spec, int64_t vocab, int64_t seq) {
+std::unique_ptr<TokenStream> open_token_stream(const std::string& spec, int64_t vocab,
+                                               int64_t seq) {
   std::error_code ec;
-  const bool shards = std::filesystem::is_directory(spec, ec) || spec.find_first_of("*?[") != std::string::npos ||
+  const bool shards = std::filesystem::is_directory(spec, ec) ||
+                      spec.find_first_of("*?[") != std::string::npos ||
                       (std::filesystem::is_regular_file(spec, ec) && has_shard_magic(spec));
   if (shards) return std::make_unique<BinShardSource>(spec, vocab, seq);
   return std::make_unique<ByteTextSource>(spec, vocab, seq);
@@ -182,6 +201,8 @@ Batch RandomTokenSource::batch(int64_t step, int64_t global_rows, int64_t row_be
   return b;
 }
 
-std::string RandomTokenSource::describe() const { return fmt::format("random tokens in [0, {})", vocab_); }
+std::string RandomTokenSource::describe() const {
+  return fmt::format("random tokens in [0, {})", vocab_);
+}
 
 }  // namespace fsdp::data

@@ -23,15 +23,16 @@ class Backend {
 
   virtual void all_gather(const void* in, void* out, size_t bytes_per_rank) = 0;
   virtual void all_reduce_sum(void* buf, size_t count, DType dtype) = 0;
-  virtual void reduce_scatter_sum(const void* in, void* out, size_t count_per_rank, DType dtype) = 0;
+  virtual void reduce_scatter_sum(const void* in, void* out, size_t count_per_rank,
+                                  DType dtype) = 0;
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
   virtual void all_to_all(const void* in, void* out, size_t bytes_per_rank) = 0;
   virtual void barrier() = 0;
   // Collective over this group. `members` are the parent ranks of the new
   // group in order; `index` is this rank's place among them; `seq` numbers
   // the splits of this parent, the same on every rank.
-  virtual std::unique_ptr<Backend> split(int color, int key, const std::vector<int>& members, int index,
-                                         int seq) = 0;
+  virtual std::unique_ptr<Backend> split(int color, int key, const std::vector<int>& members,
+                                         int index, int seq) = 0;
 };
 
 std::unique_ptr<Backend> make_local_backend();

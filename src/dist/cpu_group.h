@@ -19,7 +19,8 @@ class CpuProcessGroup final : public ProcessGroup {
   std::string backend() const override;
   Device device() const override { return Device::cpu(); }
   std::shared_ptr<Work> all_gather_into_tensor(const Tensor& out, const Tensor& in) override;
-  std::shared_ptr<Work> reduce_scatter_tensor(const Tensor& out, const Tensor& in, ReduceOp op) override;
+  std::shared_ptr<Work> reduce_scatter_tensor(const Tensor& out, const Tensor& in,
+                                              ReduceOp op) override;
   std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op) override;
   std::shared_ptr<Work> broadcast(const Tensor& t, int root) override;
   std::shared_ptr<Work> all_to_all_single(const Tensor& out, const Tensor& in) override;

@@ -20,7 +20,8 @@ std::pair<int64_t, int64_t> chunk_range(int64_t n, int64_t parts, int64_t index)
   return {begin, std::min(n, begin + cs) - begin};
 }
 
-DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> group, std::vector<int64_t> shape, std::vector<std::string> names)
+DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> group, std::vector<int64_t> shape,
+                       std::vector<std::string> names)
     : whole_(std::move(group)), shape_(std::move(shape)), names_(std::move(names)) {
   FSDP_CHECK(whole_, "[DeviceMesh] no process group");
   FSDP_CHECK(ndim() == 1 || ndim() == 2, "[DeviceMesh] meshes have 1 or 2 dims, got {}", ndim());
@@ -29,14 +30,18 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> group, std::vector<int64_t>
     FSDP_CHECK(s >= 1, "[DeviceMesh] mesh shape {} has a dim < 1", shape_str(shape_));
     total *= s;
   }
-  FSDP_CHECK(total == whole_->size(), "[DeviceMesh] mesh shape {} holds {} ranks but the group has {}",
-             shape_str(shape_), total, whole_->size());
+  FSDP_CHECK(total == whole_->size(),
+             "[DeviceMesh] mesh shape {} holds {} ranks but the group has {}", shape_str(shape_),
+             total, whole_->size());
   if (names_.empty())
     for (int d = 0; d < ndim(); ++d) names_.push_back(fmt::format("dim{}", d));
-  FSDP_CHECK(int(names_.size()) == ndim(), "[DeviceMesh] {} names for {} dims", names_.size(), ndim());
-  FSDP_CHECK(ndim() == 1 || names_[0] != names_[1], "[DeviceMesh] dim names must differ, got '{}' twice", names_[0]);
+  FSDP_CHECK(int(names_.size()) == ndim(), "[DeviceMesh] {} names for {} dims", names_.size(),
+             ndim());
+  FSDP_CHECK(ndim() == 1 || names_[0] != names_[1],
+             "[DeviceMesh] dim names must differ, got '{}' twice", names_[0]);
   const int64_t r = whole_->rank();
-  coord_ = ndim() == 1 ? std::vector<int64_t>{r} : std::vector<int64_t>{r / shape_[1], r % shape_[1]};
+  coord_ =
+      ndim() == 1 ? std::vector<int64_t>{r} : std::vector<int64_t>{r / shape_[1], r % shape_[1]};
   if (ndim() == 1) {
     groups_.push_back(whole_);
   } else {
@@ -47,7 +52,8 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> group, std::vector<int64_t>
 }
 
 int64_t DeviceMesh::size(int dim) const {
-  FSDP_CHECK(dim >= 0 && dim < ndim(), "[DeviceMesh] dim {} out of range for a {}-D mesh", dim, ndim());
+  FSDP_CHECK(dim >= 0 && dim < ndim(), "[DeviceMesh] dim {} out of range for a {}-D mesh", dim,
+             ndim());
   return shape_[size_t(dim)];
 }
 
@@ -60,7 +66,8 @@ int DeviceMesh::dim_index(const std::string& name) const {
 }
 
 std::shared_ptr<ProcessGroup> DeviceMesh::group(int dim) const {
-  FSDP_CHECK(dim >= 0 && dim < ndim(), "[DeviceMesh] dim {} out of range for a {}-D mesh", dim, ndim());
+  FSDP_CHECK(dim >= 0 && dim < ndim(), "[DeviceMesh] dim {} out of range for a {}-D mesh", dim,
+             ndim());
   return groups_[size_t(dim)];
 }
 
@@ -86,11 +93,13 @@ std::shared_ptr<DeviceMesh> DeviceMesh::operator[](const std::string& name) cons
 
 std::string DeviceMesh::str() const {
   std::vector<std::string> parts;
-  for (int d = 0; d < ndim(); ++d) parts.push_back(fmt::format("{}={}", names_[size_t(d)], shape_[size_t(d)]));
+  for (int d = 0; d < ndim(); ++d)
+    parts.push_back(fmt::format("{}={}", names_[size_t(d)], shape_[size_t(d)]));
   return fmt::format("DeviceMesh({}, {})", fmt::join(parts, ", "), whole_->backend());
 }
 
-std::shared_ptr<DeviceMesh> init_device_mesh(std::vector<int64_t> shape, std::vector<std::string> names) {
+std::shared_ptr<DeviceMesh> init_device_mesh(std::vector<int64_t> shape,
+                                             std::vector<std::string> names) {
   return std::make_shared<DeviceMesh>(world(), std::move(shape), std::move(names));
 }
 

@@ -7,18 +7,20 @@ namespace fsdp::dist {
 
 namespace {
 
-void check_placements(const char* op, const DeviceMesh& mesh, const std::vector<Placement>& p, int tensor_dim) {
-  FSDP_CHECK(int(p.size()) == mesh.ndim(), "[{}] {} placements for a {}-D mesh", op, p.size(), mesh.ndim());
+void check_placements(const char* op, const DeviceMesh& mesh, const std::vector<Placement>& p,
+                      int tensor_dim) {
+  FSDP_CHECK(int(p.size()) == mesh.ndim(), "[{}] {} placements for a {}-D mesh", op, p.size(),
+             mesh.ndim());
   for (const Placement& pl : p)
     if (auto* s = std::get_if<Shard>(&pl))
-      FSDP_CHECK(s->dim >= 0 && s->dim < tensor_dim, "[{}] {} is out of range for a {}-D tensor", op,
-                 placement_str(pl), tensor_dim);
+      FSDP_CHECK(s->dim >= 0 && s->dim < tensor_dim, "[{}] {} is out of range for a {}-D tensor",
+                 op, placement_str(pl), tensor_dim);
 }
 
 // Extent of tensor dim d seen by mesh dim i: the global extent chunked by the
 // mesh dims before i that shard d.
-int64_t parent_extent(const Shape& global, const DeviceMesh& mesh, const std::vector<Placement>& p, int i, int d,
-                      const std::vector<int64_t>& coord) {
+int64_t parent_extent(const Shape& global, const DeviceMesh& mesh, const std::vector<Placement>& p,
+                      int i, int d, const std::vector<int64_t>& coord) {
   int64_t n = global[size_t(d)];
   for (int j = 0; j < i; ++j)
     if (is_shard(p[size_t(j)], d)) n = chunk_range(n, mesh.size(j), coord[size_t(j)]).second;
@@ -79,8 +81,8 @@ Tensor reduce_scatter_dim(const Tensor& local, const DeviceMesh& mesh, int i, in
 
 }  // namespace
 
-Shape DTensor::local_shape(const Shape& global, const DeviceMesh& mesh, const std::vector<Placement>& p,
-                           const std::vector<int64_t>& coord) {
+Shape DTensor::local_shape(const Shape& global, const DeviceMesh& mesh,
+                           const std::vector<Placement>& p, const std::vector<int64_t>& coord) {
   Shape s = global;
   for (int i = 0; i < mesh.ndim(); ++i)
     if (auto* sh = std::get_if<Shard>(&p[size_t(i)]))
@@ -88,8 +90,8 @@ Shape DTensor::local_shape(const Shape& global, const DeviceMesh& mesh, const st
   return s;
 }
 
-DTensor DTensor::from_local(const Tensor& local, std::shared_ptr<DeviceMesh> mesh, std::vector<Placement> placements,
-                            std::optional<Shape> global_shape) {
+DTensor DTensor::from_local(const Tensor& local, std::shared_ptr<DeviceMesh> mesh,
+                            std::vector<Placement> placements, std::optional<Shape> global_shape) {
   FSDP_CHECK(mesh, "[DTensor::from_local] no mesh");
   check_placements("DTensor::from_local", *mesh, placements, local.dim());
   DTensor t;
@@ -98,16 +100,19 @@ DTensor DTensor::from_local(const Tensor& local, std::shared_ptr<DeviceMesh> mes
   t.placements_ = std::move(placements);
   if (global_shape) {
     t.shape_ = *global_shape;
-    FSDP_CHECK(int(t.shape_.size()) == local.dim(), "[DTensor::from_local] global shape {} for a local {}",
-               shape_str(t.shape_), shape_str(local.shape()));
+    FSDP_CHECK(int(t.shape_.size()) == local.dim(),
+               "[DTensor::from_local] global shape {} for a local {}", shape_str(t.shape_),
+               shape_str(local.shape()));
   } else {
     t.shape_ = local.shape();
     for (int i = 0; i < t.mesh_->ndim(); ++i)
-      if (auto* sh = std::get_if<Shard>(&t.placements_[size_t(i)])) t.shape_[size_t(sh->dim)] *= t.mesh_->size(i);
+      if (auto* sh = std::get_if<Shard>(&t.placements_[size_t(i)]))
+        t.shape_[size_t(sh->dim)] *= t.mesh_->size(i);
   }
   const Shape expect = local_shape(t.shape_, *t.mesh_, t.placements_, t.mesh_->coordinate());
   FSDP_CHECK(expect == local.shape(),
-             "[DTensor::from_local] local shape {} does not match {} of global {} on this rank (expected {})",
+             "[DTensor::from_local] local shape {} does not match {} of global {} on this rank "
+             "(expected {})",
              shape_str(local.shape()), "the placements", shape_str(t.shape_), shape_str(expect));
   return t;
 }
@@ -115,8 +120,8 @@ DTensor DTensor::from_local(const Tensor& local, std::shared_ptr<DeviceMesh> mes
 DTensor DTensor::distribute_tensor(const Tensor& full, std::shared_ptr<DeviceMesh> mesh,
                                    std::vector<Placement> placements, int src_rank) {
   FSDP_CHECK(mesh, "[distribute_tensor] no mesh");
-  FSDP_CHECK(src_rank >= 0 && src_rank < mesh->size(), "[distribute_tensor] src_rank {} is not a rank of {}", src_rank,
-             mesh->str());
+  FSDP_CHECK(src_rank >= 0 && src_rank < mesh->size(),
+             "[distribute_tensor] src_rank {} is not a rank of {}", src_rank, mesh->str());
   check_placements("distribute_tensor", *mesh, placements, full.dim());
   Tensor buf = full.contiguous().clone();
   mesh->whole()->broadcast(buf, src_rank)->wait();
@@ -169,8 +174,9 @@ DTensor DTensor::redistribute(const std::vector<Placement>& target) const {
         cur[size_t(i)] = *tsh;
         continue;
       }
-      FSDP_CHECK(!std::holds_alternative<Partial>(to), "[DTensor::redistribute] {} -> {} is not supported",
-                 placement_str(from), placement_str(to));
+      FSDP_CHECK(!std::holds_alternative<Partial>(to),
+                 "[DTensor::redistribute] {} -> {} is not supported", placement_str(from),
+                 placement_str(to));
       Tensor t = local.contiguous().clone();
       mesh.group(i)->all_reduce(t, pa->op)->wait();
       local = t;
@@ -182,14 +188,15 @@ DTensor DTensor::redistribute(const std::vector<Placement>& target) const {
     const Placement& to = target[size_t(i)];
     if (cur[size_t(i)] == to) continue;
     FSDP_CHECK(std::holds_alternative<Replicate>(cur[size_t(i)]),
-               "[DTensor::redistribute] internal: mesh dim {} is {} on the way to {}", i, placement_str(cur[size_t(i)]),
-               placement_str(to));
+               "[DTensor::redistribute] internal: mesh dim {} is {} on the way to {}", i,
+               placement_str(cur[size_t(i)]), placement_str(to));
     if (auto* sh = std::get_if<Shard>(&to)) {
       auto [b, len] = chunk_range(local.size(sh->dim), mesh.size(i), coord[size_t(i)]);
       local = local.narrow(sh->dim, b, len).contiguous();
     } else if (auto* pa = std::get_if<Partial>(&to)) {
       // SUM: one rank of the mesh dim keeps the value, the others hold zeros.
-      if (pa->op == ReduceOp::SUM && coord[size_t(i)] != 0) local = Tensor::zeros(local.shape(), local.dtype(), local.device());
+      if (pa->op == ReduceOp::SUM && coord[size_t(i)] != 0)
+        local = Tensor::zeros(local.shape(), local.dtype(), local.device());
     }
     cur[size_t(i)] = to;
   }

@@ -41,14 +41,17 @@ int env_int(const char* name, const char* value) {
   int v = 0;
   const char* end = value + std::strlen(value);
   auto [p, ec] = std::from_chars(value, end, v);
-  FSDP_CHECK(ec == std::errc() && p == end, "[init_process_group] {}='{}' is not an integer", name, value);
+  FSDP_CHECK(ec == std::errc() && p == end, "[init_process_group] {}='{}' is not an integer", name,
+             value);
   return v;
 }
 
 int required_int(const char* name) {
   const char* v = getenv_or_null(name);
-  FSDP_CHECK(v, "[init_process_group] {} is not set (torchrun-style launch needs RANK, WORLD_SIZE, MASTER_ADDR and "
-                "MASTER_PORT)",
+  FSDP_CHECK(v,
+             "[init_process_group] {} is not set (torchrun-style launch needs RANK, WORLD_SIZE, "
+             "MASTER_ADDR and "
+             "MASTER_PORT)",
              name);
   return env_int(name, v);
 }
@@ -75,15 +78,17 @@ void rendezvous(TCPStore& store, int rank, int size) {
       std::vector<int> missing;
       for (int r = 1; r < size; ++r)
         if (!store.check({keys[size_t(r - 1)]})) missing.push_back(r);
-      error = fmt::format("[init_process_group] only {} of {} ranks arrived at {} within {} s; missing rank(s): {}",
-                          size - int(missing.size()), size, store.address(), double(timeout.count()) / 1000.0,
-                          fmt::join(missing, ", "));
+      error = fmt::format(
+          "[init_process_group] only {} of {} ranks arrived at {} within {} s; missing rank(s): {}",
+          size - int(missing.size()), size, store.address(), double(timeout.count()) / 1000.0,
+          fmt::join(missing, ", "));
     } else {
       for (int r = 1; r < size && error.empty(); ++r) {
         std::string ws = store.get_string(keys[size_t(r - 1)]);
         if (ws != std::to_string(size))
-          error = fmt::format("[init_process_group] rank {} has WORLD_SIZE={} but rank 0 has WORLD_SIZE={}", r, ws,
-                              size);
+          error = fmt::format(
+              "[init_process_group] rank {} has WORLD_SIZE={} but rank 0 has WORLD_SIZE={}", r, ws,
+              size);
       }
     }
     store.set("rdzv/status", error.empty() ? std::string("ok") : error);
@@ -91,16 +96,18 @@ void rendezvous(TCPStore& store, int rank, int size) {
       // This process serves the store: before it goes, let the ranks that
       // arrived read the error, so that they fail with the same words.
       int arrived = 0;
-      for (int r = 1; r < size; ++r) arrived += store.check({fmt::format("rdzv/world_size/{}", r)}) ? 1 : 0;
-      const auto deadline = std::chrono::steady_clock::now() + std::min(timeout, std::chrono::milliseconds(10000));
+      for (int r = 1; r < size; ++r)
+        arrived += store.check({fmt::format("rdzv/world_size/{}", r)}) ? 1 : 0;
+      const auto deadline =
+          std::chrono::steady_clock::now() + std::min(timeout, std::chrono::milliseconds(10000));
       while (store.add("rdzv/read", 0) < arrived && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       throw Error(error);
     }
   } else {
     if (!store.wait({"rdzv/status"}, timeout))
-      FSDP_FAIL("[init_process_group] rank 0 at {} did not complete the rendezvous within {} s", store.address(),
-                double(timeout.count()) / 1000.0);
+      FSDP_FAIL("[init_process_group] rank 0 at {} did not complete the rendezvous within {} s",
+                store.address(), double(timeout.count()) / 1000.0);
     std::string status = store.get_string("rdzv/status");
     if (status != "ok") {
       store.add("rdzv/read", 1);
@@ -119,41 +126,51 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
   WorldInfo info;
   info.device = opt.device;
   const bool under_mpirun = getenv_or_null("OMPI_COMM_WORLD_SIZE") != nullptr;
-  const bool under_torchrun = getenv_or_null("RANK") != nullptr || getenv_or_null("WORLD_SIZE") != nullptr;
+  const bool under_torchrun =
+      getenv_or_null("RANK") != nullptr || getenv_or_null("WORLD_SIZE") != nullptr;
   if (under_mpirun) {
     info.launcher = "mpirun";
     info.rank = env_int("OMPI_COMM_WORLD_RANK", getenv_or_null("OMPI_COMM_WORLD_RANK"));
     info.size = env_int("OMPI_COMM_WORLD_SIZE", getenv_or_null("OMPI_COMM_WORLD_SIZE"));
-    if (auto v = getenv_or_null("OMPI_COMM_WORLD_LOCAL_RANK")) info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", v);
-    if (auto v = getenv_or_null("OMPI_COMM_WORLD_LOCAL_SIZE")) info.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", v);
+    if (auto v = getenv_or_null("OMPI_COMM_WORLD_LOCAL_RANK"))
+      info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", v);
+    if (auto v = getenv_or_null("OMPI_COMM_WORLD_LOCAL_SIZE"))
+      info.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", v);
   } else if (under_torchrun) {
     info.launcher = "torchrun";
     info.rank = required_int("RANK");
     info.size = required_int("WORLD_SIZE");
     info.local_rank = getenv_or_null("LOCAL_RANK") ? required_int("LOCAL_RANK") : info.rank;
-    info.local_size = getenv_or_null("LOCAL_WORLD_SIZE") ? required_int("LOCAL_WORLD_SIZE") : info.size;
+    info.local_size =
+        getenv_or_null("LOCAL_WORLD_SIZE") ? required_int("LOCAL_WORLD_SIZE") : info.size;
   }
   FSDP_CHECK(info.size >= 1, "[init_process_group] WORLD_SIZE must be >= 1, got {}", info.size);
-  FSDP_CHECK(info.rank >= 0 && info.rank < info.size, "[init_process_group] RANK={} is not in [0, WORLD_SIZE={})",
-             info.rank, info.size);
+  FSDP_CHECK(info.rank >= 0 && info.rank < info.size,
+             "[init_process_group] RANK={} is not in [0, WORLD_SIZE={})", info.rank, info.size);
 
   std::string backend = opt.backend.empty() ? env_str("FSDP_BACKEND") : opt.backend;
   if (backend.empty()) {
-    if (opt.device.is_cuda()) backend = "nccl";
-    else if (info.launcher == "mpirun") backend = "mpi";
-    else if (info.launcher == "torchrun") backend = "gloo";
-    else backend = "local";
+    if (opt.device.is_cuda())
+      backend = "nccl";
+    else if (info.launcher == "mpirun")
+      backend = "mpi";
+    else if (info.launcher == "torchrun")
+      backend = "gloo";
+    else
+      backend = "local";
   }
   FSDP_CHECK(backend == "mpi" || backend == "gloo" || backend == "nccl" || backend == "local",
              "[init_process_group] FSDP_BACKEND='{}'; expected mpi, gloo, nccl or local", backend);
   FSDP_CHECK(backend == "nccl" || opt.device.is_cpu(),
-             "[init_process_group] backend {} holds CPU tensors but the device is {}; use nccl", backend,
-             opt.device.str());
+             "[init_process_group] backend {} holds CPU tensors but the device is {}; use nccl",
+             backend, opt.device.str());
   FSDP_CHECK(backend != "local" || info.size == 1,
-             "[init_process_group] the local backend is a world of one, but WORLD_SIZE is {}", info.size);
+             "[init_process_group] the local backend is a world of one, but WORLD_SIZE is {}",
+             info.size);
   info.backend = backend;
 
-  const auto store_timeout = std::chrono::milliseconds(int64_t(env_double("FSDP_STORE_TIMEOUT_S") * 1000.0));
+  const auto store_timeout =
+      std::chrono::milliseconds(int64_t(env_double("FSDP_STORE_TIMEOUT_S") * 1000.0));
   if (info.launcher == "torchrun" && backend != "mpi") {
     const char* addr = getenv_or_null("MASTER_ADDR");
     FSDP_CHECK(addr, "[init_process_group] MASTER_ADDR is not set (torchrun-style launch)");
@@ -173,30 +190,39 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
 #ifdef FSDP_WITH_MPI
     w.group = std::make_shared<CpuProcessGroup>(make_mpi_world_backend());
     w.mpi = true;
-    FSDP_CHECK(w.group->size() == info.size, "[init_process_group] MPI reports {} ranks but the launcher says {}",
+    FSDP_CHECK(w.group->size() == info.size,
+               "[init_process_group] MPI reports {} ranks but the launcher says {}",
                w.group->size(), info.size);
 #else
-    FSDP_FAIL("[init_process_group] backend mpi requested but fsdp.cpp was built without MPI (FSDP_MPI=OFF)");
+    FSDP_FAIL(
+        "[init_process_group] backend mpi requested but fsdp.cpp was built without MPI "
+        "(FSDP_MPI=OFF)");
 #endif
   } else if (backend == "gloo") {
 #ifdef FSDP_WITH_GLOO
     if (!w.store) {
-      FSDP_CHECK(info.size == 1, "[init_process_group] gloo needs torchrun-style launch (MASTER_ADDR, MASTER_PORT) for "
-                                 "{} ranks",
-                 info.size);
-      w.store = std::make_shared<TCPStore>("127.0.0.1", 0, true, store_timeout);  // a private store for one rank
+      FSDP_CHECK(
+          info.size == 1,
+          "[init_process_group] gloo needs torchrun-style launch (MASTER_ADDR, MASTER_PORT) for "
+          "{} ranks",
+          info.size);
+      w.store = std::make_shared<TCPStore>("127.0.0.1", 0, true,
+                                           store_timeout);  // a private store for one rank
     }
     const char* addr = getenv_or_null("MASTER_ADDR");
     w.group = std::make_shared<CpuProcessGroup>(
         make_gloo_backend(w.store, info.rank, info.size, gloo_hostname(addr ? addr : "127.0.0.1")));
 #else
-    FSDP_FAIL("[init_process_group] backend gloo requested but fsdp.cpp was built without Gloo (FSDP_GLOO=OFF)");
+    FSDP_FAIL(
+        "[init_process_group] backend gloo requested but fsdp.cpp was built without Gloo "
+        "(FSDP_GLOO=OFF)");
 #endif
   } else if (backend == "nccl") {
 #ifdef FSDP_WITH_NCCL
     w.group = make_nccl_world(info, w.store);
 #else
-    FSDP_FAIL("[init_process_group] backend nccl requested but fsdp.cpp was built without CUDA and NCCL");
+    FSDP_FAIL(
+        "[init_process_group] backend nccl requested but fsdp.cpp was built without CUDA and NCCL");
 #endif
   } else {
     w.group = std::make_shared<CpuProcessGroup>(make_local_backend());
@@ -224,7 +250,8 @@ void destroy_process_group() {
   std::lock_guard<std::mutex> lock(init_mu);
   World& w = the_world();
   if (!w.group) return;
-  w.group->barrier()->wait();  // rank 0 serves the store: nobody leaves while others may still need it
+  w.group->barrier()
+      ->wait();  // rank 0 serves the store: nobody leaves while others may still need it
   w.group.reset();
   w.store.reset();
 #ifdef FSDP_WITH_MPI

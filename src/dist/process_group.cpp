@@ -23,7 +23,8 @@ namespace {
 
 class CpuWork final : public Work {
  public:
-  CpuWork(std::shared_ptr<Event> ev, std::string what) : ev_(std::move(ev)), what_(std::move(what)) {}
+  CpuWork(std::shared_ptr<Event> ev, std::string what)
+      : ev_(std::move(ev)), what_(std::move(what)) {}
   void wait() override { ev_->wait(collective_timeout(), what_); }
   bool is_completed() const override { return ev_->query(); }
 
@@ -39,13 +40,17 @@ class LocalBackend final : public Backend {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string name() const override { return "local"; }
-  void all_gather(const void* in, void* out, size_t bytes) override { std::memmove(out, in, bytes); }
+  void all_gather(const void* in, void* out, size_t bytes) override {
+    std::memmove(out, in, bytes);
+  }
   void all_reduce_sum(void*, size_t, DType) override {}
   void reduce_scatter_sum(const void* in, void* out, size_t count, DType dtype) override {
     std::memmove(out, in, count * dtype_size(dtype));
   }
   void broadcast(void*, size_t, int) override {}
-  void all_to_all(const void* in, void* out, size_t bytes) override { std::memmove(out, in, bytes); }
+  void all_to_all(const void* in, void* out, size_t bytes) override {
+    std::memmove(out, in, bytes);
+  }
   void barrier() override {}
   std::unique_ptr<Backend> split(int, int, const std::vector<int>&, int, int) override {
     return std::make_unique<LocalBackend>();
@@ -56,8 +61,9 @@ bool is_narrow(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 void check_cpu_tensor(const char* op, const Tensor& t, const char* what) {
   FSDP_CHECK(t.defined(), "[{}] {} is undefined", op, what);
-  FSDP_CHECK(t.device().is_cpu(), "[{}] {} is on {} but this process group holds CPU tensors (use nccl for CUDA)",
-             op, what, t.device().str());
+  FSDP_CHECK(t.device().is_cpu(),
+             "[{}] {} is on {} but this process group holds CPU tensors (use nccl for CUDA)", op,
+             what, t.device().str());
 }
 
 void divide(const Tensor& t, double by) {
@@ -78,7 +84,8 @@ std::unique_ptr<Backend> make_local_backend() { return std::make_unique<LocalBac
 
 CpuProcessGroup::CpuProcessGroup(std::unique_ptr<Backend> backend)
     : be_(std::move(backend)),
-      stream_(std::make_unique<CpuStream>(fmt::format("{} comm (rank {} of {})", be_->name(), be_->rank(), be_->size()))),
+      stream_(std::make_unique<CpuStream>(
+          fmt::format("{} comm (rank {} of {})", be_->name(), be_->rank(), be_->size()))),
       check_(env_str("FSDP_DIST_CHECK") != "0") {}
 
 CpuProcessGroup::~CpuProcessGroup() { stream_.reset(); }  // drain the queue before the backend goes
@@ -89,24 +96,28 @@ std::string CpuProcessGroup::backend() const { return be_->name(); }
 std::thread::id CpuProcessGroup::comm_thread_id() const { return stream_->thread_id(); }
 
 void CpuProcessGroup::set_label(const std::string& label) {
-  const std::string name = fmt::format("{} {} (rank {} of {})", be_->name(), label, be_->rank(), be_->size());
+  const std::string name =
+      fmt::format("{} {} (rank {} of {})", be_->name(), label, be_->rank(), be_->size());
   stream_->enqueue([name] { trace::set_thread_name(name); });
 }
 
-std::shared_ptr<Work> CpuProcessGroup::submit(const std::string& what, double bytes, std::function<void()> fn) {
+std::shared_ptr<Work> CpuProcessGroup::submit(const std::string& what, double bytes,
+                                              std::function<void()> fn) {
   auto task = [this, what, bytes, fn = std::move(fn)] {
     const std::string label = be_->name() + ":" + what;
     trace::Scope prof(label.c_str(), trace::Kind::collective);
     if (prof.on()) {
       prof.set("", "", 0, bytes, "cpu");
-      prof.set_detail(fmt::format("{} group of {} (rank {})", be_->name(), be_->size(), be_->rank()));
+      prof.set_detail(
+          fmt::format("{} group of {} (rank {})", be_->name(), be_->size(), be_->rank()));
     }
     try {
       fn();
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw Error(fmt::format("[{}] {} failed on rank {}: {}", be_->name(), what, be_->rank(), e.what()));
+      throw Error(
+          fmt::format("[{}] {} failed on rank {}: {}", be_->name(), what, be_->rank(), e.what()));
     }
   };
   return std::make_shared<CpuWork>(stream_->enqueue(std::move(task)), what);
@@ -116,17 +127,21 @@ std::shared_ptr<Work> CpuProcessGroup::submit(const std::string& what, double by
 // and all of them throw, naming the ranks, if they differ.
 void CpuProcessGroup::check_signature(const char* op, DType dtype, int64_t a, int64_t b) {
   if (!check_ || size() == 1) return;
-  const int64_t mine[4] = {int64_t(std::hash<std::string_view>{}(op) & 0x7fffffff), int64_t(dtype), a, b};
+  const int64_t mine[4] = {int64_t(std::hash<std::string_view>{}(op)&0x7fffffff), int64_t(dtype), a,
+                           b};
   std::vector<int64_t> all(size_t(4 * size()));
   be_->all_gather(mine, all.data(), sizeof(mine));
   for (int r = 0; r < size(); ++r) {
     const int64_t* o = all.data() + 4 * r;
     if (o[0] != mine[0])
-      FSDP_FAIL("[{}] rank {} issued {} while rank {} issued a different collective: the ranks are out of order", op,
-                rank(), op, r);
+      FSDP_FAIL(
+          "[{}] rank {} issued {} while rank {} issued a different collective: the ranks are out "
+          "of order",
+          op, rank(), op, r);
     if (o[1] != mine[1] || o[2] != mine[2] || o[3] != mine[3])
-      FSDP_FAIL("[{}] ranks disagree: rank {} has {} x {} (arg {}) but rank {} has {} x {} (arg {})", op, rank(),
-                dtype_name(dtype), a, b, r, dtype_name(DType(o[1])), o[2], o[3]);
+      FSDP_FAIL(
+          "[{}] ranks disagree: rank {} has {} x {} (arg {}) but rank {} has {} x {} (arg {})", op,
+          rank(), dtype_name(dtype), a, b, r, dtype_name(DType(o[1])), o[2], o[3]);
   }
 }
 
@@ -134,10 +149,11 @@ std::shared_ptr<Work> CpuProcessGroup::all_gather_into_tensor(const Tensor& out,
   const char* op = "all_gather_into_tensor";
   check_cpu_tensor(op, out, "output");
   check_cpu_tensor(op, in, "input");
-  FSDP_CHECK(out.dtype() == in.dtype(), "[{}] output is {} but input is {}", op, dtype_name(out.dtype()),
-             dtype_name(in.dtype()));
-  FSDP_CHECK(out.numel() == in.numel() * size(), "[{}] output has {} elements; expected {} = {} ranks x {}", op,
-             out.numel(), in.numel() * size(), size(), in.numel());
+  FSDP_CHECK(out.dtype() == in.dtype(), "[{}] output is {} but input is {}", op,
+             dtype_name(out.dtype()), dtype_name(in.dtype()));
+  FSDP_CHECK(out.numel() == in.numel() * size(),
+             "[{}] output has {} elements; expected {} = {} ranks x {}", op, out.numel(),
+             in.numel() * size(), size(), in.numel());
   FSDP_CHECK(out.is_contiguous(), "[{}] output must be contiguous", op);
   Tensor src = in.contiguous();
   return submit(op, double(out.nbytes()), [=, this] {
@@ -146,17 +162,19 @@ std::shared_ptr<Work> CpuProcessGroup::all_gather_into_tensor(const Tensor& out,
   });
 }
 
-std::shared_ptr<Work> CpuProcessGroup::reduce_scatter_tensor(const Tensor& out, const Tensor& in, ReduceOp rop) {
+std::shared_ptr<Work> CpuProcessGroup::reduce_scatter_tensor(const Tensor& out, const Tensor& in,
+                                                             ReduceOp rop) {
   const char* op = "reduce_scatter_tensor";
   check_cpu_tensor(op, out, "output");
   check_cpu_tensor(op, in, "input");
-  FSDP_CHECK(out.dtype() == in.dtype(), "[{}] output is {} but input is {}", op, dtype_name(out.dtype()),
-             dtype_name(in.dtype()));
-  FSDP_CHECK(in.numel() == out.numel() * size(), "[{}] input has {} elements; expected {} = {} ranks x {}", op,
-             in.numel(), out.numel() * size(), size(), out.numel());
+  FSDP_CHECK(out.dtype() == in.dtype(), "[{}] output is {} but input is {}", op,
+             dtype_name(out.dtype()), dtype_name(in.dtype()));
+  FSDP_CHECK(in.numel() == out.numel() * size(),
+             "[{}] input has {} elements; expected {} = {} ranks x {}", op, in.numel(),
+             out.numel() * size(), size(), out.numel());
   FSDP_CHECK(out.is_contiguous(), "[{}] output must be contiguous", op);
-  FSDP_CHECK(rop == ReduceOp::SUM || is_floating(in.dtype()), "[{}] AVG needs a floating dtype, got {}", op,
-             dtype_name(in.dtype()));
+  FSDP_CHECK(rop == ReduceOp::SUM || is_floating(in.dtype()),
+             "[{}] AVG needs a floating dtype, got {}", op, dtype_name(in.dtype()));
   // Engines reduce f32/f64/i32/i64; narrow types are reduced in f32.
   const bool narrow = is_narrow(in.dtype());
   Tensor src = narrow ? in.to(DType::f32) : in.contiguous();
@@ -173,8 +191,8 @@ std::shared_ptr<Work> CpuProcessGroup::all_reduce(const Tensor& t, ReduceOp rop)
   const char* op = "all_reduce";
   check_cpu_tensor(op, t, "tensor");
   FSDP_CHECK(t.is_contiguous(), "[{}] tensor must be contiguous", op);
-  FSDP_CHECK(rop == ReduceOp::SUM || is_floating(t.dtype()), "[{}] AVG needs a floating dtype, got {}", op,
-             dtype_name(t.dtype()));
+  FSDP_CHECK(rop == ReduceOp::SUM || is_floating(t.dtype()),
+             "[{}] AVG needs a floating dtype, got {}", op, dtype_name(t.dtype()));
   const bool narrow = is_narrow(t.dtype());
   return submit(op, double(t.nbytes()), [=, this] {
     check_signature(op, t.dtype(), t.numel(), int64_t(rop));
@@ -189,7 +207,8 @@ std::shared_ptr<Work> CpuProcessGroup::broadcast(const Tensor& t, int root) {
   const char* op = "broadcast";
   check_cpu_tensor(op, t, "tensor");
   FSDP_CHECK(t.is_contiguous(), "[{}] tensor must be contiguous", op);
-  FSDP_CHECK(root >= 0 && root < size(), "[{}] root {} is not a rank of this group of {}", op, root, size());
+  FSDP_CHECK(root >= 0 && root < size(), "[{}] root {} is not a rank of this group of {}", op, root,
+             size());
   return submit(op, double(t.nbytes()), [=, this] {
     check_signature(op, t.dtype(), t.numel(), root);
     be_->broadcast(t.raw_data(), t.nbytes(), root);
@@ -201,9 +220,10 @@ std::shared_ptr<Work> CpuProcessGroup::all_to_all_single(const Tensor& out, cons
   check_cpu_tensor(op, out, "output");
   check_cpu_tensor(op, in, "input");
   FSDP_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel(),
-             "[{}] output ({} x {}) and input ({} x {}) must match", op, dtype_name(out.dtype()), out.numel(),
-             dtype_name(in.dtype()), in.numel());
-  FSDP_CHECK(in.numel() % size() == 0, "[{}] {} elements do not split into {} equal blocks", op, in.numel(), size());
+             "[{}] output ({} x {}) and input ({} x {}) must match", op, dtype_name(out.dtype()),
+             out.numel(), dtype_name(in.dtype()), in.numel());
+  FSDP_CHECK(in.numel() % size() == 0, "[{}] {} elements do not split into {} equal blocks", op,
+             in.numel(), size());
   FSDP_CHECK(out.is_contiguous(), "[{}] output must be contiguous", op);
   Tensor src = in.contiguous();
   return submit(op, double(in.nbytes()), [=, this] {

@@ -95,7 +95,8 @@ class TCPStore::Server {
       FSDP_FAIL("[store] cannot serve on port {}: {}{}", port, std::strerror(err),
                 err == EADDRINUSE ? " (is another job using MASTER_PORT? pick a free one)" : "");
     }
-    FSDP_CHECK(::listen(listen_fd_, 128) == 0, "[store] listen on port {} failed: {}", port, std::strerror(errno));
+    FSDP_CHECK(::listen(listen_fd_, 128) == 0, "[store] listen on port {} failed: {}", port,
+               std::strerror(errno));
     sockaddr_storage bound{};
     socklen_t len = sizeof(bound);
     ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len);
@@ -173,8 +174,10 @@ class TCPStore::Server {
           case kGet:
           case kWait: {
             const auto wait_for = op == kWait ? std::chrono::milliseconds(arg) : timeout_;
-            if (!cv_.wait_for(lock, wait_for, [&] { return stop_ || have_all(); }) || stop_) status = 1;
-            else if (op == kGet) out = data_[keys.at(0)];
+            if (!cv_.wait_for(lock, wait_for, [&] { return stop_ || have_all(); }) || stop_)
+              status = 1;
+            else if (op == kGet)
+              out = data_[keys.at(0)];
             break;
           }
           case kAdd: {
@@ -216,7 +219,8 @@ class TCPStore::Server {
 
 // ---------------------------------------------------------------- client
 
-TCPStore::TCPStore(const std::string& host, int port, bool is_server, std::chrono::milliseconds timeout)
+TCPStore::TCPStore(const std::string& host, int port, bool is_server,
+                   std::chrono::milliseconds timeout)
     : timeout_(timeout) {
   FSDP_CHECK((port > 0 || (port == 0 && is_server)) && port < 65536,
              "[store] MASTER_PORT must be in 1..65535, got {}", port);
@@ -249,9 +253,11 @@ TCPStore::TCPStore(const std::string& host, int port, bool is_server, std::chron
     }
     if (fd_ >= 0) break;
     if (std::chrono::steady_clock::now() >= deadline)
-      FSDP_FAIL("[store] cannot reach the store at MASTER_ADDR:MASTER_PORT = {} within {} s ({}); check that rank 0 "
-                "is running and that every rank has the same MASTER_ADDR and MASTER_PORT",
-                address_, double(timeout.count()) / 1000.0, last_error);
+      FSDP_FAIL(
+          "[store] cannot reach the store at MASTER_ADDR:MASTER_PORT = {} within {} s ({}); check "
+          "that rank 0 "
+          "is running and that every rank has the same MASTER_ADDR and MASTER_PORT",
+          address_, double(timeout.count()) / 1000.0, last_error);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   int one = 1;
@@ -263,8 +269,8 @@ TCPStore::~TCPStore() {
   server_.reset();
 }
 
-std::vector<char> TCPStore::request(uint8_t op, const std::vector<std::string>& keys, const std::vector<char>& value,
-                                    int64_t arg, bool* timed_out) {
+std::vector<char> TCPStore::request(uint8_t op, const std::vector<std::string>& keys,
+                                    const std::vector<char>& value, int64_t arg, bool* timed_out) {
   std::vector<char> msg;
   msg.push_back(char(op));
   put<uint32_t>(msg, uint32_t(keys.size()));
@@ -272,19 +278,23 @@ std::vector<char> TCPStore::request(uint8_t op, const std::vector<std::string>& 
   put_bytes(msg, value.data(), value.size());
   put<int64_t>(msg, arg);
   std::lock_guard<std::mutex> lock(mu_);
-  FSDP_CHECK(send_all(fd_, msg.data(), msg.size()), "[store] lost the connection to {} (rank 0 gone?)", address_);
+  FSDP_CHECK(send_all(fd_, msg.data(), msg.size()),
+             "[store] lost the connection to {} (rank 0 gone?)", address_);
   uint8_t status;
   uint32_t len;
-  FSDP_CHECK(recv_all(fd_, &status, 1) && recv_all(fd_, &len, 4), "[store] lost the connection to {} (rank 0 gone?)",
-             address_);
+  FSDP_CHECK(recv_all(fd_, &status, 1) && recv_all(fd_, &len, 4),
+             "[store] lost the connection to {} (rank 0 gone?)", address_);
   std::vector<char> out(len);
-  FSDP_CHECK(recv_all(fd_, out.data(), len), "[store] lost the connection to {} (rank 0 gone?)", address_);
+  FSDP_CHECK(recv_all(fd_, out.data(), len), "[store] lost the connection to {} (rank 0 gone?)",
+             address_);
   FSDP_CHECK(status != 2, "[store] the server at {} refused request {}", address_, int(op));
   if (timed_out) *timed_out = status == 1;
   return out;
 }
 
-void TCPStore::set(const std::string& key, const std::vector<char>& value) { request(kSet, {key}, value, 0, nullptr); }
+void TCPStore::set(const std::string& key, const std::vector<char>& value) {
+  request(kSet, {key}, value, 0, nullptr);
+}
 
 void TCPStore::set(const std::string& key, const std::string& value) {
   set(key, std::vector<char>(value.begin(), value.end()));

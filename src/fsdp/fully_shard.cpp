@@ -2,9 +2,9 @@
 // (flat sharded buffers, unshard/reshard, gradient reduction) and the hooks.
 //
 // Layouts, with N ranks on the shard dim and G the group's padded shard size:
-//   sharded        [G]      master dtype: each parameter's rows of chunk r, padded to the largest chunk
-//   all-gather out [N * G]  param_dtype, rank-major: block k is rank k's `sharded`
-//   unsharded      [U]      param_dtype: each parameter whole and contiguous (copied out of the
+//   sharded        [G]      master dtype: each parameter's rows of chunk r, padded to the largest
+//   chunk all-gather out [N * G]  param_dtype, rank-major: block k is rank k's `sharded` unsharded
+//   [U]      param_dtype: each parameter whole and contiguous (copied out of the
 //                           all-gather output: per-parameter shards cannot be strided views of it)
 //   grads          [U]      reduce_dtype, the modules' backward adds into these
 //   reduce-scatter in [N * G] reduce_dtype, rank-major (the "chunk-cat" of the grads)
@@ -34,7 +34,9 @@ void timed_wait(const std::shared_ptr<dist::Work>& w) {
   trace::Scope prof("FSDP::wait", trace::Kind::annotation);
   const auto t0 = std::chrono::steady_clock::now();
   w->wait();
-  exposed_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  exposed_ns +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
 }
 
 std::mutex log_mu;
@@ -67,11 +69,11 @@ std::vector<std::string> take_event_log() {
 struct FSDPParam {
   std::string name;
   nn::Parameter* param = nullptr;
-  int64_t dim0 = 0, row = 0;          // global rows and elements per row
-  int64_t padded_rows = 0;            // rows of the largest chunk
+  int64_t dim0 = 0, row = 0;  // global rows and elements per row
+  int64_t padded_rows = 0;    // rows of the largest chunk
   int64_t local_begin = 0, local_rows = 0;
-  int64_t shard_offset = 0;           // in the sharded buffer
-  int64_t unsharded_offset = 0;       // in the unsharded buffer
+  int64_t shard_offset = 0;      // in the sharded buffer
+  int64_t unsharded_offset = 0;  // in the unsharded buffer
 };
 
 struct FSDPModule::Impl {
@@ -104,7 +106,7 @@ struct FSDPModule::Impl {
   bool is_root = false;
   Impl* root = nullptr;
   std::vector<Impl*> states, fwd_order, prev_fwd_order, post_fwd_order;
-  std::deque<std::pair<Impl*, Pending>> rs_inflight;     // reduce-scatters issued, not yet waited for
+  std::deque<std::pair<Impl*, Pending>> rs_inflight;  // reduce-scatters issued, not yet waited for
   std::vector<std::pair<Impl*, Pending>> replica_inflight;  // HSDP all-reduces
 
   std::string label() const {
@@ -117,8 +119,10 @@ struct FSDPModule::Impl {
   // The parameters of `m`'s subtree that no inner fully_shard owns, with full names.
   void collect(nn::Module& m, const std::string& prefix, bool top) {
     if (!top && fsdp_state(m)) return;
-    for (auto& [name, p] : m.direct_parameters()) params.push_back(FSDPParam{join_name(prefix, name), p});
-    for (auto& [cname, child] : m.named_children()) collect(*child, join_name(prefix, cname), false);
+    for (auto& [name, p] : m.direct_parameters())
+      params.push_back(FSDPParam{join_name(prefix, name), p});
+    for (auto& [cname, child] : m.named_children())
+      collect(*child, join_name(prefix, cname), false);
   }
 
   void init_shards() {
@@ -127,17 +131,20 @@ struct FSDPModule::Impl {
     for (auto& fp : params) {
       nn::Parameter& p = *fp.param;
       FSDP_CHECK(!p.shape.empty(),
-                 "[fully_shard] parameter '{}' is 0-dim; fully_shard shards dim 0 and needs at least one dim",
+                 "[fully_shard] parameter '{}' is 0-dim; fully_shard shards dim 0 and needs at "
+                 "least one dim",
                  fp.name);
       if (p.data.defined()) {
-        FSDP_CHECK(p.data.device() == dev, "[fully_shard] parameter '{}' is on {} but the mesh is on {}", fp.name,
+        FSDP_CHECK(p.data.device() == dev,
+                   "[fully_shard] parameter '{}' is on {} but the mesh is on {}", fp.name,
                    p.data.device().str(), dev.str());
         if (!has_values) master = p.data.dtype();
         has_values = true;
       }
     }
     if (!has_values) master = opt.init_dtype;
-    FSDP_CHECK(is_floating(master), "[fully_shard] parameters must be floating, got {}", dtype_name(master));
+    FSDP_CHECK(is_floating(master), "[fully_shard] parameters must be floating, got {}",
+               dtype_name(master));
     param_dtype = opt.mp_policy.param_dtype.value_or(master);
     reduce_dtype = opt.mp_policy.reduce_dtype.value_or(param_dtype);
 
@@ -158,7 +165,9 @@ struct FSDPModule::Impl {
       nn::Parameter& p = *fp.param;
       Tensor local = local_shard(fp);
       if (p.data.defined()) {
-        if (fp.local_rows > 0) local.copy_(p.data.narrow(0, fp.local_begin, fp.local_rows).reshape({fp.local_rows * fp.row}));
+        if (fp.local_rows > 0)
+          local.copy_(
+              p.data.narrow(0, fp.local_begin, fp.local_rows).reshape({fp.local_rows * fp.row}));
       } else {
         nn::init_fill(p.init, opt.seed, fp.name, fp.local_begin * fp.row, local);
       }
@@ -181,8 +190,8 @@ struct FSDPModule::Impl {
     shard_group->all_gather_into_tensor(counts, count)->wait();
     for (int k = 0; k < N; ++k)
       FSDP_CHECK(counts.data<int64_t>()[k] == int64_t(params.size()),
-                 "[fully_shard] {} holds {} parameters on rank {} but {} on rank {}", label(), params.size(), rank,
-                 counts.data<int64_t>()[k], k);
+                 "[fully_shard] {} holds {} parameters on rank {} but {} on rank {}", label(),
+                 params.size(), rank, counts.data<int64_t>()[k], k);
     Tensor mine = Tensor::empty({int64_t(params.size()), 2}, DType::i64);
     for (size_t i = 0; i < params.size(); ++i) {
       mine.data<int64_t>()[2 * i] = params[i].dim0;
@@ -193,9 +202,10 @@ struct FSDPModule::Impl {
     for (int k = 0; k < N; ++k)
       for (size_t i = 0; i < params.size(); ++i) {
         const int64_t* o = all.data<int64_t>() + 2 * (size_t(k) * params.size() + i);
-        FSDP_CHECK(o[0] == params[i].dim0 && o[1] == params[i].row,
-                   "[fully_shard] parameter '{}' has shape {} on rank {} but {} rows x {} on rank {}", params[i].name,
-                   shape_str(params[i].param->shape), rank, o[0], o[1], k);
+        FSDP_CHECK(
+            o[0] == params[i].dim0 && o[1] == params[i].row,
+            "[fully_shard] parameter '{}' has shape {} on rank {} but {} rows x {} on rank {}",
+            params[i].name, shape_str(params[i].param->shape), rank, o[0], o[1], k);
       }
   }
 
@@ -226,10 +236,12 @@ struct FSDPModule::Impl {
     for (auto& fp : params) {
       for (int k = 0; k < N; ++k) {
         auto [b, len] = dist::chunk_range(fp.dim0, N, k);
-        if (len > 0) copy_out.push_back({fp.unsharded_offset + b * fp.row, int64_t(k) * G + fp.shard_offset, len * fp.row});
+        if (len > 0)
+          copy_out.push_back(
+              {fp.unsharded_offset + b * fp.row, int64_t(k) * G + fp.shard_offset, len * fp.row});
       }
-      fp.param->data =
-          unsharded.slice(fp.unsharded_offset, fp.unsharded_offset + fp.dim0 * fp.row).view(fp.param->shape);
+      fp.param->data = unsharded.slice(fp.unsharded_offset, fp.unsharded_offset + fp.dim0 * fp.row)
+                           .view(fp.param->shape);
     }
     ops::copy_segments(unsharded, ag_out, copy_out);
     ag_out = Tensor();
@@ -251,13 +263,16 @@ struct FSDPModule::Impl {
   void prepare_grads() {
     if (params.empty()) return;
     if (direct) {
-      for (auto& fp : params) fp.param->grad = sharded_grad.slice(fp.shard_offset, fp.shard_offset + fp.dim0 * fp.row).view(fp.param->shape);
+      for (auto& fp : params)
+        fp.param->grad = sharded_grad.slice(fp.shard_offset, fp.shard_offset + fp.dim0 * fp.row)
+                             .view(fp.param->shape);
       return;
     }
     if (!grads_kept) unsharded_grad = Tensor::zeros({U}, reduce_dtype, sharded.device());
     for (auto& fp : params)
       fp.param->grad =
-          unsharded_grad.slice(fp.unsharded_offset, fp.unsharded_offset + fp.dim0 * fp.row).view(fp.param->shape);
+          unsharded_grad.slice(fp.unsharded_offset, fp.unsharded_offset + fp.dim0 * fp.row)
+              .view(fp.param->shape);
   }
 
   void reduce_grads() {
@@ -278,13 +293,16 @@ struct FSDPModule::Impl {
     for (auto& fp : params)
       for (int k = 0; k < N; ++k) {
         auto [b, len] = dist::chunk_range(fp.dim0, N, k);
-        if (len > 0) chunk_cat.push_back({int64_t(k) * G + fp.shard_offset, fp.unsharded_offset + b * fp.row, len * fp.row});
+        if (len > 0)
+          chunk_cat.push_back(
+              {int64_t(k) * G + fp.shard_offset, fp.unsharded_offset + b * fp.row, len * fp.row});
       }
     ops::copy_segments(in, unsharded_grad, chunk_cat);
     unsharded_grad = Tensor();
     Tensor out = Tensor::empty({G}, reduce_dtype, sharded.device());
     Impl* r = root ? root : this;
-    r->rs_inflight.push_back({this, {rs_group->reduce_scatter_tensor(out, in, dist::ReduceOp::AVG), out}});
+    r->rs_inflight.push_back(
+        {this, {rs_group->reduce_scatter_tensor(out, in, dist::ReduceOp::AVG), out}});
     log_event("rs_issue", label());
     // Keep one reduce-scatter queued behind this one at most: the one issued
     // by the previous group is finished now, while this group's runs during
@@ -300,7 +318,8 @@ struct FSDPModule::Impl {
     timed_wait(p.work);
     log_event("rs_wait", s->label());
     if (s->replicate_group) {
-      replica_inflight.push_back({s, {s->replicate_group->all_reduce(p.out, dist::ReduceOp::AVG), p.out}});
+      replica_inflight.push_back(
+          {s, {s->replicate_group->all_reduce(p.out, dist::ReduceOp::AVG), p.out}});
     } else {
       ops::add_(s->sharded_grad, p.out);
     }
@@ -390,7 +409,9 @@ std::vector<FSDPModule::Impl*> subtree_states(nn::Module& m) {
 void FSDPModule::set_requires_gradient_sync(bool sync) {
   for (Impl* s : subtree_states(*impl_->module)) s->requires_sync = sync;
 }
-void FSDPModule::set_reshard_after_backward(bool reshard) { impl_->reshard_after_backward = reshard; }
+void FSDPModule::set_reshard_after_backward(bool reshard) {
+  impl_->reshard_after_backward = reshard;
+}
 void FSDPModule::set_reshard_after_forward(bool reshard) { impl_->reshard_after_forward = reshard; }
 
 void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule*>& modules) {
@@ -412,7 +433,8 @@ std::vector<nn::ParamGroup> FSDPModule::param_groups(double weight_decay, bool d
     nn::ParamGroup g{s->sharded, s->sharded_grad, weight_decay};
     if (!decay_1d)
       for (auto& fp : s->params)
-        if (fp.param->shape.size() == 1) g.no_decay.emplace_back(fp.shard_offset, fp.padded_rows * fp.row);
+        if (fp.param->shape.size() == 1)
+          g.no_decay.emplace_back(fp.shard_offset, fp.padded_rows * fp.row);
     out.push_back(std::move(g));
   }
   return out;
@@ -435,15 +457,16 @@ std::vector<std::pair<std::string, dist::DTensor>> FSDPModule::sharded_parameter
   const std::string prefix = impl_->module->path();
   for (auto& [rel, p] : impl_->module->named_parameters()) {
     auto it = where.find(p);
-    FSDP_CHECK(it != where.end(), "[fully_shard] parameter '{}' is not sharded", join_name(prefix, rel));
+    FSDP_CHECK(it != where.end(), "[fully_shard] parameter '{}' is not sharded",
+               join_name(prefix, rel));
     auto [s, fp] = it->second;
     Shape local_shape = p->shape;
     local_shape[0] = fp->local_rows;
     std::vector<dist::Placement> placements;
     if (s->mesh->ndim() == 2) placements.push_back(dist::Replicate{});
     placements.push_back(dist::Shard{0});
-    out.emplace_back(fp->name, dist::DTensor::from_local(s->local_shard(*fp).view(local_shape), s->mesh, placements,
-                                                         p->shape));
+    out.emplace_back(fp->name, dist::DTensor::from_local(s->local_shard(*fp).view(local_shape),
+                                                         s->mesh, placements, p->shape));
   }
   return out;
 }
@@ -468,7 +491,9 @@ std::vector<FSDPModule::ShardInfo> FSDPModule::shard_infos() {
 
 int FSDPModule::shard_rank() const { return impl_->rank; }
 int FSDPModule::shard_count() const { return impl_->N; }
-bool FSDPModule::first_replica() const { return impl_->mesh->ndim() == 1 || impl_->mesh->local_rank(0) == 0; }
+bool FSDPModule::first_replica() const {
+  return impl_->mesh->ndim() == 1 || impl_->mesh->local_rank(0) == 0;
+}
 
 FSDPModule::CommStats FSDPModule::comm_stats() const {
   CommStats st;
@@ -506,7 +531,8 @@ Tensor FSDPModule::pre_forward(nn::Module&, const Tensor& x) {
   for (Impl* t : s.forward_prefetch_targets()) t->unshard_issue();
   s.unshard_wait();
   log_event("fwd_begin", s.label());
-  if (s.opt.mp_policy.param_dtype && is_floating(x.dtype()) && x.dtype() != s.param_dtype) return x.to(s.param_dtype);
+  if (s.opt.mp_policy.param_dtype && is_floating(x.dtype()) && x.dtype() != s.param_dtype)
+    return x.to(s.param_dtype);
   return x;
 }
 
@@ -515,7 +541,8 @@ Tensor FSDPModule::post_forward(nn::Module&, const Tensor& y) {
   log_event("fwd_end", s.label());
   s.root->post_fwd_order.push_back(&s);
   if (!s.is_root && s.reshard_after_forward) s.do_reshard();
-  if (s.opt.mp_policy.output_dtype && is_floating(y.dtype())) return y.to(*s.opt.mp_policy.output_dtype);
+  if (s.opt.mp_policy.output_dtype && is_floating(y.dtype()))
+    return y.to(*s.opt.mp_policy.output_dtype);
   return y;
 }
 
@@ -538,15 +565,22 @@ void FSDPModule::post_backward(nn::Module&) {
 
 // ---------------------------------------------------------------- fully_shard
 
-FSDPModule* fsdp_state(const nn::Module& module) { return dynamic_cast<FSDPModule*>(module.hooks()); }
+FSDPModule* fsdp_state(const nn::Module& module) {
+  return dynamic_cast<FSDPModule*>(module.hooks());
+}
 
-FSDPModule& fully_shard(nn::Module& module, std::shared_ptr<dist::DeviceMesh> mesh, FullyShardOptions options) {
+FSDPModule& fully_shard(nn::Module& module, std::shared_ptr<dist::DeviceMesh> mesh,
+                        FullyShardOptions options) {
   FSDP_CHECK(mesh, "[fully_shard] no device mesh");
-  const std::string where = module.path().empty() ? module.type_name() : fmt::format("{} '{}'", module.type_name(), module.path());
-  FSDP_CHECK(!fsdp_state(module), "[fully_shard] {} is already sharded; apply fully_shard once per module", where);
+  const std::string where = module.path().empty()
+                                ? module.type_name()
+                                : fmt::format("{} '{}'", module.type_name(), module.path());
+  FSDP_CHECK(!fsdp_state(module),
+             "[fully_shard] {} is already sharded; apply fully_shard once per module", where);
   FSDP_CHECK(!module.hooks(), "[fully_shard] {} already has module hooks", where);
   FSDP_CHECK(mesh->ndim() == 1 || mesh->ndim() == 2,
-             "[fully_shard] the mesh must be 1-D (shard) or 2-D (replicate, shard), got {}", mesh->str());
+             "[fully_shard] the mesh must be 1-D (shard) or 2-D (replicate, shard), got {}",
+             mesh->str());
 
   auto impl = std::make_unique<FSDPModule::Impl>();
   impl->module = &module;

@@ -31,7 +31,8 @@ double counter_uniform(uint64_t key, uint64_t counter) {
   return (double(r >> 11) + 0.5) * (1.0 / 9007199254740992.0);  // (0, 1), never 0
 }
 
-void init_fill(const Init& init, uint64_t seed, std::string_view name, int64_t begin, const Tensor& out) {
+void init_fill(const Init& init, uint64_t seed, std::string_view name, int64_t begin,
+               const Tensor& out) {
   FSDP_CHECK(out.is_contiguous(), "[init] parameter '{}' buffer must be contiguous", name);
   const int64_t n = out.numel();
   Tensor tmp = Tensor::empty({n}, DType::f64);
@@ -41,11 +42,16 @@ void init_fill(const Init& init, uint64_t seed, std::string_view name, int64_t b
   for (int64_t j = 0; j < n; ++j) {
     const uint64_t i = uint64_t(begin + j);
     switch (init.kind) {
-      case Init::Kind::constant: p[j] = init.a; break;
-      case Init::Kind::uniform: p[j] = init.a + (init.b - init.a) * counter_uniform(key, i); break;
+      case Init::Kind::constant:
+        p[j] = init.a;
+        break;
+      case Init::Kind::uniform:
+        p[j] = init.a + (init.b - init.a) * counter_uniform(key, i);
+        break;
       case Init::Kind::normal: {
         double u1 = counter_uniform(key, 2 * i), u2 = counter_uniform(key, 2 * i + 1);
-        p[j] = init.a + init.b * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+        p[j] = init.a +
+               init.b * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
         break;
       }
     }

@@ -22,7 +22,8 @@ Tensor Linear::forward_impl(const Tensor& x) {
 }
 
 Tensor Linear::backward_impl(const Tensor& dy) {
-  Tensor dx = ops::linear_backward(dy, x_, weight_->data, weight_->grad, bias_ ? bias_->grad : Tensor());
+  Tensor dx =
+      ops::linear_backward(dy, x_, weight_->data, weight_->grad, bias_ ? bias_->grad : Tensor());
   x_ = Tensor();
   return dx;
 }
@@ -30,7 +31,8 @@ Tensor Linear::backward_impl(const Tensor& dy) {
 // ---------------------------------------------------------------- Embedding
 
 Embedding::Embedding(int64_t vocab, int64_t dim) : Module("Embedding") {
-  FSDP_CHECK(vocab > 0 && dim > 0, "[Embedding] sizes must be positive, got vocab {} dim {}", vocab, dim);
+  FSDP_CHECK(vocab > 0 && dim > 0, "[Embedding] sizes must be positive, got vocab {} dim {}", vocab,
+             dim);
   weight_ = &register_parameter("weight", {vocab, dim}, Init::normal(0.0, 1.0));
 }
 
@@ -52,7 +54,8 @@ RMSNorm::RMSNorm(int64_t dim, std::optional<double> eps) : Module("RMSNorm"), ep
 }
 
 Tensor RMSNorm::forward_impl(const Tensor& x) {
-  auto r = ops::rmsnorm_forward(x, weight_->data, eps_.value_or(ops::default_rmsnorm_eps(x.dtype())));
+  auto r =
+      ops::rmsnorm_forward(x, weight_->data, eps_.value_or(ops::default_rmsnorm_eps(x.dtype())));
   x_ = x;
   rstd_ = r.rstd;
   return r.y;
@@ -68,21 +71,25 @@ Tensor RMSNorm::backward_impl(const Tensor& dy) {
 
 MultiheadAttention::MultiheadAttention(int64_t dim, int64_t heads, AttentionOptions opt)
     : Module("MultiheadAttention"), dim_(dim), heads_(heads), opt_(opt) {
-  FSDP_CHECK(heads > 0 && dim % heads == 0, "[MultiheadAttention] dim {} is not divisible by heads {}", dim, heads);
+  FSDP_CHECK(heads > 0 && dim % heads == 0,
+             "[MultiheadAttention] dim {} is not divisible by heads {}", dim, heads);
   FSDP_CHECK(opt.rope_theta <= 0 || (dim / heads) % 2 == 0,
              "[MultiheadAttention] rotary embedding needs an even head dim, got {}", dim / heads);
-  const double bound = opt.xavier_in_proj ? std::sqrt(6.0 / double(dim + 3 * dim)) : 1.0 / std::sqrt(double(dim));
-  in_proj_weight_ = &register_parameter("in_proj_weight", {3 * dim, dim}, Init::uniform(-bound, bound));
+  const double bound =
+      opt.xavier_in_proj ? std::sqrt(6.0 / double(dim + 3 * dim)) : 1.0 / std::sqrt(double(dim));
+  in_proj_weight_ =
+      &register_parameter("in_proj_weight", {3 * dim, dim}, Init::uniform(-bound, bound));
   if (opt.bias) in_proj_bias_ = &register_parameter("in_proj_bias", {3 * dim}, Init::constant(0.0));
   out_proj_ = &register_module("out_proj", std::make_unique<Linear>(dim, dim, opt.bias));
   if (opt.bias) out_proj_->bias()->init = Init::constant(0.0);  // nn.MultiheadAttention zeroes it
 }
 
 Tensor MultiheadAttention::forward_impl(const Tensor& x) {
-  FSDP_CHECK(x.dim() == 3 && x.size(2) == dim_, "[MultiheadAttention] input must be [B, T, {}], got {}", dim_,
-             shape_str(x.shape()));
+  FSDP_CHECK(x.dim() == 3 && x.size(2) == dim_,
+             "[MultiheadAttention] input must be [B, T, {}], got {}", dim_, shape_str(x.shape()));
   x_ = x;
-  Tensor qkv = ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());
+  Tensor qkv =
+      ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());
   if (opt_.rope_theta > 0) ops::rope_(qkv, heads_, opt_.rope_theta, false);
   auto a = ops::attention_forward(qkv, heads_, opt_.causal);
   qkv_ = qkv;
@@ -103,7 +110,8 @@ Tensor MultiheadAttention::backward_impl(const Tensor& dy) {
 
 // ---------------------------------------------------------------- feed-forward
 
-FeedForward::FeedForward(int64_t dim, int64_t hidden, Kind kind) : Module("FeedForward"), kind_(kind) {
+FeedForward::FeedForward(int64_t dim, int64_t hidden, Kind kind)
+    : Module("FeedForward"), kind_(kind) {
   if (kind == Kind::silu_mlp) {
     up_ = &register_module("0", std::make_unique<Linear>(dim, hidden, false));
     down_ = &register_module("2", std::make_unique<Linear>(hidden, dim, false));
@@ -140,8 +148,9 @@ Tensor FeedForward::backward_impl(const Tensor& dy) {
 
 // ---------------------------------------------------------------- block
 
-TransformerBlock::TransformerBlock(int64_t dim, int64_t heads, int64_t ffn_hidden, FeedForward::Kind ffn_kind,
-                                   AttentionOptions attn, std::optional<double> norm_eps)
+TransformerBlock::TransformerBlock(int64_t dim, int64_t heads, int64_t ffn_hidden,
+                                   FeedForward::Kind ffn_kind, AttentionOptions attn,
+                                   std::optional<double> norm_eps)
     : Module("TransformerBlock") {
   norm1_ = &register_module("norm1", std::make_unique<RMSNorm>(dim, norm_eps));
   attn_ = &register_module("attn", std::make_unique<MultiheadAttention>(dim, heads, attn));

@@ -41,10 +41,12 @@ void MiniLLMConfig::validate() const {
   FSDP_CHECK(dim % heads == 0, "[MiniLLM] dim {} is not divisible by heads {}", dim, heads);
   FSDP_CHECK(seq > 0, "[MiniLLM] seq must be positive, got {}", seq);
   FSDP_CHECK(batch > 0, "[MiniLLM] batch must be positive, got {}", batch);
-  FSDP_CHECK(ffn_hidden >= 0, "[MiniLLM] ffn hidden size must be >= 0 (0 = default), got {}", ffn_hidden);
+  FSDP_CHECK(ffn_hidden >= 0, "[MiniLLM] ffn hidden size must be >= 0 (0 = default), got {}",
+             ffn_hidden);
   if (arch == Arch::llama) {
-    FSDP_CHECK((dim / heads) % 2 == 0, "[MiniLLM] llama's rotary embedding needs an even head dim, got {} / {} = {}",
-               dim, heads, dim / heads);
+    FSDP_CHECK((dim / heads) % 2 == 0,
+               "[MiniLLM] llama's rotary embedding needs an even head dim, got {} / {} = {}", dim,
+               heads, dim / heads);
     FSDP_CHECK(rope_theta > 0, "[MiniLLM] rope theta must be positive, got {}", rope_theta);
   }
   if (norm_eps) FSDP_CHECK(*norm_eps >= 0, "[MiniLLM] norm eps must be >= 0, got {}", *norm_eps);
@@ -72,14 +74,16 @@ MiniLLM::MiniLLM(const MiniLLMConfig& cfg) : Module("MiniLLM"), cfg_(cfg) {
   embed_ = &register_module("embed", std::make_unique<Embedding>(cfg.vocab, cfg.dim));
   layers_ = &register_module("layers", std::make_unique<ModuleList>());
   for (int64_t i = 0; i < cfg.layers; ++i)
-    layers_->append(std::make_unique<TransformerBlock>(cfg.dim, cfg.heads, cfg.resolved_ffn_hidden(), ffn_kind, attn,
-                                                       cfg.norm_eps));
-  if (cfg.arch == Arch::llama) norm_ = &register_module("norm", std::make_unique<RMSNorm>(cfg.dim, cfg.norm_eps));
+    layers_->append(std::make_unique<TransformerBlock>(
+        cfg.dim, cfg.heads, cfg.resolved_ffn_hidden(), ffn_kind, attn, cfg.norm_eps));
+  if (cfg.arch == Arch::llama)
+    norm_ = &register_module("norm", std::make_unique<RMSNorm>(cfg.dim, cfg.norm_eps));
   head_ = &register_module("head", std::make_unique<Linear>(cfg.dim, cfg.vocab, false));
 }
 
 Tensor MiniLLM::forward_impl(const Tensor& tokens) {
-  FSDP_CHECK(tokens.dim() == 2, "[MiniLLM] tokens must be [batch, seq], got {}", shape_str(tokens.shape()));
+  FSDP_CHECK(tokens.dim() == 2, "[MiniLLM] tokens must be [batch, seq], got {}",
+             shape_str(tokens.shape()));
   Tensor x = layers_->forward(embed_->forward(tokens));
   if (norm_) x = norm_->forward(x);
   return head_->forward(x);

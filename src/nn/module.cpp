@@ -3,7 +3,8 @@
 
 namespace fsdp::nn {
 
-std::vector<std::pair<std::string, Parameter*>> Module::named_parameters(const std::string& prefix) {
+std::vector<std::pair<std::string, Parameter*>> Module::named_parameters(
+    const std::string& prefix) {
   std::vector<std::pair<std::string, Parameter*>> out;
   for (auto& p : params_) out.emplace_back(prefix + p->local_name, p.get());
   for (auto& [name, child] : children_) {
@@ -72,7 +73,8 @@ void Module::for_each_module(const std::function<void(Module&)>& fn) {
 }
 
 Parameter& Module::register_parameter(std::string local_name, Shape shape, Init init) {
-  params_.push_back(std::make_unique<Parameter>(Parameter{std::move(local_name), std::move(shape), init, {}, {}}));
+  params_.push_back(std::make_unique<Parameter>(
+      Parameter{std::move(local_name), std::move(shape), init, {}, {}}));
   return *params_.back();
 }
 

@@ -22,7 +22,8 @@ void same_dtype(const char* op, const Tensor& a, const Tensor& b) {
 
 // A gradient buffer to add into in place: it must be contiguous.
 void check_grad(const char* op, const Tensor& g) {
-  if (g.defined()) FSDP_CHECK(g.is_contiguous(), "[{}] a CUDA gradient buffer must be contiguous", op);
+  if (g.defined())
+    FSDP_CHECK(g.is_contiguous(), "[{}] a CUDA gradient buffer must be contiguous", op);
 }
 
 }  // namespace
@@ -37,19 +38,21 @@ bool on_cuda(const char* op, std::initializer_list<const Tensor*> ts) {
   if (!first || !first->device().is_cuda()) return false;
   for (const Tensor* t : ts)
     if (t->defined())
-      FSDP_CHECK(t->device() == first->device(), "[{}] inputs on {} and {}: move them to one device", op,
-                 first->device().str(), t->device().str());
+      FSDP_CHECK(t->device() == first->device(),
+                 "[{}] inputs on {} and {}: move them to one device", op, first->device().str(),
+                 t->device().str());
   return true;
 }
 
-void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha, double beta) {
+void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha,
+          double beta) {
   same_dtype("gemm", a, b);
   same_dtype("gemm", a, c);
   FSDP_CHECK(c.is_contiguous(), "[gemm] C must be contiguous");
   Tensor A = dense(a), B = dense(b);
   const int64_t m = c.size(0), n = c.size(1), k = ta ? a.size(0) : a.size(1);
-  kc::gemm(ta, tb, m, n, k, float(alpha), A.raw_data(), B.raw_data(), float(beta), c.raw_data(), a.dtype(), nullptr,
-           dev(c), nullptr);
+  kc::gemm(ta, tb, m, n, k, float(alpha), A.raw_data(), B.raw_data(), float(beta), c.raw_data(),
+           a.dtype(), nullptr, dev(c), nullptr);
 }
 
 Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
@@ -60,31 +63,35 @@ Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
   Shape ys = x.shape();
   ys.back() = out;
   Tensor y = Tensor::empty(ys, x.dtype(), x.device());
-  kc::gemm(false, true, rows, out, in, 1.f, X.raw_data(), W.raw_data(), 0.f, y.raw_data(), x.dtype(),
-           Bb.defined() ? Bb.raw_data() : nullptr, dev(x), nullptr);
+  kc::gemm(false, true, rows, out, in, 1.f, X.raw_data(), W.raw_data(), 0.f, y.raw_data(),
+           x.dtype(), Bb.defined() ? Bb.raw_data() : nullptr, dev(x), nullptr);
   return y;
 }
 
-Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dw, const Tensor& db) {
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dw,
+                       const Tensor& db) {
   check_grad("linear_backward", dw);
   check_grad("linear_backward", db);
   Tensor DY = dense(dy.to(x.dtype())), X = dense(x), W = dense(w);
   const int64_t out = w.size(0), in = w.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-  kc::gemm(false, false, rows, in, out, 1.f, DY.raw_data(), W.raw_data(), 0.f, dx.raw_data(), x.dtype(), nullptr,
-           dev(x), nullptr);
+  kc::gemm(false, false, rows, in, out, 1.f, DY.raw_data(), W.raw_data(), 0.f, dx.raw_data(),
+           x.dtype(), nullptr, dev(x), nullptr);
   if (dw.defined()) {
     if (dw.dtype() == x.dtype()) {
-      kc::gemm(true, false, out, in, rows, 1.f, DY.raw_data(), X.raw_data(), 1.f, dw.raw_data(), x.dtype(), nullptr,
-               dev(x), nullptr);
+      kc::gemm(true, false, out, in, rows, 1.f, DY.raw_data(), X.raw_data(), 1.f, dw.raw_data(),
+               x.dtype(), nullptr, dev(x), nullptr);
     } else {  // a wider gradient buffer (reduce_dtype): compute in the input dtype, then add
       Tensor tmp = Tensor::empty(dw.shape(), x.dtype(), x.device());
-      kc::gemm(true, false, out, in, rows, 1.f, DY.raw_data(), X.raw_data(), 0.f, tmp.raw_data(), x.dtype(), nullptr,
-               dev(x), nullptr);
-      kc::add_inplace(dw.raw_data(), dw.dtype(), tmp.raw_data(), tmp.dtype(), dw.numel(), dev(x), nullptr);
+      kc::gemm(true, false, out, in, rows, 1.f, DY.raw_data(), X.raw_data(), 0.f, tmp.raw_data(),
+               x.dtype(), nullptr, dev(x), nullptr);
+      kc::add_inplace(dw.raw_data(), dw.dtype(), tmp.raw_data(), tmp.dtype(), dw.numel(), dev(x),
+                      nullptr);
     }
   }
-  if (db.defined()) kc::sum_rows_into(DY.raw_data(), DY.dtype(), db.raw_data(), db.dtype(), rows, out, dev(x), nullptr);
+  if (db.defined())
+    kc::sum_rows_into(DY.raw_data(), DY.dtype(), db.raw_data(), db.dtype(), rows, out, dev(x),
+                      nullptr);
   return dx;
 }
 
@@ -93,36 +100,39 @@ Tensor embedding_forward(const Tensor& ids, const Tensor& w) {
   Shape ys = ids.shape();
   ys.push_back(w.size(1));
   Tensor y = Tensor::empty(ys, w.dtype(), w.device());
-  kc::embedding_forward(I.raw_data(), I.dtype(), W.raw_data(), y.raw_data(), w.dtype(), I.numel(), w.size(0),
-                        w.size(1), dev(w), nullptr);
+  kc::embedding_forward(I.raw_data(), I.dtype(), W.raw_data(), y.raw_data(), w.dtype(), I.numel(),
+                        w.size(0), w.size(1), dev(w), nullptr);
   return y;
 }
 
 void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dw) {
   check_grad("embedding_backward", dw);
   Tensor I = dense(ids), DY = dense(dy);
-  kc::embedding_backward(I.raw_data(), I.dtype(), DY.raw_data(), DY.dtype(), dw.raw_data(), dw.dtype(), I.numel(),
-                         dw.size(0), dw.size(1), dev(dw), nullptr);
+  kc::embedding_backward(I.raw_data(), I.dtype(), DY.raw_data(), DY.dtype(), dw.raw_data(),
+                         dw.dtype(), I.numel(), dw.size(0), dw.size(1), dev(dw), nullptr);
 }
 
 RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps) {
   same_dtype("rmsnorm", x, w);
   Tensor X = dense(x), W = dense(w);
   const int64_t dim = w.size(0), rows = x.numel() / std::max<int64_t>(dim, 1);
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device()), rstd = Tensor::empty({rows}, DType::f32, x.device());
-  kc::rmsnorm_forward(X.raw_data(), W.raw_data(), y.raw_data(), rstd.data<float>(), x.dtype(), rows, dim, eps, dev(x),
-                      nullptr);
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device()),
+         rstd = Tensor::empty({rows}, DType::f32, x.device());
+  kc::rmsnorm_forward(X.raw_data(), W.raw_data(), y.raw_data(), rstd.data<float>(), x.dtype(), rows,
+                      dim, eps, dev(x), nullptr);
   return {y, rstd};
 }
 
-Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dw) {
+Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                        const Tensor& dw) {
   check_grad("rmsnorm_backward", dw);
   Tensor DY = dense(dy.to(x.dtype())), X = dense(x), W = dense(w), R = dense(rstd.to(DType::f32));
   const int64_t dim = w.size(0), rows = x.numel() / std::max<int64_t>(dim, 1);
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   kc::rmsnorm_backward(DY.raw_data(), X.raw_data(), W.raw_data(), R.data<float>(), dx.raw_data(),
-                       dw.defined() ? dw.raw_data() : nullptr, dw.defined() ? dw.dtype() : DType::f32, x.dtype(), rows,
-                       dim, dev(x), nullptr);
+                       dw.defined() ? dw.raw_data() : nullptr,
+                       dw.defined() ? dw.dtype() : DType::f32, x.dtype(), rows, dim, dev(x),
+                       nullptr);
   return dx;
 }
 
@@ -133,31 +143,35 @@ Tensor silu_forward(const Tensor& x) {
 }
 
 Tensor silu_backward(const Tensor& dy, const Tensor& x) {
-  Tensor DY = dense(dy.to(x.dtype())), X = dense(x), dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-  kc::silu_backward(DY.raw_data(), X.raw_data(), dx.raw_data(), x.dtype(), x.numel(), dev(x), nullptr);
+  Tensor DY = dense(dy.to(x.dtype())), X = dense(x),
+         dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  kc::silu_backward(DY.raw_data(), X.raw_data(), dx.raw_data(), x.dtype(), x.numel(), dev(x),
+                    nullptr);
   return dx;
 }
 
 Tensor swiglu_forward(const Tensor& g, const Tensor& u) {
   same_dtype("swiglu", g, u);
   Tensor G = dense(g), U = dense(u), y = Tensor::empty(g.shape(), g.dtype(), g.device());
-  kc::swiglu_forward(G.raw_data(), U.raw_data(), y.raw_data(), g.dtype(), g.numel(), dev(g), nullptr);
+  kc::swiglu_forward(G.raw_data(), U.raw_data(), y.raw_data(), g.dtype(), g.numel(), dev(g),
+                     nullptr);
   return y;
 }
 
 std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& g, const Tensor& u) {
   Tensor DY = dense(dy.to(g.dtype())), G = dense(g), U = dense(u);
-  Tensor dg = Tensor::empty(g.shape(), g.dtype(), g.device()), du = Tensor::empty(g.shape(), g.dtype(), g.device());
-  kc::swiglu_backward(DY.raw_data(), G.raw_data(), U.raw_data(), dg.raw_data(), du.raw_data(), g.dtype(), g.numel(),
-                      dev(g), nullptr);
+  Tensor dg = Tensor::empty(g.shape(), g.dtype(), g.device()),
+         du = Tensor::empty(g.shape(), g.dtype(), g.device());
+  kc::swiglu_backward(DY.raw_data(), G.raw_data(), U.raw_data(), dg.raw_data(), du.raw_data(),
+                      g.dtype(), g.numel(), dev(g), nullptr);
   return {dg, du};
 }
 
 void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse) {
   FSDP_CHECK(qkv.is_contiguous(), "[rope] a CUDA qkv must be contiguous");
   const int64_t d = qkv.size(2) / 3;
-  kc::rope_qkv(qkv.raw_data(), qkv.dtype(), qkv.size(0), qkv.size(1), heads, d / heads, theta, inverse, dev(qkv),
-               nullptr);
+  kc::rope_qkv(qkv.raw_data(), qkv.dtype(), qkv.size(0), qkv.size(1), heads, d / heads, theta,
+               inverse, dev(qkv), nullptr);
 }
 
 AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
@@ -165,18 +179,20 @@ AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
   const int64_t B = qkv.size(0), T = qkv.size(1), d = qkv.size(2) / 3;
   Tensor out = Tensor::empty({B, T, d}, qkv.dtype(), qkv.device());
   Tensor lse = Tensor::empty({B, heads, T}, DType::f32, qkv.device());
-  kc::attention_forward(Q.raw_data(), out.raw_data(), lse.data<float>(), qkv.dtype(), B, T, heads, d / heads, causal,
-                        dev(qkv), nullptr);
+  kc::attention_forward(Q.raw_data(), out.raw_data(), lse.data<float>(), qkv.dtype(), B, T, heads,
+                        d / heads, causal, dev(qkv), nullptr);
   return {out, lse};
 }
 
-Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t heads,
-                          bool causal) {
-  Tensor DO = dense(dout.to(qkv.dtype())), Q = dense(qkv), O = dense(out), L = dense(lse.to(DType::f32));
+Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& lse, int64_t heads, bool causal) {
+  Tensor DO = dense(dout.to(qkv.dtype())), Q = dense(qkv), O = dense(out),
+         L = dense(lse.to(DType::f32));
   const int64_t B = qkv.size(0), T = qkv.size(1), d = qkv.size(2) / 3;
   Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
-  kc::attention_backward(DO.raw_data(), Q.raw_data(), O.raw_data(), L.data<float>(), dqkv.raw_data(), qkv.dtype(), B,
-                         T, heads, d / heads, causal, dev(qkv), nullptr);
+  kc::attention_backward(DO.raw_data(), Q.raw_data(), O.raw_data(), L.data<float>(),
+                         dqkv.raw_data(), qkv.dtype(), B, T, heads, d / heads, causal, dev(qkv),
+                         nullptr);
   return dqkv;
 }
 
@@ -207,23 +223,26 @@ CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& target
   Tensor L = dense(logits), Tg = dense(targets);
   const int64_t n = logits.size(0), v = logits.size(1);
   Tensor lse = Tensor::empty({n}, DType::f32, logits.device());
-  const double loss = kc::softmax_xent_forward(L.raw_data(), Tg.raw_data(), Tg.dtype(), lse.data<float>(),
-                                               logits.dtype(), n, v, dev(logits), nullptr);
+  const double loss =
+      kc::softmax_xent_forward(L.raw_data(), Tg.raw_data(), Tg.dtype(), lse.data<float>(),
+                               logits.dtype(), n, v, dev(logits), nullptr);
   return {loss, lse};
 }
 
-Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss) {
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                              double dloss) {
   Tensor L = dense(logits), Tg = dense(targets), LS = dense(lse.to(DType::f32));
   const int64_t n = logits.size(0), v = logits.size(1);
   Tensor d = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
-  kc::softmax_xent_backward(L.raw_data(), Tg.raw_data(), Tg.dtype(), LS.data<float>(), d.raw_data(), logits.dtype(),
-                            dloss, n, v, dev(logits), nullptr);
+  kc::softmax_xent_backward(L.raw_data(), Tg.raw_data(), Tg.dtype(), LS.data<float>(), d.raw_data(),
+                            logits.dtype(), dloss, n, v, dev(logits), nullptr);
   return d;
 }
 
-void adamw_(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWHyper& h, int64_t step) {
-  kc::adamw(p.raw_data(), g.raw_data(), m.raw_data(), v.raw_data(), p.dtype(), p.numel(), h.lr, h.beta1, h.beta2,
-            h.eps, h.weight_decay, step, dev(p), nullptr);
+void adamw_(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWHyper& h,
+            int64_t step) {
+  kc::adamw(p.raw_data(), g.raw_data(), m.raw_data(), v.raw_data(), p.dtype(), p.numel(), h.lr,
+            h.beta1, h.beta2, h.eps, h.weight_decay, step, dev(p), nullptr);
 }
 
 }  // namespace fsdp::ops::cuda_impl

@@ -3,13 +3,13 @@
 #include "fsdp/ops/peak.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <unistd.h>
 
 #include "fsdp/core/env.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -55,7 +55,8 @@ double sgemm_peak_flops(int threads) {
       }
     }
   }
-  if (cache.is_object() && cache.contains(key) && cache[key].is_number()) return cache[key].get<double>();
+  if (cache.is_object() && cache.contains(key) && cache[key].is_number())
+    return cache[key].get<double>();
 
   const int saved = omp_get_max_threads();
   omp_set_num_threads(threads);

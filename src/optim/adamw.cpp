@@ -5,10 +5,11 @@
 
 namespace fsdp::optim {
 
-AdamW::AdamW(std::vector<ParamGroup> groups, ops::AdamWHyper hyper) : groups_(std::move(groups)), hyper_(hyper) {
+AdamW::AdamW(std::vector<ParamGroup> groups, ops::AdamWHyper hyper)
+    : groups_(std::move(groups)), hyper_(hyper) {
   for (const ParamGroup& g : groups_) {
-    FSDP_CHECK(g.params.dim() == 1 && g.grads.shape() == g.params.shape() && g.params.is_contiguous() &&
-                   g.grads.is_contiguous(),
+    FSDP_CHECK(g.params.dim() == 1 && g.grads.shape() == g.params.shape() &&
+                   g.params.is_contiguous() && g.grads.is_contiguous(),
                "[AdamW] a group needs 1-D contiguous params and grads of one length; got {} and {}",
                shape_str(g.params.shape()), shape_str(g.grads.shape()));
     exp_avg_.push_back(Tensor::zeros(g.params.shape(), g.params.dtype(), g.params.device()));
@@ -33,8 +34,8 @@ void AdamW::step() {
       if (e <= b) return;
       ops::AdamWHyper hh = h;
       hh.weight_decay = wd;
-      ops::adamw_(g.params.slice(b, e), g.grads.slice(b, e), exp_avg_[i].slice(b, e), exp_avg_sq_[i].slice(b, e), hh,
-                  step_);
+      ops::adamw_(g.params.slice(b, e), g.grads.slice(b, e), exp_avg_[i].slice(b, e),
+                  exp_avg_sq_[i].slice(b, e), hh, step_);
     };
     for (auto [off, count] : g.no_decay) {
       run(at, off, g.weight_decay);
@@ -47,7 +48,8 @@ void AdamW::step() {
 
 int64_t AdamW::state_bytes() const {
   int64_t b = 0;
-  for (size_t i = 0; i < exp_avg_.size(); ++i) b += int64_t(exp_avg_[i].nbytes() + exp_avg_sq_[i].nbytes());
+  for (size_t i = 0; i < exp_avg_.size(); ++i)
+    b += int64_t(exp_avg_[i].nbytes() + exp_avg_sq_[i].nbytes());
   return b;
 }
 

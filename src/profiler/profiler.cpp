@@ -24,11 +24,16 @@ namespace {
 
 const char* category(const trace::Record& r) {
   switch (r.kind) {
-    case trace::Kind::op: return "cpu_op";
-    case trace::Kind::annotation: return "user_annotation";
-    case trace::Kind::collective: return "cpu_op";
-    case trace::Kind::kernel: return "kernel";
-    case trace::Kind::counter: return "memory";
+    case trace::Kind::op:
+      return "cpu_op";
+    case trace::Kind::annotation:
+      return "user_annotation";
+    case trace::Kind::collective:
+      return "cpu_op";
+    case trace::Kind::kernel:
+      return "kernel";
+    case trace::Kind::counter:
+      return "memory";
   }
   return "cpu_op";
 }
@@ -101,7 +106,8 @@ void Profiler::begin_recording() {
   trace::start(opt_.record_shapes, opt_.profile_memory);
   recording_ = true;
 #ifdef FSDP_WITH_CUDA
-  const bool cuda = std::find(opt_.activities.begin(), opt_.activities.end(), Activity::CUDA) != opt_.activities.end();
+  const bool cuda = std::find(opt_.activities.begin(), opt_.activities.end(), Activity::CUDA) !=
+                    opt_.activities.end();
   int ndev = 0;
   if (cuda && cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0) {
     cudaEventCreate(&device_times.origin);
@@ -154,7 +160,8 @@ void Profiler::end_recording(bool keep) {
   }
 #endif
   if (keep) {
-    records_.insert(records_.end(), std::make_move_iterator(recs.begin()), std::make_move_iterator(recs.end()));
+    records_.insert(records_.end(), std::make_move_iterator(recs.begin()),
+                    std::make_move_iterator(recs.end()));
     thread_names_ = trace::thread_names();
   }
 }
@@ -184,14 +191,24 @@ void Profiler::step() {
 void Profiler::export_chrome_trace(const std::string& path) const {
   json events = json::array();
   const int pid = opt_.rank;
-  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", fmt::format("rank {}", pid)}}}});
+  events.push_back({{"ph", "M"},
+                    {"name", "process_name"},
+                    {"pid", pid},
+                    {"args", {{"name", fmt::format("rank {}", pid)}}}});
   for (size_t t = 0; t < thread_names_.size(); ++t)
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", t}, {"args", {{"name", thread_names_[t]}}}});
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", pid},
+                      {"tid", t},
+                      {"args", {{"name", thread_names_[t]}}}});
   bool kernels = false;
   auto us = [&](int64_t ns) { return double(ns - t0_ns_) / 1e3; };
   for (const auto& r : records_) {
     if (r.kind == trace::Kind::counter) {
-      events.push_back({{"ph", "C"}, {"name", "memory allocated"}, {"pid", pid}, {"ts", us(r.begin_ns)},
+      events.push_back({{"ph", "C"},
+                        {"name", "memory allocated"},
+                        {"pid", pid},
+                        {"ts", us(r.begin_ns)},
                         {"args", {{r.device, r.value}}}});
       continue;
     }
@@ -202,21 +219,42 @@ void Profiler::export_chrome_trace(const std::string& path) const {
     if (r.bytes > 0) args["bytes"] = r.bytes;
     if (!r.detail.empty()) args["group"] = r.detail;
     if (!r.device.empty()) args["device"] = r.device;
-    events.push_back({{"ph", "X"}, {"cat", category(r)}, {"name", r.name}, {"pid", pid}, {"tid", r.tid},
-                      {"ts", us(r.begin_ns)}, {"dur", double(r.end_ns - r.begin_ns) / 1e3}, {"args", args}});
+    events.push_back({{"ph", "X"},
+                      {"cat", category(r)},
+                      {"name", r.name},
+                      {"pid", pid},
+                      {"tid", r.tid},
+                      {"ts", us(r.begin_ns)},
+                      {"dur", double(r.end_ns - r.begin_ns) / 1e3},
+                      {"args", args}});
     if (r.kind == trace::Kind::kernel) {
       kernels = true;
     } else if (r.flow) {  // launch -> kernel arrow
-      events.push_back({{"ph", "s"}, {"id", r.flow}, {"pid", pid}, {"tid", r.tid}, {"ts", us(r.begin_ns)},
-                        {"cat", "ac2g"}, {"name", "launch"}});
+      events.push_back({{"ph", "s"},
+                        {"id", r.flow},
+                        {"pid", pid},
+                        {"tid", r.tid},
+                        {"ts", us(r.begin_ns)},
+                        {"cat", "ac2g"},
+                        {"name", "launch"}});
     }
   }
   if (kernels) {
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", 1000}, {"args", {{"name", "cuda compute stream"}}}});
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", pid},
+                      {"tid", 1000},
+                      {"args", {{"name", "cuda compute stream"}}}});
     for (const auto& r : records_)
       if (r.kind == trace::Kind::kernel)
-        events.push_back({{"ph", "f"}, {"bp", "e"}, {"id", r.flow}, {"pid", pid}, {"tid", 1000}, {"ts", us(r.begin_ns)},
-                          {"cat", "ac2g"}, {"name", "launch"}});
+        events.push_back({{"ph", "f"},
+                          {"bp", "e"},
+                          {"id", r.flow},
+                          {"pid", pid},
+                          {"tid", 1000},
+                          {"ts", us(r.begin_ns)},
+                          {"cat", "ac2g"},
+                          {"name", "launch"}});
   }
   std::ofstream f(path);
   FSDP_CHECK(f.good(), "[profiler] cannot write '{}'", path);
@@ -236,7 +274,8 @@ KeyAverages Profiler::key_averages(bool group_by_input_shape) const {
   std::map<const trace::Record*, int64_t> child_ns;
   std::vector<const trace::Record*> stack;
   for (auto* r : timed) {
-    while (!stack.empty() && (stack.back()->tid != r->tid || stack.back()->end_ns <= r->begin_ns)) stack.pop_back();
+    while (!stack.empty() && (stack.back()->tid != r->tid || stack.back()->end_ns <= r->begin_ns))
+      stack.pop_back();
     if (!stack.empty()) child_ns[stack.back()] += r->end_ns - r->begin_ns;
     stack.push_back(r);
   }
@@ -268,9 +307,11 @@ KeyAverages Profiler::key_averages(bool group_by_input_shape) const {
       k.flops_per_s = k.flops / secs;
       k.bytes_per_s = k.bytes / secs;
     }
-    if (k.category == "cpu_op" && (k.flops > 0 || k.bytes > 0) && k.name.find(':') == std::string::npos) {
+    if (k.category == "cpu_op" && (k.flops > 0 || k.bytes > 0) &&
+        k.name.find(':') == std::string::npos) {
       k.pct_compute = ceilings_.flops > 0 ? 100.0 * k.flops_per_s / ceilings_.flops : 0;
-      k.pct_bandwidth = ceilings_.bytes_per_s > 0 ? 100.0 * k.bytes_per_s / ceilings_.bytes_per_s : 0;
+      k.pct_bandwidth =
+          ceilings_.bytes_per_s > 0 ? 100.0 * k.bytes_per_s / ceilings_.bytes_per_s : 0;
       k.verdict = classify(k.pct_compute, k.pct_bandwidth, &k.remedy);
     }
     out.rows.push_back(k);
@@ -285,27 +326,33 @@ std::string KeyAverages::table(const std::string& sort_by, int row_limit) const 
     if (sort_by == "device_time_total" || sort_by == "cuda_time_total") return k.device_us;
     if (sort_by == "calls" || sort_by == "count") return double(k.calls);
     if (sort_by == "flops") return k.flops;
-    FSDP_CHECK(sort_by == "cpu_time_total", "[profiler] cannot sort by '{}'; use cpu_time_total, "
-               "self_cpu_time_total, device_time_total, calls or flops", sort_by);
+    FSDP_CHECK(sort_by == "cpu_time_total",
+               "[profiler] cannot sort by '{}'; use cpu_time_total, "
+               "self_cpu_time_total, device_time_total, calls or flops",
+               sort_by);
     return k.cpu_total_us;
   };
   std::stable_sort(r.begin(), r.end(), [&](auto& a, auto& b) { return key(a) > key(b); });
   const bool shapes = std::any_of(r.begin(), r.end(), [](auto& k) { return !k.shapes.empty(); });
-  auto ms = [](double us) { return us >= 1000 ? fmt::format("{:.3f}ms", us / 1e3) : fmt::format("{:.3f}us", us); };
+  auto ms = [](double us) {
+    return us >= 1000 ? fmt::format("{:.3f}ms", us / 1e3) : fmt::format("{:.3f}us", us);
+  };
   std::string line = std::string(shapes ? 214 : 174, '-') + "\n";
   std::string s = line;
-  s += fmt::format("{:<38} {:>11} {:>11} {:>11} {:>12} {:>8} {:>10} {:>9} {:>7} {:>7}  {:<21}", "Name", "Self CPU",
-                   "CPU total", "CPU avg", "Device total", "# Calls", "GFLOP/s", "GB/s", "%peakFL", "%peakBW", "Verdict");
+  s += fmt::format("{:<38} {:>11} {:>11} {:>11} {:>12} {:>8} {:>10} {:>9} {:>7} {:>7}  {:<21}",
+                   "Name", "Self CPU", "CPU total", "CPU avg", "Device total", "# Calls", "GFLOP/s",
+                   "GB/s", "%peakFL", "%peakBW", "Verdict");
   if (shapes) s += fmt::format("  {:<38}", "Input Shapes");
   s += "\n" + line;
   int n = 0;
   for (const auto& k : r) {
     if (row_limit > 0 && n++ >= row_limit) break;
     std::string name = k.name.size() > 37 ? k.name.substr(0, 34) + "..." : k.name;
-    s += fmt::format("{:<38} {:>11} {:>11} {:>11} {:>12} {:>8} {:>10.1f} {:>9.2f} {:>7.1f} {:>7.1f}  {:<21}", name,
-                     ms(k.self_cpu_us), ms(k.cpu_total_us), ms(k.cpu_total_us / double(k.calls)),
-                     k.device_us > 0 ? ms(k.device_us) : std::string("-"), k.calls, k.flops_per_s / 1e9,
-                     k.bytes_per_s / 1e9, k.pct_compute, k.pct_bandwidth, k.verdict.empty() ? "-" : k.verdict);
+    s += fmt::format(
+        "{:<38} {:>11} {:>11} {:>11} {:>12} {:>8} {:>10.1f} {:>9.2f} {:>7.1f} {:>7.1f}  {:<21}",
+        name, ms(k.self_cpu_us), ms(k.cpu_total_us), ms(k.cpu_total_us / double(k.calls)),
+        k.device_us > 0 ? ms(k.device_us) : std::string("-"), k.calls, k.flops_per_s / 1e9,
+        k.bytes_per_s / 1e9, k.pct_compute, k.pct_bandwidth, k.verdict.empty() ? "-" : k.verdict);
     if (shapes) s += fmt::format("  {:<38}", k.shapes.substr(0, 38));
     s += "\n";
   }
@@ -325,16 +372,19 @@ std::string Profiler::overlap_summary() const {
   int64_t first = 0, last = 0;
   for (const auto& r : records_) {
     if (r.kind == trace::Kind::collective) comm += double(r.end_ns - r.begin_ns);
-    if (r.kind == trace::Kind::annotation && r.name == "FSDP::wait") exposed += double(r.end_ns - r.begin_ns);
+    if (r.kind == trace::Kind::annotation && r.name == "FSDP::wait")
+      exposed += double(r.end_ns - r.begin_ns);
     if (r.kind != trace::Kind::counter) {
       first = first ? std::min(first, r.begin_ns) : r.begin_ns;
       last = std::max(last, r.end_ns);
     }
   }
-  return fmt::format("overlap | {:.1f} ms in collectives (comm threads) | {:.1f} ms exposed to compute ({:.0f}%) | "
-                     "{:.1f} ms profiled",
-                     comm / 1e6, exposed / 1e6, comm > 0 ? 100.0 * std::min(1.0, exposed / comm) : 0.0,
-                     double(last - first) / 1e6);
+  return fmt::format(
+      "overlap | {:.1f} ms in collectives (comm threads) | {:.1f} ms exposed to compute ({:.0f}%) "
+      "| "
+      "{:.1f} ms profiled",
+      comm / 1e6, exposed / 1e6, comm > 0 ? 100.0 * std::min(1.0, exposed / comm) : 0.0,
+      double(last - first) / 1e6);
 }
 
 }  // namespace fsdp::profiler

@@ -21,7 +21,8 @@ int main() {
     flat.grads.zero_();
     Tensor logits = model.forward(tokens).view({c.batch * c.seq, c.vocab});
     auto x = ops::cross_entropy_forward(logits, targets);
-    model.backward(ops::cross_entropy_backward(logits, targets, x.lse).view({c.batch, c.seq, c.vocab}));
+    model.backward(
+        ops::cross_entropy_backward(logits, targets, x.lse).view({c.batch, c.seq, c.vocab}));
     opt.step();
     (step == 0 ? first : last) = x.loss;
   }

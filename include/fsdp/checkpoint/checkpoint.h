@@ -26,8 +26,9 @@ namespace fsdp::checkpoint {
 
 // Collective over `world`. `config_json` is a JSON object describing the run;
 // its model fields are checked on load. Keeps the newest `keep` checkpoints (0: all).
-void save(const std::string& dir, int64_t step, FSDPModule& root, optim::AdamW& opt, const std::string& config_json,
-          int keep, const std::shared_ptr<dist::ProcessGroup>& world);
+void save(const std::string& dir, int64_t step, FSDPModule& root, optim::AdamW& opt,
+          const std::string& config_json, int keep,
+          const std::shared_ptr<dist::ProcessGroup>& world);
 
 // The newest complete checkpoint directory in `dir`, or "" when there is none.
 std::string latest(const std::string& dir);
@@ -40,7 +41,7 @@ struct Loaded {
 // needed. Refuses, naming the file and the problem: a missing shard file, a
 // checksum that does not match (truncated or corrupted), and a model config
 // (`model_keys` of config_json) that differs from the checkpoint's.
-Loaded load(const std::string& path, FSDPModule& root, optim::AdamW& opt, const std::string& config_json,
-            const std::vector<std::string>& model_keys);
+Loaded load(const std::string& path, FSDPModule& root, optim::AdamW& opt,
+            const std::string& config_json, const std::vector<std::string>& model_keys);
 
 }  // namespace fsdp::checkpoint

@@ -31,9 +31,11 @@ std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype);
 // Our parameter name -> Hugging Face's ("" for the packed in-projection, which splits in three).
 std::string hf_name(const std::string& ours);
 // Parameter `name` from a file in our names or in Hugging Face's.
-Tensor read_param(const SafetensorsIndex& file, const nn::MiniLLMConfig& cfg, const std::string& name);
+Tensor read_param(const SafetensorsIndex& file, const nn::MiniLLMConfig& cfg,
+                  const std::string& name);
 
 // Writes a GGUF v3 file for llama.cpp (llama architecture; F32, F16 or BF16 tensors).
-void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const NamedTensors& ours, DType dtype);
+void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const NamedTensors& ours,
+                DType dtype);
 
 }  // namespace fsdp::checkpoint

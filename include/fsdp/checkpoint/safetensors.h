@@ -7,8 +7,8 @@
 #pragma once
 
 #include <map>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -59,7 +59,8 @@ SafetensorsFile map_safetensors(const std::string& path);
 
 // FNV-1a 64 of a file's bytes, as 16 hex digits.
 std::string file_checksum(const std::string& path);
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace fsdp::checkpoint

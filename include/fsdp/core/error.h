@@ -24,9 +24,9 @@ namespace detail {
 
 // FSDP_CHECK(cond, "[op] fmt {}", args...): throws fsdp::Error with the
 // message, then the failed expression and its place in the source.
-#define FSDP_CHECK(cond, ...)                                                   \
-  do {                                                                          \
-    if (!(cond)) [[unlikely]]                                                   \
+#define FSDP_CHECK(cond, ...)                                                      \
+  do {                                                                             \
+    if (!(cond)) [[unlikely]]                                                      \
       ::fsdp::detail::fail(#cond, __FILE__, __LINE__, ::fmt::format(__VA_ARGS__)); \
   } while (0)
 

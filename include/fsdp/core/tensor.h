@@ -55,8 +55,8 @@ class Tensor {
   template <class T>
   static Tensor from_vector(const std::vector<T>& v, const Shape& shape) {
     Tensor t = empty(shape, dtype_of<T>());
-    FSDP_CHECK(int64_t(v.size()) == t.numel(), "[Tensor::from_vector] {} values for shape {}", v.size(),
-               shape_str(shape));
+    FSDP_CHECK(int64_t(v.size()) == t.numel(), "[Tensor::from_vector] {} values for shape {}",
+               v.size(), shape_str(shape));
     std::copy(v.begin(), v.end(), t.data<T>());
     return t;
   }
@@ -104,7 +104,7 @@ class Tensor {
   const Tensor& fill_(double value) const;
   const Tensor& zero_() const { return fill_(0.0); }
 
-  double item() const;                  // numel() == 1
+  double item() const;                        // numel() == 1
   std::vector<double> to_f64_vector() const;  // any dtype, any layout, CPU or CUDA
 
  private:

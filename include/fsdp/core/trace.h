@@ -20,15 +20,15 @@ enum class Kind : uint8_t { op, annotation, collective, kernel, counter };
 struct Record {
   Kind kind = Kind::op;
   std::string name;
-  uint32_t tid = 0;          // small per-thread id (see thread_names())
+  uint32_t tid = 0;  // small per-thread id (see thread_names())
   int64_t begin_ns = 0, end_ns = 0;
-  std::string shapes;        // "[8, 256], [1024, 256]" when shapes are recorded
+  std::string shapes;  // "[8, 256], [1024, 256]" when shapes are recorded
   std::string dtype;
   double flops = 0, bytes = 0;
-  std::string device;        // "cpu", "cuda:0"
-  std::string detail;        // collective group, counter device
-  int64_t value = 0;         // counter value (bytes allocated)
-  int64_t flow = 0;          // links an op to its device kernel (0: none)
+  std::string device;  // "cpu", "cuda:0"
+  std::string detail;  // collective group, counter device
+  int64_t value = 0;   // counter value (bytes allocated)
+  int64_t flow = 0;    // links an op to its device kernel (0: none)
 };
 
 namespace detail {

@@ -23,7 +23,8 @@ class TokenSource {
  public:
   virtual ~TokenSource() = default;
   // Rows [row_begin, row_begin + rows) of the global batch of `global_rows` at `step`.
-  virtual Batch batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows, int64_t seq) const = 0;
+  virtual Batch batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows,
+                      int64_t seq) const = 0;
   virtual std::string describe() const = 0;
 };
 
@@ -31,7 +32,8 @@ class TokenSource {
 class TokenStream : public TokenSource {
  public:
   TokenStream(std::vector<int32_t> tokens, std::string description, int64_t seq);
-  Batch batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows, int64_t seq) const override;
+  Batch batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows,
+              int64_t seq) const override;
   std::string describe() const override { return description_; }
   const std::vector<int32_t>& tokens() const { return tokens_; }
   // Shuffled order: the stream is cut into windows of seq + 1 tokens and each
@@ -39,7 +41,8 @@ class TokenStream : public TokenSource {
   // every rank, so ranks still read disjoint rows. Off: file order (llm.c's).
   void set_shuffle(uint64_t seed, int64_t seq);
   // Splits off the last `fraction` of the tokens as a validation stream.
-  std::pair<std::unique_ptr<TokenStream>, std::unique_ptr<TokenStream>> split_tail(double fraction, int64_t seq) const;
+  std::pair<std::unique_ptr<TokenStream>, std::unique_ptr<TokenStream>> split_tail(
+      double fraction, int64_t seq) const;
 
  protected:
   std::vector<int32_t> tokens_;
@@ -77,7 +80,8 @@ void write_bin_shard(const std::string& path, const std::vector<uint16_t>& token
 class RandomTokenSource : public TokenSource {
  public:
   RandomTokenSource(int64_t vocab, uint64_t seed) : vocab_(vocab), seed_(seed) {}
-  Batch batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows, int64_t seq) const override;
+  Batch batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows,
+              int64_t seq) const override;
   std::string describe() const override;
 
  private:

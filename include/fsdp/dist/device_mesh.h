@@ -17,7 +17,8 @@ namespace fsdp::dist {
 class DeviceMesh {
  public:
   // Collective over `group`: every rank must call it with the same shape.
-  DeviceMesh(std::shared_ptr<ProcessGroup> group, std::vector<int64_t> shape, std::vector<std::string> names = {});
+  DeviceMesh(std::shared_ptr<ProcessGroup> group, std::vector<int64_t> shape,
+             std::vector<std::string> names = {});
 
   int ndim() const { return int(shape_.size()); }
   int64_t size(int dim) const;
@@ -29,7 +30,9 @@ class DeviceMesh {
   const std::vector<int64_t>& coordinate() const { return coord_; }
   int64_t local_rank(int dim) const { return coord_.at(size_t(dim)); }
   std::shared_ptr<ProcessGroup> group(int dim) const;
-  std::shared_ptr<ProcessGroup> group(const std::string& name) const { return group(dim_index(name)); }
+  std::shared_ptr<ProcessGroup> group(const std::string& name) const {
+    return group(dim_index(name));
+  }
   // The group of all ranks of the mesh.
   std::shared_ptr<ProcessGroup> whole() const { return whole_; }
   Device device() const { return whole_->device(); }
@@ -52,6 +55,7 @@ class DeviceMesh {
 };
 
 // A mesh over the initialised world.
-std::shared_ptr<DeviceMesh> init_device_mesh(std::vector<int64_t> shape, std::vector<std::string> names = {});
+std::shared_ptr<DeviceMesh> init_device_mesh(std::vector<int64_t> shape,
+                                             std::vector<std::string> names = {});
 
 }  // namespace fsdp::dist

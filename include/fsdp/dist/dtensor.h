@@ -24,7 +24,8 @@ class DTensor {
 
   // Wraps this rank's piece. Without global_shape, shards are assumed even
   // (the global size of a sharded dim is the local size times the mesh size).
-  static DTensor from_local(const Tensor& local, std::shared_ptr<DeviceMesh> mesh, std::vector<Placement> placements,
+  static DTensor from_local(const Tensor& local, std::shared_ptr<DeviceMesh> mesh,
+                            std::vector<Placement> placements,
                             std::optional<Shape> global_shape = std::nullopt);
   // Every rank passes a tensor of the full shape; the values of `src_rank`
   // (a rank of the mesh) are broadcast and then placed.
@@ -32,7 +33,7 @@ class DTensor {
                                    std::vector<Placement> placements, int src_rank = 0);
 
   const Tensor& to_local() const { return local_; }
-  Tensor full_tensor() const;  // collective
+  Tensor full_tensor() const;                                            // collective
   DTensor redistribute(const std::vector<Placement>& placements) const;  // collective
 
   const Shape& shape() const { return shape_; }
@@ -42,7 +43,8 @@ class DTensor {
   DType dtype() const { return local_.dtype(); }
 
   // The local shape of the rank at `coordinate` for these placements.
-  static Shape local_shape(const Shape& global, const DeviceMesh& mesh, const std::vector<Placement>& placements,
+  static Shape local_shape(const Shape& global, const DeviceMesh& mesh,
+                           const std::vector<Placement>& placements,
                            const std::vector<int64_t>& coordinate);
 
  private:

@@ -1,7 +1,8 @@
 // init_process_group(): the world, from the launcher's environment.
-//   mpirun          OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK   -> mpi (CPU), nccl (CUDA; id over MPI)
-//   torchrun-style  RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
-//                   MASTER_ADDR MASTER_PORT                      -> gloo (CPU), nccl (CUDA; id over the store)
+//   mpirun          OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK   -> mpi (CPU), nccl (CUDA; id over
+//   MPI) torchrun-style  RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
+//                   MASTER_ADDR MASTER_PORT                      -> gloo (CPU), nccl (CUDA; id over
+//                   the store)
 //   no launcher     a world of one                               -> local (CPU), nccl (CUDA)
 // FSDP_BACKEND overrides the choice. Under torchrun-style launch every rank
 // meets at a TCPStore served by rank 0: an unreachable MASTER_ADDR, a port

@@ -49,10 +49,12 @@ class ProcessGroup {
   // out [size * n, ...] = concatenation over ranks of in [n, ...] (dim 0).
   virtual std::shared_ptr<Work> all_gather_into_tensor(const Tensor& out, const Tensor& in) = 0;
   // in [size * n, ...] is reduced across ranks; rank r keeps rows [r*n, (r+1)*n) in out [n, ...].
-  virtual std::shared_ptr<Work> reduce_scatter_tensor(const Tensor& out, const Tensor& in, ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> reduce_scatter_tensor(const Tensor& out, const Tensor& in,
+                                                      ReduceOp op) = 0;
   virtual std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op) = 0;
   virtual std::shared_ptr<Work> broadcast(const Tensor& t, int root) = 0;
-  // Rank r sends rows [j*n, (j+1)*n) of in to rank j and receives rank j's block r into out rows [j*n, (j+1)*n).
+  // Rank r sends rows [j*n, (j+1)*n) of in to rank j and receives rank j's block r into out rows
+  // [j*n, (j+1)*n).
   virtual std::shared_ptr<Work> all_to_all_single(const Tensor& out, const Tensor& in) = 0;
   virtual std::shared_ptr<Work> barrier() = 0;
 

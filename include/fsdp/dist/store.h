@@ -26,7 +26,8 @@ class TCPStore {
 
   void set(const std::string& key, const std::vector<char>& value);
   void set(const std::string& key, const std::string& value);
-  std::vector<char> get(const std::string& key);  // blocks until the key exists, throws after the time-out
+  std::vector<char> get(
+      const std::string& key);  // blocks until the key exists, throws after the time-out
   std::string get_string(const std::string& key);
   int64_t add(const std::string& key, int64_t delta);  // returns the new value
   // True when all keys exist; false if `timeout` passed first.
@@ -43,8 +44,8 @@ class TCPStore {
   std::string address_;
   std::chrono::milliseconds timeout_;
   std::mutex mu_;  // one request at a time on the connection
-  std::vector<char> request(uint8_t op, const std::vector<std::string>& keys, const std::vector<char>& value,
-                            int64_t arg, bool* timed_out);
+  std::vector<char> request(uint8_t op, const std::vector<std::string>& keys,
+                            const std::vector<char>& value, int64_t arg, bool* timed_out);
 };
 
 }  // namespace fsdp::dist

@@ -44,13 +44,15 @@
 namespace fsdp {
 
 struct MixedPrecisionPolicy {
-  std::optional<DType> param_dtype;   // all-gather and compute dtype; unset: the sharded parameters' dtype
+  std::optional<DType>
+      param_dtype;  // all-gather and compute dtype; unset: the sharded parameters' dtype
   std::optional<DType> reduce_dtype;  // gradient reduce-scatter dtype; unset: param_dtype's
   std::optional<DType> output_dtype;  // cast the module's floating output to it; unset: leave it
 };
 
 struct FullyShardOptions {
-  bool reshard_after_forward = true;  // false: keep the parameters from forward to backward (ZeRO-2 style)
+  bool reshard_after_forward =
+      true;  // false: keep the parameters from forward to backward (ZeRO-2 style)
   MixedPrecisionPolicy mp_policy;
   DType init_dtype = DType::f32;  // dtype of the sharded (master) parameters created here
   uint64_t seed = 0;              // initialisation seed of the parameters created here
@@ -132,7 +134,8 @@ class FSDPModule : public nn::ModuleHooks {
   std::unique_ptr<Impl> impl_;
 };
 
-FSDPModule& fully_shard(nn::Module& module, std::shared_ptr<dist::DeviceMesh> mesh, FullyShardOptions options = {});
+FSDPModule& fully_shard(nn::Module& module, std::shared_ptr<dist::DeviceMesh> mesh,
+                        FullyShardOptions options = {});
 // The FSDP state of a module, or nullptr.
 FSDPModule* fsdp_state(const nn::Module& module);
 

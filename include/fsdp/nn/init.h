@@ -29,6 +29,7 @@ double counter_uniform(uint64_t key, uint64_t counter);
 
 // Fills `out` (contiguous, any floating dtype) with elements
 // [begin, begin + out.numel()) of the parameter `name`.
-void init_fill(const Init& init, uint64_t seed, std::string_view name, int64_t begin, const Tensor& out);
+void init_fill(const Init& init, uint64_t seed, std::string_view name, int64_t begin,
+               const Tensor& out);
 
 }  // namespace fsdp::nn

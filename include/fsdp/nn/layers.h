@@ -55,9 +55,9 @@ class RMSNorm : public Module {
 };
 
 struct AttentionOptions {
-  bool bias = true;         // in_proj_bias and out_proj.bias
-  bool causal = false;      // mask out future positions
-  double rope_theta = 0.0;  // > 0: rotary embedding on q and k (half-split pairs)
+  bool bias = true;            // in_proj_bias and out_proj.bias
+  bool causal = false;         // mask out future positions
+  double rope_theta = 0.0;     // > 0: rotary embedding on q and k (half-split pairs)
   bool xavier_in_proj = true;  // nn.MultiheadAttention's init; false: Linear's init
 };
 
@@ -85,8 +85,8 @@ class FeedForward : public Module {
 
  private:
   Kind kind_;
-  Linear* up_;    // "0" or "w3"
-  Linear* down_;  // "2" or "w2"
+  Linear* up_;              // "0" or "w3"
+  Linear* down_;            // "2" or "w2"
   Linear* gate_ = nullptr;  // "w1" (swiglu only)
   Tensor h_, g_, u_;
 };

@@ -28,9 +28,9 @@ struct MiniLLMConfig {
   Arch arch = Arch::seed;
   int64_t vocab = 32000, dim = 2048, layers = 12, heads = 16;
   int64_t seq = 1024, batch = 8;
-  int64_t ffn_hidden = 0;           // 0: 4*dim for seed, llama's 8/3*dim rounded up to 256 for llama
-  double rope_theta = 10000.0;      // llama only
-  std::optional<double> norm_eps;   // unset: the compute dtype's epsilon, as nn.RMSNorm(eps=None)
+  int64_t ffn_hidden = 0;          // 0: 4*dim for seed, llama's 8/3*dim rounded up to 256 for llama
+  double rope_theta = 10000.0;     // llama only
+  std::optional<double> norm_eps;  // unset: the compute dtype's epsilon, as nn.RMSNorm(eps=None)
 
   static MiniLLMConfig preset(const std::string& name);  // "seed" or "tiny"
   int64_t resolved_ffn_hidden() const;

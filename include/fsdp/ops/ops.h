@@ -17,14 +17,15 @@
 namespace fsdp::ops {
 
 // C = alpha * op(A) op(B) + beta * C for 2-D tensors (op = transpose when asked).
-void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha = 1.0,
-          double beta = 0.0);
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+          double alpha = 1.0, double beta = 0.0);
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 
 // y = x w^T + b over the last dim of x. b may be undefined (no bias).
 Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b);
 // Returns dx; adds dy^T x into dw and the row sum of dy into db (if defined).
-Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dw, const Tensor& db);
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dw,
+                       const Tensor& db);
 
 // y[..., :] = w[ids[...], :]; ids are i32 or i64 and must be in [0, vocab).
 Tensor embedding_forward(const Tensor& ids, const Tensor& w);
@@ -36,7 +37,8 @@ struct RMSNormOut {
   Tensor y, rstd;  // rstd: one per row, saved for the backward
 };
 RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps);
-Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dw);
+Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                        const Tensor& dw);
 
 Tensor silu_forward(const Tensor& x);
 Tensor silu_backward(const Tensor& dy, const Tensor& x);
@@ -53,8 +55,8 @@ struct AttentionOut {
   Tensor out, lse;  // lse [B, H, T]: row log-sum-exp, saved for the backward
 };
 AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal);
-Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                          int64_t heads, bool causal);
+Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& lse, int64_t heads, bool causal);
 
 Tensor add(const Tensor& a, const Tensor& b);
 void add_(const Tensor& a, const Tensor& b);  // a += b
@@ -67,7 +69,8 @@ struct CrossEntropyOut {
   Tensor lse;  // [N]
 };
 CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets);
-Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss = 1.0);
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                              double dloss = 1.0);
 
 // FSDP's copy kernel: for each segment, dst[dst_offset, +count) = src[src_offset, +count)
 // on flat contiguous buffers, casting the dtype. One launch on CUDA for all
@@ -81,7 +84,7 @@ void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segme
 struct AdamWHyper {
   double lr = 3e-4, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
 };
-void adamw_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-            const AdamWHyper& h, int64_t step);
+void adamw_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+            const Tensor& exp_avg_sq, const AdamWHyper& h, int64_t step);
 
 }  // namespace fsdp::ops

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "fsdp/core/tensor.h"
-#include "fsdp/ops/ops.h"
 #include "fsdp/nn/param_group.h"
+#include "fsdp/ops/ops.h"
 
 namespace fsdp::optim {
 

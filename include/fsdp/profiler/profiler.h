@@ -99,7 +99,8 @@ class Profiler {
 // A user annotation over a scope, like torch.profiler.record_function.
 class RecordFunction {
  public:
-  explicit RecordFunction(const std::string& name) : scope_(name.c_str(), trace::Kind::annotation) {}
+  explicit RecordFunction(const std::string& name)
+      : scope_(name.c_str(), trace::Kind::annotation) {}
 
  private:
   trace::Scope scope_;

@@ -26,14 +26,19 @@ namespace {
 
 class StoreAdapter final : public gloo::rendezvous::Store {
  public:
-  StoreAdapter(std::shared_ptr<TCPStore> store, std::string prefix) : store_(std::move(store)), prefix_(std::move(prefix)) {}
-  void set(const std::string& key, const std::vector<char>& data) override { store_->set(prefix_ + key, data); }
+  StoreAdapter(std::shared_ptr<TCPStore> store, std::string prefix)
+      : store_(std::move(store)), prefix_(std::move(prefix)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(prefix_ + key, data);
+  }
   std::vector<char> get(const std::string& key) override { return store_->get(prefix_ + key); }
   void wait(const std::vector<std::string>& keys) override { wait(keys, store_->timeout()); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
     std::vector<std::string> full;
     for (auto& k : keys) full.push_back(prefix_ + k);
-    FSDP_CHECK(store_->wait(full, timeout), "[gloo] peers did not publish their addresses within {} s (keys {}...)",
+    FSDP_CHECK(store_->wait(full, timeout),
+               "[gloo] peers did not publish their addresses within {} s (keys {}...)",
                double(timeout.count()) / 1000.0, full.empty() ? "" : full[0]);
   }
 
@@ -45,18 +50,27 @@ class StoreAdapter final : public gloo::rendezvous::Store {
 template <class F>
 void dispatch_sum(DType t, F&& f) {
   switch (t) {
-    case DType::f32: f(float{}); return;
-    case DType::f64: f(double{}); return;
-    case DType::i32: f(int32_t{}); return;
-    case DType::i64: f(int64_t{}); return;
-    default: FSDP_FAIL("[gloo] no reduction for {}", dtype_name(t));
+    case DType::f32:
+      f(float{});
+      return;
+    case DType::f64:
+      f(double{});
+      return;
+    case DType::i32:
+      f(int32_t{});
+      return;
+    case DType::i64:
+      f(int64_t{});
+      return;
+    default:
+      FSDP_FAIL("[gloo] no reduction for {}", dtype_name(t));
   }
 }
 
 class GlooBackend final : public Backend {
  public:
-  GlooBackend(std::shared_ptr<TCPStore> store, std::shared_ptr<gloo::transport::Device> dev, std::string prefix,
-              int rank, int size)
+  GlooBackend(std::shared_ptr<TCPStore> store, std::shared_ptr<gloo::transport::Device> dev,
+              std::string prefix, int rank, int size)
       : store_(std::move(store)), dev_(std::move(dev)), prefix_(std::move(prefix)) {
     ctx_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx_->setTimeout(collective_timeout());
@@ -85,14 +99,16 @@ class GlooBackend final : public Backend {
       using T = decltype(tv);
       gloo::AllreduceOptions opts(ctx_);
       opts.setOutput(static_cast<T*>(buf), count);
-      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>));
+      opts.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>));
       opts.setTag(tag_++);
       gloo::allreduce(opts);
     });
   }
   void reduce_scatter_sum(const void* in, void* out, size_t count, DType dtype) override {
     const size_t bytes = count * dtype_size(dtype);
-    std::vector<char> tmp(static_cast<const char*>(in), static_cast<const char*>(in) + bytes * size_t(size()));
+    std::vector<char> tmp(static_cast<const char*>(in),
+                          static_cast<const char*>(in) + bytes * size_t(size()));
     all_reduce_sum(tmp.data(), count * size_t(size()), dtype);
     std::memcpy(out, tmp.data() + bytes * size_t(rank()), bytes);
   }
@@ -122,10 +138,12 @@ class GlooBackend final : public Backend {
     opts.setTag(tag_++);
     gloo::barrier(opts);
   }
-  std::unique_ptr<Backend> split(int color, int, const std::vector<int>& members, int index, int seq) override {
+  std::unique_ptr<Backend> split(int color, int, const std::vector<int>& members, int index,
+                                 int seq) override {
     if (color < 0) return nullptr;
-    return std::make_unique<GlooBackend>(store_, dev_, fmt::format("{}/split{}/color{}", prefix_, seq, color), index,
-                                         int(members.size()));
+    return std::make_unique<GlooBackend>(store_, dev_,
+                                         fmt::format("{}/split{}/color{}", prefix_, seq, color),
+                                         index, int(members.size()));
   }
 
  private:
@@ -146,11 +164,14 @@ std::unique_ptr<Backend> make_gloo_backend(std::shared_ptr<TCPStore> store, int 
   try {
     dev = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
-    FSDP_FAIL("[gloo] cannot open a TCP device on '{}': {} (set FSDP_GLOO_HOSTNAME to an address of this host)",
-              hostname, e.what());
+    FSDP_FAIL(
+        "[gloo] cannot open a TCP device on '{}': {} (set FSDP_GLOO_HOSTNAME to an address of this "
+        "host)",
+        hostname, e.what());
   }
   try {
-    return std::make_unique<GlooBackend>(std::move(store), std::move(dev), "gloo/world", rank, size);
+    return std::make_unique<GlooBackend>(std::move(store), std::move(dev), "gloo/world", rank,
+                                         size);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

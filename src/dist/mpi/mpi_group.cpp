@@ -10,15 +10,15 @@
 #include "fsdp/core/error.h"
 #include "src/dist/backend.h"
 
-#define MPI_CHECK(expr)                                                    \
-  do {                                                                     \
-    int rc_ = (expr);                                                      \
-    if (rc_ != MPI_SUCCESS) {                                              \
-      char msg_[MPI_MAX_ERROR_STRING];                                     \
-      int len_ = 0;                                                        \
-      MPI_Error_string(rc_, msg_, &len_);                                  \
+#define MPI_CHECK(expr)                                                         \
+  do {                                                                          \
+    int rc_ = (expr);                                                           \
+    if (rc_ != MPI_SUCCESS) {                                                   \
+      char msg_[MPI_MAX_ERROR_STRING];                                          \
+      int len_ = 0;                                                             \
+      MPI_Error_string(rc_, msg_, &len_);                                       \
       FSDP_FAIL("[mpi] {} failed: {}", #expr, std::string(msg_, size_t(len_))); \
-    }                                                                      \
+    }                                                                           \
   } while (0)
 
 namespace fsdp::dist {
@@ -27,11 +27,16 @@ namespace {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
-    default: FSDP_FAIL("[mpi] no MPI reduction for {}", dtype_name(t));
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    default:
+      FSDP_FAIL("[mpi] no MPI reduction for {}", dtype_name(t));
   }
 }
 
@@ -61,11 +66,12 @@ class MpiBackend final : public Backend {
     MPI_CHECK(MPI_Allgather(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_));
   }
   void all_reduce_sum(void* buf, size_t count, DType dtype) override {
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, as_int(count, "all_reduce count"), mpi_type(dtype), MPI_SUM, comm_));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, as_int(count, "all_reduce count"), mpi_type(dtype),
+                            MPI_SUM, comm_));
   }
   void reduce_scatter_sum(const void* in, void* out, size_t count, DType dtype) override {
-    MPI_CHECK(MPI_Reduce_scatter_block(in, out, as_int(count, "reduce_scatter count"), mpi_type(dtype), MPI_SUM,
-                                       comm_));
+    MPI_CHECK(MPI_Reduce_scatter_block(in, out, as_int(count, "reduce_scatter count"),
+                                       mpi_type(dtype), MPI_SUM, comm_));
   }
   void broadcast(void* buf, size_t bytes, int root) override {
     MPI_CHECK(MPI_Bcast(buf, as_int(bytes, "broadcast bytes"), MPI_BYTE, root, comm_));
@@ -96,7 +102,8 @@ std::unique_ptr<Backend> make_mpi_world_backend() {
     int provided = 0;
     MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
     FSDP_CHECK(provided >= MPI_THREAD_MULTIPLE,
-               "[mpi] the MPI library gave thread level {} but fsdp.cpp needs MPI_THREAD_MULTIPLE ({}): each process "
+               "[mpi] the MPI library gave thread level {} but fsdp.cpp needs MPI_THREAD_MULTIPLE "
+               "({}): each process "
                "group runs its collectives on its own thread",
                provided, MPI_THREAD_MULTIPLE);
   }

@@ -14,15 +14,15 @@
 #include "fsdp/core/error.h"
 #include "src/dist/backend.h"
 
-#define NCCL_CHECK(expr)                                                                          \
-  do {                                                                                            \
-    ncclResult_t r_ = (expr);                                                                     \
-    if (r_ != ncclSuccess) FSDP_FAIL("[nccl] {} failed: {}", #expr, ncclGetErrorString(r_));     \
+#define NCCL_CHECK(expr)                                                                     \
+  do {                                                                                       \
+    ncclResult_t r_ = (expr);                                                                \
+    if (r_ != ncclSuccess) FSDP_FAIL("[nccl] {} failed: {}", #expr, ncclGetErrorString(r_)); \
   } while (0)
-#define CUDA_RT_CHECK(expr)                                                                       \
-  do {                                                                                            \
-    cudaError_t e_ = (expr);                                                                      \
-    if (e_ != cudaSuccess) FSDP_FAIL("[nccl] {} failed: {}", #expr, cudaGetErrorString(e_));      \
+#define CUDA_RT_CHECK(expr)                                                                  \
+  do {                                                                                       \
+    cudaError_t e_ = (expr);                                                                 \
+    if (e_ != cudaSuccess) FSDP_FAIL("[nccl] {} failed: {}", #expr, cudaGetErrorString(e_)); \
   } while (0)
 
 namespace fsdp::dist {
@@ -31,19 +31,26 @@ namespace {
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::f32: return ncclFloat32;
-    case DType::f64: return ncclFloat64;
-    case DType::bf16: return ncclBfloat16;
-    case DType::f16: return ncclFloat16;
-    case DType::i32: return ncclInt32;
-    case DType::i64: return ncclInt64;
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
   }
   return ncclFloat32;
 }
 
 class NcclWork final : public Work {
  public:
-  NcclWork(cudaEvent_t done, int device, std::vector<Tensor> keep) : done_(done), device_(device), keep_(std::move(keep)) {}
+  NcclWork(cudaEvent_t done, int device, std::vector<Tensor> keep)
+      : done_(done), device_(device), keep_(std::move(keep)) {}
   ~NcclWork() override {
     // Dropped without wait(): the tensors may go back to the compute stream's
     // pool, so the collective must be done with them first.
@@ -61,7 +68,8 @@ class NcclWork final : public Work {
   cudaEvent_t done_;
   int device_;
   bool waited_ = false;
-  std::vector<Tensor> keep_;  // inputs and outputs stay alive while the collective may still read them
+  std::vector<Tensor>
+      keep_;  // inputs and outputs stay alive while the collective may still read them
 };
 
 class NcclProcessGroup final : public ProcessGroup {
@@ -87,20 +95,23 @@ class NcclProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> all_gather_into_tensor(const Tensor& out, const Tensor& in) override {
     check("all_gather_into_tensor", {out, in});
     FSDP_CHECK(out.numel() == in.numel() * size_ && out.dtype() == in.dtype(),
-               "[all_gather_into_tensor] output {} x {} does not hold {} ranks x {} of {}", dtype_name(out.dtype()),
-               out.numel(), size_, in.numel(), dtype_name(in.dtype()));
+               "[all_gather_into_tensor] output {} x {} does not hold {} ranks x {} of {}",
+               dtype_name(out.dtype()), out.numel(), size_, in.numel(), dtype_name(in.dtype()));
     return launch({out, in}, [&] {
-      NCCL_CHECK(ncclAllGather(in.raw_data(), out.raw_data(), size_t(in.numel()), nccl_type(in.dtype()), comm_, stream_));
+      NCCL_CHECK(ncclAllGather(in.raw_data(), out.raw_data(), size_t(in.numel()),
+                               nccl_type(in.dtype()), comm_, stream_));
     });
   }
-  std::shared_ptr<Work> reduce_scatter_tensor(const Tensor& out, const Tensor& in, ReduceOp op) override {
+  std::shared_ptr<Work> reduce_scatter_tensor(const Tensor& out, const Tensor& in,
+                                              ReduceOp op) override {
     check("reduce_scatter_tensor", {out, in});
     FSDP_CHECK(in.numel() == out.numel() * size_ && out.dtype() == in.dtype(),
-               "[reduce_scatter_tensor] input {} x {} does not hold {} ranks x {} of {}", dtype_name(in.dtype()),
-               in.numel(), size_, out.numel(), dtype_name(out.dtype()));
+               "[reduce_scatter_tensor] input {} x {} does not hold {} ranks x {} of {}",
+               dtype_name(in.dtype()), in.numel(), size_, out.numel(), dtype_name(out.dtype()));
     return launch({out, in}, [&] {
-      NCCL_CHECK(ncclReduceScatter(in.raw_data(), out.raw_data(), size_t(out.numel()), nccl_type(in.dtype()),
-                                   op == ReduceOp::SUM ? ncclSum : ncclAvg, comm_, stream_));
+      NCCL_CHECK(ncclReduceScatter(in.raw_data(), out.raw_data(), size_t(out.numel()),
+                                   nccl_type(in.dtype()), op == ReduceOp::SUM ? ncclSum : ncclAvg,
+                                   comm_, stream_));
     });
   }
   std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op) override {
@@ -112,24 +123,26 @@ class NcclProcessGroup final : public ProcessGroup {
   }
   std::shared_ptr<Work> broadcast(const Tensor& t, int root) override {
     check("broadcast", {t});
-    FSDP_CHECK(root >= 0 && root < size_, "[broadcast] root {} is not a rank of this group of {}", root, size_);
+    FSDP_CHECK(root >= 0 && root < size_, "[broadcast] root {} is not a rank of this group of {}",
+               root, size_);
     return launch({t}, [&] {
-      NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_type(t.dtype()), root, comm_, stream_));
+      NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), size_t(t.numel()), nccl_type(t.dtype()),
+                               root, comm_, stream_));
     });
   }
   std::shared_ptr<Work> all_to_all_single(const Tensor& out, const Tensor& in) override {
     check("all_to_all_single", {out, in});
     FSDP_CHECK(in.numel() == out.numel() && in.numel() % size_ == 0 && in.dtype() == out.dtype(),
-               "[all_to_all_single] input {} and output {} must match and split into {} blocks", in.numel(),
-               out.numel(), size_);
+               "[all_to_all_single] input {} and output {} must match and split into {} blocks",
+               in.numel(), out.numel(), size_);
     return launch({out, in}, [&] {
       const size_t count = size_t(in.numel() / size_), bytes = count * dtype_size(in.dtype());
       NCCL_CHECK(ncclGroupStart());
       for (int peer = 0; peer < size_; ++peer) {
-        NCCL_CHECK(ncclSend(static_cast<const char*>(in.raw_data()) + bytes * size_t(peer), count, nccl_type(in.dtype()),
-                            peer, comm_, stream_));
-        NCCL_CHECK(ncclRecv(static_cast<char*>(out.raw_data()) + bytes * size_t(peer), count, nccl_type(in.dtype()),
-                            peer, comm_, stream_));
+        NCCL_CHECK(ncclSend(static_cast<const char*>(in.raw_data()) + bytes * size_t(peer), count,
+                            nccl_type(in.dtype()), peer, comm_, stream_));
+        NCCL_CHECK(ncclRecv(static_cast<char*>(out.raw_data()) + bytes * size_t(peer), count,
+                            nccl_type(in.dtype()), peer, comm_, stream_));
       }
       NCCL_CHECK(ncclGroupEnd());
     });
@@ -176,7 +189,8 @@ class NcclProcessGroup final : public ProcessGroup {
 
 }  // namespace
 
-std::shared_ptr<ProcessGroup> make_nccl_world(const WorldInfo& info, std::shared_ptr<TCPStore> store) {
+std::shared_ptr<ProcessGroup> make_nccl_world(const WorldInfo& info,
+                                              std::shared_ptr<TCPStore> store) {
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0)
     FSDP_FAIL("[nccl] no CUDA device is visible on rank {}", info.rank);
@@ -186,9 +200,12 @@ std::shared_ptr<ProcessGroup> make_nccl_world(const WorldInfo& info, std::shared
   if (info.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   if (info.size > 1) {
     if (store) {
-      if (info.rank == 0) store->set("nccl/world/id", std::vector<char>(id.internal, id.internal + sizeof(id.internal)));
+      if (info.rank == 0)
+        store->set("nccl/world/id",
+                   std::vector<char>(id.internal, id.internal + sizeof(id.internal)));
       auto v = store->get("nccl/world/id");
-      FSDP_CHECK(v.size() == sizeof(id.internal), "[nccl] the unique id in the store has {} bytes", v.size());
+      FSDP_CHECK(v.size() == sizeof(id.internal), "[nccl] the unique id in the store has {} bytes",
+                 v.size());
       std::memcpy(id.internal, v.data(), v.size());
     } else {
 #ifdef FSDP_WITH_MPI
