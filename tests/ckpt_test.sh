@@ -38,6 +38,14 @@ if [ "$(losses "$work/full.jsonl" | tail -3)" = "$(losses "$work/resumed.jsonl")
   bad "resume is not bit-exact: $(losses "$work/full.jsonl" | tail -3 | tr '\n' ' ') vs $(losses "$work/resumed.jsonl" | tr '\n' ' ')"
 fi
 
+# 1b. ... and at 2 ranks under mpirun.
+"${mpi[@]}" -np 2 "$train" "${A[@]}" --batch 6 --steps 6 --log-file "$work/full2.jsonl" > /dev/null 2>&1 || bad "2-rank run failed"
+"${mpi[@]}" -np 2 "$train" "${A[@]}" --batch 6 --steps 3 --ckpt-dir "$work/ck12" --ckpt-every 3 > /dev/null 2>&1 \
+  || bad "2-rank first half failed"
+"${mpi[@]}" -np 2 "$train" "${A[@]}" --batch 6 --steps 6 --ckpt-dir "$work/ck12" --resume --log-file "$work/resumed2.jsonl" \
+  > /dev/null 2>&1 || bad "2-rank resume failed"
+[ "$(losses "$work/full2.jsonl" | tail -3)" = "$(losses "$work/resumed2.jsonl")" ] && ok || bad "2-rank resume is not bit-exact"
+
 # 2. Resharding: save at 2 ranks, resume at 3; save at 3, resume at 1 (global batch 12 throughout).
 close() {  # close A.jsonl B.jsonl: the last 3 losses agree to 1e-5
   paste <(losses "$1" | tail -3) <(losses "$2" | tail -3) |
