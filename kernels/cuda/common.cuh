@@ -102,49 +102,42 @@ __device__ __forceinline__ T from_f32(float v) {
   return convert<T>(v);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
+struct SumOp {
+  static constexpr float identity = 0.f;
+  __device__ static float apply(float a, float b) { return a + b; }
+};
+struct MaxOp {
+  static constexpr float identity = -INFINITY;
+  __device__ static float apply(float a, float b) { return fmaxf(a, b); }
+};
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-__device__ __forceinline__ float block_sum(float v) {
+template <class Op>
+__device__ __forceinline__ float warp_reduce(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce<SumOp>(v); }
+
+// Reduction over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+template <class Op>
+__device__ __forceinline__ float block_reduce(float v) {
   __shared__ float partial[32];
   __shared__ float total;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  v = warp_sum(v);
+  v = warp_reduce<Op>(v);
   __syncthreads();
   if (lane == 0) partial[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    float s = lane < int(blockDim.x / 32) ? partial[lane] : 0.f;
-    s = warp_sum(s);
+    float s = lane < int(blockDim.x / 32) ? partial[lane] : Op::identity;
+    s = warp_reduce<Op>(s);
     if (lane == 0) total = s;
   }
   __syncthreads();
   return total;
 }
-
-__device__ __forceinline__ float block_max(float v) {
-  __shared__ float partial[32];
-  __shared__ float total;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    float s = lane < int(blockDim.x / 32) ? partial[lane] : -INFINITY;
-    s = warp_max(s);
-    if (lane == 0) total = s;
-  }
-  __syncthreads();
-  return total;
-}
+__device__ __forceinline__ float block_sum(float v) { return block_reduce<SumOp>(v); }
+__device__ __forceinline__ float block_max(float v) { return block_reduce<MaxOp>(v); }
 
 // Adds v into a gradient element of any floating storage type.
 template <class T>
