@@ -12,9 +12,13 @@ __global__ void cast_kernel(D* __restrict__ dst, const S* __restrict__ src, int6
   GRID_STRIDE(i, n) dst[i] = convert<D>(src[i]);
 }
 
+// The value arrives as a double and is converted here, on the device: convert<> is a
+// __device__ function, and calling it in a launch's arguments (host code) compiles to
+// nvcc's host stand-in, which calls exit(1) without a word.
 template <class T>
-__global__ void fill_kernel(T* __restrict__ dst, T value, int64_t n) {
-  GRID_STRIDE(i, n) dst[i] = value;
+__global__ void fill_kernel(T* __restrict__ dst, double value, int64_t n) {
+  const T v = convert<T>(value);
+  GRID_STRIDE(i, n) dst[i] = v;
 }
 
 // One block row per segment; threads stride over the segment's elements.
@@ -64,7 +68,7 @@ void fill(void* dst, DType t, int64_t n, double value, int device, Stream s) {
   dispatch_device(t, [&](auto tv) {
     using T = decltype(tv);
     fill_kernel<T>
-        <<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(static_cast<T*>(dst), convert<T>(value), n);
+        <<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(static_cast<T*>(dst), value, n);
   });
   CUDA_CHECK(cudaGetLastError());
 }
