@@ -8,8 +8,14 @@
 //   mpirun -np 4 fsdp-bench-collectives
 //   scripts/fsdprun --nproc_per_node 4 fsdp-bench-collectives
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "fsdp/dist/init.h"
 

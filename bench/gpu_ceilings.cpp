@@ -1,6 +1,8 @@
 // fsdp-bench-gpu: the GPU's ceilings for the roofline and MFU: the bf16 and
 // f32 GEMM rate (cuBLASLt, 8192^3) and the device-to-device copy bandwidth
 // (bytes read + written), measured once per call.
+#include <cstdio>
+
 #include "fsdp/core/device.h"
 #include "fsdp/core/error.h"
 #include "fsdp/ops/peak.h"

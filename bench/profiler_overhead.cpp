@@ -2,7 +2,11 @@
 // op pays for one trace::Scope that finds recording inactive (an atomic load
 // and a branch): timed here over many empty scopes, and set against the
 // cheapest real op (a 1024-element add) and a tiny-preset training step.
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "fsdp/core/trace.h"
 #include "fsdp/nn/minillm.h"

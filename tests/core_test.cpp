@@ -1,6 +1,15 @@
 // Tensors (views, copies, casts), dtypes, devices and the allocator's counters.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <vector>
+
 #include "fsdp/core/allocator.h"
 #include "fsdp/core/env.h"
 #include "fsdp/core/tensor.h"

@@ -8,7 +8,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "fsdp/core/allocator.h"
 #include "fsdp/dist/init.h"

@@ -4,8 +4,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <filesystem>
+#include <initializer_list>
+#include <memory>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "fsdp/data/text_dataset.h"
 

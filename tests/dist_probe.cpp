@@ -3,7 +3,10 @@
 // tensor of ones and prints the result. Errors print and exit non-zero.
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <vector>
 
 #include "fsdp/dist/init.h"
 

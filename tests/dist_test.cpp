@@ -6,6 +6,18 @@
 // mesh and (at 4 ranks) a 2x2 mesh; overlap is checked through ordering.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <variant>
+#include <vector>
+
 #include "fsdp/dist/dtensor.h"
 #include "fsdp/dist/init.h"
 #include "fsdp/ops/ops.h"

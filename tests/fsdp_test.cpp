@@ -5,6 +5,15 @@
 // prefetch and the reduce-scatter overlapping compute; bad input is named.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "fsdp/core/allocator.h"
 #include "fsdp/data/text_dataset.h"
 #include "fsdp/dist/init.h"

@@ -2,6 +2,14 @@
 // and whole-model gradient checks in f64 for both architectures.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "fsdp/nn/minillm.h"
 #include "fsdp/ops/ops.h"
 #include "test_util.h"

@@ -6,8 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <initializer_list>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "fsdp/nn/minillm.h"
 #include "fsdp/ops/ops.h"

@@ -3,8 +3,17 @@
 // loss and every gradient on one batch, and the losses of three AdamW steps.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstdlib>
 #include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/nn/minillm.h"

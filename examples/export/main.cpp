@@ -6,9 +6,16 @@
 //   fsdp-export --ckpt D --gguf model.gguf [--dtype ...]   GGUF v3 for llama.cpp
 // D is a checkpoint directory (step_NNNNNNNN) or a --ckpt-dir, whose newest is taken.
 #include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/interchange.h"

@@ -12,8 +12,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <filesystem>
+#include <initializer_list>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/interchange.h"

@@ -4,6 +4,13 @@
 // Perfetto. fp16 on CUDA; f32 and bf16 on CPU.
 //   build/examples/profile_linear [--device cuda] [--out trace.json]
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "fsdp/nn/init.h"
 #include "fsdp/ops/ops.h"

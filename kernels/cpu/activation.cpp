@@ -1,6 +1,7 @@
 // SiLU and SwiGLU. silu(x) = x * sigmoid(x); swiglu(g, u) = silu(g) * u.
 // silu'(x) = s * (1 + x * (1 - s)) with s = sigmoid(x).
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/vec_math.h"

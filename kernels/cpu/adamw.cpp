@@ -2,6 +2,7 @@
 // operations (decoupled decay first, lerp for the first moment, bias
 // corrections folded into the step size and the denominator).
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/cpu/cpu_kernels.h"
 

@@ -5,7 +5,10 @@
 // O(threads * T^2), not O(B * H * T^2). The forward keeps only the row
 // log-sum-exp; the backward recomputes the probabilities from it (the
 // flash-attention trade of a little compute for a lot of memory).
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <vector>
 

@@ -1,6 +1,8 @@
 // Copies with a dtype cast, for any strides. The contiguous case is one flat
 // parallel loop; the strided case walks the outer dims and runs the last
 // dim as the inner loop.
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/cpu/cpu_kernels.h"

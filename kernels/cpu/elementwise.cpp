@@ -1,4 +1,7 @@
 // Elementwise kernels: residual add, bias add and its reduction, squared norm.
+#include <algorithm>
+#include <cstdint>
+
 #include "kernels/cpu/cpu_kernels.h"
 
 namespace fsdp::kernels::cpu {

@@ -1,6 +1,8 @@
 // Embedding lookup and its backward. The backward scatters rows of dy into
 // dw; it runs parallel over the embedding dim so that two tokens with the
 // same id never race and the sum order is fixed.
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/cpu/cpu_kernels.h"

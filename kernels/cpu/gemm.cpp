@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"

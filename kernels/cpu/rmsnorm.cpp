@@ -4,7 +4,9 @@
 //   dw += sum over rows of dy * xhat
 // dw is reduced in a second pass, parallel over columns, so it is
 // deterministic at any thread count.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/cpu/cpu_kernels.h"
 

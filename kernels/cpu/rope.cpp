@@ -3,6 +3,8 @@
 // theta^(-2i/hd), the convention of Hugging Face's llama (rotate_half).
 // The rotation is orthogonal, so the backward is the inverse rotation.
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"

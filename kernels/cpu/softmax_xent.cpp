@@ -2,7 +2,9 @@
 // log-sum-exp per row; the backward writes dlogits = (softmax - onehot) *
 // dloss / n straight from the logits and that lse, so the probabilities are
 // never stored.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "kernels/cpu/cpu_kernels.h"

@@ -6,11 +6,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <string_view>
+#include <system_error>
 #include <thread>
+#include <type_traits>
+#include <utility>
 
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/core/env.h"

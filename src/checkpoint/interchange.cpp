@@ -4,10 +4,16 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <type_traits>
 
 namespace fsdp::checkpoint {
 

@@ -7,10 +7,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 namespace fsdp::checkpoint {
 

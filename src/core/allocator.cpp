@@ -8,6 +8,8 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <string>
+#include <utility>
 
 #include "fsdp/core/env.h"
 #include "fsdp/core/error.h"

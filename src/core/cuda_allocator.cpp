@@ -12,9 +12,12 @@
 
 #include <array>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
+#include <utility>
 
 #include "fsdp/core/allocator.h"
 #include "fsdp/core/env.h"

@@ -2,6 +2,7 @@
 #include "fsdp/core/device.h"
 
 #include <charconv>
+#include <system_error>
 
 #include "fsdp/core/error.h"
 

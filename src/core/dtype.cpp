@@ -1,6 +1,8 @@
 // dtype names and the f16 conversions (IEEE binary16, round to nearest even).
 #include "fsdp/core/dtype.h"
 
+#include <string>
+
 #include "fsdp/core/error.h"
 
 namespace fsdp {

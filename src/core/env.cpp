@@ -2,6 +2,7 @@
 #include "fsdp/core/env.h"
 
 #include <cstdlib>
+#include <string_view>
 
 #include "fsdp/core/error.h"
 

@@ -2,7 +2,9 @@
 // cast kernels (CPU) or to cudaMemcpy plus the CUDA cast kernel.
 #include "fsdp/core/tensor.h"
 
+#include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "fsdp/core/allocator.h"
 #include "kernels/cpu/cpu_kernels.h"

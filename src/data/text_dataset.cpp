@@ -8,6 +8,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <system_error>
+#include <type_traits>
 
 #include "fsdp/nn/init.h"
 

@@ -6,6 +6,7 @@
 // elements per rank.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>

@@ -2,7 +2,11 @@
 // that runs it. Private; created by init_process_group and split().
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
+#include <thread>
 
 #include "fsdp/dist/process_group.h"
 #include "src/dist/backend.h"

@@ -1,6 +1,9 @@
 // DeviceMesh construction: one split of the world per mesh dim.
 #include "fsdp/dist/device_mesh.h"
 
+#include <algorithm>
+#include <variant>
+
 #include "fsdp/dist/init.h"
 #include "fsdp/dist/placement.h"
 

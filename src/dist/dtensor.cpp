@@ -3,6 +3,10 @@
 // the collectives work on dim 0 of contiguous tensors.
 #include "fsdp/dist/dtensor.h"
 
+#include <cstddef>
+#include <utility>
+#include <variant>
+
 namespace fsdp::dist {
 
 namespace {

@@ -3,11 +3,17 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
+#include <compare>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <system_error>
 #include <thread>
+#include <vector>
 
 #include "fsdp/core/env.h"
 #include "src/dist/backend.h"

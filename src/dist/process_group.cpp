@@ -3,7 +3,15 @@
 // one). Also the local backend, which is what a collective means for one rank.
 #include "fsdp/dist/process_group.h"
 
+#include <algorithm>
+#include <compare>
+#include <cstdint>
 #include <cstring>
+#include <exception>
+#include <functional>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "fsdp/core/env.h"
 #include "fsdp/core/trace.h"

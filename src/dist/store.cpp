@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <compare>
 #include <condition_variable>
 #include <cstring>
 #include <map>

@@ -15,9 +15,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <deque>
+#include <initializer_list>
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "fsdp/core/trace.h"
 #include "fsdp/nn/init.h"

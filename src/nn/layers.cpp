@@ -2,6 +2,8 @@
 #include "fsdp/nn/layers.h"
 
 #include <cmath>
+#include <memory>
+#include <string>
 
 #include "fsdp/ops/ops.h"
 

@@ -1,6 +1,8 @@
 // MiniLLM assembly, presets and validation.
 #include "fsdp/nn/minillm.h"
 
+#include <memory>
+
 namespace fsdp::nn {
 
 Arch parse_arch(const std::string& s) {

@@ -3,6 +3,8 @@
 // (f32, bf16 or f16); parameter gradients may be wider (reduce_dtype).
 #include "src/ops/cuda_ops.h"
 
+#include <algorithm>
+
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace fsdp::ops::cuda_impl {

@@ -4,6 +4,7 @@
 // with CUDA only.
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
 #include <utility>
 

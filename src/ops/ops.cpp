@@ -2,7 +2,10 @@
 // contiguous buffers of one compute dtype (f32 or f64) with checked shapes.
 #include "fsdp/ops/ops.h"
 
+#include <algorithm>
 #include <initializer_list>
+#include <string>
+#include <string_view>
 
 #include "fsdp/core/trace.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -411,7 +414,8 @@ void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse) {
   FSDP_OP_SCOPE(inverse ? "rope_backward" : "rope", qkv, ({&qkv}), 2.0 * double(qkv.numel()),
                 2.0 / 3.0 * double(qkv.nbytes()));
   require_cpu("rope", {&qkv});
-  auto [B, T_, H, hd] = qkv_dims("rope", qkv, heads);
+  const QkvDims dims = qkv_dims("rope", qkv, heads);
+  const int64_t B = dims.B, T_ = dims.T, H = dims.H, hd = dims.hd;  // (lambdas capture these)
   FSDP_CHECK(hd % 2 == 0, "[rope] head dim {} must be even", hd);
   FSDP_CUDA_DISPATCH(("rope", {&qkv}), rope_(qkv, heads, theta, inverse));
   const DType ct = compute_dtype(qkv.dtype());
@@ -431,7 +435,8 @@ AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
                     : 0.0,
                 double(qkv.nbytes()) / 3.0);
   require_cpu("attention", {&qkv});
-  auto [B, T_, H, hd] = qkv_dims("attention", qkv, heads);
+  const QkvDims dims = qkv_dims("attention", qkv, heads);
+  const int64_t B = dims.B, T_ = dims.T, H = dims.H, hd = dims.hd;  // (lambdas capture these)
   FSDP_CUDA_DISPATCH(("attention", {&qkv}), attention_forward(qkv, heads, causal));
   const DType ct = compute_dtype(qkv.dtype());
   Tensor Q = as_compute(qkv, ct);
@@ -452,7 +457,8 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
                     : 0.0,
                 qkv.nbytes());
   require_cpu("attention_backward", {&dout, &qkv, &out, &lse});
-  auto [B, T_, H, hd] = qkv_dims("attention_backward", qkv, heads);
+  const QkvDims dims = qkv_dims("attention_backward", qkv, heads);
+  const int64_t B = dims.B, T_ = dims.T, H = dims.H, hd = dims.hd;  // (lambdas capture these)
   FSDP_CHECK(dout.shape() == Shape({B, T_, H * hd}) && out.shape() == dout.shape(),
              "[attention_backward] dout {} / out {} do not match qkv {}", shape_str(dout.shape()),
              shape_str(out.shape()), shape_str(qkv.shape()));

@@ -5,11 +5,16 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <system_error>
+#include <vector>
 
 #include "fsdp/core/env.h"
 #include "kernels/cpu/cpu_kernels.h"

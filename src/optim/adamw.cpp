@@ -1,6 +1,9 @@
 // AdamW over flat parameter groups.
 #include "fsdp/optim/adamw.h"
 
+#include <memory>
+#include <utility>
+
 #include "fsdp/core/trace.h"
 
 namespace fsdp::optim {

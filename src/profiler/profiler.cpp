@@ -4,10 +4,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "fsdp/core/error.h"
 #include "fsdp/ops/peak.h"

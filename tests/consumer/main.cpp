@@ -4,6 +4,11 @@
 #include <fsdp/ops/ops.h>
 #include <fsdp/optim/adamw.h>
 
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
 int main() {
   using namespace fsdp;
   nn::MiniLLMConfig c = nn::MiniLLMConfig::preset("tiny");

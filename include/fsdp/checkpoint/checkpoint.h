@@ -16,7 +16,10 @@
 // rank now owns from whichever old shard files hold them.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp/fully_shard.h"

@@ -6,6 +6,7 @@
 // renames it over the target, so an existing file is never half-overwritten.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <tuple>

@@ -1,6 +1,7 @@
 // A device is "cpu" or "cuda:N". Tensors carry one; ops dispatch on it.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 

@@ -6,6 +6,7 @@
 // that T matches the dtype.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>

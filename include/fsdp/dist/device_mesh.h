@@ -5,9 +5,12 @@
 // sub-mesh, mesh["shard"], is the 1-D mesh of that dim's group.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/dist/process_group.h"

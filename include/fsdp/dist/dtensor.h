@@ -9,6 +9,7 @@
 // Shard(a)->Shard(b) an all-gather then a chunk.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <vector>

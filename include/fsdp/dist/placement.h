@@ -4,7 +4,9 @@
 //   Partial(op)  each rank holds a partial value; the true value is their sum or average
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <variant>
 
 #include "fsdp/dist/process_group.h"

@@ -31,9 +31,12 @@
 //                  all-reduces over replicas).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/dist/device_mesh.h"

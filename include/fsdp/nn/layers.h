@@ -9,6 +9,7 @@
 //                     llama: w1 (gate), w3 (up), w2 (down), SwiGLU, no bias
 #pragma once
 
+#include <cstdint>
 #include <optional>
 
 #include "fsdp/nn/module.h"

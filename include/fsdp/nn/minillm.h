@@ -13,6 +13,7 @@
 // impossible combinations with a message that names the values.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 

@@ -16,6 +16,8 @@
 // buffers in one fused call; fully_shard will instead materialise shards.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>

@@ -4,6 +4,7 @@
 // them) can use it without breaking the layer order.
 #pragma once
 
+#include <cstdint>
 #include <utility>
 #include <vector>
 

@@ -9,6 +9,7 @@
 // free and callers zero parameter gradients once per step.
 #pragma once
 
+#include <cstdint>
 #include <utility>
 #include <vector>
 

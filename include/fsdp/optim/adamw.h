@@ -5,6 +5,8 @@
 // are the local shards, so the state is sharded too.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "fsdp/core/tensor.h"

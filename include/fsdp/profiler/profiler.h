@@ -15,6 +15,7 @@
 // neither unit busy and is latency/launch-bound.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>

@@ -13,7 +13,12 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <cstdint>
 #include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/dist/process_group.h"

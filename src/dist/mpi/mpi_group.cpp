@@ -6,6 +6,9 @@
 
 #include <climits>
 #include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "fsdp/core/error.h"
 #include "src/dist/backend.h"

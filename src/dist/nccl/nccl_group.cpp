@@ -10,6 +10,10 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <initializer_list>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "fsdp/core/error.h"
 #include "src/dist/backend.h"
