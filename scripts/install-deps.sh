@@ -6,7 +6,7 @@
 set -euo pipefail
 
 packages=(
-  cmake g++ ninja-build ccache pkg-config python3
+  cmake g++ ninja-build ccache pkg-config python3 iwyu
   libopenmpi-dev openmpi-bin libgloo-dev
   libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev
   libopenblas-openmp-dev

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Every file includes what it uses: runs include-what-you-use over each
+# header and C++ source of the library, kernels, examples, benchmarks and
+# tests, and fails when IWYU says a file "should add" an #include. (gcc 12's
+# standard headers pull <cstdint> in by accident and gcc 13's do not, so a
+# file that leans on such an accident builds here and breaks on the GPU
+# machine; IWYU sees the miss on any compiler.) Only the standard library's
+# headers count (the C++ ones and the C ones, <stdint.h> standing for
+# <cstdint>): they are what changes with the compiler. A project header or a
+# library's (fmt, nlohmann, gtest) reached through another is stable and is
+# not reported, nor is IWYU's "should remove" half, its forward-declaration
+# advice, or a libstdc++ internal (<bits/...>, <ext/...>). CUDA sources (.cu) are not parsed:
+# clang 14 knows no CUDA 13; their host headers are.
+#   scripts/check_includes.sh [FILE...]     (default: the whole tree)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v include-what-you-use > /dev/null \
+  || { echo "check_includes: include-what-you-use not found (scripts/install-deps.sh installs iwyu)" >&2; exit 1; }
+
+if [ $# -gt 0 ]; then
+  files=("$@")
+else
+  mapfile -t files < <(git ls-files 'include/*.h' 'src/*.h' 'src/*.cpp' 'kernels/*.h' 'kernels/*.cpp' \
+    'examples/*.cpp' 'examples/*.h' 'bench/*.cpp' 'tests/*.cpp' 'tests/*.h')
+fi
+
+flags=(-std=c++20 -I include -I . -I /usr/include/x86_64-linux-gnu/openblas-openmp
+  -I /usr/lib/x86_64-linux-gnu/openmpi/include -I /usr/local/cuda/include
+  -DFSDP_WITH_CUDA=1 -DFSDP_WITH_NCCL=1 -DFSDP_WITH_MPI=1 -DFSDP_WITH_GLOO=1 -DFSDP_WITH_CUDNN=1
+  '-DFSDP_FIXTURE_DIR=""'
+  -Wno-pragma-once-outside-header -Wno-unknown-warning-option -fopenmp
+  -Xiwyu --mapping_file=/usr/share/include-what-you-use/gcc.libc.imp
+  -Xiwyu --mapping_file=/usr/share/include-what-you-use/gcc.stl.headers.imp
+  -Xiwyu --mapping_file=/usr/share/include-what-you-use/gcc.symbols.imp
+  -Xiwyu --no_fwd_decls)
+[ -d build/_deps/cudnn_frontend/include ] && flags+=(-I build/_deps/cudnn_frontend/include)
+
+# Prints "FILE: should add LINE" for each missing #include of one file.
+check_one() {
+  local f=$1 out
+  out=$(include-what-you-use "${flags[@]}" -x c++ "$f" 2>&1 || true)
+  if grep -q 'error:' <<< "$out"; then
+    echo "$f: IWYU could not parse it:"
+    grep 'error:' <<< "$out" | head -5
+    return
+  fi
+  # The "should add" block of the file itself (not of the headers it includes).
+  awk -v f="$f" '
+    $0 == f " should add these lines:" {on = 1; next}
+    on && /^$/ {on = 0}
+    on && /^#include <[a-z_]+>/ {print f ": should add " $0}
+    on && /^#include <(assert|ctype|errno|float|inttypes|limits|math|signal|stdarg|stddef|stdint|stdio|stdlib|string|time|wchar)\.h>/ {
+      print f ": should add " $0
+    }
+  ' <<< "$out"
+}
+export -f check_one
+report=$(printf '%s\n' "${files[@]}" | xargs -P "$(nproc)" -I{} bash -c "$(declare -p flags); check_one {}")
+if [ -n "$report" ]; then
+  echo "$report"
+  echo "check_includes: $(grep -c . <<< "$report") problem(s) in ${#files[@]} files" >&2
+  exit 1
+fi
+echo "check_includes: ${#files[@]} files include what they use"
