@@ -2,7 +2,8 @@
 # Stages the Debian packages fsdp.cpp builds against into .debs/, for the GPU
 # machine, which has nvcc, CMake and PyTorch but no network and none of these
 # -dev packages. Run here (it downloads from Debian's archive), then carry
-# .debs to that machine; scripts/gpu_check.sh unpacks them there.
+# .debs to that machine; scripts/gpu_check.sh unpacks them there. The
+# header-only cudnn-frontend (PyPI) goes beside them, in .debs/cudnn-frontend.
 #   scripts/gpu-debs.sh && echo /.debs/ >> .git/info/exclude
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,3 +12,7 @@ cd .debs
 apt-get download -q libfmt-dev libfmt9 nlohmann-json3-dev libcli11-dev libgtest-dev googletest \
   libopenblas-openmp-dev libopenblas0-openmp libopenblas-dev libopenblas0 > /dev/null
 ls -1 *.deb | wc -l | xargs printf '%s packages staged in .debs/\n'
+cd ..
+FSDP_BUILD_DIR=.debs/fe-build bash scripts/install-deps.sh > /dev/null
+rm -rf .debs/cudnn-frontend && mv .debs/fe-build/_deps/cudnn-frontend .debs/cudnn-frontend && rm -rf .debs/fe-build
+echo "cudnn-frontend $(cat .debs/cudnn-frontend/VERSION) staged in .debs/cudnn-frontend/include"

@@ -2,7 +2,9 @@
 # Installs fsdp.cpp's build dependencies from Debian's packages, by name.
 # Idempotent, and silent when everything is already installed. The CUDA
 # toolkit is not installed here: the build uses it from /usr/local/cuda when
-# it is there, and builds CPU-only when it is not.
+# it is there, and builds CPU-only when it is not. With the toolkit, the
+# header-only cudnn-frontend (PyPI: nvidia-cudnn-frontend) is unpacked into
+# the build folder, build/_deps/cudnn-frontend/include (never committed).
 set -euo pipefail
 
 packages=(
@@ -18,7 +20,33 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+
+# cudnn-frontend: the headers of the pinned PyPI wheel, for the cuDNN SDPA attention.
+cudnn_frontend() {
+  local version=1.32.0 dest="${FSDP_BUILD_DIR:-build}/_deps/cudnn-frontend"
+  [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc > /dev/null || return 0
+  [ -f "$dest/include/cudnn_frontend.h" ] && [ "$(cat "$dest/VERSION" 2> /dev/null)" = "$version" ] && return 0
+  local tmp
+  tmp=$(mktemp -d)
+  if python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" "nvidia-cudnn-frontend==$version" > "$tmp/log" 2>&1 \
+    && python3 - "$tmp" "$dest" << 'PY'
+import glob, os, shutil, sys, zipfile
+tmp, dest = sys.argv[1], sys.argv[2]
+shutil.rmtree(dest, ignore_errors=True)
+with zipfile.ZipFile(glob.glob(os.path.join(tmp, "*.whl"))[0]) as z:
+    z.extractall(dest, [n for n in z.namelist() if n.startswith("include/")])
+PY
+  then
+    echo "$version" > "$dest/VERSION"
+    echo "install-deps: cudnn-frontend $version headers in $dest/include"
+  else
+    echo "install-deps: could not fetch nvidia-cudnn-frontend==$version from PyPI; building without cuDNN SDPA" >&2
+    cat "$tmp/log" >&2
+  fi
+  rm -rf "$tmp"
+}
+
+[ ${#missing[@]} -eq 0 ] && { cudnn_frontend; exit 0; }
 
 sudo=()
 if [ "$(id -u)" -ne 0 ]; then
@@ -29,3 +57,4 @@ echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get update -qq
 "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
+cudnn_frontend

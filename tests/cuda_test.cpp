@@ -7,6 +7,7 @@
 // Skips with "no CUDA device" where no GPU is visible.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -23,6 +24,7 @@
 #include "fsdp/nn/minillm.h"
 #include "fsdp/ops/ops.h"
 #include "fsdp/optim/adamw.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "test_util.h"
 
 namespace fsdp {
@@ -144,6 +146,58 @@ TEST_P(BackendOps, EveryOpMatchesTheCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, BackendOps, ::testing::Values(DType::f32, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+#if FSDP_WITH_CUDNN
+// cuDNN's SDPA against our own kernel on the same device and inputs, at shapes the MiniLLM uses
+// (odd T too): outputs, lse and every gradient, in bf16 and f16, causal or not; and each backward
+// after the other's forward, since the two share the lse convention.
+TEST(Cuda, CudnnAttentionMatchesOurKernel) {
+  REQUIRE_CUDA();
+  namespace kc = kernels::cuda;
+  struct Case {
+    int64_t B, T, H, hd;
+  };
+  for (Case c : {Case{2, 256, 4, 64}, Case{1, 200, 2, 128}, Case{2, 1024, 2, 128}})
+    for (DType dt : {DType::bf16, DType::f16})
+      for (bool causal : {false, true}) {
+        const std::string what = fmt::format("B {} T {} H {} hd {} {} causal={}", c.B, c.T, c.H,
+                                             c.hd, dtype_name(dt), causal);
+        const int64_t fw = kc::cudnn_attention_workspace(false, dt, c.B, c.T, c.H, c.hd, causal, 0);
+        const int64_t bw = kc::cudnn_attention_workspace(true, dt, c.B, c.T, c.H, c.hd, causal, 0);
+        ASSERT_GE(fw, 0) << what << ": "
+                         << kc::cudnn_attention_refusal(false, dt, c.B, c.T, c.H, c.hd, causal, 0);
+        ASSERT_GE(bw, 0) << what << ": "
+                         << kc::cudnn_attention_refusal(true, dt, c.B, c.T, c.H, c.hd, causal, 0);
+        const int64_t d = c.H * c.hd;
+        Tensor qkv = rnd({c.B, c.T, 3 * d}, 40, -2, 2).to(dt).to(kGpu);
+        Tensor dout = rnd({c.B, c.T, d}, 41).to(dt).to(kGpu);
+        auto out = [&] { return Tensor::empty({c.B, c.T, d}, dt, kGpu); };
+        auto lse = [&] { return Tensor::empty({c.B, c.H, c.T}, DType::f32, kGpu); };
+        auto grad = [&] { return Tensor::empty(qkv.shape(), dt, kGpu); };
+        Tensor ws = Tensor::empty({std::max<int64_t>(fw, bw) / 8 + 1}, DType::i64, kGpu);
+        Tensor o1 = out(), l1 = lse(), o2 = out(), l2 = lse();
+        kc::attention_forward(qkv.raw_data(), o1.raw_data(), l1.data<float>(), dt, c.B, c.T, c.H,
+                              c.hd, causal, 0, nullptr);
+        kc::cudnn_attention_forward(qkv.raw_data(), o2.raw_data(), l2.data<float>(), dt, c.B, c.T,
+                                    c.H, c.hd, causal, ws.raw_data(), 0, nullptr);
+        EXPECT_LT(test::rel_error(o2.to(Device::cpu()), o1.to(Device::cpu())), 1e-2) << what;
+        EXPECT_LT(test::rel_error(l2.to(Device::cpu()), l1.to(Device::cpu())), 1e-4) << what;
+        Tensor g1 = grad(), g2 = grad(), g3 = grad();
+        kc::attention_backward(dout.raw_data(), qkv.raw_data(), o1.raw_data(), l1.data<float>(),
+                               g1.raw_data(), dt, c.B, c.T, c.H, c.hd, causal, 0, nullptr);
+        kc::cudnn_attention_backward(dout.raw_data(), qkv.raw_data(), o2.raw_data(),
+                                     l2.data<float>(), g2.raw_data(), dt, c.B, c.T, c.H, c.hd,
+                                     causal, ws.raw_data(), 0, nullptr);
+        kc::cudnn_attention_backward(dout.raw_data(), qkv.raw_data(), o1.raw_data(),
+                                     l1.data<float>(), g3.raw_data(), dt, c.B, c.T, c.H, c.hd,
+                                     causal, ws.raw_data(), 0, nullptr);
+        Tensor ref = g1.to(Device::cpu());
+        EXPECT_FALSE(any_nan(g2.to(Device::cpu()))) << what;
+        EXPECT_LT(test::rel_error(g2.to(Device::cpu()), ref), 2e-2) << what;
+        EXPECT_LT(test::rel_error(g3.to(Device::cpu()), ref), 2e-2) << what;
+      }
+}
+#endif
 
 TEST(Cuda, AdamWAndCopySegmentsMatchTheCpu) {
   REQUIRE_CUDA();

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "fsdp/core/device.h"
 #include "fsdp/core/dtype.h"
@@ -77,6 +78,21 @@ void attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t 
 void attention_backward(const void* dout, const void* qkv, const void* out, const float* lse,
                         void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd,
                         bool causal, int device, Stream s);
+
+// attention_cudnn.cpp (FSDP_WITH_CUDNN builds): cuDNN's fused SDPA, bf16 and f16, same layouts
+// and lse as above. The workspace query builds and caches the plan for that shape; it returns
+// the bytes of workspace the call needs, or -1 where cuDNN is off (FSDP_CUDNN_ATTENTION=0) or
+// refuses the shape (the refusal says why); then the kernel above is the fallback.
+int64_t cudnn_attention_workspace(bool backward, DType t, int64_t B, int64_t T, int64_t H,
+                                  int64_t hd, bool causal, int device);
+std::string cudnn_attention_refusal(bool backward, DType t, int64_t B, int64_t T, int64_t H,
+                                    int64_t hd, bool causal, int device);
+void cudnn_attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
+                             int64_t H, int64_t hd, bool causal, void* workspace, int device,
+                             Stream s);
+void cudnn_attention_backward(const void* dout, const void* qkv, const void* out, const float* lse,
+                              void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd,
+                              bool causal, void* workspace, int device, Stream s);
 
 // softmax_xent.cu: lse is f32 [n]; returns the mean loss (synchronises to read it);
 // a target outside [0, v) makes the loss NaN.

@@ -33,6 +33,8 @@ const std::vector<EnvKnob>& env_knobs() {
       {"FSDP_CUDA_POISON", "0",
        "1: fill every CUDA block handed out with 0xFF (NaN), to catch unwritten outputs"},
       {"FSDP_CUDA_TF32", "0", "1: let f32 GEMMs on CUDA use TF32 tensor cores"},
+      {"FSDP_CUDNN_ATTENTION", "1",
+       "0: use our own CUDA attention kernel instead of cuDNN's fused SDPA (bf16/f16)"},
       {"FSDP_GEMM_PEAK_GFLOPS", "0",
        "fp32 GEMM peak to measure MFU against, in GFLOP/s; 0 measures it once and caches it"},
   };

@@ -17,6 +17,11 @@ int dev(const Tensor& t) { return t.device().index; }
 
 Tensor dense(const Tensor& t) { return t.contiguous(); }
 
+// Scratch bytes from the caching allocator (so peak memory counts them); none for 0.
+[[maybe_unused]] Tensor workspace(int64_t bytes, Device d) {
+  return bytes > 0 ? Tensor::empty({(bytes + 7) / 8}, DType::i64, d) : Tensor();
+}
+
 void same_dtype(const char* op, const Tensor& a, const Tensor& b) {
   FSDP_CHECK(a.dtype() == b.dtype(), "[{}] on CUDA the inputs share one dtype; got {} and {}", op,
              dtype_name(a.dtype()), dtype_name(b.dtype()));
@@ -181,6 +186,17 @@ AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
   const int64_t B = qkv.size(0), T = qkv.size(1), d = qkv.size(2) / 3;
   Tensor out = Tensor::empty({B, T, d}, qkv.dtype(), qkv.device());
   Tensor lse = Tensor::empty({B, heads, T}, DType::f32, qkv.device());
+#if FSDP_WITH_CUDNN
+  const int64_t ws =
+      kc::cudnn_attention_workspace(false, qkv.dtype(), B, T, heads, d / heads, causal, dev(qkv));
+  if (ws >= 0) {
+    Tensor w = workspace(ws, qkv.device());
+    kc::cudnn_attention_forward(Q.raw_data(), out.raw_data(), lse.data<float>(), qkv.dtype(), B, T,
+                                heads, d / heads, causal, w.defined() ? w.raw_data() : nullptr,
+                                dev(qkv), nullptr);
+    return {out, lse};
+  }
+#endif
   kc::attention_forward(Q.raw_data(), out.raw_data(), lse.data<float>(), qkv.dtype(), B, T, heads,
                         d / heads, causal, dev(qkv), nullptr);
   return {out, lse};
@@ -192,6 +208,17 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
          L = dense(lse.to(DType::f32));
   const int64_t B = qkv.size(0), T = qkv.size(1), d = qkv.size(2) / 3;
   Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
+#if FSDP_WITH_CUDNN
+  const int64_t ws =
+      kc::cudnn_attention_workspace(true, qkv.dtype(), B, T, heads, d / heads, causal, dev(qkv));
+  if (ws >= 0) {
+    Tensor w = workspace(ws, qkv.device());
+    kc::cudnn_attention_backward(DO.raw_data(), Q.raw_data(), O.raw_data(), L.data<float>(),
+                                 dqkv.raw_data(), qkv.dtype(), B, T, heads, d / heads, causal,
+                                 w.defined() ? w.raw_data() : nullptr, dev(qkv), nullptr);
+    return dqkv;
+  }
+#endif
   kc::attention_backward(DO.raw_data(), Q.raw_data(), O.raw_data(), L.data<float>(),
                          dqkv.raw_data(), qkv.dtype(), B, T, heads, d / heads, causal, dev(qkv),
                          nullptr);
