@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fsdp/core/allocator.h"
@@ -94,15 +95,19 @@ TEST_P(BackendOps, EveryOpMatchesTheCpu) {
         return std::vector<Tensor>{ops::embedding_forward(v[0], v[1]), dw};
       },
       dt, tol);
-  expect_matches(
-      "rmsnorm", {rnd({37, 96}, 10), rnd({96}, 11, 0.5, 1.5), rnd({37, 96}, 12)},
-      [](auto& v) {
-        auto o = ops::rmsnorm_forward(v[0], v[1], 1e-5);
-        Tensor dw = Tensor::zeros({96}, DType::f32, v[1].device());
-        Tensor dx = ops::rmsnorm_backward(v[2], v[0], v[1], o.rstd, dw);
-        return std::vector<Tensor>{o.y, dx, dw};
-      },
-      dt, tol);
+  // Few rows (a block each), and more rows than the backward's blocks with more columns than a
+  // block's threads (each block sums dw over several rows, each thread over several columns).
+  for (auto [rows, dim] : {std::pair<int64_t, int64_t>{37, 96}, {1500, 1000}})
+    expect_matches(
+        fmt::format("rmsnorm {}x{}", rows, dim),
+        {rnd({rows, dim}, 10), rnd({dim}, 11, 0.5, 1.5), rnd({rows, dim}, 12)},
+        [dim](auto& v) {
+          auto o = ops::rmsnorm_forward(v[0], v[1], 1e-5);
+          Tensor dw = Tensor::full({dim}, 0.25, DType::f32, v[1].device());  // added into
+          Tensor dx = ops::rmsnorm_backward(v[2], v[0], v[1], o.rstd, dw);
+          return std::vector<Tensor>{o.y, dx, dw};
+        },
+        dt, tol);
   expect_matches(
       "silu", {rnd({1000}, 13, -4, 4), rnd({1000}, 14)},
       [](auto& v) {

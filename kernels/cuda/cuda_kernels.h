@@ -64,9 +64,11 @@ void embedding_backward(const void* ids, DType idt, const void* dy, DType t, voi
 // rmsnorm.cu: rstd is f32 [rows].
 void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, DType t, int64_t rows,
                      int64_t dim, double eps, int device, Stream s);
+// dw (optional, dwt) is added into; it needs `rmsnorm_backward_scratch` f32 of scratch.
+int64_t rmsnorm_backward_scratch(int64_t rows, int64_t dim, int device);
 void rmsnorm_backward(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
-                      void* dw, DType dwt, DType t, int64_t rows, int64_t dim, int device,
-                      Stream s);
+                      void* dw, DType dwt, float* scratch, DType t, int64_t rows, int64_t dim,
+                      int device, Stream s);
 
 // rope.cu: in place on the q and k parts of qkv [B, T, 3, H, hd], half-split pairs.
 void rope_qkv(void* qkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd, double theta,

@@ -136,10 +136,13 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
   Tensor DY = dense(dy.to(x.dtype())), X = dense(x), W = dense(w), R = dense(rstd.to(DType::f32));
   const int64_t dim = w.size(0), rows = x.numel() / std::max<int64_t>(dim, 1);
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-  kc::rmsnorm_backward(DY.raw_data(), X.raw_data(), W.raw_data(), R.data<float>(), dx.raw_data(),
-                       dw.defined() ? dw.raw_data() : nullptr,
-                       dw.defined() ? dw.dtype() : DType::f32, x.dtype(), rows, dim, dev(x),
-                       nullptr);
+  Tensor scratch = dw.defined() ? Tensor::empty({kc::rmsnorm_backward_scratch(rows, dim, dev(x))},
+                                                DType::f32, x.device())
+                                : Tensor();
+  kc::rmsnorm_backward(
+      DY.raw_data(), X.raw_data(), W.raw_data(), R.data<float>(), dx.raw_data(),
+      dw.defined() ? dw.raw_data() : nullptr, dw.defined() ? dw.dtype() : DType::f32,
+      scratch.defined() ? scratch.data<float>() : nullptr, x.dtype(), rows, dim, dev(x), nullptr);
   return dx;
 }
 
