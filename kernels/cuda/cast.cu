@@ -21,6 +21,20 @@ __global__ void fill_kernel(T* __restrict__ dst, double value, int64_t n) {
   GRID_STRIDE(i, n) dst[i] = v;
 }
 
+// A counter-based hash (splitmix64) of (seed, i) to [0, 1).
+template <class T>
+__global__ void fill_uniform_kernel(T* __restrict__ dst, double lo, double hi, uint64_t seed,
+                                    int64_t n) {
+  GRID_STRIDE(i, n) {
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + uint64_t(i) + 1;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const double u = double(z >> 11) * 0x1.0p-53;
+    dst[i] = convert<T>(lo + (hi - lo) * u);
+  }
+}
+
 // One block row per segment; threads stride over the segment's elements.
 template <class D, class S>
 __global__ void copy_segments_kernel(D* __restrict__ dst, const S* __restrict__ src,
@@ -67,8 +81,19 @@ void fill(void* dst, DType t, int64_t n, double value, int device, Stream s) {
   CUDA_CHECK(cudaSetDevice(device));
   dispatch_device(t, [&](auto tv) {
     using T = decltype(tv);
-    fill_kernel<T>
-        <<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(static_cast<T*>(dst), value, n);
+    fill_kernel<T><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(static_cast<T*>(dst), value, n);
+  });
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_uniform(void* dst, DType t, int64_t n, double lo, double hi, uint64_t seed, int device,
+                  Stream s) {
+  if (n == 0) return;
+  CUDA_CHECK(cudaSetDevice(device));
+  dispatch_float(t, "fill_uniform", [&](auto tv) {
+    using T = decltype(tv);
+    fill_uniform_kernel<T>
+        <<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(static_cast<T*>(dst), lo, hi, seed, n);
   });
   CUDA_CHECK(cudaGetLastError());
 }

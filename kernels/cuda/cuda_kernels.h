@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "fsdp/core/device.h"
@@ -22,6 +23,9 @@ using Stream = void*;
 void memcpy_sync(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes);
 void cast(void* dst, DType dst_t, const void* src, DType src_t, int64_t n, int device, Stream s);
 void fill(void* dst, DType t, int64_t n, double value, int device, Stream s);
+// Uniform in [lo, hi), a counter-based hash of (seed, index): the same values on every call.
+void fill_uniform(void* dst, DType t, int64_t n, double lo, double hi, uint64_t seed, int device,
+                  Stream s);
 // One launch for many contiguous segments: dst[dst_off[i] ..] = cast(src[src_off[i] ..]) for
 // count[i] elements. FSDP's all-gather copy-out and reduce-scatter chunk-cat are this.
 void copy_segments(void* dst, DType dst_t, const void* src, DType src_t, const int64_t* dst_off,
@@ -41,6 +45,23 @@ void sum_rows_into(const void* dy, DType t, void* db, DType dbt, int64_t rows, i
 // (f32 inputs may use TF32 when FSDP_CUDA_TF32=1). bias (optional, [n], dtype t) is the epilogue.
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
           const void* b, float beta, void* c, DType t, const void* bias, int device, Stream s);
+struct GemmArgs {
+  bool ta = false, tb = false;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.f, beta = 0.f;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* c = nullptr;
+  DType t = DType::f32;        // A and B
+  std::optional<DType> c_t;    // C: t by default; f32 under bf16/f16 A and B
+  const void* bias = nullptr;  // [n] of C's dtype, added to each row (the BIAS epilogue)
+  int device = 0;
+};
+void gemm(const GemmArgs& g, Stream s);
+// The same, and bgrad[i] = sum_k op(A)[i, k] ([m], C's dtype, written, not added) in the
+// epilogue: the bias gradient of dW = dY^T X. Returns false, having done nothing, where
+// cuBLASLt has no such epilogue for this shape and these dtypes.
+bool gemm_bgrad(const GemmArgs& g, void* bgrad, Stream s);
 // Best bf16 GEMM FLOP/s on an n x n x n product, and the device-to-device copy GB/s.
 double measure_gemm_flops(int64_t n, DType t, int device);
 double measure_copy_gbps(int64_t bytes, int device);

@@ -1,15 +1,22 @@
 // GEMM through cuBLASLt. Row-major C = op(A) op(B) is computed as the
 // column-major C^T = op(B)^T op(A)^T, so no data moves. bf16 and f16 inputs
 // accumulate in f32; f32 uses TF32 tensor cores only when FSDP_CUDA_TF32=1.
-// The bias of Linear is cuBLASLt's BIAS epilogue. The heuristic's choice is
-// cached per (shape, transposes, dtype, epilogue): after the first step no
-// heuristic query runs.
+// The bias of Linear is cuBLASLt's BIAS epilogue, and its gradient the
+// BGRADB epilogue of the dW GEMM (no separate pass over dY). C may be f32
+// under bf16/f16 inputs, so dW accumulates straight into an f32 gradient
+// (beta = 1: no bf16 temporary, no extra add). Per (shape, transposes, dtypes,
+// epilogue), the first call times the heuristic's FSDP_GEMM_TUNE best
+// candidates on its own operands and keeps the fastest; after the first step
+// no heuristic query or trial runs.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "fsdp/core/env.h"
 #include "kernels/cuda/common.cuh"
@@ -58,73 +65,169 @@ cudaDataType_t cuda_type(DType t) {
   }
 }
 
-using Key = std::tuple<int, int64_t, int64_t, int64_t, bool, bool, int, bool>;
+enum class Epilogue { none, bias, bgrad };
+using Key = std::tuple<int, int64_t, int64_t, int64_t, bool, bool, int, int, Epilogue>;
 
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's best first
   cublasLtMatmulAlgo_t algo{};
+  bool tuned = false;
 };
 
-Plan& plan_for(const Key& key, DeviceCtx& dc) {
-  static std::mutex mu;
-  static std::map<Key, Plan> cache;
-  std::lock_guard<std::mutex> lock(mu);
+std::mutex plan_mu;
+
+// The plan of a shape, or nullptr where cuBLASLt has no algorithm for it (only an epilogue
+// other than none may be refused; the caller then does without it).
+Plan* plan_for(const Key& key, DeviceCtx& dc) {
+  static std::map<Key, std::unique_ptr<Plan>> cache;
+  std::lock_guard<std::mutex> lock(plan_mu);
   auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  auto [device, m, n, k, ta, tb, dt, has_bias] = key;
-  const DType t = DType(dt);
-  const cudaDataType_t type = cuda_type(t);
+  if (it != cache.end()) return it->second.get();
+  auto [device, m, n, k, ta, tb, dt, ct, epilogue] = key;
+  const DType t = DType(dt), c_t = DType(ct);
+  const cudaDataType_t type = cuda_type(t), c_type = cuda_type(c_t);
   const cublasComputeType_t compute = t == DType::f32 && env_str("FSDP_CUDA_TF32") == "1"
                                           ? CUBLAS_COMPUTE_32F_FAST_TF32
                                           : CUBLAS_COMPUTE_32F;
-  Plan p;
-  CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, compute, CUDA_R_32F));
+  auto p = std::make_unique<Plan>();
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, compute, CUDA_R_32F));
   // cuBLAS's A is our B and its B our A (see the file comment).
   const cublasOperation_t op_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                           op_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-  if (has_bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (epilogue != Epilogue::none) {
+    // BIAS adds our [n] bias to every row. BGRADB writes the sums over k of cuBLAS's B, which
+    // is our op(A): bgrad[i] = sum_k op(A)[i, k], the bias gradient of dW = dY^T X. The bias
+    // vector has C's dtype.
+    const cublasLtEpilogue_t epi =
+        epilogue == Epilogue::bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADB;
     CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type,
-                                                sizeof(type)));
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &c_type,
+                                                sizeof(c_type)));
   }
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, type, tb ? k : n, tb ? n : k, tb ? k : n));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, type, ta ? m : k, ta ? k : m, ta ? m : k));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, type, n, m, n));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, type, tb ? k : n, tb ? n : k, tb ? k : n));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, type, ta ? m : k, ta ? k : m, ta ? m : k));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, c_type, n, m, n));
   cublasLtMatmulPreference_t pref;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &kWorkspace, sizeof(kWorkspace)));
-  cublasLtMatmulHeuristicResult_t result{};
+  const int want = std::max(1, int(env_double("FSDP_GEMM_TUNE")));
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(want));
   int found = 0;
-  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(dc.handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result,
-                                              &found));
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(dc.handle, p->op, p->a, p->b, p->c, p->c,
+                                                           pref, want, results.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  FSDP_CHECK(found > 0, "[gemm] cuBLASLt has no algorithm for [{} x {}] x [{} x {}] in {}", m, k, k,
-             n, dtype_name(t));
-  p.algo = result.algo;
-  return cache.emplace(key, p).first->second;
+  if (epilogue != Epilogue::bgrad) {
+    CUBLAS_CHECK(st);
+    FSDP_CHECK(found > 0, "[gemm] cuBLASLt has no algorithm for [{} x {}] x [{} x {}] in {} -> {}",
+               m, k, k, n, dtype_name(t), dtype_name(c_t));
+  }
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    cache.emplace(key, nullptr);
+    return nullptr;
+  }
+  for (int i = 0; i < found; ++i)
+    if (results[size_t(i)].state == CUBLAS_STATUS_SUCCESS)
+      p->candidates.push_back(results[size_t(i)].algo);
+  p->algo = p->candidates.at(0);
+  p->tuned = p->candidates.size() == 1;
+  return cache.emplace(key, std::move(p)).first->second.get();
+}
+
+float elapsed_ms(cudaEvent_t e0, cudaEvent_t e1) {
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  return ms;
+}
+
+// Times each candidate on this call's own operands, once per shape, and keeps the fastest: the
+// heuristic's first choice is often not cuBLAS's fastest kernel for a shape. The call's C is
+// not touched: where beta != 0 (C is read), the trials write a scratch C instead.
+void tune(Plan& p, DeviceCtx& dc, int64_t m, int64_t n, DType c_t, float alpha, const void* a,
+          const void* b, float beta, void* c, Epilogue epilogue, void* bias, cudaStream_t s) {
+  void* d = c;
+  if (beta != 0.f) CUDA_CHECK(cudaMallocAsync(&d, size_t(m * n) * dtype_size(c_t), s));
+  // BIAS only reads its vector; BGRAD writes one, so the trials write a scratch vector.
+  void* scratch_bias = nullptr;
+  if (epilogue == Epilogue::bgrad)
+    CUDA_CHECK(cudaMallocAsync(&scratch_bias, size_t(m) * dtype_size(c_t), s));
+  void* trial_bias = epilogue == Epilogue::bgrad ? scratch_bias : bias;
+  if (epilogue != Epilogue::none)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                &trial_bias, sizeof(trial_bias)));
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  float best = 0;
+  for (const cublasLtMatmulAlgo_t& algo : p.candidates) {
+    auto run = [&] {
+      return cublasLtMatmul(dc.handle, p.op, &alpha, b, p.a, a, p.b, &beta, d, p.c, d, p.c, &algo,
+                            dc.workspace, kWorkspace, s);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that cannot run is skipped
+    CUDA_CHECK(cudaEventRecord(e0, s));
+    for (int i = 0; i < 3; ++i) CUBLAS_CHECK(run());
+    CUDA_CHECK(cudaEventRecord(e1, s));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    const float ms = elapsed_ms(e0, e1);
+    if (best == 0 || ms < best) {
+      best = ms;
+      p.algo = algo;
+    }
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  if (d != c) CUDA_CHECK(cudaFreeAsync(d, s));
+  if (scratch_bias) CUDA_CHECK(cudaFreeAsync(scratch_bias, s));
+  p.tuned = true;
+}
+
+bool launch(const GemmArgs& g, Epilogue epilogue, void* bias, Stream s) {
+  if (g.m == 0 || g.n == 0) return true;
+  CUDA_CHECK(cudaSetDevice(g.device));
+  DeviceCtx& dc = ctx(g.device);
+  const DType c_t = g.c_t.value_or(g.t);
+  Plan* p = plan_for(Key{g.device, g.m, g.n, g.k, g.ta, g.tb, int(g.t), int(c_t), epilogue}, dc);
+  if (!p) return false;
+  std::lock_guard<std::mutex> lock(plan_mu);  // the descriptor's bias pointer is per call
+  if (!p->tuned)
+    tune(*p, dc, g.m, g.n, c_t, g.alpha, g.a, g.b, g.beta, g.c, epilogue, bias, cudaStream_t(s));
+  if (bias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof(bias)));
+  CUBLAS_CHECK(cublasLtMatmul(dc.handle, p->op, &g.alpha, g.b, p->a, g.a, p->b, &g.beta, g.c, p->c,
+                              g.c, p->c, &p->algo, dc.workspace, kWorkspace, cudaStream_t(s)));
+  return true;
 }
 
 }  // namespace
 
+void gemm(const GemmArgs& g, Stream s) {
+  launch(g, g.bias ? Epilogue::bias : Epilogue::none, const_cast<void*>(g.bias), s);
+}
+
+bool gemm_bgrad(const GemmArgs& g, void* bgrad, Stream s) {
+  return launch(g, Epilogue::bgrad, bgrad, s);
+}
+
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
           const void* b, float beta, void* c, DType t, const void* bias, int device, Stream s) {
-  if (m == 0 || n == 0) return;
-  CUDA_CHECK(cudaSetDevice(device));
-  DeviceCtx& dc = ctx(device);
-  Plan& p = plan_for(Key{device, m, n, k, ta, tb, int(t), bias != nullptr}, dc);
-  if (bias)
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                sizeof(bias)));
-  CUBLAS_CHECK(cublasLtMatmul(dc.handle, p.op, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c,
-                              &p.algo, dc.workspace, kWorkspace, cudaStream_t(s)));
+  GemmArgs g;
+  g.ta = ta, g.tb = tb;
+  g.m = m, g.n = n, g.k = k;
+  g.alpha = alpha, g.beta = beta;
+  g.a = a, g.b = b, g.c = c;
+  g.t = t;
+  g.bias = bias;
+  g.device = device;
+  gemm(g, s);
 }
 
 namespace {
@@ -154,8 +257,10 @@ double measure_gemm_flops(int64_t n, DType t, int device) {
   CUDA_CHECK(cudaMalloc(&a, bytes));
   CUDA_CHECK(cudaMalloc(&b, bytes));
   CUDA_CHECK(cudaMalloc(&c, bytes));
-  fill(a, t, n * n, 0.01, device, nullptr);
-  fill(b, t, n * n, 0.01, device, nullptr);
+  // Random operands: on constant data the tensor cores switch fewer bits and draw less
+  // power, and the same GEMM ran 900 TFLOP/s there against 700-790 on random data.
+  fill_uniform(a, t, n * n, -1.0, 1.0, 1, device, nullptr);
+  fill_uniform(b, t, n * n, -1.0, 1.0, 2, device, nullptr);
   const double ms = time_ms(
       [&] { gemm(false, false, n, n, n, 1.f, a, b, 0.f, c, t, nullptr, device, nullptr); }, 20);
   cudaFree(a);

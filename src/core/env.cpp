@@ -33,6 +33,9 @@ const std::vector<EnvKnob>& env_knobs() {
       {"FSDP_CUDA_POISON", "0",
        "1: fill every CUDA block handed out with 0xFF (NaN), to catch unwritten outputs"},
       {"FSDP_CUDA_TF32", "0", "1: let f32 GEMMs on CUDA use TF32 tensor cores"},
+      {"FSDP_GEMM_TUNE", "8",
+       "CUDA GEMMs: time this many of cuBLASLt's candidates per shape on first use, keep the "
+       "fastest (1: the heuristic's first)"},
       {"FSDP_CUDNN_ATTENTION", "1",
        "0: use our own CUDA attention kernel instead of cuDNN's fused SDPA (bf16/f16)"},
       {"FSDP_GEMM_PEAK_GFLOPS", "0",

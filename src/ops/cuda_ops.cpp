@@ -84,19 +84,38 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   kc::gemm(false, false, rows, in, out, 1.f, DY.raw_data(), W.raw_data(), 0.f, dx.raw_data(),
            x.dtype(), nullptr, dev(x), nullptr);
+  bool db_done = !db.defined();
   if (dw.defined()) {
-    if (dw.dtype() == x.dtype()) {
-      kc::gemm(true, false, out, in, rows, 1.f, DY.raw_data(), X.raw_data(), 1.f, dw.raw_data(),
-               x.dtype(), nullptr, dev(x), nullptr);
-    } else {  // a wider gradient buffer (reduce_dtype): compute in the input dtype, then add
+    kc::GemmArgs g;  // dW[out, in] += dY^T X
+    g.ta = true;
+    g.m = out, g.n = in, g.k = rows;
+    g.beta = 1.f;
+    g.a = DY.raw_data(), g.b = X.raw_data(), g.c = dw.raw_data();
+    g.t = x.dtype();
+    g.device = dev(x);
+    if (dw.dtype() == x.dtype() || dw.dtype() == DType::f32) {
+      // dW accumulates straight into the gradient, f32 under bf16 inputs; the bias gradient
+      // comes from the same GEMM's epilogue where cuBLASLt offers it (it writes, so into a
+      // small buffer that is then added).
+      g.c_t = dw.dtype();
+      Tensor part = db.defined() ? Tensor::empty({out}, dw.dtype(), x.device()) : Tensor();
+      if (part.defined() && kc::gemm_bgrad(g, part.raw_data(), nullptr)) {
+        kc::add_inplace(db.raw_data(), db.dtype(), part.raw_data(), part.dtype(), out, dev(x),
+                        nullptr);
+        db_done = true;
+      } else {
+        kc::gemm(g, nullptr);
+      }
+    } else {  // another gradient dtype: compute in the input dtype, then add
       Tensor tmp = Tensor::empty(dw.shape(), x.dtype(), x.device());
-      kc::gemm(true, false, out, in, rows, 1.f, DY.raw_data(), X.raw_data(), 0.f, tmp.raw_data(),
-               x.dtype(), nullptr, dev(x), nullptr);
+      g.beta = 0.f;
+      g.c = tmp.raw_data();
+      kc::gemm(g, nullptr);
       kc::add_inplace(dw.raw_data(), dw.dtype(), tmp.raw_data(), tmp.dtype(), dw.numel(), dev(x),
                       nullptr);
     }
   }
-  if (db.defined())
+  if (!db_done)
     kc::sum_rows_into(DY.raw_data(), DY.dtype(), db.raw_data(), db.dtype(), rows, out, dev(x),
                       nullptr);
   return dx;
