@@ -1,10 +1,10 @@
 // Host-side launchers of the CUDA kernels. This header includes no device
 // code and no CUDA header, so host files can include it freely. Every
-// launcher takes the stream explicitly (nullptr: the legacy default stream,
-// the compute stream of this build) and works on contiguous buffers of one
-// storage dtype: f32, bf16 or f16, accumulating in f32 (f64 where noted).
-// Backward launchers that produce parameter gradients ADD into them, like
-// the CPU kernels. Private to the library.
+// launcher takes the stream explicitly (the ops pass the device's compute
+// stream, fsdp::cuda_compute_stream; never the legacy default stream) and works on contiguous
+// buffers of one storage dtype: f32, bf16 or f16, accumulating in f32 (f64 where noted). Backward
+// launchers that produce parameter gradients ADD into them, like the CPU kernels. Private to the
+// library.
 #pragma once
 
 #include <cstddef>

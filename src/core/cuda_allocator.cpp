@@ -1,8 +1,8 @@
 // The CUDA caching allocator, one per device. Freed blocks go back to a pool
 // keyed by their rounded size and are handed out again, so a training step
 // makes no cudaMalloc once the first step has run. Blocks are used by the
-// compute stream (the legacy default stream in this build), so a block freed
-// and reused is ordered on that stream; collectives on other streams keep
+// device's compute stream (cuda_compute_stream), so a block freed and reused
+// is ordered on that stream; collectives on other streams keep
 // their tensors alive until the compute stream has waited for them (see
 // src/dist/nccl). Counters: allocated (current, peak), the "peak mem" of
 // fsdp-train, and reserved (allocated plus cached). FSDP_CUDA_POISON=1 fills

@@ -2,6 +2,8 @@
 #include "fsdp/core/device.h"
 
 #include <charconv>
+#include <map>
+#include <mutex>
 #include <system_error>
 
 #include "fsdp/core/error.h"
@@ -40,5 +42,28 @@ int cuda_device_count() {
 }
 
 bool cuda_available() { return cuda_device_count() > 0; }
+
+void* cuda_compute_stream(int index) {
+#ifdef FSDP_WITH_CUDA
+  static std::mutex mu;
+  static std::map<int, cudaStream_t> streams;  // live for the process, like the device contexts
+  FSDP_CHECK(index >= 0 && index < cuda_device_count(), "[device] no CUDA device {} ({} visible)",
+             index, cuda_device_count());
+  std::lock_guard<std::mutex> lock(mu);
+  cudaStream_t& s = streams[index];
+  if (!s) {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(index);
+    const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamDefault);
+    cudaSetDevice(prev);
+    FSDP_CHECK(e == cudaSuccess, "[device] cuda:{}: creating the compute stream failed: {}", index,
+               cudaGetErrorString(e));
+  }
+  return s;
+#else
+  FSDP_FAIL("[device] cuda:{}: built without CUDA", index);
+#endif
+}
 
 }  // namespace fsdp

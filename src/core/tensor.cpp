@@ -199,7 +199,7 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
     kernels::cpu::copy_cast(*this, s);
   } else {
     kernels::cuda::cast(raw_data(), dtype_, s.raw_data(), s.dtype_, numel(), device().index,
-                        nullptr);
+                        cuda_compute_stream(device().index));
   }
   return *this;
 #else
@@ -215,7 +215,8 @@ const Tensor& Tensor::fill_(double value) const {
   }
 #ifdef FSDP_WITH_CUDA
   FSDP_CHECK(is_contiguous(), "[Tensor::fill_] a CUDA tensor must be contiguous");
-  kernels::cuda::fill(raw_data(), dtype_, numel(), value, device().index, nullptr);
+  kernels::cuda::fill(raw_data(), dtype_, numel(), value, device().index,
+                      cuda_compute_stream(device().index));
   return *this;
 #else
   FSDP_FAIL("[Tensor::fill_] built without CUDA");

@@ -4,6 +4,7 @@
 #include "src/ops/cuda_ops.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -14,6 +15,8 @@ namespace kc = kernels::cuda;
 namespace {
 
 int dev(const Tensor& t) { return t.device().index; }
+// The device's compute stream: every launch here goes on it.
+kc::Stream cs(const Tensor& t) { return cuda_compute_stream(t.device().index); }
 
 Tensor dense(const Tensor& t) { return t.contiguous(); }
 
@@ -59,7 +62,7 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
   Tensor A = dense(a), B = dense(b);
   const int64_t m = c.size(0), n = c.size(1), k = ta ? a.size(0) : a.size(1);
   kc::gemm(ta, tb, m, n, k, float(alpha), A.raw_data(), B.raw_data(), float(beta), c.raw_data(),
-           a.dtype(), nullptr, dev(c), nullptr);
+           a.dtype(), nullptr, dev(c), cs(c));
 }
 
 Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
@@ -71,7 +74,7 @@ Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
   ys.back() = out;
   Tensor y = Tensor::empty(ys, x.dtype(), x.device());
   kc::gemm(false, true, rows, out, in, 1.f, X.raw_data(), W.raw_data(), 0.f, y.raw_data(),
-           x.dtype(), Bb.defined() ? Bb.raw_data() : nullptr, dev(x), nullptr);
+           x.dtype(), Bb.defined() ? Bb.raw_data() : nullptr, dev(x), cs(x));
   return y;
 }
 
@@ -83,7 +86,7 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const
   const int64_t out = w.size(0), in = w.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   kc::gemm(false, false, rows, in, out, 1.f, DY.raw_data(), W.raw_data(), 0.f, dx.raw_data(),
-           x.dtype(), nullptr, dev(x), nullptr);
+           x.dtype(), nullptr, dev(x), cs(x));
   bool db_done = !db.defined();
   if (dw.defined()) {
     kc::GemmArgs g;  // dW[out, in] += dY^T X
@@ -99,25 +102,25 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const
       // small buffer that is then added).
       g.c_t = dw.dtype();
       Tensor part = db.defined() ? Tensor::empty({out}, dw.dtype(), x.device()) : Tensor();
-      if (part.defined() && kc::gemm_bgrad(g, part.raw_data(), nullptr)) {
+      if (part.defined() && kc::gemm_bgrad(g, part.raw_data(), cs(x))) {
         kc::add_inplace(db.raw_data(), db.dtype(), part.raw_data(), part.dtype(), out, dev(x),
-                        nullptr);
+                        cs(x));
         db_done = true;
       } else {
-        kc::gemm(g, nullptr);
+        kc::gemm(g, cs(x));
       }
     } else {  // another gradient dtype: compute in the input dtype, then add
       Tensor tmp = Tensor::empty(dw.shape(), x.dtype(), x.device());
       g.beta = 0.f;
       g.c = tmp.raw_data();
-      kc::gemm(g, nullptr);
+      kc::gemm(g, cs(x));
       kc::add_inplace(dw.raw_data(), dw.dtype(), tmp.raw_data(), tmp.dtype(), dw.numel(), dev(x),
-                      nullptr);
+                      cs(x));
     }
   }
   if (!db_done)
     kc::sum_rows_into(DY.raw_data(), DY.dtype(), db.raw_data(), db.dtype(), rows, out, dev(x),
-                      nullptr);
+                      cs(x));
   return dx;
 }
 
@@ -127,7 +130,7 @@ Tensor embedding_forward(const Tensor& ids, const Tensor& w) {
   ys.push_back(w.size(1));
   Tensor y = Tensor::empty(ys, w.dtype(), w.device());
   kc::embedding_forward(I.raw_data(), I.dtype(), W.raw_data(), y.raw_data(), w.dtype(), I.numel(),
-                        w.size(0), w.size(1), dev(w), nullptr);
+                        w.size(0), w.size(1), dev(w), cs(w));
   return y;
 }
 
@@ -135,7 +138,7 @@ void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dw) {
   check_grad("embedding_backward", dw);
   Tensor I = dense(ids), DY = dense(dy);
   kc::embedding_backward(I.raw_data(), I.dtype(), DY.raw_data(), DY.dtype(), dw.raw_data(),
-                         dw.dtype(), I.numel(), dw.size(0), dw.size(1), dev(dw), nullptr);
+                         dw.dtype(), I.numel(), dw.size(0), dw.size(1), dev(dw), cs(dw));
 }
 
 RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps) {
@@ -145,7 +148,7 @@ RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps) {
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device()),
          rstd = Tensor::empty({rows}, DType::f32, x.device());
   kc::rmsnorm_forward(X.raw_data(), W.raw_data(), y.raw_data(), rstd.data<float>(), x.dtype(), rows,
-                      dim, eps, dev(x), nullptr);
+                      dim, eps, dev(x), cs(x));
   return {y, rstd};
 }
 
@@ -161,13 +164,13 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
   kc::rmsnorm_backward(
       DY.raw_data(), X.raw_data(), W.raw_data(), R.data<float>(), dx.raw_data(),
       dw.defined() ? dw.raw_data() : nullptr, dw.defined() ? dw.dtype() : DType::f32,
-      scratch.defined() ? scratch.data<float>() : nullptr, x.dtype(), rows, dim, dev(x), nullptr);
+      scratch.defined() ? scratch.data<float>() : nullptr, x.dtype(), rows, dim, dev(x), cs(x));
   return dx;
 }
 
 Tensor silu_forward(const Tensor& x) {
   Tensor X = dense(x), y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  kc::silu_forward(X.raw_data(), y.raw_data(), x.dtype(), x.numel(), dev(x), nullptr);
+  kc::silu_forward(X.raw_data(), y.raw_data(), x.dtype(), x.numel(), dev(x), cs(x));
   return y;
 }
 
@@ -175,15 +178,14 @@ Tensor silu_backward(const Tensor& dy, const Tensor& x) {
   Tensor DY = dense(dy.to(x.dtype())), X = dense(x),
          dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   kc::silu_backward(DY.raw_data(), X.raw_data(), dx.raw_data(), x.dtype(), x.numel(), dev(x),
-                    nullptr);
+                    cs(x));
   return dx;
 }
 
 Tensor swiglu_forward(const Tensor& g, const Tensor& u) {
   same_dtype("swiglu", g, u);
   Tensor G = dense(g), U = dense(u), y = Tensor::empty(g.shape(), g.dtype(), g.device());
-  kc::swiglu_forward(G.raw_data(), U.raw_data(), y.raw_data(), g.dtype(), g.numel(), dev(g),
-                     nullptr);
+  kc::swiglu_forward(G.raw_data(), U.raw_data(), y.raw_data(), g.dtype(), g.numel(), dev(g), cs(g));
   return y;
 }
 
@@ -192,7 +194,7 @@ std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& g, con
   Tensor dg = Tensor::empty(g.shape(), g.dtype(), g.device()),
          du = Tensor::empty(g.shape(), g.dtype(), g.device());
   kc::swiglu_backward(DY.raw_data(), G.raw_data(), U.raw_data(), dg.raw_data(), du.raw_data(),
-                      g.dtype(), g.numel(), dev(g), nullptr);
+                      g.dtype(), g.numel(), dev(g), cs(g));
   return {dg, du};
 }
 
@@ -200,7 +202,7 @@ void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse) {
   FSDP_CHECK(qkv.is_contiguous(), "[rope] a CUDA qkv must be contiguous");
   const int64_t d = qkv.size(2) / 3;
   kc::rope_qkv(qkv.raw_data(), qkv.dtype(), qkv.size(0), qkv.size(1), heads, d / heads, theta,
-               inverse, dev(qkv), nullptr);
+               inverse, dev(qkv), cs(qkv));
 }
 
 AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
@@ -215,12 +217,12 @@ AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
     Tensor w = workspace(ws, qkv.device());
     kc::cudnn_attention_forward(Q.raw_data(), out.raw_data(), lse.data<float>(), qkv.dtype(), B, T,
                                 heads, d / heads, causal, w.defined() ? w.raw_data() : nullptr,
-                                dev(qkv), nullptr);
+                                dev(qkv), cs(qkv));
     return {out, lse};
   }
 #endif
   kc::attention_forward(Q.raw_data(), out.raw_data(), lse.data<float>(), qkv.dtype(), B, T, heads,
-                        d / heads, causal, dev(qkv), nullptr);
+                        d / heads, causal, dev(qkv), cs(qkv));
   return {out, lse};
 }
 
@@ -237,37 +239,37 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
     Tensor w = workspace(ws, qkv.device());
     kc::cudnn_attention_backward(DO.raw_data(), Q.raw_data(), O.raw_data(), L.data<float>(),
                                  dqkv.raw_data(), qkv.dtype(), B, T, heads, d / heads, causal,
-                                 w.defined() ? w.raw_data() : nullptr, dev(qkv), nullptr);
+                                 w.defined() ? w.raw_data() : nullptr, dev(qkv), cs(qkv));
     return dqkv;
   }
 #endif
   kc::attention_backward(DO.raw_data(), Q.raw_data(), O.raw_data(), L.data<float>(),
                          dqkv.raw_data(), qkv.dtype(), B, T, heads, d / heads, causal, dev(qkv),
-                         nullptr);
+                         cs(qkv));
   return dqkv;
 }
 
 Tensor add(const Tensor& a, const Tensor& b) {
   same_dtype("add", a, b);
   Tensor A = dense(a), B = dense(b), out = Tensor::empty(a.shape(), a.dtype(), a.device());
-  kc::add(A.raw_data(), B.raw_data(), out.raw_data(), a.dtype(), a.numel(), dev(a), nullptr);
+  kc::add(A.raw_data(), B.raw_data(), out.raw_data(), a.dtype(), a.numel(), dev(a), cs(a));
   return out;
 }
 
 void add_(const Tensor& a, const Tensor& b) {
   FSDP_CHECK(a.is_contiguous(), "[add_] a CUDA destination must be contiguous");
   Tensor B = dense(b);
-  kc::add_inplace(a.raw_data(), a.dtype(), B.raw_data(), B.dtype(), a.numel(), dev(a), nullptr);
+  kc::add_inplace(a.raw_data(), a.dtype(), B.raw_data(), B.dtype(), a.numel(), dev(a), cs(a));
 }
 
 double sum_squares(const Tensor& x) {
   Tensor X = dense(x);
-  return kc::sum_squares(X.raw_data(), X.dtype(), X.numel(), dev(x), nullptr);
+  return kc::sum_squares(X.raw_data(), X.dtype(), X.numel(), dev(x), cs(x));
 }
 
 void scale_(const Tensor& x, double s) {
   FSDP_CHECK(x.is_contiguous(), "[scale_] a CUDA tensor must be contiguous");
-  kc::scale(x.raw_data(), x.dtype(), s, x.numel(), dev(x), nullptr);
+  kc::scale(x.raw_data(), x.dtype(), s, x.numel(), dev(x), cs(x));
 }
 
 CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets) {
@@ -276,7 +278,7 @@ CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& target
   Tensor lse = Tensor::empty({n}, DType::f32, logits.device());
   const double loss =
       kc::softmax_xent_forward(L.raw_data(), Tg.raw_data(), Tg.dtype(), lse.data<float>(),
-                               logits.dtype(), n, v, dev(logits), nullptr);
+                               logits.dtype(), n, v, dev(logits), cs(logits));
   return {loss, lse};
 }
 
@@ -286,14 +288,14 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   const int64_t n = logits.size(0), v = logits.size(1);
   Tensor d = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
   kc::softmax_xent_backward(L.raw_data(), Tg.raw_data(), Tg.dtype(), LS.data<float>(), d.raw_data(),
-                            logits.dtype(), dloss, n, v, dev(logits), nullptr);
+                            logits.dtype(), dloss, n, v, dev(logits), cs(logits));
   return d;
 }
 
 void adamw_(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWHyper& h,
             int64_t step) {
   kc::adamw(p.raw_data(), g.raw_data(), m.raw_data(), v.raw_data(), p.dtype(), p.numel(), h.lr,
-            h.beta1, h.beta2, h.eps, h.weight_decay, step, dev(p), nullptr);
+            h.beta1, h.beta2, h.eps, h.weight_decay, step, dev(p), cs(p));
 }
 
 }  // namespace fsdp::ops::cuda_impl

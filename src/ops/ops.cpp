@@ -609,7 +609,7 @@ void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segme
       d.push_back(g.dst_offset), s.push_back(g.src_offset), c.push_back(g.count);
     kernels::cuda::copy_segments(dst.raw_data(), dst.dtype(), src.raw_data(), src.dtype(), d.data(),
                                  s.data(), c.data(), int64_t(segments.size()), dst.device().index,
-                                 nullptr);
+                                 cuda_compute_stream(dst.device().index));
     return;
   }
 #endif

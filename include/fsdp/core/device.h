@@ -28,4 +28,10 @@ Device parse_device(std::string_view s);
 bool cuda_available();
 int cuda_device_count();
 
+// The stream (a cudaStream_t) on which every CUDA op of this process runs on device `index`:
+// made once per device, never the legacy default stream. It is a blocking stream, so the
+// runtime's own legacy-stream work (cudaMemcpy to the host, memsets) stays ordered with it.
+// Throws in a build without CUDA.
+void* cuda_compute_stream(int index);
+
 }  // namespace fsdp

@@ -63,7 +63,8 @@ class NcclWork final : public Work {
   }
   void wait() override {
     CUDA_RT_CHECK(cudaSetDevice(device_));
-    CUDA_RT_CHECK(cudaStreamWaitEvent(nullptr, done_, 0));  // the caller's (default) stream
+    CUDA_RT_CHECK(cudaStreamWaitEvent(cudaStream_t(cuda_compute_stream(device_)), done_,
+                                      0));  // the compute stream
     waited_ = true;
   }
   bool is_completed() const override { return cudaEventQuery(done_) == cudaSuccess; }
@@ -177,7 +178,8 @@ class NcclProcessGroup final : public ProcessGroup {
     cudaEvent_t ready, done;
     CUDA_RT_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
     CUDA_RT_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    CUDA_RT_CHECK(cudaEventRecord(ready, nullptr));  // what the caller queued so far
+    CUDA_RT_CHECK(
+        cudaEventRecord(ready, cudaStream_t(cuda_compute_stream(device_))));  // queued so far
     CUDA_RT_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
     cudaEventDestroy(ready);
     f();
