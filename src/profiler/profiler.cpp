@@ -82,6 +82,21 @@ Ceilings cpu_ceilings() {
   return c;
 }
 
+Ceilings cuda_ceilings(int device, const std::string& dtype) {
+#ifdef FSDP_WITH_CUDA
+  static std::map<std::pair<int, DType>, Ceilings> cache;
+  const DType gemm_t = dtype == "f32" || dtype == "float32" ? DType::f32 : DType::bf16;
+  auto it = cache.find({device, gemm_t});
+  if (it != cache.end()) return it->second;
+  const Device d = Device::cuda(device);
+  Ceilings c{ops::device_gemm_peak_flops(d, gemm_t), ops::device_copy_gbps(d) * 1e9};
+  cache[{device, gemm_t}] = c;
+  return c;
+#else
+  FSDP_FAIL("[profiler] cuda:{} ceilings ({}) in a build without CUDA", device, dtype);
+#endif
+}
+
 std::string classify(double pct_compute, double pct_bandwidth, std::string* remedy) {
   if (pct_compute > 75) {
     *remedy = "lower precision (bf16/fp8), tile sizes that are multiples of 64/128, a bigger GPU";
@@ -113,15 +128,17 @@ void Profiler::begin_recording() {
                     opt_.activities.end();
   int ndev = 0;
   if (cuda && cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0) {
+    int current = 0;
+    cudaGetDevice(&current);
     cudaEventCreate(&device_times.origin);
-    cudaEventRecord(device_times.origin, nullptr);
+    cudaEventRecord(device_times.origin, cudaStream_t(cuda_compute_stream(current)));
     device_times.origin_ns = trace::now_ns();
     trace::set_device_hook([](bool begin, int64_t token, int device) -> int64_t {
       cudaSetDevice(device);
       auto& e = device_times.events[token];
       cudaEvent_t& ev = begin ? e.first : e.second;
       cudaEventCreate(&ev);
-      cudaEventRecord(ev, nullptr);
+      cudaEventRecord(ev, cudaStream_t(cuda_compute_stream(device)));
       return 0;
     });
   }
@@ -290,6 +307,7 @@ KeyAverages Profiler::key_averages(bool group_by_input_shape) const {
   KeyAverages out;
   for (auto* r : timed) {
     KeyAverage& k = rows[{r->name, group_by_input_shape ? r->shapes : ""}];
+    if (k.calls == 0) k.device = r->device, k.dtype = r->dtype;
     k.name = r->name;
     k.shapes = group_by_input_shape ? r->shapes : "";
     k.category = category(*r);
@@ -305,16 +323,21 @@ KeyAverages Profiler::key_averages(bool group_by_input_shape) const {
   }
   for (auto& [key, k] : rows) {
     // CUDA ops are timed on the device; CPU ops by wall time on their thread.
-    const double secs = (k.device_us > 0 ? k.device_us : k.cpu_total_us) * 1e-6;
+    const bool timed_on_device = k.device.rfind("cuda:", 0) == 0;
+    const double secs = (timed_on_device ? k.device_us : k.cpu_total_us) * 1e-6;
     if (secs > 0) {
       k.flops_per_s = k.flops / secs;
       k.bytes_per_s = k.bytes / secs;
     }
+    // A CUDA op is set against its GPU's ceilings, from its device time; a CUDA op with no
+    // device time (CUDA activity off) gets no verdict, since its launch time says nothing.
+    const bool on_cuda = k.device.rfind("cuda:", 0) == 0;
     if (k.category == "cpu_op" && (k.flops > 0 || k.bytes > 0) &&
-        k.name.find(':') == std::string::npos) {
-      k.pct_compute = ceilings_.flops > 0 ? 100.0 * k.flops_per_s / ceilings_.flops : 0;
-      k.pct_bandwidth =
-          ceilings_.bytes_per_s > 0 ? 100.0 * k.bytes_per_s / ceilings_.bytes_per_s : 0;
+        k.name.find(':') == std::string::npos && (!on_cuda || k.device_us > 0)) {
+      const Ceilings c =
+          on_cuda ? cuda_ceilings(std::stoi(k.device.substr(5)), k.dtype) : ceilings_;
+      k.pct_compute = c.flops > 0 ? 100.0 * k.flops_per_s / c.flops : 0;
+      k.pct_bandwidth = c.bytes_per_s > 0 ? 100.0 * k.bytes_per_s / c.bytes_per_s : 0;
       k.verdict = classify(k.pct_compute, k.pct_bandwidth, &k.remedy);
     }
     out.rows.push_back(k);

@@ -45,9 +45,14 @@ struct Ceilings {
 // CPU ceilings with the current OpenMP threads, measured once and cached
 // (FSDP_CACHE_DIR), like the MFU denominator.
 Ceilings cpu_ceilings();
+// A GPU's ceilings for ops of one dtype: the cuBLASLt GEMM rate in that dtype
+// (bf16 for bf16 and f16) on random operands and the device-to-device copy
+// bandwidth, measured once per process and device.
+Ceilings cuda_ceilings(int device, const std::string& dtype);
 
 struct KeyAverage {
   std::string name, shapes, category;
+  std::string device, dtype;  // of the op's first call: the ceilings it is set against
   int64_t calls = 0;
   double cpu_total_us = 0, self_cpu_us = 0, device_us = 0;
   double flops = 0, bytes = 0;  // totals over the calls
@@ -94,7 +99,7 @@ class Profiler {
   int64_t t0_ns_ = 0;
   int step_ = 0;
   bool recording_ = false;
-  Ceilings ceilings_;
+  Ceilings ceilings_;  // the CPU's; CUDA ops use cuda_ceilings()
 };
 
 // A user annotation over a scope, like torch.profiler.record_function.
