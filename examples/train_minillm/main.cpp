@@ -443,7 +443,7 @@ int run(const Options& o, World& w) {
       root->zero_grad();
     else
       flat.grads.zero_();
-    double loss = 0;
+    std::vector<Tensor> micro_losses;  // on the device until the step line reads them
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
       const bool sync = micro == o.grad_accum - 1;
       if (root) root->set_requires_gradient_sync(sync);
@@ -451,12 +451,12 @@ int run(const Options& o, World& w) {
       b.inputs = b.inputs.to(device);
       b.targets = b.targets.to(device);
       Tensor logits = model.forward(b.inputs).view({B * T, cfg.vocab});
-      auto xent = ops::cross_entropy_forward(logits, b.targets);
+      auto xent = ops::cross_entropy_forward(logits, b.targets, /*read_loss=*/false);
       Tensor dlogits =
           ops::cross_entropy_backward(logits, b.targets, xent.lse, 1.0 / double(o.grad_accum));
       logits = Tensor();
       model.backward(dlogits.view({B, T, cfg.vocab}));
-      loss += xent.loss / double(o.grad_accum);
+      micro_losses.push_back(xent.loss_tensor);
     }
     if (!root && w.size > 1) {
       auto tw = std::chrono::steady_clock::now();
@@ -464,9 +464,13 @@ int run(const Options& o, World& w) {
       ddp_wait += std::chrono::duration<double>(std::chrono::steady_clock::now() - tw).count();
     }
     const auto [comm1, exposed1] = comm_now();
-    const double grad_norm =
-        optim::clip_grad_norm(groups, o.clip, root ? w.mesh->group(w.mesh->ndim() - 1) : nullptr);
+    const optim::GradNorm norm = optim::clip_grad_norm_async(
+        groups, o.clip, root ? w.mesh->group(w.mesh->ndim() - 1) : nullptr);
     opt.step();
+    // The step's one host sync: the loss and the grad norm, read after the optimizer's launches.
+    double loss = 0;
+    for (const Tensor& l : micro_losses) loss += l.item() / double(o.grad_accum);
+    const double grad_norm = norm.value();
     // The printed loss is the mean over all ranks; peak mem is the largest rank's.
     Tensor stats =
         Tensor::from_vector<double>({loss, double(memory_stats(device).peak)}, {2}).to(device);

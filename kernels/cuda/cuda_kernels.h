@@ -36,8 +36,12 @@ void copy_segments(void* dst, DType dst_t, const void* src, DType src_t, const i
 void add(const void* a, const void* b, void* out, DType t, int64_t n, int device, Stream s);
 void add_inplace(void* a, DType at, const void* b, DType bt, int64_t n, int device, Stream s);
 void scale(void* x, DType t, double v, int64_t n, int device, Stream s);
-double sum_squares(const void* x, DType t, int64_t n, int device,
-                   Stream s);  // synchronises to return
+// acc[0] += sum of x^2, on the device (acc: one f64), no sync.
+void sum_squares_into(const void* x, DType t, int64_t n, double* acc, int device, Stream s);
+// x *= max_norm / (sqrt(total_sq[0]) + 1e-6) where that is below 1, reading total_sq on the
+// device: clipping by a global norm that never visits the host.
+void clip_scale(void* x, DType t, int64_t n, const double* total_sq, double max_norm, int device,
+                Stream s);
 void sum_rows_into(const void* dy, DType t, void* db, DType dbt, int64_t rows, int64_t cols,
                    int device, Stream s);
 
@@ -117,10 +121,10 @@ void cudnn_attention_backward(const void* dout, const void* qkv, const void* out
                               void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd,
                               bool causal, void* workspace, int device, Stream s);
 
-// softmax_xent.cu: lse is f32 [n]; returns the mean loss (synchronises to read it);
-// a target outside [0, v) makes the loss NaN.
-double softmax_xent_forward(const void* logits, const void* targets, DType tt, float* lse, DType t,
-                            int64_t n, int64_t v, int device, Stream s);
+// softmax_xent.cu: lse is f32 [n]; mean_loss (one f64 on the device) gets the mean loss, and
+// stays there: no sync. A target outside [0, v) makes the loss NaN.
+void softmax_xent_forward(const void* logits, const void* targets, DType tt, float* lse,
+                          double* mean_loss, DType t, int64_t n, int64_t v, int device, Stream s);
 void softmax_xent_backward(const void* logits, const void* targets, DType tt, const float* lse,
                            void* dlogits, DType t, double dloss, int64_t n, int64_t v, int device,
                            Stream s);

@@ -31,6 +31,14 @@ __global__ void sum_squares_kernel(const T* __restrict__ x, int64_t n, double* o
   if (threadIdx.x == 0) atomicAdd(out, double(acc));
 }
 
+template <class T>
+__global__ void clip_scale_kernel(T* __restrict__ x, int64_t n, const double* __restrict__ total_sq,
+                                  double max_norm) {
+  const double coef = max_norm / (sqrt(*total_sq) + 1e-6);
+  if (coef >= 1.0) return;
+  GRID_STRIDE(i, n) x[i] = from_f32<T>(to_f32(x[i]) * float(coef));
+}
+
 // One thread per column, looping over rows: coalesced, deterministic.
 template <class T, class G>
 __global__ void sum_rows_kernel(const T* __restrict__ dy, G* __restrict__ db, int64_t rows,
@@ -77,24 +85,27 @@ void scale(void* x, DType t, double v, int64_t n, int device, Stream s) {
   CUDA_CHECK(cudaGetLastError());
 }
 
-double sum_squares(const void* x, DType t, int64_t n, int device, Stream s) {
+void sum_squares_into(const void* x, DType t, int64_t n, double* acc, int device, Stream s) {
+  if (n == 0) return;
   CUDA_CHECK(cudaSetDevice(device));
-  double* d = nullptr;
-  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&d), sizeof(double), cudaStream_t(s)));
-  CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(double), cudaStream_t(s)));
-  if (n > 0)
-    dispatch_float(t, "sum_squares", [&](auto tv) {
-      using T = decltype(tv);
-      sum_squares_kernel<T>
-          <<<grid_for(n, 256, 1024), 256, 0, cudaStream_t(s)>>>(static_cast<const T*>(x), n, d);
-    });
+  dispatch_float(t, "sum_squares", [&](auto tv) {
+    using T = decltype(tv);
+    sum_squares_kernel<T>
+        <<<grid_for(n, 256, 1024), 256, 0, cudaStream_t(s)>>>(static_cast<const T*>(x), n, acc);
+  });
   CUDA_CHECK(cudaGetLastError());
-  double h = 0;
-  CUDA_CHECK(cudaMemcpyAsync(&h, d, sizeof(double), cudaMemcpyDeviceToHost, cudaStream_t(s)));
-  CUDA_CHECK(cudaFreeAsync(d, cudaStream_t(s)));
-  CUDA_CHECK(cudaStreamSynchronize(
-      cudaStream_t(s)));  // the caller asked for a host value (clipping, tests)
-  return h;
+}
+
+void clip_scale(void* x, DType t, int64_t n, const double* total_sq, double max_norm, int device,
+                Stream s) {
+  if (n == 0) return;
+  CUDA_CHECK(cudaSetDevice(device));
+  dispatch_float(t, "clip_grad_norm", [&](auto tv) {
+    using T = decltype(tv);
+    clip_scale_kernel<T>
+        <<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(static_cast<T*>(x), n, total_sq, max_norm);
+  });
+  CUDA_CHECK(cudaGetLastError());
 }
 
 void sum_rows_into(const void* dy, DType t, void* db, DType dbt, int64_t rows, int64_t cols,

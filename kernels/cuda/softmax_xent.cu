@@ -1,7 +1,7 @@
 // Fused softmax + cross-entropy on the device: one block per row. The
-// forward keeps the row's log-sum-exp and adds the row's loss into a device
-// sum; the backward writes dlogits from the logits and lse, so the
-// probabilities are never stored.
+// forward keeps the row's log-sum-exp and adds the row's share of the mean
+// loss into one device f64 (no host sync: the caller reads it when it prints); the backward writes
+// dlogits from the logits and lse, so the probabilities are never stored.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -9,7 +9,8 @@ namespace fsdp::kernels::cuda {
 
 template <class T, class I>
 __global__ void xent_fwd(const T* __restrict__ logits, const I* __restrict__ targets,
-                         float* __restrict__ lse, double* __restrict__ loss_sum, int64_t v) {
+                         float* __restrict__ lse, double* __restrict__ mean_loss, double inv_n,
+                         int64_t v) {
   const int64_t row = blockIdx.x;
   const T* x = logits + row * v;
   float m = -INFINITY;
@@ -22,7 +23,7 @@ __global__ void xent_fwd(const T* __restrict__ logits, const I* __restrict__ tar
     const float l = m + logf(sum);
     lse[row] = l;
     const int64_t tgt = int64_t(targets[row]);
-    atomicAdd(loss_sum, tgt >= 0 && tgt < v ? double(l - to_f32(x[tgt])) : double(NAN));
+    atomicAdd(mean_loss, tgt >= 0 && tgt < v ? double(l - to_f32(x[tgt])) * inv_n : double(NAN));
   }
 }
 
@@ -38,26 +39,20 @@ __global__ void xent_bwd(const T* __restrict__ logits, const I* __restrict__ tar
     dr[j] = from_f32<T>(__expf(to_f32(x[j]) - l) * k - (j == tgt ? k : 0.f));
 }
 
-double softmax_xent_forward(const void* logits, const void* targets, DType tt, float* lse, DType t,
-                            int64_t n, int64_t v, int device, Stream s) {
+void softmax_xent_forward(const void* logits, const void* targets, DType tt, float* lse,
+                          double* mean_loss, DType t, int64_t n, int64_t v, int device, Stream s) {
   CUDA_CHECK(cudaSetDevice(device));
-  double* sum = nullptr;
-  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&sum), sizeof(double), cudaStream_t(s)));
-  CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(double), cudaStream_t(s)));
+  CUDA_CHECK(cudaMemsetAsync(mean_loss, 0, sizeof(double), cudaStream_t(s)));
   dispatch_index(tt, "cross_entropy", [&](auto iv) {
     using I = decltype(iv);
     dispatch_float(t, "cross_entropy", [&](auto tv) {
       using T = decltype(tv);
-      xent_fwd<T, I><<<unsigned(n), 512, 0, cudaStream_t(s)>>>(
-          static_cast<const T*>(logits), static_cast<const I*>(targets), lse, sum, v);
+      xent_fwd<T, I><<<unsigned(n), 512, 0, cudaStream_t(s)>>>(static_cast<const T*>(logits),
+                                                               static_cast<const I*>(targets), lse,
+                                                               mean_loss, 1.0 / double(n), v);
     });
   });
   CUDA_CHECK(cudaGetLastError());
-  double h = 0;
-  CUDA_CHECK(cudaMemcpyAsync(&h, sum, sizeof(double), cudaMemcpyDeviceToHost, cudaStream_t(s)));
-  CUDA_CHECK(cudaFreeAsync(sum, cudaStream_t(s)));
-  CUDA_CHECK(cudaStreamSynchronize(cudaStream_t(s)));  // reading the loss is the one sync of a step
-  return h / double(n);
 }
 
 void softmax_xent_backward(const void* logits, const void* targets, DType tt, const float* lse,

@@ -4,6 +4,7 @@
 #include "src/ops/cuda_ops.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 #include "kernels/cuda/cuda_kernels.h"
@@ -262,9 +263,17 @@ void add_(const Tensor& a, const Tensor& b) {
   kc::add_inplace(a.raw_data(), a.dtype(), B.raw_data(), B.dtype(), a.numel(), dev(a), cs(a));
 }
 
-double sum_squares(const Tensor& x) {
+void sum_squares_into(const Tensor& x, const Tensor& acc) {
+  FSDP_CHECK(acc.numel() == 1 && acc.dtype() == DType::f64 && acc.device() == x.device(),
+             "[sum_squares] the accumulator must be one f64 on {}", x.device().str());
   Tensor X = dense(x);
-  return kc::sum_squares(X.raw_data(), X.dtype(), X.numel(), dev(x), cs(x));
+  kc::sum_squares_into(X.raw_data(), X.dtype(), X.numel(), acc.data<double>(), dev(x), cs(x));
+}
+
+void clip_scale_(const Tensor& x, const Tensor& total_sq, double max_norm) {
+  FSDP_CHECK(x.is_contiguous(), "[clip_grad_norm] a CUDA gradient must be contiguous");
+  kc::clip_scale(x.raw_data(), x.dtype(), x.numel(), total_sq.data<double>(), max_norm, dev(x),
+                 cs(x));
 }
 
 void scale_(const Tensor& x, double s) {
@@ -272,14 +281,14 @@ void scale_(const Tensor& x, double s) {
   kc::scale(x.raw_data(), x.dtype(), s, x.numel(), dev(x), cs(x));
 }
 
-CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets) {
+CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets, bool read_loss) {
   Tensor L = dense(logits), Tg = dense(targets);
   const int64_t n = logits.size(0), v = logits.size(1);
   Tensor lse = Tensor::empty({n}, DType::f32, logits.device());
-  const double loss =
-      kc::softmax_xent_forward(L.raw_data(), Tg.raw_data(), Tg.dtype(), lse.data<float>(),
-                               logits.dtype(), n, v, dev(logits), cs(logits));
-  return {loss, lse};
+  Tensor loss = Tensor::empty({1}, DType::f64, logits.device());
+  kc::softmax_xent_forward(L.raw_data(), Tg.raw_data(), Tg.dtype(), lse.data<float>(),
+                           loss.data<double>(), logits.dtype(), n, v, dev(logits), cs(logits));
+  return {read_loss ? loss.item() : std::numeric_limits<double>::quiet_NaN(), lse, loss};
 }
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,

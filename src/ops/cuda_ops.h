@@ -35,9 +35,10 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
                           const Tensor& lse, int64_t heads, bool causal);
 Tensor add(const Tensor& a, const Tensor& b);
 void add_(const Tensor& a, const Tensor& b);
-double sum_squares(const Tensor& x);
+void sum_squares_into(const Tensor& x, const Tensor& acc);
+void clip_scale_(const Tensor& x, const Tensor& total_sq, double max_norm);
 void scale_(const Tensor& x, double s);
-CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets);
+CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets, bool read_loss);
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                               double dloss);
 void adamw_(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWHyper& h,

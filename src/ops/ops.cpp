@@ -516,13 +516,36 @@ void add_(const Tensor& a, const Tensor& b) {
 
 double sum_squares(const Tensor& x) {
   require_cpu("sum_squares", {&x});
-  FSDP_CUDA_DISPATCH(("sum_squares", {&x}), sum_squares(x));
+  if (x.device().is_cuda()) {
+    Tensor acc = Tensor::zeros({1}, DType::f64, x.device());
+    sum_squares_into(x, acc);
+    return acc.item();
+  }
   const DType ct = compute_dtype(x.dtype());
   Tensor X = as_compute(x, ct);
   return cpu::dispatch_compute(ct, "sum_squares", [&](auto tv) {
     using T = decltype(tv);
     return cpu::sum_squares<T>(X.data<T>(), X.numel());
   });
+}
+
+void sum_squares_into(const Tensor& x, const Tensor& acc) {
+  FSDP_CHECK(acc.numel() == 1 && acc.dtype() == DType::f64,
+             "[sum_squares] the accumulator must be one f64, got {} {}", dtype_name(acc.dtype()),
+             shape_str(acc.shape()));
+  require_cpu("sum_squares", {&x, &acc});
+  FSDP_CUDA_DISPATCH(("sum_squares", {&x, &acc}), sum_squares_into(x, acc));
+  acc.data<double>()[0] += sum_squares(x);
+}
+
+void clip_scale_(const Tensor& x, const Tensor& total_sq, double max_norm) {
+  FSDP_CHECK(total_sq.numel() == 1 && total_sq.dtype() == DType::f64,
+             "[clip_grad_norm] the squared norm must be one f64, got {} {}",
+             dtype_name(total_sq.dtype()), shape_str(total_sq.shape()));
+  require_cpu("clip_grad_norm", {&x, &total_sq});
+  FSDP_CUDA_DISPATCH(("clip_grad_norm", {&x, &total_sq}), clip_scale_(x, total_sq, max_norm));
+  const double coef = max_norm / (std::sqrt(total_sq.data<double>()[0]) + 1e-6);
+  if (coef < 1.0) scale_(x, coef);
 }
 
 void scale_(const Tensor& x, double s) {
@@ -539,7 +562,7 @@ void scale_(const Tensor& x, double s) {
 
 // ---------------------------------------------------------------- loss
 
-CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets) {
+CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets, bool read_loss) {
   FSDP_OP_SCOPE("cross_entropy", logits, ({&logits, &targets}), 3.0 * double(logits.numel()), 0);
   require_cpu("cross_entropy", {&logits, &targets});
   FSDP_CHECK(logits.dim() == 2, "[cross_entropy] logits must be [N, V], got {}",
@@ -549,7 +572,7 @@ CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& target
              targets.numel(), n);
   FSDP_CHECK(n > 0, "[cross_entropy] no rows");
   FSDP_CUDA_DISPATCH(("cross_entropy", {&logits, &targets}),
-                     cross_entropy_forward(logits, targets));
+                     cross_entropy_forward(logits, targets, read_loss));
   const DType ct = compute_dtype(logits.dtype());
   Tensor L = as_compute(logits, ct), Tg = targets.contiguous(), lse = Tensor::empty({n}, ct);
   double loss = cpu::dispatch_index(Tg.dtype(), "cross_entropy", [&](auto iv) {
@@ -560,7 +583,7 @@ CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& target
       return cpu::softmax_xent_forward<T, Ix>(L.data<T>(), Tg.data<Ix>(), lse.data<T>(), n, v);
     });
   });
-  return {loss, lse};
+  return {loss, lse, Tensor::full({1}, loss, DType::f64)};
 }
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,

@@ -7,23 +7,21 @@
 
 namespace fsdp::optim {
 
+GradNorm clip_grad_norm_async(const std::vector<nn::ParamGroup>& groups, double max_norm,
+                              const std::shared_ptr<dist::ProcessGroup>& shard_group) {
+  const Device device = groups.empty() ? Device::cpu() : groups.front().grads.device();
+  Tensor total = Tensor::zeros({1}, DType::f64, device);
+  for (const auto& g : groups) ops::sum_squares_into(g.grads, total);
+  if (shard_group && shard_group->size() > 1)
+    shard_group->all_reduce(total, dist::ReduceOp::SUM)->wait();  // on CUDA: a stream wait
+  if (max_norm > 0)
+    for (const auto& g : groups) ops::clip_scale_(g.grads, total, max_norm);
+  return {total};
+}
+
 double clip_grad_norm(const std::vector<nn::ParamGroup>& groups, double max_norm,
                       const std::shared_ptr<dist::ProcessGroup>& shard_group) {
-  double local = 0;
-  for (const auto& g : groups) local += ops::sum_squares(g.grads);
-  double total = local;
-  if (shard_group && shard_group->size() > 1) {
-    Tensor t = Tensor::full({1}, local, DType::f64);
-    shard_group->all_reduce(t, dist::ReduceOp::SUM)->wait();
-    total = t.item();
-  }
-  const double norm = std::sqrt(total);
-  if (max_norm > 0) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0)
-      for (const auto& g : groups) ops::scale_(g.grads, coef);
-  }
-  return norm;
+  return clip_grad_norm_async(groups, max_norm, shard_group).value();
 }
 
 }  // namespace fsdp::optim

@@ -61,15 +61,24 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
 
 Tensor add(const Tensor& a, const Tensor& b);
 void add_(const Tensor& a, const Tensor& b);  // a += b
-double sum_squares(const Tensor& x);
+double sum_squares(const Tensor& x);          // reads the result on the host (a sync on CUDA)
+// acc[0] += sum of x^2, where x lives: acc is one f64 on x's device. No sync.
+void sum_squares_into(const Tensor& x, const Tensor& acc);
 void scale_(const Tensor& x, double s);  // x *= s
+// x *= max_norm / (sqrt(total_sq[0]) + 1e-6) where that is below 1; total_sq is one f64 on x's
+// device and is read there (clipping without a host round trip).
+void clip_scale_(const Tensor& x, const Tensor& total_sq, double max_norm);
 
 // Mean cross-entropy of logits [N, V] against targets [N] (i32/i64 in [0, V)).
 struct CrossEntropyOut {
-  double loss;
-  Tensor lse;  // [N]
+  double loss;         // NaN when read_loss is false
+  Tensor lse;          // [N]
+  Tensor loss_tensor;  // the mean loss as one f64 on the logits' device
 };
-CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets);
+// read_loss = false leaves the loss on the device (loss_tensor), so a CUDA step need not wait
+// for its forward to finish: read it once, when it is printed.
+CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets,
+                                      bool read_loss = true);
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                               double dloss = 1.0);
 

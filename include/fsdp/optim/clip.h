@@ -5,16 +5,28 @@
 // rule: scale by max_norm / (norm + 1e-6) when that is below 1.
 #pragma once
 
+#include <cmath>
 #include <memory>
 #include <vector>
 
+#include "fsdp/core/tensor.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/nn/param_group.h"
 
 namespace fsdp::optim {
 
-// Returns the global norm before clipping. max_norm <= 0 only measures.
-// shard_group may be null (nothing sharded).
+// The global squared norm, where the gradients live (one f64 on their device).
+struct GradNorm {
+  Tensor total_sq;
+  double value() const { return std::sqrt(total_sq.item()); }  // a host read: a sync on CUDA
+};
+
+// Clips without a host round trip: the squared norms are summed on the device, all-reduced
+// there (one f64, NCCL on CUDA) and read there by the scaling kernel. max_norm <= 0 only
+// measures. shard_group may be null (nothing sharded).
+GradNorm clip_grad_norm_async(const std::vector<nn::ParamGroup>& groups, double max_norm,
+                              const std::shared_ptr<dist::ProcessGroup>& shard_group);
+// The same, returning the global norm before clipping on the host.
 double clip_grad_norm(const std::vector<nn::ParamGroup>& groups, double max_norm,
                       const std::shared_ptr<dist::ProcessGroup>& shard_group);
 
