@@ -3,6 +3,7 @@
 #include "fsdp/ops/ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <string>
 #include <string_view>
