@@ -246,9 +246,8 @@ void attention_backward(const void* dout, const void* qkv, const void* out, cons
   if (B * T * H == 0) return;
   CUDA_CHECK(cudaSetDevice(device));
   const Dims d{B, T, H, hd};
-  float* D = nullptr;
-  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&D), size_t(B * H * T) * sizeof(float),
-                             cudaStream_t(s)));
+  Scratch scratch(size_t(B * H * T) * sizeof(float), device);
+  float* D = scratch.as<float>();
   const dim3 grid(unsigned(B * H), unsigned((T + kWarps - 1) / kWarps));
   const float scale = 1.f / sqrtf(float(hd));
   dispatch_float(t, "attention_backward", [&](auto tv) {
@@ -264,7 +263,6 @@ void attention_backward(const void* dout, const void* qkv, const void* out, cons
         d, causal, scale);
   });
   CUDA_CHECK(cudaGetLastError());
-  CUDA_CHECK(cudaFreeAsync(D, cudaStream_t(s)));
 }
 
 }  // namespace fsdp::kernels::cuda

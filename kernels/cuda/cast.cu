@@ -103,12 +103,11 @@ void copy_segments(void* dst, DType dst_t, const void* src, DType src_t, const i
                    Stream s) {
   if (segments == 0) return;
   CUDA_CHECK(cudaSetDevice(device));
-  // The offsets travel in one small device buffer, freed after the stream reaches it.
-  int64_t* meta = nullptr;
+  // The offsets travel in one small device buffer from the caching allocator.
   int64_t longest = 0;
   for (int64_t i = 0; i < segments; ++i) longest = std::max(longest, count[i]);
-  CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&meta),
-                             size_t(3 * segments) * sizeof(int64_t), cudaStream_t(s)));
+  Scratch scratch(size_t(3 * segments) * sizeof(int64_t), device);
+  int64_t* meta = scratch.as<int64_t>();
   std::vector<int64_t> host(size_t(3 * segments));
   std::copy(dst_off, dst_off + segments, host.begin());
   std::copy(src_off, src_off + segments, host.begin() + segments);
@@ -127,7 +126,6 @@ void copy_segments(void* dst, DType dst_t, const void* src, DType src_t, const i
     });
   });
   CUDA_CHECK(cudaGetLastError());
-  CUDA_CHECK(cudaFreeAsync(meta, cudaStream_t(s)));
 }
 
 }  // namespace fsdp::kernels::cuda

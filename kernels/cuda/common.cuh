@@ -8,6 +8,8 @@
 
 #include <type_traits>
 
+#include "fsdp/core/allocator.h"
+#include "fsdp/core/device.h"
 #include "fsdp/core/dtype.h"
 #include "fsdp/core/error.h"
 
@@ -149,6 +151,29 @@ __device__ __forceinline__ void atomic_add(T* p, float v) {
   else
     atomicAdd(p, from_f32<T>(v));  // native bf16/f16 atomics (sm_80+)
 }
+
+// Scratch device memory from the caching allocator, so that peak memory counts it (no
+// cudaMallocAsync on the side). It goes back to the pool when this object dies, right after the
+// launches that use it are queued: only later work on the same compute stream can get the
+// block again, and that work runs after them. For launches on the compute stream only.
+class Scratch {
+ public:
+  Scratch(size_t bytes, int device) : bytes_(bytes), device_(device) {
+    p_ = allocator_for(Device::cuda(device)).allocate(bytes);
+  }
+  ~Scratch() { allocator_for(Device::cuda(device_)).deallocate(p_, bytes_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  size_t bytes_;
+  int device_;
+  void* p_ = nullptr;
+};
 
 inline unsigned grid_for(int64_t n, int block, unsigned cap = 65535u) {
   const int64_t g = (n + block - 1) / block;

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -36,6 +37,7 @@ namespace {
 constexpr size_t kWorkspace = 32u << 20;
 
 struct DeviceCtx {
+  int device = 0;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
 };
@@ -46,8 +48,10 @@ DeviceCtx& ctx(int device) {
   std::lock_guard<std::mutex> lock(mu);
   DeviceCtx& c = all[device];
   if (!c.handle) {
+    c.device = device;
     CUBLAS_CHECK(cublasLtCreate(&c.handle));
-    CUDA_CHECK(cudaMalloc(&c.workspace, kWorkspace));
+    // From the caching allocator, as PyTorch's cuBLAS workspace, so peak memory counts it.
+    c.workspace = allocator_for(Device::cuda(device)).allocate(kWorkspace);
   }
   return c;
 }
@@ -152,13 +156,12 @@ float elapsed_ms(cudaEvent_t e0, cudaEvent_t e1) {
 // not touched: where beta != 0 (C is read), the trials write a scratch C instead.
 void tune(Plan& p, DeviceCtx& dc, int64_t m, int64_t n, DType c_t, float alpha, const void* a,
           const void* b, float beta, void* c, Epilogue epilogue, void* bias, cudaStream_t s) {
-  void* d = c;
-  if (beta != 0.f) CUDA_CHECK(cudaMallocAsync(&d, size_t(m * n) * dtype_size(c_t), s));
+  std::optional<Scratch> scratch_c, scratch_bias;
+  if (beta != 0.f) scratch_c.emplace(size_t(m * n) * dtype_size(c_t), dc.device);
+  void* d = scratch_c ? scratch_c->as<void>() : c;
   // BIAS only reads its vector; BGRAD writes one, so the trials write a scratch vector.
-  void* scratch_bias = nullptr;
-  if (epilogue == Epilogue::bgrad)
-    CUDA_CHECK(cudaMallocAsync(&scratch_bias, size_t(m) * dtype_size(c_t), s));
-  void* trial_bias = epilogue == Epilogue::bgrad ? scratch_bias : bias;
+  if (epilogue == Epilogue::bgrad) scratch_bias.emplace(size_t(m) * dtype_size(c_t), dc.device);
+  void* trial_bias = scratch_bias ? scratch_bias->as<void>() : bias;
   if (epilogue != Epilogue::none)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                 &trial_bias, sizeof(trial_bias)));
@@ -184,8 +187,6 @@ void tune(Plan& p, DeviceCtx& dc, int64_t m, int64_t n, DType c_t, float alpha, 
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  if (d != c) CUDA_CHECK(cudaFreeAsync(d, s));
-  if (scratch_bias) CUDA_CHECK(cudaFreeAsync(scratch_bias, s));
   p.tuned = true;
 }
 
