@@ -52,6 +52,65 @@ class MiniLLM(nn.Module):
         return self.head(x)
 
 
+def llama_ffn_hidden(dim):
+    """fsdp-train's default for --arch llama: 2/3 of 4*dim, rounded up to a multiple of 256."""
+    h = 2 * (4 * dim) // 3
+    return (h + 255) // 256 * 256
+
+
+def rotate_half_split(x, theta):
+    """Rotary embedding pairing dims i and i + hd/2 (Hugging Face's and fsdp-train's), on
+    x [B, H, T, hd]."""
+    hd, t = x.shape[-1], x.shape[-2]
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
+    ang = torch.outer(torch.arange(t, device=x.device, dtype=torch.float32), inv)
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class LlamaBlock(nn.Module):
+    """fsdp-train's --arch llama block: pre-norm, one fused q/k/v projection without biases,
+    rotary positions, causal SDPA, SwiGLU FFN."""
+
+    def __init__(self, dim, n_heads, hidden, theta=10000.0):
+        super().__init__()
+        self.heads, self.theta = n_heads, theta
+        self.norm1 = Norm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+        self.norm2 = Norm(dim)
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        q, k = rotate_half_split(q, self.theta), rotate_half_split(k, self.theta)
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(a.transpose(1, 2).reshape(b, t, d))
+        h = self.norm2(x)
+        return x + self.w2(nn.functional.silu(self.w1(h)) * self.w3(h))
+
+
+class LlamaLLM(nn.Module):
+    def __init__(self, vocab, dim, layers, heads, hidden=0):
+        super().__init__()
+        hidden = hidden or llama_ffn_hidden(dim)
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList([LlamaBlock(dim, heads, hidden) for _ in range(layers)])
+        self.norm = Norm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--vocab", type=int, default=4096)

@@ -4,9 +4,11 @@ model, sharding and optimizer of ../shared/seed/train_fsdp.py (fully_shard on
 each block and the root, MixedPrecisionPolicy(bf16, fp32), AdamW lr 3e-4),
 with its configuration as flags and timing added. Run it as the reference
 script is run:
-    torchrun --nproc_per_node 1 bench/torch_fsdp_ref.py --steps 20
+    torchrun --nproc_per_node 1 bench/torch_fsdp_ref.py --steps 20 [--arch llama]
 Prints one line per step and a summary:
-    torch-ref: tok/s 123456 (steps 2..N) | peak 12.34 GB | step 123.4 ms
+    torch-ref: arch seed | tok/s 123456 (steps 2..N) | peak 12.34 GB | step 123.4 ms
+--arch llama is fsdp-train's llama at the same size: causal SDPA, rotary
+positions, SwiGLU, final norm, no biases.
 """
 import argparse
 import os
@@ -24,7 +26,7 @@ except ImportError:  # older torch
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from minillm_torch import MiniLLM  # noqa: E402  (the reference script's model)
+from minillm_torch import LlamaLLM, MiniLLM  # noqa: E402  (the reference script's model)
 
 
 def main():
@@ -36,12 +38,15 @@ def main():
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--arch", choices=["seed", "llama"], default="seed",
+                   help="seed: the reference script's model; llama: fsdp-train's --arch llama")
     a = p.parse_args()
     dist.init_process_group(backend="nccl")
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank)
-    model = MiniLLM(a.vocab, a.dim, a.layers, a.heads).to(device)
+    arch = MiniLLM if a.arch == "seed" else LlamaLLM
+    model = arch(a.vocab, a.dim, a.layers, a.heads).to(device)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.layers:
         fully_shard(layer, mp_policy=mp)
@@ -68,7 +73,7 @@ def main():
     steady = times[2:] if len(times) > 2 else times
     ms = 1000 * sum(steady) / len(steady)
     if local_rank == 0:
-        print(f"torch-ref: tok/s {a.batch * a.seq / (ms / 1000):.0f} (steps 2..{a.steps - 1}) | "
+        print(f"torch-ref: arch {a.arch} | tok/s {a.batch * a.seq / (ms / 1000):.0f} (steps 2..{a.steps - 1}) | "
               f"peak {torch.cuda.max_memory_allocated(device) / 1e9:.2f} GB | step {ms:.1f} ms | torch {torch.__version__}")
     dist.destroy_process_group()
 
