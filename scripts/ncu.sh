@@ -11,5 +11,8 @@ count=${3:-1}
 shift $(( $# >= 3 ? 3 : $# ))
 [ "${1:-}" = "--" ] && shift
 cd "$(dirname "$0")/.."
-exec ncu --set full --target-processes all --clock-control none -k "regex:$kernel" -s "$skip" -c "$count" \
+ncu=${NCU:-$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1 || true)}
+[ -x "$ncu" ] || { echo "ncu.sh: Nsight Compute (ncu) not found: set NCU=/path/to/ncu" >&2; exit 1; }
+# --clock-control none: leave the GPU's clocks as they are (and the H200 machine refuses to lock them).
+exec "$ncu" --set full --target-processes all --clock-control none -k "regex:$kernel" -s "$skip" -c "$count" \
   -o report -f "${FSDP_BUILD_DIR:-build}/examples/fsdp-train" "$@"
