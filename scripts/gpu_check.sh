@@ -1,37 +1,71 @@
 #!/usr/bin/env bash
-# The GPU check, one command for the H200 machine (no network, its own nvcc,
-# CMake and PyTorch), under 8 minutes:
+# The GPU check, one command for the H200 machine (no network; its own gcc 13,
+# nvcc, CMake, PyTorch and cuDNN inside PyTorch's environment), in under 8
+# minutes:
 #   scripts/gpu_check.sh OUT_DIR
-# 1. builds for sm_90 (Release, no MPI/Gloo needed);
-# 2. runs the CUDA tests (every op against the CPU, poisoned outputs, the
-#    MiniLLM on CUDA against the CPU, NCCL and fully_shard at world size 1);
-# 3. measures the ceilings: bf16/f32 GEMM and device-to-device copy;
-# 4. trains `--preset seed` for 20 steps in bf16 (param bf16, reduce f32) on
-#    one GPU, and runs the reference PyTorch FSDP2 script with the same config
-#    on the same GPU (torchrun, 1 process);
-# 5. writes OUT_DIR/summary.md (commit it as bench/results/gpu-<date>.md) and the logs.
-# Packages missing there are unpacked from .debs/ (see scripts/gpu-debs.sh).
+# 1. builds for sm_90 with cuDNN's SDPA (Release; only the targets it runs);
+# 2. runs the CUDA tests: every op against the CPU with poisoned outputs,
+#    cuDNN attention against our kernel, the MiniLLM on CUDA against the CPU,
+#    NCCL and fully_shard at world size 1; the no-exit guard on the objects;
+#    compute-sanitizer memcheck on the op tests where it is installed;
+# 3. measures the ceilings (bf16/f32 GEMM on random data, device copy) and
+#    times each op of the step against its floor (fsdp-bench-kernels), next to
+#    PyTorch's SDPA on the same shape (bench/torch_attention.py);
+# 4. trains --preset seed for 20 steps (bf16 params, f32 reduce) beside the
+#    reference PyTorch FSDP2 script on the same GPU, then --arch llama at the
+#    same size beside bench/torch_fsdp_ref.py --arch llama;
+# 5. profiles steps 3-4 of the seed run (device times per op);
+# 6. writes OUT_DIR/summary.md (commit it as bench/results/gpu-<date>.md) and
+#    the logs. A stage that would pass the deadline (FSDP_GPU_CHECK_BUDGET_S,
+#    450 s) is skipped and named in the summary.
+# Packages missing there come from .debs/ (scripts/gpu-debs.sh stages the
+# Debian -dev packages and the cudnn-frontend headers; carry .debs).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.."
 start=$(date +%s)
+budget=${FSDP_GPU_CHECK_BUDGET_S:-450}
 log() { echo "[gpu_check $(($(date +%s) - start))s] $*" | tee -a "$out/check.log"; }
+skipped=()
+# Runs a stage only if `need` seconds remain before the deadline.
+have_time() {
+  local need=$1 name=$2
+  if [ $(($(date +%s) - start + need)) -gt "$budget" ]; then
+    log "skip: $name (needs ~${need}s, $((budget - $(date +%s) + start))s left)"
+    skipped+=("$name")
+    return 1
+  fi
+}
 
 if [ -d .debs ] && ! [ -f /usr/include/fmt/core.h ]; then
   log "unpacking $(ls .debs/*.deb | wc -l) carried packages"
-  for f in .debs/*.deb; do dpkg -x "$f" / ; done
+  for f in .debs/*.deb; do dpkg -x "$f" /; done
   ldconfig
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader \
+  > "$out/gpu.txt" 2>&1
 log "gpu: $(cat "$out/gpu.txt")"
 
+# cuDNN: the CUDA tree's, or PyTorch's wheel (include/ and lib/libcudnn.so.9, no unversioned link).
+cudnn_root=""
+[ -f /usr/local/cuda/include/cudnn.h ] \
+  || cudnn_root=$(python3 -c 'import nvidia.cudnn as c; print(list(c.__path__)[0])' 2> /dev/null || true)
+fe_dir=$PWD/.debs/cudnn-frontend/include
+[ -f "$fe_dir/cudnn_frontend.h" ] || fe_dir=$PWD/build/_deps/cudnn-frontend/include
+[ -n "$cudnn_root" ] && export LD_LIBRARY_PATH="$cudnn_root/lib:${LD_LIBRARY_PATH:-}"
+log "cuDNN: ${cudnn_root:-/usr/local/cuda}; cudnn-frontend: $fe_dir"
+
 build=build-gpu
-log "configure + build (sm_90)"
+targets=(cuda_test ops_test fsdp-train fsdp-bench-gpu fsdp-bench-kernels)
+log "configure + build (sm_90): ${targets[*]}"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DFSDP_CUDNN=ON ${cudnn_root:+-DFSDP_CUDNN_ROOT="$cudnn_root"} -DFSDP_CUDNN_FRONTEND_DIR="$fe_dir" \
   -DFSDP_MPI=OFF -DFSDP_GLOO=OFF > "$out/build.log" 2>&1 \
-  && cmake --build "$build" -j "$(nproc)" >> "$out/build.log" 2>&1
+  && cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >> "$out/build.log" 2>&1
 build_rc=$?
+grep -E '^-- fsdp:' "$out/build.log" | tee -a "$out/check.log"
 log "build rc=$build_rc"
 [ $build_rc -eq 0 ] || { tail -40 "$out/build.log"; exit 1; }
 
@@ -40,55 +74,112 @@ FSDP_CUDA_POISON=1 timeout 240 "$build/tests/cuda_test" > "$out/cuda_test.log" 2
 test_rc=$?
 grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/cuda_test.log" | tee -a "$out/check.log"
 timeout 120 "$build/tests/ops_test" > "$out/ops_test.log" 2>&1 || test_rc=1
+objs=$(find "$build/CMakeFiles/fsdp.dir" -name '*.cu.o')
+# shellcheck disable=SC2086 # one argument per object
+bash tests/cuda_objects_test.sh $objs > "$out/cuda_objects.log" 2>&1 || test_rc=1
+tail -1 "$out/cuda_objects.log" | tee -a "$out/check.log"
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null || true)
+memcheck="not run"
+if [ -n "$sanitizer" ] && have_time 330 "compute-sanitizer"; then
+  timeout 90 "$sanitizer" --tool memcheck --leak-check no "$build/tests/cuda_test" \
+    --gtest_filter='Dtypes/BackendOps.*:Cuda.CudnnAttention*' > "$out/memcheck.log" 2>&1
+  memcheck="exit $? ($(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1))"
+  log "memcheck: $memcheck"
+fi
 
-log "ceilings"
+log "ceilings and kernels"
 timeout 60 "$build/bench/fsdp-bench-gpu" > "$out/ceilings.log" 2>&1
-cat "$out/ceilings.log" | tee -a "$out/check.log"
+tee -a "$out/check.log" < "$out/ceilings.log"
+timeout 120 "$build/bench/fsdp-bench-kernels" > "$out/kernels.md" 2> "$out/kernels.err"
+timeout 120 python3 bench/torch_attention.py > "$out/torch_attention.log" 2>&1
+tee -a "$out/check.log" < "$out/torch_attention.log"
 
+train=("$build/examples/fsdp-train" --device cuda --param-dtype bf16 --reduce-dtype f32 --steps 20)
+ref=(python3 -m torch.distributed.run --standalone --nproc_per_node 1 bench/torch_fsdp_ref.py --steps 20)
+train_rc=1 ref_rc=1 ltrain_rc=1 lref_rc=1
 log "fsdp-train --preset seed, bf16, 20 steps"
-timeout 240 "$build/examples/fsdp-train" --preset seed --device cuda --param-dtype bf16 --reduce-dtype f32 --steps 20 \
-  > "$out/fsdp_train.log" 2>&1
+timeout 150 "${train[@]}" --preset seed > "$out/fsdp_train.log" 2>&1
 train_rc=$?
 tail -3 "$out/fsdp_train.log" | tee -a "$out/check.log"
-
 log "reference PyTorch FSDP2, same config, 20 steps"
-timeout 240 python3 -m torch.distributed.run --standalone --nproc_per_node 1 bench/torch_fsdp_ref.py --steps 20 \
-  > "$out/torch_ref.log" 2>&1
+timeout 150 "${ref[@]}" > "$out/torch_ref.log" 2>&1
 ref_rc=$?
 grep -E '^torch-ref:' "$out/torch_ref.log" | tee -a "$out/check.log"
+if have_time 90 "llama side by side"; then
+  log "fsdp-train --preset seed --arch llama and its PyTorch reference"
+  timeout 120 "${train[@]}" --preset seed --arch llama > "$out/fsdp_train_llama.log" 2>&1
+  ltrain_rc=$?
+  timeout 120 "${ref[@]}" --arch llama > "$out/torch_ref_llama.log" 2>&1
+  lref_rc=$?
+  grep -E '^torch-ref:' "$out/torch_ref_llama.log" | tee -a "$out/check.log"
+fi
+if have_time 40 "profile"; then
+  log "profile of the seed run, steps 3-4"
+  timeout 60 "${train[@]}" --preset seed --steps 6 --profile-steps 3:5 --profile-dir "$out/prof" \
+    > "$out/profile.log" 2>&1
+fi
 
 # ------------------------------------------------------------------ summary
-ours_tok=$(grep -E '^step ' "$out/fsdp_train.log" | awk 'NR > 2 {s += $7; n++} END {if (n) printf "%.0f", s / n}')
-ours_mfu=$(grep -E '^step ' "$out/fsdp_train.log" | awk 'NR > 2 {gsub("%", "", $11); s += $11; n++} END {if (n) printf "%.1f", s / n}')
-ours_peak=$(grep -oE 'peak mem [0-9.]+ MB' "$out/fsdp_train.log" | grep -oE '[0-9.]+')
-ref_tok=$(grep -oE 'torch-ref: tok/s [0-9]+' "$out/torch_ref.log" | grep -oE '[0-9]+$')
-ref_peak=$(grep -oE '\| peak [0-9.]+ GB' "$out/torch_ref.log" | grep -oE '[0-9.]+')
-ratio=$(awk -v a="${ours_tok:-0}" -v b="${ref_tok:-0}" 'BEGIN {if (b > 0) printf "%.2f", a / b; else print "n/a"}')
+tok() { grep -E '^step ' "$1" 2> /dev/null | awk 'NR > 2 {s += $7; n++} END {if (n) printf "%.0f", s / n}'; }
+mfu() { grep -E '^step ' "$1" 2> /dev/null | awk 'NR > 2 {gsub("%", "", $11); s += $11; n++} END {if (n) printf "%.1f", s / n}'; }
+peak() { grep -E '^step ' "$1" 2> /dev/null | tail -1 | grep -oE 'peak mem [0-9.]+ GB' | grep -oE '[0-9.]+'; }
+ref_tok() { grep -oE 'tok/s [0-9]+' "$1" 2> /dev/null | tail -1 | grep -oE '[0-9]+$'; }
+ref_peak() { grep -oE '\| peak [0-9.]+ GB' "$1" 2> /dev/null | grep -oE '[0-9.]+'; }
+ratio() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN {if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a"}'; }
+attn_ratio() {  # ours (the op: fwd + bwd) / PyTorch's, for causal=0 or 1
+  local causal=$1 ours theirs filter=(grep -v causal)
+  [ "$causal" = 1 ] && filter=(grep causal)
+  ours=$(grep -E '^\| attention(_backward)? \(op\) \|' "$out/kernels.md" 2> /dev/null | "${filter[@]}" \
+    | awk -F'|' '{s += $4} END {if (NR == 2) printf "%.3f", s}')
+  theirs=$(grep -E "causal=$causal" "$out/torch_attention.log" 2> /dev/null \
+    | grep -oE '(fwd|bwd) [0-9.]+' | awk '{s += $2} END {if (NR == 2) printf "%.3f", s}')
+  echo "${ours:-?} ms vs ${theirs:-?} ms: $(ratio "$ours" "$theirs")x"
+}
 {
   echo "# GPU check: $(date -u +%Y-%m-%d)"
   echo
-  echo "GPU: $(cat "$out/gpu.txt"). Build: sm_90, Release. Ceilings: $(sed 's/gpu-ceilings: //' "$out/ceilings.log")."
+  echo "GPU: $(cat "$out/gpu.txt"). Build: sm_90, Release, $(grep -E '^-- fsdp:' "$out/build.log" | sed 's/^-- //')."
+  echo "Ceilings (this run, random data): $(sed 's/gpu-ceilings: //' "$out/ceilings.log")."
+  [ ${#skipped[@]} -eq 0 ] || echo "Skipped for time: ${skipped[*]}."
   echo
   echo "## Tests"
   echo '```'
-  grep -E '^\[  (PASSED|FAILED|SKIPPED|  OK) |^\[ +(OK|FAILED) \]' "$out/cuda_test.log" | head -40
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[ +(OK|FAILED) \]' "$out/cuda_test.log" | head -40
+  tail -1 "$out/cuda_objects.log"
   echo '```'
-  echo "cuda_test exit ${test_rc}."
+  echo "cuda_test + ops_test + cuda_objects_test exit ${test_rc}; compute-sanitizer memcheck: ${memcheck}."
   echo
-  echo "## MiniLLM seed preset, bf16 params, f32 reduce, one GPU, 20 steps"
+  echo "## Training, one GPU, bf16 params, f32 reduce, 20 steps (tokens/s over steps 3-19)"
   echo
-  echo "| | tokens/s (steps 2..19) | MFU (vs measured bf16 GEMM) | peak memory |"
-  echo "| --- | ---: | ---: | ---: |"
-  echo "| fsdp-train | ${ours_tok:-failed} | ${ours_mfu:-?}% | ${ours_peak:-?} MB |"
-  echo "| PyTorch FSDP2 reference | ${ref_tok:-failed} | | ${ref_peak:-?} GB |"
+  echo "| run | tokens/s | MFU (vs bf16 GEMM ceiling above) | peak memory | exit |"
+  echo "| --- | ---: | ---: | ---: | ---: |"
+  echo "| fsdp-train --preset seed | $(tok "$out/fsdp_train.log") | $(mfu "$out/fsdp_train.log")% | $(peak "$out/fsdp_train.log") GB | $train_rc |"
+  echo "| PyTorch FSDP2 (bench/torch_fsdp_ref.py) | $(ref_tok "$out/torch_ref.log") | | $(ref_peak "$out/torch_ref.log") GB | $ref_rc |"
+  echo "| fsdp-train --preset seed --arch llama | $(tok "$out/fsdp_train_llama.log") | $(mfu "$out/fsdp_train_llama.log")% | $(peak "$out/fsdp_train_llama.log") GB | $ltrain_rc |"
+  echo "| PyTorch llama reference (--arch llama) | $(ref_tok "$out/torch_ref_llama.log") | | $(ref_peak "$out/torch_ref_llama.log") GB | $lref_rc |"
   echo
-  echo "**fsdp-train / PyTorch tokens/s: ${ratio}** (goal: 1.2). fsdp-train exit ${train_rc}, reference exit ${ref_rc}."
+  echo "- **seed: fsdp-train / PyTorch tokens/s = $(ratio "$(tok "$out/fsdp_train.log")" "$(ref_tok "$out/torch_ref.log")")** (goal >= 1.2; MFU goal >= 50%; peak memory goal <= PyTorch's)"
+  echo "- **llama: fsdp-train / PyTorch tokens/s = $(ratio "$(tok "$out/fsdp_train_llama.log")" "$(ref_tok "$out/torch_ref_llama.log")")** (goal >= 1.2)"
+  echo "- attention forward + backward per layer, ours / PyTorch SDPA (goal <= 1.1): non-causal $(attn_ratio 0), causal $(attn_ratio 1)"
   echo
-  echo "## fsdp-train output"
+  echo "## Each op of the step against its floor (fsdp-bench-kernels)"
+  echo
+  cat "$out/kernels.md" 2> /dev/null
+  tail -3 "$out/kernels.err" 2> /dev/null
+  echo
+  echo "PyTorch SDPA on the same shapes:"
+  echo '```'
+  cat "$out/torch_attention.log"
+  echo '```'
+  echo "## Profile of the seed run (steps 3-4, device times)"
+  echo '```'
+  cat "$out/prof/table_rank0.txt" 2> /dev/null || tail -5 "$out/profile.log"
+  echo '```'
+  echo "## fsdp-train output (seed)"
   echo '```'
   grep -vE '^\+|^\|' "$out/fsdp_train.log" | tail -25
   echo '```'
-  echo "## Reference output"
+  echo "## Reference output (seed)"
   echo '```'
   tail -8 "$out/torch_ref.log"
   echo '```'

@@ -416,7 +416,8 @@ int run(const Options& o, World& w) {
     const std::string trace = fmt::format("{}/trace_rank{}.json", o.profile_dir, w.rank);
     prof->export_chrome_trace(trace);
     const std::string table =
-        prof->key_averages().table("cpu_time_total", 15) + prof->overlap_summary() + "\n";
+        prof->key_averages().table(device.is_cuda() ? "device_time_total" : "cpu_time_total", 15) +
+        prof->overlap_summary() + "\n";
     std::ofstream(fmt::format("{}/table_rank{}.txt", o.profile_dir, w.rank)) << table;
     if (w.main())
       fmt::print("profile: steps {}:{} -> {} (and the other ranks')\n{}", prof_begin, prof_end,
