@@ -54,6 +54,10 @@ void memcpy_sync(void* dst, Device dst_dev, const void* src, Device src_dev, siz
   cudaMemcpyKind kind =
       dst_dev.is_cpu() ? (src_dev.is_cpu() ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost)
                        : (src_dev.is_cpu() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice);
+  // On the device's legacy stream, which the (blocking) compute stream of that device orders
+  // against: from any thread, the copy sees the work queued there before it.
+  if (!dst_dev.is_cpu() || !src_dev.is_cpu())
+    CUDA_CHECK(cudaSetDevice(dst_dev.is_cpu() ? src_dev.index : dst_dev.index));
   CUDA_CHECK(cudaMemcpy(dst, src, nbytes, kind));
 }
 

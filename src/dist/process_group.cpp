@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -67,12 +68,26 @@ class LocalBackend final : public Backend {
 
 bool is_narrow(DType t) { return t == DType::bf16 || t == DType::f16; }
 
-void check_cpu_tensor(const char* op, const Tensor& t, const char* what) {
-  FSDP_CHECK(t.defined(), "[{}] {} is undefined", op, what);
-  FSDP_CHECK(t.device().is_cpu(),
-             "[{}] {} is on {} but this process group holds CPU tensors (use nccl for CUDA)", op,
-             what, t.device().str());
-}
+// Waits for each part of a staged collective in order; the first error wins.
+class StagedWork final : public Work {
+ public:
+  explicit StagedWork(std::vector<std::shared_ptr<Work>> parts) : parts_(std::move(parts)) {}
+  void wait() override {
+    std::exception_ptr first;
+    for (auto& w : parts_) {
+      try {
+        w->wait();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  }
+  bool is_completed() const override { return parts_.back()->is_completed(); }
+
+ private:
+  std::vector<std::shared_ptr<Work>> parts_;
+};
 
 void divide(const Tensor& t, double by) {
   kernels::cpu::dispatch_all(t.dtype(), [&](auto tv) {
@@ -90,8 +105,9 @@ std::unique_ptr<Backend> make_local_backend() { return std::make_unique<LocalBac
 
 // ---------------------------------------------------------------- CpuProcessGroup
 
-CpuProcessGroup::CpuProcessGroup(std::unique_ptr<Backend> backend)
+CpuProcessGroup::CpuProcessGroup(std::unique_ptr<Backend> backend, Device tensor_device)
     : be_(std::move(backend)),
+      device_(tensor_device),
       stream_(std::make_unique<CpuStream>(
           fmt::format("{} comm (rank {} of {})", be_->name(), be_->rank(), be_->size()))),
       check_(env_str("FSDP_DIST_CHECK") != "0") {}
@@ -131,6 +147,49 @@ std::shared_ptr<Work> CpuProcessGroup::submit(const std::string& what, double by
   return std::make_shared<CpuWork>(stream_->enqueue(std::move(task)), what);
 }
 
+void CpuProcessGroup::check_tensor(const char* op, const Tensor& t, const char* what) const {
+  FSDP_CHECK(t.defined(), "[{}] {} is undefined", op, what);
+  FSDP_CHECK(t.device().is_cpu() || t.device() == device_,
+             "[{}] {} is on {} but this {} group holds tensors on {}{}", op, what, t.device().str(),
+             be_->name(), device_.str(),
+             device_.is_cpu() ? " (NCCL, or --backend gloo|mpi with --device cuda, for CUDA)" : "");
+}
+
+bool CpuProcessGroup::on_device(std::initializer_list<const Tensor*> ts) const {
+  bool any = false;
+  for (const Tensor* t : ts) any = any || (t->defined() && t->device().is_cuda());
+  return any;
+}
+
+std::shared_ptr<Work> CpuProcessGroup::staged(
+    const char* op, const std::vector<Tensor>& ins, const std::vector<Tensor>& outs,
+    const std::function<std::shared_ptr<Work>(const std::vector<Tensor>& host)>& host_call) {
+  // host[i] mirrors ins[i] and then outs[i - ins.size()]; an output that is also an input
+  // (all_reduce, broadcast) is passed once, as an input, and copied back.
+  std::vector<Tensor> host, devs;
+  for (const Tensor& t : ins) devs.push_back(t.contiguous());
+  for (const Tensor& t : outs) {
+    bool also_in = false;
+    for (const Tensor& i : ins) also_in = also_in || i.raw_data() == t.raw_data();
+    if (!also_in) devs.push_back(t);
+  }
+  for (const Tensor& d : devs)
+    host.push_back(d.device().is_cpu() ? d : Tensor::empty(d.shape(), d.dtype()));
+  const size_t n_in = ins.size();
+  auto copy_in = submit(std::string(op) + " (to host)", 0, [host, devs, n_in] {
+    for (size_t i = 0; i < n_in; ++i)
+      if (devs[i].device().is_cuda()) host[i].copy_(devs[i]);
+  });
+  auto work = host_call(host);
+  auto copy_out = submit(std::string(op) + " (to device)", 0, [host, devs, outs] {
+    for (const Tensor& o : outs)
+      if (o.device().is_cuda())
+        for (size_t i = 0; i < devs.size(); ++i)
+          if (devs[i].raw_data() == o.raw_data()) o.copy_(host[i]);
+  });
+  return std::make_shared<StagedWork>(std::vector<std::shared_ptr<Work>>{copy_in, work, copy_out});
+}
+
 // Runs on the communication thread: every rank shares (kind, dtype, sizes)
 // and all of them throw, naming the ranks, if they differ.
 void CpuProcessGroup::check_signature(const char* op, DType dtype, int64_t a, int64_t b) {
@@ -155,8 +214,12 @@ void CpuProcessGroup::check_signature(const char* op, DType dtype, int64_t a, in
 
 std::shared_ptr<Work> CpuProcessGroup::all_gather_into_tensor(const Tensor& out, const Tensor& in) {
   const char* op = "all_gather_into_tensor";
-  check_cpu_tensor(op, out, "output");
-  check_cpu_tensor(op, in, "input");
+  check_tensor(op, out, "output");
+  check_tensor(op, in, "input");
+  if (on_device({&out, &in}))
+    return staged(op, {in}, {out}, [this](const std::vector<Tensor>& h) {
+      return all_gather_into_tensor(h[1], h[0]);
+    });
   FSDP_CHECK(out.dtype() == in.dtype(), "[{}] output is {} but input is {}", op,
              dtype_name(out.dtype()), dtype_name(in.dtype()));
   FSDP_CHECK(out.numel() == in.numel() * size(),
@@ -173,8 +236,12 @@ std::shared_ptr<Work> CpuProcessGroup::all_gather_into_tensor(const Tensor& out,
 std::shared_ptr<Work> CpuProcessGroup::reduce_scatter_tensor(const Tensor& out, const Tensor& in,
                                                              ReduceOp rop) {
   const char* op = "reduce_scatter_tensor";
-  check_cpu_tensor(op, out, "output");
-  check_cpu_tensor(op, in, "input");
+  check_tensor(op, out, "output");
+  check_tensor(op, in, "input");
+  if (on_device({&out, &in}))
+    return staged(op, {in}, {out}, [this, rop](const std::vector<Tensor>& h) {
+      return reduce_scatter_tensor(h[1], h[0], rop);
+    });
   FSDP_CHECK(out.dtype() == in.dtype(), "[{}] output is {} but input is {}", op,
              dtype_name(out.dtype()), dtype_name(in.dtype()));
   FSDP_CHECK(in.numel() == out.numel() * size(),
@@ -184,10 +251,13 @@ std::shared_ptr<Work> CpuProcessGroup::reduce_scatter_tensor(const Tensor& out, 
   FSDP_CHECK(rop == ReduceOp::SUM || is_floating(in.dtype()),
              "[{}] AVG needs a floating dtype, got {}", op, dtype_name(in.dtype()));
   // Engines reduce f32/f64/i32/i64; narrow types are reduced in f32.
+  // (The input is read on the communication thread, as the engines read theirs: a staged
+  // input is on the host only once the copy ahead of this task has run.)
   const bool narrow = is_narrow(in.dtype());
-  Tensor src = narrow ? in.to(DType::f32) : in.contiguous();
+  Tensor in_c = in.contiguous();
   return submit(op, double(in.nbytes()), [=, this] {
     check_signature(op, in.dtype(), out.numel(), int64_t(rop));
+    Tensor src = narrow ? in_c.to(DType::f32) : in_c;
     Tensor dst = narrow ? Tensor::empty(out.shape(), DType::f32) : out;
     be_->reduce_scatter_sum(src.raw_data(), dst.raw_data(), size_t(out.numel()), src.dtype());
     if (rop == ReduceOp::AVG) divide(dst, double(size()));
@@ -197,7 +267,10 @@ std::shared_ptr<Work> CpuProcessGroup::reduce_scatter_tensor(const Tensor& out, 
 
 std::shared_ptr<Work> CpuProcessGroup::all_reduce(const Tensor& t, ReduceOp rop) {
   const char* op = "all_reduce";
-  check_cpu_tensor(op, t, "tensor");
+  check_tensor(op, t, "tensor");
+  if (on_device({&t}))
+    return staged(op, {t}, {t},
+                  [this, rop](const std::vector<Tensor>& h) { return all_reduce(h[0], rop); });
   FSDP_CHECK(t.is_contiguous(), "[{}] tensor must be contiguous", op);
   FSDP_CHECK(rop == ReduceOp::SUM || is_floating(t.dtype()),
              "[{}] AVG needs a floating dtype, got {}", op, dtype_name(t.dtype()));
@@ -213,7 +286,10 @@ std::shared_ptr<Work> CpuProcessGroup::all_reduce(const Tensor& t, ReduceOp rop)
 
 std::shared_ptr<Work> CpuProcessGroup::broadcast(const Tensor& t, int root) {
   const char* op = "broadcast";
-  check_cpu_tensor(op, t, "tensor");
+  check_tensor(op, t, "tensor");
+  if (on_device({&t}))
+    return staged(op, {t}, {t},
+                  [this, root](const std::vector<Tensor>& h) { return broadcast(h[0], root); });
   FSDP_CHECK(t.is_contiguous(), "[{}] tensor must be contiguous", op);
   FSDP_CHECK(root >= 0 && root < size(), "[{}] root {} is not a rank of this group of {}", op, root,
              size());
@@ -225,8 +301,11 @@ std::shared_ptr<Work> CpuProcessGroup::broadcast(const Tensor& t, int root) {
 
 std::shared_ptr<Work> CpuProcessGroup::all_to_all_single(const Tensor& out, const Tensor& in) {
   const char* op = "all_to_all_single";
-  check_cpu_tensor(op, out, "output");
-  check_cpu_tensor(op, in, "input");
+  check_tensor(op, out, "output");
+  check_tensor(op, in, "input");
+  if (on_device({&out, &in}))
+    return staged(op, {in}, {out},
+                  [this](const std::vector<Tensor>& h) { return all_to_all_single(h[1], h[0]); });
   FSDP_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel(),
              "[{}] output ({} x {}) and input ({} x {}) must match", op, dtype_name(out.dtype()),
              out.numel(), dtype_name(in.dtype()), in.numel());
@@ -268,7 +347,7 @@ std::shared_ptr<ProcessGroup> CpuProcessGroup::split(int color, int key) {
   });
   work->wait();
   if (color < 0 || !sub) return nullptr;
-  return std::make_shared<CpuProcessGroup>(std::move(sub));
+  return std::make_shared<CpuProcessGroup>(std::move(sub), device_);
 }
 
 }  // namespace fsdp::dist
