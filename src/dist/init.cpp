@@ -18,6 +18,7 @@
 #include "fsdp/core/env.h"
 #include "src/dist/backend.h"
 #include "src/dist/cpu_group.h"
+#include "src/dist/device_host_group.h"
 #ifdef FSDP_WITH_NCCL
 #include "src/dist/nccl/nccl_group.h"
 #endif
@@ -166,14 +167,22 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
       backend = "local";
   }
   FSDP_CHECK(backend == "mpi" || backend == "gloo" || backend == "nccl" || backend == "local",
-             "[init_process_group] FSDP_BACKEND='{}'; expected mpi, gloo, nccl or local", backend);
-  FSDP_CHECK(backend == "nccl" || opt.device.is_cpu(),
-             "[init_process_group] backend {} holds CPU tensors but the device is {}; use nccl",
-             backend, opt.device.str());
+             "[init_process_group] {}='{}'; expected mpi, gloo, nccl or local",
+             opt.backend.empty() ? "FSDP_BACKEND" : "backend", backend);
+  FSDP_CHECK(backend != "nccl" || opt.device.is_cuda(),
+             "[init_process_group] backend nccl holds CUDA tensors but the device is {}",
+             opt.device.str());
   FSDP_CHECK(backend != "local" || info.size == 1,
              "[init_process_group] the local backend is a world of one, but WORLD_SIZE is {}",
              info.size);
   info.backend = backend;
+  if (opt.device.is_cuda()) {
+    // One GPU per local rank, round robin: with fewer GPUs than local ranks, ranks share one
+    // (MPI or Gloo only; NCCL refuses that below).
+    FSDP_CHECK(cuda_device_count() > 0,
+               "[init_process_group] --device {}: no CUDA device is visible", opt.device.str());
+    info.device = Device::cuda(info.local_rank % cuda_device_count());
+  }
 
   const auto store_timeout =
       std::chrono::milliseconds(int64_t(env_double("FSDP_STORE_TIMEOUT_S") * 1000.0));
@@ -192,46 +201,65 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
     rendezvous(*w.store, info.rank, info.size);
   }
 
-  if (backend == "mpi") {
+  // The host engine: MPI under mpirun, Gloo under torchrun-style launch, local for a world of
+  // one. It is the whole world for CPU tensors, stages CUDA tensors for --backend mpi|gloo on
+  // CUDA, and is the host half beside NCCL.
+  auto host_engine = [&](const std::string& name,
+                         Device tensor_device) -> std::shared_ptr<ProcessGroup> {
+    if (name == "mpi") {
 #ifdef FSDP_WITH_MPI
-    w.group = std::make_shared<CpuProcessGroup>(make_mpi_world_backend());
-    w.mpi = true;
-    FSDP_CHECK(w.group->size() == info.size,
-               "[init_process_group] MPI reports {} ranks but the launcher says {}",
-               w.group->size(), info.size);
+      auto g = std::make_shared<CpuProcessGroup>(make_mpi_world_backend(), tensor_device);
+      w.mpi = true;
+      FSDP_CHECK(g->size() == info.size,
+                 "[init_process_group] MPI reports {} ranks but the launcher says {}", g->size(),
+                 info.size);
+      return g;
 #else
-    FSDP_FAIL(
-        "[init_process_group] backend mpi requested but fsdp.cpp was built without MPI "
-        "(FSDP_MPI=OFF)");
+      FSDP_FAIL(
+          "[init_process_group] backend mpi requested but fsdp.cpp was built without MPI "
+          "(FSDP_MPI=OFF)");
 #endif
-  } else if (backend == "gloo") {
-#ifdef FSDP_WITH_GLOO
-    if (!w.store) {
-      FSDP_CHECK(
-          info.size == 1,
-          "[init_process_group] gloo needs torchrun-style launch (MASTER_ADDR, MASTER_PORT) for "
-          "{} ranks",
-          info.size);
-      w.store = std::make_shared<TCPStore>("127.0.0.1", 0, true,
-                                           store_timeout);  // a private store for one rank
     }
-    const char* addr = getenv_or_null("MASTER_ADDR");
-    w.group = std::make_shared<CpuProcessGroup>(
-        make_gloo_backend(w.store, info.rank, info.size, gloo_hostname(addr ? addr : "127.0.0.1")));
+    if (name == "gloo") {
+#ifdef FSDP_WITH_GLOO
+      if (!w.store) {
+        FSDP_CHECK(info.size == 1,
+                   "[init_process_group] gloo needs torchrun-style launch (MASTER_ADDR, "
+                   "MASTER_PORT) for {} ranks",
+                   info.size);
+        w.store = std::make_shared<TCPStore>("127.0.0.1", 0, true,
+                                             store_timeout);  // a private store for one rank
+      }
+      const char* addr = getenv_or_null("MASTER_ADDR");
+      return std::make_shared<CpuProcessGroup>(
+          make_gloo_backend(w.store, info.rank, info.size,
+                            gloo_hostname(addr ? addr : "127.0.0.1")),
+          tensor_device);
 #else
-    FSDP_FAIL(
-        "[init_process_group] backend gloo requested but fsdp.cpp was built without Gloo "
-        "(FSDP_GLOO=OFF)");
+      FSDP_FAIL(
+          "[init_process_group] backend gloo requested but fsdp.cpp was built without Gloo "
+          "(FSDP_GLOO=OFF)");
 #endif
-  } else if (backend == "nccl") {
+    }
+    FSDP_CHECK(info.size == 1,
+               "[init_process_group] the local backend is a world of one, but WORLD_SIZE is {}",
+               info.size);
+    return std::make_shared<CpuProcessGroup>(make_local_backend(), tensor_device);
+  };
+
+  if (backend == "nccl") {
 #ifdef FSDP_WITH_NCCL
-    w.group = make_nccl_world(info, w.store);
+    const std::string host = info.launcher == "mpirun"     ? "mpi"
+                             : info.launcher == "torchrun" ? "gloo"
+                                                           : "local";
+    auto host_group = host_engine(host, Device::cpu());
+    w.group = std::make_shared<DeviceHostGroup>(make_nccl_world(info, *host_group), host_group);
 #else
     FSDP_FAIL(
         "[init_process_group] backend nccl requested but fsdp.cpp was built without CUDA and NCCL");
 #endif
   } else {
-    w.group = std::make_shared<CpuProcessGroup>(make_local_backend());
+    w.group = host_engine(backend, info.device);
   }
   w.group->set_label("world");
   w.info = info;

@@ -8,8 +8,12 @@
 
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -195,32 +199,37 @@ class NcclProcessGroup final : public ProcessGroup {
 
 }  // namespace
 
-std::shared_ptr<ProcessGroup> make_nccl_world(const WorldInfo& info,
-                                              std::shared_ptr<TCPStore> store) {
-  int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0)
-    FSDP_FAIL("[nccl] no CUDA device is visible on rank {}", info.rank);
-  const int device = info.local_rank % ndev;
+std::shared_ptr<ProcessGroup> make_nccl_world(const WorldInfo& info, ProcessGroup& host) {
+  const int device = info.device.index;
   CUDA_RT_CHECK(cudaSetDevice(device));
+  // NCCL allows one rank per GPU; two ranks on one GPU would fail or hang inside
+  // ncclCommInitRank. Every rank shares (host, GPU UUID) over the host engine first, and all
+  // refuse together, naming the ranks.
+  if (info.size > 1) {
+    cudaDeviceProp prop{};
+    CUDA_RT_CHECK(cudaGetDeviceProperties(&prop, device));
+    char host_name[256] = {};
+    gethostname(host_name, sizeof(host_name) - 1);
+    uint64_t id = std::hash<std::string>{}(std::string(host_name) + "/" +
+                                           std::string(prop.uuid.bytes, sizeof(prop.uuid.bytes)));
+    Tensor mine = Tensor::full({1}, 0.0, DType::i64), all = Tensor::empty({info.size}, DType::i64);
+    mine.data<int64_t>()[0] = int64_t(id & 0x7fffffffffffffffull);
+    host.all_gather_into_tensor(all, mine)->wait();
+    for (int r = 0; r < info.size; ++r)
+      if (r != info.rank && all.data<int64_t>()[r] == mine.data<int64_t>()[0])
+        FSDP_FAIL(
+            "[nccl] ranks {} and {} are both on cuda:{} of {} ({}): NCCL allows one rank per GPU. "
+            "Start at most as many ranks per node as it has GPUs, or share a GPU with "
+            "--backend gloo or --backend mpi",
+            std::min(r, info.rank), std::max(r, info.rank), device, host_name, prop.name);
+  }
   ncclUniqueId id;
   if (info.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   if (info.size > 1) {
-    if (store) {
-      if (info.rank == 0)
-        store->set("nccl/world/id",
-                   std::vector<char>(id.internal, id.internal + sizeof(id.internal)));
-      auto v = store->get("nccl/world/id");
-      FSDP_CHECK(v.size() == sizeof(id.internal), "[nccl] the unique id in the store has {} bytes",
-                 v.size());
-      std::memcpy(id.internal, v.data(), v.size());
-    } else {
-#ifdef FSDP_WITH_MPI
-      auto mpi = make_mpi_world_backend();
-      mpi->broadcast(id.internal, sizeof(id.internal), 0);
-#else
-      FSDP_FAIL("[nccl] {} ranks without a store need MPI to share the NCCL id", info.size);
-#endif
-    }
+    Tensor bytes = Tensor::empty({int64_t((sizeof(id.internal) + 7) / 8)}, DType::i64);
+    std::memcpy(bytes.raw_data(), id.internal, sizeof(id.internal));
+    host.broadcast(bytes, 0)->wait();
+    std::memcpy(id.internal, bytes.raw_data(), sizeof(id.internal));
   }
   ncclComm_t comm;
   NCCL_CHECK(ncclCommInitRank(&comm, info.size, id, info.rank));

@@ -7,9 +7,8 @@
 
 namespace fsdp::dist {
 
-// The world communicator. The unique id travels through the store
-// (torchrun-style launch) or MPI (mpirun); a world of one makes its own.
-std::shared_ptr<ProcessGroup> make_nccl_world(const WorldInfo& info,
-                                              std::shared_ptr<TCPStore> store);
+// The world communicator on info.device. The unique id travels over the host engine (MPI,
+// Gloo or local), which first checks that no two ranks share a GPU.
+std::shared_ptr<ProcessGroup> make_nccl_world(const WorldInfo& info, ProcessGroup& host);
 
 }  // namespace fsdp::dist
