@@ -63,6 +63,7 @@ struct Options {
   uint64_t seed = 1337;
   std::string dtype = "f32";
   std::string device = "cpu";
+  std::string backend;  // empty: from the device and the launcher
   int threads = 0;
   std::string data;
   int64_t sample_tokens = 200;
@@ -599,6 +600,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--device", o.device, "cpu or cuda (ranks take the GPU of their local rank; NCCL)")
       ->capture_default_str();
+  app.add_option(
+         "--backend", o.backend,
+         "the engine of the collectives: nccl (CUDA; default there, with MPI or Gloo for "
+         "host values), or mpi / gloo (the launcher's; with --device cuda, CUDA tensors are "
+         "staged through the host, so several ranks can share one GPU)")
+      ->check(CLI::IsMember({"nccl", "mpi", "gloo", "local"}));
   app.add_option("--threads", o.threads, "OpenMP threads for BLAS and kernels (0: all cores)")
       ->capture_default_str();
   app.add_option("--data", o.data,
@@ -673,7 +680,7 @@ int main(int argc, char** argv) {
         device.is_cpu() || fsdp::cuda_available(),
         "[fsdp-train] --device {}: no CUDA device is visible (or fsdp.cpp was built without CUDA)",
         o.device);
-    w.pg = fsdp::dist::init_process_group({.device = device});
+    w.pg = fsdp::dist::init_process_group({.device = device, .backend = o.backend});
     w.rank = w.pg->rank();
     w.size = w.pg->size();
     int rc = run(o, w);
