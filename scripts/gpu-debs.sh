@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 mkdir -p .debs
 cd .debs
 apt-get download -q libfmt-dev libfmt9 nlohmann-json3-dev libcli11-dev libgtest-dev googletest \
-  libopenblas-openmp-dev libopenblas0-openmp libopenblas-dev libopenblas0 > /dev/null
+  libopenblas-openmp-dev libopenblas0-openmp libopenblas-dev libopenblas0 \
+  libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200 > /dev/null
 ls -1 *.deb | wc -l | xargs printf '%s packages staged in .debs/\n'
 cd ..
 FSDP_BUILD_DIR=.debs/fe-build bash scripts/install-deps.sh > /dev/null

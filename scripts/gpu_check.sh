@@ -15,7 +15,12 @@
 #    reference PyTorch FSDP2 script on the same GPU, then --arch llama at the
 #    same size beside bench/torch_fsdp_ref.py --arch llama;
 # 5. profiles steps 3-4 of the seed run (device times per op);
-# 6. writes OUT_DIR/summary.md (commit it as bench/results/gpu-<date>.md) and
+# 6. runs the multi-rank CUDA path on the one GPU: fsdp-train --device cuda
+#    --backend gloo at 1, 2 and 4 processes (tiny llama, f32) must print the
+#    losses of 1 rank to 1e-5, with the peak memory per rank falling and the
+#    exposed communication reported; and two NCCL ranks on one GPU must be
+#    refused with a clear message, not a hang;
+# 7. writes OUT_DIR/summary.md (commit it as bench/results/gpu-<date>.md) and
 #    the logs. A stage that would pass the deadline (FSDP_GPU_CHECK_BUDGET_S,
 #    450 s) is skipped and named in the summary.
 # Packages missing there come from .debs/ (scripts/gpu-debs.sh stages the
@@ -58,11 +63,11 @@ fe_dir=$PWD/.debs/cudnn-frontend/include
 log "cuDNN: ${cudnn_root:-/usr/local/cuda}; cudnn-frontend: $fe_dir"
 
 build=build-gpu
-targets=(cuda_test ops_test fsdp-train fsdp-bench-gpu fsdp-bench-kernels)
+targets=(cuda_test ops_test fsdp-train fsdp-bench-gpu fsdp-bench-kernels)  # MPI and Gloo when found
 log "configure + build (sm_90): ${targets[*]}"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DFSDP_CUDNN=ON ${cudnn_root:+-DFSDP_CUDNN_ROOT="$cudnn_root"} -DFSDP_CUDNN_FRONTEND_DIR="$fe_dir" \
-  -DFSDP_MPI=OFF -DFSDP_GLOO=OFF > "$out/build.log" 2>&1 \
+  > "$out/build.log" 2>&1 \
   && cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >> "$out/build.log" 2>&1
 build_rc=$?
 grep -E '^-- fsdp:' "$out/build.log" | tee -a "$out/check.log"
@@ -119,6 +124,46 @@ if have_time 40 "profile"; then
     > "$out/profile.log" 2>&1
 fi
 
+multi="not run"
+if grep -q 'Gloo=ON' "$out/build.log" && have_time 60 "multi-rank CUDA (gloo)"; then
+  log "multi-rank CUDA on one GPU: --backend gloo at 1, 2, 4 processes"
+  for n in 1 2 4; do
+    timeout 60 python3 scripts/fsdprun --standalone --nproc_per_node $n "$build/examples/fsdp-train" \
+      --device cuda --backend gloo --preset tiny --arch llama --vocab 256 --batch $((8 / n)) --steps 6 \
+      --log-file "$out/gloo_np$n.jsonl" > "$out/gloo_np$n.log" 2>&1
+    rc=$?
+    echo "np $n: exit $rc | $(grep -E 'summary \|' "$out/gloo_np$n.log" | sed 's/^\[rank0\]: *//')" \
+      | tee -a "$out/check.log" >> "$out/multi.txt"
+  done
+  multi=$(python3 - "$out" << 'PY'
+import json, sys
+out = sys.argv[1]
+def losses(n):
+    try:
+        return [json.loads(l)["loss"] for l in open(f"{out}/gloo_np{n}.jsonl")]
+    except OSError:
+        return []
+ref = losses(1)
+worst = max((abs(a - b) / abs(b) for n in (2, 4) for a, b in zip(losses(n), ref)), default=None)
+ok = ref and all(len(losses(n)) == len(ref) for n in (2, 4)) and worst is not None and worst <= 1e-5
+print(f"{'PASS' if ok else 'FAIL'}: largest relative loss difference to 1 rank {worst} over {len(ref)} steps")
+PY
+)
+  log "multi-rank: $multi"
+fi
+refusal="not run"
+if have_time 30 "NCCL one-rank-per-GPU refusal"; then
+  timeout 60 python3 scripts/fsdprun --standalone --nproc_per_node 2 "$build/examples/fsdp-train" \
+    --device cuda --preset tiny --steps 1 > "$out/nccl_np2.log" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'one rank per GPU' "$out/nccl_np2.log"; then
+    refusal="PASS: exit $rc, $(grep -m1 -oE '\[nccl\][^(]*' "$out/nccl_np2.log")"
+  else
+    refusal="FAIL: exit $rc (124: a hang), see nccl_np2.log"
+  fi
+  log "nccl refusal: $refusal"
+fi
+
 # ------------------------------------------------------------------ summary
 tok() { grep -E '^step ' "$1" 2> /dev/null | awk 'NR > 2 {s += $7; n++} END {if (n) printf "%.0f", s / n}'; }
 mfu() { grep -E '^step ' "$1" 2> /dev/null | awk 'NR > 2 {gsub("%", "", $11); s += $11; n++} END {if (n) printf "%.1f", s / n}'; }
@@ -161,6 +206,15 @@ attn_ratio() {  # ours (the op: fwd + bwd) / PyTorch's, for causal=0 or 1
   echo "- **seed: fsdp-train / PyTorch tokens/s = $(ratio "$(tok "$out/fsdp_train.log")" "$(ref_tok "$out/torch_ref.log")")** (goal >= 1.2; MFU goal >= 50%; peak memory goal <= PyTorch's)"
   echo "- **llama: fsdp-train / PyTorch tokens/s = $(ratio "$(tok "$out/fsdp_train_llama.log")" "$(ref_tok "$out/torch_ref_llama.log")")** (goal >= 1.2)"
   echo "- attention forward + backward per layer, ours / PyTorch SDPA (goal <= 1.1): non-causal $(attn_ratio 0), causal $(attn_ratio 1)"
+  echo
+  echo "## Several ranks on the one GPU"
+  echo
+  echo "fsdp-train --device cuda --backend gloo, tiny llama, f32, global batch 8, 6 steps:"
+  echo '```'
+  cat "$out/multi.txt" 2> /dev/null
+  echo '```'
+  echo "- losses against 1 rank (goal 1e-5): ${multi}"
+  echo "- two NCCL ranks on one GPU: ${refusal}"
   echo
   echo "## Each op of the step against its floor (fsdp-bench-kernels)"
   echo
