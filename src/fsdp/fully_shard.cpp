@@ -10,6 +10,28 @@
 //   reduce-scatter in [N * G] reduce_dtype, rank-major (the "chunk-cat" of the grads)
 // With one rank and no dtype change there is nothing to gather or reduce, and
 // the parameters and gradients are views of the sharded buffers themselves.
+//
+// Streams and events on CUDA (NCCL), as this code runs today:
+//   compute stream (one per device, cuda_compute_stream): every kernel,
+//     including the copy-in to param_dtype, the copy-out of the all-gather
+//     output and the reduce-scatter chunk-cat;
+//   the all-gather group's NCCL stream and the reduce-scatter group's NCCL
+//     stream (fully_shard gives each its own communicator, so the two overlap
+//     each other and the compute);
+//   a collective first waits on an event recorded on the compute stream at
+//     issue (its input is ready), and Work::wait() makes the compute stream
+//     wait on an event recorded after it on its NCCL stream; the host never
+//     blocks (only the step's loss read does);
+//   buffers: a Work keeps its tensors alive until it is waited on, and a
+//     freed block returns to the compute stream's pool, whose later users are
+//     ordered after that wait: a block cannot be reused while NCCL still
+//     reads or writes it.
+// So the next group's all-gather runs under this group's compute, and the
+// reduce-scatter of group i under the backward of group i - 1. Unlike FSDP2,
+// the copy-out runs on the compute stream rather than the all-gather stream:
+// it is a memory-bound kernel of the unsharded size (fsdp-bench-kernels times
+// it against its floor). On CPU groups (MPI, Gloo) the communication threads
+// play the streams and Work::wait() blocks the host instead.
 #include "fsdp/fsdp/fully_shard.h"
 
 #include <algorithm>
