@@ -97,7 +97,8 @@ TEST_P(BackendOps, EveryOpMatchesTheCpu) {
       dt, tol);
   // Few rows (a block each), and more rows than the backward's blocks with more columns than a
   // block's threads (each block sums dw over several rows, each thread over several columns).
-  for (auto [rows, dim] : {std::pair<int64_t, int64_t>{37, 96}, {1500, 1000}})
+  for (std::pair<int64_t, int64_t> shape : {std::pair<int64_t, int64_t>{37, 96}, {1500, 1000}}) {
+    const int64_t rows = shape.first, dim = shape.second;
     expect_matches(
         fmt::format("rmsnorm {}x{}", rows, dim),
         {rnd({rows, dim}, 10), rnd({dim}, 11, 0.5, 1.5), rnd({rows, dim}, 12)},
@@ -108,6 +109,7 @@ TEST_P(BackendOps, EveryOpMatchesTheCpu) {
           return std::vector<Tensor>{o.y, dx, dw};
         },
         dt, tol);
+  }
   expect_matches(
       "silu", {rnd({1000}, 13, -4, 4), rnd({1000}, 14)},
       [](auto& v) {
