@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +23,7 @@
 #include "fsdp/ops/ops.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/clip.h"
+#include "src/dist/device_host_group.h"
 #include "test_util.h"
 
 namespace fsdp {
@@ -401,6 +403,30 @@ TEST(BadInput, ParameterOnAnotherDeviceThanTheMesh) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("is on cuda:0 but the mesh is on cpu"), std::string::npos)
         << e.what();
+  }
+}
+
+// Under FSDP_DIST_DEVICE_CHECK=1 (its own ctest entries) the world is the device + host group
+// of a CUDA run with a stand-in device half that refuses every tensor, as NCCL refuses host
+// tensors. Every test above then passes only if fully_shard, clipping and the mesh's sub-groups
+// send their host tensors through the world to the host engine. This one checks the stand-in
+// has teeth, on the world and on a split of it.
+TEST(DeviceHostWorld, TheDeviceHalfRefusesHostTensors) {
+  auto* w = dynamic_cast<dist::DeviceHostGroup*>(world().get());
+  if (!w) GTEST_SKIP() << "FSDP_DIST_DEVICE_CHECK is not set (world: " << world()->backend() << ")";
+  EXPECT_NE(w->backend().find("-device-check+"), std::string::npos) << w->backend();
+  Tensor t = Tensor::full({3}, 1.0, DType::f32);
+  world()->all_reduce(t, dist::ReduceOp::SUM)->wait();  // through the world: the host half
+  EXPECT_EQ(t.data<float>()[0], float(world()->size()));
+  auto sub = std::dynamic_pointer_cast<dist::DeviceHostGroup>(world()->split(0, world()->rank()));
+  ASSERT_TRUE(sub) << "a split of the world lost its host half";
+  for (auto* g : {w->device_group().get(), sub->device_group().get()}) {
+    try {
+      g->all_reduce(t, dist::ReduceOp::SUM)->wait();
+      FAIL() << "the device half took a host tensor";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("device half"), std::string::npos) << e.what();
+    }
   }
 }
 

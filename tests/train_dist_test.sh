@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # fsdp-train sharded: on text, 2 ranks under mpirun and under scripts/fsdprun
 # give the losses of 1 rank with the same global batch, and the loss falls.
+# The same holds in the shape of a CUDA world (FSDP_DIST_DEVICE_CHECK=1: a
+# device half that, like NCCL, refuses host tensors), checkpoints included.
 set -uo pipefail
 bin=$1
 fsdprun=$2
@@ -20,13 +22,16 @@ mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$bin" "${small[
   || bad "fsdprun 2 ranks failed: $(tail -3 "$work/gloo2.out")"
 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$bin" "${small[@]}" --batch 2 --grad-accum 2 \
   --reshard-after-forward false > "$work/accum.out" 2>&1 || bad "grad-accum run failed: $(tail -3 "$work/accum.out")"
+FSDP_DIST_DEVICE_CHECK=1 mpirun --allow-run-as-root --oversubscribe --bind-to none -x FSDP_DIST_DEVICE_CHECK -np 2 \
+  "$bin" "${small[@]}" --batch 4 --ckpt-dir "$work/ck" --ckpt-every 10 > "$work/devcheck.out" 2>&1 \
+  || bad "device-check run failed: $(tail -3 "$work/devcheck.out")"
 
 losses "$work/np1.out" > "$work/l1"
 [ "$(wc -l < "$work/l1")" -eq 20 ] && ok || bad "1 rank printed $(wc -l < "$work/l1") step lines"
 first=$(head -1 "$work/l1")
 last5=$(tail -5 "$work/l1" | awk '{s += $1} END {print s / NR}')
 awk -v f="$first" -v l="$last5" 'BEGIN {exit !(l < f - 1.0)}' && ok || bad "loss did not fall: $first -> $last5"
-for run in mpi2 gloo2 accum; do
+for run in mpi2 gloo2 accum devcheck; do
   losses "$work/$run.out" > "$work/l_$run"
   if [ "$(wc -l < "$work/l_$run")" -ne 20 ]; then
     bad "$run printed $(wc -l < "$work/l_$run") step lines"
@@ -38,5 +43,8 @@ for run in mpi2 gloo2 accum; do
 done
 grep -q "world size             | 2 (mpi, mpirun)" "$work/mpi2.out" && ok || bad "mpi run did not report world size 2"
 grep -q "world size             | 2 (gloo, torchrun)" "$work/gloo2.out" && ok || bad "gloo run did not report world size 2"
+grep -q "world size             | 2 (mpi-device-check+mpi, mpirun)" "$work/devcheck.out" && ok \
+  || bad "device-check run did not report its device + host world: $(grep 'world size' "$work/devcheck.out")"
+[ -f "$work/ck/step_00000020/metadata.json" ] && ok || bad "device-check run wrote no checkpoint: $(ls "$work/ck" 2>&1)"
 
 summary

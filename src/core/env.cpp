@@ -21,6 +21,9 @@ const std::vector<EnvKnob>& env_knobs() {
        "seconds Work::wait() waits before calling a collective stuck"},
       {"FSDP_DIST_CHECK", "1",
        "1: compare each collective's kind, dtype and sizes across ranks first; 0: skip"},
+      {"FSDP_DIST_DEVICE_CHECK", "0",
+       "1 (tests): a CPU world runs as a device + host group whose device half refuses every "
+       "tensor, so a host tensor that would reach NCCL fails on a machine without a GPU"},
       {"FSDP_GLOO_HOSTNAME", "",
        "address Gloo listens on (default: 127.0.0.1 when MASTER_ADDR is local, else the hostname)"},
       {"FSDP_CACHE_DIR", "",

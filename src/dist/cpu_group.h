@@ -41,6 +41,10 @@ class CpuProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> all_to_all_single(const Tensor& out, const Tensor& in) override;
   std::shared_ptr<Work> barrier() override;
   std::shared_ptr<ProcessGroup> split(int color, int key) override;
+  // Check mode (FSDP_DIST_DEVICE_CHECK): this group stands in for the NCCL half of a device +
+  // host world on a machine without a GPU, and refuses every tensor handed to it, as NCCL
+  // refuses host tensors. Its splits inherit the mode.
+  void declare_device_stand_in() { device_stand_in_ = true; }
   std::thread::id comm_thread_id() const override;
   double comm_seconds() const override { return stream_->busy_seconds(); }
   void set_label(const std::string& label) override;
@@ -60,6 +64,7 @@ class CpuProcessGroup final : public ProcessGroup {
   Device device_;
   std::unique_ptr<CpuStream> stream_;
   bool check_;
+  bool device_stand_in_ = false;
   int split_seq_ = 0;
 };
 

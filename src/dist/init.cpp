@@ -260,6 +260,13 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
 #endif
   } else {
     w.group = host_engine(backend, info.device);
+    if (env_str("FSDP_DIST_DEVICE_CHECK") == "1" && info.device.is_cpu()) {
+      // The shape of a CUDA world on a machine without one: the same engine is the host half,
+      // and a split of it, refusing every tensor, stands in for NCCL.
+      auto stand_in = std::static_pointer_cast<CpuProcessGroup>(w.group->split(0, info.rank));
+      stand_in->declare_device_stand_in();
+      w.group = std::make_shared<DeviceHostGroup>(stand_in, w.group);
+    }
   }
   w.group->set_label("world");
   w.info = info;

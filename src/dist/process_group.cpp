@@ -116,7 +116,9 @@ CpuProcessGroup::~CpuProcessGroup() { stream_.reset(); }  // drain the queue bef
 
 int CpuProcessGroup::rank() const { return be_->rank(); }
 int CpuProcessGroup::size() const { return be_->size(); }
-std::string CpuProcessGroup::backend() const { return be_->name(); }
+std::string CpuProcessGroup::backend() const {
+  return device_stand_in_ ? be_->name() + "-device-check" : be_->name();
+}
 std::thread::id CpuProcessGroup::comm_thread_id() const { return stream_->thread_id(); }
 
 void CpuProcessGroup::set_label(const std::string& label) {
@@ -149,6 +151,11 @@ std::shared_ptr<Work> CpuProcessGroup::submit(const std::string& what, double by
 
 void CpuProcessGroup::check_tensor(const char* op, const Tensor& t, const char* what) const {
   FSDP_CHECK(t.defined(), "[{}] {} is undefined", op, what);
+  FSDP_CHECK(!device_stand_in_,
+             "[{}] {} ({} on {}) was handed to the device half of the world "
+             "(FSDP_DIST_DEVICE_CHECK=1 stands in for NCCL, which takes only CUDA tensors): route "
+             "it through the world group, which sends host tensors to the host engine",
+             op, what, shape_str(t.shape()), t.device().str());
   FSDP_CHECK(t.device().is_cpu() || t.device() == device_,
              "[{}] {} is on {} but this {} group holds tensors on {}{}", op, what, t.device().str(),
              be_->name(), device_.str(),
@@ -347,7 +354,9 @@ std::shared_ptr<ProcessGroup> CpuProcessGroup::split(int color, int key) {
   });
   work->wait();
   if (color < 0 || !sub) return nullptr;
-  return std::make_shared<CpuProcessGroup>(std::move(sub), device_);
+  auto g = std::make_shared<CpuProcessGroup>(std::move(sub), device_);
+  g->device_stand_in_ = device_stand_in_;
+  return g;
 }
 
 }  // namespace fsdp::dist
