@@ -78,6 +78,7 @@ struct Plan {
   std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's best first
   cublasLtMatmulAlgo_t algo{};
   bool tuned = false;
+  bool refused = false;  // no candidate ran (an epilogue cuBLASLt offers but cannot run here)
 };
 
 std::mutex plan_mu;
@@ -140,8 +141,14 @@ Plan* plan_for(const Key& key, DeviceCtx& dc) {
   for (int i = 0; i < found; ++i)
     if (results[size_t(i)].state == CUBLAS_STATUS_SUCCESS)
       p->candidates.push_back(results[size_t(i)].algo);
-  p->algo = p->candidates.at(0);
-  p->tuned = p->candidates.size() == 1;
+  if (p->candidates.empty()) {
+    FSDP_CHECK(epilogue == Epilogue::bgrad,
+               "[gemm] cuBLASLt offers no usable algorithm for [{} x {}] x [{} x {}] in {} -> {}", m,
+               k, k, n, dtype_name(t), dtype_name(c_t));
+    cache.emplace(key, nullptr);
+    return nullptr;
+  }
+  p->algo = p->candidates.front();
   return cache.emplace(key, std::move(p)).first->second.get();
 }
 
@@ -153,7 +160,8 @@ float elapsed_ms(cudaEvent_t e0, cudaEvent_t e1) {
 
 // Times each candidate on this call's own operands, once per shape, and keeps the fastest: the
 // heuristic's first choice is often not cuBLAS's fastest kernel for a shape. The call's C is
-// not touched: where beta != 0 (C is read), the trials write a scratch C instead.
+// not touched: where beta != 0 (C is read), the trials write a scratch C instead. A candidate
+// that fails to launch is skipped; when none runs, the plan is refused.
 void tune(Plan& p, DeviceCtx& dc, int64_t m, int64_t n, DType c_t, float alpha, const void* a,
           const void* b, float beta, void* c, Epilogue epilogue, void* bias, cudaStream_t s) {
   std::optional<Scratch> scratch_c, scratch_bias;
@@ -188,6 +196,7 @@ void tune(Plan& p, DeviceCtx& dc, int64_t m, int64_t n, DType c_t, float alpha, 
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   p.tuned = true;
+  p.refused = best == 0;
 }
 
 bool launch(const GemmArgs& g, Epilogue epilogue, void* bias, Stream s) {
@@ -200,6 +209,12 @@ bool launch(const GemmArgs& g, Epilogue epilogue, void* bias, Stream s) {
   std::lock_guard<std::mutex> lock(plan_mu);  // the descriptor's bias pointer is per call
   if (!p->tuned)
     tune(*p, dc, g.m, g.n, c_t, g.alpha, g.a, g.b, g.beta, g.c, epilogue, bias, cudaStream_t(s));
+  if (p->refused) {
+    FSDP_CHECK(epilogue == Epilogue::bgrad,
+               "[gemm] no cuBLASLt candidate ran for [{} x {}] x [{} x {}] in {} -> {}", g.m, g.k,
+               g.k, g.n, dtype_name(g.t), dtype_name(c_t));
+    return false;
+  }
   if (bias)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                 sizeof(bias)));
