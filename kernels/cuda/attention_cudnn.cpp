@@ -20,6 +20,7 @@
 #include <compare>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -70,7 +71,9 @@ struct Plan {
 std::mutex mu;
 
 cudnnHandle_t handle(int device) {
+  static std::mutex handles_mu;
   static std::map<int, cudnnHandle_t> all;  // lives for the process, like the cuBLASLt handles
+  std::lock_guard<std::mutex> lock(handles_mu);
   cudnnHandle_t& h = all[device];
   if (!h) {
     int prev = 0;
@@ -166,7 +169,15 @@ const Plan& plan(const Key& k) {
   static std::map<Key, Plan> cache;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(k);
-  if (it == cache.end()) it = cache.emplace(k, build(k)).first;
+  if (it == cache.end()) {
+    Plan p;
+    try {
+      p = build(k);
+    } catch (const std::exception& e) {  // some frontend paths throw instead of returning errors
+      p = Plan{nullptr, 0, std::string("cudnn-frontend threw: ") + e.what()};
+    }
+    it = cache.emplace(k, std::move(p)).first;
+  }
   return it->second;
 }
 
