@@ -18,8 +18,9 @@
 # 6. runs the multi-rank CUDA path on the one GPU: fsdp-train --device cuda
 #    --backend gloo at 1, 2 and 4 processes (tiny llama, f32) must print the
 #    losses of 1 rank to 1e-5, with the peak memory per rank falling and the
-#    exposed communication reported; and two NCCL ranks on one GPU must be
-#    refused with a clear message, not a hang;
+#    exposed communication reported; a checkpoint saved at 2 CUDA ranks must
+#    resume at 1 (CPU and CUDA); and two NCCL ranks on one GPU must be refused
+#    with a clear message, not a hang;
 # 7. writes OUT_DIR/summary.md (commit it as bench/results/gpu-<date>.md) and
 #    the logs. A stage that would pass the deadline (FSDP_GPU_CHECK_BUDGET_S,
 #    450 s) is skipped and named in the summary.
@@ -124,7 +125,7 @@ if have_time 40 "profile"; then
     > "$out/profile.log" 2>&1
 fi
 
-multi="not run"
+multi="not run" ckpt="not run"
 if grep -q 'Gloo=ON' "$out/build.log" && have_time 60 "multi-rank CUDA (gloo)"; then
   log "multi-rank CUDA on one GPU: --backend gloo at 1, 2, 4 processes"
   for n in 1 2 4; do
@@ -150,6 +151,19 @@ print(f"{'PASS' if ok else 'FAIL'}: largest relative loss difference to 1 rank {
 PY
 )
   log "multi-rank: $multi"
+  # A checkpoint of CUDA shards at 2 ranks, resumed at 1 CPU rank and at 1 CUDA rank.
+  ck=()
+  timeout 60 python3 scripts/fsdprun --standalone --nproc_per_node 2 "$build/examples/fsdp-train" \
+    --device cuda --backend gloo --preset tiny --arch llama --vocab 256 --batch 4 --steps 4 \
+    --ckpt-dir "$out/ck" --ckpt-every 4 > "$out/ckpt_save.log" 2>&1 && ck+=("saved at 2 CUDA ranks")
+  for dev in cpu cuda; do
+    cp -r "$out/ck" "$out/ck_$dev"
+    timeout 60 "$build/examples/fsdp-train" --device $dev --preset tiny --arch llama --vocab 256 --batch 8 \
+      --steps 6 --ckpt-dir "$out/ck_$dev" --resume > "$out/ckpt_resume_$dev.log" 2>&1 \
+      && grep -qE '^step 5 ' "$out/ckpt_resume_$dev.log" && ck+=("resumed on $dev") || ck+=("resume on $dev FAILED")
+  done
+  ckpt="${ck[*]}"
+  log "checkpoints: $ckpt"
 fi
 refusal="not run"
 if have_time 30 "NCCL one-rank-per-GPU refusal"; then
@@ -215,6 +229,7 @@ attn_ratio() {  # ours (the op: fwd + bwd) / PyTorch's, for causal=0 or 1
   echo '```'
   echo "- losses against 1 rank (goal 1e-5): ${multi}"
   echo "- two NCCL ranks on one GPU: ${refusal}"
+  echo "- checkpoints of CUDA shards: ${ckpt}"
   echo
   echo "## Each op of the step against its floor (fsdp-bench-kernels)"
   echo
