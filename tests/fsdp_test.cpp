@@ -339,6 +339,37 @@ TEST(Clip, GlobalNormAcrossShardsEqualsTheUnshardedNorm) {
               1e-6 * ref);  // clipped to half
 }
 
+// model.zero_grad() on a sharded model clears the sharded gradients (it used to compile and
+// leave them, so a second backward doubled the grad norm); inside a sharded module it refuses.
+TEST(ZeroGrad, ModuleZeroGradClearsShardedGradientsOrRefuses) {
+  nn::MiniLLMConfig c = config(nn::Arch::llama);
+  const int N = world()->size(), me = world()->rank();
+  auto mesh = dist::init_device_mesh({N});
+  nn::MiniLLM model(c);
+  for (size_t i = 0; i < model.layers().size(); ++i)
+    fully_shard(model.layers()[i], mesh, {.init_dtype = DType::f64, .seed = kSeed});
+  FSDPModule& root = fully_shard(model, mesh, {.init_dtype = DType::f64, .seed = kSeed});
+  data::RandomTokenSource src(c.vocab, kSeed);
+  const int64_t B = kGlobalRows / N;
+  auto mb = src.batch(0, kGlobalRows, me * B, B, c.seq);
+  auto step = [&] {
+    Tensor l = model.forward(mb.inputs).view({B * c.seq, c.vocab});
+    auto x = ops::cross_entropy_forward(l, mb.targets);
+    model.backward(ops::cross_entropy_backward(l, mb.targets, x.lse).view({B, c.seq, c.vocab}));
+    return optim::clip_grad_norm(root.param_groups(0), 0, mesh->group(0));
+  };
+  const double once = step();
+  model.zero_grad();
+  EXPECT_NEAR(step(), once, 1e-12 * once) << "model.zero_grad() left the sharded gradients";
+  model.layers()[0].zero_grad();  // a sharded module itself: clears its own group
+  try {
+    model.layers()[0].named_children().front().second->zero_grad();
+    FAIL() << "zero_grad() inside a sharded module did not refuse";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FSDPModule::zero_grad"), std::string::npos) << e.what();
+  }
+}
+
 // A module with a 0-dim parameter.
 class Scalar : public nn::Module {
  public:

@@ -39,8 +39,23 @@ int64_t Module::num_parameters() {
 }
 
 void Module::zero_grad() {
-  for (auto& [name, p] : named_parameters())
+  const bool owns = hooks_ && hooks_->owns_gradients();
+  for (const Module* a = parent_; a && !owns; a = a->parent_)
+    FSDP_CHECK(!a->hooks_ || !a->hooks_->owns_gradients(),
+               "[Module] zero_grad() on '{}', inside '{}', whose hooks own its gradients "
+               "(fully_shard): call zero_grad() on '{}' or its root (FSDPModule::zero_grad)",
+               path(), a->path(), a->path());
+  zero_grad_below();
+}
+
+void Module::zero_grad_below() {
+  if (hooks_ && hooks_->owns_gradients()) {  // a sharded subtree, all of it
+    hooks_->zero_grad_hook();
+    return;
+  }
+  for (auto& [name, p] : direct_parameters())
     if (p->grad.defined()) p->grad.zero_();
+  for (auto& [name, child] : children_) child->zero_grad_below();
 }
 
 Tensor Module::forward(const Tensor& x) {

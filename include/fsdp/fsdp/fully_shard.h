@@ -95,7 +95,11 @@ class FSDPModule : public nn::ModuleHooks {
   // one flat buffer pair per group, for the optimizer.
   // decay_1d = false: 1-D parameters (norms, biases) get no weight decay.
   std::vector<nn::ParamGroup> param_groups(double weight_decay, bool decay_1d = true);
+  // Clears the sharded gradients of every FSDP module under this one (module().zero_grad()
+  // does the same).
   void zero_grad();
+  bool owns_gradients() const override { return true; }
+  void zero_grad_hook() override { zero_grad(); }
   // Parameter name -> its Shard(0) DTensor (the unpadded local shard).
   std::vector<std::pair<std::string, dist::DTensor>> sharded_parameters();
   // Where each parameter's local shard lives, in named_parameters() order:

@@ -46,6 +46,10 @@ class ModuleHooks {
   virtual Tensor post_forward(Module&, const Tensor& y) { return y; }
   virtual void pre_backward(Module&) {}
   virtual void post_backward(Module&) {}
+  // Hooks that own the gradients of their module's subtree (fully_shard's, in sharded
+  // buffers): Module::zero_grad() asks them to clear them, and refuses below them.
+  virtual bool owns_gradients() const { return false; }
+  virtual void zero_grad_hook() {}
 };
 
 class Module {
@@ -76,6 +80,9 @@ class Module {
   std::vector<std::pair<std::string, Parameter*>> direct_parameters();
   Parameter& parameter(const std::string& dotted_name);  // throws when absent
   int64_t num_parameters();
+  // Clears the gradients of the subtree. A sharded module (fully_shard) clears its sharded
+  // gradients, as FSDPModule::zero_grad() does; a module inside a sharded one refuses, since
+  // its gradients live in the sharded module's buffers.
   void zero_grad();
 
  protected:
@@ -93,6 +100,8 @@ class Module {
   }
 
  private:
+  void zero_grad_below();
+
   std::string type_name_;
   Module* parent_ = nullptr;
   std::string name_in_parent_;
