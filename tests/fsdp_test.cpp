@@ -336,7 +336,8 @@ TEST(Clip, GlobalNormAcrossShardsEqualsTheUnshardedNorm) {
   const double norm = optim::clip_grad_norm(groups, ref / 2, mesh->group(0));
   EXPECT_NEAR(norm, ref, 1e-10 * ref);
   EXPECT_NEAR(optim::clip_grad_norm(groups, 0, mesh->group(0)), ref / 2,
-              1e-6 * ref);  // clipped to half
+              1e-6 * ref);                                           // clipped to half
+  EXPECT_NEAR(optim::clip_grad_norm(root, 0), ref / 2, 1e-6 * ref);  // the group from the module
 }
 
 // model.zero_grad() on a sharded model clears the sharded gradients (it used to compile and

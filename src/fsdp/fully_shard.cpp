@@ -515,6 +515,10 @@ std::vector<FSDPModule::ShardInfo> FSDPModule::shard_infos() {
 }
 
 int FSDPModule::shard_rank() const { return impl_->rank; }
+std::shared_ptr<dist::ProcessGroup> FSDPModule::shard_group() const {
+  return impl_->mesh->group(impl_->mesh->ndim() - 1);
+}
+
 int FSDPModule::shard_count() const { return impl_->N; }
 bool FSDPModule::first_replica() const {
   return impl_->mesh->ndim() == 1 || impl_->mesh->local_rank(0) == 0;

@@ -24,4 +24,12 @@ double clip_grad_norm(const std::vector<nn::ParamGroup>& groups, double max_norm
   return clip_grad_norm_async(groups, max_norm, shard_group).value();
 }
 
+GradNorm clip_grad_norm_async(FSDPModule& root, double max_norm) {
+  return clip_grad_norm_async(root.param_groups(0), max_norm, root.shard_group());
+}
+
+double clip_grad_norm(FSDPModule& root, double max_norm) {
+  return clip_grad_norm_async(root, max_norm).value();
+}
+
 }  // namespace fsdp::optim

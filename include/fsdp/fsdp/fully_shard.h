@@ -117,6 +117,8 @@ class FSDPModule : public nn::ModuleHooks {
   int shard_rank() const;
   int shard_count() const;
   bool first_replica() const;
+  // The group of the mesh's shard dim (the last), over which the shards of a parameter lie.
+  std::shared_ptr<dist::ProcessGroup> shard_group() const;
 
   // Bytes this rank holds for sharded parameters and gradients (padding included).
   int64_t sharded_bytes() const;

@@ -11,6 +11,7 @@
 
 #include "fsdp/core/tensor.h"
 #include "fsdp/dist/process_group.h"
+#include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/param_group.h"
 
 namespace fsdp::optim {
@@ -29,5 +30,10 @@ GradNorm clip_grad_norm_async(const std::vector<nn::ParamGroup>& groups, double 
 // The same, returning the global norm before clipping on the host.
 double clip_grad_norm(const std::vector<nn::ParamGroup>& groups, double max_norm,
                       const std::shared_ptr<dist::ProcessGroup>& shard_group);
+
+// torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) for a sharded model: every
+// sharded gradient under `root`, over the shard group of its mesh.
+GradNorm clip_grad_norm_async(FSDPModule& root, double max_norm);
+double clip_grad_norm(FSDPModule& root, double max_norm);
 
 }  // namespace fsdp::optim
