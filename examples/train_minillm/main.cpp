@@ -48,6 +48,7 @@
 #include "fsdp/ops/peak.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/clip.h"
+#include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/profiler.h"
 
 namespace {
@@ -94,19 +95,6 @@ struct Options {
   std::string profile_steps, profile_dir = "profile";
   bool shuffle = false;
 };
-
-// Learning rate at `step`: linear warmup to --lr over --warmup-steps, then
-// constant, cosine or linear decay to --min-lr at --decay-steps (default: --steps).
-double lr_at(const Options& o, int64_t step) {
-  if (step < o.warmup) return o.lr * double(step + 1) / double(o.warmup + 1);
-  if (o.lr_decay == "none") return o.lr;
-  const int64_t end = o.decay_steps > 0 ? o.decay_steps : o.steps;
-  const double ratio =
-      end > o.warmup ? std::clamp(double(step - o.warmup) / double(end - o.warmup), 0.0, 1.0) : 1.0;
-  if (o.lr_decay == "cosine")
-    return o.min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (o.lr - o.min_lr);
-  return o.lr - ratio * (o.lr - o.min_lr);
-}
 
 struct World {
   std::shared_ptr<dist::ProcessGroup> pg;
@@ -319,6 +307,11 @@ int run(const Options& o, World& w) {
                             .beta2 = o.beta2,
                             .eps = o.eps,
                             .weight_decay = o.weight_decay});
+  const optim::LRSchedule schedule({.lr = o.lr,
+                                    .warmup = o.warmup,
+                                    .decay = optim::parse_decay(o.lr_decay),
+                                    .min_lr = o.min_lr,
+                                    .decay_end = o.decay_steps > 0 ? o.decay_steps : o.steps});
   const int64_t persistent_measured = memory_stats(device).current - mem_before;
 
   // The ceiling is the machine's sgemm peak on all its cores (measured by rank
@@ -438,7 +431,7 @@ int run(const Options& o, World& w) {
     }
     if (step == prof_end) finish_profile();
     auto t0 = std::chrono::steady_clock::now();
-    opt.set_lr(lr_at(o, step));
+    opt.set_lr(schedule.at(step));
     const auto [comm0, exposed0] = comm_now();
     const double ddp_wait0 = ddp_wait;
     if (root)
