@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -88,6 +89,34 @@ TEST(MiniLLM, PresetsAndValidation) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("dim 250 is not divisible by heads 4"), std::string::npos);
+  }
+}
+
+TEST(MiniLLM, ConfigJsonRoundTripsAndNamesWhatIsWrong) {
+  nn::MiniLLMConfig c = nn::MiniLLMConfig::preset("tiny");
+  c.arch = nn::Arch::llama;
+  c.rope_theta = 500000.0;
+  c.norm_eps = 1e-5;
+  const nn::MiniLLMConfig r = nn::MiniLLMConfig::from_json(c.to_json());
+  EXPECT_EQ(r.to_json(), c.to_json());
+  EXPECT_EQ(r.arch, nn::Arch::llama);
+  EXPECT_EQ(r.ffn_hidden, c.resolved_ffn_hidden());
+  EXPECT_EQ(r.rope_theta, 500000.0);
+  EXPECT_EQ(r.norm_eps, std::optional<double>(1e-5));
+  // Older files have no rope_theta, norm_eps or seq: the defaults.
+  const auto old = nn::MiniLLMConfig::from_json(
+      R"({"arch":"seed","vocab":64,"dim":32,"layers":1,"heads":2,"ffn_hidden":128})");
+  EXPECT_EQ(old.rope_theta, 10000.0);
+  EXPECT_FALSE(old.norm_eps.has_value());
+  for (const char* bad :
+       {R"({"arch":"seed","vocab":64})", R"({"arch":"seed","vocab":"x"})",
+        R"({"arch":"gpt","vocab":64,"dim":32,"layers":1,"heads":2,"ffn_hidden":0})", "not json"}) {
+    try {
+      nn::MiniLLMConfig::from_json(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("[MiniLLM]"), std::string::npos) << e.what();
+    }
   }
 }
 

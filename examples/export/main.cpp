@@ -12,7 +12,6 @@
 #include <fstream>
 #include <initializer_list>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,15 +59,7 @@ int main(int argc, char** argv) {
                        ? checkpoint::to_hf_llama(cfg, tensors)
                        : tensors;
       for (auto& [n, t] : named) t = t.contiguous().to(dtype);
-      const std::string config = nlohmann::json{
-          {"arch", nn::arch_name(cfg.arch)},
-          {"vocab", cfg.vocab},
-          {"dim", cfg.dim},
-          {"layers", cfg.layers},
-          {"heads", cfg.heads},
-          {"ffn_hidden", cfg.resolved_ffn_hidden()},
-          {"seq", cfg.seq}}.dump();
-      checkpoint::save_safetensors(out, named, {{"format", "pt"}, {"fsdp.config", config}});
+      checkpoint::save_safetensors(out, named, {{"format", "pt"}, {"fsdp.config", cfg.to_json()}});
       fmt::print("export: wrote {} ({} tensors, {})\n", out, named.size(), dtype_name(dtype));
       if (cfg.arch == nn::Arch::llama && names == "auto") {
         const auto cj = std::filesystem::path(out).parent_path() / "config.json";

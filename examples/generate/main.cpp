@@ -19,7 +19,6 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -60,11 +59,7 @@ int main(int argc, char** argv) {
                  "[fsdp-generate] {} has no fsdp.config metadata (write it with "
                  "fsdp-export)",
                  model_path);
-      auto c = nlohmann::json::parse(mapped.metadata.at("fsdp.config"));
-      cfg.arch = nn::parse_arch(c.at("arch").get<std::string>());
-      cfg.vocab = c.at("vocab"), cfg.dim = c.at("dim"), cfg.layers = c.at("layers"),
-      cfg.heads = c.at("heads");
-      cfg.ffn_hidden = c.at("ffn_hidden"), cfg.seq = c.at("seq");
+      cfg = nn::MiniLLMConfig::from_json(mapped.metadata.at("fsdp.config"));
       model = std::make_unique<nn::MiniLLM>(cfg);
       checkpoint::SafetensorsIndex index(model_path);
       int64_t zero_copy = 0, copied = 0;

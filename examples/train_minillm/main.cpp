@@ -24,6 +24,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -357,20 +358,14 @@ int run(const Options& o, World& w) {
   // The run's config, saved in checkpoints; the model keys must match on resume.
   const std::vector<std::string> model_keys = {"arch",  "vocab",      "dim",  "layers",
                                                "heads", "ffn_hidden", "dtype"};
-  const std::string config_json = nlohmann::json{
-      {"arch", nn::arch_name(cfg.arch)},
-      {"vocab", cfg.vocab},
-      {"dim", cfg.dim},
-      {"layers", cfg.layers},
-      {"heads", cfg.heads},
-      {"ffn_hidden", cfg.resolved_ffn_hidden()},
-      {"seq", cfg.seq},
-      {"batch", cfg.batch},
-      {"world_size", w.size},
-      {"seed", o.seed},
-      {"dtype", std::string(dtype_name(dtype))},
-      {"lr", o.lr},
-      {"data", o.data}}.dump();
+  nlohmann::json run_config = nlohmann::json::parse(cfg.to_json());
+  run_config.update({{"batch", cfg.batch},
+                     {"world_size", w.size},
+                     {"seed", o.seed},
+                     {"dtype", std::string(dtype_name(dtype))},
+                     {"lr", o.lr},
+                     {"data", o.data}});
+  const std::string config_json = run_config.dump();
   int64_t start_step = 0;
   if (o.resume) {
     const std::string path = checkpoint::latest(o.ckpt_dir);

@@ -21,19 +21,6 @@ using json = nlohmann::json;
 
 namespace {
 
-nn::MiniLLMConfig config_from_json(const json& c) {
-  nn::MiniLLMConfig cfg;
-  cfg.arch = nn::parse_arch(c.at("arch").get<std::string>());
-  cfg.vocab = c.at("vocab");
-  cfg.dim = c.at("dim");
-  cfg.layers = c.at("layers");
-  cfg.heads = c.at("heads");
-  cfg.ffn_hidden = c.at("ffn_hidden");
-  cfg.seq = c.value("seq", int64_t(1024));
-  cfg.validate();
-  return cfg;
-}
-
 bool is_in_proj(const std::string& n) {
   return n.find(".attn.in_proj_weight") != std::string::npos;
 }
@@ -70,7 +57,7 @@ NamedTensors consolidate(const std::string& ckpt_path, nn::MiniLLMConfig* cfg_ou
     FSDP_CHECK(f.good(), "[export] {} has no metadata.json (not a checkpoint)", ckpt_path);
     f >> meta;
   }
-  nn::MiniLLMConfig cfg = config_from_json(meta.at("config"));
+  nn::MiniLLMConfig cfg = nn::MiniLLMConfig::from_json(meta.at("config").dump());
   if (cfg_out) *cfg_out = cfg;
   const int shards = meta.at("shards").get<int>();
   std::vector<std::unique_ptr<SafetensorsIndex>> files;

@@ -1,7 +1,11 @@
 // MiniLLM assembly, presets and validation.
 #include "fsdp/nn/minillm.h"
 
+#include <initializer_list>
+#include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
 
 namespace fsdp::nn {
 
@@ -26,6 +30,40 @@ MiniLLMConfig MiniLLMConfig::preset(const std::string& name) {
     return c;
   }
   FSDP_FAIL("[MiniLLM] unknown preset '{}'; expected seed or tiny", name);
+}
+
+std::string MiniLLMConfig::to_json() const {
+  nlohmann::json j = {{"arch", arch_name(arch)},
+                      {"vocab", vocab},
+                      {"dim", dim},
+                      {"layers", layers},
+                      {"heads", heads},
+                      {"ffn_hidden", resolved_ffn_hidden()},
+                      {"seq", seq},
+                      {"rope_theta", rope_theta}};
+  if (norm_eps) j["norm_eps"] = *norm_eps;
+  return j.dump();
+}
+
+MiniLLMConfig MiniLLMConfig::from_json(const std::string& text) {
+  MiniLLMConfig c;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    c.arch = parse_arch(j.at("arch").get<std::string>());
+    c.vocab = j.at("vocab").get<int64_t>();
+    c.dim = j.at("dim").get<int64_t>();
+    c.layers = j.at("layers").get<int64_t>();
+    c.heads = j.at("heads").get<int64_t>();
+    c.ffn_hidden = j.at("ffn_hidden").get<int64_t>();
+    c.seq = j.value("seq", c.seq);
+    c.rope_theta = j.value("rope_theta", c.rope_theta);
+    if (j.contains("norm_eps")) c.norm_eps = j.at("norm_eps").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    FSDP_FAIL("[MiniLLM] config {}: {}", text.size() > 200 ? text.substr(0, 200) + "..." : text,
+              e.what());
+  }
+  c.validate();
+  return c;
 }
 
 int64_t MiniLLMConfig::resolved_ffn_hidden() const {

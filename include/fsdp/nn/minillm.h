@@ -34,6 +34,11 @@ struct MiniLLMConfig {
   std::optional<double> norm_eps;  // unset: the compute dtype's epsilon, as nn.RMSNorm(eps=None)
 
   static MiniLLMConfig preset(const std::string& name);  // "seed" or "tiny"
+  // The model's shape as a JSON object (arch, vocab, dim, layers, heads, ffn_hidden resolved,
+  // seq, rope_theta, and norm_eps when set): checkpoints and exports carry it, and from_json
+  // rebuilds the config, validated. A missing or mistyped key is an error that names it.
+  std::string to_json() const;
+  static MiniLLMConfig from_json(const std::string& json);
   int64_t resolved_ffn_hidden() const;
   void validate() const;
   // Parameters that take part in matmuls (all but the embedding), for MFU.
