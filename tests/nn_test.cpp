@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fsdp/nn/minillm.h"
+#include "fsdp/nn/sample.h"
 #include "fsdp/ops/ops.h"
 #include "test_util.h"
 
@@ -118,6 +119,28 @@ TEST(MiniLLM, ConfigJsonRoundTripsAndNamesWhatIsWrong) {
       EXPECT_NE(std::string(e.what()).find("[MiniLLM]"), std::string::npos) << e.what();
     }
   }
+}
+
+TEST(Sample, SeededTopKAndGreedy) {
+  nn::MiniLLMConfig c = nn::MiniLLMConfig::preset("tiny");
+  c.arch = nn::Arch::llama, c.vocab = 300, c.dim = 32, c.layers = 1, c.heads = 2, c.seq = 16;
+  nn::MiniLLM model(c);
+  nn::materialize(model, DType::f32, 5);
+  const std::vector<int32_t> ctx = {72, 105};
+  auto a = nn::sample(model, ctx, {.tokens = 20, .temperature = 1.0, .max_id = 256, .seed = 3});
+  auto b = nn::sample(model, ctx, {.tokens = 20, .temperature = 1.0, .max_id = 256, .seed = 3});
+  ASSERT_EQ(a.size(), 20u);
+  EXPECT_EQ(a, b);  // the counter-based draws: the same seed gives the same ids
+  for (int32_t id : a) EXPECT_LT(id, 256);
+  auto greedy = nn::sample(model, ctx, {.tokens = 20, .temperature = 0.0, .seed = 3});
+  auto top1 = nn::sample(model, ctx, {.tokens = 20, .temperature = 2.0, .top_k = 1, .seed = 9});
+  EXPECT_EQ(greedy, top1);
+  // Greedy picks the argmax of the last position's logits.
+  Tensor logits = model.forward(Tensor::from_vector(ctx, {1, 2})).to(DType::f64);
+  const double* last = logits.data<double>() + c.vocab;
+  EXPECT_EQ(greedy[0], int32_t(std::max_element(last, last + c.vocab) - last));
+  EXPECT_THROW(nn::sample(model, {300}, {.tokens = 1}), Error);  // outside the vocab
+  EXPECT_THROW(nn::sample(model, ctx, {.tokens = 1, .temperature = -1}), Error);
 }
 
 TEST(MiniLLM, MaterializeIsOneFlatBuffer) {

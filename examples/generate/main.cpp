@@ -25,6 +25,7 @@
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/interchange.h"
 #include "fsdp/nn/init.h"
+#include "fsdp/nn/sample.h"
 
 int main(int argc, char** argv) {
   using namespace fsdp;
@@ -90,34 +91,15 @@ int main(int argc, char** argv) {
     }
     std::vector<int32_t> ctx;
     for (unsigned char ch : prompt) ctx.push_back(int32_t(ch) % int32_t(cfg.vocab));
-    if (ctx.empty()) ctx.push_back(int32_t(' '));
-    std::string out;
-    const int64_t v = std::min<int64_t>(256, cfg.vocab);
     auto t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < tokens; ++i) {
-      const int64_t len = std::min<int64_t>(int64_t(ctx.size()), cfg.seq);
-      std::vector<int32_t> window(ctx.end() - len, ctx.end());
-      Tensor logits = model->forward(Tensor::from_vector(window, {1, len})).to(DType::f64);
-      const double* last = logits.data<double>() + (len - 1) * cfg.vocab;
-      std::vector<int64_t> idx(static_cast<size_t>(v));
-      for (int64_t j = 0; j < v; ++j) idx[size_t(j)] = j;
-      std::sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return last[a] > last[b]; });
-      int64_t pick = idx[0];
-      if (temperature > 0) {
-        const int64_t k = top_k > 0 ? std::min(top_k, v) : v;
-        std::vector<double> p(static_cast<size_t>(k));
-        double sum = 0;
-        for (int64_t j = 0; j < k; ++j)
-          sum += p[size_t(j)] = std::exp((last[idx[size_t(j)]] - last[idx[0]]) / temperature);
-        double u = nn::counter_uniform(seed, uint64_t(i)) * sum;
-        for (int64_t j = 0; j < k; ++j) {
-          pick = idx[size_t(j)];
-          if ((u -= p[size_t(j)]) <= 0) break;
-        }
-      }
-      ctx.push_back(int32_t(pick));
-      out.push_back((pick < 32 && pick != '\n') ? ' ' : char(pick));
-    }
+    std::string out;
+    for (int32_t id : nn::sample(*model, ctx,
+                                 {.tokens = tokens,
+                                 .temperature = temperature,
+                                 .top_k = top_k,
+                                 .max_id = 256,
+                                 .seed = seed}))
+      out.push_back((id < 32 && id != '\n') ? ' ' : char(id));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("{}{}\n", prompt, out);
     fmt::print("generate: {} tokens in {:.2f} s, {:.1f} tokens/s\n", tokens, s,

@@ -45,6 +45,7 @@
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/init.h"
 #include "fsdp/nn/minillm.h"
+#include "fsdp/nn/sample.h"
 #include "fsdp/ops/ops.h"
 #include "fsdp/ops/peak.h"
 #include "fsdp/optim/adamw.h"
@@ -136,36 +137,6 @@ void print_config(const nn::MiniLLMConfig& c, const Options& o, int64_t nparams,
   row("sgemm peak", fmt::format("{:.1f} GFLOP/s, all ranks (MFU denominator)", peak / 1e9));
   row("FLOPs / token", fmt::format("{:.3g}", c.flops_per_token()));
   fmt::print("+{:-<24}+{:-<46}+\n", "", "");
-}
-
-// Samples `n` bytes after `prompt` with temperature sampling, recomputing the
-// whole window each token (the model has no KV cache yet).
-std::string sample(nn::MiniLLM& model, const std::string& prompt, int64_t n, double temperature,
-                   uint64_t seed, Device device) {
-  const auto& c = model.config();
-  std::vector<int32_t> ctx;
-  for (unsigned char ch : prompt) ctx.push_back(int32_t(ch) % int32_t(c.vocab));
-  if (ctx.empty()) ctx.push_back(int32_t(' '));
-  std::string out;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t len = std::min<int64_t>(int64_t(ctx.size()), c.seq);
-    std::vector<int32_t> window(ctx.end() - len, ctx.end());
-    Tensor logits = model.forward(Tensor::from_vector(window, {1, len}).to(device))
-                        .to(Device::cpu())
-                        .to(DType::f64);
-    const double* last = logits.data<double>() + (len - 1) * c.vocab;
-    double m = -1e300;
-    for (int64_t v = 0; v < 256 && v < c.vocab; ++v) m = std::max(m, last[v]);
-    std::vector<double> p(size_t(std::min<int64_t>(256, c.vocab)));
-    double sum = 0;
-    for (size_t v = 0; v < p.size(); ++v) sum += p[v] = std::exp((last[v] - m) / temperature);
-    double u = nn::counter_uniform(seed, uint64_t(i)) * sum;
-    size_t pick = 0;
-    for (; pick + 1 < p.size() && u > p[pick]; ++pick) u -= p[pick];
-    ctx.push_back(int32_t(pick));
-    out.push_back(char(pick));
-  }
-  return out;
 }
 
 // Bytes per rank of parameters, gradients and AdamW state when each
@@ -546,7 +517,16 @@ int run(const Options& o, World& w) {
 
   if (!o.data.empty() && o.sample_tokens > 0) {
     // Every rank samples in lockstep (sharded forwards are collective); rank 0 prints.
-    std::string text = sample(model, o.prompt, o.sample_tokens, o.temperature, o.seed, device);
+    std::vector<int32_t> prompt;
+    for (unsigned char ch : o.prompt) prompt.push_back(int32_t(ch) % int32_t(cfg.vocab));
+    std::string text;
+    for (int32_t id : nn::sample(model, prompt,
+                                 {.tokens = o.sample_tokens,
+                                 .temperature = o.temperature,
+                                 .max_id = 256,
+                                 .seed = o.seed,
+                                 .device = device}))
+      text.push_back(char(id));
     for (char& ch : text)
       if ((unsigned char)ch < 32 && ch != '\n') ch = ' ';
     if (w.main()) fmt::print("sample: {}{}\n", o.prompt, text);
