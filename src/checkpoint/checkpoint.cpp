@@ -54,7 +54,7 @@ Tensor rows_view(const Tensor& flat, int64_t offset, int64_t rows, const Shape& 
 
 }  // namespace
 
-void save(const std::string& dir, int64_t step, FSDPModule& root, optim::AdamW& opt,
+void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::Optimizer& opt,
           const std::string& config_json, int keep,
           const std::shared_ptr<dist::ProcessGroup>& world) {
   const int rank = world ? world->rank() : 0;
@@ -80,10 +80,9 @@ void save(const std::string& dir, int64_t step, FSDPModule& root, optim::AdamW& 
     for (const auto& in : infos) {
       tensors.emplace_back("param/" + in.name, rows_view(groups[in.group].params, in.offset,
                                                          in.local_rows, in.global_shape));
-      tensors.emplace_back("exp_avg/" + in.name, rows_view(opt.exp_avg(in.group), in.offset,
-                                                           in.local_rows, in.global_shape));
-      tensors.emplace_back("exp_avg_sq/" + in.name, rows_view(opt.exp_avg_sq(in.group), in.offset,
-                                                              in.local_rows, in.global_shape));
+      for (const auto& [state, flat] : opt.state(groups[in.group].params))
+        tensors.emplace_back(state + "/" + in.name,
+                             rows_view(flat, in.offset, in.local_rows, in.global_shape));
     }
     if (slow_ms > 0)
       std::this_thread::sleep_for(
@@ -180,7 +179,7 @@ std::string latest(const std::string& dir) {
   return steps.back().string();
 }
 
-Loaded load(const std::string& path, FSDPModule& root, optim::AdamW& opt,
+Loaded load(const std::string& path, FSDPModule& root, optim::Optimizer& opt,
             const std::string& config_json, const std::vector<std::string>& model_keys) {
   const fs::path dir(path);
   const fs::path mp = dir / "metadata.json";
@@ -243,11 +242,10 @@ Loaded load(const std::string& path, FSDPModule& root, optim::AdamW& opt,
       const int64_t lo = std::max(b, my_b), hi = std::min(b + len, my_e);
       if (lo >= hi) continue;
       SafetensorsIndex& idx = shard_index(s);
-      const std::pair<const char*, Tensor> dst[3] = {{"param/", groups[in.group].params},
-                                                     {"exp_avg/", opt.exp_avg(in.group)},
-                                                     {"exp_avg_sq/", opt.exp_avg_sq(in.group)}};
+      std::vector<std::pair<std::string, Tensor>> dst = {{"param", groups[in.group].params}};
+      for (auto& st : opt.state(groups[in.group].params)) dst.push_back(st);
       for (const auto& [prefix, flat] : dst) {
-        Tensor src = idx.read(prefix + in.name);
+        Tensor src = idx.read(prefix + "/" + in.name);
         const int64_t at = in.offset + (lo - my_b) * row;
         flat.slice(at, at + (hi - lo) * row)
             .copy_(src.reshape({-1}).slice((lo - b) * row, (hi - b) * row));

@@ -9,7 +9,7 @@
 namespace fsdp::optim {
 
 AdamW::AdamW(std::vector<ParamGroup> groups, ops::AdamWHyper hyper)
-    : groups_(std::move(groups)), hyper_(hyper) {
+    : Optimizer(std::move(groups)), hyper_(hyper) {
   for (const ParamGroup& g : groups_) {
     FSDP_CHECK(g.params.dim() == 1 && g.grads.shape() == g.params.shape() &&
                    g.params.is_contiguous() && g.grads.is_contiguous(),
@@ -47,6 +47,11 @@ void AdamW::step() {
     }
     run(at, g.params.numel(), g.weight_decay);
   }
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::state(const Tensor& params) const {
+  const size_t i = group_of(params);
+  return {{"exp_avg", exp_avg_[i]}, {"exp_avg_sq", exp_avg_sq_[i]}};
 }
 
 int64_t AdamW::state_bytes() const {

@@ -1,4 +1,5 @@
-// Sharded checkpoints of a fully_shard'ed model and its AdamW state.
+// Sharded checkpoints of a fully_shard'ed model and its optimizer's state (any optim::Optimizer;
+// each state tensor is saved per parameter, under "<state>/<parameter name>").
 //
 //   D/step_00000100/metadata.json         global shape, dtype, placement and the
 //                                          row chunk of every shard file, the run's
@@ -23,13 +24,13 @@
 
 #include "fsdp/dist/process_group.h"
 #include "fsdp/fsdp/fully_shard.h"
-#include "fsdp/optim/adamw.h"
+#include "fsdp/optim/optimizer.h"
 
 namespace fsdp::checkpoint {
 
 // Collective over `world`. `config_json` is a JSON object describing the run;
 // its model fields are checked on load. Keeps the newest `keep` checkpoints (0: all).
-void save(const std::string& dir, int64_t step, FSDPModule& root, optim::AdamW& opt,
+void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::Optimizer& opt,
           const std::string& config_json, int keep,
           const std::shared_ptr<dist::ProcessGroup>& world);
 
@@ -44,7 +45,7 @@ struct Loaded {
 // needed. Refuses, naming the file and the problem: a missing shard file, a
 // checksum that does not match (truncated or corrupted), and a model config
 // (`model_keys` of config_json) that differs from the checkpoint's.
-Loaded load(const std::string& path, FSDPModule& root, optim::AdamW& opt,
+Loaded load(const std::string& path, FSDPModule& root, optim::Optimizer& opt,
             const std::string& config_json, const std::vector<std::string>& model_keys);
 
 }  // namespace fsdp::checkpoint

@@ -7,25 +7,27 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/core/tensor.h"
 #include "fsdp/nn/param_group.h"
 #include "fsdp/ops/ops.h"
+#include "fsdp/optim/optimizer.h"
 
 namespace fsdp::optim {
 
-using ParamGroup = nn::ParamGroup;
-
-class AdamW {
+class AdamW final : public Optimizer {
  public:
   AdamW(std::vector<ParamGroup> groups, ops::AdamWHyper hyper);
-  // One step over every group with the current learning rate.
-  void step();
-  void set_lr(double lr) { hyper_.lr = lr; }
-  double lr() const { return hyper_.lr; }
-  int64_t step_count() const { return step_; }
-  void set_step_count(int64_t step) { step_ = step; }
+  void step() override;
+  void set_lr(double lr) override { hyper_.lr = lr; }
+  double lr() const override { return hyper_.lr; }
+  int64_t step_count() const override { return step_; }
+  void set_step_count(int64_t step) override { step_ = step; }
+  // "exp_avg" and "exp_avg_sq" of the group whose parameters are `params`.
+  std::vector<std::pair<std::string, Tensor>> state(const Tensor& params) const override;
   // The first and second moments of group i (same layout as its params).
   const Tensor& exp_avg(size_t i) const { return exp_avg_.at(i); }
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
@@ -34,7 +36,6 @@ class AdamW {
   int64_t state_bytes() const;
 
  private:
-  std::vector<ParamGroup> groups_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
   ops::AdamWHyper hyper_;
   int64_t step_ = 0;

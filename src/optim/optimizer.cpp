@@ -1,0 +1,23 @@
+// The optimizer interface's shared part.
+#include "fsdp/optim/optimizer.h"
+
+#include <memory>
+
+#include "fsdp/core/error.h"
+
+namespace fsdp::optim {
+
+void Optimizer::zero_grad() {
+  for (const ParamGroup& g : groups_) g.grads.zero_();
+}
+
+size_t Optimizer::group_of(const Tensor& params) const {
+  for (size_t i = 0; i < groups_.size(); ++i)
+    if (groups_[i].params.raw_data() == params.raw_data() &&
+        groups_[i].params.numel() == params.numel())
+      return i;
+  FSDP_FAIL("[optimizer] no group of this optimizer holds the {} parameters asked for ({} groups)",
+            shape_str(params.shape()), groups_.size());
+}
+
+}  // namespace fsdp::optim
