@@ -1,0 +1,60 @@
+// A sharded trainer from the library's parts: tiny llama, fully_shard, AdamW, warmup + cosine,
+// clipping, a checkpoint every 10 steps, resume. mpirun -np 2 custom_trainer CKPT_DIR [STOP_AT]
+#include <fmt/core.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/data/text_dataset.h"
+#include "fsdp/dist/device_mesh.h"
+#include "fsdp/dist/init.h"
+#include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/nn/minillm.h"
+#include "fsdp/ops/ops.h"
+#include "fsdp/optim/adamw.h"
+#include "fsdp/optim/clip.h"
+#include "fsdp/optim/lr_schedule.h"
+using namespace fsdp;
+
+int main(int argc, char** argv) try {
+  const std::string dir = argc > 1 ? argv[1] : "ckpt";
+  const int64_t steps = 20, stop = argc > 2 ? std::stoll(argv[2]) : steps, seed = 1;
+  auto world = dist::init_process_group();
+  auto mesh = dist::init_device_mesh({world->size()});
+  nn::MiniLLMConfig cfg = nn::MiniLLMConfig::preset("tiny");
+  cfg.arch = nn::Arch::llama;
+  const int64_t B = cfg.batch / world->size(), T = cfg.seq;  // a global batch of cfg.batch rows
+  nn::MiniLLM model(cfg);
+  for (size_t i = 0; i < model.layers().size(); ++i)
+    fully_shard(model.layers()[i], mesh, {.seed = seed});
+  FSDPModule& root = fully_shard(model, mesh, {.seed = seed});
+  optim::AdamW opt(root.param_groups(0.01), {.lr = 1e-3, .weight_decay = 0.01});
+  optim::LRSchedule lr(
+      {.lr = 1e-3, .warmup = 5, .decay = optim::Decay::cosine, .min_lr = 1e-4, .decay_end = steps});
+  data::RandomTokenSource data(cfg.vocab, seed);
+  int64_t start = 0;
+  if (const std::string last = checkpoint::latest(dir); !last.empty())
+    start = checkpoint::load(last, root, opt, cfg.to_json(), {"arch", "dim", "layers"}).step;
+  for (int64_t step = start; step < stop; ++step) {
+    opt.set_lr(lr.at(step));
+    model.zero_grad();
+    data::Batch b = data.batch(step, cfg.batch, world->rank() * B, B, T);
+    Tensor logits = model.forward(b.inputs).view({B * T, cfg.vocab});
+    auto x = ops::cross_entropy_forward(logits, b.targets);
+    model.backward(ops::cross_entropy_backward(logits, b.targets, x.lse).view({B, T, cfg.vocab}));
+    const double norm = optim::clip_grad_norm(root, 1.0);
+    opt.step();
+    Tensor loss = Tensor::full({1}, x.loss, DType::f64);
+    world->all_reduce(loss, dist::ReduceOp::AVG)->wait();  // the mean over ranks
+    if (!world->rank()) fmt::print("step {} | loss {} | norm {:.3f}\n", step, loss.item(), norm);
+    if ((step + 1) % 10 == 0) checkpoint::save(dir, step + 1, root, opt, cfg.to_json(), 2, world);
+  }
+  dist::destroy_process_group();
+} catch (const std::exception& e) {
+  fmt::print(stderr, "custom_trainer: error: {}\n", e.what());
+  dist::abort_process(1);
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# examples/custom_trainer (a 60-line trainer from the library's parts) at 2 ranks: it prints the
+# losses fsdp-train prints for the same config, and a run stopped at step 10 and restarted
+# resumes bit for bit (the losses of steps 10-19 equal the uninterrupted run's, every digit).
+set -uo pipefail
+trainer=$1
+fsdp_train=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/testlib.sh"
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE FSDP_COLLECTIVE_TIMEOUT_S=120
+mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2)
+losses() { grep -E '^step ' "$1" | sed -E 's/.*loss ([0-9.]+).*/\1/'; }
+
+"${mpi[@]}" "$trainer" "$work/a" > "$work/full.out" 2>&1 || bad "custom_trainer failed: $(tail -3 "$work/full.out")"
+"${mpi[@]}" "$fsdp_train" --preset tiny --arch llama --batch 4 --steps 20 --lr 1e-3 --weight-decay 0.01 \
+  --warmup-steps 5 --lr-decay cosine --min-lr 1e-4 --grad-clip 1.0 --seed 1 --threads 1 --sample-tokens 0 \
+  > "$work/fsdp_train.out" 2>&1 || bad "fsdp-train failed: $(tail -3 "$work/fsdp_train.out")"
+losses "$work/full.out" | awk '{printf "%.4f\n", $1}' > "$work/l_custom"
+losses "$work/fsdp_train.out" > "$work/l_train"
+[ "$(wc -l < "$work/l_custom")" -eq 20 ] && ok || bad "custom_trainer printed $(wc -l < "$work/l_custom") step lines"
+cmp -s "$work/l_custom" "$work/l_train" && ok \
+  || bad "custom_trainer and fsdp-train losses differ: $(paste -d' ' "$work/l_custom" "$work/l_train" | tr '\n' ';')"
+
+"${mpi[@]}" "$trainer" "$work/b" 10 > "$work/first.out" 2>&1 || bad "the run to step 10 failed"
+[ -f "$work/b/step_00000010/metadata.json" ] && ok || bad "no checkpoint at step 10: $(ls "$work/b" 2>&1)"
+"${mpi[@]}" "$trainer" "$work/b" > "$work/resumed.out" 2>&1 || bad "the resumed run failed: $(tail -3 "$work/resumed.out")"
+grep -E '^step (1[0-9]) ' "$work/full.out" > "$work/tail_full"
+grep -E '^step ' "$work/resumed.out" > "$work/tail_resumed"
+[ "$(wc -l < "$work/tail_resumed")" -eq 10 ] && cmp -s "$work/tail_full" "$work/tail_resumed" && ok \
+  || bad "the resumed steps differ from the uninterrupted run: $(diff "$work/tail_full" "$work/tail_resumed" | head -4 | tr '\n' ';')"
+summary
