@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/nn/loss.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/nn/sample.h"
 #include "fsdp/ops/ops.h"
@@ -141,6 +142,26 @@ TEST(Sample, SeededTopKAndGreedy) {
   EXPECT_EQ(greedy[0], int32_t(std::max_element(last, last + c.vocab) - last));
   EXPECT_THROW(nn::sample(model, {300}, {.tokens = 1}), Error);  // outside the vocab
   EXPECT_THROW(nn::sample(model, ctx, {.tokens = 1, .temperature = -1}), Error);
+}
+
+// The loss helper against the out-of-place ops: the same loss, and dlogits written over the
+// logits equal to cross_entropy_backward's, in f64, f32 and bf16 storage.
+TEST(LMLoss, InPlaceGradientEqualsTheOutOfPlaceOne) {
+  for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+    Tensor logits = test::random_tensor({3, 5, 11}, 8, DType::f32).to(dt);
+    Tensor targets = test::random_ids({3, 5}, 11, 9).to(DType::i32);
+    Tensor flat = logits.clone().view({15, 11});
+    auto ref = ops::cross_entropy_forward(flat, targets.view({15}));
+    Tensor dref = ops::cross_entropy_backward(flat, targets.view({15}), ref.lse, 0.5);
+    nn::LMLoss loss;
+    Tensor l = loss.forward(logits, targets);
+    EXPECT_EQ(l.item(), ref.loss) << dtype_name(dt);
+    Tensor d = loss.backward(0.5);
+    EXPECT_EQ(d.shape(), logits.shape());
+    EXPECT_TRUE(d.shares_storage_with(logits)) << "dlogits should be written over the logits";
+    EXPECT_EQ(d.to_f64_vector(), dref.to_f64_vector()) << dtype_name(dt);
+    EXPECT_THROW(loss.backward(), Error);  // once per forward
+  }
 }
 
 TEST(MiniLLM, MaterializeIsOneFlatBuffer) {

@@ -13,8 +13,8 @@
 #include "fsdp/dist/device_mesh.h"
 #include "fsdp/dist/init.h"
 #include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/nn/loss.h"
 #include "fsdp/nn/minillm.h"
-#include "fsdp/ops/ops.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/clip.h"
 #include "fsdp/optim/lr_schedule.h"
@@ -43,12 +43,11 @@ int main(int argc, char** argv) try {
     opt.set_lr(lr.at(step));
     model.zero_grad();
     data::Batch b = data.batch(step, cfg.batch, world->rank() * B, B, T);
-    Tensor logits = model.forward(b.inputs).view({B * T, cfg.vocab});
-    auto x = ops::cross_entropy_forward(logits, b.targets);
-    model.backward(ops::cross_entropy_backward(logits, b.targets, x.lse).view({B, T, cfg.vocab}));
+    nn::LMLoss lm;
+    Tensor loss = lm.forward(model.forward(b.inputs), b.targets);  // on the model's device
+    model.backward(lm.backward());
     const double norm = optim::clip_grad_norm(root, 1.0);
     opt.step();
-    Tensor loss = Tensor::full({1}, x.loss, DType::f64);
     world->all_reduce(loss, dist::ReduceOp::AVG)->wait();  // the mean over ranks
     if (!world->rank()) fmt::print("step {} | loss {} | norm {:.3f}\n", step, loss.item(), norm);
     if ((step + 1) % 10 == 0) checkpoint::save(dir, step + 1, root, opt, cfg.to_json(), 2, world);

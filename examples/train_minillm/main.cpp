@@ -44,6 +44,7 @@
 #include "fsdp/dist/init.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/init.h"
+#include "fsdp/nn/loss.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/nn/sample.h"
 #include "fsdp/ops/ops.h"
@@ -411,13 +412,9 @@ int run(const Options& o, World& w) {
       data::Batch b = src->batch(step * o.grad_accum + micro, global_rows, w.rank * B, B, T);
       b.inputs = b.inputs.to(device);
       b.targets = b.targets.to(device);
-      Tensor logits = model.forward(b.inputs).view({B * T, cfg.vocab});
-      auto xent = ops::cross_entropy_forward(logits, b.targets, /*read_loss=*/false);
-      Tensor dlogits =
-          ops::cross_entropy_backward(logits, b.targets, xent.lse, 1.0 / double(o.grad_accum));
-      logits = Tensor();
-      model.backward(dlogits.view({B, T, cfg.vocab}));
-      micro_losses.push_back(xent.loss_tensor);
+      nn::LMLoss loss;  // the loss stays on the device; dlogits overwrite the logits
+      micro_losses.push_back(loss.forward(model.forward(b.inputs), b.targets));
+      model.backward(loss.backward(1.0 / double(o.grad_accum)));
     }
     if (!root && w.size > 1) {
       auto tw = std::chrono::steady_clock::now();

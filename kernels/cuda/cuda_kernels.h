@@ -125,6 +125,7 @@ void cudnn_attention_backward(const void* dout, const void* qkv, const void* out
 // stays there: no sync. A target outside [0, v) makes the loss NaN.
 void softmax_xent_forward(const void* logits, const void* targets, DType tt, float* lse,
                           double* mean_loss, DType t, int64_t n, int64_t v, int device, Stream s);
+// dlogits may be logits (in place).
 void softmax_xent_backward(const void* logits, const void* targets, DType tt, const float* lse,
                            void* dlogits, DType t, double dloss, int64_t n, int64_t v, int device,
                            Stream s);

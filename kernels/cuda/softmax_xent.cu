@@ -27,9 +27,11 @@ __global__ void xent_fwd(const T* __restrict__ logits, const I* __restrict__ tar
   }
 }
 
+// d may be the logits themselves (cross_entropy_backward_): each element is read, then written,
+// by one thread, so neither pointer is __restrict__.
 template <class T, class I>
-__global__ void xent_bwd(const T* __restrict__ logits, const I* __restrict__ targets,
-                         const float* __restrict__ lse, T* __restrict__ d, float k, int64_t v) {
+__global__ void xent_bwd(const T* logits, const I* __restrict__ targets,
+                         const float* __restrict__ lse, T* d, float k, int64_t v) {
   const int64_t row = blockIdx.x;
   const T* x = logits + row * v;
   T* dr = d + row * v;

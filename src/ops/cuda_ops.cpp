@@ -301,6 +301,17 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   return d;
 }
 
+Tensor cross_entropy_backward_(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                               double dloss) {
+  // xent_bwd reads each logit once, then writes its gradient in the same place.
+  Tensor Tg = dense(targets), LS = dense(lse.to(DType::f32));
+  const int64_t n = logits.size(0), v = logits.size(1);
+  kc::softmax_xent_backward(logits.raw_data(), Tg.raw_data(), Tg.dtype(), LS.data<float>(),
+                            logits.raw_data(), logits.dtype(), dloss, n, v, dev(logits),
+                            cs(logits));
+  return logits;
+}
+
 void adamw_(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWHyper& h,
             int64_t step) {
   kc::adamw(p.raw_data(), g.raw_data(), m.raw_data(), v.raw_data(), p.dtype(), p.numel(), h.lr,

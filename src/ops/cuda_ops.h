@@ -41,6 +41,8 @@ void scale_(const Tensor& x, double s);
 CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets, bool read_loss);
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                               double dloss);
+Tensor cross_entropy_backward_(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                               double dloss);
 void adamw_(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWHyper& h,
             int64_t step);
 

@@ -612,6 +612,36 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
   return as_storage(d, logits.dtype());
 }
 
+Tensor cross_entropy_backward_(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                               double dloss) {
+  FSDP_OP_SCOPE("cross_entropy_backward_", logits, ({&logits, &targets}),
+                3.0 * double(logits.numel()), logits.nbytes());
+  require_cpu("cross_entropy_backward_", {&logits, &targets, &lse});
+  FSDP_CHECK(logits.dim() == 2 && logits.is_contiguous(),
+             "[cross_entropy_backward_] logits must be contiguous [N, V], got {}{}",
+             shape_str(logits.shape()), logits.is_contiguous() ? "" : " (strided)");
+  const int64_t n = logits.size(0), v = logits.size(1);
+  FSDP_CHECK(lse.numel() == n && targets.numel() == n,
+             "[cross_entropy_backward_] lse {} / targets {} for {} rows", lse.numel(),
+             targets.numel(), n);
+  FSDP_CUDA_DISPATCH(("cross_entropy_backward_", {&logits, &targets, &lse}),
+                     cross_entropy_backward_(logits, targets, lse, dloss));
+  const DType ct = compute_dtype(logits.dtype());
+  Accum L(logits, ct);  // the logits themselves when they are f32/f64
+  Tensor Tg = targets.contiguous(), LS = as_compute(lse, ct);
+  cpu::dispatch_index(Tg.dtype(), "cross_entropy_backward_", [&](auto iv) {
+    using Ix = decltype(iv);
+    cpu::dispatch_compute(ct, "cross_entropy_backward_", [&](auto tv) {
+      using T = decltype(tv);
+      // Row by row, each element is read before it is written: safe in place.
+      cpu::softmax_xent_backward<T, Ix>(L.data<T>(), Tg.data<Ix>(), LS.data<T>(), L.data<T>(),
+                                        dloss, n, v);
+    });
+  });
+  L.finish();
+  return logits;
+}
+
 // ---------------------------------------------------------------- copies
 
 void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segment>& segments) {

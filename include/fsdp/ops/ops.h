@@ -81,6 +81,11 @@ CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& target
                                       bool read_loss = true);
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                               double dloss = 1.0);
+// The same, written over the logits (llm.c's trick: [N, V] logits are the largest activation of
+// a language model, and their gradient needs no second buffer). logits must be contiguous;
+// returns them, now holding dlogits.
+Tensor cross_entropy_backward_(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                               double dloss = 1.0);
 
 // FSDP's copy kernel: for each segment, dst[dst_offset, +count) = src[src_offset, +count)
 // on flat contiguous buffers, casting the dtype. One launch on CUDA for all
