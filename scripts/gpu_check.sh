@@ -6,8 +6,8 @@
 # 1. builds for sm_90 with cuDNN's SDPA (Release; only the targets it runs);
 # 2. runs the CUDA tests: every op against the CPU with poisoned outputs,
 #    cuDNN attention against our kernel, the MiniLLM on CUDA against the CPU,
-#    NCCL and fully_shard at world size 1; the no-exit guard on the objects;
-#    compute-sanitizer memcheck on the op tests where it is installed;
+#    NCCL and fully_shard at world size 1; the no-exit guard on the objects
+#    (compute-sanitizer memcheck on the op tests runs last, if time is left);
 # 3. measures the ceilings (bf16/f32 GEMM on random data, device copy) and
 #    times each op of the step against its floor (fsdp-bench-kernels), next to
 #    PyTorch's SDPA on the same shape (bench/torch_attention.py);
@@ -84,14 +84,6 @@ objs=$(find "$build/CMakeFiles/fsdp.dir" -name '*.cu.o')
 # shellcheck disable=SC2086 # one argument per object
 bash tests/cuda_objects_test.sh $objs > "$out/cuda_objects.log" 2>&1 || test_rc=1
 tail -1 "$out/cuda_objects.log" | tee -a "$out/check.log"
-sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null || true)
-memcheck="not run"
-if [ -n "$sanitizer" ] && have_time 330 "compute-sanitizer"; then
-  timeout 90 "$sanitizer" --tool memcheck --leak-check no "$build/tests/cuda_test" \
-    --gtest_filter='Dtypes/BackendOps.*:Cuda.CudnnAttention*' > "$out/memcheck.log" 2>&1
-  memcheck="exit $? ($(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1))"
-  log "memcheck: $memcheck"
-fi
 
 log "ceilings and kernels"
 timeout 60 "$build/bench/fsdp-bench-gpu" > "$out/ceilings.log" 2>&1
@@ -111,20 +103,6 @@ log "reference PyTorch FSDP2, same config, 20 steps"
 timeout 150 "${ref[@]}" > "$out/torch_ref.log" 2>&1
 ref_rc=$?
 grep -E '^torch-ref:' "$out/torch_ref.log" | tee -a "$out/check.log"
-if have_time 90 "llama side by side"; then
-  log "fsdp-train --preset seed --arch llama and its PyTorch reference"
-  timeout 120 "${train[@]}" --preset seed --arch llama > "$out/fsdp_train_llama.log" 2>&1
-  ltrain_rc=$?
-  timeout 120 "${ref[@]}" --arch llama > "$out/torch_ref_llama.log" 2>&1
-  lref_rc=$?
-  grep -E '^torch-ref:' "$out/torch_ref_llama.log" | tee -a "$out/check.log"
-fi
-if have_time 40 "profile"; then
-  log "profile of the seed run, steps 3-4"
-  timeout 60 "${train[@]}" --preset seed --steps 6 --profile-steps 3:5 --profile-dir "$out/prof" \
-    > "$out/profile.log" 2>&1
-fi
-
 multi="not run" ckpt="not run"
 if grep -q 'Gloo=ON' "$out/build.log" && have_time 60 "multi-rank CUDA (gloo)"; then
   log "multi-rank CUDA on one GPU: --backend gloo at 1, 2, 4 processes"
@@ -176,6 +154,30 @@ if have_time 30 "NCCL one-rank-per-GPU refusal"; then
     refusal="FAIL: exit $rc (124: a hang), see nccl_np2.log"
   fi
   log "nccl refusal: $refusal"
+fi
+
+if have_time 90 "llama side by side"; then
+  log "fsdp-train --preset seed --arch llama and its PyTorch reference"
+  timeout 120 "${train[@]}" --preset seed --arch llama > "$out/fsdp_train_llama.log" 2>&1
+  ltrain_rc=$?
+  timeout 120 "${ref[@]}" --arch llama > "$out/torch_ref_llama.log" 2>&1
+  lref_rc=$?
+  grep -E '^torch-ref:' "$out/torch_ref_llama.log" | tee -a "$out/check.log"
+fi
+if have_time 40 "profile"; then
+  log "profile of the seed run, steps 3-4"
+  timeout 60 "${train[@]}" --preset seed --steps 6 --profile-steps 3:5 --profile-dir "$out/prof" \
+    > "$out/profile.log" 2>&1
+fi
+
+# Last, with what time is left: compute-sanitizer on the op tests (slow under the tool).
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null || true)
+memcheck="not run"
+if [ -n "$sanitizer" ] && have_time 100 "compute-sanitizer"; then
+  timeout 90 "$sanitizer" --tool memcheck --leak-check no "$build/tests/cuda_test" \
+    --gtest_filter='Dtypes/BackendOps.*' > "$out/memcheck.log" 2>&1
+  memcheck="exit $? ($(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1))"
+  log "memcheck: $memcheck"
 fi
 
 # ------------------------------------------------------------------ summary
