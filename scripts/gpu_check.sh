@@ -68,6 +68,7 @@ targets=(cuda_test ops_test fsdp-train fsdp-bench-gpu fsdp-bench-kernels)  # MPI
 log "configure + build (sm_90): ${targets[*]}"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DFSDP_CUDNN=ON ${cudnn_root:+-DFSDP_CUDNN_ROOT="$cudnn_root"} -DFSDP_CUDNN_FRONTEND_DIR="$fe_dir" \
+  -DFSDP_MPI=ON -DFSDP_GLOO=ON \
   > "$out/build.log" 2>&1 \
   && cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >> "$out/build.log" 2>&1
 build_rc=$?
@@ -134,11 +135,13 @@ PY
   timeout 60 python3 scripts/fsdprun --standalone --nproc_per_node 2 "$build/examples/fsdp-train" \
     --device cuda --backend gloo --preset tiny --arch llama --vocab 256 --batch 4 --steps 4 \
     --ckpt-dir "$out/ck" --ckpt-every 4 > "$out/ckpt_save.log" 2>&1 && ck+=("saved at 2 CUDA ranks")
+  [ ${#ck[@]} -eq 1 ] || ck+=("save at 2 CUDA ranks FAILED, see ckpt_save.log")
   for dev in cpu cuda; do
-    cp -r "$out/ck" "$out/ck_$dev"
+    [ -d "$out/ck" ] && cp -r "$out/ck" "$out/ck_$dev"
     timeout 60 "$build/examples/fsdp-train" --device $dev --preset tiny --arch llama --vocab 256 --batch 8 \
       --steps 6 --ckpt-dir "$out/ck_$dev" --resume > "$out/ckpt_resume_$dev.log" 2>&1 \
-      && grep -qE '^step 5 ' "$out/ckpt_resume_$dev.log" && ck+=("resumed on $dev") || ck+=("resume on $dev FAILED")
+      && grep -q 'resume: loaded' "$out/ckpt_resume_$dev.log" && grep -qE '^step 5 ' "$out/ckpt_resume_$dev.log" \
+      && ck+=("resumed on $dev") || ck+=("resume on $dev FAILED")
   done
   ckpt="${ck[*]}"
   log "checkpoints: $ckpt"

@@ -63,7 +63,7 @@ int required_int(const char* name) {
   return env_int(name, v);
 }
 
-std::string gloo_hostname(const std::string& master) {
+[[maybe_unused]] std::string gloo_hostname(const std::string& master) {  // (Gloo builds)
   std::string h = env_str("FSDP_GLOO_HOSTNAME");
   if (!h.empty()) return h;
   if (master == "localhost" || master.rfind("127.", 0) == 0 || master == "::1") return "127.0.0.1";
