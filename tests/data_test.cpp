@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/core/error.h"
+#include "fsdp/data/loader.h"
 #include "fsdp/data/text_dataset.h"
 
 namespace fsdp::data {
@@ -38,6 +40,27 @@ TEST(Batches, RanksCoverTheGlobalBatchDisjointly) {
   }
   Batch wrap = s.batch(100, G, 0, 1, T);  // past the end: the epoch wraps
   EXPECT_EQ(wrap.inputs.data<int32_t>()[0], int32_t((100 * G * T) % 1000));
+}
+
+// The loader hands each rank its rows of batch p of the source, in order, from any position.
+TEST(DataLoader, RanksRowsInOrderFromAnyPosition) {
+  std::vector<int32_t> tokens(1000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i);
+  auto s = std::make_shared<TokenStream>(tokens, "iota", 8);
+  DataLoader a(s, 12, 1, 3, 8);  // rank 1 of 3: rows 4..7
+  EXPECT_EQ(a.rows(), 4);
+  for (int64_t p = 0; p < 3; ++p) {
+    Batch got = a.next(), want = s->batch(p, 12, 4, 4, 8);
+    EXPECT_EQ(got.inputs.to_f64_vector(), want.inputs.to_f64_vector()) << "batch " << p;
+    EXPECT_EQ(got.targets.to_f64_vector(), want.targets.to_f64_vector());
+  }
+  EXPECT_EQ(a.position(), 3);
+  DataLoader b(s, 12, 1, 3, 8);
+  b.set_position(2);  // resuming: batch 2 again
+  EXPECT_EQ(b.next().inputs.to_f64_vector(), s->batch(2, 12, 4, 4, 8).inputs.to_f64_vector());
+  EXPECT_THROW(DataLoader(s, 10, 0, 3, 8), Error);  // 10 rows over 3 ranks
+  EXPECT_THROW(DataLoader(s, 12, 3, 3, 8), Error);  // no rank 3
+  EXPECT_THROW(b.set_position(-1), Error);
 }
 
 TEST(Batches, ShuffledEpochsAreDisjointPermutationsFromTheSeed) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/data/loader.h"
 #include "fsdp/data/text_dataset.h"
 #include "fsdp/dist/device_mesh.h"
 #include "fsdp/dist/init.h"
@@ -27,7 +28,6 @@ int main(int argc, char** argv) try {
   auto mesh = dist::init_device_mesh({world->size()});
   nn::MiniLLMConfig cfg = nn::MiniLLMConfig::preset("tiny");
   cfg.arch = nn::Arch::llama;
-  const int64_t B = cfg.batch / world->size(), T = cfg.seq;  // a global batch of cfg.batch rows
   nn::MiniLLM model(cfg);
   for (size_t i = 0; i < model.layers().size(); ++i)
     fully_shard(model.layers()[i], mesh, {.seed = seed});
@@ -35,14 +35,14 @@ int main(int argc, char** argv) try {
   optim::AdamW opt(root.param_groups(0.01), {.lr = 1e-3, .weight_decay = 0.01});
   optim::LRSchedule lr(
       {.lr = 1e-3, .warmup = 5, .decay = optim::Decay::cosine, .min_lr = 1e-4, .decay_end = steps});
-  data::RandomTokenSource data(cfg.vocab, seed);
-  int64_t start = 0;
-  if (const std::string last = checkpoint::latest(dir); !last.empty())
-    start = checkpoint::load(last, root, opt, cfg.to_json(), {"arch", "dim", "layers"}).step;
-  for (int64_t step = start; step < stop; ++step) {
+  data::DataLoader data(std::make_shared<data::RandomTokenSource>(cfg.vocab, seed), cfg.batch,
+                        world->rank(), world->size(), cfg.seq);  // each rank's rows of cfg.batch
+  if (const std::string last = checkpoint::latest(dir); !last.empty())  // resume: one batch a step
+    data.set_position(checkpoint::load(last, root, opt, cfg.to_json(), {"arch"}).data_position);
+  for (int64_t step = data.position(); step < stop; ++step) {
     opt.set_lr(lr.at(step));
     model.zero_grad();
-    data::Batch b = data.batch(step, cfg.batch, world->rank() * B, B, T);
+    data::Batch b = data.next();
     nn::LMLoss lm;
     Tensor loss = lm.forward(model.forward(b.inputs), b.targets);  // on the model's device
     model.backward(lm.backward());
@@ -50,7 +50,8 @@ int main(int argc, char** argv) try {
     opt.step();
     world->all_reduce(loss, dist::ReduceOp::AVG)->wait();  // the mean over ranks
     if (!world->rank()) fmt::print("step {} | loss {} | norm {:.3f}\n", step, loss.item(), norm);
-    if ((step + 1) % 10 == 0) checkpoint::save(dir, step + 1, root, opt, cfg.to_json(), 2, world);
+    if ((step + 1) % 10 == 0)
+      checkpoint::save(dir, step + 1, root, opt, cfg.to_json(), 2, world, {data.position()});
   }
   dist::destroy_process_group();
 } catch (const std::exception& e) {

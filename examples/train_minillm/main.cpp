@@ -40,6 +40,7 @@
 #include "fsdp/checkpoint/interchange.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/core/allocator.h"
+#include "fsdp/data/loader.h"
 #include "fsdp/data/text_dataset.h"
 #include "fsdp/dist/init.h"
 #include "fsdp/fsdp/fully_shard.h"
@@ -338,6 +339,9 @@ int run(const Options& o, World& w) {
                      {"lr", o.lr},
                      {"data", o.data}});
   const std::string config_json = run_config.dump();
+  // Each rank's rows of each global batch; a step takes --grad-accum batches.
+  data::DataLoader loader(std::shared_ptr<const data::TokenSource>(std::move(src)),
+                          cfg.batch * w.size, w.rank, w.size, cfg.seq);
   int64_t start_step = 0;
   if (o.resume) {
     const std::string path = checkpoint::latest(o.ckpt_dir);
@@ -346,6 +350,7 @@ int run(const Options& o, World& w) {
     } else {
       auto loaded = checkpoint::load(path, *root, opt, config_json, model_keys);
       start_step = loaded.step;
+      loader.set_position(loaded.data_position);
       if (w.main()) fmt::print("resume: loaded {} (step {})\n", path, start_step);
     }
   }
@@ -409,7 +414,7 @@ int run(const Options& o, World& w) {
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
       const bool sync = micro == o.grad_accum - 1;
       if (root) root->set_requires_gradient_sync(sync);
-      data::Batch b = src->batch(step * o.grad_accum + micro, global_rows, w.rank * B, B, T);
+      data::Batch b = loader.next();
       b.inputs = b.inputs.to(device);
       b.targets = b.targets.to(device);
       nn::LMLoss loss;  // the loss stays on the device; dlogits overwrite the logits
@@ -486,7 +491,8 @@ int run(const Options& o, World& w) {
     if (o.ckpt_every > 0 && ((step + 1) % o.ckpt_every == 0 || step + 1 == o.steps)) {
       auto tc = std::chrono::steady_clock::now();
       if (w.main()) fmt::print("checkpoint: writing step {} to {} ...\n", step + 1, o.ckpt_dir);
-      checkpoint::save(o.ckpt_dir, step + 1, *root, opt, config_json, o.keep, w.pg);
+      checkpoint::save(o.ckpt_dir, step + 1, *root, opt, config_json, o.keep, w.pg,
+                       {.data_position = loader.position()});
       if (w.main())
         fmt::print("checkpoint: done in {:.2f} s\n",
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - tc).count());

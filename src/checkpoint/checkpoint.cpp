@@ -56,8 +56,15 @@ Tensor rows_view(const Tensor& flat, int64_t offset, int64_t rows, const Shape& 
 
 void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::Optimizer& opt,
           const std::string& config_json, int keep,
-          const std::shared_ptr<dist::ProcessGroup>& world) {
+          const std::shared_ptr<dist::ProcessGroup>& world, const Extras& extras) {
   const int rank = world ? world->rank() : 0;
+  json user;  // checked on every rank before anything is written
+  try {
+    user = json::parse(extras.user_json);
+  } catch (const json::exception& e) {
+    FSDP_FAIL("[checkpoint] the trainer's extra JSON '{}' is not JSON: {}",
+              extras.user_json.substr(0, 200), e.what());
+  }
   const fs::path final_dir = fs::path(dir) / step_name(step);
   const fs::path tmp = fs::path(dir) / (".tmp_" + step_name(step));
   if (rank == 0) {
@@ -116,6 +123,8 @@ void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::O
     meta["format"] = "fsdp.cpp-checkpoint/1";
     meta["step"] = step;
     meta["optimizer_step"] = opt.step_count();
+    meta["data_position"] = extras.data_position >= 0 ? extras.data_position : step;
+    meta["user"] = user;
     meta["shards"] = shards;
     meta["config"] = json::parse(config_json);
     json files = json::object();
@@ -253,7 +262,9 @@ Loaded load(const std::string& path, FSDPModule& root, optim::Optimizer& opt,
     }
   }
   opt.set_step_count(meta.value("optimizer_step", int64_t(0)));
-  return {meta["step"].get<int64_t>(), meta["config"].dump()};
+  const int64_t step = meta["step"].get<int64_t>();
+  return {step, meta["config"].dump(), meta.value("data_position", step),
+          meta.value("user", json::object()).dump()};
 }
 
 }  // namespace fsdp::checkpoint

@@ -41,9 +41,11 @@ bool sharded_round_trip(const fsdp::nn::MiniLLMConfig& c, const fsdp::Tensor& to
   a.backward(loss.backward());
   optim::clip_grad_norm(ra, 1.0);
   oa.step();
-  checkpoint::save(dir, 1, ra, oa, c.to_json(), 1, world);
-  checkpoint::load(checkpoint::latest(dir), rb, ob, c.to_json(), {"arch", "dim"});
-  bool same = true;
+  checkpoint::save(dir, 1, ra, oa, c.to_json(), 1, world,
+                   {.data_position = 7, .user_json = R"({"run": "consumer"})"});
+  auto loaded = checkpoint::load(checkpoint::latest(dir), rb, ob, c.to_json(), {"arch", "dim"});
+  bool same = loaded.step == 1 && loaded.data_position == 7 &&
+              loaded.user_json.find("consumer") != std::string::npos;
   auto pa = ra.sharded_parameters(), pb = rb.sharded_parameters();
   for (size_t i = 0; i < pa.size(); ++i)
     same =

@@ -28,11 +28,17 @@
 
 namespace fsdp::checkpoint {
 
+// What a trainer saves beside the model and the optimizer.
+struct Extras {
+  int64_t data_position = -1;  // the data loader's position; -1: the step
+  std::string user_json = "{}";  // any JSON value of the trainer's own, returned by load
+};
+
 // Collective over `world`. `config_json` is a JSON object describing the run;
 // its model fields are checked on load. Keeps the newest `keep` checkpoints (0: all).
 void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::Optimizer& opt,
           const std::string& config_json, int keep,
-          const std::shared_ptr<dist::ProcessGroup>& world);
+          const std::shared_ptr<dist::ProcessGroup>& world, const Extras& extras = {});
 
 // The newest complete checkpoint directory in `dir`, or "" when there is none.
 std::string latest(const std::string& dir);
@@ -40,6 +46,8 @@ std::string latest(const std::string& dir);
 struct Loaded {
   int64_t step = 0;
   std::string config_json;
+  int64_t data_position = 0;  // the step, for checkpoints that saved none
+  std::string user_json = "{}";
 };
 // Loads `path` into root's shards and the optimizer's state, resharding as
 // needed. Refuses, naming the file and the problem: a missing shard file, a

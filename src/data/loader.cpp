@@ -1,0 +1,33 @@
+// A rank's view of the training data.
+#include "fsdp/data/loader.h"
+
+#include <utility>
+
+#include "fsdp/core/error.h"
+
+namespace fsdp::data {
+
+DataLoader::DataLoader(std::shared_ptr<const TokenSource> source, int64_t global_rows, int rank,
+                       int world, int64_t seq)
+    : source_(std::move(source)), global_rows_(global_rows), seq_(seq) {
+  FSDP_CHECK(source_, "[DataLoader] no token source");
+  FSDP_CHECK(world > 0 && rank >= 0 && rank < world, "[DataLoader] rank {} is not in [0, {})", rank,
+             world);
+  FSDP_CHECK(global_rows > 0 && global_rows % world == 0,
+             "[DataLoader] a global batch of {} rows does not split evenly over {} ranks",
+             global_rows, world);
+  FSDP_CHECK(seq > 0, "[DataLoader] seq must be > 0, got {}", seq);
+  rows_ = global_rows / world;
+  row_begin_ = int64_t(rank) * rows_;
+}
+
+Batch DataLoader::next() {
+  return source_->batch(position_++, global_rows_, row_begin_, rows_, seq_);
+}
+
+void DataLoader::set_position(int64_t position) {
+  FSDP_CHECK(position >= 0, "[DataLoader] position must be >= 0, got {}", position);
+  position_ = position;
+}
+
+}  // namespace fsdp::data
