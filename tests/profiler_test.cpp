@@ -10,11 +10,15 @@
 #include <fstream>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "fsdp/core/allocator.h"
+#include "fsdp/dist/init.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/ops/ops.h"
+#include "fsdp/profiler/metrics.h"
 #include "test_util.h"
 
 namespace fsdp::profiler {
@@ -101,6 +105,30 @@ TEST(Profiler, RooflineVerdicts) {
           << r.pct_compute << "% compute, " << r.pct_bandwidth << "% bandwidth";
     }
   }
+}
+
+TEST(Profiler, StepMetricsOverAWorldOfOne) {
+  auto world = dist::init_process_group();
+  StepMetrics m = gather_step_metrics(*world, Device::cpu(),
+                                      {.step = 3,
+                                       .loss = 2.5,
+                                       .grad_norm = 1.25,
+                                       .lr = 3e-4,
+                                       .step_seconds = 0.5,
+                                       .tokens = 1000,
+                                       .flops_per_token = 1e6,
+                                       .peak_flops = 4e9});
+  EXPECT_EQ(m.loss, 2.5);
+  EXPECT_EQ(m.tokens_per_s, 2000);
+  EXPECT_DOUBLE_EQ(m.mfu, 0.5);
+  EXPECT_EQ(m.peak_mem_bytes, double(memory_stats(Device::cpu()).peak));
+  EXPECT_EQ(m.line().substr(0, 48), "step 3 | loss 2.5000 | 2000 tok/s | mfu 50.0% | ");
+  m.val_loss = 2.0;
+  auto j = nlohmann::json::parse(m.json());
+  EXPECT_EQ(j["step"], 3);
+  EXPECT_EQ(j["val_loss"], 2.0);
+  EXPECT_EQ(j["tok_s"], 2000.0);
+  dist::destroy_process_group();
 }
 
 TEST(Profiler, ClassifyFollowsTheThresholds) {

@@ -53,6 +53,7 @@
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/clip.h"
 #include "fsdp/optim/lr_schedule.h"
+#include "fsdp/profiler/metrics.h"
 #include "fsdp/profiler/profiler.h"
 
 namespace {
@@ -435,34 +436,28 @@ int run(const Options& o, World& w) {
     for (const Tensor& l : micro_losses) loss += l.item() / double(o.grad_accum);
     const double grad_norm = norm.value();
     // The printed loss is the mean over all ranks; peak mem is the largest rank's.
-    Tensor stats =
-        Tensor::from_vector<double>({loss, double(memory_stats(device).peak)}, {2}).to(device);
-    Tensor all_d = Tensor::empty({2 * int64_t(w.size)}, DType::f64, device);
-    w.pg->all_gather_into_tensor(all_d, stats)->wait();
-    Tensor all = all_d.to(Device::cpu());
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    double mean_loss = 0, max_peak = 0;
-    for (int r = 0; r < w.size; ++r) {
-      mean_loss += all.data<double>()[2 * r] / w.size;
-      max_peak = std::max(max_peak, all.data<double>()[2 * r + 1]);
-    }
-    FSDP_CHECK(std::isfinite(mean_loss), "[fsdp-train] loss became {} at step {}; lower --lr",
-               mean_loss, step);
+    profiler::StepMetrics m =
+        profiler::gather_step_metrics(*w.pg, device,
+                                      {.step = step,
+                                       .loss = loss,
+                                       .grad_norm = grad_norm,
+                                       .lr = opt.lr(),
+                                       .step_seconds = dt,
+                                       .tokens = tokens_per_step,
+                                       .flops_per_token = cfg.flops_per_token(),
+                                       .peak_flops = peak});
+    FSDP_CHECK(std::isfinite(m.loss), "[fsdp-train] loss became {} at step {}; lower --lr", m.loss,
+               step);
     if (step > start_step || o.steps == start_step + 1) {  // the first step warms up
       comm_total += comm1 - comm0;
       exposed_total += (exposed1 - exposed0) + (ddp_wait - ddp_wait0);
       step_total += dt;
     }
-    const double tok_s = double(tokens_per_step) / dt;
-    const double mfu = cfg.flops_per_token() * tok_s / peak;
     if (w.main()) {
-      fmt::print(
-          "step {} | loss {:.4f} | {:.0f} tok/s | mfu {:.1f}% | peak mem {:.2f} GB | lr {:.1e} | "
-          "grad norm {:.3f}\n",
-          step, mean_loss, tok_s, 100.0 * mfu, max_peak / 1e9, opt.lr(), grad_norm);
+      fmt::print("{}\n", m.line());
       std::fflush(stdout);
     }
-    double val_loss = -1;
     if (val && o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
       double sum = 0;
       for (int64_t e = 0; e < o.eval_batches; ++e) {
@@ -472,20 +467,11 @@ int run(const Options& o, World& w) {
       }
       Tensor v = Tensor::full({1}, sum / double(o.eval_batches), DType::f64).to(device);
       w.pg->all_reduce(v, dist::ReduceOp::AVG)->wait();
-      val_loss = v.item();
-      if (w.main()) fmt::print("step {} | val loss {:.4f}\n", step, val_loss);
+      m.val_loss = v.item();
+      if (w.main()) fmt::print("step {} | val loss {:.4f}\n", step, *m.val_loss);
     }
     if (log_file.is_open()) {
-      nlohmann::json j{{"step", step},
-                       {"loss", mean_loss},
-                       {"lr", opt.lr()},
-                       {"grad_norm", grad_norm},
-                       {"tok_s", tok_s},
-                       {"mfu", mfu},
-                       {"peak_mem_gb", max_peak / 1e9},
-                       {"step_ms", dt * 1e3}};
-      if (val_loss >= 0) j["val_loss"] = val_loss;
-      log_file << j.dump() << "\n";
+      log_file << m.json() << "\n";
       log_file.flush();
     }
     if (o.ckpt_every > 0 && ((step + 1) % o.ckpt_every == 0 || step + 1 == o.steps)) {
