@@ -75,6 +75,8 @@ expect_fail "batch must be positive, got -2" --preset tiny --batch -2 --steps 1
 expect_fail "vocab must be positive, got 0" --preset tiny --vocab 0 --steps 1
 expect_fail "unknown preset 'huge'" --preset huge
 expect_fail "unknown arch 'gpt'" --arch gpt
+expect_fail "bogus not in {nccl,mpi,gloo,local}" --preset tiny --backend bogus --steps 1
+expect_fail "backend nccl holds CUDA tensors but the device is cpu" --preset tiny --backend nccl --steps 1
 expect_fail "--dtype bf16 is not a CPU training dtype" --preset tiny --dtype bf16 --steps 1
 expect_fail "unknown dtype 'f8'" --preset tiny --dtype f8 --steps 1
 expect_fail "--steps must be >= 0, got -1" --preset tiny --steps -1
