@@ -80,8 +80,9 @@ TEST_P(BackendOps, EveryOpMatchesTheCpu) {
   expect_matches(
       "linear_backward", {rnd({4, 33, 24}, 4), rnd({4, 33, 40}, 5), rnd({24, 40}, 6)},
       [](auto& v) {
-        Tensor dw = Tensor::zeros(v[2].shape(), DType::f32, v[2].device());
-        Tensor db = Tensor::zeros({24}, DType::f32, v[2].device());
+        // Gradients are added into (dW by the GEMM's beta = 1, db after the BGRAD epilogue).
+        Tensor dw = Tensor::full(v[2].shape(), 0.25, DType::f32, v[2].device());
+        Tensor db = Tensor::full({24}, -0.5, DType::f32, v[2].device());
         Tensor dx = ops::linear_backward(v[0], v[1], v[2], dw, db);
         return std::vector<Tensor>{dx, dw, db};
       },
