@@ -223,16 +223,17 @@ std::shared_ptr<Work> CpuProcessGroup::all_gather_into_tensor(const Tensor& out,
   const char* op = "all_gather_into_tensor";
   check_tensor(op, out, "output");
   check_tensor(op, in, "input");
-  if (on_device({&out, &in}))
-    return staged(op, {in}, {out}, [this](const std::vector<Tensor>& h) {
-      return all_gather_into_tensor(h[1], h[0]);
-    });
   FSDP_CHECK(out.dtype() == in.dtype(), "[{}] output is {} but input is {}", op,
              dtype_name(out.dtype()), dtype_name(in.dtype()));
   FSDP_CHECK(out.numel() == in.numel() * size(),
              "[{}] output has {} elements; expected {} = {} ranks x {}", op, out.numel(),
              in.numel() * size(), size(), in.numel());
   FSDP_CHECK(out.is_contiguous(), "[{}] output must be contiguous", op);
+  // (After the checks: a staged call runs this collective on host copies.)
+  if (on_device({&out, &in}))
+    return staged(op, {in}, {out}, [this](const std::vector<Tensor>& h) {
+      return all_gather_into_tensor(h[1], h[0]);
+    });
   Tensor src = in.contiguous();
   return submit(op, double(out.nbytes()), [=, this] {
     check_signature(op, in.dtype(), in.numel(), 0);
@@ -245,10 +246,6 @@ std::shared_ptr<Work> CpuProcessGroup::reduce_scatter_tensor(const Tensor& out, 
   const char* op = "reduce_scatter_tensor";
   check_tensor(op, out, "output");
   check_tensor(op, in, "input");
-  if (on_device({&out, &in}))
-    return staged(op, {in}, {out}, [this, rop](const std::vector<Tensor>& h) {
-      return reduce_scatter_tensor(h[1], h[0], rop);
-    });
   FSDP_CHECK(out.dtype() == in.dtype(), "[{}] output is {} but input is {}", op,
              dtype_name(out.dtype()), dtype_name(in.dtype()));
   FSDP_CHECK(in.numel() == out.numel() * size(),
@@ -257,9 +254,14 @@ std::shared_ptr<Work> CpuProcessGroup::reduce_scatter_tensor(const Tensor& out, 
   FSDP_CHECK(out.is_contiguous(), "[{}] output must be contiguous", op);
   FSDP_CHECK(rop == ReduceOp::SUM || is_floating(in.dtype()),
              "[{}] AVG needs a floating dtype, got {}", op, dtype_name(in.dtype()));
-  // Engines reduce f32/f64/i32/i64; narrow types are reduced in f32.
-  // (The input is read on the communication thread, as the engines read theirs: a staged
-  // input is on the host only once the copy ahead of this task has run.)
+  // (After the checks: a staged call runs this collective on host copies.)
+  if (on_device({&out, &in}))
+    return staged(op, {in}, {out}, [this, rop](const std::vector<Tensor>& h) {
+      return reduce_scatter_tensor(h[1], h[0], rop);
+    });
+  // Engines reduce f32/f64/i32/i64; narrow types are reduced in f32. (The input is read on
+  // the communication thread, as the engines read theirs: a staged input is on the host only
+  // once the copy ahead of this task has run.)
   const bool narrow = is_narrow(in.dtype());
   Tensor in_c = in.contiguous();
   return submit(op, double(in.nbytes()), [=, this] {
@@ -275,12 +277,13 @@ std::shared_ptr<Work> CpuProcessGroup::reduce_scatter_tensor(const Tensor& out, 
 std::shared_ptr<Work> CpuProcessGroup::all_reduce(const Tensor& t, ReduceOp rop) {
   const char* op = "all_reduce";
   check_tensor(op, t, "tensor");
-  if (on_device({&t}))
-    return staged(op, {t}, {t},
-                  [this, rop](const std::vector<Tensor>& h) { return all_reduce(h[0], rop); });
   FSDP_CHECK(t.is_contiguous(), "[{}] tensor must be contiguous", op);
   FSDP_CHECK(rop == ReduceOp::SUM || is_floating(t.dtype()),
              "[{}] AVG needs a floating dtype, got {}", op, dtype_name(t.dtype()));
+  // (After the checks: a staged call runs this collective on host copies.)
+  if (on_device({&t}))
+    return staged(op, {t}, {t},
+                  [this, rop](const std::vector<Tensor>& h) { return all_reduce(h[0], rop); });
   const bool narrow = is_narrow(t.dtype());
   return submit(op, double(t.nbytes()), [=, this] {
     check_signature(op, t.dtype(), t.numel(), int64_t(rop));
@@ -294,12 +297,13 @@ std::shared_ptr<Work> CpuProcessGroup::all_reduce(const Tensor& t, ReduceOp rop)
 std::shared_ptr<Work> CpuProcessGroup::broadcast(const Tensor& t, int root) {
   const char* op = "broadcast";
   check_tensor(op, t, "tensor");
-  if (on_device({&t}))
-    return staged(op, {t}, {t},
-                  [this, root](const std::vector<Tensor>& h) { return broadcast(h[0], root); });
   FSDP_CHECK(t.is_contiguous(), "[{}] tensor must be contiguous", op);
   FSDP_CHECK(root >= 0 && root < size(), "[{}] root {} is not a rank of this group of {}", op, root,
              size());
+  // (After the checks: a staged call runs this collective on host copies.)
+  if (on_device({&t}))
+    return staged(op, {t}, {t},
+                  [this, root](const std::vector<Tensor>& h) { return broadcast(h[0], root); });
   return submit(op, double(t.nbytes()), [=, this] {
     check_signature(op, t.dtype(), t.numel(), root);
     be_->broadcast(t.raw_data(), t.nbytes(), root);
@@ -310,15 +314,16 @@ std::shared_ptr<Work> CpuProcessGroup::all_to_all_single(const Tensor& out, cons
   const char* op = "all_to_all_single";
   check_tensor(op, out, "output");
   check_tensor(op, in, "input");
-  if (on_device({&out, &in}))
-    return staged(op, {in}, {out},
-                  [this](const std::vector<Tensor>& h) { return all_to_all_single(h[1], h[0]); });
   FSDP_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel(),
              "[{}] output ({} x {}) and input ({} x {}) must match", op, dtype_name(out.dtype()),
              out.numel(), dtype_name(in.dtype()), in.numel());
   FSDP_CHECK(in.numel() % size() == 0, "[{}] {} elements do not split into {} equal blocks", op,
              in.numel(), size());
   FSDP_CHECK(out.is_contiguous(), "[{}] output must be contiguous", op);
+  // (After the checks: a staged call runs this collective on host copies.)
+  if (on_device({&out, &in}))
+    return staged(op, {in}, {out},
+                  [this](const std::vector<Tensor>& h) { return all_to_all_single(h[1], h[0]); });
   Tensor src = in.contiguous();
   return submit(op, double(in.nbytes()), [=, this] {
     check_signature(op, in.dtype(), in.numel(), 0);
