@@ -587,28 +587,46 @@ CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& target
   return {loss, lse, Tensor::full({1}, loss, DType::f64)};
 }
 
-Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                              double dloss) {
-  FSDP_OP_SCOPE("cross_entropy_backward", logits, ({&logits, &targets}),
-                3.0 * double(logits.numel()), logits.nbytes());
-  require_cpu("cross_entropy_backward", {&logits, &targets, &lse});
+namespace {
+
+void check_xent_backward(const char* op, const Tensor& logits, const Tensor& targets,
+                         const Tensor& lse) {
+  require_cpu(op, {&logits, &targets, &lse});
+  FSDP_CHECK(logits.dim() == 2, "[{}] logits must be [N, V], got {}", op,
+             shape_str(logits.shape()));
+  FSDP_CHECK(lse.numel() == logits.size(0) && targets.numel() == logits.size(0),
+             "[{}] lse {} / targets {} for {} rows", op, lse.numel(), targets.numel(),
+             logits.size(0));
+}
+
+// dlogits = softmax(logits) - onehot(targets), times dloss / N, into `out` (which may be
+// `logits`: row by row, each element is read before it is written). Both in the compute dtype.
+void xent_backward_cpu(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                       const Tensor& out, double dloss, DType ct) {
   const int64_t n = logits.size(0), v = logits.size(1);
-  FSDP_CHECK(lse.numel() == n && targets.numel() == n,
-             "[cross_entropy_backward] lse {} / targets {} for {} rows", lse.numel(),
-             targets.numel(), n);
-  FSDP_CUDA_DISPATCH(("cross_entropy_backward", {&logits, &targets, &lse}),
-                     cross_entropy_backward(logits, targets, lse, dloss));
-  const DType ct = compute_dtype(logits.dtype());
-  Tensor L = as_compute(logits, ct), Tg = targets.contiguous(), LS = as_compute(lse, ct);
-  Tensor d = Tensor::empty(logits.shape(), ct);
+  Tensor Tg = targets.contiguous(), LS = as_compute(lse, ct);
   cpu::dispatch_index(Tg.dtype(), "cross_entropy_backward", [&](auto iv) {
     using Ix = decltype(iv);
     cpu::dispatch_compute(ct, "cross_entropy_backward", [&](auto tv) {
       using T = decltype(tv);
-      cpu::softmax_xent_backward<T, Ix>(L.data<T>(), Tg.data<Ix>(), LS.data<T>(), d.data<T>(),
-                                        dloss, n, v);
+      cpu::softmax_xent_backward<T, Ix>(logits.data<T>(), Tg.data<Ix>(), LS.data<T>(),
+                                        out.data<T>(), dloss, n, v);
     });
   });
+}
+
+}  // namespace
+
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                              double dloss) {
+  FSDP_OP_SCOPE("cross_entropy_backward", logits, ({&logits, &targets}),
+                3.0 * double(logits.numel()), logits.nbytes());
+  check_xent_backward("cross_entropy_backward", logits, targets, lse);
+  FSDP_CUDA_DISPATCH(("cross_entropy_backward", {&logits, &targets, &lse}),
+                     cross_entropy_backward(logits, targets, lse, dloss));
+  const DType ct = compute_dtype(logits.dtype());
+  Tensor L = as_compute(logits, ct), d = Tensor::empty(logits.shape(), ct);
+  xent_backward_cpu(L, targets, lse, d, dloss, ct);
   return as_storage(d, logits.dtype());
 }
 
@@ -616,29 +634,15 @@ Tensor cross_entropy_backward_(const Tensor& logits, const Tensor& targets, cons
                                double dloss) {
   FSDP_OP_SCOPE("cross_entropy_backward_", logits, ({&logits, &targets}),
                 3.0 * double(logits.numel()), logits.nbytes());
-  require_cpu("cross_entropy_backward_", {&logits, &targets, &lse});
-  FSDP_CHECK(logits.dim() == 2 && logits.is_contiguous(),
-             "[cross_entropy_backward_] logits must be contiguous [N, V], got {}{}",
-             shape_str(logits.shape()), logits.is_contiguous() ? "" : " (strided)");
-  const int64_t n = logits.size(0), v = logits.size(1);
-  FSDP_CHECK(lse.numel() == n && targets.numel() == n,
-             "[cross_entropy_backward_] lse {} / targets {} for {} rows", lse.numel(),
-             targets.numel(), n);
+  check_xent_backward("cross_entropy_backward_", logits, targets, lse);
+  FSDP_CHECK(logits.is_contiguous(), "[cross_entropy_backward_] logits {} must be contiguous",
+             shape_str(logits.shape()));
   FSDP_CUDA_DISPATCH(("cross_entropy_backward_", {&logits, &targets, &lse}),
                      cross_entropy_backward_(logits, targets, lse, dloss));
   const DType ct = compute_dtype(logits.dtype());
-  Accum L(logits, ct);  // the logits themselves when they are f32/f64
-  Tensor Tg = targets.contiguous(), LS = as_compute(lse, ct);
-  cpu::dispatch_index(Tg.dtype(), "cross_entropy_backward_", [&](auto iv) {
-    using Ix = decltype(iv);
-    cpu::dispatch_compute(ct, "cross_entropy_backward_", [&](auto tv) {
-      using T = decltype(tv);
-      // Row by row, each element is read before it is written: safe in place.
-      cpu::softmax_xent_backward<T, Ix>(L.data<T>(), Tg.data<Ix>(), LS.data<T>(), L.data<T>(),
-                                        dloss, n, v);
-    });
-  });
-  L.finish();
+  Tensor work = as_compute(logits, ct);  // the logits themselves when they are f32/f64
+  xent_backward_cpu(work, targets, lse, work, dloss, ct);
+  if (!work.shares_storage_with(logits)) logits.copy_(work);
   return logits;
 }
 
