@@ -1,0 +1,537 @@
+// The MiniLLM training loop (fsdp/train/trainer.h): setup, steps, validation,
+// checkpoints, the profile window and the run's summary.
+#include "fsdp/train/trainer.h"
+
+#include <fmt/core.h>
+#include <omp.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/checkpoint/interchange.h"
+#include "fsdp/checkpoint/safetensors.h"
+#include "fsdp/core/allocator.h"
+#include "fsdp/data/loader.h"
+#include "fsdp/data/text_dataset.h"
+#include "fsdp/dist/device_mesh.h"
+#include "fsdp/dist/init.h"
+#include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/nn/init.h"
+#include "fsdp/nn/loss.h"
+#include "fsdp/nn/sample.h"
+#include "fsdp/ops/ops.h"
+#include "fsdp/ops/peak.h"
+#include "fsdp/optim/adamw.h"
+#include "fsdp/optim/clip.h"
+#include "fsdp/optim/lr_schedule.h"
+#include "fsdp/profiler/metrics.h"
+#include "fsdp/profiler/profiler.h"
+
+namespace fsdp::train {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Default threads: this rank's share of the cores it may run on (mpirun binds
+// each rank to a core unless told --bind-to none).
+int rank_threads(int requested, int local_size) {
+  if (requested > 0) return requested;
+  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t mask;
+  const int allowed = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : hw;
+  return std::max(1, std::min(allowed, hw / std::max(1, local_size)));
+}
+
+// Bytes per rank of parameters, gradients and AdamW state when each
+// parameter is chunked on dim 0 over `shards` ranks and padded to the largest chunk.
+int64_t persistent_bytes(nn::MiniLLM& model, int64_t shards, DType dtype) {
+  int64_t elems = 0;
+  for (auto& [name, p] : model.named_parameters()) {
+    const int64_t rows = p->shape[0], row = shape_numel(p->shape) / std::max<int64_t>(rows, 1);
+    elems += dist::chunk_size(rows, shards) * row;
+  }
+  return 4 * elems * int64_t(dtype_size(dtype));
+}
+
+// --profile-steps A:B: profiles steps [A, B) and writes each rank's trace and table.
+class ProfileWindow {
+ public:
+  ProfileWindow(const std::string& spec, std::string dir, int rank, Device device)
+      : dir_(std::move(dir)), rank_(rank), device_(device) {
+    if (spec.empty()) return;
+    const auto colon = spec.find(':');
+    try {
+      FSDP_CHECK(colon != std::string::npos, "");
+      begin_ = std::stoll(spec.substr(0, colon));
+      end_ = std::stoll(spec.substr(colon + 1));
+    } catch (const std::exception&) {
+      FSDP_FAIL("[fsdp-train] --profile-steps '{}' must be A:B, the steps [A, B) to profile", spec);
+    }
+    FSDP_CHECK(begin_ >= 0 && end_ > begin_, "[fsdp-train] --profile-steps '{}': need 0 <= A < B",
+               spec);
+  }
+  void at_step(int64_t step) {
+    if (step == begin_) {
+      std::vector<profiler::Activity> acts = {profiler::Activity::CPU};
+      if (device_.is_cuda()) acts.push_back(profiler::Activity::CUDA);
+      prof_ =
+          std::make_unique<profiler::Profiler>(profiler::ProfilerOptions{.activities = acts,
+                                                                         .record_shapes = true,
+                                                                         .profile_memory = true,
+                                                                         .schedule = std::nullopt,
+                                                                         .rank = rank_});
+      prof_->start();
+    }
+    if (step == end_) finish();
+  }
+  void finish() {
+    if (!prof_) return;
+    prof_->stop();
+    std::filesystem::create_directories(dir_);
+    const std::string trace = fmt::format("{}/trace_rank{}.json", dir_, rank_);
+    prof_->export_chrome_trace(trace);
+    const std::string table = prof_->key_averages().table(
+                                  device_.is_cuda() ? "device_time_total" : "cpu_time_total", 15) +
+                              prof_->overlap_summary() + "\n";
+    std::ofstream(fmt::format("{}/table_rank{}.txt", dir_, rank_)) << table;
+    if (rank_ == 0)
+      fmt::print("profile: steps {}:{} -> {} (and the other ranks')\n{}", begin_, end_, trace,
+                 table);
+    prof_.reset();
+  }
+
+ private:
+  std::string dir_;
+  int rank_;
+  Device device_;
+  int64_t begin_ = -1, end_ = -1;
+  std::unique_ptr<profiler::Profiler> prof_;
+};
+
+}  // namespace
+
+nn::MiniLLMConfig TrainOptions::model_config() const {
+  nn::MiniLLMConfig cfg = nn::MiniLLMConfig::preset(preset);
+  if (arch) cfg.arch = nn::parse_arch(*arch);
+  if (vocab) cfg.vocab = *vocab;
+  if (dim) cfg.dim = *dim;
+  if (layers) cfg.layers = *layers;
+  if (heads) cfg.heads = *heads;
+  if (seq) cfg.seq = *seq;
+  if (batch) cfg.batch = *batch;
+  if (ffn_hidden) cfg.ffn_hidden = *ffn_hidden;
+  cfg.validate();
+  return cfg;
+}
+
+void TrainOptions::validate() const {
+  FSDP_CHECK(steps >= 0, "[fsdp-train] --steps must be >= 0, got {}", steps);
+  FSDP_CHECK(lr >= 0 && std::isfinite(lr), "[fsdp-train] --lr must be a finite number >= 0, got {}",
+             lr);
+  FSDP_CHECK(threads >= 0,
+             "[fsdp-train] --threads must be >= 0 (0 = this rank's share of the cores), got {}",
+             threads);
+  FSDP_CHECK(grad_accum >= 1, "[fsdp-train] --grad-accum must be >= 1, got {}", grad_accum);
+  FSDP_CHECK(shard == "full" || shard == "none",
+             "[fsdp-train] --shard must be full or none, got '{}'", shard);
+  FSDP_CHECK(clip >= 0, "[fsdp-train] --clip must be >= 0 (0 = off), got {}", clip);
+  const DType d = parse_dtype(dtype);
+  FSDP_CHECK(d == DType::f32 || d == DType::f64,
+             "[fsdp-train] --dtype {} is not a CPU training dtype; use f32 or f64 for the (master) "
+             "parameters and --param-dtype bf16 for bf16 compute",
+             dtype);
+  FSDP_CHECK(shard == "full" || (param_dtype.empty() && reduce_dtype.empty()),
+             "[fsdp-train] --param-dtype and --reduce-dtype need --shard full (they are "
+             "fully_shard's policy)");
+  FSDP_CHECK(hsdp >= 0, "[fsdp-train] --hsdp must be >= 0 (0 = off), got {}", hsdp);
+  FSDP_CHECK(hsdp == 0 || shard == "full", "[fsdp-train] --hsdp needs --shard full");
+  FSDP_CHECK(lr_decay == "none" || lr_decay == "cosine" || lr_decay == "linear",
+             "[fsdp-train] --lr-decay must be none, cosine or linear, got '{}'", lr_decay);
+  FSDP_CHECK(
+      warmup >= 0 && min_lr >= 0 && eval_every >= 0 && ckpt_every >= 0 && keep >= 0,
+      "[fsdp-train] --warmup-steps, --min-lr, --eval-every, --ckpt-every and --keep must be >= 0");
+  FSDP_CHECK(ckpt_every == 0 || !ckpt_dir.empty(), "[fsdp-train] --ckpt-every needs --ckpt-dir");
+  FSDP_CHECK(!resume || !ckpt_dir.empty(), "[fsdp-train] --resume needs --ckpt-dir");
+  FSDP_CHECK(shard == "full" || (ckpt_dir.empty() && !wd_2d_only),
+             "[fsdp-train] checkpoints and --wd-2d-only need --shard full");
+}
+
+struct Trainer::Impl {
+  TrainOptions o;
+  nn::MiniLLMConfig cfg;
+  DType dtype;
+  std::shared_ptr<dist::ProcessGroup> pg;
+  std::shared_ptr<dist::DeviceMesh> mesh;
+  int rank = 0, size = 1, threads = 1;
+  Device device;
+  MixedPrecisionPolicy mp;
+  std::shared_ptr<data::TokenSource> src, val;
+  std::unique_ptr<nn::MiniLLM> model;
+  nn::FlatParameters flat;  // shard = none only
+  std::vector<nn::ParamGroup> groups;
+  FSDPModule* root = nullptr;
+  std::unique_ptr<optim::AdamW> opt;
+  std::unique_ptr<optim::LRSchedule> schedule;
+  std::unique_ptr<data::DataLoader> loader;
+  double peak = 0;  // FLOP/s, all ranks: the MFU denominator
+  std::string config_json;
+  int64_t start_step = 0;
+  std::ofstream log;
+  // Communication: seconds in collectives on their threads, and seconds the
+  // compute thread waited for them (exposed), summed over the timed steps.
+  double comm_total = 0, exposed_total = 0, step_total = 0, ddp_wait = 0;
+
+  bool main() const { return rank == 0; }
+
+  Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGroup> group)
+      : o(options), cfg(options.model_config()), pg(std::move(group)) {
+    o.validate();
+    rank = pg->rank();
+    size = pg->size();
+    device = pg->device();
+    dtype = parse_dtype(o.dtype);
+    FSDP_CHECK(device.is_cpu() || dtype == DType::f32,
+               "[fsdp-train] --dtype {} on CUDA: the kernels take f32 (master) "
+               "with --param-dtype bf16 or f16",
+               o.dtype);
+    if (!o.param_dtype.empty()) mp.param_dtype = parse_dtype(o.param_dtype);
+    if (!o.reduce_dtype.empty()) mp.reduce_dtype = parse_dtype(o.reduce_dtype);
+    // Mesh: all ranks shard, or hsdp replica groups of size/hsdp ranks each.
+    if (o.hsdp > 0) {
+      FSDP_CHECK(size % o.hsdp == 0, "[fsdp-train] --hsdp {} does not divide the world size {}",
+                 o.hsdp, size);
+      mesh = dist::init_device_mesh({o.hsdp, size / o.hsdp}, {"replicate", "shard"});
+    } else {
+      mesh = dist::init_device_mesh({size}, {"shard"});
+    }
+    threads = rank_threads(o.threads, dist::world_info().local_size);
+    omp_set_num_threads(threads);
+    open_data();
+    const int64_t mem_before = memory_stats(device).current;
+    build_model();
+    const int64_t persistent_measured = memory_stats(device).current - mem_before;
+    measure_peak();
+    if (main()) {
+      const int64_t shards = o.shard == "full" ? mesh->size(mesh->ndim() - 1) : 1;
+      print_config(persistent_bytes(*model, shards, dtype), persistent_measured);
+      std::fflush(stdout);
+    }
+    // The run's config, saved in checkpoints; its model keys must match on resume.
+    nlohmann::json run_config = nlohmann::json::parse(cfg.to_json());
+    run_config.update({{"batch", cfg.batch},
+                       {"world_size", size},
+                       {"seed", o.seed},
+                       {"dtype", std::string(dtype_name(dtype))},
+                       {"lr", o.lr},
+                       {"data", o.data}});
+    config_json = run_config.dump();
+    loader = std::make_unique<data::DataLoader>(src, cfg.batch * size, rank, size, cfg.seq);
+    if (o.resume) resume();
+    if (main() && !o.log_file.empty()) {
+      log.open(o.log_file, start_step > 0 ? std::ios::app : std::ios::trunc);
+      FSDP_CHECK(log.good(), "[fsdp-train] cannot write --log-file '{}'", o.log_file);
+    }
+  }
+
+  void open_data() {
+    if (!o.data.empty()) {
+      std::unique_ptr<data::TokenStream> stream =
+          data::open_token_stream(o.data, cfg.vocab, cfg.seq);
+      if (o.shuffle) stream->set_shuffle(o.seed, cfg.seq);
+      if (o.eval_every > 0 && o.val_data.empty()) {
+        auto [train, tail] = stream->split_tail(o.val_fraction, cfg.seq);
+        if (o.shuffle) train->set_shuffle(o.seed, cfg.seq);
+        src = std::move(train);
+        val = std::move(tail);
+      } else {
+        src = std::move(stream);
+      }
+      if (cfg.arch == nn::Arch::seed && main())
+        fmt::print(stderr,
+                   "warning: arch seed attends in both directions with no mask, so on text it "
+                   "sees the next token it must predict; use --arch llama to learn a language "
+                   "model\n");
+    } else {
+      src = std::make_shared<data::RandomTokenSource>(cfg.vocab, o.seed);
+      if (o.eval_every > 0) val = std::make_shared<data::RandomTokenSource>(cfg.vocab, o.seed + 1);
+    }
+    if (!o.val_data.empty()) val = data::open_token_stream(o.val_data, cfg.vocab, cfg.seq);
+  }
+
+  void build_model() {
+    model = std::make_unique<nn::MiniLLM>(cfg);
+    if (!o.init_from.empty()) {
+      // Full weights from a file (PyTorch or Hugging Face names), sharded by fully_shard below.
+      checkpoint::SafetensorsIndex file(o.init_from);
+      auto full = nn::materialize(*model, dtype, o.seed, device);
+      for (auto& [name, p] : model->named_parameters()) {
+        Tensor t = checkpoint::read_param(file, cfg, name);
+        FSDP_CHECK(t.shape() == p->shape,
+                   "[fsdp-train] --init-from {}: '{}' has shape {} but the model needs {}",
+                   o.init_from, name, shape_str(t.shape()), shape_str(p->shape));
+        p->data.copy_(t);
+      }
+      if (o.shard == "none") flat = full;
+    }
+    if (o.shard == "full") {
+      FullyShardOptions fo{.reshard_after_forward = o.reshard_after_forward,
+                           .mp_policy = mp,
+                           .init_dtype = dtype,
+                           .seed = o.seed};
+      for (size_t i = 0; i < model->layers().size(); ++i) fully_shard(model->layers()[i], mesh, fo);
+      root = &fully_shard(*model, mesh, fo);
+      groups = root->param_groups(o.weight_decay, !o.wd_2d_only);
+    } else {
+      if (!flat.params.defined()) flat = nn::materialize(*model, dtype, o.seed, device);
+      groups = {{flat.params, flat.grads, o.weight_decay}};
+    }
+    opt = std::make_unique<optim::AdamW>(groups, ops::AdamWHyper{.lr = o.lr,
+                                                                 .beta1 = o.beta1,
+                                                                 .beta2 = o.beta2,
+                                                                 .eps = o.eps,
+                                                                 .weight_decay = o.weight_decay});
+    schedule = std::make_unique<optim::LRSchedule>(
+        optim::LRScheduleOptions{.lr = o.lr,
+                                 .warmup = o.warmup,
+                                 .decay = optim::parse_decay(o.lr_decay),
+                                 .min_lr = o.min_lr,
+                                 .decay_end = o.decay_steps > 0 ? o.decay_steps : o.steps});
+  }
+
+  // The ceiling: on CPU the machine's sgemm peak on all its cores (measured by
+  // rank 0 alone, so ranks do not compete for the cores while measuring), times
+  // the number of machines; on CUDA each rank's GEMM peak in the compute dtype,
+  // times the ranks.
+  void measure_peak() {
+    const int local = std::max(1, dist::world_info().local_size);
+    Tensor peak_t = Tensor::zeros({1}, DType::f32);
+    if (device.is_cuda()) {
+      peak_t.fill_(ops::device_gemm_peak_flops(device, mp.param_dtype.value_or(DType::f32)) / 1e9);
+    } else if (main()) {
+      peak_t.fill_(ops::sgemm_peak_flops(int(std::max(1u, std::thread::hardware_concurrency()))) /
+                   1e9);
+    }
+    omp_set_num_threads(threads);
+    Tensor peak_d = peak_t.to(device);
+    pg->broadcast(peak_d, 0)->wait();
+    const double per_node = device.is_cuda() ? double(local) : 1.0;
+    peak = peak_d.item() * 1e9 * per_node * double(size) / double(local);
+  }
+
+  void print_config(int64_t persistent, int64_t persistent_measured) const {
+    auto row = [](const std::string& k, const std::string& v) {
+      fmt::print("| {:<22} | {:<44} |\n", k, v);
+    };
+    std::string dtypes;
+    if (mp.param_dtype || mp.reduce_dtype)
+      dtypes =
+          fmt::format(" master, {} params, {} reduce", dtype_name(mp.param_dtype.value_or(dtype)),
+                      dtype_name(mp.reduce_dtype.value_or(mp.param_dtype.value_or(dtype))));
+    fmt::print("+{:-<24}+{:-<46}+\n", "", "");
+    row("preset / arch", fmt::format("{} / {}", o.preset, nn::arch_name(cfg.arch)));
+    row("vocab / dim / layers", fmt::format("{} / {} / {}", cfg.vocab, cfg.dim, cfg.layers));
+    row("heads / ffn hidden", fmt::format("{} / {}", cfg.heads, cfg.resolved_ffn_hidden()));
+    row("seq x batch",
+        fmt::format("{} x {} x {} ranks x {} accum = {} tokens/step", cfg.seq, cfg.batch, size,
+                    o.grad_accum, cfg.seq * cfg.batch * size * o.grad_accum));
+    const int64_t nparams = model->num_parameters();
+    row("parameters", fmt::format("{} ({:.2f} M)", nparams, double(nparams) / 1e6));
+    row("dtype", std::string(dtype_name(dtype)) + dtypes);
+    row("optimizer", fmt::format("AdamW lr {:g} betas ({:g}, {:g}) wd {:g}", o.lr, o.beta1, o.beta2,
+                                 o.weight_decay));
+    row("steps / seed", fmt::format("{} / {}", o.steps, o.seed));
+    row("data", src->describe());
+    row("world size", fmt::format("{} ({}, {})", size, pg->backend(), dist::world_info().launcher));
+    row("sharding", o.shard == "none"
+                        ? std::string("none (DDP-style baseline)")
+                        : fmt::format("fully_shard on {}{}", mesh->str(),
+                                      o.reshard_after_forward ? "" : ", no reshard after forward"));
+    row("persistent mem / rank",
+        fmt::format("{:.3f} MB formula, {:.3f} MB measured", double(persistent) / 1e6,
+                    double(persistent_measured) / 1e6));
+    row("threads", std::to_string(threads));
+    row("sgemm peak", fmt::format("{:.1f} GFLOP/s, all ranks (MFU denominator)", peak / 1e9));
+    row("FLOPs / token", fmt::format("{:.3g}", cfg.flops_per_token()));
+    fmt::print("+{:-<24}+{:-<46}+\n", "", "");
+  }
+
+  void resume() {
+    const std::string path = checkpoint::latest(o.ckpt_dir);
+    if (path.empty()) {
+      if (main()) fmt::print("resume: no checkpoint in {} yet; starting at step 0\n", o.ckpt_dir);
+      return;
+    }
+    const std::vector<std::string> model_keys = {"arch",  "vocab",      "dim",  "layers",
+                                                 "heads", "ffn_hidden", "dtype"};
+    auto loaded = checkpoint::load(path, *root, *opt, config_json, model_keys);
+    start_step = loaded.step;
+    loader->set_position(loaded.data_position);
+    if (main()) fmt::print("resume: loaded {} (step {})\n", path, start_step);
+  }
+
+  std::pair<double, double> comm_now() const {
+    if (root) {
+      auto st = root->comm_stats();
+      return {st.comm_seconds, st.exposed_seconds};
+    }
+    return {pg->comm_seconds(), 0.0};
+  }
+
+  // One optimizer step of grad_accum microbatches; returns its metrics, agreed over ranks.
+  profiler::StepMetrics step(int64_t step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    opt->set_lr(schedule->at(step));
+    const auto [comm0, exposed0] = comm_now();
+    const double ddp_wait0 = ddp_wait;
+    if (root)
+      root->zero_grad();
+    else
+      flat.grads.zero_();
+    std::vector<Tensor> micro_losses;  // on the device until the step line reads them
+    for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
+      if (root) root->set_requires_gradient_sync(micro == o.grad_accum - 1);
+      data::Batch b = loader->next();
+      nn::LMLoss loss;  // the loss stays on the device; dlogits overwrite the logits
+      micro_losses.push_back(
+          loss.forward(model->forward(b.inputs.to(device)), b.targets.to(device)));
+      model->backward(loss.backward(1.0 / double(o.grad_accum)));
+    }
+    if (!root && size > 1) {
+      const auto tw = std::chrono::steady_clock::now();
+      pg->all_reduce(flat.grads, dist::ReduceOp::AVG)->wait();
+      ddp_wait += seconds_since(tw);
+    }
+    const auto [comm1, exposed1] = comm_now();
+    const optim::GradNorm norm =
+        optim::clip_grad_norm_async(groups, o.clip, root ? root->shard_group() : nullptr);
+    opt->step();
+    // The step's one host sync: the loss and the grad norm, read after the optimizer's launches.
+    double loss = 0;
+    for (const Tensor& l : micro_losses) loss += l.item() / double(o.grad_accum);
+    const double grad_norm = norm.value();
+    const double dt = seconds_since(t0);
+    // The printed loss is the mean over all ranks; peak mem is the largest rank's.
+    profiler::StepMetrics m =
+        profiler::gather_step_metrics(*pg, device,
+                                      {.step = step,
+                                       .loss = loss,
+                                       .grad_norm = grad_norm,
+                                       .lr = opt->lr(),
+                                       .step_seconds = dt,
+                                       .tokens = cfg.batch * size * cfg.seq * o.grad_accum,
+                                       .flops_per_token = cfg.flops_per_token(),
+                                       .peak_flops = peak});
+    FSDP_CHECK(std::isfinite(m.loss), "[fsdp-train] loss became {} at step {}; lower --lr", m.loss,
+               step);
+    if (step > start_step || o.steps == start_step + 1) {  // the first step warms up
+      comm_total += comm1 - comm0;
+      exposed_total += (exposed1 - exposed0) + (ddp_wait - ddp_wait0);
+      step_total += dt;
+    }
+    return m;
+  }
+
+  // The mean loss of eval_batches validation batches, over all ranks.
+  double evaluate() {
+    const int64_t B = cfg.batch, T = cfg.seq;
+    double sum = 0;
+    for (int64_t e = 0; e < o.eval_batches; ++e) {
+      data::Batch b = val->batch(e, B * size, rank * B, B, T);
+      Tensor logits = model->forward(b.inputs.to(device)).view({B * T, cfg.vocab});
+      sum += ops::cross_entropy_forward(logits, b.targets.to(device)).loss;
+    }
+    Tensor v = Tensor::full({1}, sum / double(o.eval_batches), DType::f64).to(device);
+    pg->all_reduce(v, dist::ReduceOp::AVG)->wait();
+    return v.item();
+  }
+
+  void save(int64_t step) {
+    const auto tc = std::chrono::steady_clock::now();
+    if (main()) fmt::print("checkpoint: writing step {} to {} ...\n", step, o.ckpt_dir);
+    checkpoint::save(o.ckpt_dir, step, *root, *opt, config_json, o.keep, pg,
+                     {.data_position = loader->position()});
+    if (main()) fmt::print("checkpoint: done in {:.2f} s\n", seconds_since(tc));
+  }
+
+  // Means over the steps after the first; communication as rank 0 saw it.
+  void print_summary() {
+    const double n = double(std::max<int64_t>(1, o.steps > 1 ? o.steps - 1 : 1));
+    Tensor peak_mem = Tensor::full({1}, double(memory_stats(device).peak), DType::f64).to(device);
+    Tensor peaks = Tensor::empty({size}, DType::f64, device);
+    pg->all_gather_into_tensor(peaks, peak_mem)->wait();
+    const auto pv = peaks.to_f64_vector();
+    if (!main()) return;
+    fmt::print("summary | step {:.1f} ms | peak mem {:.1f} MB", 1e3 * step_total / n,
+               *std::max_element(pv.begin(), pv.end()) / 1e6);
+    if (size > 1)
+      fmt::print(" | comm {:.1f} ms/step in collectives, {:.1f} ms/step exposed ({:.0f}%)",
+                 1e3 * comm_total / n, 1e3 * exposed_total / n,
+                 comm_total > 0 ? 100.0 * std::min(1.0, exposed_total / comm_total) : 0.0);
+    fmt::print("\n");
+  }
+
+  // Every rank samples in lockstep (sharded forwards are collective); rank 0 prints.
+  void print_sample() {
+    std::vector<int32_t> prompt;
+    for (unsigned char ch : o.prompt) prompt.push_back(int32_t(ch) % int32_t(cfg.vocab));
+    std::string text;
+    for (int32_t id : nn::sample(*model, prompt,
+                                 {.tokens = o.sample_tokens,
+                                 .temperature = o.temperature,
+                                 .max_id = 256,
+                                 .seed = o.seed,
+                                 .device = device}))
+      text.push_back((id < 32 && id != '\n') ? ' ' : char(id));
+    if (main()) fmt::print("sample: {}{}\n", o.prompt, text);
+  }
+
+  void fit() {
+    ProfileWindow profile(o.profile_steps, o.profile_dir, rank, device);
+    for (int64_t s = start_step; s < o.steps; ++s) {
+      profile.at_step(s);
+      profiler::StepMetrics m = step(s);
+      if (main()) {
+        fmt::print("{}\n", m.line());
+        std::fflush(stdout);
+      }
+      if (val && o.eval_every > 0 && ((s + 1) % o.eval_every == 0 || s + 1 == o.steps)) {
+        m.val_loss = evaluate();
+        if (main()) fmt::print("step {} | val loss {:.4f}\n", s, *m.val_loss);
+      }
+      if (log.is_open()) {
+        log << m.json() << "\n";
+        log.flush();
+      }
+      if (o.ckpt_every > 0 && ((s + 1) % o.ckpt_every == 0 || s + 1 == o.steps)) save(s + 1);
+    }
+    profile.finish();
+    if (o.steps > 0) print_summary();
+    if (!o.data.empty() && o.sample_tokens > 0) print_sample();
+  }
+};
+
+Trainer::Trainer(const TrainOptions& options, std::shared_ptr<dist::ProcessGroup> pg)
+    : impl_(std::make_unique<Impl>(options, std::move(pg))) {}
+Trainer::~Trainer() = default;
+void Trainer::fit() { impl_->fit(); }
+int64_t Trainer::start_step() const { return impl_->start_step; }
+nn::MiniLLM& Trainer::model() { return *impl_->model; }
+
+}  // namespace fsdp::train
