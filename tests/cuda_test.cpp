@@ -207,6 +207,12 @@ TEST(Cuda, CudnnAttentionMatchesOurKernel) {
 }
 #endif
 
+TEST(Cuda, SavedStatisticsInTheComputeDtypeAsOnCpu) {
+  REQUIRE_CUDA();
+  for (DType d : {DType::f32, DType::bf16, DType::f16})
+    test::expect_backend_contract(Device::cuda(0), d);
+}
+
 TEST(Cuda, AdamWAndCopySegmentsMatchTheCpu) {
   REQUIRE_CUDA();
   Tensor p = rnd({5000}, 30), g = rnd({5000}, 31);

@@ -296,6 +296,11 @@ TEST(Bf16, StorageComputesInF32) {
             1e-2);
 }
 
+TEST(Backend, SavedStatisticsInTheComputeDtype) {
+  for (DType d : {DType::f64, DType::f32, DType::bf16, DType::f16})
+    test::expect_backend_contract(Device::cpu(), d);
+}
+
 TEST(BadInput, MessagesNameTheValue) {
   Tensor w = random_tensor({5, 4}, 120);
   Tensor ids = Tensor::from_vector<int64_t>({1, 5}, {2});

@@ -10,10 +10,12 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fsdp/core/tensor.h"
 #include "fsdp/nn/init.h"
+#include "fsdp/ops/ops.h"
 
 namespace fsdp::test {
 
@@ -76,6 +78,29 @@ inline void expect_grad_matches(const std::string& what, const std::function<dou
     ++checked;
   }
   EXPECT_GT(checked, 0) << what;
+}
+
+// The backends' one contract (src/ops/backend.h): outputs in the storage dtype, saved
+// statistics (rstd, lse) in the compute dtype: f64 for f64, f32 for f32, bf16 and f16.
+inline void expect_backend_contract(Device device, DType dtype) {
+  const DType stat = dtype == DType::f64 ? DType::f64 : DType::f32;
+  const std::string where = device.str() + " " + std::string(dtype_name(dtype));
+  Tensor x = random_tensor({6, 8}, 1, DType::f32).to(dtype).to(device);
+  Tensor w = Tensor::full({8}, 1.0, dtype, device);
+  auto n = ops::rmsnorm_forward(x, w, 1e-5);
+  EXPECT_EQ(n.y.dtype(), dtype) << where;
+  EXPECT_EQ(n.rstd.dtype(), stat) << where;
+  EXPECT_EQ(n.rstd.device(), device) << where;
+  Tensor qkv = random_tensor({1, 4, 3 * 16}, 2, DType::f32).to(dtype).to(device);
+  auto a = ops::attention_forward(qkv, 2, true);
+  EXPECT_EQ(a.out.dtype(), dtype) << where;
+  EXPECT_EQ(a.lse.dtype(), stat) << where;
+  EXPECT_EQ(a.lse.shape(), Shape({1, 2, 4})) << where;
+  Tensor targets = Tensor::zeros({6}, DType::i64).to(device);
+  auto xe = ops::cross_entropy_forward(x, targets);
+  EXPECT_EQ(xe.lse.dtype(), stat) << where;
+  EXPECT_EQ(xe.loss_tensor.dtype(), DType::f64) << where;
+  EXPECT_EQ(ops::rmsnorm_backward(x, x, w, n.rstd, Tensor()).dtype(), dtype) << where;
 }
 
 }  // namespace fsdp::test

@@ -12,10 +12,6 @@
 
 namespace fsdp::kernels::cpu {
 
-// cast.cpp: dst = src element by element, any strides, any dtypes.
-void copy_cast(const Tensor& dst, const Tensor& src);
-void fill(const Tensor& dst, double value);
-
 // gemm.cpp: C[m,n] = alpha * op(A) op(B) + beta * C, row-major, through OpenBLAS.
 template <class T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,

@@ -106,7 +106,7 @@ void attention_backward(const void* dout, const void* qkv, const void* out, cons
                         void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd,
                         bool causal, int device, Stream s);
 
-// attention_cudnn.cpp (FSDP_WITH_CUDNN builds): cuDNN's fused SDPA, bf16 and f16, same layouts
+// attention_cudnn.cpp (no_cudnn.cpp in builds without cuDNN, refusing every shape): cuDNN's fused SDPA, bf16 and f16, same layouts
 // and lse as above. The workspace query builds and caches the plan for that shape; it returns
 // the bytes of workspace the call needs, or -1 where cuDNN is off (FSDP_CUDNN_ATTENTION=0) or
 // refuses the shape (the refusal says why); then the kernel above is the fallback.

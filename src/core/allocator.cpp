@@ -1,6 +1,6 @@
 // The CPU allocator: aligned malloc behind a cache of large blocks, with exact
 // byte counters. The CUDA
-// allocator lives in cuda_allocator.cpp and is compiled only with CUDA.
+// allocator lives in src/cuda/allocator.cpp (src/core/gpu.h).
 #include "fsdp/core/allocator.h"
 
 #include <atomic>
@@ -14,6 +14,7 @@
 #include "fsdp/core/env.h"
 #include "fsdp/core/error.h"
 #include "fsdp/core/trace.h"
+#include "src/core/gpu.h"
 
 namespace fsdp {
 
@@ -114,18 +115,10 @@ class CpuAllocator final : public Allocator {
 
 }  // namespace
 
-#ifdef FSDP_WITH_CUDA
-Allocator& cuda_allocator(int device);  // cuda_allocator.cpp
-#endif
-
 Allocator& allocator_for(Device d) {
   static CpuAllocator cpu;
   if (d.is_cpu()) return cpu;
-#ifdef FSDP_WITH_CUDA
-  return cuda_allocator(d.index);
-#else
-  FSDP_FAIL("[allocator] {} requested but fsdp.cpp was built without CUDA", d.str());
-#endif
+  return gpu::allocator(d.index);
 }
 
 }  // namespace fsdp

@@ -2,15 +2,10 @@
 #include "fsdp/core/device.h"
 
 #include <charconv>
-#include <map>
-#include <mutex>
 #include <system_error>
 
 #include "fsdp/core/error.h"
-
-#ifdef FSDP_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
+#include "src/core/gpu.h"
 
 namespace fsdp {
 
@@ -28,42 +23,10 @@ Device parse_device(std::string_view s) {
   FSDP_FAIL("[device] unknown device '{}'; expected cpu, cuda or cuda:N", s);
 }
 
-int cuda_device_count() {
-#ifdef FSDP_WITH_CUDA
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();  // clear the sticky "no device" error
-    return 0;
-  }
-  return n;
-#else
-  return 0;
-#endif
-}
+int cuda_device_count() { return gpu::device_count(); }
 
 bool cuda_available() { return cuda_device_count() > 0; }
 
-void* cuda_compute_stream(int index) {
-#ifdef FSDP_WITH_CUDA
-  static std::mutex mu;
-  static std::map<int, cudaStream_t> streams;  // live for the process, like the device contexts
-  FSDP_CHECK(index >= 0 && index < cuda_device_count(), "[device] no CUDA device {} ({} visible)",
-             index, cuda_device_count());
-  std::lock_guard<std::mutex> lock(mu);
-  cudaStream_t& s = streams[index];
-  if (!s) {
-    int prev = 0;
-    cudaGetDevice(&prev);
-    cudaSetDevice(index);
-    const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamDefault);
-    cudaSetDevice(prev);
-    FSDP_CHECK(e == cudaSuccess, "[device] cuda:{}: creating the compute stream failed: {}", index,
-               cudaGetErrorString(e));
-  }
-  return s;
-#else
-  FSDP_FAIL("[device] cuda:{}: built without CUDA", index);
-#endif
-}
+void* cuda_compute_stream(int index) { return gpu::compute_stream(index); }
 
 }  // namespace fsdp

@@ -7,10 +7,8 @@
 #include <utility>
 
 #include "fsdp/core/allocator.h"
-#include "kernels/cpu/cpu_kernels.h"
-#ifdef FSDP_WITH_CUDA
-#include "kernels/cuda/cuda_kernels.h"
-#endif
+#include "src/core/copy.h"
+#include "src/core/gpu.h"
 
 namespace fsdp {
 
@@ -181,46 +179,33 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
   FSDP_CHECK(shape_ == src.shape_, "[Tensor::copy_] shape {} into shape {}", shape_str(src.shape_),
              shape_str(shape_));
   if (device().is_cpu() && src.device().is_cpu()) {
-    kernels::cpu::copy_cast(*this, src);
+    detail::cpu_copy_cast(*this, src);
     return *this;
   }
-#ifdef FSDP_WITH_CUDA
   // Cross-device or CUDA copies go through contiguous buffers: cast on the
   // side that holds the wider type is not worth the complexity here.
   FSDP_CHECK(is_contiguous(), "[Tensor::copy_] a CUDA destination must be contiguous");
   Tensor s = src.contiguous();
   if (s.device() != device()) {
     Tensor staged = empty(shape_, s.dtype_, device());
-    kernels::cuda::memcpy_sync(staged.raw_data(), staged.device(), s.raw_data(), s.device(),
-                               s.nbytes());
+    gpu::memcpy_sync(staged.raw_data(), staged.device(), s.raw_data(), s.device(), s.nbytes());
     s = staged;
   }
-  if (device().is_cpu()) {
-    kernels::cpu::copy_cast(*this, s);
-  } else {
-    kernels::cuda::cast(raw_data(), dtype_, s.raw_data(), s.dtype_, numel(), device().index,
-                        cuda_compute_stream(device().index));
-  }
+  if (device().is_cpu())
+    detail::cpu_copy_cast(*this, s);
+  else
+    gpu::cast(raw_data(), dtype_, s.raw_data(), s.dtype_, numel(), device().index);
   return *this;
-#else
-  FSDP_FAIL("[Tensor::copy_] built without CUDA (copy from {} to {})", src.device().str(),
-            device().str());
-#endif
 }
 
 const Tensor& Tensor::fill_(double value) const {
   if (device().is_cpu()) {
-    kernels::cpu::fill(*this, value);
+    detail::cpu_fill(*this, value);
     return *this;
   }
-#ifdef FSDP_WITH_CUDA
   FSDP_CHECK(is_contiguous(), "[Tensor::fill_] a CUDA tensor must be contiguous");
-  kernels::cuda::fill(raw_data(), dtype_, numel(), value, device().index,
-                      cuda_compute_stream(device().index));
+  gpu::fill(raw_data(), dtype_, numel(), value, device().index);
   return *this;
-#else
-  FSDP_FAIL("[Tensor::fill_] built without CUDA");
-#endif
 }
 
 double Tensor::item() const {

@@ -3,11 +3,10 @@
 #include "fsdp/core/trace.h"
 
 #include <chrono>
-#ifdef FSDP_WITH_CUDA
-#include <nvtx3/nvToolsExt.h>  // header-only; a no-op unless Nsight is attached
-#endif
 #include <mutex>
 #include <utility>
+
+#include "src/core/gpu.h"
 
 namespace fsdp::trace {
 
@@ -86,9 +85,7 @@ void Scope::begin(const char* name, Kind kind) {
   rec_->name = name;
   rec_->tid = thread_id();
   rec_->begin_ns = now_ns();
-#ifdef FSDP_WITH_CUDA
-  nvtxRangePushA(name);  // so that Nsight Systems and Nsight Compute show our names
-#endif
+  gpu::range_push(name);  // so that Nsight Systems and Nsight Compute show our names
 }
 
 void Scope::set(std::string shapes, std::string dtype, double flops, double bytes,
@@ -107,9 +104,7 @@ void Scope::set(std::string shapes, std::string dtype, double flops, double byte
 }
 
 void Scope::end() {
-#ifdef FSDP_WITH_CUDA
-  nvtxRangePop();
-#endif
+  gpu::range_pop();
   if (device_ >= 0) device_hook(false, token_, device_);
   rec_->end_ns = now_ns();
   add(std::move(*rec_));

@@ -37,15 +37,12 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_local_backend();
-#ifdef FSDP_WITH_MPI
+// The engines of optional libraries; in a build without one, src/dist/stubs/ throws naming it.
 std::unique_ptr<Backend> make_mpi_world_backend();  // MPI_COMM_WORLD, initialising MPI if needed
 void mpi_finalize();
 void mpi_abort(int code);
-#endif
-#ifdef FSDP_WITH_GLOO
 class TCPStore;
 std::unique_ptr<Backend> make_gloo_backend(std::shared_ptr<TCPStore> store, int rank, int size,
                                            const std::string& hostname);
-#endif
 
 }  // namespace fsdp::dist

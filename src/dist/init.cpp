@@ -19,9 +19,7 @@
 #include "src/dist/backend.h"
 #include "src/dist/cpu_group.h"
 #include "src/dist/device_host_group.h"
-#ifdef FSDP_WITH_NCCL
 #include "src/dist/nccl/nccl_group.h"
-#endif
 
 namespace fsdp::dist {
 
@@ -63,7 +61,7 @@ int required_int(const char* name) {
   return env_int(name, v);
 }
 
-[[maybe_unused]] std::string gloo_hostname(const std::string& master) {  // (Gloo builds)
+std::string gloo_hostname(const std::string& master) {
   std::string h = env_str("FSDP_GLOO_HOSTNAME");
   if (!h.empty()) return h;
   if (master == "localhost" || master.rfind("127.", 0) == 0 || master == "::1") return "127.0.0.1";
@@ -207,21 +205,14 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
   auto host_engine = [&](const std::string& name,
                          Device tensor_device) -> std::shared_ptr<ProcessGroup> {
     if (name == "mpi") {
-#ifdef FSDP_WITH_MPI
       auto g = std::make_shared<CpuProcessGroup>(make_mpi_world_backend(), tensor_device);
       w.mpi = true;
       FSDP_CHECK(g->size() == info.size,
                  "[init_process_group] MPI reports {} ranks but the launcher says {}", g->size(),
                  info.size);
       return g;
-#else
-      FSDP_FAIL(
-          "[init_process_group] backend mpi requested but fsdp.cpp was built without MPI "
-          "(FSDP_MPI=OFF)");
-#endif
     }
     if (name == "gloo") {
-#ifdef FSDP_WITH_GLOO
       if (!w.store) {
         FSDP_CHECK(info.size == 1,
                    "[init_process_group] gloo needs torchrun-style launch (MASTER_ADDR, "
@@ -235,11 +226,6 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
           make_gloo_backend(w.store, info.rank, info.size,
                             gloo_hostname(addr ? addr : "127.0.0.1")),
           tensor_device);
-#else
-      FSDP_FAIL(
-          "[init_process_group] backend gloo requested but fsdp.cpp was built without Gloo "
-          "(FSDP_GLOO=OFF)");
-#endif
     }
     FSDP_CHECK(info.size == 1,
                "[init_process_group] the local backend is a world of one, but WORLD_SIZE is {}",
@@ -248,16 +234,11 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
   };
 
   if (backend == "nccl") {
-#ifdef FSDP_WITH_NCCL
     const std::string host = info.launcher == "mpirun"     ? "mpi"
                              : info.launcher == "torchrun" ? "gloo"
                                                            : "local";
     auto host_group = host_engine(host, Device::cpu());
     w.group = std::make_shared<DeviceHostGroup>(make_nccl_world(info, *host_group), host_group);
-#else
-    FSDP_FAIL(
-        "[init_process_group] backend nccl requested but fsdp.cpp was built without CUDA and NCCL");
-#endif
   } else {
     w.group = host_engine(backend, info.device);
     if (env_str("FSDP_DIST_DEVICE_CHECK") == "1" && info.device.is_cpu()) {
@@ -295,18 +276,14 @@ void destroy_process_group() {
       ->wait();  // rank 0 serves the store: nobody leaves while others may still need it
   w.group.reset();
   w.store.reset();
-#ifdef FSDP_WITH_MPI
   if (w.mpi) mpi_finalize();
-#endif
   w = World{};
 }
 
 void abort_process(int code) {
   std::fflush(stdout);
   std::fflush(stderr);
-#ifdef FSDP_WITH_MPI
   if (the_world().mpi) mpi_abort(code);
-#endif
   std::_Exit(code);
 }
 

@@ -16,7 +16,7 @@
 
 #include "fsdp/core/env.h"
 #include "fsdp/core/trace.h"
-#include "kernels/cpu/dispatch.h"
+#include "src/core/dispatch.h"
 #include "src/dist/backend.h"
 #include "src/dist/cpu_group.h"
 
@@ -90,7 +90,7 @@ class StagedWork final : public Work {
 };
 
 void divide(const Tensor& t, double by) {
-  kernels::cpu::dispatch_all(t.dtype(), [&](auto tv) {
+  dispatch_all(t.dtype(), [&](auto tv) {
     using T = decltype(tv);
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       T* p = t.data<T>();

@@ -1,13 +1,15 @@
 // fsdp::ops on CUDA tensors: layout and dtype checks, output allocation, and
 // the launches of kernels/cuda. Inputs of one op share one storage dtype
 // (f32, bf16 or f16); parameter gradients may be wider (reduce_dtype).
-#include "src/ops/cuda_ops.h"
-
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "kernels/cuda/cuda_kernels.h"
+#include "src/ops/backend.h"
 
 namespace fsdp::ops::cuda_impl {
 
@@ -22,7 +24,7 @@ kc::Stream cs(const Tensor& t) { return cuda_compute_stream(t.device().index); }
 Tensor dense(const Tensor& t) { return t.contiguous(); }
 
 // Scratch bytes from the caching allocator (so peak memory counts them); none for 0.
-[[maybe_unused]] Tensor workspace(int64_t bytes, Device d) {
+Tensor workspace(int64_t bytes, Device d) {
   return bytes > 0 ? Tensor::empty({(bytes + 7) / 8}, DType::i64, d) : Tensor();
 }
 
@@ -38,22 +40,6 @@ void check_grad(const char* op, const Tensor& g) {
 }
 
 }  // namespace
-
-bool on_cuda(const char* op, std::initializer_list<const Tensor*> ts) {
-  const Tensor* first = nullptr;
-  for (const Tensor* t : ts)
-    if (t->defined()) {
-      first = t;
-      break;
-    }
-  if (!first || !first->device().is_cuda()) return false;
-  for (const Tensor* t : ts)
-    if (t->defined())
-      FSDP_CHECK(t->device() == first->device(),
-                 "[{}] inputs on {} and {}: move them to one device", op, first->device().str(),
-                 t->device().str());
-  return true;
-}
 
 void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha,
           double beta) {
@@ -211,7 +197,6 @@ AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
   const int64_t B = qkv.size(0), T = qkv.size(1), d = qkv.size(2) / 3;
   Tensor out = Tensor::empty({B, T, d}, qkv.dtype(), qkv.device());
   Tensor lse = Tensor::empty({B, heads, T}, DType::f32, qkv.device());
-#if FSDP_WITH_CUDNN
   const int64_t ws =
       kc::cudnn_attention_workspace(false, qkv.dtype(), B, T, heads, d / heads, causal, dev(qkv));
   if (ws >= 0) {
@@ -221,7 +206,6 @@ AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
                                 dev(qkv), cs(qkv));
     return {out, lse};
   }
-#endif
   kc::attention_forward(Q.raw_data(), out.raw_data(), lse.data<float>(), qkv.dtype(), B, T, heads,
                         d / heads, causal, dev(qkv), cs(qkv));
   return {out, lse};
@@ -233,7 +217,6 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
          L = dense(lse.to(DType::f32));
   const int64_t B = qkv.size(0), T = qkv.size(1), d = qkv.size(2) / 3;
   Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
-#if FSDP_WITH_CUDNN
   const int64_t ws =
       kc::cudnn_attention_workspace(true, qkv.dtype(), B, T, heads, d / heads, causal, dev(qkv));
   if (ws >= 0) {
@@ -243,7 +226,6 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
                                  w.defined() ? w.raw_data() : nullptr, dev(qkv), cs(qkv));
     return dqkv;
   }
-#endif
   kc::attention_backward(DO.raw_data(), Q.raw_data(), O.raw_data(), L.data<float>(),
                          dqkv.raw_data(), qkv.dtype(), B, T, heads, d / heads, causal, dev(qkv),
                          cs(qkv));
@@ -317,5 +299,19 @@ void adamw_(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, 
   kc::adamw(p.raw_data(), g.raw_data(), m.raw_data(), v.raw_data(), p.dtype(), p.numel(), h.lr,
             h.beta1, h.beta2, h.eps, h.weight_decay, step, dev(p), cs(p));
 }
+
+void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segment>& segments) {
+  std::vector<int64_t> d, s, c;
+  for (const Segment& g : segments)
+    d.push_back(g.dst_offset), s.push_back(g.src_offset), c.push_back(g.count);
+  kc::copy_segments(dst.raw_data(), dst.dtype(), src.raw_data(), src.dtype(), d.data(), s.data(),
+                    c.data(), int64_t(segments.size()), dev(dst), cs(dst));
+}
+
+double gemm_peak_flops(Device device, DType dtype) {
+  return kc::measure_gemm_flops(8192, dtype, device.index);
+}
+
+double copy_gbps(Device device) { return kc::measure_copy_gbps(int64_t(1) << 30, device.index); }
 
 }  // namespace fsdp::ops::cuda_impl

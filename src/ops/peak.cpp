@@ -18,9 +18,7 @@
 
 #include "fsdp/core/env.h"
 #include "kernels/cpu/cpu_kernels.h"
-#ifdef FSDP_WITH_CUDA
-#include "kernels/cuda/cuda_kernels.h"
-#endif
+#include "src/ops/backend.h"
 
 namespace fsdp::ops {
 
@@ -82,17 +80,14 @@ double sgemm_peak_flops(int threads) {
 }
 
 double device_gemm_peak_flops(Device device, DType dtype) {
-#ifdef FSDP_WITH_CUDA
-  if (device.is_cuda()) return kernels::cuda::measure_gemm_flops(8192, dtype, device.index);
-#endif
-  FSDP_FAIL("[peak] no CUDA GEMM peak for {} in this build", device.str());
+  FSDP_CHECK(device.is_cuda(), "[peak] device_gemm_peak_flops needs a CUDA device, got {}",
+             device.str());
+  return cuda_impl::gemm_peak_flops(device, dtype);
 }
 
 double device_copy_gbps(Device device) {
-#ifdef FSDP_WITH_CUDA
-  if (device.is_cuda()) return kernels::cuda::measure_copy_gbps(int64_t(1) << 30, device.index);
-#endif
-  FSDP_FAIL("[peak] no CUDA copy bandwidth for {} in this build", device.str());
+  FSDP_CHECK(device.is_cuda(), "[peak] device_copy_gbps needs a CUDA device, got {}", device.str());
+  return cuda_impl::copy_gbps(device);
 }
 
 }  // namespace fsdp::ops

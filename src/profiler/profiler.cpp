@@ -14,10 +14,7 @@
 
 #include "fsdp/core/error.h"
 #include "fsdp/ops/peak.h"
-
-#ifdef FSDP_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
+#include "src/core/gpu.h"
 
 namespace fsdp::profiler {
 
@@ -59,17 +56,6 @@ double copy_bytes_per_s() {
   return 2.0 * double(n) / best;
 }
 
-#ifdef FSDP_WITH_CUDA
-// Device timing with CUDA events (CUPTI is not required): an event before and
-// after each op on a CUDA tensor, on the compute stream, read back at stop().
-struct DeviceTimes {
-  std::map<int64_t, std::pair<cudaEvent_t, cudaEvent_t>> events;
-  cudaEvent_t origin = nullptr;
-  int64_t origin_ns = 0;
-};
-DeviceTimes device_times;
-#endif
-
 }  // namespace
 
 Ceilings cpu_ceilings() {
@@ -83,7 +69,6 @@ Ceilings cpu_ceilings() {
 }
 
 Ceilings cuda_ceilings(int device, const std::string& dtype) {
-#ifdef FSDP_WITH_CUDA
   static std::map<std::pair<int, DType>, Ceilings> cache;
   const DType gemm_t = dtype == "f32" || dtype == "float32" ? DType::f32 : DType::bf16;
   auto it = cache.find({device, gemm_t});
@@ -92,9 +77,6 @@ Ceilings cuda_ceilings(int device, const std::string& dtype) {
   Ceilings c{ops::device_gemm_peak_flops(d, gemm_t), ops::device_copy_gbps(d) * 1e9};
   cache[{device, gemm_t}] = c;
   return c;
-#else
-  FSDP_FAIL("[profiler] cuda:{} ceilings ({}) in a build without CUDA", device, dtype);
-#endif
 }
 
 std::string classify(double pct_compute, double pct_bandwidth, std::string* remedy) {
@@ -123,62 +105,36 @@ void Profiler::begin_recording() {
   trace::take();  // drop anything recorded before
   trace::start(opt_.record_shapes, opt_.profile_memory);
   recording_ = true;
-#ifdef FSDP_WITH_CUDA
+  // Device timing with CUDA events (CUPTI is not required): an event before and after each
+  // op on a CUDA tensor, on the compute stream, read back at stop().
   const bool cuda = std::find(opt_.activities.begin(), opt_.activities.end(), Activity::CUDA) !=
                     opt_.activities.end();
-  int ndev = 0;
-  if (cuda && cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0) {
-    int current = 0;
-    cudaGetDevice(&current);
-    cudaEventCreate(&device_times.origin);
-    cudaEventRecord(device_times.origin, cudaStream_t(cuda_compute_stream(current)));
-    device_times.origin_ns = trace::now_ns();
-    trace::set_device_hook([](bool begin, int64_t token, int device) -> int64_t {
-      cudaSetDevice(device);
-      auto& e = device_times.events[token];
-      cudaEvent_t& ev = begin ? e.first : e.second;
-      cudaEventCreate(&ev);
-      cudaEventRecord(ev, cudaStream_t(cuda_compute_stream(device)));
-      return 0;
-    });
-  }
-#endif
+  if (cuda) device_timing_ = gpu::device_timing_begin();
 }
 
 void Profiler::end_recording(bool keep) {
   trace::stop();
   recording_ = false;
   auto recs = trace::take();
-#ifdef FSDP_WITH_CUDA
-  trace::set_device_hook(nullptr);
-  if (device_times.origin) {
+  if (device_timing_) {
     std::map<int64_t, const trace::Record*> by_flow;
     for (const auto& r : recs)
       if (r.flow) by_flow[r.flow] = &r;
     std::vector<trace::Record> kernels;
-    for (auto& [token, ev] : device_times.events) {
-      if (!ev.first || !ev.second) continue;
-      cudaEventSynchronize(ev.second);
-      float a = 0, b = 0;
-      cudaEventElapsedTime(&a, device_times.origin, ev.first);
-      cudaEventElapsedTime(&b, device_times.origin, ev.second);
+    for (const gpu::DeviceSpan& span : gpu::device_timing_end()) {
       trace::Record k;
       k.kind = trace::Kind::kernel;
-      k.flow = token;
-      k.name = by_flow.count(token) ? by_flow[token]->name : "kernel";
-      k.device = by_flow.count(token) ? by_flow[token]->device : "cuda";
+      k.flow = span.token;
+      k.name = by_flow.count(span.token) ? by_flow[span.token]->name : "kernel";
+      k.device = by_flow.count(span.token) ? by_flow[span.token]->device : "cuda";
       k.tid = 1000;  // the compute stream's row
-      k.begin_ns = device_times.origin_ns + int64_t(double(a) * 1e6);
-      k.end_ns = device_times.origin_ns + int64_t(double(b) * 1e6);
+      k.begin_ns = span.begin_ns;
+      k.end_ns = span.end_ns;
       kernels.push_back(k);
-      cudaEventDestroy(ev.first);
-      cudaEventDestroy(ev.second);
     }
     recs.insert(recs.end(), kernels.begin(), kernels.end());
-    cudaEventDestroy(device_times.origin);
-    device_times = DeviceTimes{};
+    device_timing_ = false;
   }
-#endif
   if (keep) {
     records_.insert(records_.end(), std::make_move_iterator(recs.begin()),
                     std::make_move_iterator(recs.end()));

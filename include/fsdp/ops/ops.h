@@ -1,6 +1,7 @@
 // The math of fsdp.cpp: a forward and a backward function per op. Each checks
 // its inputs (shapes, dtypes, devices) and names the bad value, then
-// dispatches on device to kernels/cpu or kernels/cuda.
+// dispatches on device to the CPU or the CUDA backend (src/ops/backend.h: two mirrors, one
+// contract).
 //
 // dtypes: f32 and f64 compute as themselves; bf16 and f16 are storage types,
 // widened to f32 for the math and narrowed back for the output.

@@ -99,7 +99,8 @@ class Profiler {
   int64_t t0_ns_ = 0;
   int step_ = 0;
   bool recording_ = false;
-  Ceilings ceilings_;  // the CPU's; CUDA ops use cuda_ceilings()
+  bool device_timing_ = false;  // CUDA events are being recorded
+  Ceilings ceilings_;           // the CPU's; CUDA ops use cuda_ceilings()
 };
 
 // A user annotation over a scope, like torch.profiler.record_function.

@@ -1,4 +1,5 @@
-// The ProcessGroup for CUDA tensors, on NCCL. Private; built with CUDA.
+// The ProcessGroup for CUDA tensors, on NCCL. Private; src/dist/stubs/no_nccl.cpp in builds without
+// it.
 #pragma once
 
 #include <memory>

@@ -1,5 +1,5 @@
-// Type dispatch helpers for the CPU kernels and ops: call a generic lambda
-// with a value of the C++ type that matches a DType.
+// Type dispatch helpers for core copies, the CPU ops and host-side reductions: call a generic
+// lambda with a value of the C++ type that matches a DType.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +8,7 @@
 #include "fsdp/core/dtype.h"
 #include "fsdp/core/error.h"
 
-namespace fsdp::kernels::cpu {
+namespace fsdp {
 
 // Scalar conversions between all element types, through float or double.
 template <class To, class From>
@@ -62,4 +62,4 @@ decltype(auto) dispatch_index(DType t, const char* op, F&& f) {
   FSDP_FAIL("[{}] token ids must be i32 or i64, got {}", op, dtype_name(t));
 }
 
-}  // namespace fsdp::kernels::cpu
+}  // namespace fsdp

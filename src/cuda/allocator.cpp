@@ -8,6 +8,8 @@
 // fsdp-train, and reserved (allocated plus cached). FSDP_CUDA_POISON=1 fills
 // every block handed out with 0xFF bytes (NaN in every float type), so a
 // kernel that leaves an output element unwritten is caught by the tests.
+#include "fsdp/core/allocator.h"
+
 #include <cuda_runtime.h>
 
 #include <array>
@@ -19,9 +21,9 @@
 #include <string>
 #include <utility>
 
-#include "fsdp/core/allocator.h"
 #include "fsdp/core/env.h"
 #include "fsdp/core/error.h"
+#include "src/core/gpu.h"
 
 namespace fsdp {
 
@@ -110,7 +112,7 @@ class CudaAllocator final : public Allocator {
 
 }  // namespace
 
-Allocator& cuda_allocator(int device) {
+Allocator& gpu::allocator(int device) {
   static std::array<CudaAllocator*, 64> allocators{};
   static std::mutex mu;
   FSDP_CHECK(device >= 0 && device < 64, "[allocator] bad CUDA device index {}", device);

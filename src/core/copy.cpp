@@ -1,14 +1,15 @@
 // Copies with a dtype cast, for any strides. The contiguous case is one flat
 // parallel loop; the strided case walks the outer dims and runs the last
 // dim as the inner loop.
+#include "src/core/copy.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/cpu/cpu_kernels.h"
-#include "kernels/cpu/dispatch.h"
+#include "src/core/dispatch.h"
 
-namespace fsdp::kernels::cpu {
+namespace fsdp::detail {
 
 namespace {
 
@@ -47,13 +48,13 @@ void copy_typed(const Tensor& dst, const Tensor& src) {
 
 }  // namespace
 
-void copy_cast(const Tensor& dst, const Tensor& src) {
+void cpu_copy_cast(const Tensor& dst, const Tensor& src) {
   dispatch_all(dst.dtype(), [&](auto dv) {
     dispatch_all(src.dtype(), [&](auto sv) { copy_typed<decltype(dv), decltype(sv)>(dst, src); });
   });
 }
 
-void fill(const Tensor& dst, double value) {
+void cpu_fill(const Tensor& dst, double value) {
   dispatch_all(dst.dtype(), [&](auto tv) {
     using T = decltype(tv);
     T v = convert<T>(value);
@@ -71,4 +72,4 @@ void fill(const Tensor& dst, double value) {
   });
 }
 
-}  // namespace fsdp::kernels::cpu
+}  // namespace fsdp::detail

@@ -1,0 +1,110 @@
+// core's CUDA runtime (src/core/gpu.h) in a CUDA build: device count, the
+// compute streams, copies and fills through kernels/cuda, NVTX ranges and the
+// profiler's device timing with CUDA events.
+#include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>  // header-only; a no-op unless Nsight is attached
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "fsdp/core/error.h"
+#include "fsdp/core/trace.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "src/core/gpu.h"
+
+namespace fsdp::gpu {
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+void* compute_stream(int index) {
+  static std::mutex mu;
+  static std::map<int, cudaStream_t> streams;  // live for the process, like the device contexts
+  FSDP_CHECK(index >= 0 && index < device_count(), "[device] no CUDA device {} ({} visible)", index,
+             device_count());
+  std::lock_guard<std::mutex> lock(mu);
+  cudaStream_t& s = streams[index];
+  if (!s) {
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(index);
+    const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamDefault);
+    cudaSetDevice(prev);
+    FSDP_CHECK(e == cudaSuccess, "[device] cuda:{}: creating the compute stream failed: {}", index,
+               cudaGetErrorString(e));
+  }
+  return s;
+}
+
+void memcpy_sync(void* dst, Device dst_device, const void* src, Device src_device, int64_t bytes) {
+  kernels::cuda::memcpy_sync(dst, dst_device, src, src_device, bytes);
+}
+
+void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, int device) {
+  kernels::cuda::cast(dst, dst_dtype, src, src_dtype, n, device, compute_stream(device));
+}
+
+void fill(void* dst, DType dtype, int64_t n, double value, int device) {
+  kernels::cuda::fill(dst, dtype, n, value, device, compute_stream(device));
+}
+
+void range_push(const char* name) { nvtxRangePushA(name); }
+void range_pop() { nvtxRangePop(); }
+
+namespace {
+struct DeviceTimes {
+  std::map<int64_t, std::pair<cudaEvent_t, cudaEvent_t>> events;
+  cudaEvent_t origin = nullptr;
+  int64_t origin_ns = 0;
+};
+DeviceTimes device_times;
+}  // namespace
+
+bool device_timing_begin() {
+  if (device_count() == 0) return false;
+  int current = 0;
+  cudaGetDevice(&current);
+  cudaEventCreate(&device_times.origin);
+  cudaEventRecord(device_times.origin, cudaStream_t(compute_stream(current)));
+  device_times.origin_ns = trace::now_ns();
+  trace::set_device_hook([](bool begin, int64_t token, int device) -> int64_t {
+    cudaSetDevice(device);
+    auto& e = device_times.events[token];
+    cudaEvent_t& ev = begin ? e.first : e.second;
+    cudaEventCreate(&ev);
+    cudaEventRecord(ev, cudaStream_t(compute_stream(device)));
+    return 0;
+  });
+  return true;
+}
+
+std::vector<DeviceSpan> device_timing_end() {
+  trace::set_device_hook(nullptr);
+  std::vector<DeviceSpan> spans;
+  if (!device_times.origin) return spans;
+  for (auto& [token, ev] : device_times.events) {
+    if (!ev.first || !ev.second) continue;
+    cudaEventSynchronize(ev.second);
+    float a = 0, b = 0;
+    cudaEventElapsedTime(&a, device_times.origin, ev.first);
+    cudaEventElapsedTime(&b, device_times.origin, ev.second);
+    spans.push_back({token, device_times.origin_ns + int64_t(double(a) * 1e6),
+                     device_times.origin_ns + int64_t(double(b) * 1e6)});
+    cudaEventDestroy(ev.first);
+    cudaEventDestroy(ev.second);
+  }
+  cudaEventDestroy(device_times.origin);
+  device_times = DeviceTimes{};
+  return spans;
+}
+
+}  // namespace fsdp::gpu

@@ -1,0 +1,18 @@
+// The MPI engine in a build without MPI (FSDP_MPI=OFF or no MPI found): asking
+// for it throws, naming the option.
+#include <memory>
+
+#include "fsdp/core/error.h"
+#include "src/dist/backend.h"
+
+namespace fsdp::dist {
+
+std::unique_ptr<Backend> make_mpi_world_backend() {
+  FSDP_FAIL(
+      "[init_process_group] backend mpi requested but fsdp.cpp was built without MPI "
+      "(FSDP_MPI=OFF, or no MPI found at configure time)");
+}
+void mpi_finalize() {}           // MPI was never initialised
+void mpi_abort(int /*code*/) {}  // abort_process then exits the process itself
+
+}  // namespace fsdp::dist

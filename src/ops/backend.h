@@ -1,0 +1,79 @@
+// The two backends of fsdp::ops, as mirrors: one list of implementation
+// functions, declared alike in cpu_impl (src/ops/cpu_ops.cpp) and cuda_impl
+// (src/ops/cuda_ops.cpp; in a build without CUDA, src/ops/no_cuda_ops.cpp,
+// where every function throws "no CUDA in this build"). ops.cpp checks shapes
+// and names the bad value, then calls one of the two; the compiler holds both
+// to the whole list.
+//
+// The contract both keep:
+// - inputs of one op share one storage dtype; the output is in that dtype;
+// - saved statistics (rmsnorm's rstd, attention's and cross-entropy's lse) are in the compute
+//   dtype: f64 for f64 inputs, f32 for f32, bf16 and f16;
+// - a backward returns its input's gradient and adds into the parameter gradients it is given;
+// - nothing reads back to the host except what the op returns as a double.
+// Private to the library.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "fsdp/ops/ops.h"
+
+// X(return type, name, (parameters))
+#define FSDP_BACKEND_OPS(X)                                                                      \
+  X(void, gemm,                                                                                  \
+    (const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha,          \
+     double beta))                                                                               \
+  X(Tensor, linear_forward, (const Tensor& x, const Tensor& w, const Tensor& b))                 \
+  X(Tensor, linear_backward,                                                                     \
+    (const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dw, const Tensor& db))    \
+  X(Tensor, embedding_forward, (const Tensor& ids, const Tensor& w))                             \
+  X(void, embedding_backward, (const Tensor& dy, const Tensor& ids, const Tensor& dw))           \
+  X(RMSNormOut, rmsnorm_forward, (const Tensor& x, const Tensor& w, double eps))                 \
+  X(Tensor, rmsnorm_backward,                                                                    \
+    (const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dw))  \
+  X(Tensor, silu_forward, (const Tensor& x))                                                     \
+  X(Tensor, silu_backward, (const Tensor& dy, const Tensor& x))                                  \
+  X(Tensor, swiglu_forward, (const Tensor& g, const Tensor& u))                                  \
+  X(TensorPair, swiglu_backward, (const Tensor& dy, const Tensor& g, const Tensor& u))           \
+  X(void, rope_, (const Tensor& qkv, int64_t heads, double theta, bool inverse))                 \
+  X(AttentionOut, attention_forward, (const Tensor& qkv, int64_t heads, bool causal))            \
+  X(Tensor, attention_backward,                                                                  \
+    (const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t heads, \
+     bool causal))                                                                               \
+  X(Tensor, add, (const Tensor& a, const Tensor& b))                                             \
+  X(void, add_, (const Tensor& a, const Tensor& b))                                              \
+  X(void, sum_squares_into, (const Tensor& x, const Tensor& acc))                                \
+  X(void, clip_scale_, (const Tensor& x, const Tensor& total_sq, double max_norm))               \
+  X(void, scale_, (const Tensor& x, double s))                                                   \
+  X(CrossEntropyOut, cross_entropy_forward,                                                      \
+    (const Tensor& logits, const Tensor& targets, bool read_loss))                               \
+  X(Tensor, cross_entropy_backward,                                                              \
+    (const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss))              \
+  X(Tensor, cross_entropy_backward_,                                                             \
+    (const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss))              \
+  X(void, copy_segments,                                                                         \
+    (const Tensor& dst, const Tensor& src, const std::vector<Segment>& segments))                \
+  X(void, adamw_,                                                                                \
+    (const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWHyper& h,    \
+     int64_t step))
+
+#define FSDP_DECLARE_BACKEND_OP(ret, name, params) ret name params;
+
+namespace fsdp::ops {
+
+using TensorPair = std::pair<Tensor, Tensor>;
+
+namespace cpu_impl {
+FSDP_BACKEND_OPS(FSDP_DECLARE_BACKEND_OP)
+}  // namespace cpu_impl
+
+namespace cuda_impl {
+FSDP_BACKEND_OPS(FSDP_DECLARE_BACKEND_OP)
+// The device's ceilings, measured on it (ops/peak.h).
+double gemm_peak_flops(Device device, DType dtype);
+double copy_gbps(Device device);
+}  // namespace cuda_impl
+
+}  // namespace fsdp::ops

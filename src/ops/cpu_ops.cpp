@@ -1,0 +1,383 @@
+// fsdp::ops on CPU tensors (src/ops/backend.h): shapes arrive checked by
+// ops.cpp. Each op widens its inputs to the compute dtype (f32, or f64 for
+// f64), runs kernels/cpu on contiguous buffers and narrows the output back to
+// the storage dtype; saved statistics stay in the compute dtype.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "kernels/cpu/cpu_kernels.h"
+#include "src/core/dispatch.h"
+#include "src/ops/backend.h"
+
+namespace fsdp::ops::cpu_impl {
+
+namespace cpu = kernels::cpu;
+
+namespace {
+
+// bf16 and f16 compute in f32; f32 and f64 compute as themselves.
+DType compute_dtype(DType t) {
+  FSDP_CHECK(is_floating(t), "[ops] expected a floating dtype, got {}", dtype_name(t));
+  return t == DType::f64 ? DType::f64 : DType::f32;
+}
+
+Tensor as_compute(const Tensor& t, DType ct) { return t.to(ct).contiguous(); }
+
+// Narrows a compute-dtype result back to the storage dtype of the inputs.
+Tensor as_storage(const Tensor& t, DType storage) { return t.to(storage); }
+
+// A gradient buffer to add into. When it is not already a contiguous buffer
+// of the compute dtype, the kernel adds into a widened copy and finish()
+// writes it back.
+class Accum {
+ public:
+  Accum(const Tensor& target, DType ct) : target_(target) {
+    if (target.defined()) work_ = as_compute(target, ct);
+  }
+  template <class T>
+  T* data() const {
+    return work_.defined() ? work_.data<T>() : nullptr;
+  }
+  void finish() {
+    if (work_.defined() && !work_.shares_storage_with(target_)) target_.copy_(work_);
+  }
+
+ private:
+  Tensor target_, work_;
+};
+
+template <class I>
+void check_ids(const char* op, const Tensor& ids, int64_t vocab, const char* what) {
+  const I* p = ids.data<I>();
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    FSDP_CHECK(p[i] >= 0 && p[i] < vocab, "[{}] {} {} at position {} is outside [0, {})", op, what,
+               int64_t(p[i]), i, vocab);
+}
+
+struct QkvDims {
+  int64_t B, T, H, hd;
+};
+QkvDims dims_of(const Tensor& qkv, int64_t heads) {
+  const int64_t hd = qkv.size(2) / 3 / heads;
+  return {qkv.size(0), qkv.size(1), heads, hd};
+}
+
+// dlogits = softmax(logits) - onehot(targets), times dloss / N, into `out` (which may be
+// `logits`: row by row, each element is read before it is written). Both in the compute dtype.
+void xent_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                   const Tensor& out, double dloss, DType ct) {
+  const int64_t n = logits.size(0), v = logits.size(1);
+  Tensor Tg = targets.contiguous(), LS = as_compute(lse, ct);
+  dispatch_index(Tg.dtype(), "cross_entropy_backward", [&](auto iv) {
+    using Ix = decltype(iv);
+    dispatch_compute(ct, "cross_entropy_backward", [&](auto tv) {
+      using T = decltype(tv);
+      cpu::softmax_xent_backward<T, Ix>(logits.data<T>(), Tg.data<Ix>(), LS.data<T>(),
+                                        out.data<T>(), dloss, n, v);
+    });
+  });
+}
+
+}  // namespace
+
+void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha,
+          double beta) {
+  const int64_t m = c.size(0), n = c.size(1), k = ta ? a.size(0) : a.size(1);
+  const DType ct = compute_dtype(a.dtype());
+  Tensor A = as_compute(a, ct), B = as_compute(b, ct);
+  Accum C(c, ct);
+  dispatch_compute(ct, "gemm", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::gemm<T>(ta, tb, m, n, k, T(alpha), A.data<T>(), a.size(1), B.data<T>(), b.size(1), T(beta),
+                 C.data<T>(), n);
+  });
+  C.finish();
+}
+
+Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const int64_t out = w.size(0), in = w.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
+  const DType ct = compute_dtype(x.dtype());
+  Tensor X = as_compute(x, ct), W = as_compute(w, ct);
+  Shape ys = x.shape();
+  ys.back() = out;
+  Tensor y = Tensor::empty(ys, ct);
+  dispatch_compute(ct, "linear", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::gemm<T>(false, true, rows, out, in, T(1), X.data<T>(), in, W.data<T>(), in, T(0),
+                 y.data<T>(), out);
+    if (b.defined()) cpu::bias_add_rows<T>(y.data<T>(), as_compute(b, ct).data<T>(), rows, out);
+  });
+  return as_storage(y, x.dtype());
+}
+
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dw,
+                       const Tensor& db) {
+  const int64_t out = w.size(0), in = w.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
+  const DType ct = compute_dtype(x.dtype());
+  Tensor DY = as_compute(dy, ct), X = as_compute(x, ct), W = as_compute(w, ct);
+  Tensor dx = Tensor::empty(x.shape(), ct);
+  Accum DW(dw, ct), DB(db, ct);
+  dispatch_compute(ct, "linear_backward", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::gemm<T>(false, false, rows, in, out, T(1), DY.data<T>(), out, W.data<T>(), in, T(0),
+                 dx.data<T>(), in);
+    if (dw.defined())
+      cpu::gemm<T>(true, false, out, in, rows, T(1), DY.data<T>(), out, X.data<T>(), in, T(1),
+                   DW.data<T>(), in);
+    if (db.defined()) cpu::sum_rows_into<T>(DY.data<T>(), DB.data<T>(), rows, out);
+  });
+  DW.finish();
+  DB.finish();
+  return as_storage(dx, x.dtype());
+}
+
+Tensor embedding_forward(const Tensor& ids, const Tensor& w) {
+  const int64_t vocab = w.size(0), dim = w.size(1);
+  Tensor I = ids.contiguous();
+  const DType ct = compute_dtype(w.dtype());
+  Tensor W = as_compute(w, ct);
+  Shape ys = ids.shape();
+  ys.push_back(dim);
+  Tensor y = Tensor::empty(ys, ct);
+  dispatch_index(I.dtype(), "embedding", [&](auto iv) {
+    using Ix = decltype(iv);
+    check_ids<Ix>("embedding", I, vocab, "token id");
+    dispatch_compute(ct, "embedding", [&](auto tv) {
+      using T = decltype(tv);
+      cpu::embedding_forward<T, Ix>(I.data<Ix>(), W.data<T>(), y.data<T>(), I.numel(), dim);
+    });
+  });
+  return as_storage(y, w.dtype());
+}
+
+void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dw) {
+  const int64_t dim = dw.size(1);
+  Tensor I = ids.contiguous();
+  const DType ct = compute_dtype(dw.dtype());
+  Tensor DY = as_compute(dy, ct);
+  Accum DW(dw, ct);
+  dispatch_index(I.dtype(), "embedding_backward", [&](auto iv) {
+    using Ix = decltype(iv);
+    check_ids<Ix>("embedding_backward", I, dw.size(0), "token id");
+    dispatch_compute(ct, "embedding_backward", [&](auto tv) {
+      using T = decltype(tv);
+      cpu::embedding_backward<T, Ix>(I.data<Ix>(), DY.data<T>(), DW.data<T>(), I.numel(), dim);
+    });
+  });
+  DW.finish();
+}
+
+RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps) {
+  const int64_t dim = w.size(0), rows = x.numel() / std::max<int64_t>(dim, 1);
+  const DType ct = compute_dtype(x.dtype());
+  Tensor X = as_compute(x, ct), W = as_compute(w, ct);
+  Tensor y = Tensor::empty(x.shape(), ct), rstd = Tensor::empty({rows}, ct);
+  dispatch_compute(ct, "rmsnorm", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::rmsnorm_forward<T>(X.data<T>(), W.data<T>(), y.data<T>(), rstd.data<T>(), rows, dim, eps);
+  });
+  return {as_storage(y, x.dtype()), rstd};
+}
+
+Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                        const Tensor& dw) {
+  const int64_t dim = w.size(0), rows = x.numel() / std::max<int64_t>(dim, 1);
+  const DType ct = compute_dtype(x.dtype());
+  Tensor DY = as_compute(dy, ct), X = as_compute(x, ct), W = as_compute(w, ct),
+         R = as_compute(rstd, ct);
+  Tensor dx = Tensor::empty(x.shape(), ct);
+  Accum DW(dw, ct);
+  dispatch_compute(ct, "rmsnorm_backward", [&](auto tv) {
+    using T = decltype(tv);
+    Tensor scratch;
+    T* dwp = DW.data<T>();
+    if (!dwp) {  // no weight gradient wanted: reduce into a scratch buffer
+      scratch = Tensor::zeros({dim}, ct);
+      dwp = scratch.data<T>();
+    }
+    cpu::rmsnorm_backward<T>(DY.data<T>(), X.data<T>(), W.data<T>(), R.data<T>(), dx.data<T>(), dwp,
+                             rows, dim);
+  });
+  DW.finish();
+  return as_storage(dx, x.dtype());
+}
+
+Tensor silu_forward(const Tensor& x) {
+  const DType ct = compute_dtype(x.dtype());
+  Tensor X = as_compute(x, ct), y = Tensor::empty(x.shape(), ct);
+  dispatch_compute(ct, "silu", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::silu_forward<T>(X.data<T>(), y.data<T>(), x.numel());
+  });
+  return as_storage(y, x.dtype());
+}
+
+Tensor silu_backward(const Tensor& dy, const Tensor& x) {
+  const DType ct = compute_dtype(x.dtype());
+  Tensor DY = as_compute(dy, ct), X = as_compute(x, ct), dx = Tensor::empty(x.shape(), ct);
+  dispatch_compute(ct, "silu_backward", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::silu_backward<T>(DY.data<T>(), X.data<T>(), dx.data<T>(), x.numel());
+  });
+  return as_storage(dx, x.dtype());
+}
+
+Tensor swiglu_forward(const Tensor& g, const Tensor& u) {
+  const DType ct = compute_dtype(g.dtype());
+  Tensor G = as_compute(g, ct), U = as_compute(u, ct), y = Tensor::empty(g.shape(), ct);
+  dispatch_compute(ct, "swiglu", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::swiglu_forward<T>(G.data<T>(), U.data<T>(), y.data<T>(), y.numel());
+  });
+  return as_storage(y, g.dtype());
+}
+
+TensorPair swiglu_backward(const Tensor& dy, const Tensor& g, const Tensor& u) {
+  const DType ct = compute_dtype(g.dtype());
+  Tensor DY = as_compute(dy, ct), G = as_compute(g, ct), U = as_compute(u, ct);
+  Tensor dg = Tensor::empty(g.shape(), ct), du = Tensor::empty(g.shape(), ct);
+  dispatch_compute(ct, "swiglu_backward", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::swiglu_backward<T>(DY.data<T>(), G.data<T>(), U.data<T>(), dg.data<T>(), du.data<T>(),
+                            dg.numel());
+  });
+  return {as_storage(dg, g.dtype()), as_storage(du, g.dtype())};
+}
+
+void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse) {
+  const QkvDims d = dims_of(qkv, heads);
+  const DType ct = compute_dtype(qkv.dtype());
+  Accum Q(qkv, ct);  // in place; bf16/f16 round-trip through f32
+  dispatch_compute(ct, "rope", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::rope_qkv<T>(Q.data<T>(), d.B, d.T, d.H, d.hd, theta, inverse);
+  });
+  Q.finish();
+}
+
+AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
+  const QkvDims d = dims_of(qkv, heads);
+  const DType ct = compute_dtype(qkv.dtype());
+  Tensor Q = as_compute(qkv, ct);
+  Tensor out = Tensor::empty({d.B, d.T, d.H * d.hd}, ct), lse = Tensor::empty({d.B, d.H, d.T}, ct);
+  dispatch_compute(ct, "attention", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::attention_forward<T>(Q.data<T>(), out.data<T>(), lse.data<T>(), d.B, d.T, d.H, d.hd,
+                              causal);
+  });
+  return {as_storage(out, qkv.dtype()), lse};
+}
+
+Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& lse, int64_t heads, bool causal) {
+  const QkvDims d = dims_of(qkv, heads);
+  const DType ct = compute_dtype(qkv.dtype());
+  Tensor DO = as_compute(dout, ct), Q = as_compute(qkv, ct), O = as_compute(out, ct),
+         L = as_compute(lse, ct);
+  Tensor dqkv = Tensor::empty(qkv.shape(), ct);
+  dispatch_compute(ct, "attention_backward", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::attention_backward<T>(DO.data<T>(), Q.data<T>(), O.data<T>(), L.data<T>(), dqkv.data<T>(),
+                               d.B, d.T, d.H, d.hd, causal);
+  });
+  return as_storage(dqkv, qkv.dtype());
+}
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  const DType ct = compute_dtype(a.dtype());
+  Tensor A = as_compute(a, ct), B = as_compute(b, ct), out = Tensor::empty(a.shape(), ct);
+  dispatch_compute(ct, "add", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::add<T>(A.data<T>(), B.data<T>(), out.data<T>(), a.numel());
+  });
+  return as_storage(out, a.dtype());
+}
+
+void add_(const Tensor& a, const Tensor& b) {
+  const DType ct = compute_dtype(a.dtype());
+  Accum A(a, ct);
+  Tensor B = as_compute(b, ct);
+  dispatch_compute(ct, "add_", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::add_inplace<T>(A.data<T>(), B.data<T>(), a.numel());
+  });
+  A.finish();
+}
+
+void sum_squares_into(const Tensor& x, const Tensor& acc) {
+  const DType ct = compute_dtype(x.dtype());
+  Tensor X = as_compute(x, ct);
+  acc.data<double>()[0] += dispatch_compute(ct, "sum_squares", [&](auto tv) {
+    using T = decltype(tv);
+    return cpu::sum_squares<T>(X.data<T>(), X.numel());
+  });
+}
+
+void scale_(const Tensor& x, double s) {
+  const DType ct = compute_dtype(x.dtype());
+  Accum X(x, ct);
+  dispatch_compute(ct, "scale_", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::scale<T>(X.data<T>(), T(s), x.numel());
+  });
+  X.finish();
+}
+
+void clip_scale_(const Tensor& x, const Tensor& total_sq, double max_norm) {
+  const double coef = max_norm / (std::sqrt(total_sq.data<double>()[0]) + 1e-6);
+  if (coef < 1.0) scale_(x, coef);
+}
+
+CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets,
+                                      bool /*read_loss: the loss is on the host already*/) {
+  const int64_t n = logits.size(0), v = logits.size(1);
+  const DType ct = compute_dtype(logits.dtype());
+  Tensor L = as_compute(logits, ct), Tg = targets.contiguous(), lse = Tensor::empty({n}, ct);
+  double loss = dispatch_index(Tg.dtype(), "cross_entropy", [&](auto iv) {
+    using Ix = decltype(iv);
+    check_ids<Ix>("cross_entropy", Tg, v, "target");
+    return dispatch_compute(ct, "cross_entropy", [&](auto tv) {
+      using T = decltype(tv);
+      return cpu::softmax_xent_forward<T, Ix>(L.data<T>(), Tg.data<Ix>(), lse.data<T>(), n, v);
+    });
+  });
+  return {loss, lse, Tensor::full({1}, loss, DType::f64)};
+}
+
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                              double dloss) {
+  const DType ct = compute_dtype(logits.dtype());
+  Tensor L = as_compute(logits, ct), d = Tensor::empty(logits.shape(), ct);
+  xent_backward(L, targets, lse, d, dloss, ct);
+  return as_storage(d, logits.dtype());
+}
+
+Tensor cross_entropy_backward_(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                               double dloss) {
+  const DType ct = compute_dtype(logits.dtype());
+  Tensor work = as_compute(logits, ct);  // the logits themselves when they are f32/f64
+  xent_backward(work, targets, lse, work, dloss, ct);
+  if (!work.shares_storage_with(logits)) logits.copy_(work);
+  return logits;
+}
+
+void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segment>& segments) {
+  for (const Segment& g : segments)
+    if (g.count > 0)
+      dst.slice(g.dst_offset, g.dst_offset + g.count)
+          .copy_(src.slice(g.src_offset, g.src_offset + g.count));
+}
+
+void adamw_(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWHyper& h,
+            int64_t step) {
+  cpu::AdamWArgs a{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step};
+  dispatch_compute(p.dtype(), "adamw", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::adamw<T>(p.data<T>(), g.data<T>(), m.data<T>(), v.data<T>(), p.numel(), a);
+  });
+}
+
+}  // namespace fsdp::ops::cpu_impl
