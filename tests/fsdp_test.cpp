@@ -275,13 +275,13 @@ TEST(Overlap, PrefetchAndReduceScatterByOrderOfEvents) {
   data::RandomTokenSource src(c.vocab, kSeed);
   for (int step = 0; step < 2;
        ++step) {  // the first step uses the tree order, the second the recorded one
-    set_event_log(true);
+    root.set_event_log(true);
     auto b = src.batch(step, 2, 0, 2, c.seq);
     Tensor logits = model.forward(b.inputs).view({2 * c.seq, c.vocab});
     auto x = ops::cross_entropy_forward(logits, b.targets);
     model.backward(ops::cross_entropy_backward(logits, b.targets, x.lse).view({2, c.seq, c.vocab}));
-    auto log = take_event_log();
-    set_event_log(false);
+    auto log = root.take_event_log();
+    root.set_event_log(false);
     for (int64_t i = 0; i + 1 < c.layers; ++i) {
       // Forward: block i+1's all-gather is issued before block i's compute ends.
       const int issue = index_of(log, fmt::format("ag_issue:layers.{}", i + 1));

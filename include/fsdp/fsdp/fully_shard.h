@@ -62,6 +62,7 @@ struct FullyShardOptions {
 };
 
 class FSDPModule;
+struct FSDPState;  // the runtime (src/fsdp/fsdp_state.h)
 
 // Waits for an asynchronous unshard().
 class UnshardHandle {
@@ -130,9 +131,13 @@ class FSDPModule : public nn::ModuleHooks {
   };
   CommStats comm_stats() const;
 
-  struct Impl;
-  Impl& impl() const { return *impl_; }
-  explicit FSDPModule(std::unique_ptr<Impl> impl);
+  // An ordered log of this root's FSDP events ("ag_issue:layers.1", "fwd_end:layers.0",
+  // "rs_issue:layers.2", "rs_wait:layers.2", ...) for tests and debugging. Call on the root.
+  void set_event_log(bool on);
+  std::vector<std::string> take_event_log();
+
+  FSDPState& state() const { return *impl_; }
+  explicit FSDPModule(std::unique_ptr<FSDPState> state);
 
   Tensor pre_forward(nn::Module&, const Tensor& x) override;
   Tensor post_forward(nn::Module&, const Tensor& y) override;
@@ -140,17 +145,12 @@ class FSDPModule : public nn::ModuleHooks {
   void post_backward(nn::Module&) override;
 
  private:
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<FSDPState> impl_;
 };
 
 FSDPModule& fully_shard(nn::Module& module, std::shared_ptr<dist::DeviceMesh> mesh,
                         FullyShardOptions options = {});
 // The FSDP state of a module, or nullptr.
 FSDPModule* fsdp_state(const nn::Module& module);
-
-// An ordered log of FSDP events ("ag_issue:layers.1", "fwd_end:layers.0",
-// "rs_issue:layers.2", "rs_wait:layers.2", ...) for tests and debugging.
-void set_event_log(bool on);
-std::vector<std::string> take_event_log();
 
 }  // namespace fsdp

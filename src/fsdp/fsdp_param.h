@@ -1,0 +1,37 @@
+// FSDPParam (FSDP2's name): one parameter's place in its group's flat buffers.
+// A parameter is chunked on dim 0 over the N ranks of the shard dim, each
+// chunk padded to the largest one (dist::chunk_size), so rank k's chunk of
+// every parameter sits at the same offset of block k of a rank-major buffer.
+// Private to the library.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fsdp/nn/module.h"
+#include "fsdp/ops/ops.h"
+
+namespace fsdp {
+
+struct FSDPParam {
+  std::string name;
+  nn::Parameter* param = nullptr;
+  int64_t dim0 = 0, row = 0;  // global rows and elements per row
+  int64_t padded_rows = 0;    // rows of the largest chunk
+  int64_t local_begin = 0, local_rows = 0;
+  int64_t shard_offset = 0;      // in the sharded buffer (and in each block of a rank-major one)
+  int64_t unsharded_offset = 0;  // in the unsharded buffer
+
+  // Lays the parameter out for `rank` of `n` after the `sharded` and `unsharded` elements
+  // already placed, and grows both by its padded shard and its whole size.
+  void place(int n, int rank, int64_t& sharded, int64_t& unsharded);
+  int64_t numel() const { return dim0 * row; }
+  // Every rank's rows between the unsharded buffer and a rank-major buffer of n blocks of
+  // `block` elements: from the blocks into the unsharded buffer (the all-gather's copy-out), or
+  // the other way (the reduce-scatter's chunk-cat).
+  enum class Direction { blocks_to_unsharded, unsharded_to_blocks };
+  void segments(int n, int64_t block, Direction d, std::vector<ops::Segment>& out) const;
+};
+
+}  // namespace fsdp

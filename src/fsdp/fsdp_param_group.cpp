@@ -1,0 +1,203 @@
+#include "src/fsdp/fsdp_param_group.h"
+
+#include <cstddef>
+#include <utility>
+
+#include "fsdp/core/trace.h"
+#include "fsdp/nn/init.h"
+#include "src/fsdp/fsdp_state.h"
+
+namespace fsdp {
+
+FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
+                               std::shared_ptr<dist::DeviceMesh> mesh, const FullyShardOptions& opt,
+                               std::string label)
+    : params_(std::move(params)), mesh_(std::move(mesh)), label_(std::move(label)) {
+  const int shard_dim = mesh_->ndim() - 1;
+  shard_group_ = mesh_->group(shard_dim);
+  if (mesh_->ndim() == 2) replicate_group_ = mesh_->group(0);
+  n_ = shard_group_->size();
+  rank_ = shard_group_->rank();
+
+  const Device dev = mesh_->device();
+  bool has_values = false;
+  for (auto& fp : params_) {
+    nn::Parameter& p = *fp.param;
+    FSDP_CHECK(!p.shape.empty(),
+               "[fully_shard] parameter '{}' is 0-dim; fully_shard shards dim 0 and needs at "
+               "least one dim",
+               fp.name);
+    if (p.data.defined()) {
+      FSDP_CHECK(p.data.device() == dev,
+                 "[fully_shard] parameter '{}' is on {} but the mesh is on {}", fp.name,
+                 p.data.device().str(), dev.str());
+      if (!has_values) master_ = p.data.dtype();
+      has_values = true;
+    }
+  }
+  if (!has_values) master_ = opt.init_dtype;
+  FSDP_CHECK(is_floating(master_), "[fully_shard] parameters must be floating, got {}",
+             dtype_name(master_));
+  param_dtype_ = opt.mp_policy.param_dtype.value_or(master_);
+  reduce_dtype_ = opt.mp_policy.reduce_dtype.value_or(param_dtype_);
+
+  for (auto& fp : params_) fp.place(n_, rank_, g_, u_);
+  sharded_ = Tensor::zeros({g_}, master_, dev);  // padding stays zero
+  sharded_grad_ = Tensor::zeros({g_}, master_, dev);
+  for (auto& fp : params_) {
+    nn::Parameter& p = *fp.param;
+    Tensor local = local_shard(fp);
+    if (p.data.defined()) {
+      if (fp.local_rows > 0)
+        local.copy_(
+            p.data.narrow(0, fp.local_begin, fp.local_rows).reshape({fp.local_rows * fp.row}));
+    } else {
+      nn::init_fill(p.init, opt.seed, fp.name, fp.local_begin * fp.row, local);
+    }
+    p.data = Tensor();  // nothing unsharded until the first unshard
+    p.grad = Tensor();
+  }
+  direct_ = n_ == 1 && !replicate_group_ && param_dtype_ == master_ && reduce_dtype_ == master_;
+  if (!params_.empty() && !direct_) {
+    // The CPU form of FSDP2's all-gather and reduce-scatter streams: two more
+    // communicators shared by every group on this mesh, each with its own
+    // thread, so a reduce-scatter in flight never delays the next all-gather.
+    ag_group_ = mesh_->stream_group(shard_dim, 0);
+    rs_group_ = mesh_->stream_group(shard_dim, 1);
+    ag_group_->set_label("all-gather");
+    rs_group_->set_label("reduce-scatter");
+  }
+}
+
+Tensor FSDPParamGroup::local_shard(const FSDPParam& fp) const {
+  return sharded_.slice(fp.shard_offset, fp.shard_offset + fp.local_rows * fp.row);
+}
+
+std::vector<const dist::ProcessGroup*> FSDPParamGroup::comm_groups() const {
+  return {ag_group_.get(), rs_group_.get(), replicate_group_.get()};
+}
+
+// Detects ranks whose parameters differ, at the first unshard, and names the parameter.
+void FSDPParamGroup::check_shapes_once() {
+  if (shapes_checked_ || n_ == 1) return;
+  shapes_checked_ = true;
+  const auto np = int64_t(params_.size());
+  Tensor count = Tensor::full({1}, double(np), DType::i64);
+  Tensor counts = Tensor::empty({n_}, DType::i64);
+  shard_group_->all_gather_into_tensor(counts, count)->wait();
+  for (int k = 0; k < n_; ++k)
+    FSDP_CHECK(counts.data<int64_t>()[k] == np,
+               "[fully_shard] {} holds {} parameters on rank {} but {} on rank {}", label_, np,
+               rank_, counts.data<int64_t>()[k], k);
+  Tensor mine = Tensor::empty({np, 2}, DType::i64);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    mine.data<int64_t>()[2 * i] = params_[i].dim0;
+    mine.data<int64_t>()[2 * i + 1] = params_[i].row;
+  }
+  Tensor all = Tensor::empty({n_ * np, 2}, DType::i64);
+  shard_group_->all_gather_into_tensor(all, mine)->wait();
+  for (int k = 0; k < n_; ++k)
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const int64_t* o = all.data<int64_t>() + 2 * (size_t(k) * params_.size() + i);
+      FSDP_CHECK(o[0] == params_[i].dim0 && o[1] == params_[i].row,
+                 "[fully_shard] parameter '{}' has shape {} on rank {} but {} rows x {} on rank {}",
+                 params_[i].name, shape_str(params_[i].param->shape), rank_, o[0], o[1], k);
+    }
+}
+
+void FSDPParamGroup::unshard_issue(FSDPCommContext& ctx) {
+  if (params_.empty() || unsharded_ready_ || ag_work_ || direct_) return;
+  check_shapes_once();
+  Tensor in = sharded_.to(param_dtype_);  // copy-in (no copy when the dtypes match)
+  ag_out_ = Tensor::empty({int64_t(n_) * g_}, param_dtype_, sharded_.device());
+  ag_work_ = ag_group_->all_gather_into_tensor(ag_out_, in);
+  ctx.log("ag_issue", label_);
+}
+
+void FSDPParamGroup::unshard_wait(FSDPCommContext& ctx) {
+  if (params_.empty() || unsharded_ready_) return;
+  trace::Scope prof(("FSDP::unshard " + label_).c_str(), trace::Kind::annotation);
+  if (direct_) {
+    for (auto& fp : params_) fp.param->data = local_shard(fp).view(fp.param->shape);
+    unsharded_ready_ = true;
+    return;
+  }
+  if (!ag_work_) unshard_issue(ctx);
+  ctx.wait(ag_work_);
+  ctx.log("ag_wait", label_);
+  unsharded_ = Tensor::empty({u_}, param_dtype_, sharded_.device());
+  std::vector<ops::Segment> copy_out;  // rank k's rows of each parameter, in one launch
+  for (auto& fp : params_) {
+    fp.segments(n_, g_, FSDPParam::Direction::blocks_to_unsharded, copy_out);
+    fp.param->data = unsharded_.slice(fp.unsharded_offset, fp.unsharded_offset + fp.numel())
+                         .view(fp.param->shape);
+  }
+  ops::copy_segments(unsharded_, ag_out_, copy_out);
+  ag_out_ = Tensor();
+  ag_work_ = nullptr;
+  unsharded_ready_ = true;
+}
+
+void FSDPParamGroup::reshard(FSDPCommContext& ctx) {
+  if (params_.empty() || !unsharded_ready_) return;
+  trace::Scope prof(("FSDP::reshard " + label_).c_str(), trace::Kind::annotation);
+  for (auto& fp : params_) fp.param->data = Tensor();
+  unsharded_ = Tensor();  // back to the allocator
+  unsharded_ready_ = false;
+  ctx.log("reshard", label_);
+}
+
+void FSDPParamGroup::prepare_grads() {
+  if (params_.empty()) return;
+  if (direct_) {
+    for (auto& fp : params_)
+      fp.param->grad =
+          sharded_grad_.slice(fp.shard_offset, fp.shard_offset + fp.numel()).view(fp.param->shape);
+    return;
+  }
+  if (!grads_kept_) unsharded_grad_ = Tensor::zeros({u_}, reduce_dtype_, sharded_.device());
+  for (auto& fp : params_)
+    fp.param->grad = unsharded_grad_.slice(fp.unsharded_offset, fp.unsharded_offset + fp.numel())
+                         .view(fp.param->shape);
+}
+
+void FSDPParamGroup::reduce_grads(FSDPCommContext& ctx) {
+  if (params_.empty()) return;
+  for (auto& fp : params_) fp.param->grad = Tensor();
+  if (direct_) return;
+  if (!requires_sync_) {  // accumulate over microbatches; reduce on the one that syncs
+    grads_kept_ = true;
+    return;
+  }
+  grads_kept_ = false;
+  trace::Scope prof(("FSDP::reduce_scatter " + label_).c_str(), trace::Kind::annotation);
+  Tensor in = Tensor::zeros({int64_t(n_) * g_}, reduce_dtype_, sharded_.device());
+  std::vector<ops::Segment> chunk_cat;  // rank k's rows of each gradient into block k
+  for (auto& fp : params_)
+    fp.segments(n_, g_, FSDPParam::Direction::unsharded_to_blocks, chunk_cat);
+  ops::copy_segments(in, unsharded_grad_, chunk_cat);
+  unsharded_grad_ = Tensor();
+  Tensor out = Tensor::empty({g_}, reduce_dtype_, sharded_.device());
+  ctx.log("rs_issue", label_);
+  ctx.queue_reduce_scatter(this,
+                           {rs_group_->reduce_scatter_tensor(out, in, dist::ReduceOp::AVG), out});
+}
+
+std::optional<PendingCollective> FSDPParamGroup::finish_reduce_scatter(const Tensor& out) {
+  if (replicate_group_)
+    return PendingCollective{replicate_group_->all_reduce(out, dist::ReduceOp::AVG), out};
+  add_into_sharded_grad(out);
+  return std::nullopt;
+}
+
+void FSDPParamGroup::add_into_sharded_grad(const Tensor& reduced) {
+  ops::add_(sharded_grad_, reduced);
+}
+
+void FSDPParamGroup::zero_grad() {
+  if (sharded_grad_.defined()) sharded_grad_.zero_();
+  grads_kept_ = false;
+  unsharded_grad_ = Tensor();
+}
+
+}  // namespace fsdp

@@ -1,0 +1,92 @@
+// FSDPParamGroup (FSDP2's name): the parameters one fully_shard call owns, as
+// flat buffers, and the collectives on them. Layouts, with N ranks on the
+// shard dim and G the group's padded shard size:
+//   sharded        [G]      master dtype: each parameter's rows of chunk r, padded to the largest
+//                           chunk (the padding stays zero)
+//   all-gather out [N * G]  param_dtype, rank-major: block k is rank k's `sharded`
+//   unsharded      [U]      param_dtype: each parameter whole and contiguous (copied out of the
+//                           all-gather output: per-parameter shards cannot be strided views of it)
+//   unsharded_grad [U]      reduce_dtype, the modules' backward adds into these
+//   reduce-scatter in [N * G] reduce_dtype, rank-major (the "chunk-cat" of the grads)
+// With one rank and no dtype change there is nothing to gather or reduce, and
+// the parameters and gradients are views of the sharded buffers themselves.
+// Private to the library.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/dist/device_mesh.h"
+#include "fsdp/dist/process_group.h"
+#include "fsdp/fsdp/fully_shard.h"
+#include "src/fsdp/fsdp_param.h"
+
+namespace fsdp {
+
+class FSDPCommContext;
+
+// A collective in flight and the buffer it writes.
+struct PendingCollective {
+  std::shared_ptr<dist::Work> work;
+  Tensor out;
+};
+
+class FSDPParamGroup {
+ public:
+  // Lays out `params` over the mesh's shard dim and fills this rank's shards: from the
+  // parameters' values where they have them, else from their initialisers (opt.seed).
+  FSDPParamGroup(std::vector<FSDPParam> params, std::shared_ptr<dist::DeviceMesh> mesh,
+                 const FullyShardOptions& opt, std::string label);
+
+  const std::string& label() const { return label_; }
+  bool empty() const { return params_.empty(); }
+  const std::vector<FSDPParam>& params() const { return params_; }
+  const Tensor& sharded() const { return sharded_; }
+  const Tensor& sharded_grad() const { return sharded_grad_; }
+  DType param_dtype() const { return param_dtype_; }
+  int shard_count() const { return n_; }
+  // The unpadded local shard of one of this group's parameters, a view of sharded().
+  Tensor local_shard(const FSDPParam& fp) const;
+  // The groups of its collectives, to sum their time (null where there are none).
+  std::vector<const dist::ProcessGroup*> comm_groups() const;
+
+  // Unshard: issue the all-gather (no-op when unsharded, in flight or direct), then wait for
+  // it and point every parameter at its slice of the unsharded buffer.
+  void unshard_issue(FSDPCommContext& ctx);
+  void unshard_wait(FSDPCommContext& ctx);
+  void reshard(FSDPCommContext& ctx);  // frees the unsharded buffer
+
+  // Gradients: before backward, point every parameter's grad at the unsharded gradient buffer;
+  // after it, chunk-cat and issue the reduce-scatter (queued in ctx), or keep accumulating
+  // while gradient sync is off.
+  void prepare_grads();
+  void reduce_grads(FSDPCommContext& ctx);
+  // The reduce-scatter's output has arrived: under HSDP, all-reduce it over the replicas (the
+  // returned collective); otherwise add it into the sharded gradients.
+  std::optional<PendingCollective> finish_reduce_scatter(const Tensor& out);
+  void add_into_sharded_grad(const Tensor& reduced);
+  void zero_grad();
+  void set_requires_sync(bool sync) { requires_sync_ = sync; }
+
+ private:
+  void check_shapes_once();
+
+  std::vector<FSDPParam> params_;
+  std::shared_ptr<dist::DeviceMesh> mesh_;
+  std::string label_;
+  std::shared_ptr<dist::ProcessGroup> shard_group_, replicate_group_, ag_group_, rs_group_;
+  int n_ = 1, rank_ = 0;
+  DType master_ = DType::f32, param_dtype_ = DType::f32, reduce_dtype_ = DType::f32;
+  int64_t g_ = 0, u_ = 0;  // padded shard and unsharded sizes, in elements
+  Tensor sharded_, sharded_grad_;
+  bool direct_ = false;  // one rank, same dtypes: parameters are views of `sharded`
+  std::shared_ptr<dist::Work> ag_work_;
+  Tensor ag_out_, unsharded_, unsharded_grad_;
+  bool unsharded_ready_ = false, grads_kept_ = false, shapes_checked_ = false,
+       requires_sync_ = true;
+};
+
+}  // namespace fsdp

@@ -1,0 +1,174 @@
+#include "src/fsdp/fsdp_state.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <optional>
+
+#include "fsdp/core/trace.h"
+
+namespace fsdp {
+
+// ---------------------------------------------------------------- FSDPCommContext
+
+void FSDPCommContext::wait(const std::shared_ptr<dist::Work>& w) {
+  trace::Scope prof("FSDP::wait", trace::Kind::annotation);
+  const auto t0 = std::chrono::steady_clock::now();
+  w->wait();
+  exposed_ns_ +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+}
+
+void FSDPCommContext::queue_reduce_scatter(FSDPParamGroup* group, PendingCollective rs) {
+  rs_inflight_.emplace_back(group, std::move(rs));
+  while (rs_inflight_.size() > 1) complete_oldest_reduce();
+}
+
+// Waits for the oldest reduce-scatter and adds it into its sharded grads;
+// under HSDP it first all-reduces over the replicas (asynchronously).
+void FSDPCommContext::complete_oldest_reduce() {
+  auto [g, p] = std::move(rs_inflight_.front());
+  rs_inflight_.pop_front();
+  wait(p.work);
+  log("rs_wait", g->label());
+  if (auto replica = g->finish_reduce_scatter(p.out)) replica_inflight_.emplace_back(g, *replica);
+}
+
+void FSDPCommContext::finish_backward() {
+  while (!rs_inflight_.empty()) complete_oldest_reduce();
+  for (auto& [g, p] : replica_inflight_) {
+    wait(p.work);
+    g->add_into_sharded_grad(p.out);
+  }
+  replica_inflight_.clear();
+}
+
+void FSDPCommContext::log(const char* what, const std::string& label) {
+  std::lock_guard<std::mutex> lock(log_mu_);
+  if (log_on_) log_.push_back(std::string(what) + ":" + label);
+}
+
+void FSDPCommContext::set_log(bool on) {
+  std::lock_guard<std::mutex> lock(log_mu_);
+  log_on_ = on;
+  log_.clear();
+}
+
+std::vector<std::string> FSDPCommContext::take_log() {
+  std::lock_guard<std::mutex> lock(log_mu_);
+  return std::exchange(log_, {});
+}
+
+// ---------------------------------------------------------------- FSDPState
+
+namespace {
+std::string label_of(const nn::Module& m) {
+  const std::string p = m.path();
+  return p.empty() ? "<root>" : p;
+}
+
+FSDPState* next_in(const std::vector<FSDPState*>& order, const FSDPState* s, int step) {
+  auto it = std::find(order.begin(), order.end(), s);
+  if (it == order.end()) return nullptr;
+  const auto idx = (it - order.begin()) + step;
+  if (idx < 0 || idx >= int64_t(order.size())) return nullptr;
+  return order[size_t(idx)];
+}
+}  // namespace
+
+FSDPState::FSDPState(nn::Module& m, std::shared_ptr<dist::DeviceMesh> mesh_,
+                     const FullyShardOptions& opt_, std::vector<FSDPParam> params)
+    : module(&m),
+      mesh(mesh_),
+      opt(opt_),
+      group(std::move(params), std::move(mesh_), opt_, label_of(m)),
+      reshard_after_forward(opt_.reshard_after_forward) {}
+
+FSDPCommContext& FSDPState::comm() {
+  if (!root) lazy_init_root();
+  return root->root_ctx->comm;
+}
+
+void FSDPState::lazy_init_root() {
+  root = this;
+  if (!root_ctx) root_ctx = std::make_unique<FSDPRootContext>();
+  root_ctx->states.clear();
+  module->for_each_module([&](nn::Module& m) {
+    if (FSDPModule* s = fsdp_state(m)) {
+      FSDPState& st = s->state();
+      st.root = this;
+      if (&st != this) st.root_ctx.reset();  // an inner state used alone before stops being a root
+      root_ctx->states.push_back(&st);
+    }
+  });
+}
+
+std::vector<FSDPState*> FSDPState::forward_prefetch_targets() const {
+  if (explicit_fwd) return fwd_prefetch;
+  if (!root) return {};
+  const FSDPRootContext& r = *root->root_ctx;
+  FSDPState* next = nullptr;
+  if (!r.prev_fwd_order.empty()) {
+    next = next_in(r.prev_fwd_order, this, +1);
+  } else {  // first iteration: the next sharded module in the tree
+    next = next_in(r.states, this, +1);
+    if (next == root) next = nullptr;
+  }
+  return next ? std::vector<FSDPState*>{next} : std::vector<FSDPState*>{};
+}
+
+std::vector<FSDPState*> FSDPState::backward_prefetch_targets() const {
+  if (explicit_bwd) return bwd_prefetch;
+  if (!root) return {};
+  FSDPState* prev = next_in(root->root_ctx->post_fwd_order, this, -1);
+  return prev ? std::vector<FSDPState*>{prev} : std::vector<FSDPState*>{};
+}
+
+Tensor FSDPState::pre_forward(const Tensor& x) {
+  if (!root) lazy_init_root();
+  FSDPRootContext& r = *root->root_ctx;
+  if (is_root()) {
+    // On CPU the optimizer step ran on this thread, so every all-gather
+    // issued from here on reads the updated shards.
+    r.prev_fwd_order = std::exchange(r.fwd_order, {});
+    r.post_fwd_order.clear();
+  }
+  r.fwd_order.push_back(this);
+  group.unshard_issue(r.comm);
+  for (FSDPState* t : forward_prefetch_targets()) t->group.unshard_issue(r.comm);
+  group.unshard_wait(r.comm);
+  r.comm.log("fwd_begin", group.label());
+  if (opt.mp_policy.param_dtype && is_floating(x.dtype()) && x.dtype() != group.param_dtype())
+    return x.to(group.param_dtype());
+  return x;
+}
+
+Tensor FSDPState::post_forward(const Tensor& y) {
+  FSDPRootContext& r = *root->root_ctx;
+  r.comm.log("fwd_end", group.label());
+  r.post_fwd_order.push_back(this);
+  if (!is_root() && reshard_after_forward) group.reshard(r.comm);
+  if (opt.mp_policy.output_dtype && is_floating(y.dtype()))
+    return y.to(*opt.mp_policy.output_dtype);
+  return y;
+}
+
+void FSDPState::pre_backward() {
+  FSDPCommContext& c = comm();
+  group.unshard_issue(c);
+  for (FSDPState* t : backward_prefetch_targets()) t->group.unshard_issue(c);
+  group.unshard_wait(c);
+  group.prepare_grads();
+  c.log("bwd_begin", group.label());
+}
+
+void FSDPState::post_backward() {
+  FSDPCommContext& c = comm();
+  c.log("bwd_end", group.label());
+  group.reduce_grads(c);
+  if (reshard_after_backward) group.reshard(c);
+  if (is_root()) c.finish_backward();
+}
+
+}  // namespace fsdp
