@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs fsdp.cpp's build dependencies from Debian's packages, by name.
+# Installs fsdp.cpp's build dependencies from Debian's packages, by name, and
+# the tests' Python packages from PyPI (pinned).
 # Idempotent, and silent when everything is already installed. The CUDA
 # toolkit is not installed here: the build uses it from /usr/local/cuda when
 # it is there, and builds CPU-only when it is not. With the toolkit, the
@@ -46,7 +47,20 @@ PY
   rm -rf "$tmp"
 }
 
-[ ${#missing[@]} -eq 0 ] && { cudnn_frontend; exit 0; }
+# Python packages from PyPI, pinned, for the tests and scripts: Hugging Face tokenizers
+# (prepare_text.py --tokenizer bpe, tokenizer_test) and gguf (llama.cpp's reader, export tests).
+python_packages() {
+  local want=(tokenizers==0.23.3 gguf==0.19.0) need=()
+  python3 -c "import tokenizers, gguf" 2> /dev/null \
+    && [ "$(python3 -c 'import tokenizers; print(tokenizers.__version__)')" = 0.23.3 ] && return 0
+  need=("${want[@]}")
+  echo "install-deps: pip installing ${need[*]}"
+  python3 -m pip install -q --disable-pip-version-check "${need[@]}" 2>&1 | grep -v "as the 'root' user" >&2 || true
+  python3 -c "import tokenizers, gguf" \
+    || { echo "install-deps: could not install ${need[*]} from PyPI" >&2; return 1; }
+}
+
+[ ${#missing[@]} -eq 0 ] && { cudnn_frontend; python_packages; exit 0; }
 
 sudo=()
 if [ "$(id -u)" -ne 0 ]; then
@@ -58,3 +72,4 @@ export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get update -qq
 "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
 cudnn_frontend
+python_packages

@@ -1,0 +1,76 @@
+// fsdp-tokenize: text <-> ids with the library's tokenizer, to check it against
+// another (tests/tokenizer_test.sh holds it to Hugging Face tokenizers).
+//   fsdp-tokenize --tokenizer data/tokenizer.json < text.txt      ids, one line
+//   fsdp-tokenize --tokenizer bytes --decode < ids.txt            the text
+//   fsdp-tokenize --tokenizer T a.txt b.txt      one line of ids per file
+//   fsdp-tokenize --tokenizer T --decode a.ids   writes a.ids.txt
+#include <fmt/core.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fsdp/core/error.h"
+#include "fsdp/data/tokenizer.h"
+
+int main(int argc, char** argv) {
+  std::string path = "bytes";
+  bool decode = false;
+  std::vector<std::string> files;
+  CLI::App app{"fsdp-tokenize: encode stdin to ids, or decode ids to text", "fsdp-tokenize"};
+  app.add_option("--tokenizer", path, "a tokenizer.json (byte-level BPE), or bytes")
+      ->capture_default_str();
+  app.add_flag("--decode", decode, "read ids (whitespace-separated), write the text");
+  app.add_option("files", files, "inputs (default: stdin); --decode writes FILE.txt for each");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const auto tok =
+        path == "bytes" ? fsdp::data::Tokenizer::bytes() : fsdp::data::Tokenizer::from_file(path);
+    auto run = [&](const std::string& in, const std::string& name) {
+      if (decode) {
+        std::vector<int32_t> ids;
+        std::istringstream ss(in);
+        std::string word;
+        while (ss >> word) {
+          try {
+            ids.push_back(int32_t(std::stol(word)));
+          } catch (const std::exception&) {
+            FSDP_FAIL("[fsdp-tokenize] {}: '{}' is not an id", name, word);
+          }
+        }
+        const std::string text = tok.decode(ids, true);
+        if (name == "-") {
+          std::fwrite(text.data(), 1, text.size(), stdout);
+        } else {
+          std::ofstream out(name + ".txt", std::ios::binary);
+          out << text;
+          FSDP_CHECK(out.good(), "[fsdp-tokenize] cannot write '{}.txt'", name);
+        }
+      } else {
+        const auto ids = tok.encode(in);
+        std::string line;
+        for (size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
+        fmt::print("{}\n", line);
+      }
+    };
+    if (files.empty()) run(std::string((std::istreambuf_iterator<char>(std::cin)), {}), "-");
+    for (const std::string& f : files) {
+      std::ifstream in(f, std::ios::binary);
+      FSDP_CHECK(in.good(), "[fsdp-tokenize] cannot read '{}'", f);
+      run(std::string((std::istreambuf_iterator<char>(in)), {}), f);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "fsdp-tokenize: error: {}\n", e.what());
+    return 1;
+  }
+}
