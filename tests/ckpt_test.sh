@@ -101,7 +101,8 @@ import struct; h=[0]*256; h[0]=20240520; h[1]=1; h[2]=100
 open('$work/big.bin','wb').write(struct.pack('<256i',*h)+struct.pack('<100H',*([300]+[1]*99)))"
 expect_fail "token id above vocab" "token id 300 at position 0 is not below vocab 256" "$train" "${A[@]}" --data "$work/big.bin" --steps 1
 
-# 7. Export: safetensors (Hugging Face names + config.json) and GGUF v3, parsed back.
+# 7. Export: safetensors (Hugging Face names + config.json) parsed back, and a GGUF written
+# (tests/export_test.py reads it with llama.cpp's gguf package).
 "$export_bin" --ckpt "$work/ck1" --out "$work/exp/model.safetensors" --gguf "$work/exp/model.gguf" > "$work/exp.out" 2>&1 \
   || bad "export failed: $(tail -3 "$work/exp.out")"
 python3 - "$work/exp" << 'PY' && ok || bad "exported files do not parse"
@@ -114,40 +115,7 @@ assert "model.layers.0.self_attn.q_proj.weight" in h and "lm_head.weight" in h, 
 assert max(v["data_offsets"][1] for k, v in h.items() if k != "__metadata__") == len(b) - 8 - n
 cfg = json.load(open(f"{d}/config.json"))
 assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["hidden_size"] == 48
-g = open(f"{d}/model.gguf", "rb").read()
-assert g[:4] == b"GGUF" and struct.unpack("<I", g[4:8])[0] == 3
-nt, nkv = struct.unpack("<QQ", g[8:24])
-o = 24
-def s():
-    global o
-    n = struct.unpack("<Q", g[o:o + 8])[0]; o += 8; v = g[o:o + n].decode(); o += n; return v
-sizes = {4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8, 0: 1, 1: 1, 2: 2, 3: 2}
-kv = {}
-for _ in range(nkv):
-    k = s(); t = struct.unpack("<I", g[o:o + 4])[0]; o += 4
-    if t == 8: kv[k] = s()
-    elif t == 9:
-        et, cnt = struct.unpack("<IQ", g[o:o + 12]); o += 12
-        vals = [s() if et == 8 else None for _ in range(cnt)] if et == 8 else None
-        if et != 8: o += sizes[et] * cnt
-        kv[k] = vals if vals is not None else cnt
-    else: kv[k] = g[o:o + sizes[t]]; o += sizes[t]
-assert kv["general.architecture"] == "llama" and kv["tokenizer.ggml.tokens"][65] == "<0x41>"
-infos = []
-for _ in range(nt):
-    name = s(); nd = struct.unpack("<I", g[o:o + 4])[0]; o += 4
-    ne = struct.unpack(f"<{nd}Q", g[o:o + 8 * nd]); o += 8 * nd
-    typ, off = struct.unpack("<IQ", g[o:o + 12]); o += 12
-    infos.append((name, ne, typ, off))
-start = (o + 31) // 32 * 32
-names = [i[0] for i in infos]
-assert "token_embd.weight" in names and "blk.1.ffn_down.weight" in names and "output.weight" in names, names
-for name, ne, typ, off in infos:
-    assert off % 32 == 0
-    n = 1
-    for x in ne: n *= x
-    assert start + off + n * {0: 4, 1: 2, 30: 2}[typ] <= len(g), name
-assert dict((i[0], i[1]) for i in infos)["token_embd.weight"] == (48, 256)
+assert open(f"{d}/model.gguf", "rb").read(4) == b"GGUF"  # its fields: export_test, with gguf
 PY
 # 8. fsdp-generate from the mapped export and from the checkpoint.
 "$gen" --model "$work/exp/model.safetensors" --tokens 20 > "$work/gen.out" 2>&1 && grep -q "tokens/s" "$work/gen.out" \

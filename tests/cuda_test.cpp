@@ -141,6 +141,21 @@ TEST_P(BackendOps, EveryOpMatchesTheCpu) {
             return std::vector<Tensor>{a.out, d};
           },
           dt, tol);
+  // Generation: rotary at an offset, and a decode step over a 300-position cache.
+  expect_matches(
+      "rope offset / attention_decode",
+      {rnd({1, 5, 3 * 128}, 24), rnd({300, 128}, 25), rnd({300, 128}, 26)},
+      [&](auto& v) {
+        Tensor qkv = v[0].clone();
+        ops::rope_(qkv, 2, 10000.0, false, 295);
+        Tensor q = Tensor::empty({5 * 128}, qkv.dtype(), qkv.device());
+        std::vector<ops::Segment> rows;
+        for (int64_t r = 0; r < 5; ++r) rows.push_back({r * 128, r * 3 * 128, 128});
+        ops::copy_segments(q, qkv.view({5 * 3 * 128}), rows);
+        q = q.view({5, 128});
+        return std::vector<Tensor>{qkv, ops::attention_decode(q, v[1], v[2], 2, 295)};
+      },
+      dt, tol);
   Tensor targets = test::random_ids({70}, 300, 22).to(DType::i32);
   expect_matches(
       "cross_entropy", {rnd({70, 300}, 23, -3, 3), targets},

@@ -145,6 +145,56 @@ TEST(Sample, SeededTopKAndGreedy) {
   EXPECT_THROW(nn::sample(model, ctx, {.tokens = 1, .temperature = -1}), Error);
 }
 
+// The KV cache against the full forward, in f64: a prefill of 3 positions, then one position at a
+// time, gives every row of the full sequence's logits; a greedy sample with the cache equals one
+// that recomputes the window, while the sequence fits (seq 16, 3 + 10 ids).
+TEST(Sample, KvCacheEqualsTheFullForward) {
+  nn::MiniLLMConfig c = small_config(nn::Arch::llama);
+  c.vocab = 50, c.dim = 16, c.heads = 4, c.seq = 16;
+  nn::MiniLLM model(c);
+  nn::materialize(model, DType::f64, 7);
+  const std::vector<int32_t> ids = {3, 14, 15, 9, 2, 6, 5, 35};
+  Tensor full = model.forward(Tensor::from_vector(ids, {1, 8})).view({8, c.vocab});
+  model.start_kv_cache(c.seq);
+  Tensor pre =
+      model.forward(Tensor::from_vector(std::vector<int32_t>(ids.begin(), ids.begin() + 3), {1, 3}))
+          .view({3, c.vocab});
+  EXPECT_LT(test::rel_error(pre, full.slice(0, 3)), 1e-12);
+  for (int64_t t = 3; t < 8; ++t) {
+    Tensor row = model.forward(Tensor::from_vector(std::vector<int32_t>{ids[size_t(t)]}, {1, 1}))
+                     .view({1, c.vocab});
+    EXPECT_LT(test::rel_error(row, full.slice(t, t + 1)), 1e-12) << "position " << t;
+  }
+  EXPECT_EQ(model.kv_length(), 8);
+  EXPECT_THROW(model.forward(Tensor::from_vector(std::vector<int32_t>(9, 1), {1, 9})), Error);
+  model.stop_kv_cache();
+  EXPECT_EQ(model.kv_length(), -1);
+  const std::vector<int32_t> ctx = {1, 2, 3};
+  auto with = nn::sample(model, ctx, {.tokens = 10, .temperature = 0.0});
+  auto without = nn::sample(model, ctx, {.tokens = 10, .temperature = 0.0, .kv_cache = false});
+  EXPECT_EQ(with, without);
+  // Past the cache (3 + 30 ids > seq 16) the cache shifts and sampling goes on.
+  EXPECT_EQ(nn::sample(model, ctx, {.tokens = 30, .temperature = 0.9, .seed = 2}).size(), 30u);
+  nn::MiniLLM seed(small_config(nn::Arch::seed));
+  EXPECT_THROW(seed.start_kv_cache(4), Error);  // bidirectional attention: no cache
+}
+
+TEST(Sample, TopPKeepsTheLikeliestAndStopsAtTheStopId) {
+  nn::MiniLLMConfig c = small_config(nn::Arch::llama);
+  c.vocab = 40, c.dim = 16, c.heads = 4, c.seq = 32;
+  nn::MiniLLM model(c);
+  nn::materialize(model, DType::f64, 8);
+  const std::vector<int32_t> ctx = {4, 5};
+  // top_p tiny: only the likeliest id survives, so any temperature gives greedy's ids.
+  EXPECT_EQ(nn::sample(model, ctx, {.tokens = 12, .temperature = 5.0, .top_p = 1e-9, .seed = 4}),
+            nn::sample(model, ctx, {.tokens = 12, .temperature = 0.0}));
+  auto greedy = nn::sample(model, ctx, {.tokens = 12, .temperature = 0.0});
+  auto stopped = nn::sample(model, ctx, {.tokens = 12, .temperature = 0.0, .stop_id = greedy[2]});
+  EXPECT_LE(stopped.size(), 3u);
+  EXPECT_EQ(stopped.back(), greedy[2]);
+  EXPECT_THROW(nn::sample(model, ctx, {.tokens = 1, .top_p = 0.0}), Error);
+}
+
 // The loss helper against the out-of-place ops: the same loss, and dlogits written over the
 // logits equal to cross_entropy_backward's, in f64, f32 and bf16 storage.
 TEST(LMLoss, InPlaceGradientEqualsTheOutOfPlaceOne) {

@@ -189,6 +189,23 @@ TEST(Attention, CausalOutputIgnoresTheFuture) {
   EXPECT_EQ(rel_error(out2.narrow(1, 0, 4), out1.narrow(1, 0, 4)), 0.0);
 }
 
+// A decode step over a cache equals the causal attention's rows for those positions.
+TEST(Attention, DecodeOverACacheEqualsCausalRows) {
+  const int64_t T = 7, H = 2, d = 8, past = 4, n = T - past;
+  Tensor qkv = random_tensor({1, T, 3 * d}, 55);
+  Tensor full = ops::attention_forward(qkv, H, true).out.view({T, d});
+  Tensor rows = qkv.view({T, 3 * d});
+  Tensor q = rows.narrow(0, past, n).narrow(1, 0, d).contiguous();
+  Tensor k = rows.narrow(1, d, d).contiguous(), v = rows.narrow(1, 2 * d, d).contiguous();
+  EXPECT_LT(rel_error(ops::attention_decode(q, k, v, H, past), full.narrow(0, past, n)), 1e-13);
+  Tensor out32 =
+      ops::attention_decode(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), H, past);
+  EXPECT_EQ(out32.dtype(), DType::f32);
+  EXPECT_LT(rel_error(out32, full.narrow(0, past, n)), 1e-5);
+  EXPECT_THROW(ops::attention_decode(q, k, v, H, past + 1), Error);  // k holds past + n rows
+  EXPECT_THROW(ops::attention_decode(q, k, v, 3, past), Error);      // 8 is not divisible by 3
+}
+
 TEST(Attention, F32MatchesF64) {
   Tensor qkv = random_tensor({2, 16, 3 * 32}, 53), r = random_tensor({2, 16, 32}, 54);
   auto a64 = ops::attention_forward(qkv, 4, true);

@@ -5,23 +5,29 @@
 //       config.json beside the file (--names ours keeps ours)
 //   fsdp-export --ckpt D --gguf model.gguf [--dtype ...]   GGUF v3 for llama.cpp
 // D is a checkpoint directory (step_NNNNNNNN) or a --ckpt-dir, whose newest is taken.
+// The tokenizer is the checkpoint's (fsdp-train saves it; bytes for older checkpoints) or
+// --tokenizer's: tokenizer.json and its config files go beside a Hugging Face export, and a
+// "gpt2" vocabulary into the GGUF.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/interchange.h"
+#include "fsdp/data/tokenizer.h"
 
 int main(int argc, char** argv) {
   using namespace fsdp;
-  std::string ckpt, out, gguf, dtype_s = "f32", names = "auto";
+  std::string ckpt, out, gguf, dtype_s = "f32", names = "auto", tokenizer;
   CLI::App app{"fsdp-export: consolidate a sharded checkpoint into safetensors or GGUF",
                "fsdp-export"};
   app.add_option("--ckpt", ckpt, "checkpoint directory, or a --ckpt-dir (its newest checkpoint)")
@@ -32,6 +38,8 @@ int main(int argc, char** argv) {
   app.add_option("--names", names,
                  "safetensors names: auto (PyTorch for seed, Hugging Face for llama) or ours")
       ->capture_default_str();
+  app.add_option("--tokenizer", tokenizer,
+                 "a tokenizer.json, or bytes (default: the one saved in the checkpoint)");
   CLI11_PARSE(app, argc, argv);
   try {
     FSDP_CHECK(!out.empty() || !gguf.empty(),
@@ -52,6 +60,32 @@ int main(int argc, char** argv) {
         std::filesystem::create_directories(std::filesystem::path(f).parent_path());
     nn::MiniLLMConfig cfg;
     auto tensors = checkpoint::consolidate(path, &cfg);
+    std::optional<data::Tokenizer> tok;
+    if (tokenizer == "bytes") {
+      tok = data::Tokenizer::bytes();
+    } else if (!tokenizer.empty()) {
+      tok = data::Tokenizer::from_file(tokenizer);
+    } else if (auto saved = checkpoint::read_extra_file(path, "tokenizer.json")) {
+      tok = data::Tokenizer::from_json(*saved, path + "/tokenizer.json");
+    } else if (cfg.vocab >= 256) {
+      tok = data::Tokenizer::bytes();
+      fmt::print("export: {} saved no tokenizer; writing the byte vocabulary\n", path);
+    } else {
+      fmt::print(
+          "export: {} saved no tokenizer and its vocab {} holds no bytes: no tokenizer "
+          "written (--tokenizer names one)\n",
+          path, cfg.vocab);
+    }
+    if (tok) {
+      FSDP_CHECK(tok->size() <= cfg.vocab,
+                 "[fsdp-export] the tokenizer ({}) has {} ids but the model's vocab is {}",
+                 tok->describe(), tok->size(), cfg.vocab);
+      fmt::print("export: tokenizer {}\n", tok->describe());
+    }
+    FSDP_CHECK(gguf.empty() || tok,
+               "[fsdp-export] --gguf needs a tokenizer: the checkpoint saved none and its vocab "
+               "{} holds no bytes; pass --tokenizer FILE",
+               cfg.vocab);
     fmt::print("export: {} tensors, {} {} layers dim {}\n", tensors.size(), nn::arch_name(cfg.arch),
                cfg.layers, cfg.dim);
     if (!out.empty()) {
@@ -62,13 +96,29 @@ int main(int argc, char** argv) {
       checkpoint::save_safetensors(out, named, {{"format", "pt"}, {"fsdp.config", cfg.to_json()}});
       fmt::print("export: wrote {} ({} tensors, {})\n", out, named.size(), dtype_name(dtype));
       if (cfg.arch == nn::Arch::llama && names == "auto") {
-        const auto cj = std::filesystem::path(out).parent_path() / "config.json";
-        std::ofstream(cj) << checkpoint::hf_llama_config_json(cfg, dtype) << "\n";
-        fmt::print("export: wrote {}\n", cj.string());
+        const auto dir = std::filesystem::path(out).parent_path();
+        std::vector<std::pair<std::string, std::string>> files = {
+            {"config.json",
+             checkpoint::hf_llama_config_json(cfg, dtype, tok ? *tok : data::Tokenizer::bytes())}};
+        if (tok)
+          for (auto& f : checkpoint::hf_tokenizer_files(cfg, *tok)) files.push_back(f);
+        for (const auto& [name, text] : files) {
+          std::ofstream f(dir / name);
+          f << text << "\n";
+          FSDP_CHECK(f.good(), "[fsdp-export] writing '{}' failed", (dir / name).string());
+        }
+        fmt::print("export: wrote {} beside it\n",
+                   tok ? "config.json, tokenizer.json, tokenizer_config.json and "
+                         "generation_config.json"
+                       : "config.json");
+      } else if (tok) {
+        const auto tj = std::filesystem::path(out).parent_path() / "tokenizer.json";
+        std::ofstream(tj) << tok->json() << "\n";
+        fmt::print("export: wrote {}\n", tj.string());
       }
     }
     if (!gguf.empty()) {
-      checkpoint::write_gguf(gguf, cfg, tensors, dtype);
+      checkpoint::write_gguf(gguf, cfg, tensors, dtype, *tok);
       fmt::print("export: wrote {} (GGUF v3, {})\n", gguf, dtype_name(dtype));
     }
     return 0;

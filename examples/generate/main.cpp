@@ -1,109 +1,267 @@
-// fsdp-generate: samples text from a trained MiniLLM.
-//   fsdp-generate --model model.safetensors --prompt "The " --tokens 200
-//   fsdp-generate --ckpt ckpts/ --prompt "The "
-// A safetensors file (as fsdp-export writes it) is memory-mapped and its
-// tensors used in place, with no copy (the llama architecture's q/k/v under
-// Hugging Face names are concatenated once into the packed in-projection).
-// A checkpoint directory is consolidated in memory. Sampling: temperature and
-// top-k over a byte vocabulary, the window recomputed each token (no KV cache).
+// fsdp-generate: text from a trained MiniLLM, or from a Hugging Face Llama.
+//   fsdp-generate --model out/model.safetensors --prompt "The " --tokens 200
+//   fsdp-generate --model hf_llama_dir/ --prompt "The " --device cuda
+//   fsdp-generate --ckpt ckpts/ --prompt "The " --top-p 0.9
+//   fsdp-generate --model out/model.safetensors --prompt "The license" --print-logits
+// --model takes fsdp-export's safetensors (its config in the metadata), a Hugging Face
+// save_pretrained folder (config.json and model.safetensors, or its index over several files),
+// or one of its files; tensors are memory-mapped and used in place where their dtype is the
+// compute one. --ckpt consolidates a checkpoint in memory. The tokenizer is --tokenizer's, else
+// the tokenizer.json beside the model or saved in the checkpoint, else the bytes.
+// Text goes to stdout as it is sampled; everything else to stderr.
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/interchange.h"
-#include "fsdp/nn/init.h"
+#include "fsdp/core/device.h"
+#include "fsdp/data/tokenizer.h"
 #include "fsdp/nn/sample.h"
 
+namespace {
+
+using namespace fsdp;
+namespace fs = std::filesystem;
+
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  FSDP_CHECK(f.good(), "[fsdp-generate] cannot read '{}'", p.string());
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+struct Loaded {
+  nn::MiniLLMConfig cfg;
+  std::unique_ptr<nn::MiniLLM> model;
+  std::vector<checkpoint::SafetensorsFile> files;  // the mappings the parameters view
+  std::optional<data::Tokenizer> tokenizer;        // found beside the model or in the checkpoint
+  std::string what;
+};
+
+// fsdp-export's file, or a Hugging Face folder / file (config.json beside it).
+Loaded load_model(const std::string& path, DType compute, Device device) {
+  Loaded l;
+  fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
+  std::vector<std::string> paths;
+  if (fs::is_directory(path)) {
+    if (fs::exists(dir / "model.safetensors.index.json")) {
+      const auto index = nlohmann::json::parse(read_text(dir / "model.safetensors.index.json"));
+      std::map<std::string, bool> seen;
+      for (auto& [name, file] : index.at("weight_map").items())
+        if (!seen[file.get<std::string>()])
+          paths.push_back((dir / file.get<std::string>()).string());
+    } else {
+      FSDP_CHECK(fs::exists(dir / "model.safetensors"),
+                 "[fsdp-generate] {} holds neither model.safetensors nor "
+                 "model.safetensors.index.json",
+                 path);
+      paths.push_back((dir / "model.safetensors").string());
+    }
+  } else {
+    paths.push_back(path);
+  }
+  for (const std::string& p : paths) l.files.push_back(checkpoint::map_safetensors(p));
+  bool tied = false;
+  if (l.files[0].metadata.count("fsdp.config")) {
+    l.cfg = nn::MiniLLMConfig::from_json(l.files[0].metadata.at("fsdp.config"));
+  } else {
+    FSDP_CHECK(fs::exists(dir / "config.json"),
+               "[fsdp-generate] {} has no fsdp.config metadata and no config.json beside it: "
+               "give fsdp-export's file or a Hugging Face Llama folder",
+               path);
+    l.cfg = checkpoint::config_from_hf_llama(read_text(dir / "config.json"),
+                                             (dir / "config.json").string(), &tied);
+  }
+  auto find = [&](const std::string& name) -> const Tensor* {
+    for (const auto& f : l.files)
+      if (f.contains(name)) return &f.at(name);
+    return nullptr;
+  };
+  l.model = std::make_unique<nn::MiniLLM>(l.cfg);
+  int64_t in_place = 0, converted = 0;
+  const int64_t d = l.cfg.dim;
+  for (auto& [name, p] : l.model->named_parameters()) {
+    const std::string hf = checkpoint::hf_name(name);
+    const Tensor* t = find(name);
+    if (!t && !hf.empty()) t = find(hf);
+    if (!t && name == "head.weight" && tied) t = find("model.embed_tokens.weight");
+    Tensor value;
+    if (t) {
+      value = *t;
+    } else if (hf.empty()) {  // the packed in-projection: q, k and v rows
+      const std::string base = "model." + name.substr(0, name.find(".attn")) + ".self_attn.";
+      value = Tensor::empty({3 * d, d}, compute);
+      const char* parts[3] = {"q_proj.weight", "k_proj.weight", "v_proj.weight"};
+      for (int i = 0; i < 3; ++i) {
+        const Tensor* part = find(base + parts[i]);
+        FSDP_CHECK(part, "[fsdp-generate] {}: no tensor '{}' (nor '{}')", path, base + parts[i],
+                   name);
+        value.narrow(0, i * d, d).copy_(*part);
+      }
+    } else {
+      FSDP_FAIL("[fsdp-generate] {}: no tensor '{}' (nor '{}')", path, name, hf);
+    }
+    FSDP_CHECK(value.shape() == p->shape,
+               "[fsdp-generate] {}: '{}' has shape {} but the model "
+               "needs {}",
+               path, name, shape_str(value.shape()), shape_str(p->shape));
+    if (value.dtype() == compute && device.is_cpu()) {
+      ++in_place;
+    } else {
+      value = value.to(compute).to(device);
+      ++converted;
+    }
+    p->data = value;
+  }
+  l.what =
+      fmt::format("{} ({} tensors in place, {} converted or moved)", path, in_place, converted);
+  if (fs::exists(dir / "tokenizer.json"))
+    l.tokenizer = data::Tokenizer::from_file((dir / "tokenizer.json").string());
+  return l;
+}
+
+Loaded load_checkpoint(const std::string& ckpt, DType compute, Device device) {
+  std::string path = ckpt;
+  if (!fs::exists(fs::path(ckpt) / "metadata.json")) path = checkpoint::latest(ckpt);
+  FSDP_CHECK(!path.empty(), "[fsdp-generate] no checkpoint in '{}'", ckpt);
+  Loaded l;
+  auto tensors = checkpoint::consolidate(path, &l.cfg);
+  l.model = std::make_unique<nn::MiniLLM>(l.cfg);
+  for (auto& [name, t] : tensors) l.model->parameter(name).data = t.to(compute).to(device);
+  if (auto saved = checkpoint::read_extra_file(path, "tokenizer.json"))
+    l.tokenizer = data::Tokenizer::from_json(*saved, path + "/tokenizer.json");
+  l.what = path;
+  return l;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  using namespace fsdp;
-  std::string model_path, ckpt, prompt = "The ";
+  std::string model_path, ckpt, prompt = "The ", tokenizer_path, device_name = "cpu",
+                                dtype_name_s = "f32";
   int64_t tokens = 200, top_k = 40;
-  double temperature = 0.8;
+  double temperature = 0.8, top_p = 1.0;
   uint64_t seed = 1;
   int threads = 0;
-  CLI::App app{"fsdp-generate: sample text from a MiniLLM", "fsdp-generate"};
-  app.add_option("--model", model_path, "safetensors file written by fsdp-export (memory-mapped)");
+  bool no_cache = false, print_logits = false, ignore_eos = false;
+  CLI::App app{"fsdp-generate: sample text from a MiniLLM or a Hugging Face Llama",
+               "fsdp-generate"};
+  app.add_option("--model", model_path,
+                 "fsdp-export's safetensors, or a Hugging Face Llama folder or file");
   app.add_option("--ckpt", ckpt, "checkpoint directory, or a --ckpt-dir (its newest checkpoint)");
+  app.add_option("--tokenizer", tokenizer_path,
+                 "a tokenizer.json, or bytes (default: the model's or the checkpoint's)");
   app.add_option("--prompt", prompt, "text to continue")->capture_default_str();
-  app.add_option("--tokens", tokens, "bytes to generate")->capture_default_str();
+  app.add_option("--tokens", tokens, "tokens to generate")->capture_default_str();
   app.add_option("--temperature", temperature, "sampling temperature (0: greedy)")
       ->capture_default_str();
   app.add_option("--top-k", top_k, "sample among the k likeliest (0: all)")->capture_default_str();
+  app.add_option("--top-p", top_p, "then among the likeliest up to this probability (1: all)")
+      ->capture_default_str();
   app.add_option("--seed", seed, "sampling seed")->capture_default_str();
+  app.add_option("--device", device_name, "cpu or cuda")->capture_default_str();
+  app.add_option("--dtype", dtype_name_s, "compute dtype: f32 (CPU), or bf16 / f16 on CUDA")
+      ->capture_default_str();
   app.add_option("--threads", threads, "OpenMP threads (0: all cores)")->capture_default_str();
+  app.add_flag("--no-kv-cache", no_cache, "recompute the whole window for every token");
+  app.add_flag("--ignore-eos", ignore_eos, "go on past the end-of-text token");
+  app.add_flag("--print-logits", print_logits,
+               "print the prompt's ids and every position's logits as JSON, and exit");
   CLI11_PARSE(app, argc, argv);
   try {
     FSDP_CHECK(model_path.empty() != ckpt.empty(),
                "[fsdp-generate] give exactly one of --model and --ckpt");
     FSDP_CHECK(tokens >= 0 && top_k >= 0 && temperature >= 0,
                "[fsdp-generate] --tokens, --top-k and --temperature must be >= 0");
+    FSDP_CHECK(top_p > 0 && top_p <= 1, "[fsdp-generate] --top-p must be in (0, 1], got {}", top_p);
+    const Device device = parse_device(device_name);
+    FSDP_CHECK(device.is_cpu() || cuda_available(),
+               "[fsdp-generate] --device {}: no CUDA device is visible (or fsdp.cpp was built "
+               "without CUDA)",
+               device_name);
+    const DType compute = parse_dtype(dtype_name_s);
+    FSDP_CHECK(compute == DType::f32 || (device.is_cuda() && is_floating(compute)),
+               "[fsdp-generate] --dtype {} on {}: the CPU computes in f32", dtype_name_s,
+               device.str());
     if (threads > 0) omp_set_num_threads(threads);
-    nn::MiniLLMConfig cfg;
-    std::unique_ptr<nn::MiniLLM> model;
-    checkpoint::SafetensorsFile mapped;
-    if (!model_path.empty()) {
-      mapped = checkpoint::map_safetensors(model_path);
-      FSDP_CHECK(mapped.metadata.count("fsdp.config"),
-                 "[fsdp-generate] {} has no fsdp.config metadata (write it with "
-                 "fsdp-export)",
-                 model_path);
-      cfg = nn::MiniLLMConfig::from_json(mapped.metadata.at("fsdp.config"));
-      model = std::make_unique<nn::MiniLLM>(cfg);
-      checkpoint::SafetensorsIndex index(model_path);
-      int64_t zero_copy = 0, copied = 0;
-      for (auto& [name, p] : model->named_parameters()) {
-        const std::string hf = checkpoint::hf_name(name);
-        const std::string key =
-            mapped.contains(name) ? name : (!hf.empty() && mapped.contains(hf) ? hf : "");
-        if (!key.empty()) {
-          p->data = mapped.at(key);  // a view of the mapping
-          ++zero_copy;
-        } else {
-          p->data =
-              checkpoint::read_param(index, cfg, name).to(mapped.tensors.front().second.dtype());
-          ++copied;
-        }
+    Loaded l = model_path.empty() ? load_checkpoint(ckpt, compute, device)
+                                  : load_model(model_path, compute, device);
+    if (tokenizer_path == "bytes")
+      l.tokenizer = data::Tokenizer::bytes();
+    else if (!tokenizer_path.empty())
+      l.tokenizer = data::Tokenizer::from_file(tokenizer_path);
+    else if (!l.tokenizer)
+      l.tokenizer = data::Tokenizer::bytes();
+    const data::Tokenizer& tok = *l.tokenizer;
+    FSDP_CHECK(tok.size() <= l.cfg.vocab,
+               "[fsdp-generate] the tokenizer ({}) has {} ids but the model's vocab is {}",
+               tok.describe(), tok.size(), l.cfg.vocab);
+    fmt::print(stderr, "generate: {} {} layers dim {} on {}, {}; tokenizer {}\n",
+               nn::arch_name(l.cfg.arch), l.cfg.layers, l.cfg.dim, device.str(), l.what,
+               tok.describe());
+    std::vector<int32_t> ids = tok.encode(prompt);
+    if (print_logits) {
+      FSDP_CHECK(!ids.empty(), "[fsdp-generate] --print-logits needs a non-empty prompt");
+      Tensor logits =
+          l.model->forward(Tensor::from_vector(ids, {1, int64_t(ids.size())}).to(device))
+              .to(Device::cpu())
+              .to(DType::f64);
+      nlohmann::json rows = nlohmann::json::array();
+      for (size_t t = 0; t < ids.size(); ++t) {
+        const double* r = logits.data<double>() + t * size_t(l.cfg.vocab);
+        rows.push_back(std::vector<double>(r, r + l.cfg.vocab));
       }
-      fmt::print("generate: mapped {} ({} tensors in place, {} assembled)\n", model_path, zero_copy,
-                 copied);
-    } else {
-      std::string path = ckpt;
-      if (!std::filesystem::exists(std::filesystem::path(ckpt) / "metadata.json"))
-        path = checkpoint::latest(ckpt);
-      FSDP_CHECK(!path.empty(), "[fsdp-generate] no checkpoint in '{}'", ckpt);
-      auto tensors = checkpoint::consolidate(path, &cfg);
-      model = std::make_unique<nn::MiniLLM>(cfg);
-      for (auto& [name, t] : tensors) model->parameter(name).data = t;
-      fmt::print("generate: loaded {}\n", path);
+      fmt::print("{}\n", nlohmann::json({{"ids", ids}, {"logits", rows}}).dump());
+      return 0;
     }
-    std::vector<int32_t> ctx;
-    for (unsigned char ch : prompt) ctx.push_back(int32_t(ch) % int32_t(cfg.vocab));
-    auto t0 = std::chrono::steady_clock::now();
-    std::string out;
-    for (int32_t id : nn::sample(*model, ctx,
-                                 {.tokens = tokens,
-                                 .temperature = temperature,
-                                 .top_k = top_k,
-                                 .max_id = 256,
-                                 .seed = seed}))
-      out.push_back((id < 32 && id != '\n') ? ' ' : char(id));
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    fmt::print("{}{}\n", prompt, out);
-    fmt::print("generate: {} tokens in {:.2f} s, {:.1f} tokens/s\n", tokens, s,
-               double(tokens) / std::max(s, 1e-9));
+    std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+    std::fflush(stdout);
+    nn::SampleStats st;
+    nn::sample(*l.model, ids,
+               {.tokens = tokens,
+                .temperature = temperature,
+                .top_k = top_k,
+                .top_p = top_p,
+                .max_id = tok.size(),
+                .seed = seed,
+                .device = device,
+                .kv_cache = !no_cache,
+                .stop_id = ignore_eos ? std::nullopt : tok.eos_id(),
+                .on_token =
+                    [&](int32_t id) {
+                      const std::string piece = tok.decode({id});
+                      std::fwrite(piece.data(), 1, piece.size(), stdout);
+                      std::fflush(stdout);
+                    }},
+               &st);
+    std::fputc('\n', stdout);
+    const double decode_rate = double(st.new_tokens) / std::max(st.decode_seconds, 1e-9);
+    if (no_cache)
+      fmt::print(stderr, "generate: {} new tokens in {:.2f} s ({:.1f} tokens/s), no KV cache\n",
+                 st.new_tokens, st.decode_seconds, decode_rate);
+    else
+      fmt::print(stderr,
+                 "generate: prompt {} tokens in {:.1f} ms ({:.0f} tokens/s), {} new tokens in "
+                 "{:.2f} s ({:.1f} tokens/s)\n",
+                 st.prompt_tokens, 1e3 * st.prefill_seconds,
+                 double(st.prompt_tokens) / std::max(st.prefill_seconds, 1e-9), st.new_tokens,
+                 st.decode_seconds, decode_rate);
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "fsdp-generate: error: {}\n", e.what());

@@ -69,7 +69,11 @@ int main(int argc, char** argv) {
                  "llm.c .bin token shards (a file, a directory or a glob) or a text file read as "
                  "bytes (vocab >= 256); "
                  "default: random tokens");
-  app.add_option("--sample-tokens", o.sample_tokens, "bytes to sample after training on --data")
+  app.add_option("--tokenizer", o.tokenizer,
+                 "auto (the tokenizer.json beside .bin shards, else bytes), a tokenizer.json, or "
+                 "bytes; saved in every checkpoint")
+      ->capture_default_str();
+  app.add_option("--sample-tokens", o.sample_tokens, "tokens to sample after training on --data")
       ->capture_default_str();
   app.add_option("--prompt", o.prompt, "prompt for the sample")->capture_default_str();
   app.add_option("--temperature", o.temperature, "sampling temperature")->capture_default_str();

@@ -115,3 +115,46 @@ FSDP_INSTANTIATE(double)
 #undef FSDP_INSTANTIATE
 
 }  // namespace fsdp::kernels::cpu
+
+namespace fsdp::kernels::cpu {
+
+template <class T>
+void attention_decode(const T* q, const T* k, const T* v, T* out, int64_t n, int64_t H, int64_t hd,
+                      int64_t past) {
+  const int64_t d = H * hd;
+  const T scale = T(1) / std::sqrt(T(hd));
+#pragma omp parallel
+  {
+    std::vector<T> p(size_t(past + n));
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        const T* qi = q + i * d + h * hd;
+        const int64_t keys = past + i + 1;  // causal: up to this query's own position
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j < keys; ++j) {
+          const T* kj = k + j * d + h * hd;
+          T s = 0;
+          for (int64_t c = 0; c < hd; ++c) s += qi[c] * kj[c];
+          p[size_t(j)] = s * scale;
+          mx = std::max(mx, p[size_t(j)]);
+        }
+        T sum = 0;
+        for (int64_t j = 0; j < keys; ++j) sum += p[size_t(j)] = std::exp(p[size_t(j)] - mx);
+        T* o = out + i * d + h * hd;
+        for (int64_t c = 0; c < hd; ++c) o[c] = 0;
+        for (int64_t j = 0; j < keys; ++j) {
+          const T w = p[size_t(j)] / sum;
+          const T* vj = v + j * d + h * hd;
+          for (int64_t c = 0; c < hd; ++c) o[c] += w * vj[c];
+        }
+      }
+  }
+}
+
+template void attention_decode<float>(const float*, const float*, const float*, float*, int64_t,
+                                      int64_t, int64_t, int64_t);
+template void attention_decode<double>(const double*, const double*, const double*, double*,
+                                       int64_t, int64_t, int64_t, int64_t);
+
+}  // namespace fsdp::kernels::cpu

@@ -12,13 +12,14 @@
 namespace fsdp::kernels::cpu {
 
 template <class T>
-void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t hd, double theta, bool inverse) {
+void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t hd, double theta, bool inverse,
+              int64_t offset) {
   const int64_t half = hd / 2, d = H * hd;
   // cos/sin per (t, i), computed in double once per call.
   std::vector<T> cs(size_t(T_ * half)), sn(size_t(T_ * half));
   for (int64_t t = 0; t < T_; ++t)
     for (int64_t i = 0; i < half; ++i) {
-      double ang = double(t) * std::pow(theta, -2.0 * double(i) / double(hd));
+      double ang = double(t + offset) * std::pow(theta, -2.0 * double(i) / double(hd));
       cs[t * half + i] = T(std::cos(ang));
       sn[t * half + i] = T(inverse ? -std::sin(ang) : std::sin(ang));
     }
@@ -41,7 +42,7 @@ void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t hd, double theta
     }
 }
 
-template void rope_qkv<float>(float*, int64_t, int64_t, int64_t, int64_t, double, bool);
-template void rope_qkv<double>(double*, int64_t, int64_t, int64_t, int64_t, double, bool);
+template void rope_qkv<float>(float*, int64_t, int64_t, int64_t, int64_t, double, bool, int64_t);
+template void rope_qkv<double>(double*, int64_t, int64_t, int64_t, int64_t, double, bool, int64_t);
 
 }  // namespace fsdp::kernels::cpu

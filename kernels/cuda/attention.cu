@@ -265,4 +265,50 @@ void attention_backward(const void* dout, const void* qkv, const void* out, cons
   CUDA_CHECK(cudaGetLastError());
 }
 
+// One block per (query i, head h): scores over keys 0 .. past+i in shared memory, the block's max
+// and sum, then each thread owns output columns and sums over the keys.
+template <class T>
+__global__ void attn_decode_kernel(const T* __restrict__ q, const T* __restrict__ k,
+                                   const T* __restrict__ v, T* __restrict__ out, int64_t H,
+                                   int64_t hd, int64_t past, float scale) {
+  extern __shared__ float p[];
+  const int64_t i = blockIdx.x / H, h = blockIdx.x % H, d = H * hd, keys = past + i + 1;
+  const T* qi = q + i * d + h * hd;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) {
+    const T* kj = k + j * d + h * hd;
+    float s = 0.f;
+    for (int64_t c = 0; c < hd; ++c) s += to_f32(qi[c]) * to_f32(kj[c]);
+    p[j] = s * scale;
+    mx = fmaxf(mx, p[j]);
+  }
+  mx = block_max(mx);
+  float sum = 0.f;
+  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) sum += p[j] = __expf(p[j] - mx);
+  sum = block_sum(sum);  // (its barriers also order the writes of p before the reads below)
+  for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) {
+    float o = 0.f;
+    for (int64_t j = 0; j < keys; ++j) o += p[j] * to_f32(v[j * d + h * hd + c]);
+    out[i * d + h * hd + c] = from_f32<T>(o / sum);
+  }
+}
+
+void attention_decode(const void* q, const void* k, const void* v, void* out, DType t, int64_t n,
+                      int64_t H, int64_t hd, int64_t past, int device, Stream s) {
+  if (n * H == 0) return;
+  const size_t smem = size_t(past + n) * sizeof(float);
+  FSDP_CHECK(smem <= 48 * 1024,
+             "[attention_decode] {} cached positions exceed the 48 KiB of shared memory scores",
+             past + n);
+  CUDA_CHECK(cudaSetDevice(device));
+  const float scale = 1.f / sqrtf(float(hd));
+  dispatch_float(t, "attention_decode", [&](auto tv) {
+    using TT = decltype(tv);
+    attn_decode_kernel<TT><<<unsigned(n * H), 128, smem, cudaStream_t(s)>>>(
+        static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v),
+        static_cast<TT*>(out), H, hd, past, scale);
+  });
+  CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace fsdp::kernels::cuda

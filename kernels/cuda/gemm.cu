@@ -143,8 +143,8 @@ Plan* plan_for(const Key& key, DeviceCtx& dc) {
       p->candidates.push_back(results[size_t(i)].algo);
   if (p->candidates.empty()) {
     FSDP_CHECK(epilogue == Epilogue::bgrad,
-               "[gemm] cuBLASLt offers no usable algorithm for [{} x {}] x [{} x {}] in {} -> {}", m,
-               k, k, n, dtype_name(t), dtype_name(c_t));
+               "[gemm] cuBLASLt offers no usable algorithm for [{} x {}] x [{} x {}] in {} -> {}",
+               m, k, k, n, dtype_name(t), dtype_name(c_t));
     cache.emplace(key, nullptr);
     return nullptr;
   }

@@ -10,8 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string_view>
 #include <system_error>
 #include <thread>
@@ -135,6 +137,21 @@ void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::O
       for (int i = 0; i < 16; ++i) c.push_back(char(all_t.data<int32_t>()[16 * r + i]));
       files[shard_file(s)] = {{"checksum", c}};
     }
+    for (const auto& [name, contents] : extras.files) {
+      FSDP_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "metadata.json" &&
+                     name.rfind("shard_", 0) != 0,
+                 "[checkpoint] extra file name '{}' must be a plain name other than "
+                 "metadata.json and shard_*",
+                 name);
+      const fs::path fp = tmp / name;
+      {
+        std::ofstream f(fp, std::ios::binary);
+        f << contents;
+        FSDP_CHECK(f.good(), "[checkpoint] writing '{}' failed", fp.string());
+      }
+      fsync_path(fp, false);
+      files[name] = {{"checksum", file_checksum(fp.string())}};
+    }
     meta["files"] = files;
     json tensors = json::object();
     for (const auto& in : infos) {
@@ -186,6 +203,32 @@ std::string latest(const std::string& dir) {
   if (steps.empty()) return "";
   std::sort(steps.begin(), steps.end());
   return steps.back().string();
+}
+
+std::optional<std::string> read_extra_file(const std::string& path, const std::string& name) {
+  const fs::path dir(path);
+  const fs::path mp = dir / "metadata.json";
+  std::ifstream mf(mp);
+  FSDP_CHECK(mf.good(), "[checkpoint] {} has no metadata.json (not a checkpoint)", path);
+  json meta;
+  try {
+    mf >> meta;
+  } catch (const json::exception& e) {
+    FSDP_FAIL("[checkpoint] {}: metadata.json is not valid JSON: {}", path, e.what());
+  }
+  const json files = meta.value("files", json::object());
+  if (!files.contains(name)) return std::nullopt;
+  const fs::path fp = dir / name;
+  FSDP_CHECK(fs::exists(fp), "[checkpoint] {}: the metadata lists {} but the file is missing", path,
+             name);
+  const std::string want = files[name].value("checksum", "");
+  const std::string got = file_checksum(fp.string());
+  FSDP_CHECK(got == want,
+             "[checkpoint] {}: {} has checksum {} but the metadata says {} (truncated or "
+             "corrupted)",
+             path, name, got, want);
+  std::ifstream f(fp, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
 }
 
 Loaded load(const std::string& path, FSDPModule& root, optim::Optimizer& opt,

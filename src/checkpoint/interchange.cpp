@@ -107,7 +107,8 @@ NamedTensors to_hf_llama(const nn::MiniLLMConfig& cfg, const NamedTensors& ours)
   return out;
 }
 
-std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype) {
+std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype,
+                                 const data::Tokenizer& tok) {
   json j = {{"architectures", {"LlamaForCausalLM"}},
             {"model_type", "llama"},
             {"hidden_size", cfg.dim},
@@ -125,7 +126,76 @@ std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype) {
             {"torch_dtype", dtype == DType::bf16  ? "bfloat16"
                             : dtype == DType::f16 ? "float16"
                                                   : "float32"}};
+  if (tok.bos_id()) j["bos_token_id"] = *tok.bos_id();
+  if (tok.eos_id()) j["eos_token_id"] = *tok.eos_id();
   return j.dump(2);
+}
+
+nn::MiniLLMConfig config_from_hf_llama(const std::string& text, const std::string& where,
+                                       bool* tied) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    FSDP_FAIL("[hf] {} is not valid JSON: {}", where, e.what());
+  }
+  FSDP_CHECK(j.value("model_type", "") == "llama",
+             "[hf] {}: model_type '{}' is not supported; expected llama (LlamaForCausalLM)", where,
+             j.value("model_type", ""));
+  auto num = [&](const char* key) -> int64_t {
+    FSDP_CHECK(j.contains(key) && j[key].is_number_integer(), "[hf] {}: no integer '{}'", where,
+               key);
+    return j[key].get<int64_t>();
+  };
+  nn::MiniLLMConfig c;
+  c.arch = nn::Arch::llama;
+  c.dim = num("hidden_size");
+  c.ffn_hidden = num("intermediate_size");
+  c.heads = num("num_attention_heads");
+  c.layers = num("num_hidden_layers");
+  c.vocab = num("vocab_size");
+  c.seq = j.value("max_position_embeddings", c.seq);
+  c.norm_eps = j.value("rms_norm_eps", 1e-6);
+  c.rope_theta = j.value("rope_theta", 10000.0);
+  const int64_t kv = j.value("num_key_value_heads", c.heads);
+  FSDP_CHECK(kv == c.heads,
+             "[hf] {}: num_key_value_heads {} differs from num_attention_heads {} (grouped-query "
+             "attention is not supported)",
+             where, kv, c.heads);
+  FSDP_CHECK(!j.value("attention_bias", false) && !j.value("mlp_bias", false),
+             "[hf] {}: attention_bias / mlp_bias are not supported", where);
+  FSDP_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(),
+             "[hf] {}: rope_scaling {} is not supported", where, j["rope_scaling"].dump());
+  FSDP_CHECK(j.value("hidden_act", "silu") == "silu",
+             "[hf] {}: hidden_act '{}' is not supported; expected silu", where,
+             j.value("hidden_act", ""));
+  FSDP_CHECK(!j.contains("head_dim") || j["head_dim"].is_null() ||
+                 j["head_dim"].get<int64_t>() * c.heads == c.dim,
+             "[hf] {}: head_dim {} times {} heads is not hidden_size {}", where,
+             j.value("head_dim", 0), c.heads, c.dim);
+  if (tied) *tied = j.value("tie_word_embeddings", false);
+  c.validate();
+  return c;
+}
+
+std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const nn::MiniLLMConfig& cfg,
+                                                                    const data::Tokenizer& tok) {
+  auto token = [&](std::optional<int32_t> id) -> json {
+    return id ? json(tok.tokens()[size_t(*id)]) : json(nullptr);
+  };
+  const json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                       {"bos_token", token(tok.bos_id())},
+                       {"eos_token", token(tok.eos_id())},
+                       {"add_bos_token", false},
+                       {"add_eos_token", false},
+                       {"clean_up_tokenization_spaces", false},
+                       {"model_max_length", cfg.seq}};
+  json gen = {{"_from_model_config", true}};
+  if (tok.bos_id()) gen["bos_token_id"] = *tok.bos_id();
+  if (tok.eos_id()) gen["eos_token_id"] = *tok.eos_id();
+  return {{"tokenizer.json", tok.json()},
+          {"tokenizer_config.json", config.dump(2)},
+          {"generation_config.json", gen.dump(2)}};
 }
 
 Tensor read_param(const SafetensorsIndex& file, const nn::MiniLLMConfig& cfg,
@@ -154,7 +224,7 @@ Tensor read_param(const SafetensorsIndex& file, const nn::MiniLLMConfig& cfg,
 
 namespace {
 
-enum GgufType : uint32_t { U32 = 4, I32 = 5, F32 = 6, STR = 8, ARR = 9 };
+enum GgufType : uint32_t { U32 = 4, I32 = 5, F32 = 6, BOOL = 7, STR = 8, ARR = 9 };
 
 class GgufWriter {
  public:
@@ -165,14 +235,28 @@ class GgufWriter {
     u64(s.size());
     raw(s.data(), s.size());
   }
-  void kv_u32(const std::string& k, uint32_t v) { str(k), u32(U32), u32(v); }
-  void kv_f32(const std::string& k, float v) { str(k), u32(F32), f32(v); }
-  void kv_str(const std::string& k, const std::string& v) { str(k), u32(STR), str(v); }
+  void kv_u32(const std::string& k, uint32_t v) { str(k), u32(U32), u32(v), ++n_kv; }
+  void kv_f32(const std::string& k, float v) { str(k), u32(F32), f32(v), ++n_kv; }
+  void kv_bool(const std::string& k, bool v) {
+    str(k), u32(BOOL), buf.push_back(v ? 1 : 0), ++n_kv;
+  }
+  void kv_str(const std::string& k, const std::string& v) { str(k), u32(STR), str(v), ++n_kv; }
+  void kv_strs(const std::string& k, const std::vector<std::string>& v) {
+    str(k), u32(ARR), u32(STR), u64(v.size());
+    for (const std::string& x : v) str(x);
+    ++n_kv;
+  }
+  void kv_i32s(const std::string& k, const std::vector<int32_t>& v) {
+    str(k), u32(ARR), u32(I32), u64(v.size());
+    raw(v.data(), v.size() * 4);
+    ++n_kv;
+  }
   void raw(const void* p, size_t n) {
     buf.insert(buf.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
   }
   void pad(size_t align) { buf.resize((buf.size() + align - 1) / align * align, 0); }
   std::vector<char> buf;
+  uint64_t n_kv = 0;
 };
 
 uint32_t ggml_type(DType t) {
@@ -201,7 +285,7 @@ Tensor permute_for_gguf(const Tensor& w, int64_t heads) {
 }  // namespace
 
 void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const NamedTensors& ours,
-                DType dtype) {
+                DType dtype, const data::Tokenizer& tok) {
   FSDP_CHECK(cfg.arch == nn::Arch::llama,
              "[gguf] GGUF export is for the llama architecture, not {}", nn::arch_name(cfg.arch));
   constexpr size_t kAlign = 32;
@@ -241,51 +325,60 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
         FSDP_FAIL("[gguf] no llama.cpp name for parameter '{}'", name);
     }
   }
+  GgufWriter kv;
+  kv.kv_str("general.architecture", "llama");
+  kv.kv_str("general.name", "fsdp.cpp MiniLLM");
+  kv.kv_u32("general.alignment", kAlign);
+  kv.kv_u32("general.file_type", dtype == DType::f32 ? 0 : dtype == DType::f16 ? 1 : 32);
+  kv.kv_u32("llama.vocab_size", uint32_t(cfg.vocab));
+  kv.kv_u32("llama.context_length", uint32_t(cfg.seq));
+  kv.kv_u32("llama.embedding_length", uint32_t(cfg.dim));
+  kv.kv_u32("llama.block_count", uint32_t(cfg.layers));
+  kv.kv_u32("llama.feed_forward_length", uint32_t(cfg.resolved_ffn_hidden()));
+  kv.kv_u32("llama.rope.dimension_count", uint32_t(cfg.dim / cfg.heads));
+  kv.kv_u32("llama.attention.head_count", uint32_t(cfg.heads));
+  kv.kv_u32("llama.attention.head_count_kv", uint32_t(cfg.heads));
+  kv.kv_f32("llama.attention.layer_norm_rms_epsilon",
+            float(cfg.norm_eps.value_or(1.1920928955078125e-07)));
+  kv.kv_f32("llama.rope.freq_base", float(cfg.rope_theta));
+  // The tokenizer, as llama.cpp's "gpt2" (byte-level BPE) model with GPT-2's split.
+  FSDP_CHECK(tok.size() <= cfg.vocab, "[gguf] the tokenizer has {} ids but the model only {}",
+             tok.size(), cfg.vocab);
+  enum TokenType : int32_t { NORMAL = 1, CONTROL = 3, UNUSED = 5 };
+  std::vector<std::string> tokens(tok.tokens());
+  std::vector<int32_t> types;
+  for (int32_t i = 0; i < int32_t(tok.size()); ++i)
+    types.push_back(tok.is_special(i) ? CONTROL : NORMAL);
+  std::optional<int32_t> bos = tok.bos_id(), eos = tok.eos_id();
+  for (int64_t i = tok.size(); i < cfg.vocab; ++i) {
+    tokens.push_back(fmt::format("<unused{}>", i));
+    types.push_back(UNUSED);
+  }
+  if (!bos && !eos && cfg.vocab >= tok.size() + 2) {  // ids the model never saw: never produced
+    bos = int32_t(tok.size());
+    eos = int32_t(tok.size() + 1);
+    tokens[size_t(*bos)] = "<|bos|>";
+    tokens[size_t(*eos)] = "<|endoftext|>";
+    types[size_t(*bos)] = types[size_t(*eos)] = CONTROL;
+  }
+  std::vector<std::string> merges = tok.merges();
+  if (merges.empty()) merges.push_back("a 1");
+  kv.kv_str("tokenizer.ggml.model", "gpt2");
+  kv.kv_str("tokenizer.ggml.pre", "gpt-2");
+  kv.kv_strs("tokenizer.ggml.tokens", tokens);
+  kv.kv_i32s("tokenizer.ggml.token_type", types);
+  kv.kv_strs("tokenizer.ggml.merges", merges);
+  if (bos) kv.kv_u32("tokenizer.ggml.bos_token_id", uint32_t(*bos));
+  if (eos) kv.kv_u32("tokenizer.ggml.eos_token_id", uint32_t(*eos));
+  kv.kv_bool("tokenizer.ggml.add_bos_token", false);
+  kv.kv_bool("tokenizer.ggml.add_eos_token", false);
+
   GgufWriter w;
   w.raw("GGUF", 4);
   w.u32(3);
   w.u64(tensors.size());
-  const uint64_t n_kv = 19;
-  w.u64(n_kv);
-  w.kv_str("general.architecture", "llama");
-  w.kv_str("general.name", "fsdp.cpp MiniLLM");
-  w.kv_u32("general.alignment", kAlign);
-  w.kv_u32("general.file_type", dtype == DType::f32 ? 0 : dtype == DType::f16 ? 1 : 32);
-  w.kv_u32("llama.vocab_size", uint32_t(cfg.vocab));
-  w.kv_u32("llama.context_length", uint32_t(cfg.seq));
-  w.kv_u32("llama.embedding_length", uint32_t(cfg.dim));
-  w.kv_u32("llama.block_count", uint32_t(cfg.layers));
-  w.kv_u32("llama.feed_forward_length", uint32_t(cfg.resolved_ffn_hidden()));
-  w.kv_u32("llama.rope.dimension_count", uint32_t(cfg.dim / cfg.heads));
-  w.kv_u32("llama.attention.head_count", uint32_t(cfg.heads));
-  w.kv_u32("llama.attention.head_count_kv", uint32_t(cfg.heads));
-  w.kv_f32("llama.attention.layer_norm_rms_epsilon",
-           float(cfg.norm_eps.value_or(1.1920928955078125e-07)));
-  w.kv_f32("llama.rope.freq_base", float(cfg.rope_theta));
-  w.kv_str("tokenizer.ggml.model", "llama");
-  // Byte-level vocab: token i < 256 is the byte i ("<0xNN>", type BYTE); the rest are unused.
-  w.str("tokenizer.ggml.tokens");
-  w.u32(ARR);
-  w.u32(STR);
-  w.u64(uint64_t(cfg.vocab));
-  for (int64_t i = 0; i < cfg.vocab; ++i)
-    w.str(i < 256 ? fmt::format("<0x{:02X}>", i) : fmt::format("<unused{}>", i));
-  w.str("tokenizer.ggml.scores");
-  w.u32(ARR);
-  w.u32(F32);
-  w.u64(uint64_t(cfg.vocab));
-  for (int64_t i = 0; i < cfg.vocab; ++i) w.f32(0.f);
-  w.str("tokenizer.ggml.token_type");
-  w.u32(ARR);
-  w.u32(I32);
-  w.u64(uint64_t(cfg.vocab));
-  for (int64_t i = 0; i < cfg.vocab; ++i) {
-    const int32_t type = i < 256 ? 6 : 5;  // BYTE : UNUSED
-    w.raw(&type, 4);
-  }
-  w.kv_u32("tokenizer.ggml.bos_token_id",
-           2);  // STX and ETX mark text start and end in a byte vocab
-  // (n_kv counts the entries above: 15 scalars + 3 arrays + bos = 19)
+  w.u64(kv.n_kv);
+  w.raw(kv.buf.data(), kv.buf.size());
   uint64_t offset = 0;
   for (auto& [name, t] : tensors) {
     w.str(name);

@@ -185,6 +185,10 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
   // Cross-device or CUDA copies go through contiguous buffers: cast on the
   // side that holds the wider type is not worth the complexity here.
   FSDP_CHECK(is_contiguous(), "[Tensor::copy_] a CUDA destination must be contiguous");
+  FSDP_CHECK(src.is_contiguous() || src.device().is_cpu(),
+             "[Tensor::copy_] a strided CUDA source ({} with strides [{}]) is not supported; copy "
+             "its rows with ops::copy_segments",
+             shape_str(src.shape_), fmt::join(src.strides_, ", "));
   Tensor s = src.contiguous();
   if (s.device() != device()) {
     Tensor staged = empty(shape_, s.dtype_, device());

@@ -375,6 +375,8 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
         content == "<|begin_of_text|>")
       t->bos = id;
   }
+  if (!t->bos && t->eos && t->tokens[size_t(*t->eos)] == "<|endoftext|>")
+    t->bos = t->eos;  // GPT-2's convention: one token begins and ends a text
   return Tokenizer(std::shared_ptr<const Impl>(std::move(t)));
 }
 

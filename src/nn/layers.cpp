@@ -4,6 +4,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fsdp/ops/ops.h"
 
@@ -86,9 +87,58 @@ MultiheadAttention::MultiheadAttention(int64_t dim, int64_t heads, AttentionOpti
   if (opt.bias) out_proj_->bias()->init = Init::constant(0.0);  // nn.MultiheadAttention zeroes it
 }
 
+void MultiheadAttention::start_kv_cache(int64_t capacity) {
+  FSDP_CHECK(opt_.causal, "[MultiheadAttention] a KV cache needs causal attention (arch llama)");
+  FSDP_CHECK(capacity > 0, "[MultiheadAttention] KV cache capacity must be positive, got {}",
+             capacity);
+  if (capacity != kv_cap_) k_cache_ = v_cache_ = Tensor();  // allocated at the next forward
+  kv_cap_ = capacity;
+  kv_len_ = 0;
+}
+
+void MultiheadAttention::stop_kv_cache() {
+  k_cache_ = v_cache_ = Tensor();
+  kv_len_ = -1;
+  kv_cap_ = 0;
+}
+
+Tensor MultiheadAttention::forward_cached(const Tensor& x) {
+  const int64_t n = x.size(1), d = dim_;
+  FSDP_CHECK(x.size(0) == 1, "[MultiheadAttention] a KV cache holds one sequence; got batch {}",
+             x.size(0));
+  FSDP_CHECK(kv_len_ + n <= kv_cap_,
+             "[MultiheadAttention] the KV cache holds {} positions: {} cached + {} new do not fit",
+             kv_cap_, kv_len_, n);
+  Tensor qkv =
+      ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());
+  if (opt_.rope_theta > 0) ops::rope_(qkv, heads_, opt_.rope_theta, false, kv_len_);
+  if (!k_cache_.defined()) {
+    k_cache_ = Tensor::empty({kv_cap_ * d}, qkv.dtype(), qkv.device());
+    v_cache_ = Tensor::empty({kv_cap_ * d}, qkv.dtype(), qkv.device());
+  }
+  // Rows of the packed [n, 3d] qkv: q into its own buffer, k and v after the cached positions.
+  std::vector<ops::Segment> q_rows, k_rows, v_rows;
+  for (int64_t r = 0; r < n; ++r) {
+    q_rows.push_back({r * d, r * 3 * d, d});
+    k_rows.push_back({(kv_len_ + r) * d, r * 3 * d + d, d});
+    v_rows.push_back({(kv_len_ + r) * d, r * 3 * d + 2 * d, d});
+  }
+  Tensor flat = qkv.view({n * 3 * d});
+  Tensor q = Tensor::empty({n * d}, qkv.dtype(), qkv.device());
+  ops::copy_segments(q, flat, q_rows);
+  ops::copy_segments(k_cache_, flat, k_rows);
+  ops::copy_segments(v_cache_, flat, v_rows);
+  const int64_t keys = kv_len_ + n;
+  Tensor out = ops::attention_decode(q.view({n, d}), k_cache_.slice(0, keys * d).view({keys, d}),
+                                     v_cache_.slice(0, keys * d).view({keys, d}), heads_, kv_len_);
+  kv_len_ = keys;
+  return out_proj_->forward(out.view({1, n, d}));
+}
+
 Tensor MultiheadAttention::forward_impl(const Tensor& x) {
   FSDP_CHECK(x.dim() == 3 && x.size(2) == dim_,
              "[MultiheadAttention] input must be [B, T, {}], got {}", dim_, shape_str(x.shape()));
+  if (kv_len_ >= 0) return forward_cached(x);
   x_ = x;
   Tensor qkv =
       ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());

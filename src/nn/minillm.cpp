@@ -1,6 +1,7 @@
 // MiniLLM assembly, presets and validation.
 #include "fsdp/nn/minillm.h"
 
+#include <cstddef>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -119,6 +120,23 @@ MiniLLM::MiniLLM(const MiniLLMConfig& cfg) : Module("MiniLLM"), cfg_(cfg) {
   if (cfg.arch == Arch::llama)
     norm_ = &register_module("norm", std::make_unique<RMSNorm>(cfg.dim, cfg.norm_eps));
   head_ = &register_module("head", std::make_unique<Linear>(cfg.dim, cfg.vocab, false));
+}
+
+void MiniLLM::start_kv_cache(int64_t capacity) {
+  FSDP_CHECK(cfg_.arch == Arch::llama,
+             "[MiniLLM] a KV cache needs causal attention: arch llama, not {}",
+             arch_name(cfg_.arch));
+  for (size_t i = 0; i < layers_->size(); ++i)
+    dynamic_cast<TransformerBlock&>((*layers_)[i]).attn().start_kv_cache(capacity);
+}
+
+void MiniLLM::stop_kv_cache() {
+  for (size_t i = 0; i < layers_->size(); ++i)
+    dynamic_cast<TransformerBlock&>((*layers_)[i]).attn().stop_kv_cache();
+}
+
+int64_t MiniLLM::kv_length() {
+  return layers_->size() ? dynamic_cast<TransformerBlock&>((*layers_)[0]).attn().kv_length() : -1;
 }
 
 Tensor MiniLLM::forward_impl(const Tensor& tokens) {

@@ -37,11 +37,13 @@
   X(Tensor, silu_backward, (const Tensor& dy, const Tensor& x))                                  \
   X(Tensor, swiglu_forward, (const Tensor& g, const Tensor& u))                                  \
   X(TensorPair, swiglu_backward, (const Tensor& dy, const Tensor& g, const Tensor& u))           \
-  X(void, rope_, (const Tensor& qkv, int64_t heads, double theta, bool inverse))                 \
+  X(void, rope_, (const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset)) \
   X(AttentionOut, attention_forward, (const Tensor& qkv, int64_t heads, bool causal))            \
   X(Tensor, attention_backward,                                                                  \
     (const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t heads, \
      bool causal))                                                                               \
+  X(Tensor, attention_decode,                                                                    \
+    (const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads, int64_t past))            \
   X(Tensor, add, (const Tensor& a, const Tensor& b))                                             \
   X(void, add_, (const Tensor& a, const Tensor& b))                                              \
   X(void, sum_squares_into, (const Tensor& x, const Tensor& acc))                                \

@@ -247,13 +247,13 @@ TensorPair swiglu_backward(const Tensor& dy, const Tensor& g, const Tensor& u) {
   return {as_storage(dg, g.dtype()), as_storage(du, g.dtype())};
 }
 
-void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse) {
+void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset) {
   const QkvDims d = dims_of(qkv, heads);
   const DType ct = compute_dtype(qkv.dtype());
   Accum Q(qkv, ct);  // in place; bf16/f16 round-trip through f32
   dispatch_compute(ct, "rope", [&](auto tv) {
     using T = decltype(tv);
-    cpu::rope_qkv<T>(Q.data<T>(), d.B, d.T, d.H, d.hd, theta, inverse);
+    cpu::rope_qkv<T>(Q.data<T>(), d.B, d.T, d.H, d.hd, theta, inverse, offset);
   });
   Q.finish();
 }
@@ -284,6 +284,19 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
                                d.B, d.T, d.H, d.hd, causal);
   });
   return as_storage(dqkv, qkv.dtype());
+}
+
+Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
+                        int64_t past) {
+  const DType ct = compute_dtype(q.dtype());
+  Tensor Q = as_compute(q, ct), K = as_compute(k, ct), V = as_compute(v, ct);
+  Tensor out = Tensor::empty(q.shape(), ct);
+  dispatch_compute(ct, "attention_decode", [&](auto tv) {
+    using T = decltype(tv);
+    cpu::attention_decode<T>(Q.data<T>(), K.data<T>(), V.data<T>(), out.data<T>(), q.size(0), heads,
+                             q.size(1) / heads, past);
+  });
+  return as_storage(out, q.dtype());
 }
 
 Tensor add(const Tensor& a, const Tensor& b) {

@@ -185,11 +185,11 @@ std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& g, con
   return {dg, du};
 }
 
-void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse) {
+void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset) {
   FSDP_CHECK(qkv.is_contiguous(), "[rope] a CUDA qkv must be contiguous");
   const int64_t d = qkv.size(2) / 3;
   kc::rope_qkv(qkv.raw_data(), qkv.dtype(), qkv.size(0), qkv.size(1), heads, d / heads, theta,
-               inverse, dev(qkv), cs(qkv));
+               inverse, offset, dev(qkv), cs(qkv));
 }
 
 AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
@@ -230,6 +230,15 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
                          dqkv.raw_data(), qkv.dtype(), B, T, heads, d / heads, causal, dev(qkv),
                          cs(qkv));
   return dqkv;
+}
+
+Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
+                        int64_t past) {
+  Tensor Q = dense(q), K = dense(k), V = dense(v);
+  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  kc::attention_decode(Q.raw_data(), K.raw_data(), V.raw_data(), out.raw_data(), q.dtype(),
+                       q.size(0), heads, q.size(1) / heads, past, dev(q), cs(q));
+  return out;
 }
 
 Tensor add(const Tensor& a, const Tensor& b) {

@@ -245,13 +245,14 @@ QkvDims qkv_dims(const char* op, const Tensor& qkv, int64_t heads) {
 }
 }  // namespace
 
-void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse) {
+void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset) {
   FSDP_OP_SCOPE(inverse ? "rope_backward" : "rope", qkv, ({&qkv}), 2.0 * double(qkv.numel()),
                 2.0 / 3.0 * double(qkv.nbytes()));
   const QkvDims dims = qkv_dims("rope", qkv, heads);
   FSDP_CHECK(dims.hd % 2 == 0, "[rope] head dim {} must be even", dims.hd);
-  if (on_cuda("rope", {&qkv})) return cuda_impl::rope_(qkv, heads, theta, inverse);
-  return cpu_impl::rope_(qkv, heads, theta, inverse);
+  FSDP_CHECK(offset >= 0, "[rope] position offset must be >= 0, got {}", offset);
+  if (on_cuda("rope", {&qkv})) return cuda_impl::rope_(qkv, heads, theta, inverse, offset);
+  return cpu_impl::rope_(qkv, heads, theta, inverse, offset);
 }
 
 AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
@@ -284,6 +285,28 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
   if (on_cuda("attention_backward", {&dout, &qkv, &out, &lse}))
     return cuda_impl::attention_backward(dout, qkv, out, lse, heads, causal);
   return cpu_impl::attention_backward(dout, qkv, out, lse, heads, causal);
+}
+
+Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
+                        int64_t past) {
+  FSDP_OP_SCOPE("attention_decode", q, ({&q, &k, &v}),
+                q.dim() == 2 ? 4.0 * double(q.numel()) * double(k.size(0)) : 0.0, q.nbytes());
+  FSDP_CHECK(q.dim() == 2 && k.dim() == 2 && v.dim() == 2 && k.shape() == v.shape() &&
+                 q.size(1) == k.size(1),
+             "[attention_decode] q [n, d], k and v [past + n, d]; got {}, {}, {}",
+             shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
+  FSDP_CHECK(past >= 0 && k.size(0) == past + q.size(0),
+             "[attention_decode] k has {} positions but past {} + {} queries", k.size(0), past,
+             q.size(0));
+  FSDP_CHECK(heads > 0 && q.size(1) % heads == 0,
+             "[attention_decode] dim {} is not divisible by "
+             "heads {}",
+             q.size(1), heads);
+  check_same_dtype("attention_decode", q, k, "q", "k");
+  check_same_dtype("attention_decode", q, v, "q", "v");
+  if (on_cuda("attention_decode", {&q, &k, &v}))
+    return cuda_impl::attention_decode(q, k, v, heads, past);
+  return cpu_impl::attention_decode(q, k, v, heads, past);
 }
 
 // ---------------------------------------------------------------- elementwise

@@ -27,6 +27,7 @@
 #include "fsdp/core/allocator.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/text_dataset.h"
+#include "fsdp/data/tokenizer.h"
 #include "fsdp/dist/device_mesh.h"
 #include "fsdp/dist/init.h"
 #include "fsdp/fsdp/fully_shard.h"
@@ -183,6 +184,7 @@ struct Trainer::Impl {
   Device device;
   MixedPrecisionPolicy mp;
   std::shared_ptr<data::TokenSource> src, val;
+  std::optional<data::Tokenizer> tokenizer;
   std::unique_ptr<nn::MiniLLM> model;
   nn::FlatParameters flat;  // shard = none only
   std::vector<nn::ParamGroup> groups;
@@ -224,6 +226,7 @@ struct Trainer::Impl {
     threads = rank_threads(o.threads, dist::world_info().local_size);
     omp_set_num_threads(threads);
     open_data();
+    open_tokenizer();
     const int64_t mem_before = memory_stats(device).current;
     build_model();
     const int64_t persistent_measured = memory_stats(device).current - mem_before;
@@ -240,7 +243,9 @@ struct Trainer::Impl {
                        {"seed", o.seed},
                        {"dtype", std::string(dtype_name(dtype))},
                        {"lr", o.lr},
-                       {"data", o.data}});
+                       {"data", o.data},
+                       {"tokenizer", tokenizer ? tokenizer->describe() : "none"},
+                       {"tokenizer_hash", tokenizer ? tokenizer->hash() : ""}});
     config_json = run_config.dump();
     loader = std::make_unique<data::DataLoader>(src, cfg.batch * size, rank, size, cfg.seq);
     if (o.resume) resume();
@@ -273,6 +278,30 @@ struct Trainer::Impl {
       if (o.eval_every > 0) val = std::make_shared<data::RandomTokenSource>(cfg.vocab, o.seed + 1);
     }
     if (!o.val_data.empty()) val = data::open_token_stream(o.val_data, cfg.vocab, cfg.seq);
+  }
+
+  // The tokenizer of the data: named, found beside .bin shards, or the bytes.
+  void open_tokenizer() {
+    namespace fs = std::filesystem;
+    std::string path = o.tokenizer;
+    if (path == "auto") {
+      path = "bytes";
+      if (!o.data.empty()) {
+        fs::path p(o.data);
+        const fs::path dir = fs::is_directory(p) ? p : p.parent_path();
+        if (fs::exists(dir / "tokenizer.json") && o.data.find(".bin") != std::string::npos)
+          path = (dir / "tokenizer.json").string();
+        else if (fs::is_directory(p) && fs::exists(p / "tokenizer.json"))
+          path = (p / "tokenizer.json").string();
+      }
+    }
+    if (o.tokenizer == "auto" && o.data.empty() && cfg.vocab < 256)
+      return;  // random ids below 256: no text, no tokenizer
+    tokenizer = path == "bytes" ? data::Tokenizer::bytes() : data::Tokenizer::from_file(path);
+    FSDP_CHECK(tokenizer->size() <= cfg.vocab,
+               "[fsdp-train] the tokenizer ({}) has {} ids but the model's vocab is {}; pass "
+               "--vocab {} or more",
+               tokenizer->describe(), tokenizer->size(), cfg.vocab, tokenizer->size());
   }
 
   void build_model() {
@@ -358,6 +387,7 @@ struct Trainer::Impl {
                                  o.weight_decay));
     row("steps / seed", fmt::format("{} / {}", o.steps, o.seed));
     row("data", src->describe());
+    row("tokenizer", tokenizer ? tokenizer->describe() : "none (random ids)");
     row("world size", fmt::format("{} ({}, {})", size, pg->backend(), dist::world_info().launcher));
     row("sharding", o.shard == "none"
                         ? std::string("none (DDP-style baseline)")
@@ -465,8 +495,10 @@ struct Trainer::Impl {
   void save(int64_t step) {
     const auto tc = std::chrono::steady_clock::now();
     if (main()) fmt::print("checkpoint: writing step {} to {} ...\n", step, o.ckpt_dir);
-    checkpoint::save(o.ckpt_dir, step, *root, *opt, config_json, o.keep, pg,
-                     {.data_position = loader->position()});
+    checkpoint::Extras extras;
+    extras.data_position = loader->position();
+    if (tokenizer) extras.files.emplace_back("tokenizer.json", tokenizer->json());
+    checkpoint::save(o.ckpt_dir, step, *root, *opt, config_json, o.keep, pg, extras);
     if (main()) fmt::print("checkpoint: done in {:.2f} s\n", seconds_since(tc));
   }
 
@@ -489,16 +521,17 @@ struct Trainer::Impl {
 
   // Every rank samples in lockstep (sharded forwards are collective); rank 0 prints.
   void print_sample() {
-    std::vector<int32_t> prompt;
-    for (unsigned char ch : o.prompt) prompt.push_back(int32_t(ch) % int32_t(cfg.vocab));
-    std::string text;
-    for (int32_t id : nn::sample(*model, prompt,
-                                 {.tokens = o.sample_tokens,
-                                 .temperature = o.temperature,
-                                 .max_id = 256,
-                                 .seed = o.seed,
-                                 .device = device}))
-      text.push_back((id < 32 && id != '\n') ? ' ' : char(id));
+    const std::vector<int32_t> ids = nn::sample(*model, tokenizer->encode(o.prompt),
+                                                {.tokens = o.sample_tokens,
+                                                 .temperature = o.temperature,
+                                                 .max_id = tokenizer->size(),
+                                                 .seed = o.seed,
+                                                 .device = device,
+                                                 .stop_id = tokenizer->eos_id(),
+                                                 .on_token = nullptr});
+    std::string text = tokenizer->decode(ids);
+    for (char& ch : text)
+      if (static_cast<unsigned char>(ch) < 32 && ch != '\n') ch = ' ';
     if (main()) fmt::print("sample: {}{}\n", o.prompt, text);
   }
 

@@ -19,7 +19,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/dist/process_group.h"
@@ -30,8 +32,11 @@ namespace fsdp::checkpoint {
 
 // What a trainer saves beside the model and the optimizer.
 struct Extras {
-  int64_t data_position = -1;  // the data loader's position; -1: the step
+  int64_t data_position = -1;    // the data loader's position; -1: the step
   std::string user_json = "{}";  // any JSON value of the trainer's own, returned by load
+  // Small files saved whole beside the shards, by rank 0 (name in the checkpoint directory ->
+  // contents), covered by the metadata's checksums: the run's tokenizer.json, for instance.
+  std::vector<std::pair<std::string, std::string>> files;
 };
 
 // Collective over `world`. `config_json` is a JSON object describing the run;
@@ -42,6 +47,10 @@ void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::O
 
 // The newest complete checkpoint directory in `dir`, or "" when there is none.
 std::string latest(const std::string& dir);
+
+// An extra file of a checkpoint (Extras::files), checked against its checksum; nullopt where
+// the checkpoint has none of that name.
+std::optional<std::string> read_extra_file(const std::string& path, const std::string& name);
 
 struct Loaded {
   int64_t step = 0;

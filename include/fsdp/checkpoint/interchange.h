@@ -7,7 +7,11 @@
 //     and k rows are not permuted there;
 //   - GGUF v3 for llama.cpp, whose rotary embedding pairs neighbours: q and k
 //     rows are permuted (the inverse of the permutation Hugging Face applied
-//     to Meta's weights), and the vocab is byte-level, token i = "<0xNN>".
+//     to Meta's weights);
+//   - the tokenizer goes with the weights: tokenizer.json (with its config
+//     files) beside a Hugging Face export, and a "gpt2" vocabulary (GPT-2's
+//     byte-level tokens, the merges, the "gpt-2" pre-tokenizer, no BOS added)
+//     in the GGUF, so llama.cpp tokenizes text as we do.
 #pragma once
 
 #include <string>
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "fsdp/checkpoint/safetensors.h"
+#include "fsdp/data/tokenizer.h"
 #include "fsdp/nn/minillm.h"
 
 namespace fsdp::checkpoint {
@@ -25,17 +30,32 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 // returns the full parameters in named_parameters() order, and the config.
 NamedTensors consolidate(const std::string& ckpt_path, nn::MiniLLMConfig* cfg);
 
+// A Hugging Face LlamaForCausalLM config.json as our config (arch llama). Refuses, naming the
+// field and its value, what the MiniLLM cannot hold (grouped-query attention, biases, rope
+// scaling, another activation). *tied is set from tie_word_embeddings (the head is the embedding).
+nn::MiniLLMConfig config_from_hf_llama(const std::string& config_json, const std::string& where,
+                                       bool* tied = nullptr);
+
 // Our names -> Hugging Face LlamaForCausalLM names (llama architecture).
 NamedTensors to_hf_llama(const nn::MiniLLMConfig& cfg, const NamedTensors& ours);
-std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype);
+std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype,
+                                 const data::Tokenizer& tok = data::Tokenizer::bytes());
+// tokenizer.json, tokenizer_config.json and generation_config.json of a Hugging Face folder
+// (name -> contents), with the tokenizer's BOS and EOS.
+std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const nn::MiniLLMConfig& cfg,
+                                                                    const data::Tokenizer& tok);
 // Our parameter name -> Hugging Face's ("" for the packed in-projection, which splits in three).
 std::string hf_name(const std::string& ours);
 // Parameter `name` from a file in our names or in Hugging Face's.
 Tensor read_param(const SafetensorsIndex& file, const nn::MiniLLMConfig& cfg,
                   const std::string& name);
 
-// Writes a GGUF v3 file for llama.cpp (llama architecture; F32, F16 or BF16 tensors).
+// Writes a GGUF v3 file for llama.cpp (llama architecture; F32, F16 or BF16 tensors) with the
+// tokenizer as a "gpt2" vocabulary of cfg.vocab tokens (ids past the tokenizer's are UNUSED).
+// A vocabulary without merges (the bytes) gets one that can never apply (a letter then a digit,
+// which GPT-2's split keeps apart), since llama.cpp refuses none; one without BOS and EOS gets
+// control tokens for them in unused ids where the model has two to spare.
 void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const NamedTensors& ours,
-                DType dtype);
+                DType dtype, const data::Tokenizer& tok = data::Tokenizer::bytes());
 
 }  // namespace fsdp::checkpoint

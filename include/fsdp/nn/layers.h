@@ -68,9 +68,19 @@ class MultiheadAttention : public Module {
   Tensor forward_impl(const Tensor& x) override;  // x [B, T, dim]
   Tensor backward_impl(const Tensor& dy) override;
 
+  // Generation: between start_kv_cache and stop_kv_cache, forward takes the next positions of
+  // one sequence (B = 1, causal attention only), appends their keys and values to a cache of
+  // `capacity` positions and attends over everything cached. No backward in between.
+  void start_kv_cache(int64_t capacity);
+  void stop_kv_cache();
+  int64_t kv_length() const { return kv_len_; }  // cached positions; -1 when off
+
  private:
+  Tensor forward_cached(const Tensor& x);
   int64_t dim_, heads_;
   AttentionOptions opt_;
+  Tensor k_cache_, v_cache_;
+  int64_t kv_len_ = -1, kv_cap_ = 0;
   Parameter* in_proj_weight_;
   Parameter* in_proj_bias_ = nullptr;
   Linear* out_proj_;
@@ -99,6 +109,7 @@ class TransformerBlock : public Module {
                    AttentionOptions attn, std::optional<double> norm_eps);
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
+  MultiheadAttention& attn() { return *attn_; }
 
  private:
   RMSNorm* norm1_;

@@ -56,6 +56,12 @@ class MiniLLM : public Module {
   Tensor backward_impl(const Tensor& dlogits) override;
   const MiniLLMConfig& config() const { return cfg_; }
   ModuleList& layers() { return *layers_; }
+  // Generation with a KV cache of `capacity` positions in every block (arch llama): after
+  // start_kv_cache, each forward takes the next ids of one sequence [1, n] and returns their
+  // logits, computing only the new positions. kv_length() is -1 when off.
+  void start_kv_cache(int64_t capacity);
+  void stop_kv_cache();
+  int64_t kv_length();
 
  private:
   MiniLLMConfig cfg_;

@@ -50,7 +50,7 @@ std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, 
 
 // Rotary embedding, in place, on the q and k parts of a packed qkv [B, T, 3d].
 // inverse = true is the backward (the transpose rotation).
-void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse);
+void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset = 0);
 
 // Scaled dot-product attention over a packed qkv [B, T, 3d] -> [B, T, d].
 struct AttentionOut {
@@ -59,6 +59,12 @@ struct AttentionOut {
 AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal);
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, int64_t heads, bool causal);
+
+// One step of generation over a KV cache: q [n, d] holds the queries of positions past .. past+n-1
+// (rotary already applied), k and v [past+n, d] every key and value so far (these included); each
+// query attends causally. Returns [n, d] in q's dtype. Inference only: there is no backward.
+Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
+                        int64_t past);
 
 Tensor add(const Tensor& a, const Tensor& b);
 void add_(const Tensor& a, const Tensor& b);  // a += b

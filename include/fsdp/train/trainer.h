@@ -49,6 +49,9 @@ struct TrainOptions {
   std::string param_dtype, reduce_dtype;
   // data
   std::string data;  // empty: random tokens
+  // auto: the tokenizer.json beside .bin shards, else bytes; or a tokenizer.json; or bytes.
+  // Saved in every checkpoint (tokenizer.json), where fsdp-export and fsdp-generate find it.
+  std::string tokenizer = "auto";
   bool shuffle = false;
   std::string val_data;
   double val_fraction = 0.1;
