@@ -251,6 +251,7 @@ int main(int argc, char** argv) {
                     }},
                &st);
     std::fputc('\n', stdout);
+    std::fflush(stdout);
     const double decode_rate = double(st.new_tokens) / std::max(st.decode_seconds, 1e-9);
     if (no_cache)
       fmt::print(stderr, "generate: {} new tokens in {:.2f} s ({:.1f} tokens/s), no KV cache\n",

@@ -375,6 +375,11 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
         content == "<|begin_of_text|>")
       t->bos = id;
   }
+  // The byte vocabulary written out (Tokenizer::bytes().json()) reads back as the bytes.
+  bool is_byte_vocab = t->tokens.size() == 256 && t->merge_list.empty() && t->added.empty();
+  for (size_t b = 0; is_byte_vocab && b < 256; ++b)
+    is_byte_vocab = t->tokens[b] == byte_to_unicode(uint8_t(b));
+  t->bytes = is_byte_vocab && !t->add_prefix_space;
   if (!t->bos && t->eos && t->tokens[size_t(*t->eos)] == "<|endoftext|>")
     t->bos = t->eos;  // GPT-2's convention: one token begins and ends a text
   return Tokenizer(std::shared_ptr<const Impl>(std::move(t)));
