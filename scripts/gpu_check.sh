@@ -21,7 +21,9 @@
 #    exposed communication reported; a checkpoint saved at 2 CUDA ranks must
 #    resume at 1 (CPU and CUDA); and two NCCL ranks on one GPU must be refused
 #    with a clear message, not a hang;
-# 7. writes OUT_DIR/summary.md (commit it as bench/results/gpu-<date>.md) and
+# 7. generation on CUDA: fsdp-generate's logits of a prompt on CUDA (f32) against the CPU's,
+#    greedy text with and without the KV cache, and decode tokens/s in bf16;
+# 8. writes OUT_DIR/summary.md (commit it as bench/results/gpu-<date>.md) and
 #    the logs. A stage that would pass the deadline (FSDP_GPU_CHECK_BUDGET_S,
 #    450 s) is skipped and named in the summary.
 # Packages missing there come from .debs/ (scripts/gpu-debs.sh stages the
@@ -64,7 +66,7 @@ fe_dir=$PWD/.debs/cudnn-frontend/include
 log "cuDNN: ${cudnn_root:-/usr/local/cuda}; cudnn-frontend: $fe_dir"
 
 build=build-gpu
-targets=(cuda_test ops_test fsdp-train fsdp-bench-gpu fsdp-bench-kernels)  # MPI and Gloo when found
+targets=(cuda_test ops_test fsdp-train fsdp-generate fsdp-bench-gpu fsdp-bench-kernels)  # MPI and Gloo when found
 log "configure + build (sm_90): ${targets[*]}"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DFSDP_CUDNN=ON ${cudnn_root:+-DFSDP_CUDNN_ROOT="$cudnn_root"} -DFSDP_CUDNN_FRONTEND_DIR="$fe_dir" \
@@ -159,6 +161,39 @@ if have_time 30 "NCCL one-rank-per-GPU refusal"; then
   log "nccl refusal: $refusal"
 fi
 
+generation="not run"
+if have_time 40 "generation on CUDA"; then
+  log "fsdp-generate on CUDA: logits against the CPU, the KV cache, decode tokens/s"
+  gen=("$build/examples/fsdp-generate" --ckpt "$out/gen_ck")
+  timeout 60 "$build/examples/fsdp-train" --device cuda --preset tiny --arch llama --vocab 256 --steps 2 \
+    --ckpt-dir "$out/gen_ck" --ckpt-every 2 > "$out/gen_train.log" 2>&1
+  for dev in cpu cuda; do
+    timeout 60 "${gen[@]}" --device $dev --prompt "The license" --print-logits > "$out/logits_$dev.json" 2>> "$out/gen.log"
+  done
+  for c in "" --no-kv-cache; do
+    timeout 60 "${gen[@]}" --device cuda --prompt "The " --tokens 64 --temperature 0 --ignore-eos $c \
+      > "$out/greedy$c.txt" 2>> "$out/gen.log"
+  done
+  timeout 60 "${gen[@]}" --device cuda --dtype bf16 --prompt "The " --tokens 256 --ignore-eos \
+    > /dev/null 2>> "$out/gen.log"
+  generation=$(python3 - "$out" << 'PY'
+import json, sys
+out = sys.argv[1]
+try:
+    a, b = (json.load(open(f"{out}/logits_{d}.json")) for d in ("cpu", "cuda"))
+    diff = max(abs(x - y) for ra, rb in zip(a["logits"], b["logits"]) for x, y in zip(ra, rb))
+    same = open(f"{out}/greedy.txt").read() == open(f"{out}/greedy--no-kv-cache.txt").read()
+    ok = a["ids"] == b["ids"] and diff <= 1e-3 and same
+    print(f"{'PASS' if ok else 'FAIL'}: CUDA logits vs CPU max |diff| {diff:.2e} (goal 1e-3); "
+          f"greedy text with and without the KV cache {'equal' if same else 'DIFFERENT'}")
+except Exception as e:
+    print(f"FAIL: {e!r}")
+PY
+)
+  generation="$generation; bf16 decode: $(grep -oE '[0-9.]+ new tokens in [0-9.]+ s \([0-9.]+ tokens/s\)' "$out/gen.log" | tail -1)"
+  log "generation: $generation"
+fi
+
 if have_time 90 "llama side by side"; then
   log "fsdp-train --preset seed --arch llama and its PyTorch reference"
   timeout 120 "${train[@]}" --preset seed --arch llama > "$out/fsdp_train_llama.log" 2>&1
@@ -235,6 +270,10 @@ attn_ratio() {  # ours (the op: fwd + bwd) / PyTorch's, for causal=0 or 1
   echo "- losses against 1 rank (goal 1e-5): ${multi}"
   echo "- two NCCL ranks on one GPU: ${refusal}"
   echo "- checkpoints of CUDA shards: ${ckpt}"
+  echo
+  echo "## Generation on CUDA (fsdp-generate, tiny llama)"
+  echo
+  echo "- ${generation}"
   echo
   echo "## Each op of the step against its floor (fsdp-bench-kernels)"
   echo
