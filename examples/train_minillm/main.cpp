@@ -140,6 +140,7 @@ int main(int argc, char** argv) {
         device.is_cpu() || fsdp::cuda_available(),
         "[fsdp-train] --device {}: no CUDA device is visible (or fsdp.cpp was built without CUDA)",
         device_name);
+    fsdp::train::install_stop_handlers();  // SIGTERM/SIGINT: checkpoint after this step, exit 0
     {
       fsdp::train::Trainer trainer(
           o, fsdp::dist::init_process_group({.device = device, .backend = backend}));

@@ -231,7 +231,8 @@ std::optional<std::string> read_extra_file(const std::string& path, const std::s
   return std::string((std::istreambuf_iterator<char>(f)), {});
 }
 
-Loaded load(const std::string& path, FSDPModule& root, optim::Optimizer& opt,
+namespace {
+Loaded load_unchecked(const std::string& path, FSDPModule& root, optim::Optimizer& opt,
             const std::string& config_json, const std::vector<std::string>& model_keys) {
   const fs::path dir(path);
   const fs::path mp = dir / "metadata.json";
@@ -308,6 +309,17 @@ Loaded load(const std::string& path, FSDPModule& root, optim::Optimizer& opt,
   const int64_t step = meta["step"].get<int64_t>();
   return {step, meta["config"].dump(), meta.value("data_position", step),
           meta.value("user", json::object()).dump()};
+}
+}  // namespace
+
+Loaded load(const std::string& path, FSDPModule& root, optim::Optimizer& opt,
+            const std::string& config_json, const std::vector<std::string>& model_keys) {
+  try {
+    return load_unchecked(path, root, opt, config_json, model_keys);
+  } catch (const json::exception& e) {  // valid JSON of the wrong shape: name the file
+    FSDP_FAIL("[checkpoint] {}/metadata.json does not hold a checkpoint's fields: {}", path,
+              e.what());
+  }
 }
 
 }  // namespace fsdp::checkpoint

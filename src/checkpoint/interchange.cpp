@@ -48,7 +48,8 @@ std::string hf_name(const std::string& ours) {
   return ours;
 }
 
-NamedTensors consolidate(const std::string& ckpt_path, nn::MiniLLMConfig* cfg_out) {
+namespace {
+NamedTensors consolidate_unchecked(const std::string& ckpt_path, nn::MiniLLMConfig* cfg_out) {
   namespace fs = std::filesystem;
   const fs::path dir(ckpt_path);
   json meta;
@@ -86,6 +87,16 @@ NamedTensors consolidate(const std::string& ckpt_path, nn::MiniLLMConfig* cfg_ou
     out.emplace_back(name, full);
   }
   return out;
+}
+}  // namespace
+
+NamedTensors consolidate(const std::string& ckpt_path, nn::MiniLLMConfig* cfg_out) {
+  try {
+    return consolidate_unchecked(ckpt_path, cfg_out);
+  } catch (const json::exception& e) {  // valid JSON of the wrong shape: name the file
+    FSDP_FAIL("[checkpoint] {}/metadata.json does not hold a checkpoint's fields: {}", ckpt_path,
+              e.what());
+  }
 }
 
 NamedTensors to_hf_llama(const nn::MiniLLMConfig& cfg, const NamedTensors& ours) {

@@ -17,6 +17,9 @@ const std::vector<EnvKnob>& env_knobs() {
        "port of our rendezvous store (default MASTER_PORT; MASTER_PORT+1 when torchrun's agent "
        "serves its own store there)"},
       {"FSDP_STORE_TIMEOUT_S", "300", "seconds the rendezvous store waits for ranks and keys"},
+      {"FSDP_RUN_ID", "",
+       "the job's rendezvous id (fsdprun sets one per launch; torchrun's TORCHELASTIC_RUN_ID is "
+       "used when this is empty): a rank of another run at the same store is refused by name"},
       {"FSDP_COLLECTIVE_TIMEOUT_S", "600",
        "seconds Work::wait() waits before calling a collective stuck"},
       {"FSDP_DIST_CHECK", "1",

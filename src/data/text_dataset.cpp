@@ -173,7 +173,10 @@ std::unique_ptr<TokenStream> open_token_stream(const std::string& spec, int64_t 
   std::error_code ec;
   const bool shards = std::filesystem::is_directory(spec, ec) ||
                       spec.find_first_of("*?[") != std::string::npos ||
-                      (std::filesystem::is_regular_file(spec, ec) && has_shard_magic(spec));
+                      (std::filesystem::is_regular_file(spec, ec) &&
+                       (has_shard_magic(spec) || std::filesystem::path(spec).extension() == ".bin"));
+  // A .bin file is an llm.c shard by its name: one with a bad magic is refused (BinShardSource
+  // names it), never read as bytes.
   if (shards) return std::make_unique<BinShardSource>(spec, vocab, seq);
   return std::make_unique<ByteTextSource>(spec, vocab, seq);
 }

@@ -21,6 +21,7 @@
 
 #include "fsdp/dist/process_group.h"
 #include "src/dist/backend.h"
+#include "src/dist/watchdog.h"
 
 namespace fsdp::dist {
 
@@ -63,6 +64,7 @@ class CpuProcessGroup final : public ProcessGroup {
   std::unique_ptr<Backend> be_;
   Device device_;
   std::unique_ptr<CpuStream> stream_;
+  std::shared_ptr<watchdog::Counter> counter_;  // its collectives, numbered, on the progress board
   bool check_;
   bool device_stand_in_ = false;
   int split_seq_ = 0;

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <charconv>
 #include <compare>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -20,6 +22,7 @@
 #include "src/dist/cpu_group.h"
 #include "src/dist/device_host_group.h"
 #include "src/dist/nccl/nccl_group.h"
+#include "src/dist/watchdog.h"
 
 namespace fsdp::dist {
 
@@ -28,9 +31,44 @@ namespace {
 struct World {
   std::shared_ptr<ProcessGroup> group;
   std::shared_ptr<TCPStore> store;
+  std::shared_ptr<TCPStore> board_store;  // mpirun: rank 0 serves one for the progress board
   WorldInfo info;
   bool mpi = false;
 };
+// Under mpirun there is no launcher store: rank 0 serves one on a free port for the progress
+// board and tells the others where over the world group. The board is advice, so a store that
+// cannot be made leaves the job without one rather than failing it.
+std::shared_ptr<TCPStore> serve_board_store(ProcessGroup& world, const WorldInfo& info,
+                                            std::chrono::milliseconds timeout) {
+  std::shared_ptr<TCPStore> store;
+  Tensor where = Tensor::zeros({256}, DType::i32);
+  try {
+    if (info.rank == 0) {
+      char host[200] = "127.0.0.1";  // every rank on this machine: loopback
+      if (info.local_size != info.size && ::gethostname(host, sizeof(host) - 1) != 0)
+        std::strcpy(host, "127.0.0.1");
+      store = std::make_shared<TCPStore>(host, 0, true, timeout);
+      const std::string address = store->address();
+      for (size_t i = 0; i < address.size() && i < 255; ++i)
+        where.data<int32_t>()[i] = int32_t(static_cast<unsigned char>(address[i]));
+    }
+  } catch (const std::exception&) {
+    store.reset();  // rank 0 sends an empty address: no board
+  }
+  world.broadcast(where, 0)->wait();
+  std::string address;
+  for (int i = 0; i < 256 && where.data<int32_t>()[i] != 0; ++i)
+    address.push_back(char(where.data<int32_t>()[i]));
+  if (info.rank == 0 || address.empty()) return store;
+  try {
+    const size_t colon = address.rfind(':');
+    return std::make_shared<TCPStore>(address.substr(0, colon),
+                                      std::stoi(address.substr(colon + 1)), false, timeout);
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
 World& the_world() {
   static World w;
   return w;
@@ -72,7 +110,29 @@ std::string gloo_hostname(const std::string& master) {
 
 // Rank 0 checks that every rank arrived with the same WORLD_SIZE, then
 // publishes "ok" or the error, so that every rank fails with the same words.
+// The job's run id: a rank of another job that reaches this store (two launches on one port)
+// is refused by name before it touches the rendezvous.
+std::string run_id() {
+  std::string id = env_str("FSDP_RUN_ID");
+  if (id.empty()) {
+    const char* t = std::getenv("TORCHELASTIC_RUN_ID");
+    id = t && *t ? t : "none";
+  }
+  return id;
+}
+
 void rendezvous(TCPStore& store, int rank, int size) {
+  const std::string id = run_id();
+  if (rank == 0) {
+    store.set("rdzv/run_id", id);  // first: every other rank reads it before anything else
+  } else {
+    const std::string theirs = store.get_string("rdzv/run_id");
+    FSDP_CHECK(theirs == id,
+               "[init_process_group] the store at {} belongs to run '{}' but this rank (rank {}) "
+               "is of run '{}': another job is using this MASTER_PORT; give each job its own "
+               "port (fsdprun or torchrun --master-port), or the same --rdzv-id to join one",
+               store.address(), theirs, rank, id);
+  }
   store.set(fmt::format("rdzv/world_size/{}", rank), std::to_string(size));
   const auto timeout = store.timeout();
   if (rank == 0) {
@@ -184,6 +244,11 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
 
   const auto store_timeout =
       std::chrono::milliseconds(int64_t(env_double("FSDP_STORE_TIMEOUT_S") * 1000.0));
+  // A peer that goes away mid-send must be an error on this rank, not a SIGPIPE that kills it
+  // (the store sends with MSG_NOSIGNAL; Gloo's and MPI's sockets may not).
+  struct sigaction pipe_action {};
+  if (sigaction(SIGPIPE, nullptr, &pipe_action) == 0 && pipe_action.sa_handler == SIG_DFL)
+    std::signal(SIGPIPE, SIG_IGN);
   if (info.launcher == "torchrun" && backend != "mpi") {
     const char* addr = getenv_or_null("MASTER_ADDR");
     FSDP_CHECK(addr, "[init_process_group] MASTER_ADDR is not set (torchrun-style launch)");
@@ -251,6 +316,11 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
   }
   w.group->set_label("world");
   w.info = info;
+  if (info.size > 1) {
+    if (!w.store && w.mpi)
+      w.board_store = serve_board_store(*w.group, info, std::chrono::seconds(10));
+    watchdog::start_board(w.store ? w.store : w.board_store, info.rank, info.size);
+  }
   return w.group;
 }
 
@@ -272,10 +342,12 @@ void destroy_process_group() {
   std::lock_guard<std::mutex> lock(init_mu);
   World& w = the_world();
   if (!w.group) return;
+  watchdog::stop_board();
   w.group->barrier()
       ->wait();  // rank 0 serves the store: nobody leaves while others may still need it
   w.group.reset();
   w.store.reset();
+  w.board_store.reset();
   if (w.mpi) mpi_finalize();
   w = World{};
 }

@@ -4,8 +4,10 @@
 #include "fsdp/dist/process_group.h"
 
 #include <algorithm>
+#include <atomic>
 #include <compare>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -16,6 +18,7 @@
 
 #include "fsdp/core/env.h"
 #include "fsdp/core/trace.h"
+#include "fsdp/dist/init.h"
 #include "src/core/dispatch.h"
 #include "src/dist/backend.h"
 #include "src/dist/cpu_group.h"
@@ -32,15 +35,33 @@ namespace {
 
 class CpuWork final : public Work {
  public:
-  CpuWork(std::shared_ptr<Event> ev, std::string what)
-      : ev_(std::move(ev)), what_(std::move(what)) {}
-  void wait() override { ev_->wait(collective_timeout(), what_); }
+  CpuWork(std::shared_ptr<Event> ev, std::string what, std::string group, int64_t seq)
+      : ev_(std::move(ev)), what_(std::move(what)), group_(std::move(group)), seq_(seq) {}
+  // A time-out is fatal to the group: its communication thread is stuck inside the engine, so
+  // it is abandoned (never joined) and the error names the late ranks the board knows of.
+  void wait() override {
+    try {
+      ev_->wait(collective_timeout(), what_);
+    } catch (const Error& e) {
+      // Timed out here, or failed in the engine (Gloo's own time-out): either way, say which
+      // ranks the progress board shows behind.
+      const bool timed_out = !ev_->query();
+      const std::string late = watchdog::describe_late_ranks(group_, seq_);
+      const std::string msg =
+          late.empty() ? std::string(e.what()) : fmt::format("{}; {}", e.what(), late);
+      if (timed_out) watchdog::abandon(msg);
+      throw Error(msg);
+    }
+  }
   bool is_completed() const override { return ev_->query(); }
 
  private:
   std::shared_ptr<Event> ev_;
-  std::string what_;
+  std::string what_, group_;
+  int64_t seq_;
 };
+
+std::atomic<int> g_groups{0};  // groups made in this process: the same order on every rank
 
 // ---------------------------------------------------------------- local backend
 
@@ -110,9 +131,17 @@ CpuProcessGroup::CpuProcessGroup(std::unique_ptr<Backend> backend, Device tensor
       device_(tensor_device),
       stream_(std::make_unique<CpuStream>(
           fmt::format("{} comm (rank {} of {})", be_->name(), be_->rank(), be_->size()))),
+      counter_(watchdog::register_group(fmt::format("group{}", g_groups++))),
       check_(env_str("FSDP_DIST_CHECK") != "0") {}
 
-CpuProcessGroup::~CpuProcessGroup() { stream_.reset(); }  // drain the queue before the backend goes
+CpuProcessGroup::~CpuProcessGroup() {
+  if (watchdog::abandoned()) {  // its thread may be stuck in the engine: end the job instead
+    std::fprintf(stderr, "fsdp: error (rank %d): %s; ending the job\n", be_->rank(),
+                 watchdog::abandon_error().c_str());
+    abort_process(1);
+  }
+  stream_.reset();  // drain the queue before the backend goes
+}
 
 int CpuProcessGroup::rank() const { return be_->rank(); }
 int CpuProcessGroup::size() const { return be_->size(); }
@@ -125,11 +154,20 @@ void CpuProcessGroup::set_label(const std::string& label) {
   const std::string name =
       fmt::format("{} {} (rank {} of {})", be_->name(), label, be_->rank(), be_->size());
   stream_->enqueue([name] { trace::set_thread_name(name); });
+  watchdog::relabel(*counter_, label);
 }
 
 std::shared_ptr<Work> CpuProcessGroup::submit(const std::string& what, double bytes,
                                               std::function<void()> fn) {
-  auto task = [this, what, bytes, fn = std::move(fn)] {
+  const int64_t seq = ++counter_->issued;
+  auto counter = counter_;
+  const std::string desc = fmt::format("{} (collective #{} of {}, rank {})", what, seq,
+                                       watchdog::label_of(*counter_), be_->rank());
+  auto task = [this, what, desc, bytes, counter, fn = std::move(fn)] {
+    struct Done {  // counted however the collective ends
+      watchdog::Counter& c;
+      ~Done() { ++c.done; }
+    } done{*counter};
     const std::string label = be_->name() + ":" + what;
     trace::Scope prof(label.c_str(), trace::Kind::collective);
     if (prof.on()) {
@@ -142,11 +180,11 @@ std::shared_ptr<Work> CpuProcessGroup::submit(const std::string& what, double by
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw Error(
-          fmt::format("[{}] {} failed on rank {}: {}", be_->name(), what, be_->rank(), e.what()));
+      throw Error(fmt::format("[{}] {} failed: {}", be_->name(), desc, e.what()));
     }
   };
-  return std::make_shared<CpuWork>(stream_->enqueue(std::move(task)), what);
+  return std::make_shared<CpuWork>(stream_->enqueue(std::move(task)), desc,
+                                   watchdog::label_of(*counter_), seq);
 }
 
 void CpuProcessGroup::check_tensor(const char* op, const Tensor& t, const char* what) const {

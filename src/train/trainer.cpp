@@ -5,11 +5,17 @@
 #include <fmt/core.h>
 #include <omp.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <compare>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +23,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -126,7 +133,46 @@ class ProfileWindow {
   std::unique_ptr<profiler::Profiler> prof_;
 };
 
+// An output folder this run will write: created, and a file written and removed in it now,
+// so a folder that cannot be written is refused at the start, naming the system's reason, not
+// at the first save N steps in.
+void check_writable_dir(const std::string& dir, const char* flag, int rank) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  FSDP_CHECK(!ec, "[fsdp-train] {} '{}' cannot be created: {}", flag, dir, ec.message());
+  const fs::path probe = fs::path(dir) / fmt::format(".fsdp_write_test_rank{}", rank);
+  {
+    std::ofstream f(probe);
+    const int err = errno;
+    FSDP_CHECK(f.good(), "[fsdp-train] {} '{}' cannot be written: {}", flag, dir,
+               std::strerror(err));
+  }
+  fs::remove(probe, ec);
+}
+
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signal.exchange(sig) != 0) {  // the second one: leave now
+    const char msg[] = "fsdp-train: second stop signal: exiting without a checkpoint\n";
+    (void)!write(2, msg, sizeof(msg) - 1);
+    _exit(128 + sig);
+  }
+}
+
 }  // namespace
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+int stop_signal() { return g_stop_signal.load(); }
 
 nn::MiniLLMConfig TrainOptions::model_config() const {
   nn::MiniLLMConfig cfg = nn::MiniLLMConfig::preset(preset);
@@ -172,6 +218,23 @@ void TrainOptions::validate() const {
   FSDP_CHECK(!resume || !ckpt_dir.empty(), "[fsdp-train] --resume needs --ckpt-dir");
   FSDP_CHECK(shard == "full" || (ckpt_dir.empty() && !wd_2d_only),
              "[fsdp-train] checkpoints and --wd-2d-only need --shard full");
+  // AdamW's hyper-parameters: a zero eps divides by zero on the first step.
+  FSDP_CHECK(eps > 0 && std::isfinite(eps), "[fsdp-train] --eps must be > 0, got {}", eps);
+  FSDP_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1,
+             "[fsdp-train] --beta1 and --beta2 must be in [0, 1), got {} and {}", beta1, beta2);
+  FSDP_CHECK(weight_decay >= 0 && std::isfinite(weight_decay),
+             "[fsdp-train] --weight-decay must be >= 0, got {}", weight_decay);
+  FSDP_CHECK(min_lr <= lr, "[fsdp-train] --min-lr {} is above --lr {}: the schedule would rise",
+             min_lr, lr);
+  FSDP_CHECK(decay_steps >= 0, "[fsdp-train] --decay-steps must be >= 0 (0 = --steps), got {}",
+             decay_steps);
+  FSDP_CHECK(eval_batches >= 1, "[fsdp-train] --eval-batches must be >= 1, got {}", eval_batches);
+  FSDP_CHECK(val_fraction > 0 && val_fraction < 1,
+             "[fsdp-train] --val-fraction must be in (0, 1), got {}", val_fraction);
+  FSDP_CHECK(sample_tokens >= 0, "[fsdp-train] --sample-tokens must be >= 0, got {}",
+             sample_tokens);
+  FSDP_CHECK(temperature >= 0 && std::isfinite(temperature),
+             "[fsdp-train] --temperature must be >= 0 (0 = greedy), got {}", temperature);
 }
 
 struct Trainer::Impl {
@@ -194,7 +257,7 @@ struct Trainer::Impl {
   std::unique_ptr<data::DataLoader> loader;
   double peak = 0;  // FLOP/s, all ranks: the MFU denominator
   std::string config_json;
-  int64_t start_step = 0;
+  int64_t start_step = 0, steps_done = 0;
   std::ofstream log;
   // Communication: seconds in collectives on their threads, and seconds the
   // compute thread waited for them (exposed), summed over the timed steps.
@@ -206,6 +269,8 @@ struct Trainer::Impl {
       : o(options), cfg(options.model_config()), pg(std::move(group)) {
     o.validate();
     rank = pg->rank();
+    if (!o.ckpt_dir.empty()) check_writable_dir(o.ckpt_dir, "--ckpt-dir", pg->rank());
+    if (!o.profile_steps.empty()) check_writable_dir(o.profile_dir, "--profile-dir", pg->rank());
     size = pg->size();
     device = pg->device();
     dtype = parse_dtype(o.dtype);
@@ -239,6 +304,7 @@ struct Trainer::Impl {
     // The run's config, saved in checkpoints; its model keys must match on resume.
     nlohmann::json run_config = nlohmann::json::parse(cfg.to_json());
     run_config.update({{"batch", cfg.batch},
+                       {"seq", cfg.seq},
                        {"world_size", size},
                        {"seed", o.seed},
                        {"dtype", std::string(dtype_name(dtype))},
@@ -251,7 +317,9 @@ struct Trainer::Impl {
     if (o.resume) resume();
     if (main() && !o.log_file.empty()) {
       log.open(o.log_file, start_step > 0 ? std::ios::app : std::ios::trunc);
-      FSDP_CHECK(log.good(), "[fsdp-train] cannot write --log-file '{}'", o.log_file);
+      const int err = errno;
+      FSDP_CHECK(log.good(), "[fsdp-train] cannot write --log-file '{}': {}", o.log_file,
+                 std::strerror(err));
     }
   }
 
@@ -402,18 +470,69 @@ struct Trainer::Impl {
     fmt::print("+{:-<24}+{:-<46}+\n", "", "");
   }
 
+  // Loads exactly the newest complete checkpoint, or refuses naming the file and the field:
+  // an incomplete newer one is skipped aloud; step_* folders with none complete are never
+  // started over; every rank must load its shards before any says so; the run's data fields
+  // (seq, data, tokenizer) must match the checkpoint's.
   void resume() {
+    namespace fs = std::filesystem;
     const std::string path = checkpoint::latest(o.ckpt_dir);
+    std::vector<std::string> incomplete;
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(o.ckpt_dir, ec))
+      if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0 &&
+          !fs::exists(e.path() / "metadata.json") &&
+          (path.empty() || e.path().filename().string() > fs::path(path).filename().string()))
+        incomplete.push_back(e.path().string());
+    std::sort(incomplete.begin(), incomplete.end());
     if (path.empty()) {
+      FSDP_CHECK(incomplete.empty(),
+                 "[fsdp-train] --resume: {} holds {} checkpoint folder(s) ({}...) but none is "
+                 "complete (no metadata.json); refusing to start over them at step 0: remove "
+                 "them or choose another --ckpt-dir",
+                 o.ckpt_dir, incomplete.size(), incomplete.front());
       if (main()) fmt::print("resume: no checkpoint in {} yet; starting at step 0\n", o.ckpt_dir);
       return;
     }
+    if (main())
+      for (const std::string& d : incomplete)
+        fmt::print(stderr,
+                   "resume: skipping {}: no metadata.json (an unfinished or damaged checkpoint)\n",
+                   d);
     const std::vector<std::string> model_keys = {"arch",  "vocab",      "dim",  "layers",
                                                  "heads", "ffn_hidden", "dtype"};
-    auto loaded = checkpoint::load(path, *root, *opt, config_json, model_keys);
+    std::string error;
+    checkpoint::Loaded loaded;
+    try {
+      loaded = checkpoint::load(path, *root, *opt, config_json, model_keys);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    Tensor failed = Tensor::full({1}, error.empty() ? 0.0 : 1.0, DType::f32).to(device);
+    pg->all_reduce(failed, dist::ReduceOp::SUM)->wait();
+    if (!error.empty()) throw Error(error);
+    FSDP_CHECK(failed.item() == 0,
+               "[fsdp-train] --resume: {} other rank(s) could not load {} (their errors name the "
+               "problem)",
+               failed.item(), path);
+    const nlohmann::json saved = nlohmann::json::parse(loaded.config_json);
+    const nlohmann::json now = nlohmann::json::parse(config_json);
+    for (const char* key : {"seq", "data", "tokenizer_hash"})
+      if (saved.contains(key))  // (checkpoints older than the field do not hold it)
+        FSDP_CHECK(saved[key] == now.value(key, nlohmann::json()),
+                   "[fsdp-train] --resume: {} was saved with {} {} but this run has {} {}: resume "
+                   "with the same data, sequence length and tokenizer, or start a new --ckpt-dir",
+                   path, key, saved[key].dump(), key, now.value(key, nlohmann::json()).dump());
     start_step = loaded.step;
     loader->set_position(loaded.data_position);
-    if (main()) fmt::print("resume: loaded {} (step {})\n", path, start_step);
+    if (main()) {
+      fmt::print("resume: loaded {} (step {})\n", path, start_step);
+      if (start_step >= o.steps)
+        fmt::print(stderr,
+                   "resume: the checkpoint is at step {} and --steps is {}: nothing left to "
+                   "train; pass a larger --steps\n",
+                   start_step, o.steps);
+    }
   }
 
   std::pair<double, double> comm_now() const {
@@ -451,25 +570,32 @@ struct Trainer::Impl {
     const auto [comm1, exposed1] = comm_now();
     const optim::GradNorm norm =
         optim::clip_grad_norm_async(groups, o.clip, root ? root->shard_group() : nullptr);
-    opt->step();
-    // The step's one host sync: the loss and the grad norm, read after the optimizer's launches.
+    // The step's one host sync: the loss and the grad norm, read and agreed over the ranks
+    // before the optimizer may apply a non-finite update (the grad norm is already all-reduced;
+    // the printed loss is the mean over ranks; peak mem is the largest rank's).
     double loss = 0;
     for (const Tensor& l : micro_losses) loss += l.item() / double(o.grad_accum);
     const double grad_norm = norm.value();
-    const double dt = seconds_since(t0);
-    // The printed loss is the mean over all ranks; peak mem is the largest rank's.
     profiler::StepMetrics m =
         profiler::gather_step_metrics(*pg, device,
                                       {.step = step,
                                        .loss = loss,
                                        .grad_norm = grad_norm,
                                        .lr = opt->lr(),
-                                       .step_seconds = dt,
+                                       .step_seconds = 1.0,
                                        .tokens = cfg.batch * size * cfg.seq * o.grad_accum,
                                        .flops_per_token = cfg.flops_per_token(),
                                        .peak_flops = peak});
-    FSDP_CHECK(std::isfinite(m.loss), "[fsdp-train] loss became {} at step {}; lower --lr", m.loss,
-               step);
+    FSDP_CHECK(std::isfinite(m.loss) && std::isfinite(m.grad_norm),
+               "[fsdp-train] step {}: loss {} and grad norm {} before the optimizer step; the "
+               "weights were not updated and no checkpoint was written after the last good step. "
+               "Lower --lr ({}) or set --grad-clip, and check the data",
+               step, m.loss, m.grad_norm, opt->lr());
+    opt->step();
+    const double dt = seconds_since(t0);
+    m.step_seconds = dt;
+    m.tokens_per_s /= dt;  // gathered with a 1 s step
+    m.mfu /= dt;
     if (step > start_step || o.steps == start_step + 1) {  // the first step warms up
       comm_total += comm1 - comm0;
       exposed_total += (exposed1 - exposed0) + (ddp_wait - ddp_wait0);
@@ -535,8 +661,17 @@ struct Trainer::Impl {
     if (main()) fmt::print("sample: {}{}\n", o.prompt, text);
   }
 
+  // Whether any rank was asked to stop (a signal reaches the ranks at different moments): one
+  // small all-reduce per step, so all of them stop after the same step.
+  bool agreed_stop() {
+    Tensor flag = Tensor::full({1}, stop_signal() != 0 ? 1.0 : 0.0, DType::f32).to(device);
+    pg->all_reduce(flag, dist::ReduceOp::SUM)->wait();
+    return flag.item() > 0;
+  }
+
   void fit() {
     ProfileWindow profile(o.profile_steps, o.profile_dir, rank, device);
+    steps_done = start_step;
     for (int64_t s = start_step; s < o.steps; ++s) {
       profile.at_step(s);
       profiler::StepMetrics m = step(s);
@@ -552,11 +687,28 @@ struct Trainer::Impl {
         log << m.json() << "\n";
         log.flush();
       }
-      if (o.ckpt_every > 0 && ((s + 1) % o.ckpt_every == 0 || s + 1 == o.steps)) save(s + 1);
+      const bool saved = o.ckpt_every > 0 && ((s + 1) % o.ckpt_every == 0 || s + 1 == o.steps);
+      if (saved) save(s + 1);
+      steps_done = s + 1;
+      if (s + 1 < o.steps && agreed_stop()) {
+        const int sig = stop_signal();
+        if (!o.ckpt_dir.empty() && !saved) save(s + 1);
+        if (main())
+          fmt::print(stderr, "fsdp-train: {} received: stopped after step {}{}\n",
+                     sig == SIGINT    ? "SIGINT"
+                     : sig == SIGTERM ? "SIGTERM"
+                                      : "a stop signal",
+                     s,
+                     o.ckpt_dir.empty()
+                         ? " (no --ckpt-dir: nothing saved)"
+                         : fmt::format("; checkpoint of step {} in {}; continue with --resume",
+                                       s + 1, o.ckpt_dir));
+        break;
+      }
     }
     profile.finish();
     if (o.steps > 0) print_summary();
-    if (!o.data.empty() && o.sample_tokens > 0) print_sample();
+    if (!o.data.empty() && o.sample_tokens > 0 && steps_done == o.steps) print_sample();
   }
 };
 
@@ -565,6 +717,7 @@ Trainer::Trainer(const TrainOptions& options, std::shared_ptr<dist::ProcessGroup
 Trainer::~Trainer() = default;
 void Trainer::fit() { impl_->fit(); }
 int64_t Trainer::start_step() const { return impl_->start_step; }
+int64_t Trainer::steps_done() const { return impl_->steps_done; }
 nn::MiniLLM& Trainer::model() { return *impl_->model; }
 
 }  // namespace fsdp::train

@@ -77,6 +77,13 @@ struct TrainOptions {
   void validate() const;
 };
 
+// Preemption, as clusters do it: after install_stop_handlers(), the first SIGTERM or SIGINT
+// asks every Trainer::fit() to stop after its current step (the ranks agree on it, a checkpoint
+// is written when ckpt_dir is set, and fit() returns normally, so the process can exit 0); a
+// second one ends the process at once (status 128 + the signal).
+void install_stop_handlers();
+int stop_signal();  // the signal that asked to stop; 0 when none has
+
 class Trainer {
  public:
   // Collective: every rank of `pg` constructs its Trainer. Builds the mesh, the data, the model
@@ -92,6 +99,7 @@ class Trainer {
   // a sample. Collective.
   void fit();
   int64_t start_step() const;
+  int64_t steps_done() const;  // the step fit() stopped after (steps, or earlier on a signal)
   nn::MiniLLM& model();
 
  private:
