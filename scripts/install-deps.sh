@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs fsdp.cpp's build dependencies from Debian's packages, by name, and
+# Installs fsdp.cpp's build dependencies from Debian's packages, by name (clang,
+# libomp-dev and libclang-rt-dev for scripts/sanitize.sh's sanitizer and libFuzzer builds), and
 # the tests' Python packages from PyPI (pinned).
 # Idempotent, and silent when everything is already installed. The CUDA
 # toolkit is not installed here: the build uses it from /usr/local/cuda when
@@ -13,6 +14,7 @@ packages=(
   libopenmpi-dev openmpi-bin libgloo-dev
   libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev
   libopenblas-openmp-dev
+  clang libomp-dev libclang-rt-dev
 )
 
 missing=()

@@ -205,7 +205,9 @@ std::string latest(const std::string& dir) {
   return steps.back().string();
 }
 
-std::optional<std::string> read_extra_file(const std::string& path, const std::string& name) {
+namespace {
+std::optional<std::string> read_extra_file_unchecked(const std::string& path,
+                                                     const std::string& name) {
   const fs::path dir(path);
   const fs::path mp = dir / "metadata.json";
   std::ifstream mf(mp);
@@ -230,10 +232,20 @@ std::optional<std::string> read_extra_file(const std::string& path, const std::s
   std::ifstream f(fp, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(f)), {});
 }
+}  // namespace
+
+std::optional<std::string> read_extra_file(const std::string& path, const std::string& name) {
+  try {
+    return read_extra_file_unchecked(path, name);
+  } catch (const json::exception& e) {  // valid JSON of the wrong shape: name the file
+    FSDP_FAIL("[checkpoint] {}/metadata.json does not hold a checkpoint's fields: {}", path,
+              e.what());
+  }
+}
 
 namespace {
 Loaded load_unchecked(const std::string& path, FSDPModule& root, optim::Optimizer& opt,
-            const std::string& config_json, const std::vector<std::string>& model_keys) {
+                      const std::string& config_json, const std::vector<std::string>& model_keys) {
   const fs::path dir(path);
   const fs::path mp = dir / "metadata.json";
   FSDP_CHECK(fs::exists(mp),

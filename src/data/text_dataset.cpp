@@ -147,7 +147,13 @@ static std::vector<int32_t> read_shards(const std::vector<std::string>& files, i
                kShardMagic);
     FSDP_CHECK(header[1] == 1, "[data] shard '{}' has version {}; expected 1", path, header[1]);
     const int64_t count = header[2];
-    std::vector<uint16_t> buf(size_t(std::max<int64_t>(count, 0)));
+    // The header's count against the file's size before anything is allocated for it.
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(path, ec);
+    const int64_t held = ec ? 0 : (int64_t(bytes) - 1024) / 2;
+    FSDP_CHECK(count >= 0 && count <= held,
+               "[data] shard '{}' promises {} tokens but holds {} (truncated?)", path, count, held);
+    std::vector<uint16_t> buf(static_cast<size_t>(count));
     f.read(reinterpret_cast<char*>(buf.data()), std::streamsize(buf.size() * 2));
     FSDP_CHECK(f.gcount() == std::streamsize(buf.size() * 2),
                "[data] shard '{}' promises {} tokens but holds {} (truncated?)", path, count,
@@ -171,10 +177,10 @@ BinShardSource::BinShardSource(const std::string& spec, int64_t vocab, int64_t s
 std::unique_ptr<TokenStream> open_token_stream(const std::string& spec, int64_t vocab,
                                                int64_t seq) {
   std::error_code ec;
-  const bool shards = std::filesystem::is_directory(spec, ec) ||
-                      spec.find_first_of("*?[") != std::string::npos ||
-                      (std::filesystem::is_regular_file(spec, ec) &&
-                       (has_shard_magic(spec) || std::filesystem::path(spec).extension() == ".bin"));
+  const bool shards =
+      std::filesystem::is_directory(spec, ec) || spec.find_first_of("*?[") != std::string::npos ||
+      (std::filesystem::is_regular_file(spec, ec) &&
+       (has_shard_magic(spec) || std::filesystem::path(spec).extension() == ".bin"));
   // A .bin file is an llm.c shard by its name: one with a bad magic is refused (BinShardSource
   // names it), never read as bytes.
   if (shards) return std::make_unique<BinShardSource>(spec, vocab, seq);

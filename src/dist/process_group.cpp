@@ -71,15 +71,15 @@ class LocalBackend final : public Backend {
   int size() const override { return 1; }
   std::string name() const override { return "local"; }
   void all_gather(const void* in, void* out, size_t bytes) override {
-    std::memmove(out, in, bytes);
+    if (bytes) std::memmove(out, in, bytes);  // (empty tensors have no data pointer)
   }
   void all_reduce_sum(void*, size_t, DType) override {}
   void reduce_scatter_sum(const void* in, void* out, size_t count, DType dtype) override {
-    std::memmove(out, in, count * dtype_size(dtype));
+    if (count) std::memmove(out, in, count * dtype_size(dtype));
   }
   void broadcast(void*, size_t, int) override {}
   void all_to_all(const void* in, void* out, size_t bytes) override {
-    std::memmove(out, in, bytes);
+    if (bytes) std::memmove(out, in, bytes);
   }
   void barrier() override {}
   std::unique_ptr<Backend> split(int, int, const std::vector<int>&, int, int) override {

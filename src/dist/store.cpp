@@ -12,12 +12,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <compare>
 #include <condition_variable>
 #include <cstring>
 #include <map>
+#include <stdexcept>
 #include <thread>
 
 #include "fsdp/core/error.h"
@@ -153,14 +155,18 @@ class TCPStore::Server {
         if (!recv_all(fd, k.data(), len)) ok = false;
       }
       uint32_t vlen = 0;
-      if (!ok || !recv_all(fd, &vlen, 4) || vlen > (1u << 30)) break;
+      if (!ok || !recv_all(fd, &vlen, 4) || vlen > (1u << 26)) break;  // 64 MiB: rendezvous data
       std::vector<char> value(vlen);
       int64_t arg = 0;
       if (!recv_all(fd, value.data(), vlen) || !recv_all(fd, &arg, 8)) break;
 
       uint8_t status = 0;
       std::vector<char> out;
-      {
+      // A request from outside (another job, a port scanner) must never end this rank: a
+      // malformed one is answered with status 2 (set, get and add name one key; add adds to a
+      // number).
+      if ((op == kSet || op == kGet || op == kAdd) && keys.size() != 1) op = 0xFF;
+      try {
         std::unique_lock<std::mutex> lock(mu_);
         auto have_all = [&] {
           for (auto& k : keys)
@@ -174,7 +180,10 @@ class TCPStore::Server {
             break;
           case kGet:
           case kWait: {
-            const auto wait_for = op == kWait ? std::chrono::milliseconds(arg) : timeout_;
+            // (a client's wait is at most a day: a larger one would overflow the clock)
+            const auto wait_for = op == kWait ? std::chrono::milliseconds(std::clamp<int64_t>(
+                                                    arg, 0, int64_t(24) * 3600 * 1000))
+                                              : timeout_;
             if (!cv_.wait_for(lock, wait_for, [&] { return stop_ || have_all(); }) || stop_)
               status = 1;
             else if (op == kGet)
@@ -184,7 +193,7 @@ class TCPStore::Server {
           case kAdd: {
             auto& v = data_[keys.at(0)];
             int64_t cur = v.empty() ? 0 : std::stoll(std::string(v.begin(), v.end()));
-            cur += arg;
+            if (__builtin_add_overflow(cur, arg, &cur)) throw std::overflow_error("add");
             std::string s = std::to_string(cur);
             v.assign(s.begin(), s.end());
             out = v;
@@ -197,6 +206,9 @@ class TCPStore::Server {
           default:
             status = 2;
         }
+      } catch (const std::exception&) {  // std::stoll on a value that is not a number
+        status = 2;
+        out.clear();
       }
       std::vector<char> resp;
       resp.push_back(char(status));
