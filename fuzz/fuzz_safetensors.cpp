@@ -1,6 +1,9 @@
 // safetensors files from outside: the parser, the header index and the memory mapping.
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <string>
+#include <vector>
 
 #include "fsdp/checkpoint/safetensors.h"
 #include "fuzz_common.h"

@@ -1,6 +1,9 @@
 // llm.c token shards (.bin) from outside: the header, the token count, ids past the vocab.
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
 
 #include "fsdp/data/text_dataset.h"
 #include "fuzz_common.h"

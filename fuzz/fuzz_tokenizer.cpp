@@ -1,6 +1,7 @@
 // tokenizer.json from outside, and any bytes as text: the parser, then encode and decode.
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <string_view>
 

@@ -21,7 +21,7 @@ if [ $# -gt 0 ]; then
   files=("$@")
 else
   mapfile -t files < <(git ls-files 'include/*.h' 'src/*.h' 'src/*.cpp' 'kernels/*.h' 'kernels/*.cpp' \
-    'examples/*.cpp' 'examples/*.h' 'bench/*.cpp' 'tests/*.cpp' 'tests/*.h')
+    'examples/*.cpp' 'examples/*.h' 'bench/*.cpp' 'tests/*.cpp' 'tests/*.h' 'fuzz/*.cpp' 'fuzz/*.h')
 fi
 
 flags=(-std=c++20 -I include -I . -I /usr/include/x86_64-linux-gnu/openblas-openmp

@@ -18,6 +18,7 @@
 #include <compare>
 #include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <stdexcept>
 #include <thread>

@@ -21,7 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
+#include <utility>  // IWYU pragma: export (Extras::files holds pairs)
 #include <vector>
 
 #include "fsdp/dist/process_group.h"
