@@ -167,32 +167,28 @@ Tensor naive_attention(const Tensor& qkv, int64_t H, bool causal) {
   return out;
 }
 
+// B 2 x T 5, and T 300: longer than one tile of 128 query rows (the CPU kernel's scratch is
+// 128 x T), so the tiles' seams, the causal key limit per tile and the dK/dV accumulation across
+// tiles are checked too.
 TEST(Attention, ForwardMatchesNaiveAndGradients) {
-  for (bool causal : {false, true}) {
-    const int64_t H = 2;
-    Tensor qkv = random_tensor({2, 5, 3 * 8}, 50), r = random_tensor({2, 5, 8}, 51);
-    auto a = ops::attention_forward(qkv, H, causal);
-    EXPECT_LT(rel_error(a.out, naive_attention(qkv, H, causal)), 1e-13) << "causal " << causal;
-    Tensor dqkv = ops::attention_backward(r, qkv, a.out, a.lse, H, causal);
-    expect_grad_matches(
-        causal ? "causal attention dqkv" : "attention dqkv",
-        [&] { return dot(ops::attention_forward(qkv, H, causal).out, r); }, qkv, dqkv, 120);
-  }
-}
-
-// Longer than one tile of 128 query rows (the CPU kernel's scratch is 128 x T): the tiles'
-// seams, the causal key limit per tile and the dK/dV accumulation across tiles.
-TEST(Attention, SeveralTilesMatchNaiveAndGradients) {
-  for (bool causal : {false, true}) {
-    const int64_t H = 2, T = 300;
-    Tensor qkv = random_tensor({1, T, 3 * 8}, 56), r = random_tensor({1, T, 8}, 57);
-    auto a = ops::attention_forward(qkv, H, causal);
-    EXPECT_LT(rel_error(a.out, naive_attention(qkv, H, causal)), 1e-12) << "causal " << causal;
-    Tensor dqkv = ops::attention_backward(r, qkv, a.out, a.lse, H, causal);
-    expect_grad_matches(
-        causal ? "tiled causal attention dqkv" : "tiled attention dqkv",
-        [&] { return dot(ops::attention_forward(qkv, H, causal).out, r); }, qkv, dqkv, 60);
-  }
+  struct Case {
+    int64_t B, T;
+    double tol;
+    int64_t probes;
+  };
+  for (const Case& c : {Case{2, 5, 1e-13, 120}, Case{1, 300, 1e-12, 60}})
+    for (bool causal : {false, true}) {
+      const int64_t H = 2;
+      Tensor qkv = random_tensor({c.B, c.T, 3 * 8}, 50 + c.T),
+             r = random_tensor({c.B, c.T, 8}, 51 + c.T);
+      auto a = ops::attention_forward(qkv, H, causal);
+      EXPECT_LT(rel_error(a.out, naive_attention(qkv, H, causal)), c.tol)
+          << "T " << c.T << " causal " << causal;
+      Tensor dqkv = ops::attention_backward(r, qkv, a.out, a.lse, H, causal);
+      expect_grad_matches(
+          fmt::format("attention dqkv T={} causal={}", c.T, causal),
+          [&] { return dot(ops::attention_forward(qkv, H, causal).out, r); }, qkv, dqkv, c.probes);
+    }
 }
 
 TEST(Attention, CausalOutputIgnoresTheFuture) {
