@@ -152,6 +152,7 @@ void check_writable_dir(const std::string& dir, const char* flag, int rank) {
 }
 
 std::atomic<int> g_stop_signal{0};
+std::atomic<bool> g_stop_handlers{false};  // without them no rank can be asked to stop
 
 extern "C" void on_stop_signal(int sig) {
   if (g_stop_signal.exchange(sig) != 0) {  // the second one: leave now
@@ -170,6 +171,7 @@ void install_stop_handlers() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  g_stop_handlers = true;
 }
 
 int stop_signal() { return g_stop_signal.load(); }
@@ -664,6 +666,7 @@ struct Trainer::Impl {
   // Whether any rank was asked to stop (a signal reaches the ranks at different moments): one
   // small all-reduce per step, so all of them stop after the same step.
   bool agreed_stop() {
+    if (!g_stop_handlers) return false;  // (a trainer of one's own that installed none: no sync)
     Tensor flag = Tensor::full({1}, stop_signal() != 0 ? 1.0 : 0.0, DType::f32).to(device);
     pg->all_reduce(flag, dist::ReduceOp::SUM)->wait();
     return flag.item() > 0;
