@@ -101,9 +101,33 @@ SafetensorsIndex::SafetensorsIndex(const std::string& path) : path_(path) {
     FSDP_CHECK(
         v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
         "[safetensors] {}: entry '{}' lacks dtype, shape or data_offsets", path, name);
-    Entry e{parse_st_dtype(v["dtype"].get<std::string>(), path, name), v["shape"].get<Shape>(),
-            v["data_offsets"][0].get<uint64_t>(), v["data_offsets"][1].get<uint64_t>()};
-    const uint64_t want = uint64_t(shape_numel(e.shape)) * dtype_size(e.dtype);
+    // Every field of the right JSON type before it is read, and the shape's size computed
+    // without overflow: the header comes from outside.
+    const auto& dt = v["dtype"];
+    const auto& sh = v["shape"];
+    const auto& off = v["data_offsets"];
+    FSDP_CHECK(dt.is_string() && sh.is_array() && off.is_array() && off.size() == 2 &&
+                   off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+               "[safetensors] {}: entry '{}' must have a string dtype, a shape array and two "
+               "unsigned data_offsets",
+               path, name);
+    Entry e{parse_st_dtype(dt.get<std::string>(), path, name),
+            {},
+            off[0].get<uint64_t>(),
+            off[1].get<uint64_t>()};
+    uint64_t numel = 1;
+    for (const auto& d : sh) {
+      FSDP_CHECK(d.is_number_unsigned() && d.get<uint64_t>() < (uint64_t(1) << 40),
+                 "[safetensors] {}: tensor '{}' has a shape entry {} that is not a size", path,
+                 name, d.dump());
+      const uint64_t n = d.get<uint64_t>();
+      FSDP_CHECK(n == 0 || numel <= data_size / n,
+                 "[safetensors] {}: tensor '{}' has shape {} larger than the file", path, name,
+                 sh.dump());
+      numel *= n;
+      e.shape.push_back(int64_t(n));
+    }
+    const uint64_t want = numel * dtype_size(e.dtype);
     FSDP_CHECK(e.begin <= e.end && e.end <= data_size,
                "[safetensors] {}: tensor '{}' spans bytes [{}, {}) but the data section has {} "
                "bytes (truncated?)",

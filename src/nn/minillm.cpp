@@ -50,13 +50,24 @@ MiniLLMConfig MiniLLMConfig::from_json(const std::string& text) {
   MiniLLMConfig c;
   try {
     const nlohmann::json j = nlohmann::json::parse(text);
+    // Integer fields must be JSON integers: a float such as 3e48 would not fit (nlohmann's
+    // conversion of it is undefined behaviour).
+    auto integer = [&](const char* key, int64_t fallback, bool required) -> int64_t {
+      if (!j.contains(key)) {
+        FSDP_CHECK(!required, "[MiniLLM] config has no '{}'", key);
+        return fallback;
+      }
+      FSDP_CHECK(j[key].is_number_integer(),
+                 "[MiniLLM] config field '{}' must be an integer, got {}", key, j[key].dump());
+      return j[key].get<int64_t>();
+    };
     c.arch = parse_arch(j.at("arch").get<std::string>());
-    c.vocab = j.at("vocab").get<int64_t>();
-    c.dim = j.at("dim").get<int64_t>();
-    c.layers = j.at("layers").get<int64_t>();
-    c.heads = j.at("heads").get<int64_t>();
-    c.ffn_hidden = j.at("ffn_hidden").get<int64_t>();
-    c.seq = j.value("seq", c.seq);
+    c.vocab = integer("vocab", 0, true);
+    c.dim = integer("dim", 0, true);
+    c.layers = integer("layers", 0, true);
+    c.heads = integer("heads", 0, true);
+    c.ffn_hidden = integer("ffn_hidden", 0, true);
+    c.seq = integer("seq", c.seq, false);
     c.rope_theta = j.value("rope_theta", c.rope_theta);
     if (j.contains("norm_eps")) c.norm_eps = j.at("norm_eps").get<double>();
   } catch (const nlohmann::json::exception& e) {
