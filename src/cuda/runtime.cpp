@@ -28,11 +28,12 @@ int device_count() {
 
 void* compute_stream(int index) {
   static std::mutex mu;
-  static std::map<int, cudaStream_t> streams;  // live for the process, like the device contexts
+  // Leaked on purpose (no exit-time destructor touches CUDA): streams live for the process.
+  static auto* streams = new std::map<int, cudaStream_t>;
   FSDP_CHECK(index >= 0 && index < device_count(), "[device] no CUDA device {} ({} visible)", index,
              device_count());
   std::lock_guard<std::mutex> lock(mu);
-  cudaStream_t& s = streams[index];
+  cudaStream_t& s = (*streams)[index];
   if (!s) {
     int prev = 0;
     cudaGetDevice(&prev);
