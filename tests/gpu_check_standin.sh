@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# A stand-in for every program scripts/gpu_check.sh runs (cmake, nvidia-smi,
+# python3, compute-sanitizer and the build's binaries), linked under each name
+# by tests/gpu_check_test.sh: it prints a plausible line and sleeps; nothing
+# computes. STANDIN_SLEEP: seconds each sleeps (default 2); STANDIN_HANG: a
+# glob on "NAME ARGS" whose matches sleep for 1000 s (a hung command).
+name=$(basename "$0")
+call="$name $*"
+sleep=${STANDIN_SLEEP:-2}
+# shellcheck disable=SC2053 # STANDIN_HANG is a glob
+[ -n "${STANDIN_HANG:-}" ] && [[ $call == $STANDIN_HANG ]] && exec sleep 1000
+case $name in
+  nvidia-smi)
+    if [ "${1:-}" = -L ]; then echo "GPU 0: Stand-in H200 (UUID: GPU-0)"; else echo "Stand-in H200, 143771 MiB, 0.0, 1980 MHz, 1980 MHz"; fi
+    exit 0
+    ;;
+  cmake)
+    [ "${1:-}" = --build ] || echo "-- fsdp: CUDA=ON cuDNN=ON NCCL=ON MPI=ON Gloo=ON"
+    ;;
+  python3)
+    case ${1:-} in
+      -) # the check's own log analysis: the real python3, the one after this folder on PATH
+        here=$(cd "$(dirname "$0")" && pwd)
+        PATH=$(echo "$PATH" | tr ':' '\n' | grep -vxF "$here" | paste -sd:)
+        exec python3 "$@"
+        ;;
+      -c) exit 1 ;; # no nvidia.* packages here
+    esac
+    [[ $call == *torch_fsdp_ref* ]] && echo "torch-ref: arch stand-in | tok/s 1000 (steps 2..19) | peak 1.00 GB"
+    [[ $call == *torch_attention* ]] && echo "torch-attention: causal=0 | fwd 0.100 ms | bwd 0.300 ms | stand-in"
+    ;;
+  cuda_test | ops_test)
+    echo "[       OK ] StandIn.Test (0 ms)"
+    echo "[  PASSED  ] 1 test."
+    ;;
+  fsdp-train)
+    echo "step 5 | stand-in"
+    echo "summary | step 1.0 ms | peak mem 1.0 MB"
+    ;;
+esac
+exec sleep "$sleep"
