@@ -1,5 +1,7 @@
-// Measures and caches the sgemm peak. The cache is a small JSON file keyed by
-// CPU model and thread count; FSDP_GEMM_PEAK_GFLOPS overrides it.
+// Measures and caches the GEMM peaks. The caches are small JSON files under
+// FSDP_CACHE_DIR: the sgemm peak keyed by CPU model and thread count
+// (FSDP_GEMM_PEAK_GFLOPS overrides it), a CUDA device's keyed by the GPU's
+// name and the dtype.
 #include "fsdp/ops/peak.h"
 
 #include <omp.h>
@@ -19,6 +21,10 @@
 #include "fsdp/core/env.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "src/ops/backend.h"
+
+#if FSDP_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace fsdp::ops {
 
@@ -40,33 +46,32 @@ std::filesystem::path cache_dir() {
   return std::filesystem::temp_directory_path() / "fsdp-cache";
 }
 
-}  // namespace
+// The GPU's name ("NVIDIA H200"), or "" where it cannot be read (then nothing is cached).
+std::string gpu_name(int index) {
+#if FSDP_WITH_CUDA
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, index) == cudaSuccess) return prop.name;
+#else
+  (void)index;
+#endif
+  return "";
+}
 
-double sgemm_peak_flops(int threads) {
-  double forced = env_double("FSDP_GEMM_PEAK_GFLOPS");
-  if (forced > 0) return forced * 1e9;
-  const std::string key = fmt::format("{} x{}", cpu_model(), threads);
-  const auto path = cache_dir() / "sgemm_peak.json";
+nlohmann::json read_cache(const std::filesystem::path& path) {
   nlohmann::json cache = nlohmann::json::object();
-  {
-    std::ifstream in(path);
-    if (in) {
-      try {
-        in >> cache;
-      } catch (const nlohmann::json::exception&) {
-        cache = nlohmann::json::object();  // a damaged cache is re-measured, not fatal
-      }
+  std::ifstream in(path);
+  if (in) {
+    try {
+      in >> cache;
+    } catch (const nlohmann::json::exception&) {
+      cache = nlohmann::json::object();  // a damaged cache is re-measured, not fatal
     }
   }
-  if (cache.is_object() && cache.contains(key) && cache[key].is_number())
-    return cache[key].get<double>();
+  if (!cache.is_object()) cache = nlohmann::json::object();
+  return cache;
+}
 
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(threads);
-  double flops = kernels::cpu::measure_sgemm_flops(1536, 4);
-  omp_set_num_threads(saved);
-
-  cache[key] = flops;
+void write_cache(const std::filesystem::path& path, const nlohmann::json& cache) {
   std::error_code ec;
   std::filesystem::create_directories(path.parent_path(), ec);
   const auto tmp = path.string() + fmt::format(".tmp{}", ::getpid());
@@ -76,13 +81,44 @@ double sgemm_peak_flops(int threads) {
   }
   std::filesystem::rename(tmp, path, ec);  // atomic; a failure only costs a re-measure next time
   if (ec) std::filesystem::remove(tmp, ec);
+}
+
+}  // namespace
+
+double sgemm_peak_flops(int threads) {
+  double forced = env_double("FSDP_GEMM_PEAK_GFLOPS");
+  if (forced > 0) return forced * 1e9;
+  const std::string key = fmt::format("{} x{}", cpu_model(), threads);
+  const auto path = cache_dir() / "sgemm_peak.json";
+  nlohmann::json cache = read_cache(path);
+  if (cache.contains(key) && cache[key].is_number()) return cache[key].get<double>();
+
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  double flops = kernels::cpu::measure_sgemm_flops(1536, 4);
+  omp_set_num_threads(saved);
+
+  cache[key] = flops;
+  write_cache(path, cache);
   return flops;
 }
 
 double device_gemm_peak_flops(Device device, DType dtype) {
   FSDP_CHECK(device.is_cuda(), "[peak] device_gemm_peak_flops needs a CUDA device, got {}",
              device.str());
-  return cuda_impl::gemm_peak_flops(device, dtype);
+  // Measured once per machine: every training process asks (1-2 s of tuned 8192^3 GEMMs).
+  const std::string name = gpu_name(device.index);
+  const std::string key = fmt::format("{} {}", name, dtype_name(dtype));
+  const auto path = cache_dir() / "device_gemm_peak.json";
+  nlohmann::json cache = name.empty() ? nlohmann::json::object() : read_cache(path);
+  if (cache.contains(key) && cache[key].is_number() && cache[key].get<double>() > 0)
+    return cache[key].get<double>();
+  const double flops = cuda_impl::gemm_peak_flops(device, dtype);
+  if (!name.empty() && flops > 0) {
+    cache[key] = flops;
+    write_cache(path, cache);
+  }
+  return flops;
 }
 
 double device_copy_gbps(Device device) {
