@@ -208,7 +208,7 @@ trap 'close_summary' EXIT
 # ------------------------------------------------------------------ setup
 if [ -z "$standin" ] && [ -d .debs ] && ! [ -f /usr/include/fmt/core.h ]; then
   log "unpacking $(ls .debs/*.deb | wc -l) carried packages"
-  for f in .debs/*.deb; do timeout 60 dpkg -x "$f" /; done
+  for f in .debs/*.deb; do [ "$(left)" -gt 60 ] && timeout 60 dpkg -x "$f" /; done
   timeout 60 ldconfig
 fi
 timeout 15 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm \

@@ -3,7 +3,8 @@
 # for every program it calls (tests/gpu_check_standin.sh: they print a line and
 # sleep, longer in total than the budget allows; the seed run hangs), at a small
 # budget, it must end within the budget plus a margin, and its summary.md must
-# report every stage or name it as skipped, the hung one as timed out.
+# report every stage or name it as skipped, the hung one as timed out; and a
+# TERM mid-run must leave the summary's closing lines.
 #   gpu_check_test.sh GPU_CHECK_SH [BUDGET_S (40)]
 # STANDIN_SLEEP and STANDIN_HANG (see the stand-in) may be set to try others;
 # GPU_CHECK_STANDIN_DIR keeps the stand-ins (and the output) in that folder.
@@ -28,7 +29,7 @@ done
 export STANDIN_SLEEP=${STANDIN_SLEEP:-2}
 export STANDIN_HANG=${STANDIN_HANG-fsdp-train *--steps 20 --preset seed}
 out=$dir/out
-rm -rf "$out"
+rm -rf "$out" "$out-term"
 
 t0=$(date +%s.%N)
 # The stand-ins first on PATH here too, so that a script that does not know
@@ -69,4 +70,23 @@ else
   bad "no summary.md"
 fi
 [ $fails -eq 0 ] || { echo "--- output"; tail -40 "$tmp/run.log"; echo "--- summary.md"; cat "$s" 2> /dev/null; }
+
+# TERM mid-run (the machine's own limit): the closing lines at once, the stages not reached named.
+PATH="$dir/bin:$PATH" FSDP_GPU_CHECK_STANDIN=$dir FSDP_GPU_CHECK_BUDGET_S=100 FSDP_GPU_CHECK_EST_PCT=5 \
+  bash "$script" "$out-term" > "$tmp/term.log" 2>&1 &
+pid=$!
+sleep 6
+kill -TERM $pid
+for _ in $(seq 100); do
+  kill -0 $pid 2> /dev/null || break
+  sleep 0.1
+done
+if kill -0 $pid 2> /dev/null; then
+  bad "still running 10 s after TERM"
+  kill -KILL $pid
+fi
+wait $pid
+grep -qE '^Ended at [0-9]+ s of the 100 s budget: stopped by signal TERM' "$out-term/summary.md" 2> /dev/null \
+  && grep -qE '^- not reached: [a-z]' "$out-term/summary.md" && ok \
+  || { bad "after TERM, summary.md does not say so or name the stages not reached"; tail -5 "$tmp/term.log"; }
 summary
