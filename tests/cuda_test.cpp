@@ -87,6 +87,48 @@ TEST_P(BackendOps, EveryOpMatchesTheCpu) {
         return std::vector<Tensor>{dx, dw, db};
       },
       dt, tol);
+  // Operands at odd offsets (views one element into their buffers: 4-byte aligned in f32, 2 in
+  // bf16): cuBLASLt is told the real alignment, and the under-aligned bias is added after the
+  // GEMM instead of in its epilogue.
+  auto at1 = [](const Tensor& t, const Shape& s) {
+    return t.slice(1, 1 + shape_numel(s)).view(s);
+  };
+  expect_matches(
+      "linear unaligned", {rnd({1 + 4 * 33 * 40}, 32), rnd({1 + 24 * 40}, 33), rnd({25}, 34)},
+      [&](auto& v) {
+        return std::vector<Tensor>{
+            ops::linear_forward(at1(v[0], {4, 33, 40}), at1(v[1], {24, 40}), at1(v[2], {24}))};
+      },
+      dt, tol);
+  expect_matches(
+      "linear_backward unaligned",
+      {rnd({1 + 4 * 33 * 24}, 35), rnd({1 + 4 * 33 * 40}, 36), rnd({1 + 24 * 40}, 37)},
+      [&](auto& v) {
+        const DType gt = v[2].dtype();
+        Tensor dw = at1(Tensor::full({1 + 24 * 40}, 0.25, gt, v[2].device()), {24, 40});
+        Tensor db = at1(Tensor::full({25}, -0.5, gt, v[2].device()), {24});
+        Tensor dx = ops::linear_backward(at1(v[0], {4, 33, 24}), at1(v[1], {4, 33, 40}),
+                                         at1(v[2], {24, 40}), dw, db);
+        return std::vector<Tensor>{dx, dw, db};
+      },
+      dt, tol);
+  // The bias gradient alone (no dW: no BGRAD epilogue) is sum_rows_into: many rows over a
+  // 2-D grid of row chunks and column tiles, and few rows over more columns than a tile.
+  for (std::pair<int64_t, int64_t> shape :
+       {std::pair<int64_t, int64_t>{5000, 300}, {3, 2049}, {8192, 64}, {1, 1}}) {
+    const int64_t rows = shape.first, cols = shape.second;
+    expect_matches(
+        fmt::format("sum_rows {}x{}", rows, cols),
+        {rnd({rows, cols}, 38), rnd({rows, 8}, 39), rnd({cols, 8}, 40)},
+        [cols](auto& v) {
+          Tensor db = Tensor::full({cols}, -0.5, v[0].dtype(), v[0].device());  // added into
+          Tensor db32 = Tensor::full({cols}, 0.25, DType::f32, v[0].device());
+          Tensor dx = ops::linear_backward(v[0], v[1], v[2], Tensor(), db);
+          ops::linear_backward(v[0], v[1], v[2], Tensor(), db32);
+          return std::vector<Tensor>{dx, db, db32};
+        },
+        dt, tol);
+  }
   Tensor ids = test::random_ids({3, 17}, 50, 7).to(DType::i32);
   expect_matches(
       "embedding", {ids, rnd({50, 24}, 8), rnd({3, 17, 24}, 9)},
@@ -169,6 +211,27 @@ TEST_P(BackendOps, EveryOpMatchesTheCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, BackendOps, ::testing::Values(DType::f32, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// Runs without a GPU: sum_rows_into's split of the rows covers every row once, within the
+// grid's limits, and a linear backward's bias gradient (8192 rows x 2048 columns) fills the GPU
+// (it ran on 8 blocks, one thread per column looping over all the rows: about 1 ms).
+TEST(Cuda, SumRowsSplitCoversEveryRowOnceAndFillsTheGpu) {
+  namespace kc = kernels::cuda;
+  for (int64_t rows : std::initializer_list<int64_t>{0, 1, 3, 63, 64, 65, 1000, 5000, 8192, 100003,
+                                                    int64_t(1) << 26})
+    for (int64_t cols : std::initializer_list<int64_t>{1, 31, 32, 33, 300, 2048, 2049, 50257}) {
+      const kc::SumRowsPlan p = kc::sum_rows_plan(rows, cols);
+      const std::string at = fmt::format("{} x {}", rows, cols);
+      EXPECT_EQ(p.col_tiles, (cols + 31) / 32) << at;
+      EXPECT_GE(p.chunks, 1) << at;
+      EXPECT_LE(p.chunks, 65535) << at;
+      EXPECT_GE(p.chunk, 1) << at;
+      EXPECT_GE(p.chunks * p.chunk, rows) << at;                   // every row in a chunk
+      if (rows > 0) EXPECT_LT((p.chunks - 1) * p.chunk, rows) << at;  // no empty chunk
+    }
+  const kc::SumRowsPlan big = kc::sum_rows_plan(8192, 2048);
+  EXPECT_GE(big.col_tiles * big.chunks, 512) << "blocks for the bias gradient of 8192 x 2048";
+}
 
 #if FSDP_WITH_CUDNN
 // cuDNN's SDPA against our own kernel on the same device and inputs, at shapes the MiniLLM uses

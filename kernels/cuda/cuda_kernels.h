@@ -42,8 +42,20 @@ void sum_squares_into(const void* x, DType t, int64_t n, double* acc, int device
 // device: clipping by a global norm that never visits the host.
 void clip_scale(void* x, DType t, int64_t n, const double* total_sq, double max_norm, int device,
                 Stream s);
+// db[c] += sum over the rows of dy[r, c] (dy of dtype t, db of dbt), in f32, deterministically:
+// blocks take (row chunk, column tile) pairs of sum_rows_plan, then the chunks' partial sums are
+// added in chunk order (no atomics).
 void sum_rows_into(const void* dy, DType t, void* db, DType dbt, int64_t rows, int64_t cols,
                    int device, Stream s);
+struct SumRowsPlan {
+  int64_t col_tiles = 1;  // of 32 columns
+  int64_t chunks = 1;     // row chunks: chunk rows each, the last one possibly shorter
+  int64_t chunk = 1;
+};
+SumRowsPlan sum_rows_plan(int64_t rows, int64_t cols);
+// y[r, c] += bias[c] for a row-major [rows, cols] y (bias of y's dtype t).
+void add_bias_rows(void* y, DType t, const void* bias, int64_t rows, int64_t cols, int device,
+                   Stream s);
 
 // gemm.cu: row-major C[m,n] = alpha op(A) op(B) + beta C through cuBLASLt, f32 accumulation
 // (f32 inputs may use TF32 when FSDP_CUDA_TF32=1). bias (optional, [n], dtype t) is the epilogue.

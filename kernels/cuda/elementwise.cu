@@ -1,4 +1,8 @@
 // Elementwise kernels and reductions on the device, accumulating in f32.
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -39,15 +43,53 @@ __global__ void clip_scale_kernel(T* __restrict__ x, int64_t n, const double* __
   GRID_STRIDE(i, n) x[i] = from_f32<T>(to_f32(x[i]) * float(coef));
 }
 
-// One thread per column, looping over rows: coalesced, deterministic.
+// y[r, c] += bias[c]: GEMM's bias where the BIAS epilogue cannot take the vector.
+template <class T>
+__global__ void add_bias_rows_kernel(T* __restrict__ y, const T* __restrict__ bias, int64_t rows,
+                                     int64_t cols) {
+  GRID_STRIDE(i, rows * cols) y[i] = from_f32<T>(to_f32(y[i]) + to_f32(bias[i % cols]));
+}
+
+// db[c] += sum over rows of dy[r, c], in two deterministic passes (no atomics: the same sums in
+// the same order on every run, at any occupancy). Pass 1: block (x, y) takes a tile of
+// kSumRowsCols columns and the y-th chunk of `chunk` rows; its kSumRowsLanes row lanes each sum
+// every kSumRowsLanes-th row of the chunk (a warp reads kSumRowsCols consecutive columns of one
+// row: coalesced), and lane 0 adds the lanes' sums in lane order. With one chunk it adds into db
+// directly; otherwise it writes the chunk's f32 partial sums to partial[y, c], and pass 2 adds
+// them in chunk order.
+constexpr int kSumRowsCols = 32, kSumRowsLanes = 8;
+
 template <class T, class G>
-__global__ void sum_rows_kernel(const T* __restrict__ dy, G* __restrict__ db, int64_t rows,
-                                int64_t cols) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (c >= cols) return;
+__global__ void sum_rows_partial_kernel(const T* __restrict__ dy, int64_t rows, int64_t cols,
+                                        int64_t chunk, float* __restrict__ partial,
+                                        G* __restrict__ db) {
+  __shared__ float lanes[kSumRowsLanes][kSumRowsCols];
+  const int64_t c = int64_t(blockIdx.x) * kSumRowsCols + threadIdx.x;
+  const int64_t begin = int64_t(blockIdx.y) * chunk;
+  const int64_t end = begin + chunk < rows ? begin + chunk : rows;
   float acc = 0.f;
-  for (int64_t r = 0; r < rows; ++r) acc += to_f32(dy[r * cols + c]);
-  db[c] = from_f32<G>(to_f32(db[c]) + acc);
+  if (c < cols)
+    for (int64_t r = begin + threadIdx.y; r < end; r += kSumRowsLanes)
+      acc += to_f32(dy[r * cols + c]);
+  lanes[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  float sum = lanes[0][threadIdx.x];
+  for (int l = 1; l < kSumRowsLanes; ++l) sum += lanes[l][threadIdx.x];
+  if (partial)
+    partial[int64_t(blockIdx.y) * cols + c] = sum;
+  else
+    db[c] = from_f32<G>(to_f32(db[c]) + sum);
+}
+
+template <class G>
+__global__ void sum_rows_finish_kernel(const float* __restrict__ partial, int64_t chunks,
+                                       int64_t cols, G* __restrict__ db) {
+  GRID_STRIDE(c, cols) {
+    float sum = 0.f;
+    for (int64_t k = 0; k < chunks; ++k) sum += partial[k * cols + c];
+    db[c] = from_f32<G>(to_f32(db[c]) + sum);
+  }
 }
 
 void add(const void* a, const void* b, void* out, DType t, int64_t n, int device, Stream s) {
@@ -108,16 +150,53 @@ void clip_scale(void* x, DType t, int64_t n, const double* total_sq, double max_
   CUDA_CHECK(cudaGetLastError());
 }
 
+void add_bias_rows(void* y, DType t, const void* bias, int64_t rows, int64_t cols, int device,
+                   Stream s) {
+  if (rows == 0 || cols == 0) return;
+  CUDA_CHECK(cudaSetDevice(device));
+  dispatch_float(t, "linear bias", [&](auto tv) {
+    using T = decltype(tv);
+    add_bias_rows_kernel<T><<<grid_for(rows * cols, 256), 256, 0, cudaStream_t(s)>>>(
+        static_cast<T*>(y), static_cast<const T*>(bias), rows, cols);
+  });
+  CUDA_CHECK(cudaGetLastError());
+}
+
+SumRowsPlan sum_rows_plan(int64_t rows, int64_t cols) {
+  SumRowsPlan p;
+  p.col_tiles = (cols + kSumRowsCols - 1) / kSumRowsCols;
+  // About 1024 blocks in all (several per SM on any GPU), each with at least 64 rows (8 per row
+  // lane); the split depends on the shape only, so the sums are the same on every device.
+  constexpr int64_t kBlocks = 1024, kMinRows = 8 * kSumRowsLanes;
+  const int64_t by_rows = std::max<int64_t>(1, (rows + kMinRows - 1) / kMinRows);
+  const int64_t want = std::max<int64_t>(1, kBlocks / std::max<int64_t>(p.col_tiles, 1));
+  p.chunks = std::min<int64_t>({want, by_rows, 65535});
+  p.chunk = std::max<int64_t>(1, (rows + p.chunks - 1) / p.chunks);
+  p.chunks = std::max<int64_t>(1, (rows + p.chunk - 1) / p.chunk);  // no empty trailing chunk
+  return p;
+}
+
 void sum_rows_into(const void* dy, DType t, void* db, DType dbt, int64_t rows, int64_t cols,
                    int device, Stream s) {
   if (cols == 0) return;
   CUDA_CHECK(cudaSetDevice(device));
+  const SumRowsPlan p = sum_rows_plan(rows, cols);
+  FSDP_CHECK(p.col_tiles <= int64_t(INT32_MAX), "[sum_rows] {} columns is too many", cols);
+  std::optional<Scratch> partial;  // chunks x cols f32, from the caching allocator
+  if (p.chunks > 1) partial.emplace(size_t(p.chunks * cols) * sizeof(float), device);
+  float* part = partial ? partial->as<float>() : nullptr;
   dispatch_float(t, "sum_rows", [&](auto tv) {
     using T = decltype(tv);
     dispatch_float(dbt, "sum_rows", [&](auto gv) {
       using G = decltype(gv);
-      sum_rows_kernel<T, G><<<grid_for(cols, 256, 1u << 30), 256, 0, cudaStream_t(s)>>>(
-          static_cast<const T*>(dy), static_cast<G*>(db), rows, cols);
+      const dim3 grid(unsigned(p.col_tiles), unsigned(p.chunks)),
+          block(kSumRowsCols, kSumRowsLanes);
+      sum_rows_partial_kernel<T, G><<<grid, block, 0, cudaStream_t(s)>>>(
+          static_cast<const T*>(dy), rows, cols, p.chunk, part, static_cast<G*>(db));
+      CUDA_CHECK(cudaGetLastError());
+      if (part)
+        sum_rows_finish_kernel<G><<<grid_for(cols, 256), 256, 0, cudaStream_t(s)>>>(
+            part, p.chunks, cols, static_cast<G*>(db));
     });
   });
   CUDA_CHECK(cudaGetLastError());

@@ -8,9 +8,18 @@
 // epilogue), the first call times the heuristic's FSDP_GEMM_TUNE best
 // candidates on its own operands and keeps the fastest; after the first step
 // no heuristic query or trial runs.
+//
+// Alignment: cuBLASLt's heuristic assumes 256-byte-aligned A, B, C and D unless told otherwise, and
+// may then pick a kernel whose vector loads fault (or read wrongly) on a view at an odd offset.
+// Each call tells it the real alignment of every pointer (the largest power of two dividing the
+// address, capped at 256) and a plan is cached per alignment too, so a plan chosen for aligned
+// pointers never runs on unaligned ones. The bias epilogues' vector has no such preference: where
+// it is under 16-byte aligned the epilogue is not used (BIAS: the plain GEMM, then a kernel adds
+// the bias; BGRADB: gemm_bgrad returns false and the caller sums the rows), as PyTorch does.
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -42,11 +51,15 @@ struct DeviceCtx {
   void* workspace = nullptr;
 };
 
+// Leaked on purpose (never destroyed), as the plan cache below: a static map would destroy its
+// cuBLASLt handles at exit, after the CUDA runtime may already be torn down, and a destructor
+// there would call into a dead driver. tests/static_resources_test.sh holds every object of the
+// library that calls cuBLASLt, cuDNN, NCCL or CUDA to this (no __cxa_atexit).
 DeviceCtx& ctx(int device) {
-  static std::mutex mu;
-  static std::map<int, DeviceCtx> all;
+  static std::mutex mu;  // trivially destructible
+  static auto* all = new std::map<int, DeviceCtx>;
   std::lock_guard<std::mutex> lock(mu);
-  DeviceCtx& c = all[device];
+  DeviceCtx& c = (*all)[device];
   if (!c.handle) {
     c.device = device;
     CUBLAS_CHECK(cublasLtCreate(&c.handle));
@@ -70,7 +83,22 @@ cudaDataType_t cuda_type(DType t) {
 }
 
 enum class Epilogue { none, bias, bgrad };
-using Key = std::tuple<int, int64_t, int64_t, int64_t, bool, bool, int, int, Epilogue>;
+// (device, m, n, k, ta, tb, A/B dtype, C dtype, epilogue, and the byte alignments of cuBLAS's
+// A (our B), cuBLAS's B (our A) and C = D).
+using Key = std::tuple<int, int64_t, int64_t, int64_t, bool, bool, int, int, Epilogue, uint32_t,
+                       uint32_t, uint32_t>;
+
+// The largest power of two that divides the address, capped at 256 (cuBLASLt's default
+// assumption); 256 for a null pointer.
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  if (a == 0) return 256;
+  return uint32_t(std::min<uintptr_t>(a & (~a + 1), 256));
+}
+
+// The bias epilogues read (BIAS) or write (BGRADB) their vector with vector accesses that no
+// preference covers: under this alignment the epilogue is not used.
+constexpr uint32_t kEpilogueAlignment = 16;
 
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
@@ -86,11 +114,12 @@ std::mutex plan_mu;
 // The plan of a shape, or nullptr where cuBLASLt has no algorithm for it (only an epilogue
 // other than none may be refused; the caller then does without it).
 Plan* plan_for(const Key& key, DeviceCtx& dc) {
-  static std::map<Key, std::unique_ptr<Plan>> cache;
+  // Leaked on purpose: its plans own cuBLASLt descriptors (see ctx()).
+  static auto* cache = new std::map<Key, std::unique_ptr<Plan>>;
   std::lock_guard<std::mutex> lock(plan_mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second.get();
-  auto [device, m, n, k, ta, tb, dt, ct, epilogue] = key;
+  auto it = cache->find(key);
+  if (it != cache->end()) return it->second.get();
+  auto [device, m, n, k, ta, tb, dt, ct, epilogue, align_a, align_b, align_c] = key;
   const DType t = DType(dt), c_t = DType(ct);
   const cudaDataType_t type = cuda_type(t), c_type = cuda_type(c_t);
   const cublasComputeType_t compute = t == DType::f32 && env_str("FSDP_CUDA_TF32") == "1"
@@ -123,6 +152,15 @@ Plan* plan_for(const Key& key, DeviceCtx& dc) {
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &kWorkspace, sizeof(kWorkspace)));
+  // The real alignments (cuBLAS's A is our B); C and D are the same buffer.
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
   const int want = std::max(1, int(env_double("FSDP_GEMM_TUNE")));
   std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(want));
   int found = 0;
@@ -135,7 +173,7 @@ Plan* plan_for(const Key& key, DeviceCtx& dc) {
                m, k, k, n, dtype_name(t), dtype_name(c_t));
   }
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-    cache.emplace(key, nullptr);
+    cache->emplace(key, nullptr);
     return nullptr;
   }
   for (int i = 0; i < found; ++i)
@@ -145,11 +183,11 @@ Plan* plan_for(const Key& key, DeviceCtx& dc) {
     FSDP_CHECK(epilogue == Epilogue::bgrad,
                "[gemm] cuBLASLt offers no usable algorithm for [{} x {}] x [{} x {}] in {} -> {}",
                m, k, k, n, dtype_name(t), dtype_name(c_t));
-    cache.emplace(key, nullptr);
+    cache->emplace(key, nullptr);
     return nullptr;
   }
   p->algo = p->candidates.front();
-  return cache.emplace(key, std::move(p)).first->second.get();
+  return cache->emplace(key, std::move(p)).first->second.get();
 }
 
 float elapsed_ms(cudaEvent_t e0, cudaEvent_t e1) {
@@ -204,7 +242,9 @@ bool launch(const GemmArgs& g, Epilogue epilogue, void* bias, Stream s) {
   CUDA_CHECK(cudaSetDevice(g.device));
   DeviceCtx& dc = ctx(g.device);
   const DType c_t = g.c_t.value_or(g.t);
-  Plan* p = plan_for(Key{g.device, g.m, g.n, g.k, g.ta, g.tb, int(g.t), int(c_t), epilogue}, dc);
+  Plan* p = plan_for(Key{g.device, g.m, g.n, g.k, g.ta, g.tb, int(g.t), int(c_t), epilogue,
+                         alignment(g.b), alignment(g.a), alignment(g.c)},
+                     dc);
   if (!p) return false;
   std::lock_guard<std::mutex> lock(plan_mu);  // the descriptor's bias pointer is per call
   if (!p->tuned)
@@ -226,10 +266,17 @@ bool launch(const GemmArgs& g, Epilogue epilogue, void* bias, Stream s) {
 }  // namespace
 
 void gemm(const GemmArgs& g, Stream s) {
+  if (g.bias && alignment(g.bias) < kEpilogueAlignment) {
+    // An under-aligned bias (a view at an odd offset): the plain GEMM, then the bias added.
+    launch(g, Epilogue::none, nullptr, s);
+    add_bias_rows(g.c, g.c_t.value_or(g.t), g.bias, g.m, g.n, g.device, s);
+    return;
+  }
   launch(g, g.bias ? Epilogue::bias : Epilogue::none, const_cast<void*>(g.bias), s);
 }
 
 bool gemm_bgrad(const GemmArgs& g, void* bgrad, Stream s) {
+  if (alignment(bgrad) < kEpilogueAlignment) return false;  // the caller sums the rows
   return launch(g, Epilogue::bgrad, bgrad, s);
 }
 
