@@ -19,6 +19,7 @@
 #include "fsdp/data/text_dataset.h"
 #include "fsdp/dist/init.h"
 #include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/nn/layers.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/ops/ops.h"
 #include "fsdp/optim/adamw.h"
@@ -436,6 +437,68 @@ TEST(BadInput, ParameterOnAnotherDeviceThanTheMesh) {
     EXPECT_NE(std::string(e.what()).find("is on cuda:0 but the mesh is on cpu"), std::string::npos)
         << e.what();
   }
+}
+
+// Linear layers of odd sizes with biases: packed one after another, most of their parameters
+// would start at odd offsets. backward records where each parameter and gradient lives while the
+// group has them unsharded.
+class OddLinears : public nn::Module {
+ public:
+  OddLinears() : Module("OddLinears") {
+    a_ = &register_module("a", std::make_unique<nn::Linear>(7, 13, true));
+    b_ = &register_module("b", std::make_unique<nn::Linear>(13, 7, true));
+    c_ = &register_module("c", std::make_unique<nn::Linear>(7, 3, true));
+  }
+  std::vector<std::pair<std::string, const void*>> seen;
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override {
+    return c_->forward(b_->forward(a_->forward(x)));
+  }
+  Tensor backward_impl(const Tensor& dy) override {
+    for (auto& [n, p] : named_parameters()) {
+      seen.emplace_back(n, p->data.raw_data());
+      seen.emplace_back(n + ".grad", p->grad.raw_data());
+    }
+    return a_->backward(b_->backward(c_->backward(dy)));
+  }
+
+ private:
+  nn::Linear *a_, *b_, *c_;
+};
+
+void expect_aligned(const std::vector<std::pair<std::string, const void*>>& seen,
+                    const std::string& what) {
+  for (auto& [n, ptr] : seen)
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(ptr) % 16, 0u)
+        << what << ": " << n << " at " << ptr << " is not 16-byte aligned (rank "
+        << world()->rank() << " of " << world()->size() << ")";
+}
+
+// cuBLASLt's fast kernels and its bias epilogue need 16-byte-aligned operands: every unsharded
+// parameter (weights and biases) and gradient starts 16-byte aligned, whatever the sizes before it,
+// at every world size, in f32 (at one rank the shard itself is the parameter) and in bf16.
+TEST(Layout, UnshardedParametersAndGradientsAre16ByteAligned) {
+  auto mesh = dist::init_device_mesh({world()->size()});
+  for (std::optional<DType> pd : {std::optional<DType>(), std::optional<DType>(DType::bf16)}) {
+    OddLinears m;
+    fully_shard(m, mesh, {.mp_policy = {.param_dtype = pd}, .init_dtype = DType::f32});
+    const DType in = pd.value_or(DType::f32);
+    Tensor x = test::random_tensor({5, 7}, 3, in);
+    Tensor y = m.forward(x);
+    m.backward(Tensor::full(y.shape(), 1.0, in));
+    ASSERT_EQ(m.seen.size(), 12u);
+    expect_aligned(m.seen, pd ? "bf16 param_dtype" : "f32");
+  }
+  // The DDP baseline's flat buffers, as fsdp-train lays them out.
+  OddLinears plain;
+  auto flat = nn::materialize(plain, DType::bf16, kSeed, Device::cpu(), nn::kFlatAlignElems);
+  std::vector<std::pair<std::string, const void*>> seen;
+  for (auto& [n, p] : plain.named_parameters()) {
+    seen.emplace_back(n, p->data.raw_data());
+    seen.emplace_back(n + ".grad", p->grad.raw_data());
+  }
+  expect_aligned(seen, "materialize");
 }
 
 // Under FSDP_DIST_DEVICE_CHECK=1 (its own ctest entries) the world is the device + host group

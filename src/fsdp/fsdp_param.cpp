@@ -6,14 +6,24 @@
 
 namespace fsdp {
 
+namespace {
+int64_t align_up(int64_t x) {
+  return (x + FSDPParam::kAlignElems - 1) / FSDPParam::kAlignElems * FSDPParam::kAlignElems;
+}
+}  // namespace
+
 void FSDPParam::place(int n, int rank, int64_t& sharded, int64_t& unsharded) {
   dim0 = param->shape[0];
   row = dim0 ? shape_numel(param->shape) / dim0 : 0;
   padded_rows = dist::chunk_size(dim0, n);
   std::tie(local_begin, local_rows) = dist::chunk_range(dim0, n, rank);
+  // At one rank the shard is the whole parameter, and the group may hand it out as the
+  // parameter itself (no all-gather): aligned like the unsharded buffer. At more ranks the
+  // shards stay packed (the persistent bytes are the padded shards, nothing more).
+  if (n == 1) sharded = align_up(sharded);
   shard_offset = sharded;
   sharded += padded_rows * row;
-  unsharded_offset = unsharded;
+  unsharded_offset = unsharded = align_up(unsharded);
   unsharded += numel();
 }
 

@@ -21,10 +21,17 @@ struct FSDPParam {
   int64_t padded_rows = 0;    // rows of the largest chunk
   int64_t local_begin = 0, local_rows = 0;
   int64_t shard_offset = 0;      // in the sharded buffer (and in each block of a rank-major one)
-  int64_t unsharded_offset = 0;  // in the unsharded buffer
+  int64_t unsharded_offset = 0;  // in the unsharded buffer: a multiple of kAlignElems
+
+  // Every parameter (and its gradient) starts at a multiple of kAlignElems elements of the
+  // unsharded buffers, so at least 32 bytes for 2-byte dtypes and 64 for f32: cuBLASLt's
+  // vectorised kernels and the bias epilogues need 16-byte-aligned operands, and a weight or
+  // bias at an odd offset would otherwise get a slow kernel, or none.
+  static constexpr int64_t kAlignElems = nn::kFlatAlignElems;
 
   // Lays the parameter out for `rank` of `n` after the `sharded` and `unsharded` elements
-  // already placed, and grows both by its padded shard and its whole size.
+  // already placed (the unsharded offset, and at n = 1 the shard's, rounded up to
+  // kAlignElems), and grows both by its padded shard and its whole size.
   void place(int n, int rank, int64_t& sharded, int64_t& unsharded);
   int64_t numel() const { return dim0 * row; }
   // Every rank's rows between the unsharded buffer and a rank-major buffer of n blocks of

@@ -93,14 +93,21 @@ Parameter& Module::register_parameter(std::string local_name, Shape shape, Init 
   return *params_.back();
 }
 
-FlatParameters materialize(Module& root, DType dtype, uint64_t seed, Device device) {
+FlatParameters materialize(Module& root, DType dtype, uint64_t seed, Device device,
+                           int64_t align) {
+  FSDP_CHECK(align >= 1, "[materialize] align must be at least 1, got {}", align);
   auto named = root.named_parameters();
+  auto start = [&](int64_t off) { return (off + align - 1) / align * align; };
   int64_t total = 0;
-  for (auto& [name, p] : named) total += shape_numel(p->shape);
-  FlatParameters flat{Tensor::empty({total}, dtype, device), Tensor::zeros({total}, dtype, device)};
+  for (auto& [name, p] : named) total = start(total) + shape_numel(p->shape);
+  // Padding (align > 1) is zero in both buffers and stays so under the optimizer.
+  FlatParameters flat{align > 1 ? Tensor::zeros({total}, dtype, device)
+                                : Tensor::empty({total}, dtype, device),
+                      Tensor::zeros({total}, dtype, device)};
   int64_t off = 0;
   for (auto& [name, p] : named) {
     const int64_t n = shape_numel(p->shape);
+    off = start(off);
     p->data = flat.params.slice(off, off + n).view(p->shape);
     p->grad = flat.grads.slice(off, off + n).view(p->shape);
     init_fill(p->init, seed, name, 0, p->data);

@@ -379,7 +379,7 @@ struct Trainer::Impl {
     if (!o.init_from.empty()) {
       // Full weights from a file (PyTorch or Hugging Face names), sharded by fully_shard below.
       checkpoint::SafetensorsIndex file(o.init_from);
-      auto full = nn::materialize(*model, dtype, o.seed, device);
+      auto full = nn::materialize(*model, dtype, o.seed, device, nn::kFlatAlignElems);
       for (auto& [name, p] : model->named_parameters()) {
         Tensor t = checkpoint::read_param(file, cfg, name);
         FSDP_CHECK(t.shape() == p->shape,
@@ -398,7 +398,8 @@ struct Trainer::Impl {
       root = &fully_shard(*model, mesh, fo);
       groups = root->param_groups(o.weight_decay, !o.wd_2d_only);
     } else {
-      if (!flat.params.defined()) flat = nn::materialize(*model, dtype, o.seed, device);
+      if (!flat.params.defined())
+        flat = nn::materialize(*model, dtype, o.seed, device, nn::kFlatAlignElems);
       groups = {{flat.params, flat.grads, o.weight_decay}};
     }
     opt = std::make_unique<optim::AdamW>(groups, ops::AdamWHyper{.lr = o.lr,

@@ -114,7 +114,12 @@ class Module {
 struct FlatParameters {
   Tensor params, grads;  // 1-D, parameters laid out in named_parameters() order
 };
-FlatParameters materialize(Module& root, DType dtype, uint64_t seed, Device device = Device::cpu());
+// With align > 1, each parameter starts at a multiple of `align` elements, zero padding between
+// them: kFlatAlignElems gives every parameter and gradient a 16-byte-aligned start in any dtype
+// (cuBLASLt's vectorised kernels and its bias epilogue need that on CUDA).
+inline constexpr int64_t kFlatAlignElems = 16;
+FlatParameters materialize(Module& root, DType dtype, uint64_t seed, Device device = Device::cpu(),
+                           int64_t align = 1);
 
 // Runs its children in order; backward in reverse. Children are named "0", "1", ...
 class ModuleList : public Module {
