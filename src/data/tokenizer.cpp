@@ -1,5 +1,6 @@
 // Byte-level BPE as Hugging Face tokenizers runs it (fsdp/data/tokenizer.h):
-// added tokens first, then GPT-2's split, bytes -> GPT-2's printable code
+// added tokens first, then GPT-2's split (after each number code point is split off alone, when
+// the tokenizer.json has a Digits(individual_digits) pre-tokenizer before ByteLevel), bytes -> GPT-2's printable code
 // points, then the merges in rank order (the lowest rank first, the leftmost
 // of equal ranks), then the vocabulary.
 #include "fsdp/data/tokenizer.h"
@@ -190,6 +191,7 @@ struct Tokenizer::Impl {
   std::vector<std::pair<std::string, int32_t>> added;  // content, id; longest first
   std::vector<bool> special;
   bool add_prefix_space = false;
+  bool split_digits = false;  // a Digits(individual_digits) pre-tokenizer before ByteLevel
   std::optional<int32_t> bos, eos;
   mutable std::mutex cache_mu;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
@@ -239,10 +241,26 @@ struct Tokenizer::Impl {
       prefixed = " " + std::string(text);
       text = prefixed;
     }
-    for (std::string_view piece : gpt2_split(text)) {
-      auto r = bpe(piece);
-      out.insert(out.end(), r.begin(), r.end());
+    auto split = [&](std::string_view part) {
+      for (std::string_view piece : gpt2_split(part)) {
+        auto r = bpe(piece);
+        out.insert(out.end(), r.begin(), r.end());
+      }
+    };
+    if (!split_digits) return split(text);
+    // Every number code point (\p{N}, Rust's is_numeric) alone, GPT-2's split between them.
+    size_t run = 0;
+    for (size_t i = 0; i < text.size();) {
+      const auto [cp, len] = decode_utf8(text, i);
+      if (cp != kInvalid && classify(cp) == Class::number) {
+        split(text.substr(run, i - run));
+        auto r = bpe(text.substr(i, len));
+        out.insert(out.end(), r.begin(), r.end());
+        run = i + len;
+      }
+      i += len;
     }
+    split(text.substr(run));
   }
 };
 
@@ -322,13 +340,25 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
   FSDP_CHECK(!j.contains("normalizer") || j["normalizer"].is_null(),
              "[tokenizer] {}: a normalizer ({}) is not supported; expected none", where,
              j["normalizer"].dump().substr(0, 80));
-  const json& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
+  json pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
+  // SmolLM2's and StarCoder's: Sequence [Digits(individual_digits), ByteLevel].
+  if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers") &&
+      pre["pretokenizers"].is_array() && pre["pretokenizers"].size() == 2 &&
+      pre["pretokenizers"][0].is_object() &&
+      pre["pretokenizers"][0].value("type", "") == "Digits" &&
+      pre["pretokenizers"][0].value("individual_digits", false) == true) {
+    t->split_digits = true;
+    json byte_level = pre["pretokenizers"][1];
+    pre = std::move(byte_level);
+  }
   FSDP_CHECK(
       pre.is_object() && pre.value("type", "") == "ByteLevel" && pre.value("use_regex", true),
       "[tokenizer] {}: pre_tokenizer {} is not supported; expected ByteLevel with "
-      "use_regex (GPT-2's split)",
+      "use_regex (GPT-2's split), alone or after Digits(individual_digits)",
       where, pre.dump().substr(0, 80));
   t->add_prefix_space = pre.value("add_prefix_space", false);
+  FSDP_CHECK(!(t->split_digits && t->add_prefix_space),
+             "[tokenizer] {}: Digits then ByteLevel with add_prefix_space is not supported", where);
   FSDP_CHECK(model.contains("vocab") && model["vocab"].is_object(),
              "[tokenizer] {}: no model.vocab", where);
   std::map<int64_t, std::string> by_id;

@@ -2,7 +2,9 @@
 //   - bytes(): the byte vocabulary (id = byte value), prepare_text.py's default;
 //   - from_file(): a tokenizer.json with a byte-level BPE model, as
 //     `prepare_text.py --tokenizer bpe` trains it (Hugging Face tokenizers'
-//     ByteLevel pre-tokenizer, GPT-2's split regex, no prefix space).
+//     ByteLevel pre-tokenizer, GPT-2's split regex, no prefix space), or with
+//     SmolLM2's and StarCoder's Sequence [Digits(individual_digits), ByteLevel]
+//     (each number code point alone first).
 // Both are GPT-2-style byte-level vocabularies: every token is a byte string,
 // written with GPT-2's byte-to-unicode map (a space is "Ġ"), which is how
 // Hugging Face and llama.cpp's "gpt2" model store them; any text encodes, and
