@@ -507,7 +507,7 @@ if begin memcheck 60 build gpu sanitizer; then
     --gtest_filter='Dtypes/BackendOps.*' > "$out/memcheck.log" 2>&1
   rc=$?
   note "- compute-sanitizer memcheck on Dtypes/BackendOps.*: exit $rc ($(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1))"
-  if [ $rc -eq 0 ]; then end PASS; else end FAIL; fi
+  if [ $rc -eq 0 ] && grep -q 'ERROR SUMMARY: 0 errors' "$out/memcheck.log"; then end PASS; else end FAIL; fi
 fi
 
 why_end="every stage reported"
