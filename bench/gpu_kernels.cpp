@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
                       time_ms(
                           [&] {
                             kc::attention_forward(qkv.raw_data(), out.raw_data(), lse.data<float>(),
-                                                  bf, B, T, H, hd, causal, 0, stream());
+                                                  bf, B, T, H, H, hd, causal, 0, stream());
                           },
                           2),
                       f, 0});
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
                           [&] {
                             kc::attention_backward(dout.raw_data(), qkv.raw_data(), out.raw_data(),
                                                    lse.data<float>(), dqkv.raw_data(), bf, B, T, H,
-                                                   hd, causal, 0, stream());
+                                                   H, hd, causal, 0, stream());
                           },
                           2),
                       2.5 * f, 0});

@@ -183,6 +183,26 @@ TEST_P(BackendOps, EveryOpMatchesTheCpu) {
             return std::vector<Tensor>{a.out, d};
           },
           dt, tol);
+  // Grouped-query attention: 4 query heads over 2 and over 1 kv heads (the dk/dv pass sums a
+  // group), rotary on the q and k heads.
+  for (int64_t kv : {2, 1})
+    for (bool causal : {false, true})
+      expect_matches(
+          fmt::format("attention gqa kv={} causal={}", kv, causal),
+          {rnd({2, 37, (4 + 2 * kv) * 32}, 27), rnd({2, 37, 4 * 32}, 28)},
+          [&](auto& v) {
+            Tensor qkv = v[0].clone();
+            ops::rope_(qkv, 4, 10000.0, false, 0, kv);
+            auto a = ops::attention_forward(qkv, 4, causal, kv);
+            Tensor d = ops::attention_backward(v[1], qkv, a.out, a.lse, 4, causal, kv);
+            ops::rope_(d, 4, 10000.0, true, 0, kv);
+            return std::vector<Tensor>{a.out, d};
+          },
+          dt, tol);
+  expect_matches(
+      "attention_decode gqa", {rnd({3, 4 * 32}, 29), rnd({40, 32}, 30), rnd({40, 32}, 31)},
+      [&](auto& v) { return std::vector<Tensor>{ops::attention_decode(v[0], v[1], v[2], 4, 37)}; },
+      dt, tol);
   // Generation: rotary at an offset, and a decode step over a 300-position cache.
   expect_matches(
       "rope offset / attention_decode",
@@ -241,21 +261,26 @@ TEST(Cuda, CudnnAttentionMatchesOurKernel) {
   REQUIRE_CUDA();
   namespace kc = kernels::cuda;
   struct Case {
-    int64_t B, T, H, hd;
+    int64_t B, T, H, KV, hd;
   };
-  for (Case c : {Case{2, 256, 4, 64}, Case{1, 200, 2, 128}, Case{2, 1024, 2, 128}})
+  for (Case c : {Case{2, 256, 4, 4, 64}, Case{1, 200, 2, 2, 128}, Case{2, 1024, 2, 2, 128},
+                 Case{2, 256, 9, 3, 64}, Case{1, 200, 4, 1, 64}})
     for (DType dt : {DType::bf16, DType::f16})
       for (bool causal : {false, true}) {
-        const std::string what = fmt::format("B {} T {} H {} hd {} {} causal={}", c.B, c.T, c.H,
-                                             c.hd, dtype_name(dt), causal);
-        const int64_t fw = kc::cudnn_attention_workspace(false, dt, c.B, c.T, c.H, c.hd, causal, 0);
-        const int64_t bw = kc::cudnn_attention_workspace(true, dt, c.B, c.T, c.H, c.hd, causal, 0);
+        const std::string what = fmt::format("B {} T {} H {} KV {} hd {} {} causal={}", c.B, c.T,
+                                             c.H, c.KV, c.hd, dtype_name(dt), causal);
+        const int64_t fw =
+            kc::cudnn_attention_workspace(false, dt, c.B, c.T, c.H, c.KV, c.hd, causal, 0);
+        const int64_t bw =
+            kc::cudnn_attention_workspace(true, dt, c.B, c.T, c.H, c.KV, c.hd, causal, 0);
         ASSERT_GE(fw, 0) << what << ": "
-                         << kc::cudnn_attention_refusal(false, dt, c.B, c.T, c.H, c.hd, causal, 0);
+                         << kc::cudnn_attention_refusal(false, dt, c.B, c.T, c.H, c.KV, c.hd,
+                                                        causal, 0);
         ASSERT_GE(bw, 0) << what << ": "
-                         << kc::cudnn_attention_refusal(true, dt, c.B, c.T, c.H, c.hd, causal, 0);
+                         << kc::cudnn_attention_refusal(true, dt, c.B, c.T, c.H, c.KV, c.hd, causal,
+                                                        0);
         const int64_t d = c.H * c.hd;
-        Tensor qkv = rnd({c.B, c.T, 3 * d}, 40, -2, 2).to(dt).to(kGpu);
+        Tensor qkv = rnd({c.B, c.T, (c.H + 2 * c.KV) * c.hd}, 40, -2, 2).to(dt).to(kGpu);
         Tensor dout = rnd({c.B, c.T, d}, 41).to(dt).to(kGpu);
         auto out = [&] { return Tensor::empty({c.B, c.T, d}, dt, kGpu); };
         auto lse = [&] { return Tensor::empty({c.B, c.H, c.T}, DType::f32, kGpu); };
@@ -263,19 +288,19 @@ TEST(Cuda, CudnnAttentionMatchesOurKernel) {
         Tensor ws = Tensor::empty({std::max<int64_t>(fw, bw) / 8 + 1}, DType::i64, kGpu);
         Tensor o1 = out(), l1 = lse(), o2 = out(), l2 = lse();
         kc::attention_forward(qkv.raw_data(), o1.raw_data(), l1.data<float>(), dt, c.B, c.T, c.H,
-                              c.hd, causal, 0, nullptr);
+                              c.KV, c.hd, causal, 0, nullptr);
         kc::cudnn_attention_forward(qkv.raw_data(), o2.raw_data(), l2.data<float>(), dt, c.B, c.T,
-                                    c.H, c.hd, causal, ws.raw_data(), 0, nullptr);
+                                    c.H, c.KV, c.hd, causal, ws.raw_data(), 0, nullptr);
         EXPECT_LT(test::rel_error(o2.to(Device::cpu()), o1.to(Device::cpu())), 1e-2) << what;
         EXPECT_LT(test::rel_error(l2.to(Device::cpu()), l1.to(Device::cpu())), 1e-4) << what;
         Tensor g1 = grad(), g2 = grad(), g3 = grad();
         kc::attention_backward(dout.raw_data(), qkv.raw_data(), o1.raw_data(), l1.data<float>(),
-                               g1.raw_data(), dt, c.B, c.T, c.H, c.hd, causal, 0, nullptr);
+                               g1.raw_data(), dt, c.B, c.T, c.H, c.KV, c.hd, causal, 0, nullptr);
         kc::cudnn_attention_backward(dout.raw_data(), qkv.raw_data(), o2.raw_data(),
-                                     l2.data<float>(), g2.raw_data(), dt, c.B, c.T, c.H, c.hd,
+                                     l2.data<float>(), g2.raw_data(), dt, c.B, c.T, c.H, c.KV, c.hd,
                                      causal, ws.raw_data(), 0, nullptr);
         kc::cudnn_attention_backward(dout.raw_data(), qkv.raw_data(), o1.raw_data(),
-                                     l1.data<float>(), g3.raw_data(), dt, c.B, c.T, c.H, c.hd,
+                                     l1.data<float>(), g3.raw_data(), dt, c.B, c.T, c.H, c.KV, c.hd,
                                      causal, ws.raw_data(), 0, nullptr);
         Tensor ref = g1.to(Device::cpu());
         EXPECT_FALSE(any_nan(g2.to(Device::cpu()))) << what;

@@ -261,6 +261,115 @@ TEST(Rope, RotatesPairsAndBackwardIsTranspose) {
       qkv, dr);
 }
 
+// Grouped-query attention: a packed qkv [B, T, (H + 2 KV) hd] with each kv head repeated for the
+// H / KV query heads of its group (Hugging Face's repeat_kv) gives the multi-head qkv
+// [B, T, 3 H hd] that the grouped one must equal.
+Tensor repeat_kv(const Tensor& qkv, int64_t H, int64_t KV) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), hd = qkv.size(2) / (H + 2 * KV);
+  Tensor out = Tensor::empty({B, T, 3 * H * hd}, DType::f64);
+  const double* src = qkv.data<double>();
+  double* dst = out.data<double>();
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    for (int64_t part = 0; part < 3; ++part)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t from = part == 0 ? h : H + (part - 1) * KV + h / (H / KV);
+        for (int64_t c = 0; c < hd; ++c)
+          dst[(bt * 3 + part) * H * hd + h * hd + c] = src[bt * (H + 2 * KV) * hd + from * hd + c];
+      }
+  return out;
+}
+
+// The transpose of repeat_kv: a multi-head gradient summed back onto the grouped layout (dK and
+// dV of a kv head are the sums over its query heads).
+Tensor sum_kv(const Tensor& dmha, int64_t H, int64_t KV) {
+  const int64_t B = dmha.size(0), T = dmha.size(1), hd = dmha.size(2) / (3 * H);
+  Tensor out = Tensor::zeros({B, T, (H + 2 * KV) * hd}, DType::f64);
+  const double* src = dmha.data<double>();
+  double* dst = out.data<double>();
+  for (int64_t bt = 0; bt < B * T; ++bt)
+    for (int64_t part = 0; part < 3; ++part)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t to = part == 0 ? h : H + (part - 1) * KV + h / (H / KV);
+        for (int64_t c = 0; c < hd; ++c)
+          dst[bt * (H + 2 * KV) * hd + to * hd + c] += src[(bt * 3 + part) * H * hd + h * hd + c];
+      }
+  return out;
+}
+
+// 4 query heads over 2 kv heads and over 1 (multi-query), head dim 6: the forward equals
+// multi-head attention over the repeated kv heads, the backward equals its gradient summed over
+// each group, and both match central differences; T 130 crosses the CPU kernel's 128-row tile.
+TEST(Attention, GroupedQueryEqualsRepeatedKvAndGradients) {
+  const int64_t H = 4, hd = 6;
+  for (int64_t KV : {2, 1})
+    for (int64_t T : {5, 130})
+      for (bool causal : {false, true}) {
+        const std::string what = fmt::format("kv {} T {} causal {}", KV, T, causal);
+        Tensor qkv = random_tensor({2, T, (H + 2 * KV) * hd}, 80 + T + KV),
+               r = random_tensor({2, T, H * hd}, 81 + T);
+        auto a = ops::attention_forward(qkv, H, causal, KV);
+        Tensor mha = repeat_kv(qkv, H, KV);
+        auto m = ops::attention_forward(mha, H, causal);
+        EXPECT_LT(rel_error(a.out, m.out), 1e-13) << what;
+        EXPECT_LT(rel_error(a.lse, m.lse), 1e-13) << what;
+        Tensor dqkv = ops::attention_backward(r, qkv, a.out, a.lse, H, causal, KV);
+        EXPECT_EQ(dqkv.shape(), qkv.shape());
+        EXPECT_LT(rel_error(dqkv, sum_kv(ops::attention_backward(r, mha, m.out, m.lse, H, causal),
+                                         H, KV)),
+                  1e-12)
+            << what;
+        expect_grad_matches(
+            "gqa attention dqkv " + what,
+            [&] { return dot(ops::attention_forward(qkv, H, causal, KV).out, r); }, qkv, dqkv,
+            T > 100 ? 40 : 120);
+      }
+  // Heads must be a multiple of the kv heads, and the width (H + 2 KV) hd.
+  EXPECT_THROW(ops::attention_forward(random_tensor({1, 2, 7 * 4}, 3), 3, false, 2), Error);
+  EXPECT_THROW(ops::attention_forward(random_tensor({1, 2, 9 * 4}, 3), 4, false, 2), Error);
+}
+
+// Rotary on a grouped qkv rotates its H query heads and KV key heads as the multi-head rotary
+// does each head, leaves the values alone, and its backward is the transpose.
+TEST(Rope, GroupedQueryRotatesQueryAndKeyHeads) {
+  const int64_t H = 4, KV = 2, hd = 6;
+  Tensor qkv = random_tensor({2, 5, (H + 2 * KV) * hd}, 82),
+         r = random_tensor({2, 5, (H + 2 * KV) * hd}, 83);
+  Tensor y = qkv.clone();
+  ops::rope_(y, H, 100000.0, false, 3, KV);
+  Tensor m = repeat_kv(qkv, H, KV);
+  ops::rope_(m, H, 100000.0, false, 3);
+  EXPECT_LT(rel_error(repeat_kv(y, H, KV), m), 1e-14);
+  Tensor dr = r.clone();
+  ops::rope_(dr, H, 100000.0, true, 3, KV);
+  expect_grad_matches(
+      "gqa rope",
+      [&] {
+        Tensor z = qkv.clone();
+        ops::rope_(z, H, 100000.0, false, 3, KV);
+        return dot(z, r);
+      },
+      qkv, dr);
+}
+
+// A decode step over a cache of kv heads equals the grouped causal attention's rows.
+TEST(Attention, GroupedQueryDecodeEqualsCausalRows) {
+  const int64_t T = 7, H = 4, hd = 6, past = 4, n = T - past;
+  for (int64_t KV : {2, 1}) {
+    const int64_t w = (H + 2 * KV) * hd;
+    Tensor qkv = random_tensor({1, T, w}, 84 + KV);
+    Tensor full = ops::attention_forward(qkv, H, true, KV).out.view({T, H * hd});
+    Tensor rows = qkv.view({T, w});
+    Tensor q = rows.narrow(0, past, n).narrow(1, 0, H * hd).contiguous();
+    Tensor k = rows.narrow(1, H * hd, KV * hd).contiguous(),
+           v = rows.narrow(1, (H + KV) * hd, KV * hd).contiguous();
+    EXPECT_LT(rel_error(ops::attention_decode(q, k, v, H, past), full.narrow(0, past, n)), 1e-13)
+        << "kv " << KV;
+  }
+  // k and v of 5 columns are no whole number of head-dim-6 kv heads.
+  Tensor q = random_tensor({1, 24}, 1), k = random_tensor({1, 5}, 2);
+  EXPECT_THROW(ops::attention_decode(q, k, k, 4, 0), Error);
+}
+
 TEST(CrossEntropy, ValueAndGradient) {
   Tensor logits = random_tensor({6, 7}, 70, DType::f64, -2, 2);
   Tensor targets = random_ids({6}, 7, 71);

@@ -56,29 +56,31 @@ template <class T>
 void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw,
                       int64_t rows, int64_t dim);
 
-// rope.cpp: rotates the q and k parts of a packed qkv [B, T, 3, H, hd] in
-// place, half-split pairs (i, i + hd/2) as Hugging Face's rotate_half does.
-// inverse = true applies the transpose rotation (the backward).
+// rope.cpp: rotates the q and k parts of a packed qkv [B, T, H + 2 KV, hd] (H query heads, KV
+// key heads, KV value heads) in place, half-split pairs (i, i + hd/2) as Hugging Face's
+// rotate_half does. inverse = true applies the transpose rotation (the backward).
 template <class T>
-void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t hd, double theta, bool inverse,
-              int64_t offset = 0);
+void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t hd, double theta,
+              bool inverse, int64_t offset = 0);
 
-// attention.cpp: out = softmax(q k^T / sqrt(hd) [+ causal mask]) v per (b, h)
-// from a packed qkv [B, T, 3d]. lse [B, H, T] keeps each row's log-sum-exp, so
-// the backward recomputes the probabilities instead of storing B*H*T*T of them.
+// attention.cpp: out = softmax(q k^T / sqrt(hd) [+ causal mask]) v per (b, h) from a packed
+// qkv [B, T, (H + 2 KV) hd]; query head h reads kv head h / (H / KV) (grouped-query attention;
+// KV = H is multi-head). out is [B, T, H hd]. lse [B, H, T] keeps each row's log-sum-exp, so
+// the backward recomputes the probabilities instead of storing B*H*T*T of them; its dk and dv
+// sum over the query heads of each group.
 template <class T>
-void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int64_t H, int64_t hd,
-                       bool causal);
+void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int64_t H, int64_t KV,
+                       int64_t hd, bool causal);
 template <class T>
 void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv, int64_t B,
-                        int64_t T_, int64_t H, int64_t hd, bool causal);
+                        int64_t T_, int64_t H, int64_t KV, int64_t hd, bool causal);
 
 // attention.cpp: one decode step over a KV cache. q [n, H*hd] holds the queries at positions
-// past .. past+n-1, k and v [past+n, H*hd] every key and value so far; query i attends to keys
-// 0 .. past+i. out [n, H*hd].
+// past .. past+n-1, k and v [past+n, KV*hd] every key and value so far; query i attends to keys
+// 0 .. past+i, query head h to kv head h / (H / KV). out [n, H*hd].
 template <class T>
-void attention_decode(const T* q, const T* k, const T* v, T* out, int64_t n, int64_t H, int64_t hd,
-                      int64_t past);
+void attention_decode(const T* q, const T* k, const T* v, T* out, int64_t n, int64_t H, int64_t KV,
+                      int64_t hd, int64_t past);
 
 // softmax_xent.cpp: mean cross-entropy over n rows of v logits.
 template <class T, class I>

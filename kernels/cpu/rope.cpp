@@ -1,7 +1,7 @@
 // Rotary position embedding on the q and k parts of a packed qkv buffer
-// [B, T, 3, H, hd]. Pairs are half-split, (i, i + hd/2), with frequency
-// theta^(-2i/hd), the convention of Hugging Face's llama (rotate_half).
-// The rotation is orthogonal, so the backward is the inverse rotation.
+// [B, T, H + 2 KV, hd] (H query heads, then KV key heads, then KV value heads). Pairs are
+// half-split, (i, i + hd/2), with frequency theta^(-2i/hd), the convention of Hugging Face's llama
+// (rotate_half). The rotation is orthogonal, so the backward is the inverse rotation.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -12,9 +12,9 @@
 namespace fsdp::kernels::cpu {
 
 template <class T>
-void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t hd, double theta, bool inverse,
-              int64_t offset) {
-  const int64_t half = hd / 2, d = H * hd;
+void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t hd, double theta,
+              bool inverse, int64_t offset) {
+  const int64_t half = hd / 2, d = (H + 2 * KV) * hd;
   // cos/sin per (t, i), computed in double once per call.
   std::vector<T> cs(size_t(T_ * half)), sn(size_t(T_ * half));
   for (int64_t t = 0; t < T_; ++t)
@@ -26,23 +26,24 @@ void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t hd, double theta
 #pragma omp parallel for collapse(2) if (B * T_ * d > (1 << 14))
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T_; ++t) {
-      T* row = qkv + (b * T_ + t) * 3 * d;
+      T* row = qkv + (b * T_ + t) * d;
       const T* c = cs.data() + t * half;
       const T* s = sn.data() + t * half;
-      for (int64_t part = 0; part < 2; ++part)  // q, then k
-        for (int64_t h = 0; h < H; ++h) {
-          T* x = row + part * d + h * hd;
+      for (int64_t h = 0; h < H + KV; ++h) {  // the q heads, then the k heads (adjacent)
+        T* x = row + h * hd;
 #pragma omp simd
-          for (int64_t i = 0; i < half; ++i) {
-            T x0 = x[i], x1 = x[i + half];
-            x[i] = x0 * c[i] - x1 * s[i];
-            x[i + half] = x1 * c[i] + x0 * s[i];
-          }
+        for (int64_t i = 0; i < half; ++i) {
+          T x0 = x[i], x1 = x[i + half];
+          x[i] = x0 * c[i] - x1 * s[i];
+          x[i + half] = x1 * c[i] + x0 * s[i];
         }
+      }
     }
 }
 
-template void rope_qkv<float>(float*, int64_t, int64_t, int64_t, int64_t, double, bool, int64_t);
-template void rope_qkv<double>(double*, int64_t, int64_t, int64_t, int64_t, double, bool, int64_t);
+template void rope_qkv<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool,
+                              int64_t);
+template void rope_qkv<double>(double*, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool,
+                               int64_t);
 
 }  // namespace fsdp::kernels::cpu

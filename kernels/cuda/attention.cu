@@ -6,7 +6,10 @@
 // probabilities from it, in two passes that need no atomics (dq by query
 // rows, dk and dv by key rows). Scores are dot products reduced across the
 // warp, so this is the simple version: correct for any T and head dims up to
-// 256, without the tensor-core tiling of FlashAttention-2.
+// 256, without the tensor-core tiling of FlashAttention-2. Grouped-query
+// attention: qkv rows hold H query heads, then KV key heads, then KV value
+// heads; query head h reads kv head h / (H / KV), and the dk/dv pass runs one
+// block per kv head, over the query heads of its group in turn.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -17,13 +20,15 @@ namespace {
 constexpr int kWarps = 8, kTile = 16, kMaxD = 256, kPerLane = kMaxD / 32;
 
 struct Dims {
-  int64_t B, T, H, hd;
+  int64_t B, T, H, KV, hd;
 };
 
+// Part 0 (q) of query head h, or part 1 (k) / 2 (v) of kv head h, at position t.
 template <class T>
-__device__ __forceinline__ const T* qkv_row(const T* qkv, const Dims& d, int64_t b, int64_t t,
-                                            int part, int64_t h) {
-  return qkv + ((b * d.T + t) * 3 + part) * d.H * d.hd + h * d.hd;
+__device__ __forceinline__ T* qkv_row(T* qkv, const Dims& d, int64_t b, int64_t t, int part,
+                                      int64_t h) {
+  return qkv + (b * d.T + t) * (d.H + 2 * d.KV) * d.hd +
+         (part == 0 ? h : d.H + (part - 1) * d.KV + h) * d.hd;
 }
 
 template <class T>
@@ -62,7 +67,7 @@ template <class T>
 __global__ void attn_fwd(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse,
                          Dims d, bool causal, float scale) {
   __shared__ float sk[kTile][kMaxD], sv[kTile][kMaxD];
-  const int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H;
+  const int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H, g = h / (d.H / d.KV);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t i = int64_t(blockIdx.y) * kWarps + warp;
   const bool valid = i < d.T;
@@ -73,8 +78,8 @@ __global__ void attn_fwd(const T* __restrict__ qkv, T* __restrict__ out, float* 
   for (int64_t j0 = 0; j0 < end; j0 += kTile) {
     __syncthreads();
     stage<T>(
-        sk, sv, j0, d.T, d.hd, [&](int64_t j) { return qkv_row(qkv, d, b, j, 1, h); },
-        [&](int64_t j) { return qkv_row(qkv, d, b, j, 2, h); });
+        sk, sv, j0, d.T, d.hd, [&](int64_t j) { return qkv_row(qkv, d, b, j, 1, g); },
+        [&](int64_t j) { return qkv_row(qkv, d, b, j, 2, g); });
     __syncthreads();
     if (!valid) continue;
     for (int jj = 0; jj < kTile; ++jj) {
@@ -122,7 +127,7 @@ __global__ void attn_bwd_dq(const T* __restrict__ dout, const T* __restrict__ qk
                             const float* __restrict__ lse, const float* __restrict__ D,
                             T* __restrict__ dqkv, Dims d, bool causal, float scale) {
   __shared__ float sk[kTile][kMaxD], sv[kTile][kMaxD];
-  const int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H;
+  const int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H, g = h / (d.H / d.KV);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t i = int64_t(blockIdx.y) * kWarps + warp;
   const bool valid = i < d.T;
@@ -138,8 +143,8 @@ __global__ void attn_bwd_dq(const T* __restrict__ dout, const T* __restrict__ qk
   for (int64_t j0 = 0; j0 < end; j0 += kTile) {
     __syncthreads();
     stage<T>(
-        sk, sv, j0, d.T, d.hd, [&](int64_t j) { return qkv_row(qkv, d, b, j, 1, h); },
-        [&](int64_t j) { return qkv_row(qkv, d, b, j, 2, h); });
+        sk, sv, j0, d.T, d.hd, [&](int64_t j) { return qkv_row(qkv, d, b, j, 1, g); },
+        [&](int64_t j) { return qkv_row(qkv, d, b, j, 2, g); });
     __syncthreads();
     if (!valid) continue;
     for (int jj = 0; jj < kTile; ++jj) {
@@ -155,7 +160,7 @@ __global__ void attn_bwd_dq(const T* __restrict__ dout, const T* __restrict__ qk
     }
   }
   if (!valid) return;
-  T* o = dqkv + ((b * d.T + i) * 3 + 0) * d.H * d.hd + h * d.hd;
+  T* o = qkv_row(dqkv, d, b, i, 0, h);
 #pragma unroll
   for (int u = 0; u < kPerLane; ++u) {
     const int64_t c = lane + 32 * u;
@@ -169,47 +174,48 @@ __global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ 
                               T* __restrict__ dqkv, Dims d, bool causal, float scale) {
   __shared__ float sq[kTile][kMaxD], sdo[kTile][kMaxD];
   __shared__ float slse[kTile], sD[kTile];
-  const int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H;
+  const int64_t b = blockIdx.x / d.KV, g = blockIdx.x % d.KV, group = d.H / d.KV;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t j = int64_t(blockIdx.y) * kWarps + warp;  // this warp's key row
   const bool valid = j < d.T;
   float k[kPerLane], v[kPerLane], dk[kPerLane] = {0}, dv[kPerLane] = {0};
   if (valid) {
-    load_row(k, qkv_row(qkv, d, b, j, 1, h), d.hd, lane, scale);
-    load_row(v, qkv_row(qkv, d, b, j, 2, h), d.hd, lane);
+    load_row(k, qkv_row(qkv, d, b, j, 1, g), d.hd, lane, scale);
+    load_row(v, qkv_row(qkv, d, b, j, 2, g), d.hd, lane);
   }
   const int64_t begin = causal ? (int64_t(blockIdx.y) * kWarps) / kTile * kTile : 0;
-  for (int64_t i0 = begin; i0 < d.T; i0 += kTile) {
-    __syncthreads();
-    stage<T>(
-        sq, sdo, i0, d.T, d.hd, [&](int64_t i) { return qkv_row(qkv, d, b, i, 0, h); },
-        [&](int64_t i) { return dout + (b * d.T + i) * d.H * d.hd + h * d.hd; });
-    if (threadIdx.x < kTile) {
-      const int64_t i = i0 + threadIdx.x;
-      slse[threadIdx.x] = i < d.T ? lse[(b * d.H + h) * d.T + i] : 0.f;
-      sD[threadIdx.x] = i < d.T ? D[(b * d.H + h) * d.T + i] : 0.f;
-    }
-    __syncthreads();
-    if (!valid) continue;
-    for (int ii = 0; ii < kTile; ++ii) {
-      const int64_t i = i0 + ii;
-      if (i >= d.T) break;
-      if (causal && i < j) continue;
-      const float p = __expf(dot_row(k, sq[ii], d.hd, lane) - slse[ii]);
-      const float ds = p * (dot_row(v, sdo[ii], d.hd, lane) - sD[ii]);
+  for (int64_t h = g * group; h < (g + 1) * group; ++h)  // the query heads that read this kv head
+    for (int64_t i0 = begin; i0 < d.T; i0 += kTile) {
+      __syncthreads();
+      stage<T>(
+          sq, sdo, i0, d.T, d.hd, [&](int64_t i) { return qkv_row(qkv, d, b, i, 0, h); },
+          [&](int64_t i) { return dout + (b * d.T + i) * d.H * d.hd + h * d.hd; });
+      if (threadIdx.x < kTile) {
+        const int64_t i = i0 + threadIdx.x;
+        slse[threadIdx.x] = i < d.T ? lse[(b * d.H + h) * d.T + i] : 0.f;
+        sD[threadIdx.x] = i < d.T ? D[(b * d.H + h) * d.T + i] : 0.f;
+      }
+      __syncthreads();
+      if (!valid) continue;
+      for (int ii = 0; ii < kTile; ++ii) {
+        const int64_t i = i0 + ii;
+        if (i >= d.T) break;
+        if (causal && i < j) continue;
+        const float p = __expf(dot_row(k, sq[ii], d.hd, lane) - slse[ii]);
+        const float ds = p * (dot_row(v, sdo[ii], d.hd, lane) - sD[ii]);
 #pragma unroll
-      for (int u = 0; u < kPerLane; ++u) {
-        const int64_t c = lane + 32 * u;
-        if (c < d.hd) {
-          dv[u] += p * sdo[ii][c];
-          dk[u] += ds * sq[ii][c];
+        for (int u = 0; u < kPerLane; ++u) {
+          const int64_t c = lane + 32 * u;
+          if (c < d.hd) {
+            dv[u] += p * sdo[ii][c];
+            dk[u] += ds * sq[ii][c];
+          }
         }
       }
     }
-  }
   if (!valid) return;
-  T* ok = dqkv + ((b * d.T + j) * 3 + 1) * d.H * d.hd + h * d.hd;
-  T* ov = dqkv + ((b * d.T + j) * 3 + 2) * d.H * d.hd + h * d.hd;
+  T* ok = qkv_row(dqkv, d, b, j, 1, g);
+  T* ov = qkv_row(dqkv, d, b, j, 2, g);
 #pragma unroll
   for (int u = 0; u < kPerLane; ++u) {
     const int64_t c = lane + 32 * u;
@@ -223,12 +229,12 @@ __global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ 
 }  // namespace
 
 void attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
-                       int64_t H, int64_t hd, bool causal, int device, Stream s) {
+                       int64_t H, int64_t KV, int64_t hd, bool causal, int device, Stream s) {
   FSDP_CHECK(hd <= kMaxD, "[attention] CUDA attention supports head dims up to {}, got {}", kMaxD,
              hd);
   if (B * T * H == 0) return;
   CUDA_CHECK(cudaSetDevice(device));
-  const Dims d{B, T, H, hd};
+  const Dims d{B, T, H, KV, hd};
   const dim3 grid(unsigned(B * H), unsigned((T + kWarps - 1) / kWarps));
   dispatch_float(t, "attention", [&](auto tv) {
     using TT = decltype(tv);
@@ -239,13 +245,13 @@ void attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t 
 }
 
 void attention_backward(const void* dout, const void* qkv, const void* out, const float* lse,
-                        void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd,
-                        bool causal, int device, Stream s) {
+                        void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
+                        int64_t hd, bool causal, int device, Stream s) {
   FSDP_CHECK(hd <= kMaxD, "[attention_backward] CUDA attention supports head dims up to {}, got {}",
              kMaxD, hd);
   if (B * T * H == 0) return;
   CUDA_CHECK(cudaSetDevice(device));
-  const Dims d{B, T, H, hd};
+  const Dims d{B, T, H, KV, hd};
   Scratch scratch(size_t(B * H * T) * sizeof(float), device);
   float* D = scratch.as<float>();
   const dim3 grid(unsigned(B * H), unsigned((T + kWarps - 1) / kWarps));
@@ -258,7 +264,7 @@ void attention_backward(const void* dout, const void* qkv, const void* out, cons
     attn_bwd_dq<TT><<<grid, 32 * kWarps, 0, cudaStream_t(s)>>>(
         static_cast<const TT*>(dout), static_cast<const TT*>(qkv), lse, D, static_cast<TT*>(dqkv),
         d, causal, scale);
-    attn_bwd_dkdv<TT><<<grid, 32 * kWarps, 0, cudaStream_t(s)>>>(
+    attn_bwd_dkdv<TT><<<dim3(unsigned(B * KV), grid.y), 32 * kWarps, 0, cudaStream_t(s)>>>(
         static_cast<const TT*>(dout), static_cast<const TT*>(qkv), lse, D, static_cast<TT*>(dqkv),
         d, causal, scale);
   });
@@ -270,13 +276,14 @@ void attention_backward(const void* dout, const void* qkv, const void* out, cons
 template <class T>
 __global__ void attn_decode_kernel(const T* __restrict__ q, const T* __restrict__ k,
                                    const T* __restrict__ v, T* __restrict__ out, int64_t H,
-                                   int64_t hd, int64_t past, float scale) {
+                                   int64_t KV, int64_t hd, int64_t past, float scale) {
   extern __shared__ float p[];
   const int64_t i = blockIdx.x / H, h = blockIdx.x % H, d = H * hd, keys = past + i + 1;
+  const int64_t dkv = KV * hd, g = h / (H / KV);
   const T* qi = q + i * d + h * hd;
   float mx = -INFINITY;
   for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) {
-    const T* kj = k + j * d + h * hd;
+    const T* kj = k + j * dkv + g * hd;
     float s = 0.f;
     for (int64_t c = 0; c < hd; ++c) s += to_f32(qi[c]) * to_f32(kj[c]);
     p[j] = s * scale;
@@ -288,13 +295,13 @@ __global__ void attn_decode_kernel(const T* __restrict__ q, const T* __restrict_
   sum = block_sum(sum);  // (its barriers also order the writes of p before the reads below)
   for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) {
     float o = 0.f;
-    for (int64_t j = 0; j < keys; ++j) o += p[j] * to_f32(v[j * d + h * hd + c]);
+    for (int64_t j = 0; j < keys; ++j) o += p[j] * to_f32(v[j * dkv + g * hd + c]);
     out[i * d + h * hd + c] = from_f32<T>(o / sum);
   }
 }
 
 void attention_decode(const void* q, const void* k, const void* v, void* out, DType t, int64_t n,
-                      int64_t H, int64_t hd, int64_t past, int device, Stream s) {
+                      int64_t H, int64_t KV, int64_t hd, int64_t past, int device, Stream s) {
   if (n * H == 0) return;
   const size_t smem = size_t(past + n) * sizeof(float);
   FSDP_CHECK(smem <= 48 * 1024,
@@ -306,7 +313,7 @@ void attention_decode(const void* q, const void* k, const void* v, void* out, DT
     using TT = decltype(tv);
     attn_decode_kernel<TT><<<unsigned(n * H), 128, smem, cudaStream_t(s)>>>(
         static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v),
-        static_cast<TT*>(out), H, hd, past, scale);
+        static_cast<TT*>(out), H, KV, hd, past, scale);
   });
   CUDA_CHECK(cudaGetLastError());
 }

@@ -1,9 +1,11 @@
 // Attention through cuDNN's fused SDPA (flash attention), built with
 // cudnn-frontend's graph API: `sdpa` with stats for training and
 // `sdpa_backward`, causal or not, bf16 or f16 with f32 softmax. Our packed
-// layouts need no copies: q, k and v are strided views of qkv [B, T, 3, H, hd]
-// (dims [B, H, T, hd], strides [T*3*H*hd, hd, 3*H*hd, 1]), and so are dq, dk
-// and dv in dqkv; out and dout are [B, T, H, hd]. cuDNN's stats are the
+// layouts need no copies: q, k and v are strided views of qkv
+// [B, T, H + 2 KV, hd] (q dims [B, H, T, hd], k and v [B, KV, T, hd], strides
+// [T*W, hd, W, 1] with W = (H + 2 KV) hd; cuDNN takes grouped-query attention,
+// H a multiple of KV, directly), and so are dq, dk and dv in dqkv; out and dout
+// are [B, T, H, hd]. cuDNN's stats are the
 // natural-log log-sum-exp of the scaled scores per (b, h, t), exactly the lse
 // of our own kernel, so either backward can follow either forward.
 //
@@ -52,13 +54,13 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 
 struct Key {
   bool backward;
-  int64_t B, T, H, hd;
+  int64_t B, T, H, KV, hd;
   DType t;
   bool causal;
   int device;
   bool operator<(const Key& o) const {
-    return std::tie(backward, B, T, H, hd, t, causal, device) <
-           std::tie(o.backward, o.B, o.T, o.H, o.hd, o.t, o.causal, o.device);
+    return std::tie(backward, B, T, H, KV, hd, t, causal, device) <
+           std::tie(o.backward, o.B, o.T, o.H, o.KV, o.hd, o.t, o.causal, o.device);
   }
 };
 
@@ -89,14 +91,22 @@ fe::DataType_t fe_type(DType t) {
   return t == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF;
 }
 
-// q, k or v (part 0, 1, 2) of the packed [B, T, 3, H, hd] buffer, as [B, H, T, hd].
+// Dims and strides of q (heads H) or k / v (heads KV) in the packed [B, T, H + 2 KV, hd] buffer,
+// as [B, heads, T, hd].
+std::vector<int64_t> packed_dims(const Key& k, bool is_q) {
+  return {k.B, is_q ? k.H : k.KV, k.T, k.hd};
+}
+std::vector<int64_t> packed_strides(const Key& k) {
+  const int64_t w = (k.H + 2 * k.KV) * k.hd;
+  return {k.T * w, k.hd, w, 1};
+}
 std::shared_ptr<fe::graph::Tensor_attributes> packed(fe::graph::Graph& g, const Key& k,
-                                                     const char* name, int64_t uid) {
+                                                     const char* name, int64_t uid, bool is_q) {
   return g.tensor(fe::graph::Tensor_attributes()
                       .set_name(name)
                       .set_uid(uid)
-                      .set_dim({k.B, k.H, k.T, k.hd})
-                      .set_stride({k.T * 3 * k.H * k.hd, k.hd, 3 * k.H * k.hd, 1}));
+                      .set_dim(packed_dims(k, is_q))
+                      .set_stride(packed_strides(k)));
 }
 
 // [B, T, H, hd] as [B, H, T, hd].
@@ -109,7 +119,8 @@ Plan build(const Key& k) {
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
   const float scale = 1.f / std::sqrt(float(k.hd));
-  auto q = packed(*g, k, "q", kQ), kk = packed(*g, k, "k", kK), v = packed(*g, k, "v", kV);
+  auto q = packed(*g, k, "q", kQ, true), kk = packed(*g, k, "k", kK, false),
+       v = packed(*g, k, "v", kV, false);
   if (!k.backward) {
     auto attrs = fe::graph::SDPA_attributes()
                      .set_name("sdpa")
@@ -145,11 +156,10 @@ Plan build(const Key& k) {
                      .set_attn_scale(scale)
                      .set_causal_mask(k.causal);
     auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, dO, stats, attrs);
-    const std::vector<int64_t> dims{k.B, k.H, k.T, k.hd},
-        strides{k.T * 3 * k.H * k.hd, k.hd, 3 * k.H * k.hd, 1};
-    dq->set_output(true).set_uid(kDQ).set_dim(dims).set_stride(strides);
-    dk->set_output(true).set_uid(kDK).set_dim(dims).set_stride(strides);
-    dv->set_output(true).set_uid(kDV).set_dim(dims).set_stride(strides);
+    const std::vector<int64_t> strides = packed_strides(k);
+    dq->set_output(true).set_uid(kDQ).set_dim(packed_dims(k, true)).set_stride(strides);
+    dk->set_output(true).set_uid(kDK).set_dim(packed_dims(k, false)).set_stride(strides);
+    dv->set_output(true).set_uid(kDV).set_dim(packed_dims(k, false)).set_stride(strides);
   }
   cudnnHandle_t h = handle(k.device);
   auto step = [&](fe::error_t e, const char* what) {
@@ -197,50 +207,51 @@ bool cudnn_attention_enabled() {
 }
 
 int64_t cudnn_attention_workspace(bool backward, DType t, int64_t B, int64_t T, int64_t H,
-                                  int64_t hd, bool causal, int device) {
+                                  int64_t KV, int64_t hd, bool causal, int device) {
   if (!cudnn_attention_enabled() || (t != DType::bf16 && t != DType::f16) || B * T * H == 0)
     return -1;
-  const Plan& p = plan({backward, B, T, H, hd, t, causal, device});
+  const Plan& p = plan({backward, B, T, H, KV, hd, t, causal, device});
   return p.graph ? p.workspace : -1;
 }
 
 std::string cudnn_attention_refusal(bool backward, DType t, int64_t B, int64_t T, int64_t H,
-                                    int64_t hd, bool causal, int device) {
+                                    int64_t KV, int64_t hd, bool causal, int device) {
   if (!cudnn_attention_enabled()) return "FSDP_CUDNN_ATTENTION=0";
   if (t != DType::bf16 && t != DType::f16) return "cuDNN SDPA takes bf16 or f16";
-  return plan({backward, B, T, H, hd, t, causal, device}).why;
+  return plan({backward, B, T, H, KV, hd, t, causal, device}).why;
 }
 
 void cudnn_attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
-                             int64_t H, int64_t hd, bool causal, void* workspace, int device,
-                             Stream s) {
-  const Plan& p = plan({false, B, T, H, hd, t, causal, device});
-  FSDP_CHECK(p.graph, "[attention] cuDNN refused B {} T {} H {} hd {}: {}", B, T, H, hd, p.why);
-  const size_t part = size_t(H * hd) * dtype_size(t);
+                             int64_t H, int64_t KV, int64_t hd, bool causal, void* workspace,
+                             int device, Stream s) {
+  const Plan& p = plan({false, B, T, H, KV, hd, t, causal, device});
+  FSDP_CHECK(p.graph, "[attention] cuDNN refused B {} T {} H {} KV {} hd {}: {}", B, T, H, KV, hd,
+             p.why);
+  const size_t kpos = size_t(H * hd) * dtype_size(t), vpos = size_t((H + KV) * hd) * dtype_size(t);
   char* base = static_cast<char*>(const_cast<void*>(qkv));
   std::unordered_map<int64_t, void*> pack{
-      {kQ, base}, {kK, base + part}, {kV, base + 2 * part}, {kO, out}, {kStats, lse}};
+      {kQ, base}, {kK, base + kpos}, {kV, base + vpos}, {kO, out}, {kStats, lse}};
   run(p, device, pack, workspace, s);
 }
 
 void cudnn_attention_backward(const void* dout, const void* qkv, const void* out, const float* lse,
-                              void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd,
-                              bool causal, void* workspace, int device, Stream s) {
-  const Plan& p = plan({true, B, T, H, hd, t, causal, device});
-  FSDP_CHECK(p.graph, "[attention_backward] cuDNN refused B {} T {} H {} hd {}: {}", B, T, H, hd,
-             p.why);
-  const size_t part = size_t(H * hd) * dtype_size(t);
+                              void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
+                              int64_t hd, bool causal, void* workspace, int device, Stream s) {
+  const Plan& p = plan({true, B, T, H, KV, hd, t, causal, device});
+  FSDP_CHECK(p.graph, "[attention_backward] cuDNN refused B {} T {} H {} KV {} hd {}: {}", B, T, H,
+             KV, hd, p.why);
+  const size_t kpos = size_t(H * hd) * dtype_size(t), vpos = size_t((H + KV) * hd) * dtype_size(t);
   char* base = static_cast<char*>(const_cast<void*>(qkv));
   char* dbase = static_cast<char*>(dqkv);
   std::unordered_map<int64_t, void*> pack{{kQ, base},
-                                          {kK, base + part},
-                                          {kV, base + 2 * part},
+                                          {kK, base + kpos},
+                                          {kV, base + vpos},
                                           {kO, const_cast<void*>(out)},
                                           {kDO, const_cast<void*>(dout)},
                                           {kStats, const_cast<float*>(lse)},
                                           {kDQ, dbase},
-                                          {kDK, dbase + part},
-                                          {kDV, dbase + 2 * part}};
+                                          {kDK, dbase + kpos},
+                                          {kDV, dbase + vpos}};
   run(p, device, pack, workspace, s);
 }
 

@@ -107,37 +107,40 @@ void rmsnorm_backward(const void* dy, const void* x, const void* w, const float*
                       void* dw, DType dwt, float* scratch, DType t, int64_t rows, int64_t dim,
                       int device, Stream s);
 
-// rope.cu: in place on the q and k parts of qkv [B, T, 3, H, hd], half-split pairs.
-// Positions are offset, offset + 1, ... (a KV-cache decode continues where the cache ends).
-void rope_qkv(void* qkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd, double theta,
-              bool inverse, int64_t offset, int device, Stream s);
+// rope.cu: in place on the q and k parts of qkv [B, T, H + 2 KV, hd] (H query heads, KV key
+// heads, KV value heads), half-split pairs. Positions are offset, offset + 1, ... (a KV-cache
+// decode continues where the cache ends).
+void rope_qkv(void* qkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
+              double theta, bool inverse, int64_t offset, int device, Stream s);
 
-// attention.cu: flash-style; lse is f32 [B, H, T]; no T x T matrix is stored.
+// attention.cu: flash-style; lse is f32 [B, H, T]; no T x T matrix is stored. qkv is
+// [B, T, (H + 2 KV) hd]; query head h reads kv head h / (H / KV) (grouped-query attention);
+// out and dout are [B, T, H hd]; dk and dv sum over the query heads of their group.
 void attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
-                       int64_t H, int64_t hd, bool causal, int device, Stream s);
+                       int64_t H, int64_t KV, int64_t hd, bool causal, int device, Stream s);
 void attention_backward(const void* dout, const void* qkv, const void* out, const float* lse,
-                        void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd,
-                        bool causal, int device, Stream s);
+                        void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
+                        int64_t hd, bool causal, int device, Stream s);
 
-// attention.cu: one decode step over a KV cache, as kernels/cpu's attention_decode; one block
-// per (query, head), the scores in shared memory (past + n floats).
+// attention.cu: one decode step over a KV cache, as kernels/cpu's attention_decode (k and v
+// [past + n, KV hd]); one block per (query, head), the scores in shared memory (past + n floats).
 void attention_decode(const void* q, const void* k, const void* v, void* out, DType t, int64_t n,
-                      int64_t H, int64_t hd, int64_t past, int device, Stream s);
+                      int64_t H, int64_t KV, int64_t hd, int64_t past, int device, Stream s);
 // attention_cudnn.cpp (no_cudnn.cpp in builds without cuDNN, refusing every shape): cuDNN's fused
-// SDPA, bf16 and f16, same layouts and lse as above. The workspace query builds and caches the plan
-// for that shape; it returns the bytes of workspace the call needs, or -1 where cuDNN is off
-// (FSDP_CUDNN_ATTENTION=0) or refuses the shape (the refusal says why); then the kernel above is
-// the fallback.
+// SDPA, bf16 and f16, same layouts (grouped-query included) and lse as above. The workspace query
+// builds and caches the plan for that shape; it returns the bytes of workspace the call needs, or
+// -1 where cuDNN is off (FSDP_CUDNN_ATTENTION=0) or refuses the shape (the refusal says why); then
+// the kernel above is the fallback.
 int64_t cudnn_attention_workspace(bool backward, DType t, int64_t B, int64_t T, int64_t H,
-                                  int64_t hd, bool causal, int device);
+                                  int64_t KV, int64_t hd, bool causal, int device);
 std::string cudnn_attention_refusal(bool backward, DType t, int64_t B, int64_t T, int64_t H,
-                                    int64_t hd, bool causal, int device);
+                                    int64_t KV, int64_t hd, bool causal, int device);
 void cudnn_attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
-                             int64_t H, int64_t hd, bool causal, void* workspace, int device,
-                             Stream s);
+                             int64_t H, int64_t KV, int64_t hd, bool causal, void* workspace,
+                             int device, Stream s);
 void cudnn_attention_backward(const void* dout, const void* qkv, const void* out, const float* lse,
-                              void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd,
-                              bool causal, void* workspace, int device, Stream s);
+                              void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
+                              int64_t hd, bool causal, void* workspace, int device, Stream s);
 
 // softmax_xent.cu: lse is f32 [n]; mean_loss (one f64 on the device) gets the mean loss, and
 // stays there: no sync. A target outside [0, v) makes the loss NaN.

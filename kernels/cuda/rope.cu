@@ -1,4 +1,5 @@
-// Rotary embedding on the device, in place on q and k of a packed qkv,
+// Rotary embedding on the device, in place on q and k of a packed qkv
+// [B, T, H + 2 KV, hd] (the H query heads and the KV key heads are adjacent),
 // half-split pairs as in kernels/cpu/rope.cpp; inverse is the backward.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
@@ -6,16 +7,15 @@
 namespace fsdp::kernels::cuda {
 
 template <class T>
-__global__ void rope_kernel(T* __restrict__ qkv, int64_t B, int64_t Tn, int64_t H, int64_t hd,
-                            int64_t offset, float log_theta, float sign) {
-  const int64_t half = hd / 2, n = B * Tn * 2 * H * half;
+__global__ void rope_kernel(T* __restrict__ qkv, int64_t B, int64_t Tn, int64_t H, int64_t KV,
+                            int64_t hd, int64_t offset, float log_theta, float sign) {
+  const int64_t half = hd / 2, n = B * Tn * (H + KV) * half;
   GRID_STRIDE(idx, n) {
     const int64_t i = idx % half;
-    const int64_t h = (idx / half) % H;
-    const int64_t part = (idx / (half * H)) % 2;
-    const int64_t bt = idx / (half * H * 2);
+    const int64_t h = (idx / half) % (H + KV);  // q heads, then k heads
+    const int64_t bt = idx / (half * (H + KV));
     const int64_t t = bt % Tn;
-    T* x = qkv + bt * 3 * H * hd + part * H * hd + h * hd;
+    T* x = qkv + bt * (H + 2 * KV) * hd + h * hd;
     const float ang = float(t + offset) * __expf(-2.f * float(i) / float(hd) * log_theta);
     float sn, cs;
     __sincosf(ang, &sn, &cs);
@@ -26,15 +26,16 @@ __global__ void rope_kernel(T* __restrict__ qkv, int64_t B, int64_t Tn, int64_t 
   }
 }
 
-void rope_qkv(void* qkv, DType t, int64_t B, int64_t T, int64_t H, int64_t hd, double theta,
-              bool inverse, int64_t offset, int device, Stream s) {
-  const int64_t n = B * T * 2 * H * (hd / 2);
+void rope_qkv(void* qkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
+              double theta, bool inverse, int64_t offset, int device, Stream s) {
+  const int64_t n = B * T * (H + KV) * (hd / 2);
   if (n == 0) return;
   CUDA_CHECK(cudaSetDevice(device));
   dispatch_float(t, "rope", [&](auto tv) {
     using TT = decltype(tv);
     rope_kernel<TT><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(
-        static_cast<TT*>(qkv), B, T, H, hd, offset, float(std::log(theta)), inverse ? -1.f : 1.f);
+        static_cast<TT*>(qkv), B, T, H, KV, hd, offset, float(std::log(theta)),
+        inverse ? -1.f : 1.f);
   });
   CUDA_CHECK(cudaGetLastError());
 }

@@ -10,6 +10,7 @@
 // - saved statistics (rmsnorm's rstd, attention's and cross-entropy's lse) are in the compute
 //   dtype: f64 for f64 inputs, f32 for f32, bf16 and f16;
 // - a backward returns its input's gradient and adds into the parameter gradients it is given;
+// - attention's kv_heads is resolved (never 0) and divides heads;
 // - nothing reads back to the host except what the op returns as a double.
 // Private to the library.
 #pragma once
@@ -37,13 +38,17 @@
   X(Tensor, silu_backward, (const Tensor& dy, const Tensor& x))                                  \
   X(Tensor, swiglu_forward, (const Tensor& g, const Tensor& u))                                  \
   X(TensorPair, swiglu_backward, (const Tensor& dy, const Tensor& g, const Tensor& u))           \
-  X(void, rope_, (const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset)) \
-  X(AttentionOut, attention_forward, (const Tensor& qkv, int64_t heads, bool causal))            \
+  X(void, rope_,                                                                                 \
+    (const Tensor& qkv, int64_t heads, int64_t kv_heads, double theta, bool inverse,             \
+     int64_t offset))                                                                            \
+  X(AttentionOut, attention_forward,                                                             \
+    (const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal))                           \
   X(Tensor, attention_backward,                                                                  \
     (const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t heads, \
-     bool causal))                                                                               \
+     int64_t kv_heads, bool causal))                                                             \
   X(Tensor, attention_decode,                                                                    \
-    (const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads, int64_t past))            \
+    (const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads, int64_t kv_heads,         \
+     int64_t past))                                                                              \
   X(Tensor, add, (const Tensor& a, const Tensor& b))                                             \
   X(void, add_, (const Tensor& a, const Tensor& b))                                              \
   X(void, sum_squares_into, (const Tensor& x, const Tensor& acc))                                \

@@ -58,11 +58,11 @@ void check_ids(const char* op, const Tensor& ids, int64_t vocab, const char* wha
 }
 
 struct QkvDims {
-  int64_t B, T, H, hd;
+  int64_t B, T, H, KV, hd;
 };
-QkvDims dims_of(const Tensor& qkv, int64_t heads) {
-  const int64_t hd = qkv.size(2) / 3 / heads;
-  return {qkv.size(0), qkv.size(1), heads, hd};
+QkvDims dims_of(const Tensor& qkv, int64_t heads, int64_t kv_heads) {
+  const int64_t hd = qkv.size(2) / (heads + 2 * kv_heads);
+  return {qkv.size(0), qkv.size(1), heads, kv_heads, hd};
 }
 
 // dlogits = softmax(logits) - onehot(targets), times dloss / N, into `out` (which may be
@@ -247,33 +247,34 @@ TensorPair swiglu_backward(const Tensor& dy, const Tensor& g, const Tensor& u) {
   return {as_storage(dg, g.dtype()), as_storage(du, g.dtype())};
 }
 
-void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset) {
-  const QkvDims d = dims_of(qkv, heads);
+void rope_(const Tensor& qkv, int64_t heads, int64_t kv_heads, double theta, bool inverse,
+           int64_t offset) {
+  const QkvDims d = dims_of(qkv, heads, kv_heads);
   const DType ct = compute_dtype(qkv.dtype());
   Accum Q(qkv, ct);  // in place; bf16/f16 round-trip through f32
   dispatch_compute(ct, "rope", [&](auto tv) {
     using T = decltype(tv);
-    cpu::rope_qkv<T>(Q.data<T>(), d.B, d.T, d.H, d.hd, theta, inverse, offset);
+    cpu::rope_qkv<T>(Q.data<T>(), d.B, d.T, d.H, d.KV, d.hd, theta, inverse, offset);
   });
   Q.finish();
 }
 
-AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
-  const QkvDims d = dims_of(qkv, heads);
+AttentionOut attention_forward(const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal) {
+  const QkvDims d = dims_of(qkv, heads, kv_heads);
   const DType ct = compute_dtype(qkv.dtype());
   Tensor Q = as_compute(qkv, ct);
   Tensor out = Tensor::empty({d.B, d.T, d.H * d.hd}, ct), lse = Tensor::empty({d.B, d.H, d.T}, ct);
   dispatch_compute(ct, "attention", [&](auto tv) {
     using T = decltype(tv);
-    cpu::attention_forward<T>(Q.data<T>(), out.data<T>(), lse.data<T>(), d.B, d.T, d.H, d.hd,
+    cpu::attention_forward<T>(Q.data<T>(), out.data<T>(), lse.data<T>(), d.B, d.T, d.H, d.KV, d.hd,
                               causal);
   });
   return {as_storage(out, qkv.dtype()), lse};
 }
 
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, int64_t heads, bool causal) {
-  const QkvDims d = dims_of(qkv, heads);
+                          const Tensor& lse, int64_t heads, int64_t kv_heads, bool causal) {
+  const QkvDims d = dims_of(qkv, heads, kv_heads);
   const DType ct = compute_dtype(qkv.dtype());
   Tensor DO = as_compute(dout, ct), Q = as_compute(qkv, ct), O = as_compute(out, ct),
          L = as_compute(lse, ct);
@@ -281,20 +282,20 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
   dispatch_compute(ct, "attention_backward", [&](auto tv) {
     using T = decltype(tv);
     cpu::attention_backward<T>(DO.data<T>(), Q.data<T>(), O.data<T>(), L.data<T>(), dqkv.data<T>(),
-                               d.B, d.T, d.H, d.hd, causal);
+                               d.B, d.T, d.H, d.KV, d.hd, causal);
   });
   return as_storage(dqkv, qkv.dtype());
 }
 
 Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
-                        int64_t past) {
+                        int64_t kv_heads, int64_t past) {
   const DType ct = compute_dtype(q.dtype());
   Tensor Q = as_compute(q, ct), K = as_compute(k, ct), V = as_compute(v, ct);
   Tensor out = Tensor::empty(q.shape(), ct);
   dispatch_compute(ct, "attention_decode", [&](auto tv) {
     using T = decltype(tv);
     cpu::attention_decode<T>(Q.data<T>(), K.data<T>(), V.data<T>(), out.data<T>(), q.size(0), heads,
-                             q.size(1) / heads, past);
+                             kv_heads, q.size(1) / heads, past);
   });
   return as_storage(out, q.dtype());
 }

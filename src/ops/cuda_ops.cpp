@@ -185,59 +185,60 @@ std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& g, con
   return {dg, du};
 }
 
-void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset) {
+void rope_(const Tensor& qkv, int64_t heads, int64_t kv_heads, double theta, bool inverse,
+           int64_t offset) {
   FSDP_CHECK(qkv.is_contiguous(), "[rope] a CUDA qkv must be contiguous");
-  const int64_t d = qkv.size(2) / 3;
-  kc::rope_qkv(qkv.raw_data(), qkv.dtype(), qkv.size(0), qkv.size(1), heads, d / heads, theta,
+  const int64_t hd = qkv.size(2) / (heads + 2 * kv_heads);
+  kc::rope_qkv(qkv.raw_data(), qkv.dtype(), qkv.size(0), qkv.size(1), heads, kv_heads, hd, theta,
                inverse, offset, dev(qkv), cs(qkv));
 }
 
-AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
+AttentionOut attention_forward(const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal) {
   Tensor Q = dense(qkv);
-  const int64_t B = qkv.size(0), T = qkv.size(1), d = qkv.size(2) / 3;
-  Tensor out = Tensor::empty({B, T, d}, qkv.dtype(), qkv.device());
+  const int64_t B = qkv.size(0), T = qkv.size(1), hd = qkv.size(2) / (heads + 2 * kv_heads);
+  Tensor out = Tensor::empty({B, T, heads * hd}, qkv.dtype(), qkv.device());
   Tensor lse = Tensor::empty({B, heads, T}, DType::f32, qkv.device());
-  const int64_t ws =
-      kc::cudnn_attention_workspace(false, qkv.dtype(), B, T, heads, d / heads, causal, dev(qkv));
+  const int64_t ws = kc::cudnn_attention_workspace(false, qkv.dtype(), B, T, heads, kv_heads, hd,
+                                                   causal, dev(qkv));
   if (ws >= 0) {
     Tensor w = workspace(ws, qkv.device());
     kc::cudnn_attention_forward(Q.raw_data(), out.raw_data(), lse.data<float>(), qkv.dtype(), B, T,
-                                heads, d / heads, causal, w.defined() ? w.raw_data() : nullptr,
+                                heads, kv_heads, hd, causal, w.defined() ? w.raw_data() : nullptr,
                                 dev(qkv), cs(qkv));
     return {out, lse};
   }
   kc::attention_forward(Q.raw_data(), out.raw_data(), lse.data<float>(), qkv.dtype(), B, T, heads,
-                        d / heads, causal, dev(qkv), cs(qkv));
+                        kv_heads, hd, causal, dev(qkv), cs(qkv));
   return {out, lse};
 }
 
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, int64_t heads, bool causal) {
+                          const Tensor& lse, int64_t heads, int64_t kv_heads, bool causal) {
   Tensor DO = dense(dout.to(qkv.dtype())), Q = dense(qkv), O = dense(out),
          L = dense(lse.to(DType::f32));
-  const int64_t B = qkv.size(0), T = qkv.size(1), d = qkv.size(2) / 3;
+  const int64_t B = qkv.size(0), T = qkv.size(1), hd = qkv.size(2) / (heads + 2 * kv_heads);
   Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
   const int64_t ws =
-      kc::cudnn_attention_workspace(true, qkv.dtype(), B, T, heads, d / heads, causal, dev(qkv));
+      kc::cudnn_attention_workspace(true, qkv.dtype(), B, T, heads, kv_heads, hd, causal, dev(qkv));
   if (ws >= 0) {
     Tensor w = workspace(ws, qkv.device());
     kc::cudnn_attention_backward(DO.raw_data(), Q.raw_data(), O.raw_data(), L.data<float>(),
-                                 dqkv.raw_data(), qkv.dtype(), B, T, heads, d / heads, causal,
+                                 dqkv.raw_data(), qkv.dtype(), B, T, heads, kv_heads, hd, causal,
                                  w.defined() ? w.raw_data() : nullptr, dev(qkv), cs(qkv));
     return dqkv;
   }
   kc::attention_backward(DO.raw_data(), Q.raw_data(), O.raw_data(), L.data<float>(),
-                         dqkv.raw_data(), qkv.dtype(), B, T, heads, d / heads, causal, dev(qkv),
+                         dqkv.raw_data(), qkv.dtype(), B, T, heads, kv_heads, hd, causal, dev(qkv),
                          cs(qkv));
   return dqkv;
 }
 
 Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
-                        int64_t past) {
+                        int64_t kv_heads, int64_t past) {
   Tensor Q = dense(q), K = dense(k), V = dense(v);
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
   kc::attention_decode(Q.raw_data(), K.raw_data(), V.raw_data(), out.raw_data(), q.dtype(),
-                       q.size(0), heads, q.size(1) / heads, past, dev(q), cs(q));
+                       q.size(0), heads, kv_heads, q.size(1) / heads, past, dev(q), cs(q));
   return out;
 }
 

@@ -234,48 +234,63 @@ std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, 
 
 namespace {
 struct QkvDims {
-  int64_t B, T, H, hd;
+  int64_t B, T, H, KV, hd;
 };
-QkvDims qkv_dims(const char* op, const Tensor& qkv, int64_t heads) {
-  FSDP_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, "[{}] qkv must be [B, T, 3*dim], got {}", op,
-             shape_str(qkv.shape()));
-  const int64_t d = qkv.size(2) / 3;
-  FSDP_CHECK(heads > 0 && d % heads == 0, "[{}] dim {} is not divisible by heads {}", op, d, heads);
-  return {qkv.size(0), qkv.size(1), heads, d / heads};
+// kv_heads 0 is heads; the packed width must be (heads + 2 kv_heads) * hd.
+QkvDims qkv_dims(const char* op, const Tensor& qkv, int64_t heads, int64_t kv_heads) {
+  FSDP_CHECK(heads > 0, "[{}] heads must be positive, got {}", op, heads);
+  if (kv_heads == 0 || kv_heads == heads) {  // multi-head: [B, T, 3d]
+    FSDP_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, "[{}] qkv must be [B, T, 3*dim], got {}", op,
+               shape_str(qkv.shape()));
+    const int64_t d = qkv.size(2) / 3;
+    FSDP_CHECK(d % heads == 0, "[{}] dim {} is not divisible by heads {}", op, d, heads);
+    return {qkv.size(0), qkv.size(1), heads, heads, d / heads};
+  }
+  const int64_t kv = kv_heads;
+  FSDP_CHECK(kv > 0 && heads % kv == 0, "[{}] heads {} is not divisible by kv heads {}", op, heads,
+             kv);
+  FSDP_CHECK(qkv.dim() == 3 && qkv.size(2) % (heads + 2 * kv) == 0,
+             "[{}] qkv must be [B, T, (heads {} + 2 * kv heads {}) * head dim], got {}", op, heads,
+             kv, shape_str(qkv.shape()));
+  return {qkv.size(0), qkv.size(1), heads, kv, qkv.size(2) / (heads + 2 * kv)};
+}
+// Score FLOPs of attention: 2 matmuls of B H T T hd (halved when causal).
+double attention_flops(const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal) {
+  if (qkv.dim() != 3 || heads <= 0) return 0.0;
+  const int64_t kv = kv_heads > 0 ? kv_heads : heads;
+  const double hd = double(qkv.size(2)) / double(heads + 2 * kv);
+  return 4.0 * double(qkv.size(0)) * double(qkv.size(1)) * double(qkv.size(1)) * double(heads) *
+         hd * (causal ? 0.5 : 1.0);
 }
 }  // namespace
 
-void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset) {
+void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset,
+           int64_t kv_heads) {
   FSDP_OP_SCOPE(inverse ? "rope_backward" : "rope", qkv, ({&qkv}), 2.0 * double(qkv.numel()),
                 2.0 / 3.0 * double(qkv.nbytes()));
-  const QkvDims dims = qkv_dims("rope", qkv, heads);
+  const QkvDims dims = qkv_dims("rope", qkv, heads, kv_heads);
   FSDP_CHECK(dims.hd % 2 == 0, "[rope] head dim {} must be even", dims.hd);
   FSDP_CHECK(offset >= 0, "[rope] position offset must be >= 0, got {}", offset);
-  if (on_cuda("rope", {&qkv})) return cuda_impl::rope_(qkv, heads, theta, inverse, offset);
-  return cpu_impl::rope_(qkv, heads, theta, inverse, offset);
+  if (on_cuda("rope", {&qkv})) return cuda_impl::rope_(qkv, heads, dims.KV, theta, inverse, offset);
+  return cpu_impl::rope_(qkv, heads, dims.KV, theta, inverse, offset);
 }
 
-AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal) {
-  FSDP_OP_SCOPE("attention", qkv, ({&qkv}),
-                qkv.dim() == 3
-                    ? 4.0 * double(qkv.size(0)) * double(qkv.size(1)) * double(qkv.size(1)) *
-                          double(qkv.size(2) / 3) * (causal ? 0.5 : 1.0)
-                    : 0.0,
-                double(qkv.nbytes()) / 3.0);
-  qkv_dims("attention", qkv, heads);
-  if (on_cuda("attention", {&qkv})) return cuda_impl::attention_forward(qkv, heads, causal);
-  return cpu_impl::attention_forward(qkv, heads, causal);
+AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal, int64_t kv_heads) {
+  FSDP_OP_SCOPE("attention", qkv, ({&qkv}), attention_flops(qkv, heads, kv_heads, causal),
+                heads > 0 ? double(qkv.nbytes()) * double(heads) /
+                                double(heads + 2 * (kv_heads > 0 ? kv_heads : heads))
+                          : 0.0);
+  const QkvDims dims = qkv_dims("attention", qkv, heads, kv_heads);
+  if (on_cuda("attention", {&qkv}))
+    return cuda_impl::attention_forward(qkv, heads, dims.KV, causal);
+  return cpu_impl::attention_forward(qkv, heads, dims.KV, causal);
 }
 
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, int64_t heads, bool causal) {
+                          const Tensor& lse, int64_t heads, bool causal, int64_t kv_heads) {
   FSDP_OP_SCOPE("attention_backward", qkv, ({&dout, &qkv, &out}),
-                qkv.dim() == 3
-                    ? 10.0 * double(qkv.size(0)) * double(qkv.size(1)) * double(qkv.size(1)) *
-                          double(qkv.size(2) / 3) * (causal ? 0.5 : 1.0)
-                    : 0.0,
-                qkv.nbytes());
-  const QkvDims dims = qkv_dims("attention_backward", qkv, heads);
+                2.5 * attention_flops(qkv, heads, kv_heads, causal), qkv.nbytes());
+  const QkvDims dims = qkv_dims("attention_backward", qkv, heads, kv_heads);
   const int64_t B = dims.B, T_ = dims.T, H = dims.H, hd = dims.hd;
   FSDP_CHECK(dout.shape() == Shape({B, T_, H * hd}) && out.shape() == dout.shape(),
              "[attention_backward] dout {} / out {} do not match qkv {}", shape_str(dout.shape()),
@@ -283,17 +298,17 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
   FSDP_CHECK(lse.numel() == B * H * T_, "[attention_backward] lse has {} elements, expected {}",
              lse.numel(), B * H * T_);
   if (on_cuda("attention_backward", {&dout, &qkv, &out, &lse}))
-    return cuda_impl::attention_backward(dout, qkv, out, lse, heads, causal);
-  return cpu_impl::attention_backward(dout, qkv, out, lse, heads, causal);
+    return cuda_impl::attention_backward(dout, qkv, out, lse, heads, dims.KV, causal);
+  return cpu_impl::attention_backward(dout, qkv, out, lse, heads, dims.KV, causal);
 }
 
 Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
                         int64_t past) {
   FSDP_OP_SCOPE("attention_decode", q, ({&q, &k, &v}),
                 q.dim() == 2 ? 4.0 * double(q.numel()) * double(k.size(0)) : 0.0, q.nbytes());
-  FSDP_CHECK(q.dim() == 2 && k.dim() == 2 && v.dim() == 2 && k.shape() == v.shape() &&
-                 q.size(1) == k.size(1),
-             "[attention_decode] q [n, d], k and v [past + n, d]; got {}, {}, {}",
+  FSDP_CHECK(q.dim() == 2 && k.dim() == 2 && v.dim() == 2 && k.shape() == v.shape(),
+             "[attention_decode] q [n, heads * hd], k and v [past + n, kv heads * hd]; got {}, "
+             "{}, {}",
              shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
   FSDP_CHECK(past >= 0 && k.size(0) == past + q.size(0),
              "[attention_decode] k has {} positions but past {} + {} queries", k.size(0), past,
@@ -302,11 +317,17 @@ Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64
              "[attention_decode] dim {} is not divisible by "
              "heads {}",
              q.size(1), heads);
+  const int64_t hd = q.size(1) / heads;
+  FSDP_CHECK(hd > 0 && k.size(1) % hd == 0 && heads % (k.size(1) / hd) == 0 && k.size(1) > 0,
+             "[attention_decode] k and v width {} is not a number of kv heads of dim {} that "
+             "divides heads {}",
+             k.size(1), hd, heads);
+  const int64_t kv_heads = k.size(1) / hd;
   check_same_dtype("attention_decode", q, k, "q", "k");
   check_same_dtype("attention_decode", q, v, "q", "v");
   if (on_cuda("attention_decode", {&q, &k, &v}))
-    return cuda_impl::attention_decode(q, k, v, heads, past);
-  return cpu_impl::attention_decode(q, k, v, heads, past);
+    return cuda_impl::attention_decode(q, k, v, heads, kv_heads, past);
+  return cpu_impl::attention_decode(q, k, v, heads, kv_heads, past);
 }
 
 // ---------------------------------------------------------------- elementwise

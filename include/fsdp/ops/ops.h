@@ -48,21 +48,30 @@ Tensor silu_backward(const Tensor& dy, const Tensor& x);
 Tensor swiglu_forward(const Tensor& gate, const Tensor& up);
 std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up);
 
-// Rotary embedding, in place, on the q and k parts of a packed qkv [B, T, 3d].
-// inverse = true is the backward (the transpose rotation).
-void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset = 0);
+// The packed qkv of attention: [B, T, (heads + 2 * kv_heads) * hd], each row the query heads,
+// then the key heads, then the value heads, head by head. kv_heads = 0 means kv_heads = heads
+// (multi-head attention, nn.MultiheadAttention's [B, T, 3d]); fewer kv heads that divide heads
+// is grouped-query attention (1: multi-query): query head h uses kv head h / (heads / kv_heads),
+// as Hugging Face's repeat_kv.
 
-// Scaled dot-product attention over a packed qkv [B, T, 3d] -> [B, T, d].
+// Rotary embedding, in place, on the q and k parts of a packed qkv.
+// inverse = true is the backward (the transpose rotation).
+void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset = 0,
+           int64_t kv_heads = 0);
+
+// Scaled dot-product attention over a packed qkv -> [B, T, heads * hd].
 struct AttentionOut {
   Tensor out, lse;  // lse [B, H, T]: row log-sum-exp, saved for the backward
 };
-AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal);
+AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal, int64_t kv_heads = 0);
+// dqkv in qkv's layout; the key and value gradients sum over the query heads of each group.
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, int64_t heads, bool causal);
+                          const Tensor& lse, int64_t heads, bool causal, int64_t kv_heads = 0);
 
-// One step of generation over a KV cache: q [n, d] holds the queries of positions past .. past+n-1
-// (rotary already applied), k and v [past+n, d] every key and value so far (these included); each
-// query attends causally. Returns [n, d] in q's dtype. Inference only: there is no backward.
+// One step of generation over a KV cache: q [n, heads * hd] holds the queries of positions
+// past .. past+n-1 (rotary already applied), k and v [past+n, kv_heads * hd] every key and value
+// so far (these included; kv_heads = k's width / hd, dividing heads); each query attends causally.
+// Returns [n, heads * hd] in q's dtype. Inference only: there is no backward.
 Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
                         int64_t past);
 
