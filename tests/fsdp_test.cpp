@@ -43,6 +43,9 @@ struct Run {
   int64_t hsdp = 0;  // replica groups
   int64_t accum = 1;
   std::optional<DType> param_dtype;
+  // llama's options: grouped-query attention, a head dim of its own, tied head, q/k/v biases
+  int64_t kv_heads = 0, head_dim = 0;
+  bool tied = false, qkv_bias = false;
 };
 
 // Dims that do not divide by 3 or 4, so the shards are uneven.
@@ -58,6 +61,14 @@ nn::MiniLLMConfig config(nn::Arch arch) {
   return c;
 }
 
+nn::MiniLLMConfig config(const Run& run) {
+  nn::MiniLLMConfig c = config(run.arch);
+  if (run.kv_heads) c.heads = 4, c.kv_heads = run.kv_heads, c.head_dim = run.head_dim;
+  c.tie_embeddings = run.tied;
+  c.qkv_bias = run.qkv_bias;
+  return c;
+}
+
 struct Result {
   std::vector<double> losses;
   std::vector<std::pair<std::string, Tensor>> params;  // full values after the last step
@@ -65,7 +76,7 @@ struct Result {
 
 // The unsharded model, one process, the whole global batch.
 Result reference(const Run& run) {
-  nn::MiniLLMConfig c = config(run.arch);
+  nn::MiniLLMConfig c = config(run);
   nn::MiniLLM model(c);
   auto flat = nn::materialize(model, run.dtype, kSeed);
   optim::AdamW opt({{flat.params, flat.grads, 0.01}}, {.lr = 1e-2});
@@ -87,7 +98,7 @@ Result reference(const Run& run) {
 }
 
 Result sharded(const Run& run) {
-  nn::MiniLLMConfig c = config(run.arch);
+  nn::MiniLLMConfig c = config(run);
   const int N = world()->size(), me = world()->rank();
   auto mesh = run.hsdp ? dist::init_device_mesh({run.hsdp, N / run.hsdp}, {"replicate", "shard"})
                        : dist::init_device_mesh({N}, {"shard"});
@@ -143,6 +154,25 @@ TEST(Equivalence, NoReshardAfterForward) {
 }
 TEST(Equivalence, GradientAccumulationEqualsALargerBatch) {
   expect_equivalent({.accum = 2}, 1e-10, 1e-10);
+}
+// Grouped-query attention (4 query heads over 2 kv heads, and over 1), head dim 6 (not dim 20 /
+// 4), q/k/v biases and the head tied to the embedding: one parameter, "embed.weight", in the root's
+// group, whose gradient sums the head's dW and the embedding's scatter-add before the
+// reduce-scatter; the same losses and parameters as one unsharded rank.
+TEST(Equivalence, GroupedQueryTiedLlama) {
+  expect_equivalent({.kv_heads = 2, .head_dim = 6, .tied = true, .qkv_bias = true}, 1e-10, 1e-10);
+  expect_equivalent({.kv_heads = 1, .head_dim = 6, .tied = true}, 1e-10, 1e-10);
+  nn::MiniLLM model(config(fsdp::Run{.kv_heads = 2, .head_dim = 6, .tied = true}));
+  auto mesh = dist::init_device_mesh({world()->size()});
+  for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh);
+  FSDPModule& root = fully_shard(model, mesh);
+  int embeds = 0;
+  for (auto& [n, d] : root.sharded_parameters()) {
+    EXPECT_NE(n, "head.weight");
+    embeds += n == "embed.weight";
+  }
+  EXPECT_EQ(embeds, 1);
+  EXPECT_EQ(root.param_groups(0.0).size(), model.layers().size() + 1);
 }
 TEST(Equivalence, Hsdp2x2) {
   if (world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";

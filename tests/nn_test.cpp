@@ -232,10 +232,7 @@ TEST(MiniLLM, MaterializeIsOneFlatBuffer) {
   EXPECT_EQ(flat.params.to_f64_vector(), flat2.params.to_f64_vector());
 }
 
-class WholeModelGradient : public ::testing::TestWithParam<nn::Arch> {};
-
-TEST_P(WholeModelGradient, MatchesFiniteDifferencesInF64) {
-  nn::MiniLLMConfig c = small_config(GetParam());
+void expect_whole_model_gradient(const nn::MiniLLMConfig& c) {
   nn::MiniLLM m(c);
   auto flat = nn::materialize(m, DType::f64, 11);
   // Random small biases, so that their gradients are tested away from zero init.
@@ -264,6 +261,149 @@ TEST_P(WholeModelGradient, MatchesFiniteDifferencesInF64) {
     ++params;
   }
   EXPECT_EQ(params, int(m.named_parameters().size()));
+}
+
+class WholeModelGradient : public ::testing::TestWithParam<nn::Arch> {};
+
+TEST_P(WholeModelGradient, MatchesFiniteDifferencesInF64) {
+  expect_whole_model_gradient(small_config(GetParam()));
+}
+
+// The llama family's options, end to end in f64: grouped-query attention (4 query heads over 2
+// kv heads, and multi-query), a head dim stated on its own (6, not dim / heads = 2), q/k/v biases,
+// and the head tied to the embedding, whose one gradient sums the head's dW and the
+// embedding's scatter-add.
+nn::MiniLLMConfig gqa_config(int64_t kv_heads, bool tied, bool bias) {
+  nn::MiniLLMConfig c = small_config(nn::Arch::llama);
+  c.heads = 4;
+  c.kv_heads = kv_heads;
+  c.head_dim = 6;
+  c.rope_theta = 100000.0;
+  c.tie_embeddings = tied;
+  c.qkv_bias = bias;
+  return c;
+}
+
+TEST(WholeModelGradient, GroupedQueryTiedAndBiasedLlama) {
+  for (int64_t kv : {2, 1})
+    for (bool tied : {true, false}) {
+      SCOPED_TRACE(fmt::format("kv_heads {} tied {}", kv, tied));
+      expect_whole_model_gradient(gqa_config(kv, tied, kv == 2));
+    }
+}
+
+// Parameter names and shapes of the llama options: the packed in-projection holds the rows of
+// q_proj, k_proj and v_proj ([(heads + 2 kv_heads) head_dim, dim]); a tied model has one
+// "embed.weight" and no "head.weight".
+TEST(MiniLLM, GroupedQueryAndTiedParameters) {
+  nn::MiniLLMConfig c = gqa_config(2, true, true);
+  c.layers = 1;
+  nn::MiniLLM m(c);
+  std::vector<std::string> names;
+  for (auto& [n, p] : m.named_parameters()) names.push_back(n);
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "embed.weight", "layers.0.norm1.weight", "layers.0.attn.in_proj_weight",
+                       "layers.0.attn.in_proj_bias", "layers.0.attn.out_proj.weight",
+                       "layers.0.norm2.weight", "layers.0.ffn.w1.weight", "layers.0.ffn.w2.weight",
+                       "layers.0.ffn.w3.weight", "norm.weight"}));
+  EXPECT_EQ(m.parameter("layers.0.attn.in_proj_weight").shape, Shape({(4 + 2 * 2) * 6, 8}));
+  EXPECT_EQ(m.parameter("layers.0.attn.in_proj_bias").shape, Shape({48}));
+  EXPECT_EQ(m.parameter("layers.0.attn.out_proj.weight").shape, Shape({8, 24}));
+  // SmolLM2-135M: 30 layers, dim 576, 9 heads over 3 kv heads, ffn 1536, vocab 49152, tied.
+  nn::MiniLLMConfig smol;
+  smol.arch = nn::Arch::llama, smol.vocab = 49152, smol.dim = 576, smol.layers = 30;
+  smol.heads = 9, smol.kv_heads = 3, smol.ffn_hidden = 1536, smol.rope_theta = 100000.0;
+  smol.tie_embeddings = true, smol.seq = 2048;
+  EXPECT_EQ(nn::MiniLLM(smol).num_parameters(), 134515008);  // Hugging Face's count
+  // The tied head still does its matmul: 30 * (576 * (576 + 2 * 192) + 576 * 576 + 3 * 576 *
+  // 1536) + 49152 * 576.
+  EXPECT_EQ(smol.matmul_params(), 134479872);
+  nn::MiniLLMConfig untied = smol;
+  untied.tie_embeddings = false;
+  EXPECT_EQ(nn::MiniLLM(untied).num_parameters(), 134515008 + 49152 * 576);
+  EXPECT_EQ(untied.matmul_params(), smol.matmul_params());
+}
+
+TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {
+  nn::MiniLLMConfig c = gqa_config(2, true, true);
+  const std::string j = c.to_json();
+  const nn::MiniLLMConfig r = nn::MiniLLMConfig::from_json(j);
+  EXPECT_EQ(r.to_json(), j);
+  EXPECT_EQ(r.kv_heads, 2);
+  EXPECT_EQ(r.head_dim, 6);
+  EXPECT_TRUE(r.tie_embeddings);
+  EXPECT_TRUE(r.qkv_bias);
+  EXPECT_EQ(r.rope_theta, 100000.0);
+  // Defaults are not written: a plain config reads and compares as before the options existed.
+  const std::string plain = small_config(nn::Arch::llama).to_json();
+  for (const char* key : {"kv_heads", "head_dim", "tie_embeddings", "qkv_bias"})
+    EXPECT_EQ(plain.find(key), std::string::npos) << key;
+  const auto old = nn::MiniLLMConfig::from_json(
+      R"({"arch":"llama","vocab":64,"dim":32,"layers":1,"heads":4,"ffn_hidden":128})");
+  EXPECT_EQ(old.resolved_kv_heads(), 4);
+  EXPECT_EQ(old.resolved_head_dim(), 8);
+  EXPECT_FALSE(old.tie_embeddings);
+  EXPECT_FALSE(old.qkv_bias);
+  auto refused = [](nn::MiniLLMConfig bad, const std::string& says) {
+    try {
+      bad.validate();
+      ADD_FAILURE() << "accepted " << bad.to_json();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  nn::MiniLLMConfig bad = c;
+  bad.kv_heads = 3;
+  refused(bad, "heads 4 is not divisible by kv_heads 3");
+  bad = c, bad.head_dim = 5;
+  refused(bad, "even head dim");
+  bad = c, bad.kv_heads = -1;
+  refused(bad, "kv_heads must be >= 0");
+  bad = small_config(nn::Arch::seed), bad.tie_embeddings = true;
+  refused(bad, "tie_embeddings is for arch llama");
+  bad = small_config(nn::Arch::seed), bad.kv_heads = 1;
+  refused(bad, "kv_heads 1 is for arch llama");
+  bad = small_config(nn::Arch::seed), bad.qkv_bias = true;
+  refused(bad, "qkv_bias is for arch llama");
+  // A head dim of its own frees dim from heads: dim 8 with 3 heads of 4.
+  nn::MiniLLMConfig decoupled = small_config(nn::Arch::llama);
+  decoupled.heads = 3, decoupled.head_dim = 4;
+  EXPECT_NO_THROW(decoupled.validate());
+  EXPECT_NO_THROW(nn::MiniLLMConfig::from_json(decoupled.to_json()));
+  EXPECT_THROW(nn::MiniLLMConfig::from_json(
+                   R"({"arch":"llama","vocab":64,"dim":32,"layers":1,"heads":4,"ffn_hidden":128,)"
+                   R"("tie_embeddings":1})"),
+               Error);
+}
+
+// The KV cache with grouped-query attention (cache sized by the kv heads), a head dim of its own,
+// q/k/v biases, a tied head and rope theta 1e5: prefill and one-at-a-time decode give the full
+// forward's logits.
+TEST(Sample, GroupedQueryKvCacheEqualsTheFullForward) {
+  for (int64_t kv : {2, 1}) {
+    nn::MiniLLMConfig c = gqa_config(kv, true, true);
+    c.vocab = 50, c.dim = 16, c.seq = 16;
+    nn::MiniLLM model(c);
+    nn::materialize(model, DType::f64, 9);
+    for (auto& [n, p] : model.named_parameters())
+      if (n.find("bias") != std::string::npos)
+        nn::init_fill(nn::Init::uniform(-0.5, 0.5), 5, n, 0, p->data);
+    const std::vector<int32_t> ids = {3, 14, 15, 9, 2, 6, 5, 35};
+    Tensor full = model.forward(Tensor::from_vector(ids, {1, 8})).view({8, c.vocab});
+    model.start_kv_cache(c.seq);
+    Tensor pre = model
+                     .forward(Tensor::from_vector(
+                         std::vector<int32_t>(ids.begin(), ids.begin() + 3), {1, 3}))
+                     .view({3, c.vocab});
+    EXPECT_LT(test::rel_error(pre, full.slice(0, 3)), 1e-12) << "kv " << kv;
+    for (int64_t t = 3; t < 8; ++t) {
+      Tensor row = model.forward(Tensor::from_vector(std::vector<int32_t>{ids[size_t(t)]}, {1, 1}))
+                       .view({1, c.vocab});
+      EXPECT_LT(test::rel_error(row, full.slice(t, t + 1)), 1e-12)
+          << "kv " << kv << " position " << t;
+    }
+    model.stop_kv_cache();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(BothArchs, WholeModelGradient,

@@ -73,17 +73,29 @@ Tensor RMSNorm::backward_impl(const Tensor& dy) {
 // ---------------------------------------------------------------- attention
 
 MultiheadAttention::MultiheadAttention(int64_t dim, int64_t heads, AttentionOptions opt)
-    : Module("MultiheadAttention"), dim_(dim), heads_(heads), opt_(opt) {
-  FSDP_CHECK(heads > 0 && dim % heads == 0,
+    : Module("MultiheadAttention"),
+      dim_(dim),
+      heads_(heads),
+      kv_heads_(opt.kv_heads > 0 ? opt.kv_heads : heads),
+      hd_(opt.head_dim > 0 ? opt.head_dim : (heads > 0 ? dim / heads : 0)),
+      opt_(opt) {
+  FSDP_CHECK(heads > 0 && (opt.head_dim > 0 || dim % heads == 0),
              "[MultiheadAttention] dim {} is not divisible by heads {}", dim, heads);
-  FSDP_CHECK(opt.rope_theta <= 0 || (dim / heads) % 2 == 0,
-             "[MultiheadAttention] rotary embedding needs an even head dim, got {}", dim / heads);
+  FSDP_CHECK(opt.kv_heads >= 0 && opt.head_dim >= 0,
+             "[MultiheadAttention] kv heads {} and head dim {} must be >= 0 (0: the default)",
+             opt.kv_heads, opt.head_dim);
+  FSDP_CHECK(heads % kv_heads_ == 0,
+             "[MultiheadAttention] heads {} is not divisible by kv heads {}", heads, kv_heads_);
+  FSDP_CHECK(opt.rope_theta <= 0 || hd_ % 2 == 0,
+             "[MultiheadAttention] rotary embedding needs an even head dim, got {}", hd_);
+  const int64_t rows = (heads + 2 * kv_heads_) * hd_;
   const double bound =
-      opt.xavier_in_proj ? std::sqrt(6.0 / double(dim + 3 * dim)) : 1.0 / std::sqrt(double(dim));
+      opt.xavier_in_proj ? std::sqrt(6.0 / double(dim + rows)) : 1.0 / std::sqrt(double(dim));
   in_proj_weight_ =
-      &register_parameter("in_proj_weight", {3 * dim, dim}, Init::uniform(-bound, bound));
-  if (opt.bias) in_proj_bias_ = &register_parameter("in_proj_bias", {3 * dim}, Init::constant(0.0));
-  out_proj_ = &register_module("out_proj", std::make_unique<Linear>(dim, dim, opt.bias));
+      &register_parameter("in_proj_weight", {rows, dim}, Init::uniform(-bound, bound));
+  if (opt.bias || opt.qkv_bias)
+    in_proj_bias_ = &register_parameter("in_proj_bias", {rows}, Init::constant(0.0));
+  out_proj_ = &register_module("out_proj", std::make_unique<Linear>(heads * hd_, dim, opt.bias));
   if (opt.bias) out_proj_->bias()->init = Init::constant(0.0);  // nn.MultiheadAttention zeroes it
 }
 
@@ -103,7 +115,7 @@ void MultiheadAttention::stop_kv_cache() {
 }
 
 Tensor MultiheadAttention::forward_cached(const Tensor& x) {
-  const int64_t n = x.size(1), d = dim_;
+  const int64_t n = x.size(1), dq = heads_ * hd_, dkv = kv_heads_ * hd_, w = dq + 2 * dkv;
   FSDP_CHECK(x.size(0) == 1, "[MultiheadAttention] a KV cache holds one sequence; got batch {}",
              x.size(0));
   FSDP_CHECK(kv_len_ + n <= kv_cap_,
@@ -111,28 +123,29 @@ Tensor MultiheadAttention::forward_cached(const Tensor& x) {
              kv_cap_, kv_len_, n);
   Tensor qkv =
       ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());
-  if (opt_.rope_theta > 0) ops::rope_(qkv, heads_, opt_.rope_theta, false, kv_len_);
-  if (!k_cache_.defined()) {
-    k_cache_ = Tensor::empty({kv_cap_ * d}, qkv.dtype(), qkv.device());
-    v_cache_ = Tensor::empty({kv_cap_ * d}, qkv.dtype(), qkv.device());
+  if (opt_.rope_theta > 0) ops::rope_(qkv, heads_, opt_.rope_theta, false, kv_len_, kv_heads_);
+  if (!k_cache_.defined()) {  // sized by the kv heads
+    k_cache_ = Tensor::empty({kv_cap_ * dkv}, qkv.dtype(), qkv.device());
+    v_cache_ = Tensor::empty({kv_cap_ * dkv}, qkv.dtype(), qkv.device());
   }
-  // Rows of the packed [n, 3d] qkv: q into its own buffer, k and v after the cached positions.
+  // Rows of the packed [n, w] qkv: q into its own buffer, k and v after the cached positions.
   std::vector<ops::Segment> q_rows, k_rows, v_rows;
   for (int64_t r = 0; r < n; ++r) {
-    q_rows.push_back({r * d, r * 3 * d, d});
-    k_rows.push_back({(kv_len_ + r) * d, r * 3 * d + d, d});
-    v_rows.push_back({(kv_len_ + r) * d, r * 3 * d + 2 * d, d});
+    q_rows.push_back({r * dq, r * w, dq});
+    k_rows.push_back({(kv_len_ + r) * dkv, r * w + dq, dkv});
+    v_rows.push_back({(kv_len_ + r) * dkv, r * w + dq + dkv, dkv});
   }
-  Tensor flat = qkv.view({n * 3 * d});
-  Tensor q = Tensor::empty({n * d}, qkv.dtype(), qkv.device());
+  Tensor flat = qkv.view({n * w});
+  Tensor q = Tensor::empty({n * dq}, qkv.dtype(), qkv.device());
   ops::copy_segments(q, flat, q_rows);
   ops::copy_segments(k_cache_, flat, k_rows);
   ops::copy_segments(v_cache_, flat, v_rows);
   const int64_t keys = kv_len_ + n;
-  Tensor out = ops::attention_decode(q.view({n, d}), k_cache_.slice(0, keys * d).view({keys, d}),
-                                     v_cache_.slice(0, keys * d).view({keys, d}), heads_, kv_len_);
+  Tensor out =
+      ops::attention_decode(q.view({n, dq}), k_cache_.slice(0, keys * dkv).view({keys, dkv}),
+                            v_cache_.slice(0, keys * dkv).view({keys, dkv}), heads_, kv_len_);
   kv_len_ = keys;
-  return out_proj_->forward(out.view({1, n, d}));
+  return out_proj_->forward(out.view({1, n, dq}));
 }
 
 Tensor MultiheadAttention::forward_impl(const Tensor& x) {
@@ -142,8 +155,8 @@ Tensor MultiheadAttention::forward_impl(const Tensor& x) {
   x_ = x;
   Tensor qkv =
       ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());
-  if (opt_.rope_theta > 0) ops::rope_(qkv, heads_, opt_.rope_theta, false);
-  auto a = ops::attention_forward(qkv, heads_, opt_.causal);
+  if (opt_.rope_theta > 0) ops::rope_(qkv, heads_, opt_.rope_theta, false, 0, kv_heads_);
+  auto a = ops::attention_forward(qkv, heads_, opt_.causal, kv_heads_);
   qkv_ = qkv;
   out_ = a.out;
   lse_ = a.lse;
@@ -152,8 +165,8 @@ Tensor MultiheadAttention::forward_impl(const Tensor& x) {
 
 Tensor MultiheadAttention::backward_impl(const Tensor& dy) {
   Tensor dattn = out_proj_->backward(dy);
-  Tensor dqkv = ops::attention_backward(dattn, qkv_, out_, lse_, heads_, opt_.causal);
-  if (opt_.rope_theta > 0) ops::rope_(dqkv, heads_, opt_.rope_theta, true);
+  Tensor dqkv = ops::attention_backward(dattn, qkv_, out_, lse_, heads_, opt_.causal, kv_heads_);
+  if (opt_.rope_theta > 0) ops::rope_(dqkv, heads_, opt_.rope_theta, true, 0, kv_heads_);
   Tensor dx = ops::linear_backward(dqkv, x_, in_proj_weight_->data, in_proj_weight_->grad,
                                    in_proj_bias_ ? in_proj_bias_->grad : Tensor());
   x_ = qkv_ = out_ = lse_ = Tensor();

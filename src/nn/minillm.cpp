@@ -1,12 +1,15 @@
 // MiniLLM assembly, presets and validation.
 #include "fsdp/nn/minillm.h"
 
+#include <cmath>
 #include <cstddef>
 #include <initializer_list>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <vector>
+
+#include "fsdp/ops/ops.h"
 
 namespace fsdp::nn {
 
@@ -43,6 +46,12 @@ std::string MiniLLMConfig::to_json() const {
                       {"seq", seq},
                       {"rope_theta", rope_theta}};
   if (norm_eps) j["norm_eps"] = *norm_eps;
+  // Written only when they differ from the default: a config without them reads and compares
+  // (checkpoint resume) exactly as before they existed.
+  if (resolved_kv_heads() != heads) j["kv_heads"] = kv_heads;
+  if (head_dim > 0 && head_dim * heads != dim) j["head_dim"] = head_dim;
+  if (tie_embeddings) j["tie_embeddings"] = true;
+  if (qkv_bias) j["qkv_bias"] = true;
   return j.dump();
 }
 
@@ -70,6 +79,16 @@ MiniLLMConfig MiniLLMConfig::from_json(const std::string& text) {
     c.seq = integer("seq", c.seq, false);
     c.rope_theta = j.value("rope_theta", c.rope_theta);
     if (j.contains("norm_eps")) c.norm_eps = j.at("norm_eps").get<double>();
+    c.kv_heads = integer("kv_heads", 0, false);
+    c.head_dim = integer("head_dim", 0, false);
+    auto boolean = [&](const char* key) {
+      if (!j.contains(key)) return false;
+      FSDP_CHECK(j[key].is_boolean(), "[MiniLLM] config field '{}' must be true or false, got {}",
+                 key, j[key].dump());
+      return j[key].get<bool>();
+    };
+    c.tie_embeddings = boolean("tie_embeddings");
+    c.qkv_bias = boolean("qkv_bias");
   } catch (const nlohmann::json::exception& e) {
     FSDP_FAIL("[MiniLLM] config {}: {}", text.size() > 200 ? text.substr(0, 200) + "..." : text,
               e.what());
@@ -90,15 +109,40 @@ void MiniLLMConfig::validate() const {
   FSDP_CHECK(dim > 0, "[MiniLLM] dim must be positive, got {}", dim);
   FSDP_CHECK(layers > 0, "[MiniLLM] layers must be positive, got {}", layers);
   FSDP_CHECK(heads > 0, "[MiniLLM] heads must be positive, got {}", heads);
-  FSDP_CHECK(dim % heads == 0, "[MiniLLM] dim {} is not divisible by heads {}", dim, heads);
+  FSDP_CHECK(kv_heads >= 0, "[MiniLLM] kv_heads must be >= 0 (0 = heads), got {}", kv_heads);
+  FSDP_CHECK(head_dim >= 0, "[MiniLLM] head_dim must be >= 0 (0 = dim / heads), got {}", head_dim);
+  FSDP_CHECK(head_dim > 0 || dim % heads == 0,
+             "[MiniLLM] dim {} is not divisible by heads {} (state head_dim to decouple them)", dim,
+             heads);
+  FSDP_CHECK(heads % resolved_kv_heads() == 0,
+             "[MiniLLM] heads {} is not divisible by kv_heads {}: each kv head serves a whole "
+             "group of query heads",
+             heads, resolved_kv_heads());
+  if (arch == Arch::seed) {
+    FSDP_CHECK(resolved_kv_heads() == heads,
+               "[MiniLLM] kv_heads {} is for arch llama; seed is nn.MultiheadAttention (kv_heads "
+               "= heads {})",
+               kv_heads, heads);
+    FSDP_CHECK(head_dim == 0 || head_dim * heads == dim,
+               "[MiniLLM] head_dim {} is for arch llama; seed's head dim is dim / heads = {}",
+               head_dim, dim / heads);
+    FSDP_CHECK(!tie_embeddings,
+               "[MiniLLM] tie_embeddings is for arch llama; seed has an untied "
+               "head");
+    FSDP_CHECK(!qkv_bias,
+               "[MiniLLM] qkv_bias is for arch llama; seed's in-projection already "
+               "has a bias");
+  }
   FSDP_CHECK(seq > 0, "[MiniLLM] seq must be positive, got {}", seq);
   FSDP_CHECK(batch > 0, "[MiniLLM] batch must be positive, got {}", batch);
   FSDP_CHECK(ffn_hidden >= 0, "[MiniLLM] ffn hidden size must be >= 0 (0 = default), got {}",
              ffn_hidden);
   if (arch == Arch::llama) {
-    FSDP_CHECK((dim / heads) % 2 == 0,
-               "[MiniLLM] llama's rotary embedding needs an even head dim, got {} / {} = {}", dim,
-               heads, dim / heads);
+    FSDP_CHECK(resolved_head_dim() % 2 == 0,
+               "[MiniLLM] llama's rotary embedding needs an even head dim, got {}{}",
+               resolved_head_dim(),
+               head_dim > 0 ? std::string(" (head_dim)")
+                            : fmt::format(" (dim {} / heads {})", dim, heads));
     FSDP_CHECK(rope_theta > 0, "[MiniLLM] rope theta must be positive, got {}", rope_theta);
   }
   if (norm_eps) FSDP_CHECK(*norm_eps >= 0, "[MiniLLM] norm eps must be >= 0, got {}", *norm_eps);
@@ -107,12 +151,14 @@ void MiniLLMConfig::validate() const {
 int64_t MiniLLMConfig::matmul_params() const {
   const int64_t h = resolved_ffn_hidden();
   const int64_t ffn = (arch == Arch::seed ? 2 : 3) * dim * h;
-  const int64_t attn = 4 * dim * dim;  // biases are not matmul work
-  return layers * (attn + ffn) + vocab * dim;
+  const int64_t hd = resolved_head_dim(), q = heads * hd, kv = resolved_kv_heads() * hd;
+  const int64_t attn = dim * (q + 2 * kv) + q * dim;  // q, k, v, o; biases are not matmul work
+  return layers * (attn + ffn) + vocab * dim;         // the head, tied or not
 }
 
 double MiniLLMConfig::flops_per_token() const {
-  return 6.0 * double(matmul_params()) + 12.0 * double(layers) * double(dim) * double(seq);
+  return 6.0 * double(matmul_params()) +
+         12.0 * double(layers) * double(heads * resolved_head_dim()) * double(seq);
 }
 
 MiniLLM::MiniLLM(const MiniLLMConfig& cfg) : Module("MiniLLM"), cfg_(cfg) {
@@ -120,7 +166,13 @@ MiniLLM::MiniLLM(const MiniLLMConfig& cfg) : Module("MiniLLM"), cfg_(cfg) {
   AttentionOptions attn;
   FeedForward::Kind ffn_kind = FeedForward::Kind::silu_mlp;
   if (cfg.arch == Arch::llama) {
-    attn = {.bias = false, .causal = true, .rope_theta = cfg.rope_theta, .xavier_in_proj = false};
+    attn = {.bias = false,
+            .causal = true,
+            .rope_theta = cfg.rope_theta,
+            .xavier_in_proj = false,
+            .kv_heads = cfg.kv_heads,
+            .head_dim = cfg.head_dim,
+            .qkv_bias = cfg.qkv_bias};
     ffn_kind = FeedForward::Kind::swiglu;
   }
   embed_ = &register_module("embed", std::make_unique<Embedding>(cfg.vocab, cfg.dim));
@@ -130,7 +182,10 @@ MiniLLM::MiniLLM(const MiniLLMConfig& cfg) : Module("MiniLLM"), cfg_(cfg) {
         cfg.dim, cfg.heads, cfg.resolved_ffn_hidden(), ffn_kind, attn, cfg.norm_eps));
   if (cfg.arch == Arch::llama)
     norm_ = &register_module("norm", std::make_unique<RMSNorm>(cfg.dim, cfg.norm_eps));
-  head_ = &register_module("head", std::make_unique<Linear>(cfg.dim, cfg.vocab, false));
+  if (!cfg.tie_embeddings)
+    head_ = &register_module("head", std::make_unique<Linear>(cfg.dim, cfg.vocab, false));
+  else  // the head's use sets the scale: N(0, 1/dim) starts the logits near unit variance
+    embed_->weight().init = Init::normal(0.0, 1.0 / std::sqrt(double(cfg.dim)));
 }
 
 void MiniLLM::start_kv_cache(int64_t capacity) {
@@ -155,11 +210,20 @@ Tensor MiniLLM::forward_impl(const Tensor& tokens) {
              shape_str(tokens.shape()));
   Tensor x = layers_->forward(embed_->forward(tokens));
   if (norm_) x = norm_->forward(x);
-  return head_->forward(x);
+  if (head_) return head_->forward(x);
+  head_x_ = x;  // tied: logits = x embed^T
+  return ops::linear_forward(x, embed_->weight().data, Tensor());
 }
 
 Tensor MiniLLM::backward_impl(const Tensor& dlogits) {
-  Tensor dx = head_->backward(dlogits);
+  Tensor dx;
+  if (head_) {
+    dx = head_->backward(dlogits);
+  } else {  // adds dlogits^T x into the embedding's gradient; its backward adds the scatter
+    Parameter& w = embed_->weight();
+    dx = ops::linear_backward(dlogits, head_x_, w.data, w.grad, Tensor());
+    head_x_ = Tensor();
+  }
   if (norm_) dx = norm_->backward(dx);
   return embed_->backward(layers_->backward(dx));
 }

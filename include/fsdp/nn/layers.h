@@ -4,7 +4,10 @@
 //   Embedding         weight [vocab, dim]              N(0, 1)
 //   RMSNorm           weight [dim]                     ones; eps defaults to the dtype's epsilon
 //   MultiheadAttention in_proj_weight [3d, d], in_proj_bias [3d], out_proj.{weight,bias}
-//                     (nn.MultiheadAttention: xavier_uniform in-projection, zero biases)
+//                     (nn.MultiheadAttention: xavier_uniform in-projection, zero biases).
+//                     With kv_heads and head_dim (llama's grouped-query attention), the packed
+//                     in_proj_weight is [(heads + 2 kv_heads) hd, d]: the rows of q_proj, then
+//                     k_proj, then v_proj; in_proj_bias likewise; out_proj is [d, heads hd].
 //   FeedForward       seed: "0" Linear(d, 4d), SiLU, "2" Linear(4d, d), no bias
 //                     llama: w1 (gate), w3 (up), w2 (down), SwiGLU, no bias
 #pragma once
@@ -37,6 +40,7 @@ class Embedding : public Module {
   Embedding(int64_t vocab, int64_t dim);
   Tensor forward_impl(const Tensor& ids) override;
   Tensor backward_impl(const Tensor& dy) override;
+  Parameter& weight() { return *weight_; }
 
  private:
   Parameter* weight_;
@@ -60,6 +64,9 @@ struct AttentionOptions {
   bool causal = false;         // mask out future positions
   double rope_theta = 0.0;     // > 0: rotary embedding on q and k (half-split pairs)
   bool xavier_in_proj = true;  // nn.MultiheadAttention's init; false: Linear's init
+  int64_t kv_heads = 0;        // 0: heads (multi-head); fewer, dividing heads: grouped-query
+  int64_t head_dim = 0;        // 0: dim / heads
+  bool qkv_bias = false;       // in_proj_bias without out_proj.bias (Qwen2)
 };
 
 class MultiheadAttention : public Module {
@@ -74,10 +81,13 @@ class MultiheadAttention : public Module {
   void start_kv_cache(int64_t capacity);
   void stop_kv_cache();
   int64_t kv_length() const { return kv_len_; }  // cached positions; -1 when off
+  int64_t heads() const { return heads_; }
+  int64_t kv_heads() const { return kv_heads_; }
+  int64_t head_dim() const { return hd_; }
 
  private:
   Tensor forward_cached(const Tensor& x);
-  int64_t dim_, heads_;
+  int64_t dim_, heads_, kv_heads_, hd_;
   AttentionOptions opt_;
   Tensor k_cache_, v_cache_;
   int64_t kv_len_ = -1, kv_cap_ = 0;

@@ -1,4 +1,5 @@
-// The MiniLLM: embedding, N transformer blocks, [final norm], untied head.
+// The MiniLLM: embedding, N transformer blocks, [final norm], head (untied, or llama's tied to
+// the embedding).
 //
 // Two architectures:
 //   seed   the reference script's model, exactly: bidirectional
@@ -6,7 +7,12 @@
 //          with bias, no positions), FFN Linear-SiLU-Linear without bias, no
 //          final norm. Parameter names are that script's state_dict keys.
 //   llama  what llama.cpp and Hugging Face call llama: causal attention with
-//          rotary embedding, SwiGLU FFN, no biases, a final RMSNorm.
+//          rotary embedding, SwiGLU FFN, no biases, a final RMSNorm. Its options
+//          cover the pretrained checkpoints of that family (SmolLM2, Llama 3,
+//          Qwen2.5): grouped-query attention (kv_heads), a head dim stated on its
+//          own (head_dim), the head tied to the embedding (tie_embeddings: one
+//          parameter, "embed.weight", no "head.weight") and q/k/v biases
+//          (qkv_bias, Qwen2).
 //
 // Presets: "seed" (the reference size) and "tiny" (sized for a 2-core CPU).
 // Every field can be overridden after picking a preset; validate() refuses
@@ -32,18 +38,29 @@ struct MiniLLMConfig {
   int64_t ffn_hidden = 0;          // 0: 4*dim for seed, llama's 8/3*dim rounded up to 256 for llama
   double rope_theta = 10000.0;     // llama only
   std::optional<double> norm_eps;  // unset: the compute dtype's epsilon, as nn.RMSNorm(eps=None)
+  // llama only:
+  int64_t kv_heads = 0;         // 0 or heads: multi-head; 1: multi-query; dividing heads: GQA
+  int64_t head_dim = 0;         // 0: dim / heads; else q is heads*head_dim, k/v kv_heads*head_dim
+  bool tie_embeddings = false;  // the head computes with the embedding's weight (one parameter,
+                                // initialised N(0, 1/dim) so that the first logits are ~N(0, 1))
+  bool qkv_bias = false;        // biases on q, k and v (Qwen2), in the packed in_proj_bias
 
   static MiniLLMConfig preset(const std::string& name);  // "seed" or "tiny"
   // The model's shape as a JSON object (arch, vocab, dim, layers, heads, ffn_hidden resolved,
-  // seq, rope_theta, and norm_eps when set): checkpoints and exports carry it, and from_json
-  // rebuilds the config, validated. A missing or mistyped key is an error that names it.
+  // seq, rope_theta, norm_eps when set, and kv_heads, head_dim, tie_embeddings, qkv_bias when
+  // they differ from the default, so older configs read and compare unchanged): checkpoints and
+  // exports carry it, and from_json rebuilds the config, validated (absent keys are defaults).
+  // A missing or mistyped key is an error that names it.
   std::string to_json() const;
   static MiniLLMConfig from_json(const std::string& json);
   int64_t resolved_ffn_hidden() const;
+  int64_t resolved_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : dim / heads; }
   void validate() const;
-  // Parameters that take part in matmuls (all but the embedding), for MFU.
+  // Parameters that take part in matmuls (all but the embedding; a tied head counts, since it
+  // still does its matmul), for MFU.
   int64_t matmul_params() const;
-  // Training FLOPs per token: 6 * matmul_params + 12 * layers * dim * seq.
+  // Training FLOPs per token: 6 * matmul_params + 12 * layers * heads * head_dim * seq.
   double flops_per_token() const;
 };
 
@@ -52,7 +69,8 @@ class MiniLLM : public Module {
   explicit MiniLLM(const MiniLLMConfig& cfg);
   // tokens [B, T] (i32/i64) -> logits [B, T, vocab]
   Tensor forward_impl(const Tensor& tokens) override;
-  // dlogits [B, T, vocab] -> undefined (the input is discrete)
+  // dlogits [B, T, vocab] -> undefined (the input is discrete). A tied head adds its weight
+  // gradient into the embedding's, which the embedding's scatter-add then adds to.
   Tensor backward_impl(const Tensor& dlogits) override;
   const MiniLLMConfig& config() const { return cfg_; }
   ModuleList& layers() { return *layers_; }
@@ -68,7 +86,8 @@ class MiniLLM : public Module {
   Embedding* embed_;
   ModuleList* layers_;
   RMSNorm* norm_ = nullptr;
-  Linear* head_;
+  Linear* head_ = nullptr;  // null when tied: the logits use embed_'s weight
+  Tensor head_x_;           // the tied head's input, saved for its backward
 };
 
 }  // namespace fsdp::nn
