@@ -43,6 +43,14 @@ int main(int argc, char** argv) {
   app.add_option("--batch", o.batch, "sequences per step (overrides the preset)");
   app.add_option("--ffn-hidden", o.ffn_hidden,
                  "FFN hidden size (0: 4*dim for seed, 8/3*dim rounded for llama)");
+  app.add_option("--kv-heads", o.kv_heads,
+                 "llama: key/value heads (0 or --heads: multi-head; 1: multi-query; a divisor "
+                 "of --heads: grouped-query)");
+  app.add_option("--head-dim", o.head_dim, "llama: per-head dim (0: dim / heads)");
+  app.add_option("--rope-theta", o.rope_theta, "llama: rotary embedding base (default 10000)");
+  app.add_flag("--tie-embeddings", o.tie_embeddings,
+               "llama: the head computes with the embedding's weight (one parameter)");
+  app.add_flag("--qkv-bias", o.qkv_bias, "llama: biases on q, k and v (Qwen2)");
   app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")

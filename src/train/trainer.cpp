@@ -186,6 +186,11 @@ nn::MiniLLMConfig TrainOptions::model_config() const {
   if (seq) cfg.seq = *seq;
   if (batch) cfg.batch = *batch;
   if (ffn_hidden) cfg.ffn_hidden = *ffn_hidden;
+  if (kv_heads) cfg.kv_heads = *kv_heads;
+  if (head_dim) cfg.head_dim = *head_dim;
+  if (rope_theta) cfg.rope_theta = *rope_theta;
+  if (tie_embeddings) cfg.tie_embeddings = true;
+  if (qkv_bias) cfg.qkv_bias = true;
   cfg.validate();
   return cfg;
 }
@@ -448,6 +453,11 @@ struct Trainer::Impl {
     row("preset / arch", fmt::format("{} / {}", o.preset, nn::arch_name(cfg.arch)));
     row("vocab / dim / layers", fmt::format("{} / {} / {}", cfg.vocab, cfg.dim, cfg.layers));
     row("heads / ffn hidden", fmt::format("{} / {}", cfg.heads, cfg.resolved_ffn_hidden()));
+    if (cfg.resolved_kv_heads() != cfg.heads || cfg.resolved_head_dim() * cfg.heads != cfg.dim ||
+        cfg.tie_embeddings || cfg.qkv_bias)
+      row("kv heads / head dim",
+          fmt::format("{} / {}{}{}", cfg.resolved_kv_heads(), cfg.resolved_head_dim(),
+                      cfg.tie_embeddings ? ", tied head" : "", cfg.qkv_bias ? ", qkv bias" : ""));
     row("seq x batch",
         fmt::format("{} x {} x {} ranks x {} accum = {} tokens/step", cfg.seq, cfg.batch, size,
                     o.grad_accum, cfg.seq * cfg.batch * size * o.grad_accum));
@@ -502,8 +512,9 @@ struct Trainer::Impl {
         fmt::print(stderr,
                    "resume: skipping {}: no metadata.json (an unfinished or damaged checkpoint)\n",
                    d);
-    const std::vector<std::string> model_keys = {"arch",  "vocab",      "dim",  "layers",
-                                                 "heads", "ffn_hidden", "dtype"};
+    const std::vector<std::string> model_keys = {
+        "arch",     "vocab",          "dim",      "layers", "heads", "ffn_hidden", "kv_heads",
+        "head_dim", "tie_embeddings", "qkv_bias", "dtype"};
     std::string error;
     checkpoint::Loaded loaded;
     try {

@@ -29,6 +29,11 @@ struct TrainOptions {
   std::string preset = "tiny";
   std::optional<std::string> arch;
   std::optional<int64_t> vocab, dim, layers, heads, seq, batch, ffn_hidden;
+  // llama's options (nn::MiniLLMConfig): --kv-heads, --head-dim, --rope-theta, --tie-embeddings,
+  // --qkv-bias
+  std::optional<int64_t> kv_heads, head_dim;
+  std::optional<double> rope_theta;
+  bool tie_embeddings = false, qkv_bias = false;
   // optimizer
   int64_t steps = 5;
   double lr = 3e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
