@@ -171,18 +171,70 @@ with tempfile.TemporaryDirectory() as w:
     check(texts[0] == texts[1] == texts[2] and texts[0].startswith(b"The software"),
           f"greedy text equal from the checkpoint, the plain folder and without the KV cache: {texts}")
     check(b"generate:" not in texts[0], "status lines stay off stdout")
-    bad = dict(cfg, num_key_value_heads=2)
+    open(f"{w}/t.txt", "w").write(open(corpus[0]).read()[:20000])
+    os.makedirs(f"{w}/scaled")
+    json.dump(dict(cfg, rope_scaling={"rope_type": "linear", "factor": 2.0}), open(f"{w}/scaled/config.json", "w"))
+    os.link(f"{w}/plain/model.safetensors", f"{w}/scaled/model.safetensors")
+    r = run(gen, "--model", f"{w}/scaled", "--tokens", "1", ok=False)
+    check(r.returncode != 0 and b"rope_scaling" in r.stderr,
+          f"rope scaling refused by name: {r.stderr.decode()[-300:]}")
     os.makedirs(f"{w}/gqa")
-    json.dump(bad, open(f"{w}/gqa/config.json", "w"))
+    json.dump(dict(cfg, num_key_value_heads=2), open(f"{w}/gqa/config.json", "w"))
     os.link(f"{w}/plain/model.safetensors", f"{w}/gqa/model.safetensors")
     r = run(gen, "--model", f"{w}/gqa", "--tokens", "1", ok=False)
-    check(r.returncode != 0 and b"num_key_value_heads 2" in r.stderr,
-          f"grouped-query attention refused by name: {r.stderr.decode()[-300:]}")
+    check(r.returncode != 0 and b"k_proj.weight' has shape [64, 64]" in r.stderr,
+          f"a config whose kv heads do not fit the weights is refused by name: {r.stderr.decode()[-300:]}")
+
+    # The llama family's options (SmolLM2's shape, small): grouped-query attention, a head dim of
+    # its own, rope theta 1e5 and the head tied to the embedding; and Qwen2's q/k/v biases.
+    for tag, extra in (("smol", ["--kv-heads", "2", "--head-dim", "8", "--rope-theta", "100000", "--tie-embeddings"]),
+                       ("qwen", ["--kv-heads", "1", "--qkv-bias"])):
+        run(train, *model_flags, *extra, "--vocab", "300", "--data", f"{w}/t.txt", "--steps", "2",
+            "--ckpt-dir", f"{w}/{tag}ck", "--ckpt-every", "2")
+        run(export, "--ckpt", f"{w}/{tag}ck", "--out", f"{w}/{tag}/model.safetensors", "--gguf", f"{w}/{tag}.gguf")
+        c = json.load(open(f"{w}/{tag}/config.json"))
+        header, st = safetensors(f"{w}/{tag}/model.safetensors")
+        gg = GGUFReader(f"{w}/{tag}.gguf")
+        gt = {t.name: t for t in gg.tensors}
+        arch = "qwen2" if tag == "qwen" else "llama"
+        if tag == "smol":
+            check(c["num_key_value_heads"] == 2 and c["head_dim"] == 8 and c["tie_word_embeddings"] is True
+                  and c["rope_theta"] == 100000 and c["model_type"] == "llama",
+                  f"smol config.json: {c}")
+            check("lm_head.weight" not in st and list(st["model.layers.0.self_attn.q_proj.weight"].shape) == [32, 64]
+                  and list(st["model.layers.0.self_attn.k_proj.weight"].shape) == [16, 64]
+                  and list(st["model.layers.0.self_attn.o_proj.weight"].shape) == [64, 32],
+                  f"smol tensors: {sorted((k, v.shape) for k, v in st.items() if 'layers.0.' in k or 'head' in k)}")
+            check(field(gg, "llama.attention.head_count_kv") == 2 and field(gg, "llama.rope.dimension_count") == 8
+                  and field(gg, "llama.rope.freq_base") == 100000 and "output.weight" not in gt,
+                  "smol GGUF: head_count_kv 2, rope dims 8, freq base 1e5, no output.weight (tied)")
+        else:
+            check(c["model_type"] == "qwen2" and c["num_key_value_heads"] == 1 and c["tie_word_embeddings"] is False,
+                  f"qwen config.json: {c}")
+            check(list(st["model.layers.0.self_attn.k_proj.bias"].shape) == [16] and "lm_head.weight" in st
+                  and "model.layers.0.self_attn.o_proj.bias" not in st, "qwen tensors: q/k/v biases, no o_proj bias")
+            check(field(gg, "general.architecture") == "qwen2" and field(gg, "qwen2.attention.head_count_kv") == 1
+                  and "blk.0.attn_k.bias" in gt and "output.weight" in gt, "qwen GGUF: qwen2, head_count_kv 1, biases")
+        # A plain Hugging Face folder of it (no fsdp metadata) gives the checkpoint's logits.
+        os.makedirs(f"{w}/{tag}plain")
+        raw = open(f"{w}/{tag}/model.safetensors", "rb").read()
+        header.pop("__metadata__", None)
+        h = json.dumps(header).encode()
+        h += b" " * (-len(h) % 8)
+        n = struct.unpack("<Q", raw[:8])[0]
+        open(f"{w}/{tag}plain/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+        open(f"{w}/{tag}plain/config.json", "w").write(open(f"{w}/{tag}/config.json").read())
+        a = json.loads(run(gen, "--ckpt", f"{w}/{tag}ck", "--prompt", "The software", "--print-logits").stdout)
+        b = json.loads(run(gen, "--model", f"{w}/{tag}plain", "--prompt", "The software", "--print-logits").stdout)
+        check(np.allclose(a["logits"], b["logits"], rtol=0, atol=1e-5),
+              f"{tag}: a plain Hugging Face folder gives the checkpoint's logits")
+        texts = [run(gen, "--ckpt", f"{w}/{tag}ck", "--prompt", "The software", "--tokens", "20", "--temperature", "0",
+                     "--ignore-eos", *nk).stdout for nk in ([], ["--no-kv-cache"])]
+        check(texts[0] == texts[1], f"{tag}: greedy text equal with and without the KV cache: {texts}")
     r = run(gen, "--model", f"{w}/nothing", "--tokens", "1", ok=False)
     check(r.returncode != 0 and b"fsdp-generate: error" in r.stderr, "a missing model is refused")
 
     # The byte vocabulary as a gpt2 vocabulary.
-    open(f"{w}/t.txt", "w").write(open(corpus[0]).read()[:20000])
     run(train, *model_flags, "--vocab", "300", "--data", f"{w}/t.txt", "--steps", "2",
         "--ckpt-dir", f"{w}/bk", "--ckpt-every", "2")
     run(export, "--ckpt", f"{w}/bk", "--gguf", f"{w}/b.gguf")

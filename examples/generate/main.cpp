@@ -77,7 +77,6 @@ Loaded load_model(const std::string& path, DType compute, Device device) {
     paths.push_back(path);
   }
   for (const std::string& p : paths) l.files.push_back(checkpoint::map_safetensors(p));
-  bool tied = false;
   if (l.files[0].metadata.count("fsdp.config")) {
     l.cfg = nn::MiniLLMConfig::from_json(l.files[0].metadata.at("fsdp.config"));
   } else {
@@ -86,7 +85,7 @@ Loaded load_model(const std::string& path, DType compute, Device device) {
                "give fsdp-export's file or a Hugging Face Llama folder",
                path);
     l.cfg = checkpoint::config_from_hf_llama(read_text(dir / "config.json"),
-                                             (dir / "config.json").string(), &tied);
+                                             (dir / "config.json").string());
   }
   auto find = [&](const std::string& name) -> const Tensor* {
     for (const auto& f : l.files)
@@ -95,24 +94,32 @@ Loaded load_model(const std::string& path, DType compute, Device device) {
   };
   l.model = std::make_unique<nn::MiniLLM>(l.cfg);
   int64_t in_place = 0, converted = 0;
-  const int64_t d = l.cfg.dim;
+  // A tied config (tie_word_embeddings) has no head.weight: the head computes with embed.weight.
+  const auto rows = checkpoint::in_proj_rows(l.cfg);
   for (auto& [name, p] : l.model->named_parameters()) {
     const std::string hf = checkpoint::hf_name(name);
     const Tensor* t = find(name);
     if (!t && !hf.empty()) t = find(hf);
-    if (!t && name == "head.weight" && tied) t = find("model.embed_tokens.weight");
     Tensor value;
     if (t) {
       value = *t;
-    } else if (hf.empty()) {  // the packed in-projection: q, k and v rows
+    } else if (hf.empty()) {  // the packed in-projection (or its bias): q, k and v rows
       const std::string base = "model." + name.substr(0, name.find(".attn")) + ".self_attn.";
-      value = Tensor::empty({3 * d, d}, compute);
-      const char* parts[3] = {"q_proj.weight", "k_proj.weight", "v_proj.weight"};
+      const std::string kind = name.ends_with("_bias") ? ".bias" : ".weight";
+      value = Tensor::empty(p->shape, compute);
+      const char* parts[3] = {"q_proj", "k_proj", "v_proj"};
       for (int i = 0; i < 3; ++i) {
-        const Tensor* part = find(base + parts[i]);
-        FSDP_CHECK(part, "[fsdp-generate] {}: no tensor '{}' (nor '{}')", path, base + parts[i],
-                   name);
-        value.narrow(0, i * d, d).copy_(*part);
+        const Tensor* part = find(base + parts[i] + kind);
+        FSDP_CHECK(part, "[fsdp-generate] {}: no tensor '{}' (nor '{}')", path,
+                   base + parts[i] + kind, name);
+        Tensor dst =
+            value.narrow(0, rows[size_t(i)].first, rows[size_t(i)].second - rows[size_t(i)].first);
+        FSDP_CHECK(part->shape() == dst.shape(),
+                   "[fsdp-generate] {}: '{}' has shape {} but the config ({} heads, {} kv heads of "
+                   "{}) needs {}",
+                   path, base + parts[i] + kind, shape_str(part->shape()), l.cfg.heads,
+                   l.cfg.resolved_kv_heads(), l.cfg.resolved_head_dim(), shape_str(dst.shape()));
+        dst.copy_(*part);
       }
     } else {
       FSDP_FAIL("[fsdp-generate] {}: no tensor '{}' (nor '{}')", path, name, hf);

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -24,14 +25,23 @@ namespace {
 bool is_in_proj(const std::string& n) {
   return n.find(".attn.in_proj_weight") != std::string::npos;
 }
+bool is_in_proj_bias(const std::string& n) {
+  return n.find(".attn.in_proj_bias") != std::string::npos;
+}
 std::string layer_prefix(const std::string& n) {
   return n.substr(0, n.find(".attn."));
 }  // "layers.3"
 
 }  // namespace
 
+std::array<std::pair<int64_t, int64_t>, 3> in_proj_rows(const nn::MiniLLMConfig& cfg) {
+  const int64_t q = cfg.heads * cfg.resolved_head_dim(),
+                kv = cfg.resolved_kv_heads() * cfg.resolved_head_dim();
+  return {{{0, q}, {q, q + kv}, {q + kv, q + 2 * kv}}};
+}
+
 std::string hf_name(const std::string& ours) {
-  if (is_in_proj(ours)) return "";
+  if (is_in_proj(ours) || is_in_proj_bias(ours)) return "";
   static const std::vector<std::pair<std::string, std::string>> suffix = {
       {".norm1.weight", ".input_layernorm.weight"},
       {".attn.out_proj.weight", ".self_attn.o_proj.weight"},
@@ -104,13 +114,14 @@ NamedTensors to_hf_llama(const nn::MiniLLMConfig& cfg, const NamedTensors& ours)
              "[export] Hugging Face names are for the llama architecture, not {}",
              nn::arch_name(cfg.arch));
   NamedTensors out;
-  const int64_t d = cfg.dim;
+  const auto rows = in_proj_rows(cfg);
   for (auto& [name, t] : ours) {
-    if (is_in_proj(name)) {
+    if (is_in_proj(name) || is_in_proj_bias(name)) {
       const std::string base = "model." + layer_prefix(name) + ".self_attn.";
-      out.emplace_back(base + "q_proj.weight", t.slice(0, d));
-      out.emplace_back(base + "k_proj.weight", t.slice(d, 2 * d));
-      out.emplace_back(base + "v_proj.weight", t.slice(2 * d, 3 * d));
+      const char* kind = is_in_proj(name) ? ".weight" : ".bias";
+      const char* parts[3] = {"q_proj", "k_proj", "v_proj"};
+      for (int i = 0; i < 3; ++i)
+        out.emplace_back(base + parts[i] + kind, t.slice(rows[i].first, rows[i].second));
     } else {
       out.emplace_back(hf_name(name), t);
     }
@@ -120,23 +131,31 @@ NamedTensors to_hf_llama(const nn::MiniLLMConfig& cfg, const NamedTensors& ours)
 
 std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype,
                                  const data::Tokenizer& tok) {
-  json j = {{"architectures", {"LlamaForCausalLM"}},
-            {"model_type", "llama"},
+  // q/k/v biases without an o_proj bias are Qwen2's attention (Llama's attention_bias puts one on
+  // o_proj too); the rest of Qwen2ForCausalLM is Llama's.
+  const bool qwen2 = cfg.qkv_bias;
+  json j = {{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+            {"model_type", qwen2 ? "qwen2" : "llama"},
             {"hidden_size", cfg.dim},
             {"intermediate_size", cfg.resolved_ffn_hidden()},
             {"num_attention_heads", cfg.heads},
-            {"num_key_value_heads", cfg.heads},
+            {"num_key_value_heads", cfg.resolved_kv_heads()},
+            {"head_dim", cfg.resolved_head_dim()},
             {"num_hidden_layers", cfg.layers},
             {"vocab_size", cfg.vocab},
             {"max_position_embeddings", cfg.seq},
             {"rms_norm_eps", cfg.norm_eps.value_or(1.1920928955078125e-07)},
             {"rope_theta", cfg.rope_theta},
             {"hidden_act", "silu"},
-            {"tie_word_embeddings", false},
+            {"tie_word_embeddings", cfg.tie_embeddings},
             {"attention_bias", false},
             {"torch_dtype", dtype == DType::bf16  ? "bfloat16"
                             : dtype == DType::f16 ? "float16"
                                                   : "float32"}};
+  if (qwen2) {
+    j.erase("attention_bias");
+    j["use_sliding_window"] = false;
+  }
   if (tok.bos_id()) j["bos_token_id"] = *tok.bos_id();
   if (tok.eos_id()) j["eos_token_id"] = *tok.eos_id();
   return j.dump(2);
@@ -150,9 +169,11 @@ nn::MiniLLMConfig config_from_hf_llama(const std::string& text, const std::strin
   } catch (const json::exception& e) {
     FSDP_FAIL("[hf] {} is not valid JSON: {}", where, e.what());
   }
-  FSDP_CHECK(j.value("model_type", "") == "llama",
-             "[hf] {}: model_type '{}' is not supported; expected llama (LlamaForCausalLM)", where,
-             j.value("model_type", ""));
+  const std::string model_type = j.value("model_type", "");
+  FSDP_CHECK(model_type == "llama" || model_type == "qwen2",
+             "[hf] {}: model_type '{}' is not supported; expected llama (LlamaForCausalLM) or "
+             "qwen2 (Qwen2ForCausalLM)",
+             where, model_type);
   auto num = [&](const char* key) -> int64_t {
     FSDP_CHECK(j.contains(key) && j[key].is_number_integer(), "[hf] {}: no integer '{}'", where,
                key);
@@ -168,23 +189,29 @@ nn::MiniLLMConfig config_from_hf_llama(const std::string& text, const std::strin
   c.seq = j.value("max_position_embeddings", c.seq);
   c.norm_eps = j.value("rms_norm_eps", 1e-6);
   c.rope_theta = j.value("rope_theta", 10000.0);
-  const int64_t kv = j.value("num_key_value_heads", c.heads);
-  FSDP_CHECK(kv == c.heads,
-             "[hf] {}: num_key_value_heads {} differs from num_attention_heads {} (grouped-query "
-             "attention is not supported)",
-             where, kv, c.heads);
-  FSDP_CHECK(!j.value("attention_bias", false) && !j.value("mlp_bias", false),
-             "[hf] {}: attention_bias / mlp_bias are not supported", where);
+  const bool qwen2 = model_type == "qwen2";
+  c.kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                   ? num("num_key_value_heads")
+                   : c.heads;
+  FSDP_CHECK(c.kv_heads > 0 && c.heads % c.kv_heads == 0,
+             "[hf] {}: num_attention_heads {} is not a multiple of num_key_value_heads {}", where,
+             c.heads, c.kv_heads);
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) c.head_dim = num("head_dim");
+  // Llama's attention_bias is on q, k, v and o; Qwen2's biases are on q, k and v only.
+  FSDP_CHECK(!j.value("attention_bias", false),
+             "[hf] {}: attention_bias true (a bias on o_proj too) is not supported", where);
+  FSDP_CHECK(!j.value("mlp_bias", false), "[hf] {}: mlp_bias true is not supported", where);
+  FSDP_CHECK(!qwen2 || !j.value("use_sliding_window", false),
+             "[hf] {}: use_sliding_window true (sliding-window attention) is not supported", where);
+  c.qkv_bias = qwen2;
   FSDP_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(),
              "[hf] {}: rope_scaling {} is not supported", where, j["rope_scaling"].dump());
   FSDP_CHECK(j.value("hidden_act", "silu") == "silu",
              "[hf] {}: hidden_act '{}' is not supported; expected silu", where,
              j.value("hidden_act", ""));
-  FSDP_CHECK(!j.contains("head_dim") || j["head_dim"].is_null() ||
-                 j["head_dim"].get<int64_t>() * c.heads == c.dim,
-             "[hf] {}: head_dim {} times {} heads is not hidden_size {}", where,
-             j.value("head_dim", 0), c.heads, c.dim);
-  if (tied) *tied = j.value("tie_word_embeddings", false);
+  // transformers' default for both classes: untied.
+  c.tie_embeddings = j.value("tie_word_embeddings", false);
+  if (tied) *tied = c.tie_embeddings;
   c.validate();
   return c;
 }
@@ -214,15 +241,23 @@ Tensor read_param(const SafetensorsIndex& file, const nn::MiniLLMConfig& cfg,
   if (file.contains(name)) return file.read(name);
   FSDP_CHECK(cfg.arch == nn::Arch::llama, "[init-from] {}: no tensor named '{}'", file.path(),
              name);
-  if (is_in_proj(name)) {
+  if (is_in_proj(name) || is_in_proj_bias(name)) {
     const std::string base = "model." + layer_prefix(name) + ".self_attn.";
-    const int64_t d = cfg.dim;
-    Tensor full = Tensor::empty({3 * d, d}, DType::f32);
-    const char* parts[3] = {"q_proj.weight", "k_proj.weight", "v_proj.weight"};
+    const auto rows = in_proj_rows(cfg);
+    const bool weight = is_in_proj(name);
+    Tensor full = weight ? Tensor::empty({rows[2].second, cfg.dim}, DType::f32)
+                         : Tensor::empty({rows[2].second}, DType::f32);
+    const char* parts[3] = {"q_proj", "k_proj", "v_proj"};
     for (int i = 0; i < 3; ++i) {
-      FSDP_CHECK(file.contains(base + parts[i]), "[init-from] {}: no tensor '{}' nor '{}'",
-                 file.path(), name, base + parts[i]);
-      full.slice(i * d, (i + 1) * d).copy_(file.read(base + parts[i]));
+      const std::string hf = base + parts[i] + (weight ? ".weight" : ".bias");
+      FSDP_CHECK(file.contains(hf), "[init-from] {}: no tensor '{}' nor '{}'", file.path(), name,
+                 hf);
+      Tensor part = file.read(hf);
+      Tensor dst = full.slice(rows[i].first, rows[i].second);
+      FSDP_CHECK(part.shape() == dst.shape(),
+                 "[init-from] {}: '{}' has shape {} but the model needs {}", file.path(), hf,
+                 shape_str(part.shape()), shape_str(dst.shape()));
+      dst.copy_(part);
     }
     return full;
   }
@@ -283,14 +318,11 @@ uint32_t ggml_type(DType t) {
   }
 }
 
-// Hugging Face's half-split q/k rows -> llama.cpp's neighbouring pairs, per head.
+// Hugging Face's half-split q/k rows -> llama.cpp's neighbouring pairs, per head (a bias is one
+// column).
 Tensor permute_for_gguf(const Tensor& w, int64_t heads) {
-  const int64_t rows = w.size(0), cols = w.size(1), hd = rows / heads;
-  return w.contiguous()
-      .view({heads, 2, hd / 2, cols})
-      .transpose(1, 2)
-      .contiguous()
-      .view({rows, cols});
+  const int64_t rows = w.size(0), cols = w.dim() == 2 ? w.size(1) : 1, hd = rows / heads;
+  return w.contiguous().view({heads, 2, hd / 2, cols}).transpose(1, 2).contiguous().view(w.shape());
 }
 
 }  // namespace
@@ -300,9 +332,16 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
   FSDP_CHECK(cfg.arch == nn::Arch::llama,
              "[gguf] GGUF export is for the llama architecture, not {}", nn::arch_name(cfg.arch));
   constexpr size_t kAlign = 32;
-  // Tensors in llama.cpp's names; 1-D norms stay F32 as llama.cpp's converter keeps them.
+  // q/k/v biases are llama.cpp's qwen2 architecture, whose rotary embedding is half-split
+  // (NEOX) like ours: its q and k rows stay as they are. llama's pairs neighbours.
+  const bool qwen2 = cfg.qkv_bias;
+  const std::string arch = qwen2 ? "qwen2" : "llama";
+  // Tensors in llama.cpp's names; 1-D norms (and biases) stay F32 as llama.cpp's converter keeps
+  // them. A tied model has no output.weight: llama.cpp then uses token_embd.weight.
   std::vector<std::pair<std::string, Tensor>> tensors;
-  const int64_t d = cfg.dim;
+  const auto rows = in_proj_rows(cfg);
+  const int64_t kv_heads = cfg.resolved_kv_heads();
+  auto qk = [&](const Tensor& t, int64_t heads) { return qwen2 ? t : permute_for_gguf(t, heads); };
   for (auto& [name, t] : ours) {
     const bool is_vec = t.dim() == 1;
     auto add = [&](const std::string& n, const Tensor& x) {
@@ -316,10 +355,11 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
       add("output.weight", t);
     else {
       const std::string blk = "blk." + name.substr(7, name.find('.', 7) - 7) + ".";  // "layers.N."
-      if (is_in_proj(name)) {
-        add(blk + "attn_q.weight", permute_for_gguf(t.slice(0, d), cfg.heads));
-        add(blk + "attn_k.weight", permute_for_gguf(t.slice(d, 2 * d), cfg.heads));
-        add(blk + "attn_v.weight", t.slice(2 * d, 3 * d));
+      if (is_in_proj(name) || is_in_proj_bias(name)) {
+        const std::string kind = is_in_proj(name) ? ".weight" : ".bias";
+        add(blk + "attn_q" + kind, qk(t.slice(rows[0].first, rows[0].second), cfg.heads));
+        add(blk + "attn_k" + kind, qk(t.slice(rows[1].first, rows[1].second), kv_heads));
+        add(blk + "attn_v" + kind, t.slice(rows[2].first, rows[2].second));
       } else if (name.ends_with(".norm1.weight"))
         add(blk + "attn_norm.weight", t);
       else if (name.ends_with(".attn.out_proj.weight"))
@@ -337,21 +377,24 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
     }
   }
   GgufWriter kv;
-  kv.kv_str("general.architecture", "llama");
+  kv.kv_str("general.architecture", arch);
   kv.kv_str("general.name", "fsdp.cpp MiniLLM");
   kv.kv_u32("general.alignment", kAlign);
   kv.kv_u32("general.file_type", dtype == DType::f32 ? 0 : dtype == DType::f16 ? 1 : 32);
-  kv.kv_u32("llama.vocab_size", uint32_t(cfg.vocab));
-  kv.kv_u32("llama.context_length", uint32_t(cfg.seq));
-  kv.kv_u32("llama.embedding_length", uint32_t(cfg.dim));
-  kv.kv_u32("llama.block_count", uint32_t(cfg.layers));
-  kv.kv_u32("llama.feed_forward_length", uint32_t(cfg.resolved_ffn_hidden()));
-  kv.kv_u32("llama.rope.dimension_count", uint32_t(cfg.dim / cfg.heads));
-  kv.kv_u32("llama.attention.head_count", uint32_t(cfg.heads));
-  kv.kv_u32("llama.attention.head_count_kv", uint32_t(cfg.heads));
-  kv.kv_f32("llama.attention.layer_norm_rms_epsilon",
+  const std::string a = arch + ".";
+  kv.kv_u32(a + "vocab_size", uint32_t(cfg.vocab));
+  kv.kv_u32(a + "context_length", uint32_t(cfg.seq));
+  kv.kv_u32(a + "embedding_length", uint32_t(cfg.dim));
+  kv.kv_u32(a + "block_count", uint32_t(cfg.layers));
+  kv.kv_u32(a + "feed_forward_length", uint32_t(cfg.resolved_ffn_hidden()));
+  kv.kv_u32(a + "rope.dimension_count", uint32_t(cfg.resolved_head_dim()));
+  kv.kv_u32(a + "attention.head_count", uint32_t(cfg.heads));
+  kv.kv_u32(a + "attention.head_count_kv", uint32_t(kv_heads));
+  kv.kv_u32(a + "attention.key_length", uint32_t(cfg.resolved_head_dim()));
+  kv.kv_u32(a + "attention.value_length", uint32_t(cfg.resolved_head_dim()));
+  kv.kv_f32(a + "attention.layer_norm_rms_epsilon",
             float(cfg.norm_eps.value_or(1.1920928955078125e-07)));
-  kv.kv_f32("llama.rope.freq_base", float(cfg.rope_theta));
+  kv.kv_f32(a + "rope.freq_base", float(cfg.rope_theta));
   // The tokenizer, as llama.cpp's "gpt2" (byte-level BPE) model with GPT-2's split.
   FSDP_CHECK(tok.size() <= cfg.vocab, "[gguf] the tokenizer has {} ids but the model only {}",
              tok.size(), cfg.vocab);

@@ -14,6 +14,8 @@
 //     in the GGUF, so llama.cpp tokenizes text as we do.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,13 +32,21 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 // returns the full parameters in named_parameters() order, and the config.
 NamedTensors consolidate(const std::string& ckpt_path, nn::MiniLLMConfig* cfg);
 
-// A Hugging Face LlamaForCausalLM config.json as our config (arch llama). Refuses, naming the
-// field and its value, what the MiniLLM cannot hold (grouped-query attention, biases, rope
-// scaling, another activation). *tied is set from tie_word_embeddings (the head is the embedding).
+// A Hugging Face LlamaForCausalLM or Qwen2ForCausalLM config.json as our config (arch llama):
+// num_key_value_heads -> kv_heads, head_dim, rope_theta, tie_word_embeddings -> tie_embeddings,
+// qwen2 -> qkv_bias. Refuses, naming the field and its value, what the MiniLLM cannot hold
+// (attention_bias on o_proj, mlp_bias, rope scaling, sliding windows, another activation).
+// *tied is set from tie_word_embeddings too (the model then has no "head.weight").
 nn::MiniLLMConfig config_from_hf_llama(const std::string& config_json, const std::string& where,
                                        bool* tied = nullptr);
 
-// Our names -> Hugging Face LlamaForCausalLM names (llama architecture).
+// The packed in-projection's rows, [begin, end) for q_proj, k_proj and v_proj in that order:
+// "layers.N.attn.in_proj_weight" is [(heads + 2 kv_heads) head_dim, dim] and
+// "layers.N.attn.in_proj_bias" (qkv_bias) [(heads + 2 kv_heads) head_dim].
+std::array<std::pair<int64_t, int64_t>, 3> in_proj_rows(const nn::MiniLLMConfig& cfg);
+
+// Our names -> Hugging Face LlamaForCausalLM names (llama architecture; Qwen2ForCausalLM's with
+// qkv_bias, which are the same). A tied model has no lm_head.weight.
 NamedTensors to_hf_llama(const nn::MiniLLMConfig& cfg, const NamedTensors& ours);
 std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype,
                                  const data::Tokenizer& tok = data::Tokenizer::bytes());
@@ -44,13 +54,16 @@ std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype,
 // (name -> contents), with the tokenizer's BOS and EOS.
 std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const nn::MiniLLMConfig& cfg,
                                                                     const data::Tokenizer& tok);
-// Our parameter name -> Hugging Face's ("" for the packed in-projection, which splits in three).
+// Our parameter name -> Hugging Face's ("" for the packed in-projection and its bias, which split
+// in three).
 std::string hf_name(const std::string& ours);
 // Parameter `name` from a file in our names or in Hugging Face's.
 Tensor read_param(const SafetensorsIndex& file, const nn::MiniLLMConfig& cfg,
                   const std::string& name);
 
-// Writes a GGUF v3 file for llama.cpp (llama architecture; F32, F16 or BF16 tensors) with the
+// Writes a GGUF v3 file for llama.cpp (llama architecture, or qwen2 with qkv_bias; F32, F16 or
+// BF16 tensors; head_count_kv and key_length from kv_heads and head_dim; no output.weight when
+// the head is tied, so llama.cpp uses token_embd.weight) with the
 // tokenizer as a "gpt2" vocabulary of cfg.vocab tokens (ids past the tokenizer's are UNUSED).
 // A vocabulary without merges (the bytes) gets one that can never apply (a letter then a digit,
 // which GPT-2's split keeps apart), since llama.cpp refuses none; one without BOS and EOS gets
