@@ -94,4 +94,27 @@ expect_fail "--profile-steps '3' must be A:B" --preset tiny --profile-steps 3 --
 expect_fail "no tensor named" --preset tiny --steps 1 --init-from "$work/empty.safetensors"
 expect_fail "cannot open" --preset tiny --steps 1 --init-from "$work/missing.safetensors"
 
+
+# The step's host syncs, counted by core (item, to_f64_vector, host<->device copies; on CUDA each
+# waits for the device): exactly one per step, the metrics' gather, with 2 microbatches, at 1 rank
+# and at 2. The stop agreement rides on that gather, and batches need no read.
+syncs_ok() {  # syncs_ok NAME JSONL
+  python3 - "$2" << 'PY' && ok || bad "$1: host syncs per step are not all 1"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+syncs = [r.get("host_syncs") for r in rows]
+print("host syncs per step:", syncs)
+sys.exit(0 if len(rows) == 4 and all(s == 1 for s in syncs) else 1)
+PY
+}
+"$bin" "${small[@]}" --steps 4 --grad-accum 2 --data "$work/text.txt" --sample-tokens 0 \
+  --log-file "$work/syncs1.jsonl" > "$work/syncs1.out" 2>&1 && syncs_ok "np 1" "$work/syncs1.jsonl" \
+  || bad "the sync-count run failed: $(tail -3 "$work/syncs1.out")"
+if command -v mpirun > /dev/null; then
+  mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$bin" "${small[@]}" --threads 1 --steps 4 \
+    --grad-accum 2 --data "$work/text.txt" --sample-tokens 0 --log-file "$work/syncs2.jsonl" \
+    > "$work/syncs2.out" 2>&1 && syncs_ok "np 2" "$work/syncs2.jsonl" \
+    || bad "the 2-rank sync-count run failed: $(tail -3 "$work/syncs2.out")"
+fi
+
 summary

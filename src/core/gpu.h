@@ -21,6 +21,14 @@ Allocator& allocator(int device);  // the caching allocator of one device
 
 // Copies bytes between any two of host and devices and waits for them.
 void memcpy_sync(void* dst, Device dst_device, const void* src, Device src_device, int64_t bytes);
+// Page-locked host memory, which the device copies from without the host waiting.
+void* pinned_alloc(int64_t bytes);
+void pinned_free(void* p);
+// Queues a copy of `bytes` from pinned host memory to `dst` on `device`'s compute stream and
+// returns at once, with a handle (an event recorded after the copy): upload_wait(handle) blocks
+// until the copy has run, so the pinned source may be written again, and releases the handle.
+void* upload_async(void* dst, int device, const void* pinned_src, int64_t bytes);
+void upload_wait(void* handle);
 // dst = src, n contiguous elements on `device`, casting the dtype, on its compute stream.
 void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, int device);
 void fill(void* dst, DType dtype, int64_t n, double value, int device);

@@ -24,6 +24,10 @@ Allocator& allocator(int device) { no_cuda("allocator", device); }
 void memcpy_sync(void*, Device dst_device, const void*, Device src_device, int64_t) {
   no_cuda("Tensor::copy_", dst_device.is_cuda() ? dst_device.index : src_device.index);
 }
+void* pinned_alloc(int64_t) { no_cuda("pinned_alloc", 0); }
+void pinned_free(void*) {}
+void* upload_async(void*, int device, const void*, int64_t) { no_cuda("upload", device); }
+void upload_wait(void*) {}
 void cast(void*, DType, const void*, DType, int64_t, int device) {
   no_cuda("Tensor::copy_", device);
 }

@@ -3,14 +3,22 @@
 #include "fsdp/core/tensor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 #include <utility>
 
 #include "fsdp/core/allocator.h"
+#include "fsdp/core/host_sync.h"
 #include "src/core/copy.h"
 #include "src/core/gpu.h"
 
 namespace fsdp {
+
+namespace {
+std::atomic<int64_t> host_syncs{0};
+}  // namespace
+
+int64_t host_sync_count() { return host_syncs.load(); }
 
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
@@ -191,6 +199,7 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
              shape_str(src.shape_), fmt::join(src.strides_, ", "));
   Tensor s = src.contiguous();
   if (s.device() != device()) {
+    host_syncs.fetch_add(1);
     Tensor staged = empty(shape_, s.dtype_, device());
     gpu::memcpy_sync(staged.raw_data(), staged.device(), s.raw_data(), s.device(), s.nbytes());
     s = staged;
@@ -219,6 +228,7 @@ double Tensor::item() const {
 }
 
 std::vector<double> Tensor::to_f64_vector() const {
+  if (device().is_cpu()) host_syncs.fetch_add(1);  // a CUDA tensor counts in its copy_ to the host
   Tensor t = to(Device::cpu()).to(DType::f64).contiguous();
   const double* p = t.data<double>();
   return std::vector<double>(p, p + t.numel());

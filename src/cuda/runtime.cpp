@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>  // header-only; a no-op unless Nsight is attached
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -48,6 +49,39 @@ void* compute_stream(int index) {
 
 void memcpy_sync(void* dst, Device dst_device, const void* src, Device src_device, int64_t bytes) {
   kernels::cuda::memcpy_sync(dst, dst_device, src, src_device, bytes);
+}
+
+void* pinned_alloc(int64_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, size_t(std::max<int64_t>(bytes, 1)), cudaHostAllocDefault);
+  FSDP_CHECK(e == cudaSuccess, "[upload] page-locked host allocation of {} bytes failed: {}", bytes,
+             cudaGetErrorString(e));
+  return p;
+}
+
+void pinned_free(void* p) {
+  if (p) cudaFreeHost(p);
+}
+
+void* upload_async(void* dst, int device, const void* pinned_src, int64_t bytes) {
+  FSDP_CHECK(cudaSetDevice(device) == cudaSuccess, "[upload] cannot select cuda:{}", device);
+  auto s = cudaStream_t(compute_stream(device));
+  cudaEvent_t done = nullptr;
+  cudaError_t e = cudaMemcpyAsync(dst, pinned_src, size_t(bytes), cudaMemcpyHostToDevice, s);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(done, s);
+  FSDP_CHECK(e == cudaSuccess, "[upload] copying {} bytes to cuda:{} failed: {}", bytes, device,
+             cudaGetErrorString(e));
+  return done;
+}
+
+void upload_wait(void* handle) {
+  if (!handle) return;
+  auto done = cudaEvent_t(handle);
+  const cudaError_t e = cudaEventSynchronize(done);
+  cudaEventDestroy(done);
+  FSDP_CHECK(e == cudaSuccess, "[upload] waiting for a host-to-device copy failed: {}",
+             cudaGetErrorString(e));
 }
 
 void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, int device) {

@@ -8,8 +8,8 @@
 namespace fsdp::data {
 
 DataLoader::DataLoader(std::shared_ptr<const TokenSource> source, int64_t global_rows, int rank,
-                       int world, int64_t seq)
-    : source_(std::move(source)), global_rows_(global_rows), seq_(seq) {
+                       int world, int64_t seq, Device device)
+    : source_(std::move(source)), global_rows_(global_rows), seq_(seq), uploader_(device, 4) {
   FSDP_CHECK(source_, "[DataLoader] no token source");
   FSDP_CHECK(world > 0 && rank >= 0 && rank < world, "[DataLoader] rank {} is not in [0, {})", rank,
              world);
@@ -21,13 +21,26 @@ DataLoader::DataLoader(std::shared_ptr<const TokenSource> source, int64_t global
   row_begin_ = int64_t(rank) * rows_;
 }
 
+Batch DataLoader::make(int64_t position) {
+  Batch b = source_->batch(position, global_rows_, row_begin_, rows_, seq_);
+  return {uploader_.upload(b.inputs), uploader_.upload(b.targets)};
+}
+
 Batch DataLoader::next() {
-  return source_->batch(position_++, global_rows_, row_begin_, rows_, seq_);
+  Batch b = staged_ ? std::move(*staged_) : make(position_);
+  staged_.reset();
+  ++position_;
+  return b;
+}
+
+void DataLoader::prefetch() {
+  if (!staged_) staged_ = make(position_);
 }
 
 void DataLoader::set_position(int64_t position) {
   FSDP_CHECK(position >= 0, "[DataLoader] position must be >= 0, got {}", position);
   position_ = position;
+  staged_.reset();
 }
 
 }  // namespace fsdp::data

@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -32,21 +33,42 @@ std::string StepMetrics::json() const {
                    {"peak_mem_gb", peak_mem_bytes / 1e9},
                    {"step_ms", step_seconds * 1e3}};
   if (val_loss) j["val_loss"] = *val_loss;
+  if (host_syncs >= 0) j["host_syncs"] = host_syncs;
   return j.dump();
 }
 
 StepMetrics gather_step_metrics(dist::ProcessGroup& group, Device device, const StepInputs& in) {
   const int n = group.size();
-  Tensor mine =
-      Tensor::from_vector<double>({in.loss, double(memory_stats(device).peak)}, {2}).to(device);
-  Tensor all = Tensor::empty({2 * int64_t(n)}, DType::f64, device);
+  // Per rank: [losses..., grad norm squared, peak memory, stop]. Built on the device with copies
+  // and fills queued on its stream (no host-to-device transfer), read back once.
+  const int64_t nl = std::max<int64_t>(1, int64_t(in.losses.size())), k = nl + 3;
+  Tensor mine = Tensor::empty({k}, DType::f64, device);
+  if (in.losses.empty())
+    mine.narrow(0, 0, 1).fill_(in.loss);
+  else
+    for (int64_t i = 0; i < nl; ++i)
+      mine.narrow(0, i, 1).copy_(in.losses[size_t(i)].reshape({1}));
+  if (in.grad_norm_sq.defined())
+    mine.narrow(0, nl, 1).copy_(in.grad_norm_sq.reshape({1}));
+  else
+    mine.narrow(0, nl, 1).fill_(in.grad_norm * in.grad_norm);
+  mine.narrow(0, nl + 1, 1).fill_(double(memory_stats(device).peak));
+  mine.narrow(0, nl + 2, 1).fill_(in.stop ? 1.0 : 0.0);
+  Tensor all = Tensor::empty({k * int64_t(n)}, DType::f64, device);
   group.all_gather_into_tensor(all, mine)->wait();
   const std::vector<double> v = all.to(Device::cpu()).to_f64_vector();
   StepMetrics m;
-  m.step = in.step, m.grad_norm = in.grad_norm, m.lr = in.lr, m.step_seconds = in.step_seconds;
+  m.step = in.step, m.lr = in.lr, m.step_seconds = in.step_seconds;
+  const size_t me = size_t(group.rank() * k);
+  m.grad_norm = in.grad_norm_sq.defined() ? std::sqrt(v[me + size_t(nl)]) : in.grad_norm;
   for (int r = 0; r < n; ++r) {
-    m.loss += v[size_t(2 * r)] / n;
-    m.peak_mem_bytes = std::max(m.peak_mem_bytes, v[size_t(2 * r + 1)]);
+    const size_t at = size_t(r * k);
+    double loss = in.losses.empty() ? v[at] : 0.0;
+    if (!in.losses.empty())
+      for (int64_t i = 0; i < nl; ++i) loss += v[at + size_t(i)] / double(nl);
+    m.loss += loss / n;
+    m.peak_mem_bytes = std::max(m.peak_mem_bytes, v[at + size_t(nl) + 1]);
+    m.stop = m.stop || v[at + size_t(nl) + 2] != 0;
   }
   m.tokens_per_s = in.step_seconds > 0 ? double(in.tokens) / in.step_seconds : 0;
   m.mfu = in.peak_flops > 0 ? in.flops_per_token * m.tokens_per_s / in.peak_flops : 0;

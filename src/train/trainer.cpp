@@ -32,6 +32,7 @@
 #include "fsdp/checkpoint/interchange.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/core/allocator.h"
+#include "fsdp/core/host_sync.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/text_dataset.h"
 #include "fsdp/data/tokenizer.h"
@@ -152,7 +153,6 @@ void check_writable_dir(const std::string& dir, const char* flag, int rank) {
 }
 
 std::atomic<int> g_stop_signal{0};
-std::atomic<bool> g_stop_handlers{false};  // without them no rank can be asked to stop
 
 extern "C" void on_stop_signal(int sig) {
   if (g_stop_signal.exchange(sig) != 0) {  // the second one: leave now
@@ -171,7 +171,6 @@ void install_stop_handlers() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
-  g_stop_handlers = true;
 }
 
 int stop_signal() { return g_stop_signal.load(); }
@@ -320,7 +319,8 @@ struct Trainer::Impl {
                        {"tokenizer", tokenizer ? tokenizer->describe() : "none"},
                        {"tokenizer_hash", tokenizer ? tokenizer->hash() : ""}});
     config_json = run_config.dump();
-    loader = std::make_unique<data::DataLoader>(src, cfg.batch * size, rank, size, cfg.seq);
+    loader =
+        std::make_unique<data::DataLoader>(src, cfg.batch * size, rank, size, cfg.seq, device);
     if (o.resume) resume();
     if (main() && !o.log_file.empty()) {
       log.open(o.log_file, start_step > 0 ? std::ios::app : std::ios::trunc);
@@ -557,9 +557,13 @@ struct Trainer::Impl {
     return {pg->comm_seconds(), 0.0};
   }
 
-  // One optimizer step of grad_accum microbatches; returns its metrics, agreed over ranks.
+  // One optimizer step of grad_accum microbatches; returns its metrics, agreed over ranks. The
+  // host waits for the device once: the metrics' gather (loss, grad norm, peak memory and the stop
+  // agreement in one collective), before the optimizer may apply a non-finite update. Batches
+  // reach the device from pinned memory, each prefetched while the one before it runs.
   profiler::StepMetrics step(int64_t step) {
     const auto t0 = std::chrono::steady_clock::now();
+    const int64_t syncs0 = host_sync_count();
     opt->set_lr(schedule->at(step));
     const auto [comm0, exposed0] = comm_now();
     const double ddp_wait0 = ddp_wait;
@@ -572,9 +576,9 @@ struct Trainer::Impl {
       if (root) root->set_requires_gradient_sync(micro == o.grad_accum - 1);
       data::Batch b = loader->next();
       nn::LMLoss loss;  // the loss stays on the device; dlogits overwrite the logits
-      micro_losses.push_back(
-          loss.forward(model->forward(b.inputs.to(device)), b.targets.to(device)));
+      micro_losses.push_back(loss.forward(model->forward(b.inputs), b.targets));
       model->backward(loss.backward(1.0 / double(o.grad_accum)));
+      loader->prefetch();  // the next batch is made and copied while this one's kernels run
     }
     if (!root && size > 1) {
       const auto tw = std::chrono::steady_clock::now();
@@ -584,17 +588,15 @@ struct Trainer::Impl {
     const auto [comm1, exposed1] = comm_now();
     const optim::GradNorm norm =
         optim::clip_grad_norm_async(groups, o.clip, root ? root->shard_group() : nullptr);
-    // The step's one host sync: the loss and the grad norm, read and agreed over the ranks
-    // before the optimizer may apply a non-finite update (the grad norm is already all-reduced;
-    // the printed loss is the mean over ranks; peak mem is the largest rank's).
-    double loss = 0;
-    for (const Tensor& l : micro_losses) loss += l.item() / double(o.grad_accum);
-    const double grad_norm = norm.value();
+    // The step's one host sync: the loss, the grad norm (already all-reduced), peak memory and
+    // the stop agreement (a signal reaches the ranks at different moments; all of them stop after
+    // the same step), gathered over the ranks before the optimizer may apply a non-finite update.
     profiler::StepMetrics m =
         profiler::gather_step_metrics(*pg, device,
                                       {.step = step,
-                                       .loss = loss,
-                                       .grad_norm = grad_norm,
+                                       .losses = micro_losses,
+                                       .grad_norm_sq = norm.total_sq,
+                                       .stop = stop_signal() != 0,
                                        .lr = opt->lr(),
                                        .step_seconds = 1.0,
                                        .tokens = cfg.batch * size * cfg.seq * o.grad_accum,
@@ -606,6 +608,7 @@ struct Trainer::Impl {
                "Lower --lr ({}) or set --grad-clip, and check the data",
                step, m.loss, m.grad_norm, opt->lr());
     opt->step();
+    m.host_syncs = host_sync_count() - syncs0;
     const double dt = seconds_since(t0);
     m.step_seconds = dt;
     m.tokens_per_s /= dt;  // gathered with a 1 s step
@@ -675,15 +678,6 @@ struct Trainer::Impl {
     if (main()) fmt::print("sample: {}{}\n", o.prompt, text);
   }
 
-  // Whether any rank was asked to stop (a signal reaches the ranks at different moments): one
-  // small all-reduce per step, so all of them stop after the same step.
-  bool agreed_stop() {
-    if (!g_stop_handlers) return false;  // (a trainer of one's own that installed none: no sync)
-    Tensor flag = Tensor::full({1}, stop_signal() != 0 ? 1.0 : 0.0, DType::f32).to(device);
-    pg->all_reduce(flag, dist::ReduceOp::SUM)->wait();
-    return flag.item() > 0;
-  }
-
   void fit() {
     ProfileWindow profile(o.profile_steps, o.profile_dir, rank, device);
     steps_done = start_step;
@@ -705,7 +699,7 @@ struct Trainer::Impl {
       const bool saved = o.ckpt_every > 0 && ((s + 1) % o.ckpt_every == 0 || s + 1 == o.steps);
       if (saved) save(s + 1);
       steps_done = s + 1;
-      if (s + 1 < o.steps && agreed_stop()) {
+      if (s + 1 < o.steps && m.stop) {
         const int sig = stop_signal();
         if (!o.ckpt_dir.empty() && !saved) save(s + 1);
         if (main())

@@ -2,16 +2,26 @@
 // `global_rows` rows at step p of a TokenSource (its layout, and the stream's
 // shuffle when set), and this rank takes its own contiguous rows of it, so the
 // data a batch holds never depends on the number of ranks. The position (the
-// batches taken so far) is what a checkpoint saves; set_position() resumes.
+// batches handed out so far) is what a checkpoint saves; set_position() resumes.
 //
-//   data::DataLoader loader(source, global_rows, rank, world, seq);
+// On a CUDA device, batches arrive there without a host sync: prefetch() makes the next batch
+// and queues its copy from pinned memory on the compute stream (core/upload.h), so the host
+// makes batch k+1 while the device runs batch k, and next() hands it out. A prefetched batch is
+// not counted in position() until next() hands it out.
+//
+//   data::DataLoader loader(source, global_rows, rank, world, seq, device);
 //   loader.set_position(loaded.data_position);
-//   data::Batch b = loader.next();  // [rows(), seq] inputs and targets
+//   data::Batch b = loader.next();  // [rows(), seq] inputs and targets, on the device
+//   ... launch the step's forward and backward on b ...
+//   loader.prefetch();              // batch position() on its way while the step runs
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
+#include "fsdp/core/device.h"
+#include "fsdp/core/upload.h"
 #include "fsdp/data/text_dataset.h"
 
 namespace fsdp::data {
@@ -20,15 +30,19 @@ class DataLoader {
  public:
   // Throws, naming the values, unless global_rows splits evenly over `world` ranks.
   DataLoader(std::shared_ptr<const TokenSource> source, int64_t global_rows, int rank, int world,
-             int64_t seq);
-  Batch next();  // this rank's rows of batch position(), then advances
+             int64_t seq, Device device = Device::cpu());
+  Batch next();     // this rank's rows of batch position(), on the device, then advances
+  void prefetch();  // stages batch position() for next() (does nothing when one is staged)
   int64_t position() const { return position_; }
-  void set_position(int64_t position);
+  void set_position(int64_t position);  // drops a staged batch
   int64_t rows() const { return rows_; }  // per rank and batch
 
  private:
+  Batch make(int64_t position);
   std::shared_ptr<const TokenSource> source_;
   int64_t global_rows_, rows_, row_begin_, seq_, position_ = 0;
+  Uploader uploader_;            // inputs and targets of two batches in flight: four slots
+  std::optional<Batch> staged_;  // batch position_, prefetched
 };
 
 }  // namespace fsdp::data

@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "fsdp/core/device.h"
+#include "fsdp/core/tensor.h"
 #include "fsdp/dist/process_group.h"
 
 namespace fsdp::profiler {
@@ -19,6 +21,8 @@ struct StepMetrics {
   double step_seconds = 0, tokens_per_s = 0, mfu = 0;  // mfu: a fraction of the ceiling
   double peak_mem_bytes = 0;
   std::optional<double> val_loss;
+  bool stop = false;        // some rank was asked to stop (StepInputs::stop), agreed by all
+  int64_t host_syncs = -1;  // the step's host waits (core's host_sync_count), when counted
   // "step 3 | loss 7.1234 | 1234 tok/s | mfu 41.2% | peak mem 0.52 GB | lr 3.0e-04 | grad norm
   // 1.234"
   std::string line() const;
@@ -27,15 +31,23 @@ struct StepMetrics {
 
 struct StepInputs {
   int64_t step = 0;
-  double loss = 0;  // this rank's
-  double grad_norm = 0, lr = 0, step_seconds = 0;
+  double loss = 0;  // this rank's, when `losses` is empty
+  // This rank's microbatch losses as device scalars: the rank's loss is their mean, read in the
+  // same gather as the rest, so the step needs no host read of its own for them.
+  std::vector<Tensor> losses;
+  double grad_norm = 0;
+  Tensor grad_norm_sq;  // when defined: the global squared norm on the device; grad_norm = sqrt
+  bool stop = false;    // this rank was asked to stop; every rank learns it from the gather
+  double lr = 0, step_seconds = 0;
   int64_t tokens = 0;                          // in the step, over all ranks
   double flops_per_token = 0, peak_flops = 0;  // peak_flops: the ceiling for MFU, all ranks
 };
 
-// One small all-gather on `group` (its values on `device`, so NCCL worlds work too): the mean
-// loss over ranks and the largest rank's peak memory on `device` (the allocator's high-water
-// mark). Collective: every rank calls it each step.
+// One small all-gather on `group` (its values on `device`, so NCCL worlds work too) and one host
+// read: the mean loss over ranks, the grad norm, the largest rank's peak memory on `device` (the
+// allocator's high-water mark) and whether any rank was asked to stop. The values are put on the
+// device by copies and fills on its stream, so this is the step's only host sync. Collective:
+// every rank calls it each step.
 StepMetrics gather_step_metrics(dist::ProcessGroup& group, Device device, const StepInputs& in);
 
 }  // namespace fsdp::profiler
