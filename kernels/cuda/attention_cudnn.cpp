@@ -74,9 +74,10 @@ std::mutex mu;
 
 cudnnHandle_t handle(int device) {
   static std::mutex handles_mu;
-  static std::map<int, cudnnHandle_t> all;  // lives for the process, like the cuBLASLt handles
+  // Leaked on purpose, like the cuBLASLt handles: no exit-time destructor may touch cuDNN.
+  static auto* all = new std::map<int, cudnnHandle_t>;
   std::lock_guard<std::mutex> lock(handles_mu);
-  cudnnHandle_t& h = all[device];
+  cudnnHandle_t& h = (*all)[device];
   if (!h) {
     int prev = 0;
     cudaGetDevice(&prev);
@@ -175,18 +176,22 @@ Plan build(const Key& k) {
   return p;
 }
 
+// The cache is leaked on purpose. Its graphs own cuDNN execution-plan descriptors, and a static
+// map would be destroyed at exit after cuDNN has unloaded the sub-libraries it loads lazily on
+// first use: the destructor then segfaults after correct output (PyTorch leaks its cuDNN
+// benchmark cache for the same reason, cuDNN 9.10 and later).
 const Plan& plan(const Key& k) {
-  static std::map<Key, Plan> cache;
+  static auto* cache = new std::map<Key, Plan>;
   std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(k);
-  if (it == cache.end()) {
+  auto it = cache->find(k);
+  if (it == cache->end()) {
     Plan p;
     try {
       p = build(k);
     } catch (const std::exception& e) {  // some frontend paths throw instead of returning errors
       p = Plan{nullptr, 0, std::string("cudnn-frontend threw: ") + e.what()};
     }
-    it = cache.emplace(k, std::move(p)).first;
+    it = cache->emplace(k, std::move(p)).first;
   }
   return it->second;
 }
