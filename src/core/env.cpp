@@ -28,7 +28,10 @@ const std::vector<EnvKnob>& env_knobs() {
        "1 (tests): a CPU world runs as a device + host group whose device half refuses every "
        "tensor, so a host tensor that would reach NCCL fails on a machine without a GPU"},
       {"FSDP_GLOO_HOSTNAME", "",
-       "address Gloo listens on (default: 127.0.0.1 when MASTER_ADDR is local, else the hostname)"},
+       "address Gloo listens on (default: 127.0.0.1 when MASTER_ADDR is local, else this host's "
+       "address on the route to MASTER_ADDR)"},
+      {"FSDP_SOCKET_IFNAME", "",
+       "interface whose IPv4 address Gloo listens on (as GLOO_SOCKET_IFNAME, which wins)"},
       {"FSDP_CACHE_DIR", "",
        "where measured machine ceilings are cached (default $XDG_CACHE_HOME/fsdp or "
        "~/.cache/fsdp)"},

@@ -1,9 +1,15 @@
 // Rendezvous and the world group.
 #include "fsdp/dist/init.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <compare>
 #include <csignal>
@@ -18,6 +24,7 @@
 #include <vector>
 
 #include "fsdp/core/env.h"
+#include "fsdp/dist/launch_env.h"
 #include "src/dist/backend.h"
 #include "src/dist/cpu_group.h"
 #include "src/dist/device_host_group.h"
@@ -89,40 +96,75 @@ int env_int(const char* name, const char* value) {
   return v;
 }
 
-int required_int(const char* name) {
-  const char* v = getenv_or_null(name);
-  FSDP_CHECK(v,
-             "[init_process_group] {} is not set (torchrun-style launch needs RANK, WORLD_SIZE, "
-             "MASTER_ADDR and "
-             "MASTER_PORT)",
-             name);
-  return env_int(name, v);
-}
-
+// The address this rank's Gloo listens on and publishes to its peers, which must reach it from
+// their hosts: FSDP_GLOO_HOSTNAME; else the IPv4 address of the interface that GLOO_SOCKET_IFNAME
+// (or FSDP_SOCKET_IFNAME) names; else loopback when the master is; else this host's address on
+// the route to MASTER_ADDR (a UDP connect picks the route and sends nothing). The host name is not
+// used: it often resolves to a loopback or container address that other hosts cannot reach.
 std::string gloo_hostname(const std::string& master) {
   std::string h = env_str("FSDP_GLOO_HOSTNAME");
   if (!h.empty()) return h;
+  const char* gloo_ifname = getenv_or_null("GLOO_SOCKET_IFNAME");  // Gloo's own name for it
+  const std::string ifname = gloo_ifname ? gloo_ifname : env_str("FSDP_SOCKET_IFNAME");
+  if (!ifname.empty()) {
+    ifaddrs* all = nullptr;
+    FSDP_CHECK(::getifaddrs(&all) == 0, "[init_process_group] listing interfaces failed: {}",
+               std::strerror(errno));
+    std::string found;
+    for (ifaddrs* i = all; i && found.empty(); i = i->ifa_next)
+      if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && ifname == i->ifa_name) {
+        char buf[INET_ADDRSTRLEN] = {0};
+        ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf,
+                    sizeof(buf));
+        found = buf;
+      }
+    ::freeifaddrs(all);
+    FSDP_CHECK(!found.empty(),
+               "[init_process_group] GLOO_SOCKET_IFNAME/FSDP_SOCKET_IFNAME='{}' is not an interface "
+               "of this host with an IPv4 address (see `ip -4 addr`)",
+               ifname);
+    return found;
+  }
   if (master == "localhost" || master.rfind("127.", 0) == 0 || master == "::1") return "127.0.0.1";
-  char buf[256] = {0};
-  ::gethostname(buf, sizeof(buf) - 1);
-  return buf;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  const int rc = ::getaddrinfo(master.c_str(), "9", &hints, &res);
+  FSDP_CHECK(rc == 0 && res, "[init_process_group] MASTER_ADDR '{}' does not resolve: {}", master,
+             ::gai_strerror(rc));
+  std::string local;
+  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  int err = 0;
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in me{};
+    socklen_t len = sizeof(me);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0) {
+      char buf[INET_ADDRSTRLEN] = {0};
+      ::inet_ntop(AF_INET, &me.sin_addr, buf, sizeof(buf));
+      local = buf;
+    }
+  } else {
+    err = errno;
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  FSDP_CHECK(!local.empty(), "[init_process_group] MASTER_ADDR '{}': no route from this host: {}",
+             master, std::strerror(err));
+  return local;
 }
 
 // Rank 0 checks that every rank arrived with the same WORLD_SIZE, then
 // publishes "ok" or the error, so that every rank fails with the same words.
 // The job's run id: a rank of another job that reaches this store (two launches on one port)
 // is refused by name before it touches the rendezvous.
-std::string run_id() {
+std::string run_id(const LaunchEnv& launch) {
   std::string id = env_str("FSDP_RUN_ID");
-  if (id.empty()) {
-    const char* t = std::getenv("TORCHELASTIC_RUN_ID");
-    id = t && *t ? t : "none";
-  }
+  if (id.empty()) id = launch.run_id.empty() ? "none" : launch.run_id;
   return id;
 }
 
-void rendezvous(TCPStore& store, int rank, int size) {
-  const std::string id = run_id();
+void rendezvous(TCPStore& store, int rank, int size, const std::string& id) {
   if (rank == 0) {
     store.set("rdzv/run_id", id);  // first: every other rank reads it before anything else
   } else {
@@ -190,36 +232,22 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
 
   WorldInfo info;
   info.device = opt.device;
-  const bool under_mpirun = getenv_or_null("OMPI_COMM_WORLD_SIZE") != nullptr;
-  const bool under_torchrun =
-      getenv_or_null("RANK") != nullptr || getenv_or_null("WORLD_SIZE") != nullptr;
-  if (under_mpirun) {
-    info.launcher = "mpirun";
-    info.rank = env_int("OMPI_COMM_WORLD_RANK", getenv_or_null("OMPI_COMM_WORLD_RANK"));
-    info.size = env_int("OMPI_COMM_WORLD_SIZE", getenv_or_null("OMPI_COMM_WORLD_SIZE"));
-    if (auto v = getenv_or_null("OMPI_COMM_WORLD_LOCAL_RANK"))
-      info.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", v);
-    if (auto v = getenv_or_null("OMPI_COMM_WORLD_LOCAL_SIZE"))
-      info.local_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", v);
-  } else if (under_torchrun) {
-    info.launcher = "torchrun";
-    info.rank = required_int("RANK");
-    info.size = required_int("WORLD_SIZE");
-    info.local_rank = getenv_or_null("LOCAL_RANK") ? required_int("LOCAL_RANK") : info.rank;
-    info.local_size =
-        getenv_or_null("LOCAL_WORLD_SIZE") ? required_int("LOCAL_WORLD_SIZE") : info.size;
-  }
-  FSDP_CHECK(info.size >= 1, "[init_process_group] WORLD_SIZE must be >= 1, got {}", info.size);
-  FSDP_CHECK(info.rank >= 0 && info.rank < info.size,
-             "[init_process_group] RANK={} is not in [0, WORLD_SIZE={})", info.rank, info.size);
+  const LaunchEnv launch = read_launch_env();  // refuses a world of several with no way to meet
+  info.launcher = launch.launcher;
+  info.rank = launch.rank, info.size = launch.size;
+  info.local_rank = launch.local_rank, info.local_size = launch.local_size;
+  // Meeting through the TCP store: torchrun-style launch, and Slurm steps unless MPI meets
+  // through PMIx.
+  const bool store_launch =
+      info.launcher == "torchrun" || (info.launcher == "slurm" && !launch.pmix && info.size > 1);
 
   std::string backend = opt.backend.empty() ? env_str("FSDP_BACKEND") : opt.backend;
   if (backend.empty()) {
     if (opt.device.is_cuda())
       backend = "nccl";
-    else if (info.launcher == "mpirun")
+    else if (info.launcher == "mpirun" || (info.launcher == "slurm" && launch.pmix))
       backend = "mpi";
-    else if (info.launcher == "torchrun")
+    else if (store_launch)
       backend = "gloo";
     else
       backend = "local";
@@ -249,10 +277,24 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
   struct sigaction pipe_action {};
   if (sigaction(SIGPIPE, nullptr, &pipe_action) == 0 && pipe_action.sa_handler == SIG_DFL)
     std::signal(SIGPIPE, SIG_IGN);
-  if (info.launcher == "torchrun" && backend != "mpi") {
-    const char* addr = getenv_or_null("MASTER_ADDR");
-    FSDP_CHECK(addr, "[init_process_group] MASTER_ADDR is not set (torchrun-style launch)");
-    int port = required_int("MASTER_PORT");
+  if (store_launch && backend != "mpi") {
+    FSDP_CHECK(!launch.master_addr.empty(),
+               "[init_process_group] MASTER_ADDR is not set (torchrun-style launch of WORLD_SIZE={})",
+               info.size);
+    const std::string addr = launch.master_addr;
+    {  // an unresolvable name is an error now, not after the store's time-out
+      addrinfo hints{};
+      hints.ai_socktype = SOCK_STREAM;
+      addrinfo* res = nullptr;
+      const int rc = ::getaddrinfo(addr.c_str(), nullptr, &hints, &res);
+      if (res) ::freeaddrinfo(res);
+      FSDP_CHECK(rc == 0, "[init_process_group] MASTER_ADDR '{}' does not resolve: {}", addr,
+                 ::gai_strerror(rc));
+    }
+    FSDP_CHECK(launch.master_port > 0,
+               "[init_process_group] MASTER_PORT is not set (torchrun-style launch needs RANK, "
+               "WORLD_SIZE, MASTER_ADDR and MASTER_PORT)");
+    int port = launch.master_port;
     const std::string store_port = env_str("FSDP_STORE_PORT");
     const char* agent_store = getenv_or_null("TORCHELASTIC_USE_AGENT_STORE");
     if (!store_port.empty()) {
@@ -261,7 +303,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
       port += 1;  // torchrun's agent already serves its own (torch) store on MASTER_PORT
     }
     w.store = std::make_shared<TCPStore>(addr, port, info.rank == 0, store_timeout);
-    rendezvous(*w.store, info.rank, info.size);
+    rendezvous(*w.store, info.rank, info.size, run_id(launch));
   }
 
   // The host engine: MPI under mpirun, Gloo under torchrun-style launch, local for a world of
@@ -286,10 +328,10 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
         w.store = std::make_shared<TCPStore>("127.0.0.1", 0, true,
                                              store_timeout);  // a private store for one rank
       }
-      const char* addr = getenv_or_null("MASTER_ADDR");
       return std::make_shared<CpuProcessGroup>(
-          make_gloo_backend(w.store, info.rank, info.size,
-                            gloo_hostname(addr ? addr : "127.0.0.1")),
+          make_gloo_backend(
+              w.store, info.rank, info.size,
+              gloo_hostname(launch.master_addr.empty() ? "127.0.0.1" : launch.master_addr)),
           tensor_device);
     }
     FSDP_CHECK(info.size == 1,
@@ -299,9 +341,10 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
   };
 
   if (backend == "nccl") {
-    const std::string host = info.launcher == "mpirun"     ? "mpi"
-                             : info.launcher == "torchrun" ? "gloo"
-                                                           : "local";
+    const std::string host = info.launcher == "mpirun" || (info.launcher == "slurm" && launch.pmix)
+                                 ? "mpi"
+                             : store_launch ? "gloo"
+                                            : "local";
     auto host_group = host_engine(host, Device::cpu());
     w.group = std::make_shared<DeviceHostGroup>(make_nccl_world(info, *host_group), host_group);
   } else {

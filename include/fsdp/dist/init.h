@@ -1,13 +1,15 @@
-// init_process_group(): the world, from the launcher's environment.
-//   mpirun          OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK   -> mpi (CPU), nccl (CUDA; id over
-//   MPI) torchrun-style  RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
-//                   MASTER_ADDR MASTER_PORT                      -> gloo (CPU), nccl (CUDA; id over
-//                   the store)
-//   no launcher     a world of one                               -> local (CPU), nccl (CUDA)
-// FSDP_BACKEND overrides the choice. Under torchrun-style launch every rank
-// meets at a TCPStore served by rank 0: an unreachable MASTER_ADDR, a port
-// in use, a rank that never arrives or a WORLD_SIZE that differs between
-// ranks is an error naming the value within FSDP_STORE_TIMEOUT_S.
+// init_process_group(): the world, from the launcher's environment (launch_env.h reads it):
+//   mpirun          OMPI_COMM_WORLD_*                    -> mpi (CPU), nccl (CUDA; id over MPI)
+//   torchrun-style  RANK WORLD_SIZE MASTER_ADDR ...      -> gloo (CPU), nccl (CUDA; id over the
+//                                                           store)
+//   Slurm (srun)    SLURM_PROCID SLURM_NTASKS, the node list
+//                                                        -> gloo through a store on the first
+//                                                           node; mpi under srun --mpi=pmix
+//   no launcher     a world of one                       -> local (CPU), nccl (CUDA)
+// FSDP_BACKEND overrides the choice. With a store, every rank meets at a TCPStore served by
+// rank 0: an unreachable MASTER_ADDR, a port in use, a rank that never arrives or a world size
+// that differs between ranks is an error naming the value within FSDP_STORE_TIMEOUT_S. An
+// environment that names a world of several ranks with no way to meet is refused at once.
 #pragma once
 
 #include <memory>
@@ -20,7 +22,7 @@ namespace fsdp::dist {
 
 struct WorldInfo {
   int rank = 0, size = 1, local_rank = 0, local_size = 1;
-  std::string launcher = "none";  // "mpirun", "torchrun" or "none"
+  std::string launcher = "none";  // "mpirun", "torchrun", "slurm" or "none"
   std::string backend;
   Device device;
 };
