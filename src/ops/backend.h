@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -81,6 +82,7 @@ FSDP_BACKEND_OPS(FSDP_DECLARE_BACKEND_OP)
 // The device's ceilings, measured on it (ops/peak.h).
 double gemm_peak_flops(Device device, DType dtype);
 double copy_gbps(Device device);
+std::string device_name(Device device);  // "NVIDIA H200"; "" where it cannot be read
 }  // namespace cuda_impl
 
 }  // namespace fsdp::ops

@@ -1,10 +1,13 @@
 // fsdp::ops on CUDA tensors: layout and dtype checks, output allocation, and
 // the launches of kernels/cuda. Inputs of one op share one storage dtype
 // (f32, bf16 or f16); parameter gradients may be wider (reduce_dtype).
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -323,5 +326,10 @@ double gemm_peak_flops(Device device, DType dtype) {
 }
 
 double copy_gbps(Device device) { return kc::measure_copy_gbps(int64_t(1) << 30, device.index); }
+
+std::string device_name(Device device) {
+  cudaDeviceProp prop{};
+  return cudaGetDeviceProperties(&prop, device.index) == cudaSuccess ? std::string(prop.name) : "";
+}
 
 }  // namespace fsdp::ops::cuda_impl

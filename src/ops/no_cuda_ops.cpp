@@ -26,5 +26,6 @@ FSDP_BACKEND_OPS(FSDP_NO_CUDA_OP)
 
 double gemm_peak_flops(Device device, DType dtype) { no_cuda("gemm_peak_flops"); }
 double copy_gbps(Device device) { no_cuda("copy_gbps"); }
+std::string device_name(Device device) { no_cuda("device_name"); }
 
 }  // namespace fsdp::ops::cuda_impl

@@ -22,10 +22,6 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "src/ops/backend.h"
 
-#if FSDP_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 namespace fsdp::ops {
 
 namespace {
@@ -44,17 +40,6 @@ std::filesystem::path cache_dir() {
   if (const char* x = std::getenv("XDG_CACHE_HOME")) return std::filesystem::path(x) / "fsdp";
   if (const char* h = std::getenv("HOME")) return std::filesystem::path(h) / ".cache" / "fsdp";
   return std::filesystem::temp_directory_path() / "fsdp-cache";
-}
-
-// The GPU's name ("NVIDIA H200"), or "" where it cannot be read (then nothing is cached).
-std::string gpu_name(int index) {
-#if FSDP_WITH_CUDA
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, index) == cudaSuccess) return prop.name;
-#else
-  (void)index;
-#endif
-  return "";
 }
 
 nlohmann::json read_cache(const std::filesystem::path& path) {
@@ -107,7 +92,7 @@ double device_gemm_peak_flops(Device device, DType dtype) {
   FSDP_CHECK(device.is_cuda(), "[peak] device_gemm_peak_flops needs a CUDA device, got {}",
              device.str());
   // Measured once per machine: every training process asks (1-2 s of tuned 8192^3 GEMMs).
-  const std::string name = gpu_name(device.index);
+  const std::string name = cuda_impl::device_name(device);  // "": nothing is cached
   const std::string key = fmt::format("{} {}", name, dtype_name(dtype));
   const auto path = cache_dir() / "device_gemm_peak.json";
   nlohmann::json cache = name.empty() ? nlohmann::json::object() : read_cache(path);
