@@ -6,7 +6,7 @@
 #      and dist_test at 1 rank and at 2 under mpirun; reports from inside the uninstrumented
 #      OpenMP and MPI runtimes are suppressed (scripts/tsan.supp), ours are not;
 #   3. each libFuzzer target in fuzz/ (safetensors, checkpoint metadata, llm.c shards,
-#      tokenizer.json, the TCP store's messages over loopback) on its seed corpus in
+#      tokenizer.json, the TCP store's messages over loopback, GGUF files) on its seed corpus in
 #      fuzz/corpus/: a fixed seed and number of runs (repeatable), or FSDP_FUZZ_SECONDS each.
 # Any sanitizer report, fuzz crash or failing test fails the script. It is a subset: the shell
 # end-to-end tests (launchers, checkpoints, training) run in scripts/test.sh without sanitizers.
@@ -39,7 +39,7 @@ mkdir -p build-sanitize-logs
 
 # 1. ASan + UBSan, and the fuzz targets (libFuzzer needs the same build).
 configure build-asan address,undefined -DFSDP_FUZZ=ON
-fuzzers=(safetensors checkpoint shards tokenizer store)
+fuzzers=(safetensors checkpoint shards tokenizer store gguf)
 cmake --build build-asan --target core_test ops_test nn_test data_test optim_test dist_test fsdp_test \
   "${fuzzers[@]/#/fuzz_}" > build-sanitize-logs/build-asan.build.log 2>&1 || { tail -30 build-sanitize-logs/build-asan.build.log; exit 1; }
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
@@ -49,7 +49,7 @@ check asan-dist_test-np2 "${mpi[@]}" ../build-asan/tests/dist_test
 check asan-fsdp_test-np2 "${mpi[@]}" ../build-asan/tests/fsdp_test
 # A fixed seed and a fixed number of runs per target (about 20 s each here), so CI is
 # repeatable; FSDP_FUZZ_SECONDS > 0 fuzzes for that long instead, with a random seed.
-declare -A runs=([safetensors]=60000 [checkpoint]=60000 [shards]=100000 [tokenizer]=10000 [store]=3000)
+declare -A runs=([safetensors]=60000 [checkpoint]=60000 [shards]=100000 [tokenizer]=10000 [store]=3000 [gguf]=60000)
 for f in "${fuzzers[@]}"; do
   mkdir -p "corpus-$f"
   budget=(-seed=1 -runs="${runs[$f]}")
