@@ -1,6 +1,7 @@
 // The GGUF reader seen from outside, for tests/gguf_test.py (which holds it to gguf-py, llama.cpp's
 // own reader, and to Hugging Face tokenizers):
-//   gguf_probe info FILE            the header, metadata and tensor index as JSON on stdout;
+//   gguf_probe info FILE            the header, metadata, tensor index, llama config and Hugging
+//                                   Face names as JSON on stdout;
 //   gguf_probe rows FILE OUTDIR     for each stdin line "NAME BEGIN END file|hf f32|f64", writes
 //                                   read_rows()' values raw to OUTDIR/<line number>.bin;
 //   gguf_probe tokenize FILE        for each stdin line (a JSON string), the ids as a JSON line;
@@ -65,6 +66,17 @@ int info(const GgufFile& f) {
         {"eos", opt(ti.eos)},    {"pad", opt(ti.pad)},    {"unk", opt(ti.unk)},
         {"add_bos", ti.add_bos}, {"add_eos", ti.add_eos}, {"chat_template", ti.chat_template}};
   }
+  if (f.get_string("general.architecture", "") == "llama" && f.contains("token_embd.weight")) {
+    const auto c = fsdp::checkpoint::gguf_llama_config(f);
+    j["llama_config"] = {
+        {"vocab", c.vocab},           {"dim", c.dim},           {"layers", c.layers},
+        {"heads", c.heads},           {"kv_heads", c.kv_heads}, {"head_dim", c.head_dim},
+        {"ffn_hidden", c.ffn_hidden}, {"context", c.context},   {"rope_theta", c.rope_theta},
+        {"norm_eps", c.norm_eps},     {"tied", c.tied}};
+  }
+  json names = json::object();
+  for (const auto& t : f.tensors()) names[t.name] = fsdp::checkpoint::hf_name_of_gguf(t.name);
+  j["hf_names"] = names;
   std::cout << j.dump() << "\n";
   return 0;
 }

