@@ -232,6 +232,7 @@ TEST_P(BackendOps, EveryOpMatchesTheCpu) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, BackendOps, ::testing::Values(DType::f32, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
+#if FSDP_WITH_CUDA  // the plan is host code of the CUDA kernels, absent from a CPU-only build
 // Runs without a GPU: sum_rows_into's split of the rows covers every row once, within the
 // grid's limits, and a linear backward's bias gradient (8192 rows x 2048 columns) fills the GPU
 // (it ran on 8 blocks, one thread per column looping over all the rows: about 1 ms).
@@ -252,6 +253,7 @@ TEST(Cuda, SumRowsSplitCoversEveryRowOnceAndFillsTheGpu) {
   const kc::SumRowsPlan big = kc::sum_rows_plan(8192, 2048);
   EXPECT_GE(big.col_tiles * big.chunks, 512) << "blocks for the bias gradient of 8192 x 2048";
 }
+#endif
 
 #if FSDP_WITH_CUDNN
 // cuDNN's SDPA against our own kernel on the same device and inputs, at shapes the MiniLLM uses

@@ -3,7 +3,9 @@
 # 10.77.0.2, addresses that exist only inside the namespaces this test makes), each a node with
 # 2 ranks under fsdprun --nnodes 2. Every packet stays inside those namespaces; the test removes
 # them whatever happens.
-#   - the losses equal 4 ranks on one host, bit for bit;
+#   - under fsdprun and under mpirun (a hostfile of the two addresses; Open MPI's remote-shell agent
+#     enters the other namespace, as ssh would reach another host), the losses equal 4 ranks on
+#     one host, bit for bit;
 #   - a checkpoint saved by the two nodes resumes on one host, bit-exact;
 #   - kill -9 of one node's ranks ends the other node's ranks with an error that names the lost
 #     peer, within the collective time-out;
@@ -81,6 +83,41 @@ losses "$work/resume.out" > "$work/resume.losses"
 tail -2 "$work/one.losses" | cmp -s - "$work/resume.losses" && ok \
   || bad "the resumed steps differ: $(diff <(tail -2 "$work/one.losses") "$work/resume.losses" | head -4)"
 
+# 3b. The same under mpirun: started in node 0's namespace with a hostfile of the two addresses;
+# Open MPI's remote-shell agent is a script that enters the host's namespace (on a real cluster it
+# is ssh), and MPI's traffic takes TCP over the veth pair, as between two hosts.
+cat > "$work/agent.sh" << AGENT
+#!/bin/sh
+# Open MPI's plm_rsh_agent: "agent HOST COMMAND": COMMAND in HOST's namespace.
+host=\$1
+shift
+case "\$host" in
+  ${addr[0]}) ns=${ns[0]} ;;
+  ${addr[1]}) ns=${ns[1]} ;;
+  *) echo "agent: unknown host \$host" >&2; exit 1 ;;
+esac
+exec ip netns exec "\$ns" /bin/sh -c "\$*"
+AGENT
+chmod +x "$work/agent.sh"
+printf '%s slots=2\n%s slots=2\n' "${addr[0]}" "${addr[1]}" > "$work/hosts"
+mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+mpi_nodes=("${mpi[@]}" -np 4 --hostfile "$work/hosts" --mca plm_rsh_agent "$work/agent.sh" --mca btl tcp,self
+  --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24)
+"${mpi[@]}" -np 4 "$train" "${small[@]}" --steps 4 > "$work/mpi_one.out" 2>&1 \
+  || bad "mpirun -np 4 on one host: $(tail -3 "$work/mpi_one.out")"
+losses "$work/mpi_one.out" > "$work/mpi_one.losses"
+timeout 300 ip netns exec "${ns[0]}" "${mpi_nodes[@]}" "$train" "${small[@]}" --steps 4 --ckpt-dir "$work/mpickpt" \
+  --ckpt-every 2 > "$work/mpi_two.out" 2>&1 || bad "mpirun over two nodes: $(tail -3 "$work/mpi_two.out")"
+losses "$work/mpi_two.out" > "$work/mpi_two.losses"
+cmp -s "$work/mpi_one.losses" "$work/mpi_two.losses" && [ "$(wc -l < "$work/mpi_two.losses")" -eq 4 ] && ok \
+  || bad "mpirun over two nodes: losses differ from one host's: $(diff "$work/mpi_one.losses" "$work/mpi_two.losses" | head -4)"
+rm -rf "$work/mpickpt/step_00000004"
+"${mpi[@]}" -np 4 "$train" "${small[@]}" --steps 4 --ckpt-dir "$work/mpickpt" --resume > "$work/mpi_resume.out" 2>&1 \
+  || bad "resume on one host (mpirun): $(tail -3 "$work/mpi_resume.out")"
+losses "$work/mpi_resume.out" > "$work/mpi_resume.losses"
+tail -2 "$work/mpi_one.losses" | cmp -s - "$work/mpi_resume.losses" && ok \
+  || bad "the resumed steps differ (mpirun): $(diff <(tail -2 "$work/mpi_one.losses") "$work/mpi_resume.losses" | head -4)"
+
 # 4. kill -9 of node 1's ranks: node 0's ranks end, naming the peer they lost, within the time-out.
 run=kill
 export FSDP_COLLECTIVE_TIMEOUT_S=10
@@ -100,6 +137,20 @@ unset FSDP_COLLECTIVE_TIMEOUT_S
 [ -s "$work/kill.jsonl" ] && [ $rc0 -ne 0 ] && [ $took -le 70 ] \
   && grep -qE 'rank [23]|10\.77\.0\.2' "$work/kill.node0.out" && ok \
   || bad "node 0 after node 1 was killed: rc $rc0 after $took s: $(grep -m2 -iE 'error|late' "$work/kill.node0.out" | cut -c1-300)"
+
+# 4b. The same under mpirun: killing node 1's ranks ends the job on node 0.
+timeout 120 ip netns exec "${ns[0]}" "${mpi_nodes[@]}" "$train" "${small[@]}" --steps 1000000 \
+  --log-file "$work/mpikill.jsonl" > "$work/mpikill.out" 2>&1 &
+job=$!
+for _ in $(seq 600); do [ -s "$work/mpikill.jsonl" ] && break; sleep 0.1; done
+for p in $(ip netns pids "${ns[1]}"); do
+  tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null | grep -qE '^OMPI_COMM_WORLD_RANK=' && kill -9 "$p"
+done
+wait $job
+rc=$?
+[ -s "$work/mpikill.jsonl" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] \
+  && grep -qiE 'rank [23]|signal 9|killed' "$work/mpikill.out" && ok \
+  || bad "mpirun after node 1's ranks were killed: rc $rc: $(grep -m2 -iE 'error|rank|signal' "$work/mpikill.out" | cut -c1-300)"
 
 # 5. The rendezvous address: unreachable and wrong interface, named.
 ip netns exec "${ns[0]}" env RANK=1 WORLD_SIZE=2 MASTER_ADDR=10.78.0.9 MASTER_PORT=29412 FSDP_STORE_TIMEOUT_S=5 \
