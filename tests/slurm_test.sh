@@ -3,7 +3,8 @@
 # test as a one-node cluster on loopback and stopped by it, whatever happens.
 #   - `srun -n 2 fsdp-train` and `sbatch examples/slurm/train.sbatch` train to the losses of
 #     `mpirun -np 2`, bit for bit (grad norms too);
-#   - an srun step names itself in the config table (launcher slurm, 2 ranks);
+#   - an srun step names itself in the config table (launcher slurm, 2 ranks); under
+#     srun --mpi=pmix the MPI engine runs, to the same losses;
 #   - a Slurm-like environment of 2 tasks with no node list, or WORLD_SIZE=2 without MASTER_ADDR,
 #     is refused by name at once (these two run without Slurm too).
 #   slurm_test.sh FSDP_TRAIN
@@ -125,6 +126,19 @@ cmp -s "$work/mpirun.losses" "$work/srun.losses" && [ -s "$work/srun.losses" ] &
   || bad "srun -n 2 losses differ from mpirun -np 2: $(diff "$work/mpirun.losses" "$work/srun.losses" | head -4)"
 grep -qE 'world size +\| 2 .*slurm' "$work/srun.out" && ok \
   || bad "srun -n 2 did not run as a Slurm world of 2: $(grep -m1 'world size' "$work/srun.out")"
+
+# 3b. srun --mpi=pmix: Open MPI meets through Slurm's PMIx, the MPI engine carries the collectives.
+if srun --mpi=list 2>&1 | grep -q pmix; then
+  timeout 300 srun --mpi=pmix -n 2 --overcommit --kill-on-bad-exit=1 "$train" "${small[@]}" > "$work/pmix.out" 2>&1 \
+    || bad "srun --mpi=pmix -n 2: $(tail -3 "$work/pmix.out")"
+  losses "$work/pmix.out" > "$work/pmix.losses"
+  cmp -s "$work/mpirun.losses" "$work/pmix.losses" && [ -s "$work/pmix.losses" ] && ok \
+    || bad "srun --mpi=pmix losses differ from mpirun -np 2: $(diff "$work/mpirun.losses" "$work/pmix.losses" | head -4)"
+  grep -qE 'world size +\| 2 .*mpi' "$work/pmix.out" && ok \
+    || bad "srun --mpi=pmix did not run the MPI engine: $(grep -m1 'world size' "$work/pmix.out")"
+else
+  echo "srun has no pmix plugin here: srun --mpi=pmix not tested"
+fi
 
 # 4. sbatch of the example script: the same losses.
 FSDP_TRAIN=$train timeout 300 sbatch --wait --overcommit -o "$work/sbatch.out" -D "$work" \
