@@ -1,6 +1,8 @@
 // The launcher's environment as init_process_group reads it (launch_env.h): Slurm's node and
 // task lists, each launcher's variables, which one wins, and the worlds of several ranks with no
 // way to meet, refused by name. Each test sets the variables it needs and clears the rest.
+#include "fsdp/dist/launch_env.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -9,21 +11,40 @@
 #include <vector>
 
 #include "fsdp/core/error.h"
-#include "fsdp/dist/launch_env.h"
 
 using namespace fsdp;
 using namespace fsdp::dist;
 
 namespace {
 
-const char* kVars[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                       "OMPI_COMM_WORLD_LOCAL_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                       "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-                       "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID",
-                       "SLURM_NODEID", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
-                       "SLURM_NTASKS_PER_NODE", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
-                       "SLURM_NODELIST", "SLURM_JOB_ID", "SLURM_STEP_ID", "PMIX_RANK", "PMI_RANK",
-                       "PMI_SIZE", "PMIX_SIZE"};
+const char* kVars[] = {"OMPI_COMM_WORLD_RANK",
+                       "OMPI_COMM_WORLD_SIZE",
+                       "OMPI_COMM_WORLD_LOCAL_RANK",
+                       "OMPI_COMM_WORLD_LOCAL_SIZE",
+                       "RANK",
+                       "WORLD_SIZE",
+                       "LOCAL_RANK",
+                       "LOCAL_WORLD_SIZE",
+                       "MASTER_ADDR",
+                       "MASTER_PORT",
+                       "TORCHELASTIC_RUN_ID",
+                       "SLURM_PROCID",
+                       "SLURM_NTASKS",
+                       "SLURM_STEP_NUM_TASKS",
+                       "SLURM_LOCALID",
+                       "SLURM_NODEID",
+                       "SLURM_STEP_TASKS_PER_NODE",
+                       "SLURM_TASKS_PER_NODE",
+                       "SLURM_NTASKS_PER_NODE",
+                       "SLURM_STEP_NODELIST",
+                       "SLURM_JOB_NODELIST",
+                       "SLURM_NODELIST",
+                       "SLURM_JOB_ID",
+                       "SLURM_STEP_ID",
+                       "PMIX_RANK",
+                       "PMI_RANK",
+                       "PMI_SIZE",
+                       "PMIX_SIZE"};
 
 // Clears every launcher variable, then sets `vars`.
 void launch(const std::vector<std::pair<const char*, const char*>>& vars) {
@@ -58,9 +79,15 @@ TEST(LaunchEnv, NodeLists) {
 }
 
 TEST(LaunchEnv, SrunStep) {
-  launch({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_STEP_NUM_TASKS", "4"},
-          {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
-          {"SLURM_STEP_NODELIST", "gpu[07-08]"}, {"SLURM_JOB_ID", "4242"}, {"SLURM_STEP_ID", "1"}});
+  launch({{"SLURM_PROCID", "3"},
+          {"SLURM_NTASKS", "4"},
+          {"SLURM_STEP_NUM_TASKS", "4"},
+          {"SLURM_LOCALID", "1"},
+          {"SLURM_NODEID", "1"},
+          {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
+          {"SLURM_STEP_NODELIST", "gpu[07-08]"},
+          {"SLURM_JOB_ID", "4242"},
+          {"SLURM_STEP_ID", "1"}});
   const LaunchEnv e = read_launch_env();
   EXPECT_EQ(e.launcher, "slurm");
   EXPECT_EQ(e.rank, 3);
@@ -84,13 +111,20 @@ TEST(LaunchEnv, SrunStep) {
 
 TEST(LaunchEnv, LaunchersInOrder) {
   // torchrun inside a Slurm allocation: torchrun's variables win.
-  launch({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"},
-          {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"TORCHELASTIC_RUN_ID", "r1"}});
+  launch({{"RANK", "1"},
+          {"WORLD_SIZE", "2"},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", "29500"},
+          {"SLURM_PROCID", "0"},
+          {"SLURM_NTASKS", "1"},
+          {"TORCHELASTIC_RUN_ID", "r1"}});
   LaunchEnv e = read_launch_env();
   EXPECT_EQ(e.launcher, "torchrun");
   EXPECT_EQ(e.rank, 1);
   EXPECT_EQ(e.run_id, "r1");
-  launch({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"},
+  launch({{"OMPI_COMM_WORLD_RANK", "0"},
+          {"OMPI_COMM_WORLD_SIZE", "2"},
+          {"SLURM_PROCID", "0"},
           {"SLURM_NTASKS", "2"}});
   EXPECT_EQ(read_launch_env().launcher, "mpirun");
   launch({});

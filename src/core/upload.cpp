@@ -42,7 +42,8 @@ Tensor Uploader::upload(const Tensor& host) {
   }
   if (bytes > 0) std::memcpy(slot.pinned, src.raw_data(), size_t(bytes));
   Tensor dst = Tensor::empty(src.shape(), src.dtype(), device_);
-  if (bytes > 0) slot.pending = gpu::upload_async(dst.raw_data(), device_.index, slot.pinned, bytes);
+  if (bytes > 0)
+    slot.pending = gpu::upload_async(dst.raw_data(), device_.index, slot.pinned, bytes);
   return dst;
 }
 

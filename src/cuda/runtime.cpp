@@ -53,7 +53,8 @@ void memcpy_sync(void* dst, Device dst_device, const void* src, Device src_devic
 
 void* pinned_alloc(int64_t bytes) {
   void* p = nullptr;
-  const cudaError_t e = cudaHostAlloc(&p, size_t(std::max<int64_t>(bytes, 1)), cudaHostAllocDefault);
+  const cudaError_t e =
+      cudaHostAlloc(&p, size_t(std::max<int64_t>(bytes, 1)), cudaHostAllocDefault);
   FSDP_CHECK(e == cudaSuccess, "[upload] page-locked host allocation of {} bytes failed: {}", bytes,
              cudaGetErrorString(e));
   return p;

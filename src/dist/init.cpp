@@ -119,10 +119,11 @@ std::string gloo_hostname(const std::string& master) {
         found = buf;
       }
     ::freeifaddrs(all);
-    FSDP_CHECK(!found.empty(),
-               "[init_process_group] GLOO_SOCKET_IFNAME/FSDP_SOCKET_IFNAME='{}' is not an interface "
-               "of this host with an IPv4 address (see `ip -4 addr`)",
-               ifname);
+    FSDP_CHECK(
+        !found.empty(),
+        "[init_process_group] GLOO_SOCKET_IFNAME/FSDP_SOCKET_IFNAME='{}' is not an interface "
+        "of this host with an IPv4 address (see `ip -4 addr`)",
+        ifname);
     return found;
   }
   if (master == "localhost" || master.rfind("127.", 0) == 0 || master == "::1") return "127.0.0.1";
@@ -278,9 +279,10 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
   if (sigaction(SIGPIPE, nullptr, &pipe_action) == 0 && pipe_action.sa_handler == SIG_DFL)
     std::signal(SIGPIPE, SIG_IGN);
   if (store_launch && backend != "mpi") {
-    FSDP_CHECK(!launch.master_addr.empty(),
-               "[init_process_group] MASTER_ADDR is not set (torchrun-style launch of WORLD_SIZE={})",
-               info.size);
+    FSDP_CHECK(
+        !launch.master_addr.empty(),
+        "[init_process_group] MASTER_ADDR is not set (torchrun-style launch of WORLD_SIZE={})",
+        info.size);
     const std::string addr = launch.master_addr;
     {  // an unresolvable name is an error now, not after the store's time-out
       addrinfo hints{};

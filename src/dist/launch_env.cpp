@@ -62,8 +62,7 @@ std::vector<std::string> split_top(const std::string& s, const std::string& whol
   return parts;
 }
 
-void expand_name(const std::string& name, const std::string& whole,
-                 std::vector<std::string>& out) {
+void expand_name(const std::string& name, const std::string& whole, std::vector<std::string>& out) {
   const size_t open = name.find('[');
   if (open == std::string::npos) {
     FSDP_CHECK(!name.empty() && name.find(']') == std::string::npos,
@@ -82,8 +81,10 @@ void expand_name(const std::string& name, const std::string& whole,
     if (comma == std::string::npos) comma = ranges.size();
     const std::string r = ranges.substr(start, comma - start);
     const size_t dash = r.find('-');
-    const std::string lo = r.substr(0, dash), hi = dash == std::string::npos ? lo : r.substr(dash + 1);
-    FSDP_CHECK(!lo.empty() && !hi.empty() && lo.find_first_not_of("0123456789") == std::string::npos &&
+    const std::string lo = r.substr(0, dash),
+                      hi = dash == std::string::npos ? lo : r.substr(dash + 1);
+    FSDP_CHECK(!lo.empty() && !hi.empty() &&
+                   lo.find_first_not_of("0123456789") == std::string::npos &&
                    hi.find_first_not_of("0123456789") == std::string::npos && lo.size() < 10 &&
                    hi.size() < 10,
                "[init_process_group] malformed range '{}' in Slurm host list '{}'", r, whole);
@@ -113,8 +114,8 @@ LaunchEnv slurm_env() {
     if (!env(k)) continue;
     const std::vector<int> per = expand_slurm_tasks_per_node(env(k));
     FSDP_CHECK(node >= 0 && size_t(node) < per.size(),
-               "[init_process_group] SLURM_NODEID={} but {}='{}' names {} node(s)", node, k,
-               env(k), per.size());
+               "[init_process_group] SLURM_NODEID={} but {}='{}' names {} node(s)", node, k, env(k),
+               per.size());
     e.local_size = per[size_t(node)];
     break;
   }
@@ -129,7 +130,7 @@ LaunchEnv slurm_env() {
   if (const char* a = env("MASTER_ADDR")) {
     e.master_addr = a;
   } else {
-    const char* list = env("SLURM_STEP_NODELIST") ? env("SLURM_STEP_NODELIST")
+    const char* list = env("SLURM_STEP_NODELIST")  ? env("SLURM_STEP_NODELIST")
                        : env("SLURM_JOB_NODELIST") ? env("SLURM_JOB_NODELIST")
                                                    : env("SLURM_NODELIST");
     FSDP_CHECK(list,

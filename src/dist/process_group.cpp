@@ -46,7 +46,7 @@ class CpuWork final : public Work {
       // Timed out here, or failed in the engine (Gloo's own time-out): either way, say which
       // ranks the progress board shows behind.
       const bool timed_out = !ev_->query();
-      const std::string late = watchdog::describe_late_ranks(group_, seq_);
+      const std::string late = watchdog::describe_late_ranks(group_, seq_, !timed_out);
       const std::string msg =
           late.empty() ? std::string(e.what()) : fmt::format("{}; {}", e.what(), late);
       if (timed_out) watchdog::abandon(msg);

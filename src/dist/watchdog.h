@@ -36,9 +36,11 @@ std::string label_of(const Counter& c);
 void start_board(std::shared_ptr<TCPStore> store, int rank, int size);
 void stop_board();
 
-// After collective #seq on `label` timed out: the late ranks, in words ("" without a board).
-// Bounded: a board whose server (rank 0) does not answer within 5 s is said to be silent.
-std::string describe_late_ranks(const std::string& label, int64_t seq);
+// After collective #seq on `label` timed out, or failed in the engine (`peer_failed`: a peer's
+// connection broke): the late ranks, in words ("" without a board). Bounded: a board whose
+// server (rank 0) does not answer within 5 s is said to be silent; after a peer failure a board
+// that shows everyone alive is read once more when a dead rank's post is stale (about 3.5 s).
+std::string describe_late_ranks(const std::string& label, int64_t seq, bool peer_failed = false);
 
 void abandon(const std::string& error);
 bool abandoned();

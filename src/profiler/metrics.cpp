@@ -46,8 +46,7 @@ StepMetrics gather_step_metrics(dist::ProcessGroup& group, Device device, const 
   if (in.losses.empty())
     mine.narrow(0, 0, 1).fill_(in.loss);
   else
-    for (int64_t i = 0; i < nl; ++i)
-      mine.narrow(0, i, 1).copy_(in.losses[size_t(i)].reshape({1}));
+    for (int64_t i = 0; i < nl; ++i) mine.narrow(0, i, 1).copy_(in.losses[size_t(i)].reshape({1}));
   if (in.grad_norm_sq.defined())
     mine.narrow(0, nl, 1).copy_(in.grad_norm_sq.reshape({1}));
   else

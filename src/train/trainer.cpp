@@ -319,8 +319,7 @@ struct Trainer::Impl {
                        {"tokenizer", tokenizer ? tokenizer->describe() : "none"},
                        {"tokenizer_hash", tokenizer ? tokenizer->hash() : ""}});
     config_json = run_config.dump();
-    loader =
-        std::make_unique<data::DataLoader>(src, cfg.batch * size, rank, size, cfg.seq, device);
+    loader = std::make_unique<data::DataLoader>(src, cfg.batch * size, rank, size, cfg.seq, device);
     if (o.resume) resume();
     if (main() && !o.log_file.empty()) {
       log.open(o.log_file, start_step > 0 ? std::ios::app : std::ios::trunc);

@@ -34,7 +34,7 @@ class DataLoader {
   Batch next();     // this rank's rows of batch position(), on the device, then advances
   void prefetch();  // stages batch position() for next() (does nothing when one is staged)
   int64_t position() const { return position_; }
-  void set_position(int64_t position);  // drops a staged batch
+  void set_position(int64_t position);    // drops a staged batch
   int64_t rows() const { return rows_; }  // per rank and batch
 
  private:
