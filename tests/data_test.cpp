@@ -1,11 +1,15 @@
 // Token sources: the rows of a global batch split over ranks are disjoint and
-// cover it exactly, in the same order at every world size; epochs wrap;
-// llm.c shards round-trip and bad ones are named.
+// cover it exactly, in the same order at every world size; epochs wrap; the
+// shuffle is a bijection per epoch; memory-mapped llm.c shards (uint16 and
+// uint32) give exactly the batches of the in-memory reader they replaced (its
+// logic is kept below as the reference), and bad ones are named.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <initializer_list>
 #include <memory>
 #include <set>
@@ -22,7 +26,7 @@ namespace {
 TEST(Batches, RanksCoverTheGlobalBatchDisjointly) {
   std::vector<int32_t> tokens(1000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i);
-  TokenStream s(tokens, "iota", 8);
+  TokenVector s(tokens, "iota", 8);
   const int64_t G = 12, T = 8;
   for (int64_t N : {1, 2, 3, 4}) {
     std::multiset<int32_t> starts;
@@ -46,7 +50,7 @@ TEST(Batches, RanksCoverTheGlobalBatchDisjointly) {
 TEST(DataLoader, RanksRowsInOrderFromAnyPosition) {
   std::vector<int32_t> tokens(1000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i);
-  auto s = std::make_shared<TokenStream>(tokens, "iota", 8);
+  auto s = std::make_shared<TokenVector>(tokens, "iota", 8);
   DataLoader a(s, 12, 1, 3, 8);  // rank 1 of 3: rows 4..7
   EXPECT_EQ(a.rows(), 4);
   for (int64_t p = 0; p < 3; ++p) {
@@ -66,7 +70,7 @@ TEST(DataLoader, RanksRowsInOrderFromAnyPosition) {
 TEST(Batches, ShuffledEpochsAreDisjointPermutationsFromTheSeed) {
   std::vector<int32_t> tokens(8 * 10 + 1);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i);
-  TokenStream s(tokens, "iota", 8), t(tokens, "iota", 8), u(tokens, "iota", 8);
+  TokenVector s(tokens, "iota", 8), t(tokens, "iota", 8), u(tokens, "iota", 8);
   s.set_shuffle(7, 8);
   t.set_shuffle(7, 8);
   u.set_shuffle(8, 8);
@@ -87,23 +91,205 @@ TEST(Batches, ShuffledEpochsAreDisjointPermutationsFromTheSeed) {
   EXPECT_TRUE(differs);  // another seed, another order
 }
 
+// The Feistel shuffle: every window exactly once per epoch, for sizes around powers of two
+// (cycle-walking), the same order for the same key, another for another epoch or seed.
+TEST(Shuffle, FeistelIsABijectionPerEpochAndDeterministic) {
+  for (int64_t windows : {1, 2, 3, 4, 5, 7, 10, 63, 64, 65, 255, 1000, 4097, 100003}) {
+    for (int64_t epoch : {0, 1, 5}) {
+      std::vector<char> seen(size_t(windows), 0);
+      for (int64_t i = 0; i < windows; ++i) {
+        const int64_t w = shuffle_window(i, windows, 42, epoch);
+        ASSERT_TRUE(w >= 0 && w < windows) << w << " of " << windows;
+        ASSERT_FALSE(seen[size_t(w)]) << "window " << w << " twice, " << windows << " windows";
+        seen[size_t(w)] = 1;
+        ASSERT_EQ(shuffle_window(i, windows, 42, epoch), w);  // deterministic
+      }
+    }
+  }
+  const int64_t W = 1000;
+  int64_t other_epoch = 0, other_seed = 0, fixed = 0;
+  for (int64_t i = 0; i < W; ++i) {
+    other_epoch += shuffle_window(i, W, 42, 0) != shuffle_window(i, W, 42, 1);
+    other_seed += shuffle_window(i, W, 42, 0) != shuffle_window(i, W, 43, 0);
+    fixed += shuffle_window(i, W, 42, 0) == i;
+  }
+  EXPECT_GT(other_epoch, W * 9 / 10);
+  EXPECT_GT(other_seed, W * 9 / 10);
+  EXPECT_LT(fixed, 20);  // a permutation, not the identity
+  // The order is part of a run's identity (a resumed run must see the same data): pinned.
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < 10; ++i) order.push_back(shuffle_window(i, 10, 7, 0));
+  EXPECT_EQ(order, (std::vector<int64_t>{6, 3, 1, 8, 7, 9, 0, 5, 4, 2}));
+  EXPECT_THROW(shuffle_window(10, 10, 7, 0), Error);
+}
+
+// The in-memory reader the mapped shards replaced (all tokens in one vector), kept as the
+// reference: row q starts at (q*T) % n, or at window shuffle_window(...) when shuffled, and reads
+// T + 1 tokens wrapping at n.
+Batch reference_batch(const std::vector<int32_t>& tokens, bool shuffle, uint64_t seed, int64_t step,
+                      int64_t global_rows, int64_t row_begin, int64_t rows, int64_t seq) {
+  Batch b{Tensor::empty({rows, seq}, DType::i32), Tensor::empty({rows, seq}, DType::i32)};
+  int32_t* in = b.inputs.data<int32_t>();
+  int32_t* tg = b.targets.data<int32_t>();
+  const int64_t n = int64_t(tokens.size());
+  const int64_t windows = std::max<int64_t>(1, (n - 1) / seq);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t q = step * global_rows + row_begin + r;
+    int64_t start = (q * seq) % n;
+    if (shuffle) start = shuffle_window(q % windows, windows, seed, q / windows) * seq;
+    for (int64_t t = 0; t < seq; ++t) {
+      in[r * seq + t] = tokens[size_t((start + t) % n)];
+      tg[r * seq + t] = tokens[size_t((start + t + 1) % n)];
+    }
+  }
+  return b;
+}
+
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& name)
+      : path(std::filesystem::path(::testing::TempDir()) /
+             (name + "_" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string operator/(const std::string& f) const { return (path / f).string(); }
+};
+
+// A small corpus over five shards of uneven sizes (one empty), 16- or 32-bit, so that rows
+// cross shard boundaries and the end of the data.
+std::vector<int32_t> write_corpus(const TempDir& dir, bool wide) {
+  std::vector<int32_t> all;
+  const int64_t sizes[] = {37, 0, 101, 5, 58};
+  uint32_t x = 12345;
+  for (int s = 0; s < 5; ++s) {
+    std::vector<uint16_t> t16;
+    std::vector<uint32_t> t32;
+    for (int64_t i = 0; i < sizes[s]; ++i) {
+      x = x * 1664525u + 1013904223u;
+      const uint32_t id = wide ? (x >> 8) % 128256 : (x >> 8) % 50257;
+      all.push_back(int32_t(id));
+      t16.push_back(uint16_t(id));
+      t32.push_back(id);
+    }
+    const std::string path = dir / ("shard_" + std::to_string(s) + ".bin");
+    if (wide)
+      write_bin_shard_u32(path, t32);
+    else
+      write_bin_shard(path, t16);
+  }
+  return all;
+}
+
+void expect_same(const Batch& got, const Batch& want, const std::string& what) {
+  EXPECT_EQ(got.inputs.to_f64_vector(), want.inputs.to_f64_vector()) << what;
+  EXPECT_EQ(got.targets.to_f64_vector(), want.targets.to_f64_vector()) << what;
+}
+
+TEST(Shards, MappedBatchesEqualTheInMemoryReader) {
+  for (bool wide : {false, true}) {
+    TempDir dir(wide ? "fsdp_map32" : "fsdp_map16");
+    const std::vector<int32_t> all = write_corpus(dir, wide);
+    const int64_t vocab = wide ? 128256 : 50304, T = 8, G = 6;
+    for (bool shuffle : {false, true}) {
+      const std::string what = fmt::format("{}-bit, shuffle {}", wide ? 32 : 16, shuffle);
+      auto s = std::shared_ptr<TokenStream>(open_token_stream(dir.path.string(), vocab, T));
+      EXPECT_NE(s->describe().find(wide ? "uint32" : "uint16"), std::string::npos);
+      EXPECT_EQ(s->size(), int64_t(all.size()));
+      EXPECT_EQ(s->read(0, s->size()), all);
+      if (shuffle) s->set_shuffle(11, T);
+      // 3 ranks x 2 rows, 30 steps: about 7 epochs of 25 windows.
+      for (int rank = 0; rank < 3; ++rank) {
+        DataLoader loader(s, G, rank, 3, T);
+        for (int64_t p = 0; p < 30; ++p)
+          expect_same(loader.next(), reference_batch(all, shuffle, 11, p, G, rank * 2, 2, T),
+                      what + fmt::format(", rank {} batch {}", rank, p));
+        DataLoader resumed(s, G, rank, 3, T);  // a resume: set_position() then the same batches
+        resumed.set_position(17);
+        for (int64_t p = 17; p < 22; ++p)
+          expect_same(resumed.next(), reference_batch(all, shuffle, 11, p, G, rank * 2, 2, T),
+                      what + fmt::format(", resumed rank {} batch {}", rank, p));
+      }
+      // The validation split is a view of the same mapping.
+      auto [train, val] = s->split_tail(0.25, T);
+      const size_t cut = size_t(double(all.size()) * 0.75);
+      EXPECT_EQ(train->read(0, train->size()),
+                std::vector<int32_t>(all.begin(), all.begin() + long(cut)));
+      EXPECT_EQ(val->read(0, val->size()),
+                std::vector<int32_t>(all.begin() + long(cut), all.end()));
+      const std::vector<int32_t> tail(all.begin() + long(cut), all.end());
+      for (int64_t p = 0; p < 10; ++p)
+        expect_same(val->batch(p, 2, 0, 2, T), reference_batch(tail, false, 0, p, 2, 0, 2, T),
+                    what + " val");
+    }
+  }
+}
+
 TEST(Shards, RoundTripAndErrors) {
-  const auto dir =
-      std::filesystem::path(::testing::TempDir()) / ("fsdp_shards_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  write_bin_shard((dir / "a.bin").string(), {1, 2, 3, 4, 5});
-  write_bin_shard((dir / "b.bin").string(), {6, 7, 8});
-  auto s = open_token_stream(dir.string(), 256, 4);
-  EXPECT_EQ(s->tokens(), (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}));
-  auto g = open_token_stream((dir / "*.bin").string(), 256, 4);
-  EXPECT_EQ(g->tokens().size(), 8u);
-  EXPECT_THROW(open_token_stream(dir.string(), 8, 4), Error);  // id 8 is not below vocab 8
+  TempDir dir("fsdp_shards");
+  write_bin_shard(dir / "a.bin", {1, 2, 3, 4, 5});
+  write_bin_shard(dir / "b.bin", {6, 7, 8});
+  auto s = open_token_stream(dir.path.string(), 256, 4);
+  EXPECT_EQ(s->read(0, s->size()), (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(s->read(6, 4), (std::vector<int32_t>{7, 8, 1, 2}));  // wraps
+  auto g = open_token_stream(dir / "*.bin", 256, 4);
+  EXPECT_EQ(g->size(), 8);
   auto [train, val] = s->split_tail(0.25, 1);
-  EXPECT_EQ(train->tokens().size(), 6u);
-  EXPECT_EQ(val->tokens(), (std::vector<int32_t>{7, 8}));
-  EXPECT_THROW(open_token_stream((dir / "none*.bin").string(), 256, 4), Error);
-  std::filesystem::remove_all(dir);
+  EXPECT_EQ(train->size(), 6);
+  EXPECT_EQ(val->read(0, 2), (std::vector<int32_t>{7, 8}));
+  EXPECT_THROW(open_token_stream(dir / "none*.bin", 256, 4), Error);
+  // A token id the vocab cannot hold is refused when a batch reads it, by shard and position.
+  auto small = open_token_stream(dir.path.string(), 8, 4);
+  EXPECT_NO_THROW(small->batch(0, 1, 0, 1, 4));  // tokens 1..5
+  try {
+    small->batch(1, 1, 0, 1, 4);  // tokens 5..9: id 8
+    ADD_FAILURE() << "id 8 read with vocab 8";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("b.bin': token id 8 at position 2 is not below vocab 8"),
+              std::string::npos)
+        << e.what();
+  }
+  // 32-bit: ids past 65535 read back, and are refused past the vocab.
+  write_bin_shard_u32(dir / "wide.bin", {70000, 128255, 3, 4, 5});
+  auto w = open_token_stream(dir / "wide.bin", 128256, 4);
+  EXPECT_EQ(w->read(0, 2), (std::vector<int32_t>{70000, 128255}));
+  auto w_small = open_token_stream(dir / "wide.bin", 65536, 4);
+  EXPECT_THROW(w_small->batch(0, 1, 0, 1, 4), Error);
+}
+
+// Headers are checked when the shards are opened; each refusal names the file and the field.
+TEST(Shards, BadHeadersAreRefusedByName) {
+  TempDir dir("fsdp_bad_shards");
+  auto write = [&](const std::string& name, std::vector<int32_t> header, size_t token_bytes) {
+    header.resize(256, 0);
+    std::ofstream f(dir / name, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(header.data()), 1024);
+    f << std::string(token_bytes, '\0');
+    return dir / name;
+  };
+  auto refused = [&](const std::string& path, const std::string& needle) {
+    try {
+      open_token_stream(path, 256, 4);
+      ADD_FAILURE() << path << " opened; expected: " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    }
+  };
+  refused(write("magic.bin", {12345, 1, 10}, 20), "has magic 12345; expected 20240520");
+  refused(write("v2.bin", {20240520, 2, 10}, 20), "has version 2; expected 1 for magic 20240520");
+  refused(write("v1wide.bin", {20240801, 1, 10}, 40),
+          "has version 1; expected 7 for magic 20240801");
+  refused(write("short.bin", {20240520, 1, 10}, 19), "promises 10 tokens but holds 9 (truncated?)");
+  refused(write("short32.bin", {20240801, 7, 10}, 39), "promises 10 tokens but holds 9");
+  refused(write("negative.bin", {20240520, 1, -5}, 20), "promises -5 tokens");
+  {
+    std::ofstream f(dir / "header.bin", std::ios::binary);
+    f << std::string(100, 'x');
+  }
+  refused(dir / "header.bin", "is shorter than its 1024-byte header");
+  refused(write("few.bin", {20240520, 1, 3}, 6), "has 3 tokens; need at least seq + 1 = 5");
 }
 
 }  // namespace

@@ -1,9 +1,18 @@
-// Byte-level text and random token sources.
+// Token streams (bytes in memory, llm.c shards memory-mapped) and random tokens.
+// Key decision: a shard is mmap'ed read-only and a batch row copies its T + 1
+// tokens out of the mapping, checking each against the vocab, then drops those
+// pages from this process (madvise DONTNEED; the page cache keeps them), so a
+// rank's resident memory is its rows, whatever the corpus' size.
 #include "fsdp/data/text_dataset.h"
 
+#include <fcntl.h>
 #include <glob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -16,11 +25,58 @@
 
 namespace fsdp::data {
 
-TokenStream::TokenStream(std::vector<int32_t> tokens, std::string description, int64_t seq)
-    : tokens_(std::move(tokens)), description_(std::move(description)) {
-  FSDP_CHECK(int64_t(tokens_.size()) >= seq + 1,
-             "[data] {} has {} tokens; need at least seq + 1 = {}", description_, tokens_.size(),
-             seq + 1);
+namespace {
+
+uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+int64_t shuffle_window(int64_t index, int64_t windows, uint64_t seed, int64_t epoch) {
+  FSDP_CHECK(windows > 0 && index >= 0 && index < windows,
+             "[data] shuffle_window: index {} is not in [0, {})", index, windows);
+  if (windows == 1) return 0;
+  // An even number of bits covering [0, windows): halves of `half` bits each.
+  int bits = std::bit_width(uint64_t(windows - 1));
+  bits += bits & 1;
+  const int half = bits / 2;
+  const uint64_t mask = (uint64_t(1) << half) - 1;
+  const uint64_t key = mix64(seed ^ mix64(uint64_t(epoch) * 0xd1b54a32d192ed03ull + 1));
+  uint64_t x = uint64_t(index);
+  do {  // cycle-walking: a bijection on [0, 2^bits) restricted to [0, windows) stays one
+    uint64_t l = x >> half, r = x & mask;
+    for (uint64_t round = 0; round < 6; ++round) {
+      const uint64_t f = mix64(key ^ (r * 0x9e3779b97f4a7c15ull) ^ (round << 58)) & mask;
+      const uint64_t next = l ^ f;
+      l = r;
+      r = next;
+    }
+    x = (l << half) | r;
+  } while (x >= uint64_t(windows));
+  return int64_t(x);
+}
+
+TokenStream::TokenStream(int64_t size, std::string description, int64_t seq)
+    : size_(size), description_(std::move(description)) {
+  FSDP_CHECK(size_ >= seq + 1, "[data] {} has {} tokens; need at least seq + 1 = {}", description_,
+             size_, seq + 1);
+}
+
+std::vector<int32_t> TokenStream::read(int64_t begin, int64_t count) const {
+  FSDP_CHECK(begin >= 0 && count >= 0, "[data] read({}, {}) of {}", begin, count, description_);
+  std::vector<int32_t> out(static_cast<size_t>(count));
+  int64_t pos = begin % size_, done = 0;
+  while (done < count) {  // wrapping at the end, as many times as it takes
+    const int64_t k = std::min(count - done, size_ - pos);
+    copy(pos, k, out.data() + done);
+    done += k;
+    pos = 0;
+  }
+  return out;
 }
 
 Batch TokenStream::batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows,
@@ -28,54 +84,48 @@ Batch TokenStream::batch(int64_t step, int64_t global_rows, int64_t row_begin, i
   Batch b{Tensor::empty({rows, seq}, DType::i32), Tensor::empty({rows, seq}, DType::i32)};
   int32_t* in = b.inputs.data<int32_t>();
   int32_t* tg = b.targets.data<int32_t>();
-  const int64_t n = int64_t(tokens_.size());
-  const int64_t windows = std::max<int64_t>(1, (n - 1) / seq);
+  const int64_t windows = std::max<int64_t>(1, (size_ - 1) / seq);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t q = step * global_rows + row_begin + r;  // global row index
-    int64_t start = (q * seq) % n;
-    if (shuffle_) {
-      const int64_t epoch = q / windows;
-      if (epoch != perm_epoch_) {  // the permutation of this epoch's windows, from (seed, epoch)
-        perm_.resize(size_t(windows));
-        std::vector<std::pair<double, int64_t>> keys(static_cast<size_t>(windows));
-        for (int64_t i = 0; i < windows; ++i)
-          keys[size_t(i)] = {
-              nn::counter_uniform(seed_ ^ (0x9e3779b97f4a7c15ull * uint64_t(epoch + 1)),
-                                  uint64_t(i)),
-              i};
-        std::sort(keys.begin(), keys.end());
-        for (int64_t i = 0; i < windows; ++i) perm_[size_t(i)] = keys[size_t(i)].second;
-        perm_epoch_ = epoch;
-      }
-      start = perm_[size_t(q % windows)] * seq;
-    }
-    for (int64_t t = 0; t < seq; ++t) {
-      in[r * seq + t] = tokens_[size_t((start + t) % n)];
-      tg[r * seq + t] = tokens_[size_t((start + t + 1) % n)];
-    }
+    int64_t start = (q * seq) % size_;
+    if (shuffle_) start = shuffle_window(q % windows, windows, seed_, q / windows) * seq;
+    const std::vector<int32_t> row = read(start, seq + 1);
+    std::copy(row.begin(), row.end() - 1, in + r * seq);
+    std::copy(row.begin() + 1, row.end(), tg + r * seq);
   }
   return b;
 }
 
 void TokenStream::set_shuffle(uint64_t seed, int64_t seq) {
-  FSDP_CHECK(seq > 0, "[data] shuffle needs seq > 0");
+  FSDP_CHECK(seq > 0, "[data] shuffle needs seq > 0, got {}", seq);
   shuffle_ = true;
   seed_ = seed;
-  perm_epoch_ = -1;
 }
 
 std::pair<std::unique_ptr<TokenStream>, std::unique_ptr<TokenStream>> TokenStream::split_tail(
     double fraction, int64_t seq) const {
   FSDP_CHECK(fraction > 0 && fraction < 1, "[data] validation fraction must be in (0, 1), got {}",
              fraction);
-  const size_t cut = size_t(double(tokens_.size()) * (1.0 - fraction));
-  std::vector<int32_t> train(tokens_.begin(), tokens_.begin() + long(cut)),
-      val(tokens_.begin() + long(cut), tokens_.end());
-  auto t = std::make_unique<TokenStream>(
-      std::move(train), fmt::format("{} [first {:.0f}%]", description_, 100 * (1 - fraction)), seq);
-  auto v = std::make_unique<TokenStream>(
-      std::move(val), fmt::format("{} [last {:.0f}%]", description_, 100 * fraction), seq);
+  const int64_t cut = int64_t(double(size_) * (1.0 - fraction));
+  auto t =
+      slice(0, cut, fmt::format("{} [first {:.0f}%]", description_, 100 * (1 - fraction)), seq);
+  auto v = slice(cut, size_, fmt::format("{} [last {:.0f}%]", description_, 100 * fraction), seq);
   return {std::move(t), std::move(v)};
+}
+
+TokenVector::TokenVector(std::vector<int32_t> tokens, std::string description, int64_t seq)
+    : TokenStream(int64_t(tokens.size()), std::move(description), seq),
+      tokens_(std::move(tokens)) {}
+
+void TokenVector::copy(int64_t begin, int64_t count, int32_t* out) const {
+  std::copy_n(tokens_.begin() + begin, count, out);
+}
+
+std::unique_ptr<TokenStream> TokenVector::slice(int64_t begin, int64_t end, std::string description,
+                                                int64_t seq) const {
+  return std::make_unique<TokenVector>(
+      std::vector<int32_t>(tokens_.begin() + begin, tokens_.begin() + end), std::move(description),
+      seq);
 }
 
 namespace {
@@ -96,13 +146,15 @@ std::vector<int32_t> read_bytes(const std::string& path, int64_t vocab) {
   return tokens;
 }
 
-constexpr int32_t kShardMagic = 20240520;
+constexpr int32_t kShardMagic = 20240520;    // llm.c GPT-2: version 1, uint16 tokens
+constexpr int32_t kShardMagic32 = 20240801;  // llm.c Llama 3: version 7, uint32 tokens
+constexpr int64_t kHeaderBytes = 256 * 4;
 
 bool has_shard_magic(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   int32_t magic = 0;
   f.read(reinterpret_cast<char*>(&magic), 4);
-  return f.good() && magic == kShardMagic;
+  return f.good() && (magic == kShardMagic || magic == kShardMagic32);
 }
 
 std::vector<std::string> shard_files(const std::string& spec) {
@@ -129,49 +181,145 @@ std::vector<std::string> shard_files(const std::string& spec) {
 }  // namespace
 
 ByteTextSource::ByteTextSource(const std::string& path, int64_t vocab, int64_t seq)
-    : TokenStream(read_bytes(path, vocab), path, seq) {
+    : TokenVector(read_bytes(path, vocab), path, seq) {
   description_ = fmt::format("{} ({} bytes)", path, tokens_.size());
 }
 
-static std::vector<int32_t> read_shards(const std::vector<std::string>& files, int64_t vocab) {
-  std::vector<int32_t> tokens;
-  for (const std::string& path : files) {
-    std::ifstream f(path, std::ios::binary);
-    FSDP_CHECK(f.good(), "[data] cannot read shard '{}': {}", path, std::strerror(errno));
-    std::vector<int32_t> header(256);
-    f.read(reinterpret_cast<char*>(header.data()), 256 * 4);
-    FSDP_CHECK(f.gcount() == 256 * 4, "[data] shard '{}' is shorter than its 1024-byte header",
-               path);
-    FSDP_CHECK(header[0] == kShardMagic,
-               "[data] shard '{}' has magic {}; expected {} (llm.c token shard)", path, header[0],
-               kShardMagic);
-    FSDP_CHECK(header[1] == 1, "[data] shard '{}' has version {}; expected 1", path, header[1]);
-    const int64_t count = header[2];
-    // The header's count against the file's size before anything is allocated for it.
-    std::error_code ec;
-    const auto bytes = std::filesystem::file_size(path, ec);
-    const int64_t held = ec ? 0 : (int64_t(bytes) - 1024) / 2;
-    FSDP_CHECK(count >= 0 && count <= held,
-               "[data] shard '{}' promises {} tokens but holds {} (truncated?)", path, count, held);
-    std::vector<uint16_t> buf(static_cast<size_t>(count));
-    f.read(reinterpret_cast<char*>(buf.data()), std::streamsize(buf.size() * 2));
-    FSDP_CHECK(f.gcount() == std::streamsize(buf.size() * 2),
-               "[data] shard '{}' promises {} tokens but holds {} (truncated?)", path, count,
-               f.gcount() / 2);
-    for (size_t i = 0; i < buf.size(); ++i) {
-      FSDP_CHECK(int64_t(buf[i]) < vocab,
-                 "[data] shard '{}': token id {} at position {} is not below vocab {}", path,
-                 buf[i], i, vocab);
-      tokens.push_back(int32_t(buf[i]));
-    }
+// The mapped shards: each one's tokens, their width, and where they start in the stream.
+struct BinShardSource::Shards {
+  struct Shard {
+    std::string path;
+    void* map = nullptr;
+    size_t map_bytes = 0;
+    const unsigned char* tokens = nullptr;
+    int64_t count = 0, first = 0;  // tokens, and the stream position of the first
+    int width = 2;                 // bytes per token
+  };
+  std::vector<Shard> shards;  // the non-empty ones, in stream order
+  int64_t files = 0, total = 0, vocab = 0, bits16 = 0, bits32 = 0;
+  Shards() = default;
+  Shards(const Shards&) = delete;
+  Shards& operator=(const Shards&) = delete;
+  ~Shards() {
+    for (Shard& s : shards)
+      if (s.map) ::munmap(s.map, s.map_bytes);
   }
-  return tokens;
+};
+
+namespace {
+
+// Opens, checks and maps one shard; count 0 leaves it unmapped.
+void map_shard(const std::string& path, BinShardSource::Shards& set) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  FSDP_CHECK(fd >= 0, "[data] cannot read shard '{}': {}", path, std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  FSDP_CHECK(::fstat(fd, &st) == 0, "[data] cannot stat shard '{}': {}", path,
+             std::strerror(errno));
+  int32_t header[256] = {};
+  const ssize_t got = ::pread(fd, header, kHeaderBytes, 0);
+  FSDP_CHECK(got == kHeaderBytes, "[data] shard '{}' is shorter than its 1024-byte header", path);
+  FSDP_CHECK(header[0] == kShardMagic || header[0] == kShardMagic32,
+             "[data] shard '{}' has magic {}; expected {} (llm.c token shard, uint16) or {} "
+             "(llm.c Llama 3 shard, uint32)",
+             path, header[0], kShardMagic, kShardMagic32);
+  const int want_version = header[0] == kShardMagic ? 1 : 7;
+  FSDP_CHECK(header[1] == want_version,
+             "[data] shard '{}' has version {}; expected {} for magic {} ({} tokens)", path,
+             header[1], want_version, header[0], want_version == 1 ? "uint16" : "uint32");
+  const int width = header[0] == kShardMagic ? 2 : 4;
+  const int64_t count = header[2];
+  // The header's count against the file's size before anything is mapped for it.
+  const int64_t held = (int64_t(st.st_size) - kHeaderBytes) / width;
+  FSDP_CHECK(count >= 0 && count <= held,
+             "[data] shard '{}' promises {} tokens but holds {} (truncated?)", path, count, held);
+  ++set.files;
+  (width == 2 ? set.bits16 : set.bits32) += 1;
+  if (count == 0) return;
+  BinShardSource::Shards::Shard s;
+  s.path = path;
+  s.map_bytes = size_t(kHeaderBytes + count * width);
+  s.map = ::mmap(nullptr, s.map_bytes, PROT_READ, MAP_SHARED, fd, 0);
+  FSDP_CHECK(s.map != MAP_FAILED, "[data] cannot map shard '{}' ({} bytes): {}", path, s.map_bytes,
+             std::strerror(errno));
+  s.tokens = static_cast<const unsigned char*>(s.map) + kHeaderBytes;
+  s.count = count;
+  s.first = set.total;
+  s.width = width;
+  set.total += count;
+  set.shards.push_back(std::move(s));
 }
 
+std::shared_ptr<const BinShardSource::Shards> map_shards(const std::string& spec, int64_t vocab) {
+  auto set = std::make_shared<BinShardSource::Shards>();
+  set->vocab = vocab;
+  for (const std::string& path : shard_files(spec)) map_shard(path, *set);
+  return set;
+}
+
+std::string shard_description(const std::string& spec, const BinShardSource::Shards& set) {
+  const char* width = set.bits32 == 0 ? "uint16" : set.bits16 == 0 ? "uint32" : "uint16+uint32";
+  return fmt::format("{} ({} shard(s), {} tokens, {}, mapped)", spec, set.files, set.total, width);
+}
+
+template <typename T>
+void copy_checked(const BinShardSource::Shards::Shard& s, int64_t off, int64_t k, int64_t vocab,
+                  int32_t* out) {
+  const T* p = reinterpret_cast<const T*>(s.tokens) + off;
+  for (int64_t i = 0; i < k; ++i) {
+    const T id = p[i];
+    FSDP_CHECK(int64_t(id) < vocab,
+               "[data] shard '{}': token id {} at position {} is not below vocab {}", s.path, id,
+               off + i, vocab);
+    out[i] = int32_t(id);
+  }
+}
+
+}  // namespace
+
 BinShardSource::BinShardSource(const std::string& spec, int64_t vocab, int64_t seq)
-    : TokenStream(read_shards(shard_files(spec), vocab), spec, seq) {
-  description_ =
-      fmt::format("{} ({} shard(s), {} tokens)", spec, shard_files(spec).size(), tokens_.size());
+    : BinShardSource(map_shards(spec, vocab), 0, -1, spec, seq) {}
+
+BinShardSource::BinShardSource(std::shared_ptr<const Shards> shards, int64_t offset, int64_t size,
+                               std::string description, int64_t seq)
+    : TokenStream(size < 0 ? shards->total : size,
+                  size < 0 ? shard_description(description, *shards) : description, seq),
+      shards_(std::move(shards)),
+      offset_(offset) {}
+
+void BinShardSource::copy(int64_t begin, int64_t count, int32_t* out) const {
+  const auto& list = shards_->shards;
+  int64_t pos = offset_ + begin;
+  // The shard that holds `pos`: the last one whose first token is at or before it.
+  auto it = std::upper_bound(list.begin(), list.end(), pos,
+                             [](int64_t p, const Shards::Shard& s) { return p < s.first; });
+  --it;
+  const long page = ::sysconf(_SC_PAGESIZE);
+  while (count > 0) {
+    const Shards::Shard& s = *it;
+    const int64_t off = pos - s.first, k = std::min(count, s.count - off);
+    if (s.width == 2)
+      copy_checked<uint16_t>(s, off, k, shards_->vocab, out);
+    else
+      copy_checked<uint32_t>(s, off, k, shards_->vocab, out);
+    // Give the pages back to the page cache: this rank's resident memory stays its rows.
+    const uintptr_t lo = uintptr_t(s.tokens + off * s.width) & ~uintptr_t(page - 1);
+    const uintptr_t hi = uintptr_t(s.tokens + (off + k) * s.width);
+    ::madvise(reinterpret_cast<void*>(lo), size_t(hi - lo), MADV_DONTNEED);
+    out += k;
+    pos += k;
+    count -= k;
+    ++it;
+  }
+}
+
+std::unique_ptr<TokenStream> BinShardSource::slice(int64_t begin, int64_t end,
+                                                   std::string description, int64_t seq) const {
+  return std::unique_ptr<TokenStream>(
+      new BinShardSource(shards_, offset_ + begin, end - begin, std::move(description), seq));
 }
 
 std::unique_ptr<TokenStream> open_token_stream(const std::string& spec, int64_t vocab,
@@ -187,15 +335,32 @@ std::unique_ptr<TokenStream> open_token_stream(const std::string& spec, int64_t 
   return std::make_unique<ByteTextSource>(spec, vocab, seq);
 }
 
-void write_bin_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+namespace {
+
+template <typename T>
+void write_shard(const std::string& path, const std::vector<T>& tokens, int32_t magic,
+                 int32_t version) {
+  FSDP_CHECK(tokens.size() <= size_t(INT32_MAX),
+             "[data] shard '{}' would hold {} tokens; a header counts at most {}", path,
+             tokens.size(), INT32_MAX);
   std::vector<int32_t> header(256, 0);
-  header[0] = kShardMagic;
-  header[1] = 1;
+  header[0] = magic;
+  header[1] = version;
   header[2] = int32_t(tokens.size());
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(reinterpret_cast<const char*>(header.data()), 256 * 4);
-  f.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
+  f.write(reinterpret_cast<const char*>(header.data()), kHeaderBytes);
+  f.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * sizeof(T)));
   FSDP_CHECK(f.good(), "[data] writing shard '{}' failed", path);
+}
+
+}  // namespace
+
+void write_bin_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  write_shard(path, tokens, kShardMagic, 1);
+}
+
+void write_bin_shard_u32(const std::string& path, const std::vector<uint32_t>& tokens) {
+  write_shard(path, tokens, kShardMagic32, 7);
 }
 
 Batch RandomTokenSource::batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows,

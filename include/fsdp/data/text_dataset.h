@@ -4,6 +4,13 @@
 // data, as llm.c reads its shards: inputs are the first T, targets the last
 // T. A rank asks for its own range of rows, so the data a step sees never
 // depends on how many ranks share it.
+//
+// Key decision: llm.c's shards are memory-mapped, never loaded. A rank copies
+// only the T + 1 tokens of each of its rows out of the mapping (and then drops
+// those pages from its address space again), so its resident memory does not
+// grow with the corpus: a 10-billion-token FineWeb sample costs what a small
+// file does. The shuffle is a keyed bijection on the window index (a Feistel
+// network, shuffle_window()), so it needs no permutation of the whole corpus.
 #pragma once
 
 #include <cstdint>
@@ -29,52 +36,97 @@ class TokenSource {
   virtual std::string describe() const = 0;
 };
 
-// A stream of tokens held in memory, batched as above.
+// Window `index` of `windows` in the shuffled order of `epoch`: a bijection on [0, windows)
+// keyed by (seed, epoch), a 6-round Feistel network on the next even power of two with
+// cycle-walking (fewer than 4 rounds of walking on average). O(1) time and memory.
+int64_t shuffle_window(int64_t index, int64_t windows, uint64_t seed, int64_t epoch);
+
+// A stream of tokens (in memory or in mapped shards), batched as above.
 class TokenStream : public TokenSource {
  public:
-  TokenStream(std::vector<int32_t> tokens, std::string description, int64_t seq);
   Batch batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows,
-              int64_t seq) const override;
+              int64_t seq) const final;
   std::string describe() const override { return description_; }
-  const std::vector<int32_t>& tokens() const { return tokens_; }
-  // Shuffled order: the stream is cut into windows of seq + 1 tokens and each
-  // epoch visits them in a permutation drawn from (seed, epoch), the same on
-  // every rank, so ranks still read disjoint rows. Off: file order (llm.c's).
+  int64_t size() const { return size_; }  // tokens
+  // `count` tokens from `begin`, wrapping at size(), as a batch row reads them.
+  std::vector<int32_t> read(int64_t begin, int64_t count) const;
+  // Shuffled order: the stream is cut into windows(seq) = max(1, (size() - 1) / seq) windows
+  // of seq + 1 tokens (window w starts at token w*seq) and global row q reads window
+  // shuffle_window(q % windows, windows, seed, q / windows): each epoch visits every window
+  // once, in an order drawn from (seed, epoch), the same on every rank, so ranks still read
+  // disjoint rows. Off: file order (llm.c's). The data position stays the batch count.
   void set_shuffle(uint64_t seed, int64_t seq);
-  // Splits off the last `fraction` of the tokens as a validation stream.
+  // Splits off the last `fraction` of the tokens as a validation stream (both unshuffled;
+  // mapped shards are shared, not copied).
   std::pair<std::unique_ptr<TokenStream>, std::unique_ptr<TokenStream>> split_tail(
       double fraction, int64_t seq) const;
 
  protected:
-  std::vector<int32_t> tokens_;
+  TokenStream(int64_t size, std::string description, int64_t seq);
+  // Tokens [begin, begin + count) into out; begin + count <= size(). Throws for an id that the
+  // stream's vocab cannot hold.
+  virtual void copy(int64_t begin, int64_t count, int32_t* out) const = 0;
+  // Tokens [begin, end) as a stream of their own.
+  virtual std::unique_ptr<TokenStream> slice(int64_t begin, int64_t end, std::string description,
+                                             int64_t seq) const = 0;
+  int64_t size_;
   std::string description_;
   bool shuffle_ = false;
   uint64_t seed_ = 0;
-  mutable int64_t perm_epoch_ = -1;
-  mutable std::vector<int64_t> perm_;
+};
+
+// Tokens held in memory.
+class TokenVector : public TokenStream {
+ public:
+  TokenVector(std::vector<int32_t> tokens, std::string description, int64_t seq);
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+
+ protected:
+  void copy(int64_t begin, int64_t count, int32_t* out) const override;
+  std::unique_ptr<TokenStream> slice(int64_t begin, int64_t end, std::string description,
+                                     int64_t seq) const override;
+  std::vector<int32_t> tokens_;
 };
 
 // A file read as bytes: token = byte value, so the vocab must be >= 256.
-class ByteTextSource : public TokenStream {
+class ByteTextSource : public TokenVector {
  public:
   ByteTextSource(const std::string& path, int64_t vocab, int64_t seq);
 };
 
-// llm.c's token shards: a header of 256 int32 (magic 20240520, version 1, the
-// token count), then uint16 tokens. `spec` is one file, a directory (its
-// *.bin files in name order) or a glob; the shards are read in that order.
-// Every token must be below `vocab`.
+// llm.c's token shards, memory-mapped read-only: a header of 256 int32 (magic, version, token
+// count), then the tokens, little-endian:
+//   magic 20240520, version 1: uint16 tokens (llm.c's GPT-2 shards, ids < 65536);
+//   magic 20240801, version 7: uint32 tokens (llm.c's Llama 3 shards, any vocab).
+// `spec` is one file, a directory (its *.bin files in name order) or a glob; the shards are
+// read in that order as one stream, and may mix the two widths. Headers are checked at open
+// (magic, version, count against the file size); each token is checked against `vocab` when a
+// batch reads it, naming the shard and the position.
 class BinShardSource : public TokenStream {
  public:
   BinShardSource(const std::string& spec, int64_t vocab, int64_t seq);
+  struct Shards;  // the mappings, shared by slices
+
+ protected:
+  void copy(int64_t begin, int64_t count, int32_t* out) const override;
+  std::unique_ptr<TokenStream> slice(int64_t begin, int64_t end, std::string description,
+                                     int64_t seq) const override;
+
+ private:
+  BinShardSource(std::shared_ptr<const Shards> shards, int64_t offset, int64_t size,
+                 std::string description, int64_t seq);
+  std::shared_ptr<const Shards> shards_;
+  int64_t offset_ = 0;  // of this stream's first token in the shards
 };
 
-// Opens `spec` as llm.c shards (a directory, a glob, or a file that starts
-// with the shard magic) or else as bytes.
+// Opens `spec` as llm.c shards (a directory, a glob, a .bin file or a file that starts with a
+// shard magic) or else as bytes.
 std::unique_ptr<TokenStream> open_token_stream(const std::string& spec, int64_t vocab, int64_t seq);
 
-// Writes tokens as one llm.c shard (used by tests and scripts/prepare_text.py's C++ twin).
+// Writes tokens as one llm.c shard: uint16 (magic 20240520, version 1), or uint32 (magic
+// 20240801, version 7). Used by tests; scripts/prepare_text.py writes the same.
 void write_bin_shard(const std::string& path, const std::vector<uint16_t>& tokens);
+void write_bin_shard_u32(const std::string& path, const std::vector<uint32_t>& tokens);
 
 // Uniform random inputs and targets in [0, vocab), as the reference script
 // draws them. Token (step, row, position) depends only on the seed.
