@@ -258,6 +258,39 @@ TEST(Shards, RoundTripAndErrors) {
   EXPECT_THROW(w_small->batch(0, 1, 0, 1, 4), Error);
 }
 
+// The mapping's pages go back after each row: reading windows spread over a 256 MB shard (a
+// sparse file: a header, then a hole of token 0) leaves this process' file-backed resident
+// memory where it was, where keeping them mapped would add the 32 MB read.
+int64_t rss_file_kb() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("RssFile:", 0) == 0) return std::stoll(line.substr(8));
+  return -1;
+}
+
+TEST(Shards, ReadPagesAreHandedBack) {
+  TempDir dir("fsdp_rss");
+  const int64_t tokens = 128 << 20, seq = 64 << 10;  // 256 MB of uint16; rows of 128 KB
+  {
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520;
+    header[1] = 1;
+    header[2] = int32_t(tokens);
+    std::ofstream f(dir / "big.bin", std::ios::binary);
+    f.write(reinterpret_cast<const char*>(header.data()), 1024);
+  }
+  std::filesystem::resize_file(dir / "big.bin", 1024 + 2 * tokens);
+  auto s = open_token_stream(dir / "big.bin", 256, seq);
+  s->batch(255, 8, 0, 1, seq);  // the code's own pages in first
+  const int64_t before = rss_file_kb();
+  ASSERT_GE(before, 0) << "no RssFile in /proc/self/status";
+  for (int64_t step = 0; step < 256; ++step)  // one row per MB (every 8th window)
+    s->batch(step, 8, 0, 1, seq);
+  const int64_t grown = rss_file_kb() - before;
+  EXPECT_LT(grown, 4 << 10) << "file-backed resident memory grew by " << grown << " kB";
+}
+
 // Headers are checked when the shards are opened; each refusal names the file and the field.
 TEST(Shards, BadHeadersAreRefusedByName) {
   TempDir dir("fsdp_bad_shards");

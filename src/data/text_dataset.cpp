@@ -149,6 +149,7 @@ std::vector<int32_t> read_bytes(const std::string& path, int64_t vocab) {
 constexpr int32_t kShardMagic = 20240520;    // llm.c GPT-2: version 1, uint16 tokens
 constexpr int32_t kShardMagic32 = 20240801;  // llm.c Llama 3: version 7, uint32 tokens
 constexpr int64_t kHeaderBytes = 256 * 4;
+constexpr uintptr_t kMapBlockBytes = 2 << 20;  // the largest folio a fault may map (a PMD)
 
 bool has_shard_magic(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -305,9 +306,15 @@ void BinShardSource::copy(int64_t begin, int64_t count, int32_t* out) const {
       copy_checked<uint16_t>(s, off, k, shards_->vocab, out);
     else
       copy_checked<uint32_t>(s, off, k, shards_->vocab, out);
-    // Give the pages back to the page cache: this rank's resident memory stays its rows.
-    const uintptr_t lo = uintptr_t(s.tokens + off * s.width) & ~uintptr_t(page - 1);
-    const uintptr_t hi = uintptr_t(s.tokens + (off + k) * s.width);
+    // Give the pages back to the page cache: this rank's resident memory stays its rows. A fault
+    // maps more than its page (fault-around, and whole large folios of the page cache, up to
+    // 2 MB on ext4 since Linux 6.16), so the range is widened to 2 MB-aligned blocks, within
+    // the mapping; a later row there faults its pages in again from the cache.
+    const uintptr_t begin = uintptr_t(s.map), end = begin + s.map_bytes;
+    const uintptr_t block = std::max<uintptr_t>(uintptr_t(page), kMapBlockBytes);
+    const uintptr_t lo = std::max(begin, uintptr_t(s.tokens + off * s.width) & ~(block - 1));
+    const uintptr_t hi =
+        std::min(end, (uintptr_t(s.tokens + (off + k) * s.width) + block - 1) & ~(block - 1));
     ::madvise(reinterpret_cast<void*>(lo), size_t(hi - lo), MADV_DONTNEED);
     out += k;
     pos += k;
