@@ -136,70 +136,66 @@ std::string describe_late_ranks(const std::string& raw_label, int64_t seq, bool 
   }
   if (!store) return "";
   // A peer that died mid-collective (its connection reset) posted its progress under a second
-  // ago: after a failure in the engine, a board that shows every rank alive is read once more
-  // when a dead rank's post has gone stale.
-  const auto first_read = std::chrono::steady_clock::now();
-  for (int attempt = 0;; ++attempt) {
-    // Read on a thread of its own, so a silent store (rank 0 stopped) cannot hold us past 5 s.
-    auto reads = std::make_shared<std::promise<std::vector<std::string>>>();
-    auto got = reads->get_future();
-    std::thread([store, size, reads] {
-      std::vector<std::string> posts{size_t(size), std::string()};
-      try {
-        for (int r = 0; r < size; ++r)
-          if (store->check({key(r)})) posts[size_t(r)] = store->get_string(key(r));
-        reads->set_value(std::move(posts));
-      } catch (...) {
-        reads->set_exception(std::current_exception());
-      }
-    }).detach();
-    if (got.wait_for(std::chrono::seconds(5)) != std::future_status::ready)
-      return "the progress board (served by rank 0) did not answer within 5 s: rank 0 itself may "
-             "be stopped or hung";
-    std::vector<std::string> posts;
+  // ago, and the live ranks may simply not have reached this collective yet: after a failure in
+  // the engine the board is read once a dead rank's post has gone stale, and the ranks that
+  // stopped posting are named before those merely behind.
+  if (peer_failed) std::this_thread::sleep_for(std::chrono::milliseconds(kStaleMs + 500));
+  // Read on a thread of its own, so a silent store (rank 0 stopped) cannot hold us past 5 s.
+  auto reads = std::make_shared<std::promise<std::vector<std::string>>>();
+  auto got = reads->get_future();
+  std::thread([store, size, reads] {
+    std::vector<std::string> posts{size_t(size), std::string()};
     try {
-      posts = got.get();
-    } catch (const std::exception& e) {
-      return fmt::format("the progress board could not be read: {}", e.what());
+      for (int r = 0; r < size; ++r)
+        if (store->check({key(r)})) posts[size_t(r)] = store->get_string(key(r));
+      reads->set_value(std::move(posts));
+    } catch (...) {
+      reads->set_exception(std::current_exception());
     }
-    std::vector<std::string> late;
-    const int64_t now = now_ms();
-    for (int r = 0; r < size; ++r) {
-      if (r == self) continue;
-      const std::string& p = posts[size_t(r)];
-      if (p.empty()) {
-        late.push_back(fmt::format("rank {} (never posted its progress)", r));
-        continue;
-      }
-      std::istringstream in(p);
-      int64_t t = 0;
-      in >> t;
-      int64_t issued = -1, done = -1;
-      std::string entry;
-      while (std::getline(in, entry, ';')) {
-        std::istringstream e(entry);
-        std::string l;
-        int64_t i = 0, d = 0;
-        if (e >> l >> i >> d && l == label) issued = i, done = d;
-      }
-      const double age = double(now - t) / 1000.0;
-      if (age > kStaleMs / 1000.0)
-        late.push_back(
-            fmt::format("rank {} (no progress post for {:.0f} s: stopped, hung or dead{})", r, age,
-                        done >= 0 ? fmt::format(", at {} #{}", label, done + 1) : ""));
-      else if (issued >= 0 && issued < seq)
-        late.push_back(
-            fmt::format("rank {} (has issued only {} {} collectives)", r, issued, label));
-    }
-    if (late.empty() && peer_failed && attempt == 0) {
-      std::this_thread::sleep_until(first_read + std::chrono::milliseconds(kStaleMs + 500));
+  }).detach();
+  if (got.wait_for(std::chrono::seconds(5)) != std::future_status::ready)
+    return "the progress board (served by rank 0) did not answer within 5 s: rank 0 itself may "
+           "be stopped or hung";
+  std::vector<std::string> posts;
+  try {
+    posts = got.get();
+  } catch (const std::exception& e) {
+    return fmt::format("the progress board could not be read: {}", e.what());
+  }
+  std::vector<std::string> stopped, behind;
+  const int64_t now = now_ms();
+  for (int r = 0; r < size; ++r) {
+    if (r == self) continue;
+    const std::string& p = posts[size_t(r)];
+    if (p.empty()) {
+      stopped.push_back(fmt::format("rank {} (never posted its progress)", r));
       continue;
     }
-    if (late.empty()) return "every other rank is alive and has issued it (a slow collective?)";
-    std::string s = "late: ";
-    for (size_t i = 0; i < late.size(); ++i) s += (i ? "; " : "") + late[i];
-    return s;
+    std::istringstream in(p);
+    int64_t t = 0;
+    in >> t;
+    int64_t issued = -1, done = -1;
+    std::string entry;
+    while (std::getline(in, entry, ';')) {
+      std::istringstream e(entry);
+      std::string l;
+      int64_t i = 0, d = 0;
+      if (e >> l >> i >> d && l == label) issued = i, done = d;
+    }
+    const double age = double(now - t) / 1000.0;
+    if (age > kStaleMs / 1000.0)
+      stopped.push_back(
+          fmt::format("rank {} (no progress post for {:.0f} s: stopped, hung or dead{})", r, age,
+                      done >= 0 ? fmt::format(", at {} #{}", label, done + 1) : ""));
+    else if (issued >= 0 && issued < seq)
+      behind.push_back(
+          fmt::format("rank {} (has issued only {} {} collectives)", r, issued, label));
   }
+  const std::vector<std::string>& late = stopped.empty() ? behind : stopped;
+  if (late.empty()) return "every other rank is alive and has issued it (a slow collective?)";
+  std::string s = "late: ";
+  for (size_t i = 0; i < late.size(); ++i) s += (i ? "; " : "") + late[i];
+  return s;
 }
 
 std::string& error_text() {
