@@ -7,7 +7,9 @@
 // D is a checkpoint directory (step_NNNNNNNN) or a --ckpt-dir, whose newest is taken.
 // The tokenizer is the checkpoint's (fsdp-train saves it; bytes for older checkpoints) or
 // --tokenizer's: tokenizer.json and its config files go beside a Hugging Face export, and a
-// "gpt2" vocabulary into the GGUF.
+// "gpt2" vocabulary into the GGUF. A run started from a pretrained model (--init-from) saved the
+// model's special ids, chat template and pre-tokenizer name (tokenizer_meta.json), which go
+// into tokenizer_config.json, generation_config.json and the GGUF's tokenizer keys.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -61,12 +63,16 @@ int main(int argc, char** argv) {
     nn::MiniLLMConfig cfg;
     auto tensors = checkpoint::consolidate(path, &cfg);
     std::optional<data::Tokenizer> tok;
+    checkpoint::TokenizerMeta meta;
     if (tokenizer == "bytes") {
       tok = data::Tokenizer::bytes();
     } else if (!tokenizer.empty()) {
       tok = data::Tokenizer::from_file(tokenizer);
     } else if (auto saved = checkpoint::read_extra_file(path, "tokenizer.json")) {
       tok = data::Tokenizer::from_json(*saved, path + "/tokenizer.json");
+      // A fine-tuned pretrained model's: its own ids, chat template and pre-tokenizer name.
+      if (auto m = checkpoint::read_extra_file(path, "tokenizer_meta.json"))
+        meta = checkpoint::TokenizerMeta::from_json(*m, path + "/tokenizer_meta.json");
     } else if (cfg.vocab >= 256) {
       tok = data::Tokenizer::bytes();
       fmt::print("export: {} saved no tokenizer; writing the byte vocabulary\n", path);
@@ -98,10 +104,10 @@ int main(int argc, char** argv) {
       if (cfg.arch == nn::Arch::llama && names == "auto") {
         const auto dir = std::filesystem::path(out).parent_path();
         std::vector<std::pair<std::string, std::string>> files = {
-            {"config.json",
-             checkpoint::hf_llama_config_json(cfg, dtype, tok ? *tok : data::Tokenizer::bytes())}};
+            {"config.json", checkpoint::hf_llama_config_json(
+                                cfg, dtype, tok ? *tok : data::Tokenizer::bytes(), meta)}};
         if (tok)
-          for (auto& f : checkpoint::hf_tokenizer_files(cfg, *tok)) files.push_back(f);
+          for (auto& f : checkpoint::hf_tokenizer_files(cfg, *tok, meta)) files.push_back(f);
         for (const auto& [name, text] : files) {
           std::ofstream f(dir / name);
           f << text << "\n";
@@ -118,7 +124,7 @@ int main(int argc, char** argv) {
       }
     }
     if (!gguf.empty()) {
-      checkpoint::write_gguf(gguf, cfg, tensors, dtype, *tok);
+      checkpoint::write_gguf(gguf, cfg, tensors, dtype, *tok, meta);
       fmt::print("export: wrote {} (GGUF v3, {})\n", gguf, dtype_name(dtype));
     }
     return 0;

@@ -3,24 +3,24 @@
 //   fsdp-generate --model hf_llama_dir/ --prompt "The " --device cuda
 //   fsdp-generate --ckpt ckpts/ --prompt "The " --top-p 0.9
 //   fsdp-generate --model out/model.safetensors --prompt "The license" --print-logits
+//   fsdp-generate --model SmolLM2-135M-Instruct.Q4_1.gguf --chat "Hi" --temperature 0
 // --model takes fsdp-export's safetensors (its config in the metadata), a Hugging Face
 // save_pretrained folder (config.json and model.safetensors, or its index over several files),
-// or one of its files; tensors are memory-mapped and used in place where their dtype is the
-// compute one. --ckpt consolidates a checkpoint in memory. The tokenizer is --tokenizer's, else
-// the tokenizer.json beside the model or saved in the checkpoint, else the bytes.
-// Text goes to stdout as it is sampled; everything else to stderr.
+// one of its files, or a llama.cpp GGUF file, through the library's load_pretrained; safetensors
+// are memory-mapped and used in place where their dtype is the compute one. --chat renders the
+// model's chat template (ChatML; others are refused by name) and stops at the end of the turn.
+// --ckpt consolidates a checkpoint in memory. The tokenizer is --tokenizer's, else the
+// tokenizer.json beside the model or saved in the checkpoint, else the bytes. Text goes to stdout
+// as it is sampled; everything else to stderr.
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <initializer_list>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -32,6 +32,7 @@
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/interchange.h"
+#include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/core/device.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/nn/sample.h"
@@ -41,90 +42,29 @@ namespace {
 using namespace fsdp;
 namespace fs = std::filesystem;
 
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  FSDP_CHECK(f.good(), "[fsdp-generate] cannot read '{}'", p.string());
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
-
 struct Loaded {
   nn::MiniLLMConfig cfg;
   std::unique_ptr<nn::MiniLLM> model;
-  std::vector<checkpoint::SafetensorsFile> files;  // the mappings the parameters view
-  std::optional<data::Tokenizer> tokenizer;        // found beside the model or in the checkpoint
+  std::optional<data::Tokenizer> tokenizer;  // found beside the model or in the checkpoint
+  checkpoint::Pretrained pre;                // --model: the model's template and ids
   std::string what;
 };
 
-// fsdp-export's file, or a Hugging Face folder / file (config.json beside it).
+// fsdp-export's file, a Hugging Face folder / file (config.json beside it) or a GGUF file: the
+// library's load_pretrained, the one loader fsdp-train's --init-from uses too. f32 safetensors
+// are used in place (zero copy); everything else is read (GGUF dequantized) once.
 Loaded load_model(const std::string& path, DType compute, Device device) {
   Loaded l;
-  fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
-  std::vector<std::string> paths;
-  if (fs::is_directory(path)) {
-    if (fs::exists(dir / "model.safetensors.index.json")) {
-      const auto index = nlohmann::json::parse(read_text(dir / "model.safetensors.index.json"));
-      std::map<std::string, bool> seen;
-      for (auto& [name, file] : index.at("weight_map").items())
-        if (!seen[file.get<std::string>()])
-          paths.push_back((dir / file.get<std::string>()).string());
-    } else {
-      FSDP_CHECK(fs::exists(dir / "model.safetensors"),
-                 "[fsdp-generate] {} holds neither model.safetensors nor "
-                 "model.safetensors.index.json",
-                 path);
-      paths.push_back((dir / "model.safetensors").string());
-    }
-  } else {
-    paths.push_back(path);
-  }
-  for (const std::string& p : paths) l.files.push_back(checkpoint::map_safetensors(p));
-  if (l.files[0].metadata.count("fsdp.config")) {
-    l.cfg = nn::MiniLLMConfig::from_json(l.files[0].metadata.at("fsdp.config"));
-  } else {
-    FSDP_CHECK(fs::exists(dir / "config.json"),
-               "[fsdp-generate] {} has no fsdp.config metadata and no config.json beside it: "
-               "give fsdp-export's file or a Hugging Face Llama folder",
-               path);
-    l.cfg = checkpoint::config_from_hf_llama(read_text(dir / "config.json"),
-                                             (dir / "config.json").string());
-  }
-  auto find = [&](const std::string& name) -> const Tensor* {
-    for (const auto& f : l.files)
-      if (f.contains(name)) return &f.at(name);
-    return nullptr;
-  };
+  l.pre = checkpoint::load_pretrained(path);
+  FSDP_CHECK(l.pre.config,
+             "[fsdp-generate] {} has no fsdp.config metadata and no config.json beside it: "
+             "give fsdp-export's file, a Hugging Face Llama folder or a GGUF file",
+             path);
+  l.cfg = *l.pre.config;
   l.model = std::make_unique<nn::MiniLLM>(l.cfg);
   int64_t in_place = 0, converted = 0;
-  // A tied config (tie_word_embeddings) has no head.weight: the head computes with embed.weight.
-  const auto rows = checkpoint::in_proj_rows(l.cfg);
   for (auto& [name, p] : l.model->named_parameters()) {
-    const std::string hf = checkpoint::hf_name(name);
-    const Tensor* t = find(name);
-    if (!t && !hf.empty()) t = find(hf);
-    Tensor value;
-    if (t) {
-      value = *t;
-    } else if (hf.empty()) {  // the packed in-projection (or its bias): q, k and v rows
-      const std::string base = "model." + name.substr(0, name.find(".attn")) + ".self_attn.";
-      const std::string kind = name.ends_with("_bias") ? ".bias" : ".weight";
-      value = Tensor::empty(p->shape, compute);
-      const char* parts[3] = {"q_proj", "k_proj", "v_proj"};
-      for (int i = 0; i < 3; ++i) {
-        const Tensor* part = find(base + parts[i] + kind);
-        FSDP_CHECK(part, "[fsdp-generate] {}: no tensor '{}' (nor '{}')", path,
-                   base + parts[i] + kind, name);
-        Tensor dst =
-            value.narrow(0, rows[size_t(i)].first, rows[size_t(i)].second - rows[size_t(i)].first);
-        FSDP_CHECK(part->shape() == dst.shape(),
-                   "[fsdp-generate] {}: '{}' has shape {} but the config ({} heads, {} kv heads of "
-                   "{}) needs {}",
-                   path, base + parts[i] + kind, shape_str(part->shape()), l.cfg.heads,
-                   l.cfg.resolved_kv_heads(), l.cfg.resolved_head_dim(), shape_str(dst.shape()));
-        dst.copy_(*part);
-      }
-    } else {
-      FSDP_FAIL("[fsdp-generate] {}: no tensor '{}' (nor '{}')", path, name, hf);
-    }
+    Tensor value = l.pre.read(l.cfg, name);
     FSDP_CHECK(value.shape() == p->shape,
                "[fsdp-generate] {}: '{}' has shape {} but the model "
                "needs {}",
@@ -137,10 +77,10 @@ Loaded load_model(const std::string& path, DType compute, Device device) {
     }
     p->data = value;
   }
-  l.what =
-      fmt::format("{} ({} tensors in place, {} converted or moved)", path, in_place, converted);
-  if (fs::exists(dir / "tokenizer.json"))
-    l.tokenizer = data::Tokenizer::from_file((dir / "tokenizer.json").string());
+  l.what = fmt::format("{} ({}{}{}, {} tensors {}, {} converted or moved)", path, l.pre.format,
+                       l.pre.family.empty() ? "" : " ", l.pre.family, in_place,
+                       l.pre.format == "gguf" ? "dequantized" : "in place", converted);
+  l.tokenizer = l.pre.tokenizer;
   return l;
 }
 
@@ -168,6 +108,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   int threads = 0;
   bool no_cache = false, print_logits = false, ignore_eos = false;
+  std::optional<std::string> chat, system;
   CLI::App app{"fsdp-generate: sample text from a MiniLLM or a Hugging Face Llama",
                "fsdp-generate"};
   app.add_option("--model", model_path,
@@ -176,6 +117,10 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer", tokenizer_path,
                  "a tokenizer.json, or bytes (default: the model's or the checkpoint's)");
   app.add_option("--prompt", prompt, "text to continue")->capture_default_str();
+  app.add_option("--chat", chat,
+                 "a user message, rendered with the model's chat template (ChatML); stops at the "
+                 "end of the turn");
+  app.add_option("--system", system, "with --chat: the system message (default: the template's)");
   app.add_option("--tokens", tokens, "tokens to generate")->capture_default_str();
   app.add_option("--temperature", temperature, "sampling temperature (0: greedy)")
       ->capture_default_str();
@@ -223,6 +168,17 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "generate: {} {} layers dim {} on {}, {}; tokenizer {}\n",
                nn::arch_name(l.cfg.arch), l.cfg.layers, l.cfg.dim, device.str(), l.what,
                tok.describe());
+    // --chat: the model's template around the message; the answer ends at the end of turn.
+    std::optional<int32_t> stop = tok.eos_id();
+    if (l.pre.eos_id) stop = l.pre.eos_id;
+    if (chat) {
+      FSDP_CHECK(!l.pre.chat_template.empty(), "[fsdp-generate] --chat: {} has no chat template",
+                 l.what);
+      prompt = checkpoint::render_chat(l.pre.chat_template, *chat, system);
+      stop = l.pre.eot_id;
+    } else {
+      FSDP_CHECK(!system, "[fsdp-generate] --system needs --chat");
+    }
     std::vector<int32_t> ids = tok.encode(prompt);
     if (print_logits) {
       FSDP_CHECK(!ids.empty(), "[fsdp-generate] --print-logits needs a non-empty prompt");
@@ -238,8 +194,10 @@ int main(int argc, char** argv) {
       fmt::print("{}\n", nlohmann::json({{"ids", ids}, {"logits", rows}}).dump());
       return 0;
     }
-    std::fwrite(prompt.data(), 1, prompt.size(), stdout);
-    std::fflush(stdout);
+    if (!chat) {  // a chat prints the answer alone
+      std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+      std::fflush(stdout);
+    }
     nn::SampleStats st;
     nn::sample(*l.model, ids,
                {.tokens = tokens,
@@ -250,7 +208,7 @@ int main(int argc, char** argv) {
                 .seed = seed,
                 .device = device,
                 .kv_cache = !no_cache,
-                .stop_id = ignore_eos ? std::nullopt : tok.eos_id(),
+                .stop_id = ignore_eos ? std::nullopt : stop,
                 .on_token =
                     [&](int32_t id) {
                       const std::string piece = tok.decode({id});

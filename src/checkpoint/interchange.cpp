@@ -129,8 +129,31 @@ NamedTensors to_hf_llama(const nn::MiniLLMConfig& cfg, const NamedTensors& ours)
   return out;
 }
 
+std::string TokenizerMeta::to_json() const {
+  json j = {{"chat_template", chat_template}, {"pre", pre}};
+  j["bos_token_id"] = bos ? json(*bos) : json(nullptr);
+  j["eos_token_id"] = eos ? json(*eos) : json(nullptr);
+  return j.dump(2);
+}
+
+TokenizerMeta TokenizerMeta::from_json(const std::string& text, const std::string& where) {
+  try {
+    const json j = json::parse(text);
+    TokenizerMeta m;
+    m.chat_template = j.value("chat_template", "");
+    m.pre = j.value("pre", "");
+    if (j.contains("bos_token_id") && !j["bos_token_id"].is_null())
+      m.bos = j["bos_token_id"].get<int32_t>();
+    if (j.contains("eos_token_id") && !j["eos_token_id"].is_null())
+      m.eos = j["eos_token_id"].get<int32_t>();
+    return m;
+  } catch (const json::exception& e) {
+    FSDP_FAIL("[checkpoint] {} is not a tokenizer_meta.json: {}", where, e.what());
+  }
+}
+
 std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype,
-                                 const data::Tokenizer& tok) {
+                                 const data::Tokenizer& tok, const TokenizerMeta& meta) {
   // q/k/v biases without an o_proj bias are Qwen2's attention (Llama's attention_bias puts one on
   // o_proj too); the rest of Qwen2ForCausalLM is Llama's.
   const bool qwen2 = cfg.qkv_bias;
@@ -156,8 +179,8 @@ std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype,
     j.erase("attention_bias");
     j["use_sliding_window"] = false;
   }
-  if (tok.bos_id()) j["bos_token_id"] = *tok.bos_id();
-  if (tok.eos_id()) j["eos_token_id"] = *tok.eos_id();
+  if (auto bos = meta.bos ? meta.bos : tok.bos_id()) j["bos_token_id"] = *bos;
+  if (auto eos = meta.eos ? meta.eos : tok.eos_id()) j["eos_token_id"] = *eos;
   return j.dump(2);
 }
 
@@ -217,53 +240,27 @@ nn::MiniLLMConfig config_from_hf_llama(const std::string& text, const std::strin
 }
 
 std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const nn::MiniLLMConfig& cfg,
-                                                                    const data::Tokenizer& tok) {
+                                                                    const data::Tokenizer& tok,
+                                                                    const TokenizerMeta& meta) {
   auto token = [&](std::optional<int32_t> id) -> json {
     return id ? json(tok.tokens()[size_t(*id)]) : json(nullptr);
   };
-  const json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
-                       {"bos_token", token(tok.bos_id())},
-                       {"eos_token", token(tok.eos_id())},
-                       {"add_bos_token", false},
-                       {"add_eos_token", false},
-                       {"clean_up_tokenization_spaces", false},
-                       {"model_max_length", cfg.seq}};
+  const std::optional<int32_t> bos = meta.bos ? meta.bos : tok.bos_id(),
+                               eos = meta.eos ? meta.eos : tok.eos_id();
+  json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                 {"bos_token", token(bos)},
+                 {"eos_token", token(eos)},
+                 {"add_bos_token", false},
+                 {"add_eos_token", false},
+                 {"clean_up_tokenization_spaces", false},
+                 {"model_max_length", cfg.seq}};
+  if (!meta.chat_template.empty()) config["chat_template"] = meta.chat_template;
   json gen = {{"_from_model_config", true}};
-  if (tok.bos_id()) gen["bos_token_id"] = *tok.bos_id();
-  if (tok.eos_id()) gen["eos_token_id"] = *tok.eos_id();
+  if (bos) gen["bos_token_id"] = *bos;
+  if (eos) gen["eos_token_id"] = *eos;
   return {{"tokenizer.json", tok.json()},
           {"tokenizer_config.json", config.dump(2)},
           {"generation_config.json", gen.dump(2)}};
-}
-
-Tensor read_param(const SafetensorsIndex& file, const nn::MiniLLMConfig& cfg,
-                  const std::string& name) {
-  if (file.contains(name)) return file.read(name);
-  FSDP_CHECK(cfg.arch == nn::Arch::llama, "[init-from] {}: no tensor named '{}'", file.path(),
-             name);
-  if (is_in_proj(name) || is_in_proj_bias(name)) {
-    const std::string base = "model." + layer_prefix(name) + ".self_attn.";
-    const auto rows = in_proj_rows(cfg);
-    const bool weight = is_in_proj(name);
-    Tensor full = weight ? Tensor::empty({rows[2].second, cfg.dim}, DType::f32)
-                         : Tensor::empty({rows[2].second}, DType::f32);
-    const char* parts[3] = {"q_proj", "k_proj", "v_proj"};
-    for (int i = 0; i < 3; ++i) {
-      const std::string hf = base + parts[i] + (weight ? ".weight" : ".bias");
-      FSDP_CHECK(file.contains(hf), "[init-from] {}: no tensor '{}' nor '{}'", file.path(), name,
-                 hf);
-      Tensor part = file.read(hf);
-      Tensor dst = full.slice(rows[i].first, rows[i].second);
-      FSDP_CHECK(part.shape() == dst.shape(),
-                 "[init-from] {}: '{}' has shape {} but the model needs {}", file.path(), hf,
-                 shape_str(part.shape()), shape_str(dst.shape()));
-      dst.copy_(part);
-    }
-    return full;
-  }
-  const std::string hf = hf_name(name);
-  FSDP_CHECK(file.contains(hf), "[init-from] {}: no tensor '{}' nor '{}'", file.path(), name, hf);
-  return file.read(hf);
 }
 
 // ---------------------------------------------------------------- GGUF
@@ -328,7 +325,7 @@ Tensor permute_for_gguf(const Tensor& w, int64_t heads) {
 }  // namespace
 
 void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const NamedTensors& ours,
-                DType dtype, const data::Tokenizer& tok) {
+                DType dtype, const data::Tokenizer& tok, const TokenizerMeta& meta) {
   FSDP_CHECK(cfg.arch == nn::Arch::llama,
              "[gguf] GGUF export is for the llama architecture, not {}", nn::arch_name(cfg.arch));
   constexpr size_t kAlign = 32;
@@ -403,7 +400,8 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
   std::vector<int32_t> types;
   for (int32_t i = 0; i < int32_t(tok.size()); ++i)
     types.push_back(tok.is_special(i) ? CONTROL : NORMAL);
-  std::optional<int32_t> bos = tok.bos_id(), eos = tok.eos_id();
+  std::optional<int32_t> bos = meta.bos ? meta.bos : tok.bos_id(),
+                         eos = meta.eos ? meta.eos : tok.eos_id();
   for (int64_t i = tok.size(); i < cfg.vocab; ++i) {
     tokens.push_back(fmt::format("<unused{}>", i));
     types.push_back(UNUSED);
@@ -418,7 +416,7 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
   std::vector<std::string> merges = tok.merges();
   if (merges.empty()) merges.push_back("a 1");
   kv.kv_str("tokenizer.ggml.model", "gpt2");
-  kv.kv_str("tokenizer.ggml.pre", "gpt-2");
+  kv.kv_str("tokenizer.ggml.pre", meta.pre.empty() ? "gpt-2" : meta.pre);
   kv.kv_strs("tokenizer.ggml.tokens", tokens);
   kv.kv_i32s("tokenizer.ggml.token_type", types);
   kv.kv_strs("tokenizer.ggml.merges", merges);
@@ -426,6 +424,7 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
   if (eos) kv.kv_u32("tokenizer.ggml.eos_token_id", uint32_t(*eos));
   kv.kv_bool("tokenizer.ggml.add_bos_token", false);
   kv.kv_bool("tokenizer.ggml.add_eos_token", false);
+  if (!meta.chat_template.empty()) kv.kv_str("tokenizer.chat_template", meta.chat_template);
 
   GgufWriter w;
   w.raw("GGUF", 4);

@@ -20,8 +20,11 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string_view>
 #include <system_error>
 #include <thread>
@@ -30,6 +33,7 @@
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/interchange.h"
+#include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/core/allocator.h"
 #include "fsdp/core/host_sync.h"
@@ -152,6 +156,60 @@ void check_writable_dir(const std::string& dir, const char* flag, int rank) {
   fs::remove(probe, ec);
 }
 
+// --init-from a pretrained model: the architecture is the model's. A model-shape flag that says
+// otherwise is refused by name; flags not given take the model's values; seq and batch are the
+// run's (flags, else the preset's).
+nn::MiniLLMConfig config_from_model(const TrainOptions& o, const checkpoint::Pretrained& pre) {
+  nn::MiniLLMConfig c = *pre.config;
+  auto check = [&](const char* flag, const auto& given, const auto& model) {
+    if (given)
+      FSDP_CHECK(*given == model,
+                 "[fsdp-train] {} {} contradicts the model: {} has {} (the architecture comes "
+                 "from --init-from; drop the flag or give the model's value)",
+                 flag, *given, pre.path, model);
+  };
+  std::optional<std::string> arch;
+  if (o.arch) arch = nn::arch_name(nn::parse_arch(*o.arch));
+  check("--arch", arch, nn::arch_name(c.arch));
+  check("--vocab", o.vocab, c.vocab);
+  check("--dim", o.dim, c.dim);
+  check("--layers", o.layers, c.layers);
+  check("--heads", o.heads, c.heads);
+  check("--ffn-hidden", o.ffn_hidden, c.resolved_ffn_hidden());
+  check("--kv-heads", o.kv_heads, c.resolved_kv_heads());
+  check("--head-dim", o.head_dim, c.resolved_head_dim());
+  check("--rope-theta", o.rope_theta, c.rope_theta);
+  FSDP_CHECK(!o.tie_embeddings || c.tie_embeddings,
+             "[fsdp-train] --tie-embeddings contradicts the model: {} has an untied head",
+             pre.path);
+  FSDP_CHECK(!o.qkv_bias || c.qkv_bias,
+             "[fsdp-train] --qkv-bias contradicts the model: {} has no q/k/v biases", pre.path);
+  const nn::MiniLLMConfig preset = nn::MiniLLMConfig::preset(o.preset);
+  c.seq = o.seq.value_or(preset.seq);
+  c.batch = o.batch.value_or(preset.batch);
+  c.validate();
+  return c;
+}
+
+// Peak resident memory of this process (VmHWM), bytes; 0 where /proc has none.
+int64_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return 0;
+}
+
+// A plain text file (not llm.c shards): encoded with a real tokenizer, not read as bytes.
+bool is_text_file(const std::string& spec) {
+  namespace fs = std::filesystem;
+  if (!fs::is_regular_file(spec) || spec.ends_with(".bin")) return false;
+  std::ifstream f(spec, std::ios::binary);
+  int32_t magic = 0;
+  f.read(reinterpret_cast<char*>(&magic), 4);
+  return !(f.gcount() == 4 && (magic == 20240520 || magic == 20240801));
+}
+
 std::atomic<int> g_stop_signal{0};
 
 extern "C" void on_stop_signal(int sig) {
@@ -245,6 +303,7 @@ void TrainOptions::validate() const {
 
 struct Trainer::Impl {
   TrainOptions o;
+  std::shared_ptr<const checkpoint::Pretrained> pretrained;  // --init-from
   nn::MiniLLMConfig cfg;
   DType dtype;
   std::shared_ptr<dist::ProcessGroup> pg;
@@ -254,6 +313,7 @@ struct Trainer::Impl {
   MixedPrecisionPolicy mp;
   std::shared_ptr<data::TokenSource> src, val;
   std::optional<data::Tokenizer> tokenizer;
+  bool model_tokenizer = false;  // the tokenizer came with the --init-from model
   std::unique_ptr<nn::MiniLLM> model;
   nn::FlatParameters flat;  // shard = none only
   std::vector<nn::ParamGroup> groups;
@@ -272,7 +332,13 @@ struct Trainer::Impl {
   bool main() const { return rank == 0; }
 
   Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGroup> group)
-      : o(options), cfg(options.model_config()), pg(std::move(group)) {
+      : o(options),
+        pretrained(options.init_from.empty() ? nullptr
+                                             : std::make_shared<const checkpoint::Pretrained>(
+                                                   checkpoint::load_pretrained(options.init_from))),
+        cfg(pretrained && pretrained->config ? config_from_model(options, *pretrained)
+                                             : options.model_config()),
+        pg(std::move(group)) {
     o.validate();
     rank = pg->rank();
     if (!o.ckpt_dir.empty()) check_writable_dir(o.ckpt_dir, "--ckpt-dir", pg->rank());
@@ -296,8 +362,13 @@ struct Trainer::Impl {
     }
     threads = rank_threads(o.threads, dist::world_info().local_size);
     omp_set_num_threads(threads);
+    open_tokenizer();  // first: a text file is encoded with it
     open_data();
-    open_tokenizer();
+    if (tokenizer)
+      FSDP_CHECK(tokenizer->size() <= cfg.vocab,
+                 "[fsdp-train] the tokenizer ({}) has {} ids but the model's vocab is {}; pass "
+                 "--vocab {} or more",
+                 tokenizer->describe(), tokenizer->size(), cfg.vocab, tokenizer->size());
     const int64_t mem_before = memory_stats(device).current;
     build_model();
     const int64_t persistent_measured = memory_stats(device).current - mem_before;
@@ -331,8 +402,7 @@ struct Trainer::Impl {
 
   void open_data() {
     if (!o.data.empty()) {
-      std::unique_ptr<data::TokenStream> stream =
-          data::open_token_stream(o.data, cfg.vocab, cfg.seq);
+      std::unique_ptr<data::TokenStream> stream = open_stream(o.data);
       if (o.shuffle) stream->set_shuffle(o.seed, cfg.seq);
       if (o.eval_every > 0 && o.val_data.empty()) {
         auto [train, tail] = stream->split_tail(o.val_fraction, cfg.seq);
@@ -351,10 +421,27 @@ struct Trainer::Impl {
       src = std::make_shared<data::RandomTokenSource>(cfg.vocab, o.seed);
       if (o.eval_every > 0) val = std::make_shared<data::RandomTokenSource>(cfg.vocab, o.seed + 1);
     }
-    if (!o.val_data.empty()) val = data::open_token_stream(o.val_data, cfg.vocab, cfg.seq);
+    if (!o.val_data.empty()) val = open_stream(o.val_data);
   }
 
-  // The tokenizer of the data: named, found beside .bin shards, or the bytes.
+  // llm.c shards or bytes; a text file is encoded with the run's tokenizer when it is not bytes
+  // (a pretrained model's, say).
+  std::unique_ptr<data::TokenStream> open_stream(const std::string& spec) {
+    if (!tokenizer || tokenizer->is_bytes() || !is_text_file(spec))
+      return data::open_token_stream(spec, cfg.vocab, cfg.seq);
+    std::ifstream f(spec, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(f)), {});
+    std::vector<int32_t> ids = tokenizer->encode(text);
+    FSDP_CHECK(int64_t(ids.size()) > cfg.seq,
+               "[fsdp-train] --data {}: {} tokens with {}, fewer than --seq {} + 1", spec,
+               ids.size(), tokenizer->describe(), cfg.seq);
+    const std::string what =
+        fmt::format("{} ({} tokens, encoded with the tokenizer)", spec, ids.size());
+    return std::make_unique<data::TokenVector>(std::move(ids), what, cfg.seq);
+  }
+
+  // The tokenizer of the data: the --init-from model's, named, found beside .bin shards, or the
+  // bytes.
   void open_tokenizer() {
     namespace fs = std::filesystem;
     std::string path = o.tokenizer;
@@ -371,27 +458,19 @@ struct Trainer::Impl {
     }
     if (o.tokenizer == "auto" && o.data.empty() && cfg.vocab < 256)
       return;  // random ids below 256: no text, no tokenizer
-    tokenizer = path == "bytes" ? data::Tokenizer::bytes() : data::Tokenizer::from_file(path);
-    FSDP_CHECK(tokenizer->size() <= cfg.vocab,
-               "[fsdp-train] the tokenizer ({}) has {} ids but the model's vocab is {}; pass "
-               "--vocab {} or more",
-               tokenizer->describe(), tokenizer->size(), cfg.vocab, tokenizer->size());
+    model_tokenizer =
+        o.tokenizer == "auto" && pretrained && pretrained->config && pretrained->tokenizer;
+    if (model_tokenizer)
+      tokenizer = *pretrained->tokenizer;  // the model's own
+    else
+      tokenizer = path == "bytes" ? data::Tokenizer::bytes() : data::Tokenizer::from_file(path);
   }
 
   void build_model() {
     model = std::make_unique<nn::MiniLLM>(cfg);
-    if (!o.init_from.empty()) {
-      // Full weights from a file (PyTorch or Hugging Face names), sharded by fully_shard below.
-      checkpoint::SafetensorsIndex file(o.init_from);
-      auto full = nn::materialize(*model, dtype, o.seed, device, nn::kFlatAlignElems);
-      for (auto& [name, p] : model->named_parameters()) {
-        Tensor t = checkpoint::read_param(file, cfg, name);
-        FSDP_CHECK(t.shape() == p->shape,
-                   "[fsdp-train] --init-from {}: '{}' has shape {} but the model needs {}",
-                   o.init_from, name, shape_str(t.shape()), shape_str(p->shape));
-        p->data.copy_(t);
-      }
-      if (o.shard == "none") flat = full;
+    if (pretrained && o.shard == "none") {  // replicated: every rank holds all of it
+      flat = nn::materialize(*model, dtype, o.seed, device, nn::kFlatAlignElems);
+      pretrained->load_into(*model);
     }
     if (o.shard == "full") {
       FullyShardOptions fo{.reshard_after_forward = o.reshard_after_forward,
@@ -400,6 +479,8 @@ struct Trainer::Impl {
                            .seed = o.seed};
       for (size_t i = 0; i < model->layers().size(); ++i) fully_shard(model->layers()[i], mesh, fo);
       root = &fully_shard(*model, mesh, fo);
+      // --init-from: each rank reads only its own rows of each parameter into its shards.
+      if (pretrained) pretrained->load_into(*model, root);
       groups = root->param_groups(o.weight_decay, !o.wd_2d_only);
     } else {
       if (!flat.params.defined())
@@ -449,7 +530,10 @@ struct Trainer::Impl {
           fmt::format(" master, {} params, {} reduce", dtype_name(mp.param_dtype.value_or(dtype)),
                       dtype_name(mp.reduce_dtype.value_or(mp.param_dtype.value_or(dtype))));
     fmt::print("+{:-<24}+{:-<46}+\n", "", "");
-    row("preset / arch", fmt::format("{} / {}", o.preset, nn::arch_name(cfg.arch)));
+    row("preset / arch", pretrained && pretrained->config
+                             ? fmt::format("{} {} / {}", pretrained->format, pretrained->family,
+                                           nn::arch_name(cfg.arch))
+                             : fmt::format("{} / {}", o.preset, nn::arch_name(cfg.arch)));
     row("vocab / dim / layers", fmt::format("{} / {} / {}", cfg.vocab, cfg.dim, cfg.layers));
     row("heads / ffn hidden", fmt::format("{} / {}", cfg.heads, cfg.resolved_ffn_hidden()));
     if (cfg.resolved_kv_heads() != cfg.heads || cfg.resolved_head_dim() * cfg.heads != cfg.dim ||
@@ -640,6 +724,8 @@ struct Trainer::Impl {
     checkpoint::Extras extras;
     extras.data_position = loader->position();
     if (tokenizer) extras.files.emplace_back("tokenizer.json", tokenizer->json());
+    if (tokenizer && model_tokenizer)  // the pretrained model's ids, chat template, pre-tokenizer
+      extras.files.emplace_back("tokenizer_meta.json", pretrained->tokenizer_meta().to_json());
     checkpoint::save(o.ckpt_dir, step, *root, *opt, config_json, o.keep, pg, extras);
     if (main()) fmt::print("checkpoint: done in {:.2f} s\n", seconds_since(tc));
   }
@@ -647,13 +733,21 @@ struct Trainer::Impl {
   // Means over the steps after the first; communication as rank 0 saw it.
   void print_summary() {
     const double n = double(std::max<int64_t>(1, o.steps > 1 ? o.steps - 1 : 1));
-    Tensor peak_mem = Tensor::full({1}, double(memory_stats(device).peak), DType::f64).to(device);
-    Tensor peaks = Tensor::empty({size}, DType::f64, device);
+    Tensor peak_mem = Tensor::full({2}, double(memory_stats(device).peak), DType::f64);
+    peak_mem.data<double>()[1] = double(peak_rss_bytes());
+    peak_mem = peak_mem.to(device);
+    Tensor peaks = Tensor::empty({2 * size}, DType::f64, device);
     pg->all_gather_into_tensor(peaks, peak_mem)->wait();
     const auto pv = peaks.to_f64_vector();
     if (!main()) return;
-    fmt::print("summary | step {:.1f} ms | peak mem {:.1f} MB", 1e3 * step_total / n,
-               *std::max_element(pv.begin(), pv.end()) / 1e6);
+    std::string rss;  // each rank's peak resident memory (VmHWM), MB
+    double peak_alloc = 0;
+    for (int r = 0; r < size; ++r) {
+      peak_alloc = std::max(peak_alloc, pv[size_t(2 * r)]);
+      rss += fmt::format("{}{:.0f}", r ? "/" : "", pv[size_t(2 * r + 1)] / 1e6);
+    }
+    fmt::print("summary | step {:.1f} ms | peak mem {:.1f} MB | peak rss {} MB",
+               1e3 * step_total / n, peak_alloc / 1e6, rss);
     if (size > 1)
       fmt::print(" | comm {:.1f} ms/step in collectives, {:.1f} ms/step exposed ({:.0f}%)",
                  1e3 * comm_total / n, 1e3 * exposed_total / n,
@@ -694,6 +788,11 @@ struct Trainer::Impl {
       if (log.is_open()) {
         log << m.json() << "\n";
         log.flush();
+        const int err = errno;
+        FSDP_CHECK(log.good(),
+                   "[fsdp-train] writing --log-file '{}' failed at step {}: {}; stopping rather "
+                   "than training on without the log",
+                   o.log_file, s, std::strerror(err));
       }
       const bool saved = o.ckpt_every > 0 && ((s + 1) % o.ckpt_every == 0 || s + 1 == o.steps);
       if (saved) save(s + 1);

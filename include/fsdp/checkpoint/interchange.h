@@ -16,6 +16,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +28,19 @@
 namespace fsdp::checkpoint {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+// What a pretrained model's tokenizer carries beyond tokenizer.json: its own special ids (not
+// guessed from token names), its chat template and llama.cpp's pre-tokenizer name ("smollm").
+// fsdp-train saves it in checkpoints (tokenizer_meta.json) when it starts from a pretrained
+// model, and the exports write it back: tokenizer_config.json's chat_template, bos/eos in
+// generation_config.json and config.json, and GGUF's tokenizer.ggml.pre, bos/eos ids and
+// tokenizer.chat_template. Empty fields: the exports' defaults (the tokenizer's guesses, "gpt-2").
+struct TokenizerMeta {
+  std::optional<int32_t> bos, eos;
+  std::string chat_template, pre;
+  std::string to_json() const;
+  static TokenizerMeta from_json(const std::string& json, const std::string& where);
+};
 
 // Reads every shard of a checkpoint directory (checking checksums) and
 // returns the full parameters in named_parameters() order, and the config.
@@ -49,17 +63,18 @@ std::array<std::pair<int64_t, int64_t>, 3> in_proj_rows(const nn::MiniLLMConfig&
 // qkv_bias, which are the same). A tied model has no lm_head.weight.
 NamedTensors to_hf_llama(const nn::MiniLLMConfig& cfg, const NamedTensors& ours);
 std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype,
-                                 const data::Tokenizer& tok = data::Tokenizer::bytes());
+                                 const data::Tokenizer& tok = data::Tokenizer::bytes(),
+                                 const TokenizerMeta& meta = {});
 // tokenizer.json, tokenizer_config.json and generation_config.json of a Hugging Face folder
 // (name -> contents), with the tokenizer's BOS and EOS.
 std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const nn::MiniLLMConfig& cfg,
-                                                                    const data::Tokenizer& tok);
+                                                                    const data::Tokenizer& tok,
+                                                                    const TokenizerMeta& meta = {});
 // Our parameter name -> Hugging Face's ("" for the packed in-projection and its bias, which split
 // in three).
 std::string hf_name(const std::string& ours);
-// Parameter `name` from a file in our names or in Hugging Face's.
-Tensor read_param(const SafetensorsIndex& file, const nn::MiniLLMConfig& cfg,
-                  const std::string& name);
+// (Reading parameters from a file in our names, Hugging Face's or llama.cpp's, one rank's rows at a
+// time: load_pretrained in fsdp/checkpoint/pretrained.h.)
 
 // Writes a GGUF v3 file for llama.cpp (llama architecture, or qwen2 with qkv_bias; F32, F16 or
 // BF16 tensors; head_count_kv and key_length from kv_heads and head_dim; no output.weight when
@@ -69,6 +84,7 @@ Tensor read_param(const SafetensorsIndex& file, const nn::MiniLLMConfig& cfg,
 // which GPT-2's split keeps apart), since llama.cpp refuses none; one without BOS and EOS gets
 // control tokens for them in unused ids where the model has two to spare.
 void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const NamedTensors& ours,
-                DType dtype, const data::Tokenizer& tok = data::Tokenizer::bytes());
+                DType dtype, const data::Tokenizer& tok = data::Tokenizer::bytes(),
+                const TokenizerMeta& meta = {});
 
 }  // namespace fsdp::checkpoint

@@ -1,0 +1,90 @@
+// Pretrained models in, one code path: checkpoint::load_pretrained(path) opens a Hugging Face
+// folder (config.json + model.safetensors, or model.safetensors.index.json over several files), a
+// safetensors file (fsdp-export's, with its config in the metadata; one of a Hugging Face
+// folder's, config.json beside it; or full weights in our own names, config from the caller) or a
+// llama.cpp GGUF file, and returns what a trainer or a generator needs from it: the model's
+// config (the family's: llama / qwen2 from config.json or GGUF metadata, minillm from our own
+// metadata), the tokenizer (tokenizer.json beside the weights, or the GGUF's), the chat template
+// and the special ids (BOS, EOS, end of turn).
+//
+// Key decision: nothing is read at open. Files are memory-mapped and a parameter's rows are read
+// only when asked for: read_rows(name, a, b) gives rows [a, b) of dim 0 of OUR parameter `name`
+// (GGUF: only those rows' blocks are dequantized, q/k rows in Hugging Face's order; safetensors:
+// only those rows' bytes are touched and converted), assembling the packed in-projection from
+// q/k/v. load_into(model, root) fills a fully_shard'ed model's local shards (each rank's rows of
+// the Shard(0) chunk, torch.chunk's split), so no rank ever holds the whole model: at most one
+// parameter's rows beyond its shard. Fill an unsharded model by leaving root null.
+//
+//   auto pre = checkpoint::load_pretrained("SmolLM2-135M-Instruct.Q4_1.gguf");
+//   nn::MiniLLM model(*pre.config);
+//   for (auto& b : model.layers()) fully_shard(b, mesh);
+//   FSDPModule& root = fully_shard(model, mesh);
+//   pre.load_into(model, &root);                     // this rank's rows only
+//   std::string prompt = checkpoint::render_chat(pre.chat_template, "Hi");
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "fsdp/checkpoint/interchange.h"
+#include "fsdp/core/tensor.h"
+#include "fsdp/data/tokenizer.h"
+#include "fsdp/nn/minillm.h"
+
+namespace fsdp {
+class FSDPModule;
+}
+
+namespace fsdp::checkpoint {
+
+struct PretrainedSource;  // the mapped files (src/checkpoint/pretrained.cpp)
+
+struct Pretrained {
+  std::string path;
+  std::string format;  // "gguf", "hf" (a Hugging Face folder or file), "safetensors" (ours)
+  std::string family;  // "llama", "qwen2" (config.json's model_type, GGUF's architecture),
+                       // "minillm" (fsdp-export's metadata), "" (our names, config from flags)
+  std::optional<nn::MiniLLMConfig> config;   // nullopt: the file does not say (our names)
+  std::optional<data::Tokenizer> tokenizer;  // nullopt: none beside the weights
+  std::string tokenizer_pre;                 // GGUF's tokenizer.ggml.pre ("smollm"), or derived
+  std::string chat_template;                 // "" when the model has none
+  std::optional<int32_t> bos_id, eos_id;     // the model's own (not guessed from token names)
+  std::optional<int32_t> eot_id;             // end of turn: <|im_end|> for ChatML, else EOS
+  // The ids, template and pre-tokenizer name, as checkpoints and exports carry them.
+  TokenizerMeta tokenizer_meta() const { return {bos_id, eos_id, chat_template, tokenizer_pre}; }
+
+  // Rows [begin, end) of dim 0 of our parameter `name` for model config `cfg` (the packed
+  // in-projection from q/k/v), in f32, shaped like the parameter with dim 0 = end - begin.
+  // Throws naming the file and the tensor when it is absent or its shape does not fit.
+  Tensor read_rows(const nn::MiniLLMConfig& cfg, const std::string& name, int64_t begin,
+                   int64_t end) const;
+  // The whole parameter; a zero-copy view of the mapping where the file holds it as it is (our
+  // or Hugging Face's name, f32, not packed), else a new f32 tensor.
+  Tensor read(const nn::MiniLLMConfig& cfg, const std::string& name) const;
+  // Fills every parameter of `model`: with `root` (fully_shard'ed), this rank's local rows of
+  // each Shard(0) parameter; without, the whole tensors in place (p->data must be allocated).
+  void load_into(nn::MiniLLM& model, FSDPModule* root = nullptr) const;
+
+  std::shared_ptr<const PretrainedSource> source;
+};
+
+// Opens `path` (see the top of this file). Refuses, naming the path and the reason, a path that
+// does not exist, a folder with no weights, a GGUF of another architecture, and a config the
+// MiniLLM cannot hold.
+Pretrained load_pretrained(const std::string& path);
+
+// The model config of a family (the small model-family table): "llama" and "qwen2" from a
+// Hugging Face config.json, "minillm" from our own config JSON. Refuses another family by name.
+nn::MiniLLMConfig config_from_family(const std::string& family, const std::string& config_json,
+                                     const std::string& where);
+
+// The first user turn of a chat, rendered as `chat_template` would with add_generation_prompt:
+// ChatML templates (<|im_start|>role\n...<|im_end|>\n, SmolLM2's and Qwen's) are recognised by
+// their markers; the template's default system message is used when `system` is unset and the
+// template has one. Any other template is refused by name (never rendered wrongly).
+std::string render_chat(const std::string& chat_template, const std::string& user,
+                        const std::optional<std::string>& system = std::nullopt);
+
+}  // namespace fsdp::checkpoint

