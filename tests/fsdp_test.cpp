@@ -25,6 +25,7 @@
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/clip.h"
 #include "src/dist/device_host_group.h"
+#include "src/fsdp/fsdp_state.h"
 #include "test_util.h"
 
 namespace fsdp {
@@ -46,6 +47,7 @@ struct Run {
   // llama's options: grouped-query attention, a head dim of its own, tied head, q/k/v biases
   int64_t kv_heads = 0, head_dim = 0;
   bool tied = false, qkv_bias = false;
+  int64_t ac_every = 0;  // activation checkpointing on blocks 0, N, 2N, ...; 0: off
 };
 
 // Dims that do not divide by 3 or 4, so the shards are uneven.
@@ -108,6 +110,9 @@ Result sharded(const Run& run) {
   if (run.param_dtype) fo.mp_policy = {.param_dtype = run.param_dtype, .reduce_dtype = DType::f32};
   for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, fo);
   FSDPModule& root = fully_shard(model, mesh, fo);
+  if (run.ac_every > 0)
+    for (size_t i = 0; i < model.layers().size(); i += size_t(run.ac_every))
+      model.layers()[i].set_activation_checkpoint(true);
   optim::AdamW opt(root.param_groups(0.01), {.lr = 1e-2});
   data::RandomTokenSource src(c.vocab, kSeed);
   const int64_t B = kGlobalRows / N;
@@ -296,6 +301,75 @@ int index_of(const std::vector<std::string>& log, const std::string& ev, int fro
   return -1;
 }
 
+// Activation checkpointing changes no number: full and every:2 give bit-identical losses and
+// parameters to the same sharded run without it, in f64 and f32, with gradient accumulation too.
+TEST(ActivationCheckpoint, FullAndEveryTwoAreBitIdentical) {
+  for (DType t : {DType::f64, DType::f32})
+    for (int64_t accum : {1, 2}) {
+      const Result plain = sharded({.dtype = t, .accum = accum});
+      for (int64_t every : {1, 2}) {
+        const Result ac = sharded({.dtype = t, .accum = accum, .ac_every = every});
+        const std::string at = fmt::format("{} accum {} every {}", dtype_name(t), accum, every);
+        ASSERT_EQ(ac.losses, plain.losses) << at;
+        ASSERT_EQ(ac.params.size(), plain.params.size());
+        for (size_t i = 0; i < plain.params.size(); ++i)
+          EXPECT_EQ(ac.params[i].second.to_f64_vector(), plain.params[i].second.to_f64_vector())
+              << at << " " << plain.params[i].first;
+      }
+    }
+}
+
+// The recompute uses the parameters that the pre-backward hook gathered: exactly one all-gather
+// per block in the backward, checkpointed or not (FSDP2 has gathered twice, pytorch #105635).
+TEST(ActivationCheckpoint, OneAllGatherPerBlockInTheBackward) {
+  if (world()->size() < 2) GTEST_SKIP() << "one rank uses its shards in place: no all-gather";
+  nn::MiniLLMConfig c = config(nn::Arch::llama);
+  auto mesh = dist::init_device_mesh({world()->size()});
+  nn::MiniLLM model(c);
+  for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh);
+  FSDPModule& root = fully_shard(model, mesh);
+  for (size_t i = 0; i < model.layers().size(); ++i)
+    model.layers()[i].set_activation_checkpoint(true);
+  data::RandomTokenSource src(c.vocab, kSeed);
+  for (int step = 0; step < 2; ++step) {
+    root.set_event_log(true);
+    auto b = src.batch(step, 2, 0, 2, c.seq);
+    Tensor logits = model.forward(b.inputs).view({2 * c.seq, c.vocab});
+    auto x = ops::cross_entropy_forward(logits, b.targets);
+    model.backward(ops::cross_entropy_backward(logits, b.targets, x.lse).view({2, c.seq, c.vocab}));
+    auto log = root.take_event_log();
+    root.set_event_log(false);
+    const int backward_from = index_of(log, "fwd_end:<root>");
+    ASSERT_GE(backward_from, 0);
+    for (int64_t i = 0; i < c.layers; ++i) {
+      const std::string ag = fmt::format("ag_issue:layers.{}", i);
+      int n = 0;
+      for (size_t k = size_t(backward_from); k < log.size(); ++k) n += log[k] == ag ? 1 : 0;
+      EXPECT_EQ(n, 1) << "step " << step << ": all-gathers of block " << i << " in the backward";
+    }
+  }
+}
+
+// A forward hook inside the module's own backward (a recompute through forward()) is refused,
+// naming the module and both states.
+TEST(ActivationCheckpoint, AForwardInsideItsOwnBackwardIsNamed) {
+  nn::MiniLLMConfig c = config(nn::Arch::llama);
+  auto mesh = dist::init_device_mesh({world()->size()});
+  nn::MiniLLM model(c);
+  FSDPModule& block = fully_shard(model.layers()[0], mesh);
+  fully_shard(model, mesh);
+  Tensor x = Tensor::zeros({1, c.seq, c.dim}, DType::f32);
+  (void)model.layers()[0].forward(x);
+  block.state().pre_backward();
+  try {
+    (void)model.layers()[0].forward(x);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("'layers.0': pre-forward hook in state pre_backward"), std::string::npos) << m;
+  }
+}
+
 TEST(Overlap, PrefetchAndReduceScatterByOrderOfEvents) {
   if (world()->size() < 2) GTEST_SKIP() << "needs 2 ranks";
   nn::MiniLLMConfig c = config(nn::Arch::llama);
@@ -482,9 +556,7 @@ class OddLinears : public nn::Module {
   std::vector<std::pair<std::string, const void*>> seen;
 
  protected:
-  Tensor forward_impl(const Tensor& x) override {
-    return c_->forward(b_->forward(a_->forward(x)));
-  }
+  Tensor forward_impl(const Tensor& x) override { return c_->forward(b_->forward(a_->forward(x))); }
   Tensor backward_impl(const Tensor& dy) override {
     for (auto& [n, p] : named_parameters()) {
       seen.emplace_back(n, p->data.raw_data());
@@ -501,8 +573,8 @@ void expect_aligned(const std::vector<std::pair<std::string, const void*>>& seen
                     const std::string& what) {
   for (auto& [n, ptr] : seen)
     EXPECT_EQ(reinterpret_cast<uintptr_t>(ptr) % 16, 0u)
-        << what << ": " << n << " at " << ptr << " is not 16-byte aligned (rank "
-        << world()->rank() << " of " << world()->size() << ")";
+        << what << ": " << n << " at " << ptr << " is not 16-byte aligned (rank " << world()->rank()
+        << " of " << world()->size() << ")";
 }
 
 // cuBLASLt's fast kernels and its bias epilogue need 16-byte-aligned operands: every unsharded

@@ -117,4 +117,32 @@ if command -v mpirun > /dev/null; then
     || bad "the 2-rank sync-count run failed: $(tail -3 "$work/syncs2.out")"
 fi
 
+
+# Activation checkpointing: the same losses and grad norms as without, bit for bit, at 1 rank and
+# at 2 (mpirun), with the peak memory lower; bad modes refused by name.
+ac_run() {  # ac_run NAME MODE [LAUNCHER...]: the JSONL's losses and grad norms in NAME.ac
+  local name=$1 mode=$2
+  shift 2
+  "$@" "$bin" "${small[@]}" --layers 4 --steps 3 --data "$work/text.txt" --sample-tokens 0 \
+    --activation-checkpoint "$mode" --log-file "$work/$name.jsonl" > "$work/$name.out" 2>&1 \
+    || bad "--activation-checkpoint $mode: $(tail -2 "$work/$name.out")"
+  python3 -c 'import json,sys; [print(r["loss"], r["grad_norm"]) for r in map(json.loads, open(sys.argv[1]))]' \
+    "$work/$name.jsonl" > "$work/$name.ac"
+}
+peak_mb() { sed -nE 's/^summary .*peak mem ([0-9.]+) MB.*/\1/p' "$1"; }
+for launcher in single mpi; do
+  l=()
+  [ $launcher = mpi ] && { command -v mpirun > /dev/null || continue; l=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2); }
+  ac_run "ac_none_$launcher" none "${l[@]}"
+  for mode in full every:2; do
+    ac_run "ac_${mode/:/}_$launcher" "$mode" "${l[@]}"
+    [ -s "$work/ac_none_$launcher.ac" ] && cmp -s "$work/ac_none_$launcher.ac" "$work/ac_${mode/:/}_$launcher.ac" && ok \
+      || bad "--activation-checkpoint $mode ($launcher) changed the losses: $(paste "$work/ac_none_$launcher.ac" "$work/ac_${mode/:/}_$launcher.ac" | head -2)"
+  done
+  awk -v a="$(peak_mb "$work/ac_full_$launcher.out")" -v b="$(peak_mb "$work/ac_none_$launcher.out")" 'BEGIN {exit !(a < b)}' && ok \
+    || bad "full checkpointing did not lower the peak ($launcher): $(peak_mb "$work/ac_full_$launcher.out") MB vs $(peak_mb "$work/ac_none_$launcher.out") MB"
+done
+expect_fail "--activation-checkpoint must be none, full or every:N (N >= 1), got 'every:0'" --preset tiny --activation-checkpoint every:0 --steps 1
+expect_fail "--activation-checkpoint must be none, full or every:N (N >= 1), got 'some'" --preset tiny --activation-checkpoint some --steps 1
+
 summary

@@ -91,6 +91,10 @@ int main(int argc, char** argv) {
   app.add_option("--reshard-after-forward", o.reshard_after_forward,
                  "free each block's unsharded parameters after its forward (false: ZeRO-2 style)")
       ->capture_default_str();
+  app.add_option("--activation-checkpoint", o.activation_checkpoint,
+                 "none, full (each block keeps only its input; its backward recomputes the "
+                 "forward) or every:N (blocks 0, N, 2N, ...)")
+      ->capture_default_str();
   app.add_option("--hsdp", o.hsdp,
                  "HSDP: this many replica groups, each sharding over world/R ranks (0: off)")
       ->capture_default_str();

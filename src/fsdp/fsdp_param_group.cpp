@@ -105,24 +105,41 @@ void FSDPParamGroup::check_shapes_once() {
     }
 }
 
+const char* sharded_state_name(ShardedState s) {
+  switch (s) {
+    case ShardedState::sharded:
+      return "sharded";
+    case ShardedState::unshard_issued:
+      return "unshard issued";
+    case ShardedState::unsharded:
+      return "unsharded";
+  }
+  return "?";
+}
+
 void FSDPParamGroup::unshard_issue(FSDPCommContext& ctx) {
-  if (params_.empty() || unsharded_ready_ || ag_work_ || direct_) return;
+  // In flight or unsharded already (a prefetch reached it first), or one rank's direct views.
+  if (params_.empty() || state_ != ShardedState::sharded || direct_) return;
   check_shapes_once();
   Tensor in = sharded_.to(param_dtype_);  // copy-in (no copy when the dtypes match)
   ag_out_ = Tensor::empty({int64_t(n_) * g_}, param_dtype_, sharded_.device());
   ag_work_ = ag_group_->all_gather_into_tensor(ag_out_, in);
+  state_ = ShardedState::unshard_issued;
   ctx.log("ag_issue", label_);
 }
 
 void FSDPParamGroup::unshard_wait(FSDPCommContext& ctx) {
-  if (params_.empty() || unsharded_ready_) return;
+  if (params_.empty() || state_ == ShardedState::unsharded) return;
   trace::Scope prof(("FSDP::unshard " + label_).c_str(), trace::Kind::annotation);
   if (direct_) {
     for (auto& fp : params_) fp.param->data = local_shard(fp).view(fp.param->shape);
-    unsharded_ready_ = true;
+    state_ = ShardedState::unsharded;
     return;
   }
-  if (!ag_work_) unshard_issue(ctx);
+  if (state_ == ShardedState::sharded) unshard_issue(ctx);
+  FSDP_CHECK(state_ == ShardedState::unshard_issued && ag_work_,
+             "[fully_shard] '{}': waiting for an all-gather in state '{}'", label_,
+             sharded_state_name(state_));
   ctx.wait(ag_work_);
   ctx.log("ag_wait", label_);
   unsharded_ = Tensor::empty({u_}, param_dtype_, sharded_.device());
@@ -135,15 +152,18 @@ void FSDPParamGroup::unshard_wait(FSDPCommContext& ctx) {
   ops::copy_segments(unsharded_, ag_out_, copy_out);
   ag_out_ = Tensor();
   ag_work_ = nullptr;
-  unsharded_ready_ = true;
+  state_ = ShardedState::unsharded;
 }
 
 void FSDPParamGroup::reshard(FSDPCommContext& ctx) {
-  if (params_.empty() || !unsharded_ready_) return;
+  if (params_.empty() || state_ == ShardedState::sharded) return;
+  FSDP_CHECK(state_ == ShardedState::unsharded,
+             "[fully_shard] '{}': reshard in state '{}' (its all-gather is still in flight)",
+             label_, sharded_state_name(state_));
   trace::Scope prof(("FSDP::reshard " + label_).c_str(), trace::Kind::annotation);
   for (auto& fp : params_) fp.param->data = Tensor();
   unsharded_ = Tensor();  // back to the allocator
-  unsharded_ready_ = false;
+  state_ = ShardedState::sharded;
   ctx.log("reshard", label_);
 }
 

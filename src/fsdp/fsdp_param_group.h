@@ -34,6 +34,12 @@ struct PendingCollective {
   Tensor out;
 };
 
+// FSDP2's ShardedState, with the all-gather in flight as a state of its own: sharded -> (issue)
+// unshard_issued -> (wait) unsharded -> (reshard) sharded. A transition the code does not expect
+// is an error that names the group and both states.
+enum class ShardedState : uint8_t { sharded, unshard_issued, unsharded };
+const char* sharded_state_name(ShardedState s);
+
 class FSDPParamGroup {
  public:
   // Lays out `params` over the mesh's shard dim and fills this rank's shards: from the
@@ -70,6 +76,7 @@ class FSDPParamGroup {
   void add_into_sharded_grad(const Tensor& reduced);
   void zero_grad();
   void set_requires_sync(bool sync) { requires_sync_ = sync; }
+  ShardedState sharded_state() const { return state_; }
 
  private:
   void check_shapes_once();
@@ -85,8 +92,8 @@ class FSDPParamGroup {
   bool direct_ = false;  // one rank, same dtypes: parameters are views of `sharded`
   std::shared_ptr<dist::Work> ag_work_;
   Tensor ag_out_, unsharded_, unsharded_grad_;
-  bool unsharded_ready_ = false, grads_kept_ = false, shapes_checked_ = false,
-       requires_sync_ = true;
+  ShardedState state_ = ShardedState::sharded;
+  bool grads_kept_ = false, shapes_checked_ = false, requires_sync_ = true;
 };
 
 }  // namespace fsdp

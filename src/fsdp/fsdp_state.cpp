@@ -77,6 +77,30 @@ FSDPState* next_in(const std::vector<FSDPState*>& order, const FSDPState* s, int
 }
 }  // namespace
 
+const char* training_state_name(TrainingState s) {
+  switch (s) {
+    case TrainingState::idle:
+      return "idle";
+    case TrainingState::forward:
+      return "forward";
+    case TrainingState::pre_backward:
+      return "pre_backward";
+  }
+  return "?";
+}
+
+namespace {
+void expect_state(const FSDPState& st, TrainingState want, const char* hook) {
+  FSDP_CHECK(st.training_state == want, "[fully_shard] '{}': {} hook in state {} (expected {}){}",
+             label_of(*st.module), hook, training_state_name(st.training_state),
+             training_state_name(want),
+             st.training_state == TrainingState::pre_backward && want == TrainingState::idle
+                 ? ": a forward inside the module's own backward (an activation recompute must "
+                   "call forward_impl, whose parameters the pre-backward hook already gathered)"
+                 : "");
+}
+}  // namespace
+
 FSDPState::FSDPState(nn::Module& m, std::shared_ptr<dist::DeviceMesh> mesh_,
                      const FullyShardOptions& opt_, std::vector<FSDPParam> params)
     : module(&m),
@@ -126,6 +150,10 @@ std::vector<FSDPState*> FSDPState::backward_prefetch_targets() const {
 }
 
 Tensor FSDPState::pre_forward(const Tensor& x) {
+  // From idle; or after a forward that threw part-way (its post-forward never ran).
+  if (training_state != TrainingState::forward)
+    expect_state(*this, TrainingState::idle, "pre-forward");
+  training_state = TrainingState::forward;
   if (!root) lazy_init_root();
   FSDPRootContext& r = *root->root_ctx;
   if (is_root()) {
@@ -145,6 +173,8 @@ Tensor FSDPState::pre_forward(const Tensor& x) {
 }
 
 Tensor FSDPState::post_forward(const Tensor& y) {
+  expect_state(*this, TrainingState::forward, "post-forward");
+  training_state = TrainingState::idle;
   FSDPRootContext& r = *root->root_ctx;
   r.comm.log("fwd_end", group.label());
   r.post_fwd_order.push_back(this);
@@ -155,6 +185,9 @@ Tensor FSDPState::post_forward(const Tensor& y) {
 }
 
 void FSDPState::pre_backward() {
+  if (training_state != TrainingState::pre_backward)  // (again after a backward that threw)
+    expect_state(*this, TrainingState::idle, "pre-backward");
+  training_state = TrainingState::pre_backward;
   FSDPCommContext& c = comm();
   group.unshard_issue(c);
   for (FSDPState* t : backward_prefetch_targets()) t->group.unshard_issue(c);
@@ -164,6 +197,8 @@ void FSDPState::pre_backward() {
 }
 
 void FSDPState::post_backward() {
+  expect_state(*this, TrainingState::pre_backward, "post-backward");
+  training_state = TrainingState::idle;
   FSDPCommContext& c = comm();
   c.log("bwd_end", group.label());
   group.reduce_grads(c);

@@ -80,6 +80,14 @@ struct FSDPRootContext {
   FSDPCommContext comm;
 };
 
+// FSDP2's TrainingState of one fully_shard module: idle -> forward -> idle, and
+// idle -> pre_backward -> idle (pre_backward lasts through the module's backward). A hook in a
+// state it does not expect is an error naming the module and both states; the one that matters
+// is a forward hook during the module's own backward, which an activation recompute through
+// forward() instead of forward_impl() would make (a second all-gather of the same block).
+enum class TrainingState : uint8_t { idle, forward, pre_backward };
+const char* training_state_name(TrainingState s);
+
 struct FSDPState {
   FSDPState(nn::Module& module, std::shared_ptr<dist::DeviceMesh> mesh,
             const FullyShardOptions& opt, std::vector<FSDPParam> params);
@@ -93,6 +101,7 @@ struct FSDPState {
   std::vector<FSDPState*> fwd_prefetch, bwd_prefetch;
   FSDPState* root = nullptr;
   std::unique_ptr<FSDPRootContext> root_ctx;  // roots only
+  TrainingState training_state = TrainingState::idle;
 
   // The root's comm context; a state used before any forward becomes its own root.
   FSDPCommContext& comm();

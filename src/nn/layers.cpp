@@ -237,4 +237,12 @@ Tensor TransformerBlock::backward_impl(const Tensor& dy) {
   return dx;
 }
 
+// What each module saved for its backward, dropped (activation checkpointing keeps only a
+// checkpointed block's input and recomputes the rest). The KV cache is not an activation.
+void Linear::release_saved() { x_ = Tensor(); }
+void Embedding::release_saved() { ids_ = Tensor(); }
+void RMSNorm::release_saved() { x_ = rstd_ = Tensor(); }
+void MultiheadAttention::release_saved() { x_ = qkv_ = out_ = lse_ = Tensor(); }
+void FeedForward::release_saved() { h_ = g_ = u_ = Tensor(); }
+
 }  // namespace fsdp::nn

@@ -1,6 +1,8 @@
 // Module tree traversal and materialisation into flat buffers.
 #include "fsdp/nn/module.h"
 
+#include <utility>
+
 namespace fsdp::nn {
 
 std::vector<std::pair<std::string, Parameter*>> Module::named_parameters(
@@ -59,16 +61,26 @@ void Module::zero_grad_below() {
 }
 
 Tensor Module::forward(const Tensor& x) {
-  if (!hooks_) return forward_impl(x);
-  Tensor in = hooks_->pre_forward(*this, x);
-  return hooks_->post_forward(*this, forward_impl(in));
+  Tensor in = hooks_ ? hooks_->pre_forward(*this, x) : x;
+  Tensor y = forward_impl(in);
+  if (checkpoint_) {
+    checkpoint_input_ = in;  // as forward_impl saw it (after the hook's dtype cast)
+    for_each_module([](Module& m) { m.release_saved(); });
+  }
+  return hooks_ ? hooks_->post_forward(*this, y) : y;
 }
 
 Tensor Module::backward(const Tensor& dy) {
-  if (!hooks_) return backward_impl(dy);
-  hooks_->pre_backward(*this);
+  if (hooks_) hooks_->pre_backward(*this);
+  if (checkpoint_) {
+    FSDP_CHECK(checkpoint_input_.defined(),
+               "[Module] backward() of checkpointed '{}' ({}) without a forward() before it, or "
+               "twice",
+               path(), type_name_);
+    (void)forward_impl(std::exchange(checkpoint_input_, Tensor()));  // saves what backward needs
+  }
   Tensor dx = backward_impl(dy);
-  hooks_->post_backward(*this);
+  if (hooks_) hooks_->post_backward(*this);
   return dx;
 }
 
@@ -93,17 +105,16 @@ Parameter& Module::register_parameter(std::string local_name, Shape shape, Init 
   return *params_.back();
 }
 
-FlatParameters materialize(Module& root, DType dtype, uint64_t seed, Device device,
-                           int64_t align) {
+FlatParameters materialize(Module& root, DType dtype, uint64_t seed, Device device, int64_t align) {
   FSDP_CHECK(align >= 1, "[materialize] align must be at least 1, got {}", align);
   auto named = root.named_parameters();
   auto start = [&](int64_t off) { return (off + align - 1) / align * align; };
   int64_t total = 0;
   for (auto& [name, p] : named) total = start(total) + shape_numel(p->shape);
   // Padding (align > 1) is zero in both buffers and stays so under the optimizer.
-  FlatParameters flat{align > 1 ? Tensor::zeros({total}, dtype, device)
-                                : Tensor::empty({total}, dtype, device),
-                      Tensor::zeros({total}, dtype, device)};
+  FlatParameters flat{
+      align > 1 ? Tensor::zeros({total}, dtype, device) : Tensor::empty({total}, dtype, device),
+      Tensor::zeros({total}, dtype, device)};
   int64_t off = 0;
   for (auto& [name, p] : named) {
     const int64_t n = shape_numel(p->shape);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <compare>
@@ -233,6 +234,20 @@ void install_stop_handlers() {
 
 int stop_signal() { return g_stop_signal.load(); }
 
+int64_t checkpoint_every_blocks(const std::string& mode) {
+  if (mode == "none") return 0;
+  if (mode == "full") return 1;
+  int64_t n = 0;
+  const char* b = mode.data() + 6;
+  const char* e = mode.data() + mode.size();
+  const bool parsed = mode.rfind("every:", 0) == 0 && std::from_chars(b, e, n).ptr == e && n >= 1;
+  FSDP_CHECK(parsed && mode.size() > 6,
+             "[fsdp-train] --activation-checkpoint must be none, full or every:N (N >= 1), got "
+             "'{}'",
+             mode);
+  return n;
+}
+
 nn::MiniLLMConfig TrainOptions::model_config() const {
   nn::MiniLLMConfig cfg = nn::MiniLLMConfig::preset(preset);
   if (arch) cfg.arch = nn::parse_arch(*arch);
@@ -275,6 +290,7 @@ void TrainOptions::validate() const {
   FSDP_CHECK(hsdp == 0 || shard == "full", "[fsdp-train] --hsdp needs --shard full");
   FSDP_CHECK(lr_decay == "none" || lr_decay == "cosine" || lr_decay == "linear",
              "[fsdp-train] --lr-decay must be none, cosine or linear, got '{}'", lr_decay);
+  (void)checkpoint_every_blocks(activation_checkpoint);
   FSDP_CHECK(
       warmup >= 0 && min_lr >= 0 && eval_every >= 0 && ckpt_every >= 0 && keep >= 0,
       "[fsdp-train] --warmup-steps, --min-lr, --eval-every, --ckpt-every and --keep must be >= 0");
@@ -487,6 +503,10 @@ struct Trainer::Impl {
         flat = nn::materialize(*model, dtype, o.seed, device, nn::kFlatAlignElems);
       groups = {{flat.params, flat.grads, o.weight_decay}};
     }
+    // Activation checkpointing on blocks 0, N, 2N, ... (every block for full).
+    if (const int64_t every = checkpoint_every_blocks(o.activation_checkpoint); every > 0)
+      for (size_t i = 0; i < model->layers().size(); i += size_t(every))
+        model->layers()[i].set_activation_checkpoint(true);
     opt = std::make_unique<optim::AdamW>(groups, ops::AdamWHyper{.lr = o.lr,
                                                                  .beta1 = o.beta1,
                                                                  .beta2 = o.beta2,
@@ -557,6 +577,12 @@ struct Trainer::Impl {
                         ? std::string("none (DDP-style baseline)")
                         : fmt::format("fully_shard on {}{}", mesh->str(),
                                       o.reshard_after_forward ? "" : ", no reshard after forward"));
+    if (o.activation_checkpoint != "none")
+      row("activation ckpt", o.activation_checkpoint == "full"
+                                 ? std::string("every block (recomputed in the backward)")
+                                 : fmt::format("blocks 0, {0}, 2x{0}, ... (recomputed in the "
+                                               "backward)",
+                                               checkpoint_every_blocks(o.activation_checkpoint)));
     row("persistent mem / rank",
         fmt::format("{:.3f} MB formula, {:.3f} MB measured", double(persistent) / 1e6,
                     double(persistent_measured) / 1e6));

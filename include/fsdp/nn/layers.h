@@ -24,6 +24,7 @@ class Linear : public Module {
   Linear(int64_t in, int64_t out, bool bias);
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
+  void release_saved() override;
   Parameter& weight() { return *weight_; }
   Parameter* bias() { return bias_; }
 
@@ -40,6 +41,7 @@ class Embedding : public Module {
   Embedding(int64_t vocab, int64_t dim);
   Tensor forward_impl(const Tensor& ids) override;
   Tensor backward_impl(const Tensor& dy) override;
+  void release_saved() override;
   Parameter& weight() { return *weight_; }
 
  private:
@@ -52,6 +54,7 @@ class RMSNorm : public Module {
   explicit RMSNorm(int64_t dim, std::optional<double> eps = std::nullopt);
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
+  void release_saved() override;
 
  private:
   Parameter* weight_;
@@ -74,6 +77,7 @@ class MultiheadAttention : public Module {
   MultiheadAttention(int64_t dim, int64_t heads, AttentionOptions opt);
   Tensor forward_impl(const Tensor& x) override;  // x [B, T, dim]
   Tensor backward_impl(const Tensor& dy) override;
+  void release_saved() override;
 
   // Generation: between start_kv_cache and stop_kv_cache, forward takes the next positions of
   // one sequence (B = 1, causal attention only), appends their keys and values to a cache of
@@ -103,6 +107,7 @@ class FeedForward : public Module {
   FeedForward(int64_t dim, int64_t hidden, Kind kind);
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
+  void release_saved() override;
 
  private:
   Kind kind_;

@@ -85,6 +85,19 @@ class Module {
   // its gradients live in the sharded module's buffers.
   void zero_grad();
 
+  // Activation checkpointing (PyTorch's checkpoint_wrapper, llm.c's recompute): forward() keeps
+  // only this module's input and drops what its subtree saved; backward() runs forward_impl
+  // again on that input, after the pre-backward hook (so under fully_shard the recompute uses
+  // the parameters that hook all-gathered: one all-gather per block in the backward, not two),
+  // then the backward. The recompute calls forward_impl, never this module's forward hooks. The
+  // gradients are bit-identical to those without it; the memory saved is what the subtree's
+  // release_saved() frees.
+  void set_activation_checkpoint(bool on) { checkpoint_ = on; }
+  bool activation_checkpoint() const { return checkpoint_; }
+  // Drops what forward_impl saved for backward_impl (the layers implement it; a module of one's
+  // own that does not is still correct under checkpointing, and saves nothing).
+  virtual void release_saved() {}
+
  protected:
   virtual Tensor forward_impl(const Tensor& x) = 0;
   virtual Tensor backward_impl(const Tensor& dy) = 0;
@@ -106,6 +119,8 @@ class Module {
   Module* parent_ = nullptr;
   std::string name_in_parent_;
   std::shared_ptr<ModuleHooks> hooks_;
+  bool checkpoint_ = false;
+  Tensor checkpoint_input_;  // the checkpointed forward's input, until the backward
   std::vector<std::unique_ptr<Parameter>> params_;
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
 };

@@ -49,6 +49,9 @@ struct TrainOptions {
   // sharding
   std::string shard = "full";  // full or none
   bool reshard_after_forward = true;
+  // none, full (every block keeps only its input and recomputes the rest in the backward) or
+  // every:N (blocks 0, N, 2N, ...: torchtitan's selective layer checkpointing)
+  std::string activation_checkpoint = "none";
   int64_t hsdp = 0;  // replica groups; 0: off
   int64_t grad_accum = 1;
   std::string param_dtype, reduce_dtype;
@@ -87,6 +90,8 @@ struct TrainOptions {
 // is written when ckpt_dir is set, and fit() returns normally, so the process can exit 0); a
 // second one ends the process at once (status 128 + the signal).
 void install_stop_handlers();
+// The N of --activation-checkpoint: 0 for none, 1 for full, N for every:N; else an error.
+int64_t checkpoint_every_blocks(const std::string& mode);
 int stop_signal();  // the signal that asked to stop; 0 when none has
 
 class Trainer {
