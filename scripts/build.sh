@@ -4,6 +4,9 @@
 # build targets (default: everything).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Paths relative to the checkout in ccache's hashes: another clone of the same commit (CI's fresh
+# one) compiles from the cache.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 build=${FSDP_BUILD_DIR:-build}
 if [ ! -f "$build/build.ninja" ]; then
   mkdir -p "$build"

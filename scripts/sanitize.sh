@@ -13,6 +13,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${FSDP_FUZZ_SECONDS:-0}
+# Another clone of the same commit compiles from ccache (paths relative to the checkout; with -g
+# the compile directory is not hashed either: only the debug info's paths differ).
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2)
 configure() {  # configure DIR SANITIZERS [extra cmake args]
