@@ -36,7 +36,7 @@ flops=$(grep -oE 'FLOPs / token +\| [0-9.e+]+' "$log/ours.txt" | grep -oE '[0-9.
 ours_ms=$(ours_mean "$log/ours.txt")
 ours_mfu=$(grep -E '^step ' "$log/ours.txt" | awk 'NR > 2 {gsub("%", "", $11); s += $11; n++} END {printf "%.1f", s / n}')
 torch_ms=$(torch_mean "$log/torch.txt")
-torch_ver=$(grep -oE 'torch [0-9][^,]*' "$log/torch.txt" | head -1)
+torch_ver=$(grep -m1 -oE 'torch [0-9][^,]*' "$log/torch.txt" || true)
 ratio=$(awk -v a="$torch_ms" -v b="$ours_ms" 'BEGIN {printf "%.2f", a / b}')
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')
 
@@ -61,7 +61,9 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')
     echo
     echo "\`perf record\` over 6 steps of the same run, share of CPU samples by symbol:"
     echo '```'
-    perf report -i "$log/perf.data" --no-children --sort symbol 2> /dev/null | grep -E '^ +[0-9]' | head -14
+    # awk reads all of perf's output: a reader that stops early (head) would kill perf with
+    # SIGPIPE, and pipefail would end the script with 141 and a truncated results file.
+    perf report -i "$log/perf.data" --no-children --sort symbol 2> /dev/null | awk '/^ +[0-9]/ && n++ < 14'
     echo '```'
     echo "OpenBLAS's sgemm (kernel, packing copies and beta scaling) is most of the step, and PyTorch's step is"
     echo "GEMM-bound too, so the ratio is bounded by how much closer to the sgemm peak each side gets."
@@ -76,4 +78,4 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')
   cat "$log/torch.txt"
   echo '```'
 } > "$out"
-cat "$out" | head -14
+head -n 14 "$out"

@@ -28,7 +28,7 @@ for np in 1 2 4; do
   done
 done
 
-field() { grep -oE "$2" "$1" | head -1 | grep -oE '[0-9.]+' | sed -n "${3:-1}p"; }
+field() { grep -oE "$2" "$1" | awk 'NR == 1' | grep -oE '[0-9.]+' | sed -n "${3:-1}p"; }
 {
   echo "# fully_shard on this CPU: memory and time"
   echo

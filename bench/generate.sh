@@ -34,7 +34,7 @@ a = np.ones(1 << 26, np.float32); b = np.empty_like(a); best = 1e9
 for _ in range(5):
     t = time.perf_counter(); np.copyto(b, a); best = min(best, time.perf_counter() - t)
 print(f'{2 * a.nbytes / best / 1e9:.1f}')")
-num() { grep -oE "$1" <<< "$2" | grep -oE '[0-9.]+' | head -1; }
+num() { grep -oE "$1" <<< "$2" | grep -oE '[0-9.]+' | awk 'NR == 1'; }
 prefill=$(num '\([0-9.]+ tokens/s\)' "$cached")
 decode=$(num '[0-9.]+ tokens/s\)$' "$cached")
 decode_plain=$(num '\([0-9.]+ tokens/s\)' "$plain")
