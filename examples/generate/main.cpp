@@ -94,6 +94,14 @@ Loaded load_checkpoint(const std::string& ckpt, DType compute, Device device) {
   for (auto& [name, t] : tensors) l.model->parameter(name).data = t.to(compute).to(device);
   if (auto saved = checkpoint::read_extra_file(path, "tokenizer.json"))
     l.tokenizer = data::Tokenizer::from_json(*saved, path + "/tokenizer.json");
+  // A fine-tuned pretrained model's ids and chat template (fsdp-train --init-from saved them).
+  if (auto m = checkpoint::read_extra_file(path, "tokenizer_meta.json"); m && l.tokenizer) {
+    const auto meta = checkpoint::TokenizerMeta::from_json(*m, path + "/tokenizer_meta.json");
+    l.pre.chat_template = meta.chat_template;
+    l.pre.bos_id = meta.bos;
+    l.pre.eos_id = meta.eos;
+    l.pre.eot_id = checkpoint::end_of_turn_id(*l.tokenizer, meta.chat_template, meta.eos);
+  }
   l.what = path;
   return l;
 }

@@ -89,12 +89,7 @@ std::optional<std::string> token_field(const json& j, const char* key) {
 
 // End of turn: ChatML's <|im_end|> when the template uses it, else EOS.
 void set_eot(Pretrained& p) {
-  if (p.tokenizer && p.chat_template.find("<|im_end|>") != std::string::npos)
-    if (auto id = token_id(*p.tokenizer, "<|im_end|>")) {
-      p.eot_id = id;
-      return;
-    }
-  p.eot_id = p.eos_id;
+  p.eot_id = p.tokenizer ? end_of_turn_id(*p.tokenizer, p.chat_template, p.eos_id) : p.eos_id;
 }
 
 // The model config of a llama GGUF file: gguf_llama_config's sizes (llama.* keys; GQA, the tie
@@ -452,6 +447,13 @@ void Pretrained::load_into(nn::MiniLLM& model, FSDPModule* root) const {
         groups[in.group].params.slice(in.offset, in.offset + in.local_rows * row).view(local);
     fill_rows(parts, in.local_begin, in.local_begin + in.local_rows, dst);
   }
+}
+
+std::optional<int32_t> end_of_turn_id(const data::Tokenizer& tok, const std::string& chat_template,
+                                      std::optional<int32_t> eos) {
+  if (chat_template.find("<|im_end|>") != std::string::npos)
+    if (auto id = token_id(tok, "<|im_end|>")) return id;
+  return eos;
 }
 
 std::string render_chat(const std::string& chat_template, const std::string& user,

@@ -80,6 +80,11 @@ Pretrained load_pretrained(const std::string& path);
 nn::MiniLLMConfig config_from_family(const std::string& family, const std::string& config_json,
                                      const std::string& where);
 
+// The end-of-turn id of a chat template: ChatML's <|im_end|> where the template writes it and the
+// vocabulary has it, else `eos`.
+std::optional<int32_t> end_of_turn_id(const data::Tokenizer& tok, const std::string& chat_template,
+                                      std::optional<int32_t> eos);
+
 // The first user turn of a chat, rendered as `chat_template` would with add_generation_prompt:
 // ChatML templates (<|im_start|>role\n...<|im_end|>\n, SmolLM2's and Qwen's) are recognised by
 // their markers; the template's default system message is used when `system` is unset and the
