@@ -146,6 +146,43 @@ grep -q "| preset / arch          | safetensors minillm / llama" "$work/re_hf.ou
 "$bin/fsdp-generate" --model "$work/ft.gguf" --chat "What is the capital of France?" --temperature 0 --tokens 32 \
   > "$work/chat2.txt" 2> /dev/null && ok || bad "the fine-tuned GGUF does not chat"
 echo "fine-tuned answer: $(cat "$work/chat2.txt")"
+# A Hugging Face folder as save_pretrained writes a sharded one: no fsdp.config, two safetensors
+# files and model.safetensors.index.json; config.json, tokenizer.json and tokenizer_config.json
+# (its chat template) give the model, the tokenizer and the chat.
+python3 - "$work/hf" "$work/plain" << 'EOF' || bad "could not write the plain sharded folder"
+import json, os, shutil, struct, sys
+src, dst = sys.argv[1:]
+os.makedirs(dst)
+for f in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+    shutil.copy(os.path.join(src, f), dst)
+with open(os.path.join(src, "model.safetensors"), "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    header = json.loads(f.read(n))
+    base = 8 + n
+    header.pop("__metadata__", None)
+    names = list(header)
+    weight_map = {}
+    for part, chunk in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
+        fname = f"model-{part + 1:05d}-of-00002.safetensors"
+        h, off, blobs = {}, 0, []
+        for k in chunk:
+            b, e = header[k]["data_offsets"]
+            f.seek(base + b)
+            blobs.append(f.read(e - b))
+            h[k] = {"dtype": header[k]["dtype"], "shape": header[k]["shape"], "data_offsets": [off, off + e - b]}
+            off += e - b
+            weight_map[k] = fname
+        hj = json.dumps(h).encode()
+        hj += b" " * (-len(hj) % 8)
+        with open(os.path.join(dst, fname), "wb") as o:
+            o.write(struct.pack("<Q", len(hj)) + hj + b"".join(blobs))
+json.dump({"metadata": {}, "weight_map": weight_map}, open(os.path.join(dst, "model.safetensors.index.json"), "w"))
+EOF
+"$bin/fsdp-generate" --model "$work/plain" --chat "What is the capital of France?" --temperature 0 --tokens 32 \
+  > "$work/chat4.txt" 2> "$work/chat4.err" || bad "fsdp-generate --model (plain sharded HF folder) failed: $(tail -2 "$work/chat4.err")"
+cmp -s "$work/chat2.txt" "$work/chat4.txt" && ok || bad "the plain HF folder's chat answer differs: '$(cat "$work/chat4.txt")'"
+grep -q "(hf llama, " "$work/chat4.err" && ok || bad "the plain folder was not read as a Hugging Face llama: $(head -1 "$work/chat4.err")"
+rm -rf "$work/plain"
 "$bin/fsdp-generate" --ckpt "$work/ck" --chat "What is the capital of France?" --temperature 0 --tokens 32 \
   > "$work/chat3.txt" 2> "$work/chat3.err" || bad "fsdp-generate --ckpt --chat failed: $(tail -2 "$work/chat3.err")"
 cmp -s "$work/chat2.txt" "$work/chat3.txt" && ok || bad "the checkpoint's chat answer differs from its GGUF export's"

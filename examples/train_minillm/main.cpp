@@ -133,7 +133,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--keep", o.keep, "keep the newest K checkpoints (0: all)")->capture_default_str();
   app.add_flag("--resume", o.resume, "continue from the newest checkpoint in --ckpt-dir");
-  app.add_option("--init-from", o.init_from, "initialise from full weights in a safetensors file");
+  app.add_option("--init-from", o.init_from,
+                 "start from a pretrained model: a Hugging Face folder or a .gguf file (its "
+                 "architecture and tokenizer), or full weights in a safetensors file");
   app.add_option("--log-file", o.log_file, "append one JSON object per step to this file");
   app.add_option("--profile-steps", o.profile_steps,
                  "profile steps A:B (A included, B not), e.g. 3:5");
