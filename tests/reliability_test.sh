@@ -150,4 +150,162 @@ refused "--decay-steps -1" "--decay-steps must be >= 0" "$train" "${small[@]}" -
 refused "--weight-decay -1" "--weight-decay must be >= 0" "$train" "${small[@]}" --weight-decay -1
 refused "--hsdp -1" "--hsdp must be >= 0" "$train" "${small[@]}" --hsdp -1
 refused "--eps 0" "--eps must be > 0" "$train" "${small[@]}" --eps 0
+
+# 10. A full disk (real small tmpfs mounts in a private mount namespace): a --log-file that cannot
+# be written stops the run with errno's words; fsdp-export writes every file whole or fails naming
+# errno, leaving no temporary (tests/full_disk.sh).
+if unshare -m true 2> /dev/null; then
+  unshare -m bash "$(dirname "$0")/full_disk.sh" "$train" "$(dirname "$train")/fsdp-export" "$work" \
+    > "$work/full_disk.out" 2>&1 && ok || bad "full disk: $(grep FAIL "$work/full_disk.out" | head -5)"
+else
+  echo "SKIP: full disk (unshare -m is not allowed here)"
+fi
+
+# 11. Every FSDP_* value is checked at start, naming the variable (nan hung rank 0's store, 0 hung
+# rank 1, abc terminated with rc 134 or was refused only at the first checkpoint).
+for kv in FSDP_STORE_TIMEOUT_S=nan FSDP_STORE_TIMEOUT_S=inf FSDP_STORE_TIMEOUT_S=1e30 \
+  FSDP_COLLECTIVE_TIMEOUT_S=0 FSDP_COLLECTIVE_TIMEOUT_S=-1 FSDP_COLLECTIVE_TIMEOUT_S=nan \
+  FSDP_CPU_CACHE_MB=abc FSDP_CKPT_SLOW_WRITE_MS=abc FSDP_DIST_CHECK=2 FSDP_GEMM_PEAK_GFLOPS=-5; do
+  refused "$kv" "[env] ${kv%%=*}='${kv#*=}' is not valid: expected" \
+    env "$kv" timeout 60 "$train" "${small[@]}" --steps 2 --ckpt-dir "$work/envck" --ckpt-every 1
+  grep -q '^step ' "$work/refused.out" && bad "$kv: refused only after a step" || ok
+done
+refused "FSDP_COLLECTIVE_TIMEOUT_S=0 at 2 ranks" "FSDP_COLLECTIVE_TIMEOUT_S='0' is not valid" \
+  env FSDP_COLLECTIVE_TIMEOUT_S=0 timeout 60 python3 "$fsdprun" --standalone --nproc_per_node 2 \
+  "$train" "${small[@]}" --steps 2
+
+# 12. Data paths are regular files or directories: a device or a FIFO is refused by name (--data
+# /dev/zero read forever while memory grew).
+mkfifo "$work/fifo"
+refused "--data /dev/zero" "'/dev/zero' is a character device; expected a regular file" \
+  timeout 60 "$train" "${small[@]}" --vocab 256 --steps 1 --data /dev/zero
+refused "--data FIFO" "is a FIFO (named pipe); expected a regular file" \
+  timeout 60 "$train" "${small[@]}" --vocab 256 --steps 1 --data "$work/fifo"
+refused "--data FIFO.bin" "is a FIFO (named pipe); expected a regular file" \
+  bash -c "mkfifo '$work/f.bin' && exec timeout 60 '$train' ${small[*]} --vocab 256 --steps 1 --data '$work/f.bin'"
+
+# 13. The summary's step time is the mean of the steps it timed (every step after the first, or the
+# one step of a resume): it divided by --steps - 1.
+summary_ok() {  # summary_ok OUT JSONL SKIP: the summary's ms against the mean step_ms after SKIP lines
+  python3 - "$@" << 'PY'
+import json, re, sys
+out, log, skip = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ms = [json.loads(l)["step_ms"] for l in open(log) if l.strip()][skip:]
+got = float(re.search(r"summary \| step ([0-9.]+) ms", open(out).read()).group(1))
+want = sum(ms) / len(ms)
+sys.exit(0 if abs(got - want) <= 0.06 + 0.01 * want else f"summary {got} ms, the timed steps' mean {want:.2f} ms")
+PY
+}
+"$train" "${small[@]}" --steps 100000 --log-file "$work/sum.jsonl" > "$work/sum.out" 2>&1 &
+job=$!
+for _ in $(seq 600); do [ "$(wc -l 2> /dev/null < "$work/sum.jsonl" || echo 0)" -ge 3 ] && break; sleep 0.1; done
+kill -TERM $job
+wait $job
+summary_ok "$work/sum.out" "$work/sum.jsonl" 1 2>> "$work/sum.out" && ok || bad "summary after SIGTERM: $(tail -2 "$work/sum.out")"
+"$train" "${small[@]}" --steps 4 --ckpt-dir "$work/sumck" --ckpt-every 4 > /dev/null 2>&1 || bad "summary: setup"
+"$train" "${small[@]}" --steps 5 --ckpt-dir "$work/sumck" --resume --log-file "$work/sum2.jsonl" > "$work/sum2.out" 2>&1 \
+  && summary_ok "$work/sum2.out" "$work/sum2.jsonl" 0 2>> "$work/sum2.out" && ok \
+  || bad "summary after a resume: $(tail -2 "$work/sum2.out")"
+
+# 14. Launchers and signals.
+# kill -9 of fsdprun ends its ranks (they start in their own sessions and were left running).
+python3 "$fsdprun" --standalone --nproc_per_node 2 "$train" "${small[@]}" --steps 100000 \
+  --log-file "$work/orphan.jsonl" > "$work/orphan.out" 2>&1 &
+job=$!
+for _ in $(seq 600); do [ -s "$work/orphan.jsonl" ] && break; sleep 0.1; done
+kill -9 $job
+wait $job 2> /dev/null
+for _ in $(seq 100); do pgrep -f -- "$work/orphan.jsonl" > /dev/null || break; sleep 0.1; done
+pgrep -f -- "$work/orphan.jsonl" > /dev/null && bad "kill -9 of fsdprun left its ranks running" || ok
+# SIGTERM ends a wait in the rendezvous (rank 1 never comes) at once, not after FSDP_STORE_TIMEOUT_S.
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port FSDP_STORE_TIMEOUT_S=300 \
+  timeout 60 "$train" "${small[@]}" --steps 3 --log-file "$work/rdzv_term.jsonl" > "$work/rdzv_term.out" 2>&1 &
+job=$!
+for _ in $(seq 300); do python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 1)" 2> /dev/null && break; sleep 0.1; done
+kill -TERM $(pgrep -f -- "^$train .*$work/rdzv_term.jsonl")  # the rank itself (timeout signals twice)
+wait $job
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "SIGTERM received: gave up waiting for the rendezvous store" "$work/rdzv_term.out" \
+  && ok || bad "SIGTERM in the rendezvous: rc $rc: $(tail -2 "$work/rdzv_term.out")"
+# SIGTERM ends a collective wait stuck on a stopped peer, not after FSDP_COLLECTIVE_TIMEOUT_S (300).
+FSDP_COLLECTIVE_TIMEOUT_S=300 timeout 120 python3 "$fsdprun" --standalone --nproc_per_node 2 --grace 1 \
+  "$train" "${small[@]}" --steps 100000 --log-file "$work/cterm.jsonl" > "$work/cterm.out" 2>&1 &
+job=$!
+r0="" r1=""
+for _ in $(seq 600); do
+  for p in $(pgrep -f -- "^$train .*$work/cterm.jsonl"); do
+    tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null | grep -qx 'RANK=1' && r1=$p
+    tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null | grep -qx 'RANK=0' && r0=$p
+  done
+  [ -n "$r0" ] && [ -n "$r1" ] && [ -s "$work/cterm.jsonl" ] && break
+  sleep 0.1
+done
+kill -STOP "$r1"
+lines=$(wc -l < "$work/cterm.jsonl")  # rank 0 is held in a collective once the log stops growing
+for _ in $(seq 100); do sleep 0.2; n=$(wc -l < "$work/cterm.jsonl"); [ "$n" = "$lines" ] && break; lines=$n; done
+kill -TERM "$r0"
+wait $job
+rc=$?
+kill -9 "$r1" 2> /dev/null
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "SIGTERM received: gave up waiting for" "$work/cterm.out" \
+  && ok || bad "SIGTERM in a stuck collective: rc $rc: $(grep -m2 -E 'error|SIGTERM' "$work/cterm.out")"
+# An unresolvable MASTER_ADDR is an error at once, not after the store's time-out.
+refused "unresolvable MASTER_ADDR" "MASTER_ADDR 'no-such-host.invalid' does not resolve" env RANK=1 WORLD_SIZE=2 \
+  LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=no-such-host.invalid MASTER_PORT=29555 FSDP_STORE_TIMEOUT_S=300 \
+  timeout 60 "$train" "${small[@]}" --steps 1
+# Two processes with RANK=1: the second is named, not run.
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+launch_rank() {  # launch_rank RANK OUT: one rank of a 2-rank world on $port, held by --steps 100000
+  RANK=$1 WORLD_SIZE=2 LOCAL_RANK=$1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    FSDP_RUN_ID=dup timeout 120 "$train" "${small[@]}" --steps 100000 --log-file "$work/dup.jsonl" > "$work/dup$2.out" 2>&1
+}
+launch_rank 0 a &
+a=$!
+launch_rank 1 b &
+b=$!
+for _ in $(seq 600); do [ -s "$work/dup.jsonl" ] && break; sleep 0.1; done
+launch_rank 1 c
+rc=$?
+kill -TERM $(pgrep -f -- "^$train .*$work/dup.jsonl") 2> /dev/null
+wait $a $b
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "RANK=1 is already taken" "$work/dupc.out" && ok \
+  || bad "a second rank 1: rc $rc: $(tail -2 "$work/dupc.out")"
+# Ranks started with different arguments are refused, naming the argument (--lr, --data ran).
+cp /usr/share/common-licenses/GPL-3 "$work/a.txt" && cp /usr/share/common-licenses/GPL-2 "$work/b.txt"
+refused "different --lr over the ranks" "differs from rank 0 at argument" timeout 120 python3 "$fsdprun" \
+  --standalone --nproc_per_node 2 bash -c 'exec "$0" "$@" --lr $((RANK + 1))e-3' "$train" "${small[@]}" --steps 2
+grep -qE "this rank, 1, has '2e-3'" "$work/refused.out" && ok || bad "different --lr: this rank's value not named"
+refused "different --data over the ranks" "differs from rank 0 at argument" timeout 120 python3 "$fsdprun" \
+  --standalone --nproc_per_node 2 bash -c 'exec "$0" "$@" --data "'"$work"'/$([ $RANK = 0 ] && echo a || echo b).txt"' \
+  "$train" "${small[@]}" --vocab 256 --steps 2
+
+# 15. The memory plan is checked before any tensor exists: a 38B model under a 3 GiB cgroup was
+# OOM-killed after 3 s with no output. A real memory cgroup (v2 memory.max, or v1's
+# memory.limit_in_bytes) when this machine lets us make one, else MemAvailable against a huge model.
+huge=(--preset tiny --arch llama --vocab 256 --threads 1 --dim 8192 --layers 48 --heads 64 --steps 1)
+cg=""
+if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+  cg=/sys/fs/cgroup$(awk -F: '$1=="0"{print $3}' /proc/self/cgroup)/reliability_test_$$
+  mkdir "$cg" 2> /dev/null && echo $((3 << 30)) > "$cg/memory.max" 2> /dev/null || { rmdir "$cg" 2> /dev/null; cg=""; }
+elif [ -d /sys/fs/cgroup/memory ]; then
+  cg=/sys/fs/cgroup/memory$(awk -F: '$2=="memory"{print $3}' /proc/self/cgroup)/reliability_test_$$
+  mkdir "$cg" 2> /dev/null && echo $((3 << 30)) > "$cg/memory.limit_in_bytes" 2> /dev/null || { rmdir "$cg" 2> /dev/null; cg=""; }
+fi
+if [ -n "$cg" ]; then
+  in_cg() { bash -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" "$@"; }
+  refused "38B model in a 3 GiB cgroup" "but only 3.22 GB is available ($cg/memory." in_cg timeout 60 "$train" "${huge[@]}"
+  grep -qE "38861021184 parameters need 621.78 GB per rank" "$work/refused.out" && ok \
+    || bad "memory plan: no numbers in $(tail -1 "$work/refused.out")"
+  # --allow-oversubscribe-memory skips the check (the run is then ended by the cgroup's OOM killer
+  # or the allocator: only the check's absence is asserted).
+  in_cg timeout 120 "$train" "${huge[@]}" --allow-oversubscribe-memory > "$work/oversub.out" 2>&1
+  grep -q "does not fit" "$work/oversub.out" && bad "--allow-oversubscribe-memory still checked" || ok
+  for _ in $(seq 50); do rmdir "$cg" 2> /dev/null && break; sleep 0.1; done
+  [ -d "$cg" ] && bad "could not remove the test's cgroup $cg" || ok
+else
+  echo "NOTE: no memory cgroup could be made here; the memory plan is checked against MemAvailable"
+  refused "a 645B model against MemAvailable" "(MemAvailable); shard over more ranks" \
+    timeout 60 "$train" --preset tiny --arch llama --vocab 256 --threads 1 --dim 16384 --layers 200 --heads 64 --steps 1
+fi
 summary

@@ -25,6 +25,7 @@
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/interchange.h"
+#include "fsdp/core/file.h"
 #include "fsdp/data/tokenizer.h"
 
 int main(int argc, char** argv) {
@@ -108,18 +109,15 @@ int main(int argc, char** argv) {
                                 cfg, dtype, tok ? *tok : data::Tokenizer::bytes(), meta)}};
         if (tok)
           for (auto& f : checkpoint::hf_tokenizer_files(cfg, *tok, meta)) files.push_back(f);
-        for (const auto& [name, text] : files) {
-          std::ofstream f(dir / name);
-          f << text << "\n";
-          FSDP_CHECK(f.good(), "[fsdp-export] writing '{}' failed", (dir / name).string());
-        }
+        for (const auto& [name, text] : files)  // each checked to its close, fsynced
+          write_file_atomic((dir / name).string(), text + "\n", "[fsdp-export]");
         fmt::print("export: wrote {} beside it\n",
                    tok ? "config.json, tokenizer.json, tokenizer_config.json and "
                          "generation_config.json"
                        : "config.json");
       } else if (tok) {
         const auto tj = std::filesystem::path(out).parent_path() / "tokenizer.json";
-        std::ofstream(tj) << tok->json() << "\n";
+        write_file_atomic(tj.string(), tok->json() + "\n", "[fsdp-export]");
         fmt::print("export: wrote {}\n", tj.string());
       }
     }

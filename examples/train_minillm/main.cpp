@@ -13,15 +13,61 @@
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "fsdp/core/device.h"
+#include "fsdp/core/env.h"
+#include "fsdp/core/error.h"
+#include "fsdp/core/tensor.h"
 #include "fsdp/dist/init.h"
+#include "fsdp/dist/process_group.h"
 #include "fsdp/train/trainer.h"
+
+namespace {
+
+// Every rank must run the same command line: each argument's hash (and their count) is
+// all-gathered once and a difference is named by its place and this rank's value (a different
+// --lr or --data used to train on silently).
+void check_same_arguments(fsdp::dist::ProcessGroup& pg, int argc, char** argv) {
+  if (pg.size() == 1) return;
+  constexpr int kSlots = 64;  // arguments past the last slot are folded into it
+  auto fnv = [](std::string_view s, uint32_t h) {
+    for (unsigned char c : s) h = (h ^ c) * 16777619u;
+    return h;
+  };
+  fsdp::Tensor mine = fsdp::Tensor::zeros({kSlots + 1}, fsdp::DType::f64);
+  double* m = mine.data<double>();
+  m[0] = double(argc - 1);
+  for (int i = 1; i < argc; ++i) {
+    double& slot = m[std::min(i, kSlots)];
+    slot = double(fnv(argv[i], i < kSlots ? 2166136261u : uint32_t(slot)));
+  }
+  fsdp::Tensor all = fsdp::Tensor::empty({(kSlots + 1) * pg.size()}, fsdp::DType::f64, pg.device());
+  pg.all_gather_into_tensor(all, mine.to(pg.device()))->wait();
+  const std::vector<double> v = all.to_f64_vector();
+  for (int r = 0; r < pg.size(); ++r)
+    for (int i = 0; i <= kSlots; ++i)
+      if (v[size_t(r * (kSlots + 1) + i)] != v[size_t(i)]) {
+        const std::string here =
+            i == 0 ? fmt::format("{} arguments", argc - 1)
+                   : i < argc ? fmt::format("'{}'", argv[i]) : std::string("nothing");
+        FSDP_FAIL(
+            "[fsdp-train] the ranks were started with different arguments: rank {} differs from "
+            "rank 0 {} (this rank, {}, has {} there); every rank must run the same command line",
+            r, i == 0 ? "in the number of arguments" : fmt::format("at argument {}", i),
+            pg.rank(), here);
+      }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   fsdp::train::TrainOptions o;
@@ -137,6 +183,9 @@ int main(int argc, char** argv) {
                  "start from a pretrained model: a Hugging Face folder or a .gguf file (its "
                  "architecture and tokenizer), or full weights in a safetensors file");
   app.add_option("--log-file", o.log_file, "append one JSON object per step to this file");
+  app.add_flag("--allow-oversubscribe-memory", o.allow_oversubscribe_memory,
+               "start even when parameters, gradients and AdamW state need more memory than "
+               "this host (its cgroup, or MemAvailable) has left");
   app.add_option("--profile-steps", o.profile_steps,
                  "profile steps A:B (A included, B not), e.g. 3:5");
   app.add_option("--profile-dir", o.profile_dir, "where the trace and table of each rank go")
@@ -149,6 +198,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    fsdp::validate_env();  // every FSDP_* knob, by name, before anything reads one
     const fsdp::Device device = fsdp::parse_device(device_name);
     FSDP_CHECK(
         device.is_cpu() || fsdp::cuda_available(),
@@ -156,8 +206,9 @@ int main(int argc, char** argv) {
         device_name);
     fsdp::train::install_stop_handlers();  // SIGTERM/SIGINT: checkpoint after this step, exit 0
     {
-      fsdp::train::Trainer trainer(
-          o, fsdp::dist::init_process_group({.device = device, .backend = backend}));
+      auto pg = fsdp::dist::init_process_group({.device = device, .backend = backend});
+      check_same_arguments(*pg, argc, argv);
+      fsdp::train::Trainer trainer(o, pg);
       trainer.fit();
     }
     fsdp::dist::destroy_process_group();

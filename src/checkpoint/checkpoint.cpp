@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "fsdp/checkpoint/safetensors.h"
+#include "fsdp/core/file.h"
 #include "fsdp/core/env.h"
 #include "fsdp/dist/placement.h"
 
@@ -144,12 +145,7 @@ void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::O
                  "metadata.json and shard_*",
                  name);
       const fs::path fp = tmp / name;
-      {
-        std::ofstream f(fp, std::ios::binary);
-        f << contents;
-        FSDP_CHECK(f.good(), "[checkpoint] writing '{}' failed", fp.string());
-      }
-      fsync_path(fp, false);
+      write_file_atomic(fp.string(), contents, "[checkpoint]");  // every write, fsync, close checked
       files[name] = {{"checksum", file_checksum(fp.string())}};
     }
     meta["files"] = files;
@@ -167,12 +163,7 @@ void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::O
     }
     meta["tensors"] = tensors;
     const fs::path mp = tmp / "metadata.json";
-    {
-      std::ofstream f(mp);
-      f << meta.dump(1) << "\n";
-      FSDP_CHECK(f.good(), "[checkpoint] writing '{}' failed", mp.string());
-    }
-    fsync_path(mp, false);
+    write_file_atomic(mp.string(), meta.dump(1) + "\n", "[checkpoint]");
     fsync_path(tmp, true);
     std::error_code ec;
     fs::remove_all(final_dir, ec);  // an older checkpoint of the same step is replaced whole

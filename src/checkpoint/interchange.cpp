@@ -16,6 +16,8 @@
 #include <optional>
 #include <type_traits>
 
+#include "fsdp/core/file.h"
+
 namespace fsdp::checkpoint {
 
 using json = nlohmann::json;
@@ -447,13 +449,7 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
     w.raw(t.raw_data(), t.nbytes());
     w.pad(kAlign);
   }
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(w.buf.data(), std::streamsize(w.buf.size()));
-    FSDP_CHECK(f.good(), "[gguf] writing '{}' failed", tmp);
-  }
-  std::filesystem::rename(tmp, path);
+  write_file_atomic(path, std::string_view(w.buf.data(), w.buf.size()), "[gguf]");
 }
 
 }  // namespace fsdp::checkpoint

@@ -1,5 +1,6 @@
 // safetensors reader and writer (nlohmann-json for the header).
 #include "fsdp/checkpoint/safetensors.h"
+#include "fsdp/core/file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -234,32 +235,12 @@ void save_safetensors(const std::string& path,
   }
   std::string header = j.dump();
   header.append((8 - header.size() % 8) % 8, ' ');  // align the data section to 8 bytes
-  const std::string tmp = path + fmt::format(".tmp.{}", ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  FSDP_CHECK(fd >= 0, "[safetensors] cannot create '{}': {}", tmp, std::strerror(errno));
-  auto write_all = [&](const void* p, size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n) {
-      ssize_t w = ::write(fd, c, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        int err = errno;
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        FSDP_FAIL("[safetensors] writing '{}' failed: {}", tmp, std::strerror(err));
-      }
-      c += w;
-      n -= size_t(w);
-    }
-  };
+  AtomicFile f(path, "[safetensors]");  // removed on any error: no partial file, no stray .tmp
   uint64_t hlen = header.size();
-  write_all(&hlen, 8);
-  write_all(header.data(), header.size());
-  for (const Tensor& h : host) write_all(h.raw_data(), h.nbytes());
-  FSDP_CHECK(::fsync(fd) == 0, "[safetensors] fsync of '{}' failed: {}", tmp, std::strerror(errno));
-  ::close(fd);
-  FSDP_CHECK(::rename(tmp.c_str(), path.c_str()) == 0,
-             "[safetensors] rename '{}' -> '{}' failed: {}", tmp, path, std::strerror(errno));
+  f.write(&hlen, 8);
+  f.write(header.data(), header.size());
+  for (const Tensor& h : host) f.write(h.raw_data(), h.nbytes());
+  f.commit();
 }
 
 }  // namespace fsdp::checkpoint

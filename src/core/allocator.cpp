@@ -33,6 +33,9 @@ class CpuAllocator final : public Allocator {
   void* allocate(size_t nbytes) override {
     void* p = nullptr;
     if (nbytes >= kCacheMin) {
+      // Read here, where an error may be thrown (a bad FSDP_CPU_CACHE_MB is named), so that
+      // deallocate (from destructors) finds it read and never throws.
+      (void)cache_limit();
       const size_t rounded = round_up(nbytes);
       std::lock_guard<std::mutex> lock(mu_);
       auto it = free_.find(rounded);

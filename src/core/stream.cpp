@@ -1,14 +1,28 @@
 // CpuStream: one worker thread draining an ordered task queue.
 #include "fsdp/core/stream.h"
 
+#include <algorithm>
+
 #include "fsdp/core/error.h"
+#include "fsdp/core/interrupt.h"
 #include "fsdp/core/trace.h"
 
 namespace fsdp {
 
 void Event::wait(std::chrono::milliseconds timeout, const std::string& what) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return done_; }))
+  // In slices, so that a stop signal (SIGTERM, SIGINT) ends a wait that is stuck on a peer.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done_ && std::chrono::steady_clock::now() < deadline) {
+    cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() +
+                                                std::chrono::milliseconds(100)));
+    if (!done_) {
+      lock.unlock();
+      throw_if_interrupted(what);
+      lock.lock();
+    }
+  }
+  if (!done_)
     FSDP_FAIL(
         "[Work] {} did not complete within {} s; a peer rank may have died or stopped making "
         "progress",

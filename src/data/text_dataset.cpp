@@ -130,12 +130,30 @@ std::unique_ptr<TokenStream> TokenVector::slice(int64_t begin, int64_t end, std:
 
 namespace {
 
+// A data file must be a regular file: a FIFO, a device or a socket is refused by name before it is
+// opened (--data /dev/zero read forever while memory grew; opening a FIFO blocks).
+void check_regular_file(const std::string& path) {
+  struct stat st {};
+  FSDP_CHECK(::stat(path.c_str(), &st) == 0, "[data] cannot open data file '{}': {}", path,
+             std::strerror(errno));
+  const char* kind = S_ISFIFO(st.st_mode)   ? "a FIFO (named pipe)"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                     : S_ISDIR(st.st_mode)  ? "a directory"
+                                            : "not a regular file";
+  FSDP_CHECK(S_ISREG(st.st_mode),
+             "[data] data file '{}' is {}; expected a regular file (or a directory of .bin shards)",
+             path, kind);
+}
+
 std::vector<int32_t> read_bytes(const std::string& path, int64_t vocab) {
   FSDP_CHECK(vocab >= 256, "[data] a byte-level text file needs vocab >= 256, got {}", vocab);
   std::error_code ec;
   FSDP_CHECK(std::filesystem::exists(path, ec), "[data] data file '{}' does not exist", path);
   FSDP_CHECK(!std::filesystem::is_directory(path, ec),
              "[data] data file '{}' is a directory, expected a file", path);
+  check_regular_file(path);
   std::ifstream f(path, std::ios::binary);
   FSDP_CHECK(f.good(), "[data] cannot read data file '{}': {}", path, std::strerror(errno));
   std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -175,6 +193,7 @@ std::vector<std::string> shard_files(const std::string& spec) {
     FSDP_CHECK(std::filesystem::exists(spec, ec), "[data] data file '{}' does not exist", spec);
     files.push_back(spec);
   }
+  for (const std::string& f : files) check_regular_file(f);
   std::sort(files.begin(), files.end());
   return files;
 }

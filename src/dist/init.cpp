@@ -176,6 +176,13 @@ void rendezvous(TCPStore& store, int rank, int size, const std::string& id) {
                "port (fsdprun or torchrun --master-port), or the same --rdzv-id to join one",
                store.address(), theirs, rank, id);
   }
+  // One process per rank: a second one with this RANK (two rank-1s) is named, not run.
+  const int64_t holders = store.add(fmt::format("rdzv/rank/{}", rank), 1);
+  FSDP_CHECK(holders == 1,
+             "[init_process_group] RANK={} is already taken at the store {} by another process "
+             "of run '{}' ({} processes have claimed it): each process needs its own RANK in "
+             "0..{}; check the launcher's RANK and WORLD_SIZE",
+             rank, store.address(), id, holders, size - 1);
   store.set(fmt::format("rdzv/world_size/{}", rank), std::to_string(size));
   const auto timeout = store.timeout();
   if (rank == 0) {
@@ -230,6 +237,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
   std::lock_guard<std::mutex> lock(init_mu);
   World& w = the_world();
   FSDP_CHECK(!w.group, "[init_process_group] already initialised (backend {})", w.info.backend);
+  validate_env();  // every FSDP_* knob's value, by name, before any of them is used
 
   WorldInfo info;
   info.device = opt.device;

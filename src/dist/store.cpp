@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "fsdp/core/error.h"
+#include "fsdp/core/interrupt.h"
 
 namespace fsdp::dist {
 
@@ -266,6 +267,7 @@ TCPStore::TCPStore(const std::string& host, int port, bool is_server,
       ::freeaddrinfo(res);
     }
     if (fd_ >= 0) break;
+    throw_if_interrupted(fmt::format("the rendezvous store at {} to answer", address_));
     if (std::chrono::steady_clock::now() >= deadline)
       FSDP_FAIL(
           "[store] cannot reach the store at MASTER_ADDR:MASTER_PORT = {} within {} s ({}); check "
@@ -294,6 +296,14 @@ std::vector<char> TCPStore::request(uint8_t op, const std::vector<std::string>& 
   std::lock_guard<std::mutex> lock(mu_);
   FSDP_CHECK(send_all(fd_, msg.data(), msg.size()),
              "[store] lost the connection to {} (rank 0 gone?)", address_);
+  // The answer may take up to the wait's time-out: poll, so that a stop signal ends the wait.
+  for (;;) {
+    pollfd p{fd_, POLLIN, 0};
+    const int rc = ::poll(&p, 1, 100);
+    if (rc > 0 || (rc < 0 && errno != EINTR)) break;
+    throw_if_interrupted(fmt::format("the rendezvous store at {}{}", address_,
+                                     keys.empty() ? std::string() : " (key '" + keys[0] + "')"));
+  }
   uint8_t status;
   uint32_t len;
   FSDP_CHECK(recv_all(fd_, &status, 1) && recv_all(fd_, &len, 4),

@@ -38,6 +38,7 @@
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/core/allocator.h"
 #include "fsdp/core/host_sync.h"
+#include "fsdp/core/interrupt.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/text_dataset.h"
 #include "fsdp/data/tokenizer.h"
@@ -82,6 +83,57 @@ int64_t persistent_bytes(nn::MiniLLM& model, int64_t shards, DType dtype) {
     elems += dist::chunk_size(rows, shards) * row;
   }
   return 4 * elems * int64_t(dtype_size(dtype));
+}
+
+// Bytes this process may still take, and where that figure comes from: the tightest memory
+// limit of its cgroup and the cgroup's ancestors (v2 memory.max, or v1 memory.limit_in_bytes,
+// less what the cgroup already uses), else /proc/meminfo's MemAvailable.
+std::pair<int64_t, std::string> host_memory_available() {
+  auto read_num = [](const std::string& path) -> std::optional<int64_t> {
+    std::ifstream f(path);
+    std::string v;
+    if (!(f >> v) || v == "max") return std::nullopt;
+    int64_t n = 0;
+    const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (ec != std::errc() || n >= (int64_t(1) << 60)) return std::nullopt;  // unlimited
+    return n;
+  };
+  int64_t best = -1;
+  std::string from;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    int64_t kb = 0;
+    meminfo >> kb;
+    if (key == "MemAvailable:") {
+      best = kb * 1024;
+      from = "MemAvailable";
+      break;
+    }
+    meminfo.ignore(1 << 20, '\n');
+  }
+  std::ifstream cg("/proc/self/cgroup");
+  for (std::string line; std::getline(cg, line);) {
+    const auto c1 = line.find(':'), c2 = line.find(':', c1 + 1);
+    if (c1 == std::string::npos || c2 == std::string::npos) continue;
+    const std::string ctl = line.substr(c1 + 1, c2 - c1 - 1);
+    std::string root, max_file, cur_file;
+    if (ctl.empty() && std::filesystem::exists("/sys/fs/cgroup/cgroup.controllers"))
+      root = "/sys/fs/cgroup", max_file = "memory.max", cur_file = "memory.current";
+    else if (ctl == "memory")
+      root = "/sys/fs/cgroup/memory", max_file = "memory.limit_in_bytes",
+      cur_file = "memory.usage_in_bytes";
+    else
+      continue;
+    for (std::filesystem::path dir = line.substr(c2 + 1);; dir = dir.parent_path()) {
+      const std::string at = root + dir.string();
+      if (const auto max = read_num(at + "/" + max_file)) {
+        const int64_t left = *max - read_num(at + "/" + cur_file).value_or(0);
+        if (best < 0 || left < best) best = std::max<int64_t>(0, left), from = at + "/" + max_file;
+      }
+      if (dir == dir.parent_path() || dir.empty()) break;
+    }
+  }
+  return {best, from};
 }
 
 // --profile-steps A:B: profiles steps [A, B) and writes each rank's trace and table.
@@ -214,6 +266,7 @@ bool is_text_file(const std::string& spec) {
 std::atomic<int> g_stop_signal{0};
 
 extern "C" void on_stop_signal(int sig) {
+  request_stop(sig);  // the library's waits (store, collectives) give up once a step had its time
   if (g_stop_signal.exchange(sig) != 0) {  // the second one: leave now
     const char msg[] = "fsdp-train: second stop signal: exiting without a checkpoint\n";
     (void)!write(2, msg, sizeof(msg) - 1);
@@ -344,6 +397,8 @@ struct Trainer::Impl {
   // Communication: seconds in collectives on their threads, and seconds the
   // compute thread waited for them (exposed), summed over the timed steps.
   double comm_total = 0, exposed_total = 0, step_total = 0, ddp_wait = 0;
+  int64_t steps_timed = 0;  // the steps those sums cover (a resume or a stop times fewer)
+  double longest_step = 0;  // seconds
 
   bool main() const { return rank == 0; }
 
@@ -484,6 +539,7 @@ struct Trainer::Impl {
 
   void build_model() {
     model = std::make_unique<nn::MiniLLM>(cfg);
+    check_memory_plan();  // from the shapes alone, before any tensor exists
     if (pretrained && o.shard == "none") {  // replicated: every rank holds all of it
       flat = nn::materialize(*model, dtype, o.seed, device, nn::kFlatAlignElems);
       pretrained->load_into(*model);
@@ -518,6 +574,34 @@ struct Trainer::Impl {
                                  .decay = optim::parse_decay(o.lr_decay),
                                  .min_lr = o.min_lr,
                                  .decay_end = o.decay_steps > 0 ? o.decay_steps : o.steps});
+  }
+
+  // The persistent plan (parameters, gradients and AdamW's two moments per rank, from the
+  // config) against the memory this host has left for its ranks; refused with the numbers on
+  // every rank alike (--allow-oversubscribe-memory skips it). A 38B model under a 3 GiB cgroup
+  // was OOM-killed after 3 s with no output.
+  void check_memory_plan() {
+    if (o.allow_oversubscribe_memory || !device.is_cpu()) return;  // CUDA: not checked yet
+    const int64_t shards = o.shard == "full" ? mesh->size(mesh->ndim() - 1) : 1;
+    const int64_t per_rank = persistent_bytes(*model, shards, dtype);
+    const int local = std::max(1, dist::world_info().local_size);
+    const auto [available, from] = host_memory_available();
+    std::string error;
+    if (available >= 0 && per_rank * local > available)
+      error = fmt::format(
+          "[fsdp-train] the model does not fit: {} parameters need {:.2f} GB per rank for "
+          "parameters, gradients and AdamW's two moments ({}, {} shard(s)), {:.2f} GB for the {} "
+          "rank(s) on this host, but only {:.2f} GB is available ({}); shard over more ranks, "
+          "take a smaller model, or pass --allow-oversubscribe-memory to try anyway",
+          model->num_parameters(), double(per_rank) / 1e9, dtype_name(dtype), shards,
+          double(per_rank * local) / 1e9, local, double(available) / 1e9, from);
+    Tensor failed = Tensor::full({1}, error.empty() ? 0.0 : 1.0, DType::f32).to(device);
+    if (size > 1) pg->all_reduce(failed, dist::ReduceOp::SUM)->wait();
+    if (!error.empty()) throw Error(error);
+    FSDP_CHECK(failed.item() == 0,
+               "[fsdp-train] the model does not fit in {} other rank(s)' memory (their errors "
+               "give the numbers); pass --allow-oversubscribe-memory to try anyway",
+               failed.item());
   }
 
   // The ceiling: on CPU the machine's sgemm peak on all its cores (measured by
@@ -720,12 +804,16 @@ struct Trainer::Impl {
     m.host_syncs = host_sync_count() - syncs0;
     const double dt = seconds_since(t0);
     m.step_seconds = dt;
+    // A stop signal ends a wait stuck on a peer, but only after a step in flight had its time.
+    longest_step = std::max(longest_step, dt);
+    set_stop_grace(std::chrono::milliseconds(int64_t(1000.0 * std::max(1.0, 2.0 * longest_step))));
     m.tokens_per_s /= dt;  // gathered with a 1 s step
     m.mfu /= dt;
     if (step > start_step || o.steps == start_step + 1) {  // the first step warms up
       comm_total += comm1 - comm0;
       exposed_total += (exposed1 - exposed0) + (ddp_wait - ddp_wait0);
       step_total += dt;
+      ++steps_timed;
     }
     return m;
   }
@@ -745,6 +833,7 @@ struct Trainer::Impl {
   }
 
   void save(int64_t step) {
+    const Uninterruptible whole;  // a stop signal does not cut a checkpoint short (a second one does)
     const auto tc = std::chrono::steady_clock::now();
     if (main()) fmt::print("checkpoint: writing step {} to {} ...\n", step, o.ckpt_dir);
     checkpoint::Extras extras;
@@ -758,7 +847,7 @@ struct Trainer::Impl {
 
   // Means over the steps after the first; communication as rank 0 saw it.
   void print_summary() {
-    const double n = double(std::max<int64_t>(1, o.steps > 1 ? o.steps - 1 : 1));
+    const double n = double(std::max<int64_t>(1, steps_timed));
     Tensor peak_mem = Tensor::full({2}, double(memory_stats(device).peak), DType::f64);
     peak_mem.data<double>()[1] = double(peak_rss_bytes());
     peak_mem = peak_mem.to(device);
@@ -824,6 +913,7 @@ struct Trainer::Impl {
       if (saved) save(s + 1);
       steps_done = s + 1;
       if (s + 1 < o.steps && m.stop) {
+        const Uninterruptible stopping;  // the checkpoint and the summary's gather
         const int sig = stop_signal();
         if (!o.ckpt_dir.empty() && !saved) save(s + 1);
         if (main())

@@ -9,15 +9,27 @@
 
 namespace fsdp {
 
+// What a knob's value may be. text: anything; choice: one of `choices` ("a|b|c"); flag: 0 or 1;
+// integer / number: a whole / finite number in [min, max]; seconds: a finite time-out,
+// above 0 and at most max.
+enum class EnvKind { text, choice, flag, integer, number, seconds };
+
 struct EnvKnob {
   const char* name;
   const char* default_value;
   const char* meaning;
+  EnvKind kind = EnvKind::text;
+  double min = 0, max = 0;
+  const char* choices = "";
 };
 
 const std::vector<EnvKnob>& env_knobs();
 // The knob's value from the environment, or its declared default.
 std::string env_str(const char* name);
+// The knob's value as a number, checked against its kind and range (throws naming the variable).
 double env_double(const char* name);
+// Checks every declared knob that is set in the environment against its kind and range, naming
+// the variable, the value and what it must be. fsdp-train and init_process_group call it first.
+void validate_env();
 
 }  // namespace fsdp

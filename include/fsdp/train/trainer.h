@@ -75,6 +75,7 @@ struct TrainOptions {
   bool resume = false;
   std::string init_from;
   std::string log_file;
+  bool allow_oversubscribe_memory = false;  // skip the memory plan's check at start
   std::string profile_steps;  // "A:B": steps A (included) to B (not)
   std::string profile_dir = "profile";
 
