@@ -40,9 +40,25 @@ else
   mapfile -t files < <(printf '%s\n' "${files[@]}" | grep -v 'attention_cudnn\.cpp$')
 fi
 
+# A file whose preprocessed text (with IWYU's version and the flags) passed before is not checked
+# again: the key captures every header it reaches, so nothing a change could affect is skipped.
+# Paths are relative to the checkout, so another clone of the same tree hits too.
+# FSDP_IWYU_CACHE=0 turns the cache off.
+cache=${FSDP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/fsdp}/iwyu
+[ "${FSDP_IWYU_CACHE:-1}" = 0 ] && cache=""
+[ -n "$cache" ] && command -v clang++ > /dev/null && mkdir -p "$cache" 2> /dev/null || cache=""
+iwyu_version=$(include-what-you-use --version 2>&1 | head -c 200 || true)
+
 # Prints "FILE: should add LINE" for each missing #include of one file.
 check_one() {
-  local f=$1 out
+  local f=$1 out key=""
+  if [ -n "$cache" ]; then
+    local cpp_flags=()
+    for x in "${flags[@]}"; do [[ $x == -Xiwyu || $x == --mapping_file=* || $x == --no_fwd_decls ]] || cpp_flags+=("$x"); done
+    key=$( { printf '%s\n' "$iwyu_version" "${flags[@]}" "$f"; clang++ "${cpp_flags[@]}" -E -P -x c++ "$f" 2> /dev/null; } \
+      | sha256sum | cut -c1-40)
+    [ -f "$cache/$key" ] && return
+  fi
   out=$(include-what-you-use "${flags[@]}" -x c++ "$f" 2>&1 || true)
   if grep -q 'error:' <<< "$out"; then
     echo "$f: IWYU could not parse it:"
@@ -51,16 +67,23 @@ check_one() {
     return
   fi
   # The "should add" block of the file itself (not of the headers it includes).
-  awk -v f="$f" '
+  local found
+  found=$(awk -v f="$f" '
     $0 == f " should add these lines:" {on = 1; next}
     on && /^$/ {on = 0}
     on && /^#include <[a-z_]+>/ {print f ": should add " $0}
     on && /^#include <(assert|ctype|errno|float|inttypes|limits|math|signal|stdarg|stddef|stdint|stdio|stdlib|string|time|wchar)\.h>/ {
       print f ": should add " $0
     }
-  ' <<< "$out"
+  ' <<< "$out")
+  if [ -n "$found" ]; then
+    echo "$found"
+  elif [ -n "$key" ]; then
+    touch "$cache/$key"  # passed: not checked again until its preprocessed text changes
+  fi
 }
 export -f check_one
+export cache iwyu_version
 report=$(printf '%s\n' "${files[@]}" | xargs -P "$(nproc)" -I{} bash -c "$(declare -p flags); check_one {}")
 if [ -n "$report" ]; then
   echo "$report"

@@ -5,6 +5,7 @@
 #include <nvtx3/nvToolsExt.h>  // header-only; a no-op unless Nsight is attached
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <mutex>

@@ -8,6 +8,7 @@
 // a step ago, so the wait returns at once. On a CPU device upload() returns its input.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
