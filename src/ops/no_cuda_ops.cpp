@@ -2,6 +2,7 @@
 // op of src/ops/backend.h throws, naming itself. ops.cpp sends a tensor here
 // only when it is on a CUDA device, after the op's own checks.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "src/ops/backend.h"
