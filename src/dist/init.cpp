@@ -298,8 +298,9 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
       addrinfo* res = nullptr;
       const int rc = ::getaddrinfo(addr.c_str(), nullptr, &hints, &res);
       if (res) ::freeaddrinfo(res);
-      FSDP_CHECK(rc == 0, "[init_process_group] MASTER_ADDR '{}' does not resolve: {}", addr,
-                 ::gai_strerror(rc));
+      FSDP_CHECK(rc == 0,
+                 "[init_process_group] MASTER_ADDR '{}' (the store at {}:{}) does not resolve: {}",
+                 addr, addr, launch.master_port, ::gai_strerror(rc));
     }
     FSDP_CHECK(launch.master_port > 0,
                "[init_process_group] MASTER_PORT is not set (torchrun-style launch needs RANK, "

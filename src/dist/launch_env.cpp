@@ -220,10 +220,13 @@ LaunchEnv read_launch_env() {
                "(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)",
                k, env(k));
   }
-  FSDP_CHECK(e.size >= 1, "[init_process_group] the world size must be >= 1, got {}", e.size);
-  FSDP_CHECK(e.rank >= 0 && e.rank < e.size,
-             "[init_process_group] rank {} is not in [0, {}) ({} launch)", e.rank, e.size,
-             e.launcher);
+  // The launcher's own names for the rank and the world size, in the messages.
+  const char *rank_var = "RANK", *size_var = "WORLD_SIZE";
+  if (e.launcher == "mpirun") rank_var = "OMPI_COMM_WORLD_RANK", size_var = "OMPI_COMM_WORLD_SIZE";
+  if (e.launcher == "slurm") rank_var = "SLURM_PROCID", size_var = "SLURM_NTASKS";
+  FSDP_CHECK(e.size >= 1, "[init_process_group] {} must be >= 1, got {}", size_var, e.size);
+  FSDP_CHECK(e.rank >= 0 && e.rank < e.size, "[init_process_group] {}={} is not in [0, {}={})",
+             rank_var, e.rank, size_var, e.size);
   FSDP_CHECK(e.local_rank >= 0 && e.local_size >= 1,
              "[init_process_group] local rank {} of {} ({} launch)", e.local_rank, e.local_size,
              e.launcher);
