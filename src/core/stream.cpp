@@ -2,6 +2,7 @@
 #include "fsdp/core/stream.h"
 
 #include <algorithm>
+#include <compare>
 
 #include "fsdp/core/error.h"
 #include "fsdp/core/interrupt.h"

@@ -5,6 +5,7 @@
 // path, so a full disk never leaves a partial file or a stray temporary.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
