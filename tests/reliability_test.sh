@@ -167,22 +167,22 @@ for kv in FSDP_STORE_TIMEOUT_S=nan FSDP_STORE_TIMEOUT_S=inf FSDP_STORE_TIMEOUT_S
   FSDP_COLLECTIVE_TIMEOUT_S=0 FSDP_COLLECTIVE_TIMEOUT_S=-1 FSDP_COLLECTIVE_TIMEOUT_S=nan \
   FSDP_CPU_CACHE_MB=abc FSDP_CKPT_SLOW_WRITE_MS=abc FSDP_DIST_CHECK=2 FSDP_GEMM_PEAK_GFLOPS=-5; do
   refused "$kv" "[env] ${kv%%=*}='${kv#*=}' is not valid: expected" \
-    env "$kv" timeout 60 "$train" "${small[@]}" --steps 2 --ckpt-dir "$work/envck" --ckpt-every 1
+    env "$kv" timeout -k 10 60 "$train" "${small[@]}" --steps 2 --ckpt-dir "$work/envck" --ckpt-every 1
   grep -q '^step ' "$work/refused.out" && bad "$kv: refused only after a step" || ok
 done
 refused "FSDP_COLLECTIVE_TIMEOUT_S=0 at 2 ranks" "FSDP_COLLECTIVE_TIMEOUT_S='0' is not valid" \
-  env FSDP_COLLECTIVE_TIMEOUT_S=0 timeout 60 python3 "$fsdprun" --standalone --nproc_per_node 2 \
+  env FSDP_COLLECTIVE_TIMEOUT_S=0 timeout -k 10 60 python3 "$fsdprun" --standalone --nproc_per_node 2 \
   "$train" "${small[@]}" --steps 2
 
 # 12. Data paths are regular files or directories: a device or a FIFO is refused by name (--data
 # /dev/zero read forever while memory grew).
 mkfifo "$work/fifo"
 refused "--data /dev/zero" "'/dev/zero' is a character device; expected a regular file" \
-  timeout 60 "$train" "${small[@]}" --vocab 256 --steps 1 --data /dev/zero
+  timeout -k 10 60 "$train" "${small[@]}" --vocab 256 --steps 1 --data /dev/zero
 refused "--data FIFO" "is a FIFO (named pipe); expected a regular file" \
-  timeout 60 "$train" "${small[@]}" --vocab 256 --steps 1 --data "$work/fifo"
+  timeout -k 10 60 "$train" "${small[@]}" --vocab 256 --steps 1 --data "$work/fifo"
 refused "--data FIFO.bin" "is a FIFO (named pipe); expected a regular file" \
-  bash -c "mkfifo '$work/f.bin' && exec timeout 60 '$train' ${small[*]} --vocab 256 --steps 1 --data '$work/f.bin'"
+  bash -c "mkfifo '$work/f.bin' && exec timeout -k 10 60 '$train' ${small[*]} --vocab 256 --steps 1 --data '$work/f.bin'"
 
 # 13. The summary's step time is the mean of the steps it timed (every step after the first, or the
 # one step of a resume): it divided by --steps - 1.
@@ -220,7 +220,7 @@ pgrep -f -- "$work/orphan.jsonl" > /dev/null && bad "kill -9 of fsdprun left its
 # SIGTERM ends a wait in the rendezvous (rank 1 never comes) at once, not after FSDP_STORE_TIMEOUT_S.
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port FSDP_STORE_TIMEOUT_S=300 \
-  timeout 60 "$train" "${small[@]}" --steps 3 --log-file "$work/rdzv_term.jsonl" > "$work/rdzv_term.out" 2>&1 &
+  timeout -k 10 60 "$train" "${small[@]}" --steps 3 --log-file "$work/rdzv_term.jsonl" > "$work/rdzv_term.out" 2>&1 &
 job=$!
 for _ in $(seq 300); do python3 -c "import socket; socket.create_connection(('127.0.0.1', $port), 1)" 2> /dev/null && break; sleep 0.1; done
 kill -TERM $(pgrep -f -- "^$train .*$work/rdzv_term.jsonl")  # the rank itself (timeout signals twice)
@@ -229,7 +229,7 @@ rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "SIGTERM received: gave up waiting for the rendezvous store" "$work/rdzv_term.out" \
   && ok || bad "SIGTERM in the rendezvous: rc $rc: $(tail -2 "$work/rdzv_term.out")"
 # SIGTERM ends a collective wait stuck on a stopped peer, not after FSDP_COLLECTIVE_TIMEOUT_S (300).
-FSDP_COLLECTIVE_TIMEOUT_S=300 timeout 120 python3 "$fsdprun" --standalone --nproc_per_node 2 --grace 1 \
+FSDP_COLLECTIVE_TIMEOUT_S=300 timeout -k 10 120 python3 "$fsdprun" --standalone --nproc_per_node 2 --grace 1 \
   "$train" "${small[@]}" --steps 100000 --log-file "$work/cterm.jsonl" > "$work/cterm.out" 2>&1 &
 job=$!
 r0="" r1=""
@@ -253,12 +253,12 @@ kill -9 "$r1" 2> /dev/null
 # An unresolvable MASTER_ADDR is an error at once, not after the store's time-out.
 refused "unresolvable MASTER_ADDR" "MASTER_ADDR 'no-such-host.invalid' does not resolve" env RANK=1 WORLD_SIZE=2 \
   LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=no-such-host.invalid MASTER_PORT=29555 FSDP_STORE_TIMEOUT_S=300 \
-  timeout 60 "$train" "${small[@]}" --steps 1
+  timeout -k 10 60 "$train" "${small[@]}" --steps 1
 # Two processes with RANK=1: the second is named, not run.
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 launch_rank() {  # launch_rank RANK OUT: one rank of a 2-rank world on $port, held by --steps 100000
   RANK=$1 WORLD_SIZE=2 LOCAL_RANK=$1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-    FSDP_RUN_ID=dup timeout 120 "$train" "${small[@]}" --steps 100000 --log-file "$work/dup.jsonl" > "$work/dup$2.out" 2>&1
+    FSDP_RUN_ID=dup timeout -k 10 120 "$train" "${small[@]}" --steps 100000 --log-file "$work/dup.jsonl" > "$work/dup$2.out" 2>&1
 }
 launch_rank 0 a &
 a=$!
@@ -273,10 +273,10 @@ wait $a $b
   || bad "a second rank 1: rc $rc: $(tail -2 "$work/dupc.out")"
 # Ranks started with different arguments are refused, naming the argument (--lr, --data ran).
 cp /usr/share/common-licenses/GPL-3 "$work/a.txt" && cp /usr/share/common-licenses/GPL-2 "$work/b.txt"
-refused "different --lr over the ranks" "differs from rank 0 at argument" timeout 120 python3 "$fsdprun" \
+refused "different --lr over the ranks" "differs from rank 0 at argument" timeout -k 10 120 python3 "$fsdprun" \
   --standalone --nproc_per_node 2 bash -c 'exec "$0" "$@" --lr $((RANK + 1))e-3' "$train" "${small[@]}" --steps 2
 grep -qE "this rank, 1, has '2e-3'" "$work/refused.out" && ok || bad "different --lr: this rank's value not named"
-refused "different --data over the ranks" "differs from rank 0 at argument" timeout 120 python3 "$fsdprun" \
+refused "different --data over the ranks" "differs from rank 0 at argument" timeout -k 10 120 python3 "$fsdprun" \
   --standalone --nproc_per_node 2 bash -c 'exec "$0" "$@" --data "'"$work"'/$([ $RANK = 0 ] && echo a || echo b).txt"' \
   "$train" "${small[@]}" --vocab 256 --steps 2
 
@@ -294,18 +294,18 @@ elif [ -d /sys/fs/cgroup/memory ]; then
 fi
 if [ -n "$cg" ]; then
   in_cg() { bash -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" "$@"; }
-  refused "38B model in a 3 GiB cgroup" "but only 3.22 GB is available ($cg/memory." in_cg timeout 60 "$train" "${huge[@]}"
+  refused "38B model in a 3 GiB cgroup" "but only 3.22 GB is available ($cg/memory." in_cg timeout -k 10 60 "$train" "${huge[@]}"
   grep -qE "38861021184 parameters need 621.78 GB per rank" "$work/refused.out" && ok \
     || bad "memory plan: no numbers in $(tail -1 "$work/refused.out")"
   # --allow-oversubscribe-memory skips the check (the run is then ended by the cgroup's OOM killer
   # or the allocator: only the check's absence is asserted).
-  in_cg timeout 120 "$train" "${huge[@]}" --allow-oversubscribe-memory > "$work/oversub.out" 2>&1
+  in_cg timeout -k 10 120 "$train" "${huge[@]}" --allow-oversubscribe-memory > "$work/oversub.out" 2>&1
   grep -q "does not fit" "$work/oversub.out" && bad "--allow-oversubscribe-memory still checked" || ok
   for _ in $(seq 50); do rmdir "$cg" 2> /dev/null && break; sleep 0.1; done
   [ -d "$cg" ] && bad "could not remove the test's cgroup $cg" || ok
 else
   echo "NOTE: no memory cgroup could be made here; the memory plan is checked against MemAvailable"
   refused "a 645B model against MemAvailable" "(MemAvailable); shard over more ranks" \
-    timeout 60 "$train" --preset tiny --arch llama --vocab 256 --threads 1 --dim 16384 --layers 200 --heads 64 --steps 1
+    timeout -k 10 60 "$train" --preset tiny --arch llama --vocab 256 --threads 1 --dim 16384 --layers 200 --heads 64 --steps 1
 fi
 summary
