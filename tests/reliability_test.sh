@@ -251,7 +251,7 @@ kill -9 "$r1" 2> /dev/null
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "SIGTERM received: gave up waiting for" "$work/cterm.out" \
   && ok || bad "SIGTERM in a stuck collective: rc $rc: $(grep -m2 -E 'error|SIGTERM' "$work/cterm.out")"
 # An unresolvable MASTER_ADDR is an error at once, not after the store's time-out.
-refused "unresolvable MASTER_ADDR" "MASTER_ADDR 'no-such-host.invalid' does not resolve" env RANK=1 WORLD_SIZE=2 \
+refused "unresolvable MASTER_ADDR" "no-such-host.invalid:29555) does not resolve" env RANK=1 WORLD_SIZE=2 \
   LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=no-such-host.invalid MASTER_PORT=29555 FSDP_STORE_TIMEOUT_S=300 \
   timeout -k 10 60 "$train" "${small[@]}" --steps 1
 # Two processes with RANK=1: the second is named, not run.
