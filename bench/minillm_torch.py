@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The reference MiniLLM (../shared/seed/train_fsdp.py's model) trained on one
+"""The reference MiniLLM (the model of the reference train_fsdp.py) trained on one
 CPU process in PyTorch, for a side-by-side timing with fsdp-train. Same
 model, same AdamW, random tokens; prints one line per step and a summary:
     torch: ms/step 123.4 (steps 2..N), tok/s 12345

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The reference PyTorch FSDP2 run for the side-by-side GPU benchmark: the
-model, sharding and optimizer of ../shared/seed/train_fsdp.py (fully_shard on
+model, sharding and optimizer of the reference train_fsdp.py (fully_shard on
 each block and the root, MixedPrecisionPolicy(bf16, fp32), AdamW lr 3e-4),
 with its configuration as flags and timing added. Run it as the reference
 script is run:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Loads an fsdp-export safetensors file of the seed architecture into the
-reference PyTorch MiniLLM (../shared/seed/train_fsdp.py's model) with
+reference PyTorch MiniLLM (the model of the reference train_fsdp.py) with
 load_state_dict(strict=True) and runs a forward pass.
     /usr/bin/python3 scripts/check_export_torch.py model.safetensors
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/seed_tiny_torch.safetensors: the reference MiniLLM
-(the model of ../shared/seed/train_fsdp.py, at a tiny size) built in PyTorch,
+(the model of the reference train_fsdp.py, at a tiny size) built in PyTorch,
 with its weights, three batches of tokens and targets, the loss and every
 parameter gradient on the first batch, and the losses of three AdamW steps
 (lr 1e-2, PyTorch's other defaults). Everything is float64, so the C++ test

@@ -161,7 +161,7 @@ def main():
 
     # (c) Three AdamW steps at 2 ranks on the same windows of one shard.
     shard = os.path.join(work, "data.bin")
-    corpus = [os.path.join(src, f) for f in ("README.md", "shared/DESIGN.md") if os.path.exists(os.path.join(src, f))]
+    corpus = [os.path.join(src, f) for f in ("README.md", "docs/reliability.md") if os.path.exists(os.path.join(src, f))]
     data = []
     for f in corpus:
         data += tok(open(f, encoding="utf-8").read(), add_special_tokens=False).input_ids + [tok.eos_token_id]

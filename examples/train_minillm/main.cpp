@@ -1,5 +1,5 @@
 // fsdp-train: trains the MiniLLM. The C++ form of the reference PyTorch
-// script (../shared/seed/train_fsdp.py): the same model, the same defaults
+// script (train_fsdp.py; see README.md): the same model, the same defaults
 // (AdamW lr 3e-4, betas (0.9, 0.999), eps 1e-8, weight decay 0.01, random
 // tokens, batch 8 x 1024) and the same per-step line, plus tokens/s and MFU:
 //   step 3 | loss 7.1234 | 1234 tok/s | mfu 41.2% | peak mem 0.52 GB

@@ -2,7 +2,7 @@
 // file in kernels/cuda/. They take validated, contiguous tensors (the ops
 // layer checks shapes and dtypes first) and compute in T = float or double.
 // Backward kernels that produce parameter gradients ADD into them (the
-// explicit-backward convention of DESIGN.md); input gradients are written.
+// explicit-backward convention of nn/module.h); input gradients are written.
 // Private to the library.
 #pragma once
 

@@ -1,5 +1,5 @@
 // Module: a name-addressed tree of parameters with an explicit forward and
-// backward (no autograd tape, see DESIGN.md). forward_impl() saves what
+// backward (no autograd tape). forward_impl() saves what
 // backward_impl() needs; backward_impl() returns the input gradient and ADDS
 // into the gradients of the module's parameters. A container runs its
 // children's backward in reverse order.
