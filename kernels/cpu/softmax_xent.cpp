@@ -1,7 +1,7 @@
 // Fused softmax + cross-entropy, averaged over rows. The forward keeps one
 // log-sum-exp per row; the backward writes dlogits = (softmax - onehot) *
 // dloss / n straight from the logits and that lse, so the probabilities are
-// never stored.
+// never stored. Each row's sum of exps is accumulated in double.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -20,12 +20,14 @@ double softmax_xent_forward(const T* logits, const I* targets, T* lse, int64_t n
     const T* row = logits + r * v;
     T m = -std::numeric_limits<T>::infinity();
     for (int64_t j = 0; j < v; ++j) m = std::max(m, row[j]);
-    T sum = 0;
+    // The exps are summed in double: over a 49152-token vocabulary an f32 sum lost 2.6e-5 of
+    // the loss against PyTorch (whose sum is more exact), and the lse feeds the backward too.
+    double sum = 0;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < v; ++j) sum += vexp(row[j] - m);
-    const T l = m + std::log(sum);
-    lse[r] = l;
-    total += double(l - row[targets[r]]);
+    for (int64_t j = 0; j < v; ++j) sum += double(vexp(row[j] - m));
+    const double l = double(m) + std::log(sum);
+    lse[r] = T(l);
+    total += l - double(row[targets[r]]);
   }
   return total / double(n);
 }
