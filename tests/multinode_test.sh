@@ -123,7 +123,7 @@ run=kill
 export FSDP_COLLECTIVE_TIMEOUT_S=10
 node 0 "${small[@]}" --steps 1000000 --log-file "$work/kill.jsonl"
 p0=$node_pid
-node 1 "${small[@]}" --steps 1000000
+node 1 "${small[@]}" --steps 1000000 --log-file "$work/kill.jsonl"  # the same command line (rank 0 writes it)
 p1=$node_pid
 for _ in $(seq 600); do [ -s "$work/kill.jsonl" ] && break; sleep 0.1; done
 ip netns pids "${ns[1]}" | xargs -r kill -9
