@@ -47,7 +47,7 @@ field() { sed -nE "s/^summary \\| step ([0-9.]+) ms \\| peak mem ([0-9.]+) MB.*/
 {
   echo "# Activation checkpointing on CPU, 2 ranks"
   echo
-  echo "$(date -u +%Y-%m-%d), $(lscpu | sed -nE 's/^Model name: +//p'), $(nproc) cores;"
+  echo "$(date -u +%Y-%m-%d), $(lscpu | sed -nE 's/^Model name: +//p'), $(getconf _NPROCESSORS_ONLN) cores;"
   echo "\`fsdp-train ${args[*]} --threads 1\` under mpirun -np 2, per mode. Step time: the mean"
   echo "over the steps after the first, the faster of two alternating rounds. Predicted: one extra"
   echo "forward per checkpointed block."
