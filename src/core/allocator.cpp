@@ -1,6 +1,6 @@
 // The CPU allocator: aligned malloc behind a cache of large blocks, with exact
 // byte counters. The CUDA
-// allocator lives in src/cuda/allocator.cpp (src/core/gpu.h).
+// allocator lives in src/core/cuda/allocator.cpp (src/core/gpu.h).
 #include "fsdp/core/allocator.h"
 
 #include <atomic>

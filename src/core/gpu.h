@@ -1,5 +1,5 @@
-// The CUDA half of core, behind one interface: src/cuda/runtime.cpp and
-// src/cuda/allocator.cpp in a CUDA build, src/core/no_cuda.cpp otherwise
+// The CUDA half of core, behind one interface: src/core/cuda/runtime.cpp and
+// src/core/cuda/allocator.cpp in a CUDA build, src/core/no_cuda.cpp otherwise
 // (there device_count() is 0, the NVTX ranges and device timing do nothing and
 // everything else throws "no CUDA in this build"). Core calls these and never
 // includes a CUDA header or a kernel. Private to the library.

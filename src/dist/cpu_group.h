@@ -1,4 +1,4 @@
-// The ProcessGroup of a CPU engine (MPI, Gloo, local): a Backend plus the
+// The ProcessGroup of a CPU engine (MPI, Gloo, local): a Transport plus the
 // communication thread that runs it. Private; created by init_process_group
 // and split().
 //
@@ -20,14 +20,14 @@
 #include <vector>
 
 #include "fsdp/dist/process_group.h"
-#include "src/dist/backend.h"
+#include "src/dist/transport.h"
 #include "src/dist/watchdog.h"
 
 namespace fsdp::dist {
 
 class CpuProcessGroup final : public ProcessGroup {
  public:
-  explicit CpuProcessGroup(std::unique_ptr<Backend> backend, Device tensor_device = Device::cpu());
+  explicit CpuProcessGroup(std::unique_ptr<Transport> transport, Device tensor_device = Device::cpu());
   ~CpuProcessGroup() override;
 
   int rank() const override;
@@ -61,7 +61,7 @@ class CpuProcessGroup final : public ProcessGroup {
   void check_tensor(const char* op, const Tensor& t, const char* what) const;
   void check_signature(const char* op, DType dtype, int64_t a, int64_t b);
 
-  std::unique_ptr<Backend> be_;
+  std::unique_ptr<Transport> transport_;
   Device device_;
   std::unique_ptr<CpuStream> stream_;
   std::shared_ptr<watchdog::Counter> counter_;  // its collectives, numbered, on the progress board

@@ -25,7 +25,7 @@
 
 #include "fsdp/core/env.h"
 #include "fsdp/dist/launch_env.h"
-#include "src/dist/backend.h"
+#include "src/dist/transport.h"
 #include "src/dist/cpu_group.h"
 #include "src/dist/device_host_group.h"
 #include "src/dist/nccl/nccl_group.h"
@@ -323,7 +323,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
   auto host_engine = [&](const std::string& name,
                          Device tensor_device) -> std::shared_ptr<ProcessGroup> {
     if (name == "mpi") {
-      auto g = std::make_shared<CpuProcessGroup>(make_mpi_world_backend(), tensor_device);
+      auto g = std::make_shared<CpuProcessGroup>(make_mpi_world_transport(), tensor_device);
       w.mpi = true;
       FSDP_CHECK(g->size() == info.size,
                  "[init_process_group] MPI reports {} ranks but the launcher says {}", g->size(),
@@ -340,7 +340,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
                                              store_timeout);  // a private store for one rank
       }
       return std::make_shared<CpuProcessGroup>(
-          make_gloo_backend(
+          make_gloo_transport(
               w.store, info.rank, info.size,
               gloo_hostname(launch.master_addr.empty() ? "127.0.0.1" : launch.master_addr)),
           tensor_device);
@@ -348,7 +348,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
     FSDP_CHECK(info.size == 1,
                "[init_process_group] the local backend is a world of one, but WORLD_SIZE is {}",
                info.size);
-    return std::make_shared<CpuProcessGroup>(make_local_backend(), tensor_device);
+    return std::make_shared<CpuProcessGroup>(make_local_transport(), tensor_device);
   };
 
   if (backend == "nccl") {

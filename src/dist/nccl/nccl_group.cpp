@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "fsdp/core/error.h"
-#include "src/dist/backend.h"
+#include "src/dist/transport.h"
 
 #define NCCL_CHECK(expr)                                                                     \
   do {                                                                                       \

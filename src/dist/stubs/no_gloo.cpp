@@ -4,11 +4,11 @@
 #include <string>
 
 #include "fsdp/core/error.h"
-#include "src/dist/backend.h"
+#include "src/dist/transport.h"
 
 namespace fsdp::dist {
 
-std::unique_ptr<Backend> make_gloo_backend(std::shared_ptr<TCPStore> /*store*/, int /*rank*/,
+std::unique_ptr<Transport> make_gloo_transport(std::shared_ptr<TCPStore> /*store*/, int /*rank*/,
                                            int /*size*/, const std::string& /*hostname*/) {
   FSDP_FAIL(
       "[init_process_group] backend gloo requested but fsdp.cpp was built without Gloo "

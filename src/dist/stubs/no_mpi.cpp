@@ -3,11 +3,11 @@
 #include <memory>
 
 #include "fsdp/core/error.h"
-#include "src/dist/backend.h"
+#include "src/dist/transport.h"
 
 namespace fsdp::dist {
 
-std::unique_ptr<Backend> make_mpi_world_backend() {
+std::unique_ptr<Transport> make_mpi_world_transport() {
   FSDP_FAIL(
       "[init_process_group] backend mpi requested but fsdp.cpp was built without MPI "
       "(FSDP_MPI=OFF, or no MPI found at configure time)");

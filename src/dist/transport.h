@@ -15,9 +15,9 @@
 
 namespace fsdp::dist {
 
-class Backend {
+class Transport {
  public:
-  virtual ~Backend() = default;
+  virtual ~Transport() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string name() const = 0;
@@ -32,17 +32,17 @@ class Backend {
   // Collective over this group. `members` are the parent ranks of the new
   // group in order; `index` is this rank's place among them; `seq` numbers
   // the splits of this parent, the same on every rank.
-  virtual std::unique_ptr<Backend> split(int color, int key, const std::vector<int>& members,
+  virtual std::unique_ptr<Transport> split(int color, int key, const std::vector<int>& members,
                                          int index, int seq) = 0;
 };
 
-std::unique_ptr<Backend> make_local_backend();
+std::unique_ptr<Transport> make_local_transport();
 // The engines of optional libraries; in a build without one, src/dist/stubs/ throws naming it.
-std::unique_ptr<Backend> make_mpi_world_backend();  // MPI_COMM_WORLD, initialising MPI if needed
+std::unique_ptr<Transport> make_mpi_world_transport();  // MPI_COMM_WORLD, initialising MPI if needed
 void mpi_finalize();
 void mpi_abort(int code);
 class TCPStore;
-std::unique_ptr<Backend> make_gloo_backend(std::shared_ptr<TCPStore> store, int rank, int size,
+std::unique_ptr<Transport> make_gloo_transport(std::shared_ptr<TCPStore> store, int rank, int size,
                                            const std::string& hostname);
 
 }  // namespace fsdp::dist

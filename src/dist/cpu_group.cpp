@@ -1,6 +1,6 @@
 // The CPU ProcessGroup: checks each call, then runs it on the group's
-// communication thread through a Backend (MPI, Gloo, or local for a world of
-// one). Also the local backend, which is what a collective means for one rank.
+// communication thread through a Transport (MPI, Gloo, or local for a world of
+// one). Also the local transport, which is what a collective means for one rank.
 #include "fsdp/dist/process_group.h"
 
 #include <algorithm>
@@ -20,7 +20,7 @@
 #include "fsdp/core/trace.h"
 #include "fsdp/dist/init.h"
 #include "src/core/dispatch.h"
-#include "src/dist/backend.h"
+#include "src/dist/transport.h"
 #include "src/dist/cpu_group.h"
 
 namespace fsdp::dist {
@@ -63,9 +63,9 @@ class CpuWork final : public Work {
 
 std::atomic<int> g_groups{0};  // groups made in this process: the same order on every rank
 
-// ---------------------------------------------------------------- local backend
+// ---------------------------------------------------------------- local transport
 
-class LocalBackend final : public Backend {
+class LocalTransport final : public Transport {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
@@ -82,8 +82,8 @@ class LocalBackend final : public Backend {
     if (bytes) std::memmove(out, in, bytes);
   }
   void barrier() override {}
-  std::unique_ptr<Backend> split(int, int, const std::vector<int>&, int, int) override {
-    return std::make_unique<LocalBackend>();
+  std::unique_ptr<Transport> split(int, int, const std::vector<int>&, int, int) override {
+    return std::make_unique<LocalTransport>();
   }
 };
 
@@ -122,37 +122,37 @@ void divide(const Tensor& t, double by) {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_local_backend() { return std::make_unique<LocalBackend>(); }
+std::unique_ptr<Transport> make_local_transport() { return std::make_unique<LocalTransport>(); }
 
 // ---------------------------------------------------------------- CpuProcessGroup
 
-CpuProcessGroup::CpuProcessGroup(std::unique_ptr<Backend> backend, Device tensor_device)
-    : be_(std::move(backend)),
+CpuProcessGroup::CpuProcessGroup(std::unique_ptr<Transport> transport, Device tensor_device)
+    : transport_(std::move(transport)),
       device_(tensor_device),
       stream_(std::make_unique<CpuStream>(
-          fmt::format("{} comm (rank {} of {})", be_->name(), be_->rank(), be_->size()))),
+          fmt::format("{} comm (rank {} of {})", transport_->name(), transport_->rank(), transport_->size()))),
       counter_(watchdog::register_group(fmt::format("group{}", g_groups++))),
       check_(env_str("FSDP_DIST_CHECK") != "0") {}
 
 CpuProcessGroup::~CpuProcessGroup() {
   if (watchdog::abandoned()) {  // its thread may be stuck in the engine: end the job instead
-    std::fprintf(stderr, "fsdp: error (rank %d): %s; ending the job\n", be_->rank(),
+    std::fprintf(stderr, "fsdp: error (rank %d): %s; ending the job\n", transport_->rank(),
                  watchdog::abandon_error().c_str());
     abort_process(1);
   }
-  stream_.reset();  // drain the queue before the backend goes
+  stream_.reset();  // drain the queue before the transport goes
 }
 
-int CpuProcessGroup::rank() const { return be_->rank(); }
-int CpuProcessGroup::size() const { return be_->size(); }
+int CpuProcessGroup::rank() const { return transport_->rank(); }
+int CpuProcessGroup::size() const { return transport_->size(); }
 std::string CpuProcessGroup::backend() const {
-  return device_stand_in_ ? be_->name() + "-device-check" : be_->name();
+  return device_stand_in_ ? transport_->name() + "-device-check" : transport_->name();
 }
 std::thread::id CpuProcessGroup::comm_thread_id() const { return stream_->thread_id(); }
 
 void CpuProcessGroup::set_label(const std::string& label) {
   const std::string name =
-      fmt::format("{} {} (rank {} of {})", be_->name(), label, be_->rank(), be_->size());
+      fmt::format("{} {} (rank {} of {})", transport_->name(), label, transport_->rank(), transport_->size());
   stream_->enqueue([name] { trace::set_thread_name(name); });
   watchdog::relabel(*counter_, label);
 }
@@ -162,25 +162,25 @@ std::shared_ptr<Work> CpuProcessGroup::submit(const std::string& what, double by
   const int64_t seq = ++counter_->issued;
   auto counter = counter_;
   const std::string desc = fmt::format("{} (collective #{} of {}, rank {})", what, seq,
-                                       watchdog::label_of(*counter_), be_->rank());
+                                       watchdog::label_of(*counter_), transport_->rank());
   auto task = [this, what, desc, bytes, counter, fn = std::move(fn)] {
     struct Done {  // counted however the collective ends
       watchdog::Counter& c;
       ~Done() { ++c.done; }
     } done{*counter};
-    const std::string label = be_->name() + ":" + what;
+    const std::string label = transport_->name() + ":" + what;
     trace::Scope prof(label.c_str(), trace::Kind::collective);
     if (prof.on()) {
       prof.set("", "", 0, bytes, "cpu");
       prof.set_detail(
-          fmt::format("{} group of {} (rank {})", be_->name(), be_->size(), be_->rank()));
+          fmt::format("{} group of {} (rank {})", transport_->name(), transport_->size(), transport_->rank()));
     }
     try {
       fn();
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw Error(fmt::format("[{}] {} failed: {}", be_->name(), desc, e.what()));
+      throw Error(fmt::format("[{}] {} failed: {}", transport_->name(), desc, e.what()));
     }
   };
   return std::make_shared<CpuWork>(stream_->enqueue(std::move(task)), desc,
@@ -196,7 +196,7 @@ void CpuProcessGroup::check_tensor(const char* op, const Tensor& t, const char* 
              op, what, shape_str(t.shape()), t.device().str());
   FSDP_CHECK(t.device().is_cpu() || t.device() == device_,
              "[{}] {} is on {} but this {} group holds tensors on {}{}", op, what, t.device().str(),
-             be_->name(), device_.str(),
+             transport_->name(), device_.str(),
              device_.is_cpu() ? " (NCCL, or --backend gloo|mpi with --device cuda, for CUDA)" : "");
 }
 
@@ -242,7 +242,7 @@ void CpuProcessGroup::check_signature(const char* op, DType dtype, int64_t a, in
   const int64_t mine[4] = {int64_t(std::hash<std::string_view>{}(op)&0x7fffffff), int64_t(dtype), a,
                            b};
   std::vector<int64_t> all(size_t(4 * size()));
-  be_->all_gather(mine, all.data(), sizeof(mine));
+  transport_->all_gather(mine, all.data(), sizeof(mine));
   for (int r = 0; r < size(); ++r) {
     const int64_t* o = all.data() + 4 * r;
     if (o[0] != mine[0])
@@ -275,7 +275,7 @@ std::shared_ptr<Work> CpuProcessGroup::all_gather_into_tensor(const Tensor& out,
   Tensor src = in.contiguous();
   return submit(op, double(out.nbytes()), [=, this] {
     check_signature(op, in.dtype(), in.numel(), 0);
-    be_->all_gather(src.raw_data(), out.raw_data(), src.nbytes());
+    transport_->all_gather(src.raw_data(), out.raw_data(), src.nbytes());
   });
 }
 
@@ -306,7 +306,7 @@ std::shared_ptr<Work> CpuProcessGroup::reduce_scatter_tensor(const Tensor& out, 
     check_signature(op, in.dtype(), out.numel(), int64_t(rop));
     Tensor src = narrow ? in_c.to(DType::f32) : in_c;
     Tensor dst = narrow ? Tensor::empty(out.shape(), DType::f32) : out;
-    be_->reduce_scatter_sum(src.raw_data(), dst.raw_data(), size_t(out.numel()), src.dtype());
+    transport_->reduce_scatter_sum(src.raw_data(), dst.raw_data(), size_t(out.numel()), src.dtype());
     if (rop == ReduceOp::AVG) divide(dst, double(size()));
     if (narrow) out.copy_(dst);
   });
@@ -326,7 +326,7 @@ std::shared_ptr<Work> CpuProcessGroup::all_reduce(const Tensor& t, ReduceOp rop)
   return submit(op, double(t.nbytes()), [=, this] {
     check_signature(op, t.dtype(), t.numel(), int64_t(rop));
     Tensor buf = narrow ? t.to(DType::f32) : t;
-    be_->all_reduce_sum(buf.raw_data(), size_t(buf.numel()), buf.dtype());
+    transport_->all_reduce_sum(buf.raw_data(), size_t(buf.numel()), buf.dtype());
     if (rop == ReduceOp::AVG) divide(buf, double(size()));
     if (narrow) t.copy_(buf);
   });
@@ -344,7 +344,7 @@ std::shared_ptr<Work> CpuProcessGroup::broadcast(const Tensor& t, int root) {
                   [this, root](const std::vector<Tensor>& h) { return broadcast(h[0], root); });
   return submit(op, double(t.nbytes()), [=, this] {
     check_signature(op, t.dtype(), t.numel(), root);
-    be_->broadcast(t.raw_data(), t.nbytes(), root);
+    transport_->broadcast(t.raw_data(), t.nbytes(), root);
   });
 }
 
@@ -365,24 +365,24 @@ std::shared_ptr<Work> CpuProcessGroup::all_to_all_single(const Tensor& out, cons
   Tensor src = in.contiguous();
   return submit(op, double(in.nbytes()), [=, this] {
     check_signature(op, in.dtype(), in.numel(), 0);
-    be_->all_to_all(src.raw_data(), out.raw_data(), src.nbytes() / size_t(size()));
+    transport_->all_to_all(src.raw_data(), out.raw_data(), src.nbytes() / size_t(size()));
   });
 }
 
 std::shared_ptr<Work> CpuProcessGroup::barrier() {
   return submit("barrier", 0, [this] {
     check_signature("barrier", DType::i32, 0, 0);
-    be_->barrier();
+    transport_->barrier();
   });
 }
 
 std::shared_ptr<ProcessGroup> CpuProcessGroup::split(int color, int key) {
-  std::unique_ptr<Backend> sub;
+  std::unique_ptr<Transport> sub;
   const int seq = split_seq_++;
   auto work = submit("split", 0, [&, this] {
     const int64_t mine[2] = {color, key};
     std::vector<int64_t> all(size_t(2 * size()));
-    be_->all_gather(mine, all.data(), sizeof(mine));
+    transport_->all_gather(mine, all.data(), sizeof(mine));
     std::vector<std::pair<int64_t, int>> order;  // (key, rank) of my color
     for (int r = 0; r < size(); ++r)
       if (all[2 * r] == color) order.emplace_back(all[2 * r + 1], r);
@@ -393,7 +393,7 @@ std::shared_ptr<ProcessGroup> CpuProcessGroup::split(int color, int key) {
       if (r == rank()) index = int(members.size());
       members.push_back(r);
     }
-    sub = be_->split(color, key, members, index, seq);
+    sub = transport_->split(color, key, members, index, seq);
   });
   work->wait();
   if (color < 0 || !sub) return nullptr;

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "fsdp/core/error.h"
-#include "src/dist/backend.h"
+#include "src/dist/transport.h"
 
 #define MPI_CHECK(expr)                                                         \
   do {                                                                          \
@@ -48,14 +48,14 @@ int as_int(size_t n, const char* what) {
   return int(n);
 }
 
-class MpiBackend final : public Backend {
+class MpiTransport final : public Transport {
  public:
-  explicit MpiBackend(MPI_Comm comm) : comm_(comm) {
+  explicit MpiTransport(MPI_Comm comm) : comm_(comm) {
     MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     MPI_CHECK(MPI_Comm_size(comm_, &size_));
   }
-  ~MpiBackend() override {
+  ~MpiTransport() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&comm_);
@@ -84,11 +84,11 @@ class MpiBackend final : public Backend {
     MPI_CHECK(MPI_Alltoall(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_));
   }
   void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
-  std::unique_ptr<Backend> split(int color, int key, const std::vector<int>&, int, int) override {
+  std::unique_ptr<Transport> split(int color, int key, const std::vector<int>&, int, int) override {
     MPI_Comm sub = MPI_COMM_NULL;
     MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
     if (sub == MPI_COMM_NULL) return nullptr;
-    return std::make_unique<MpiBackend>(sub);
+    return std::make_unique<MpiTransport>(sub);
   }
 
  private:
@@ -98,7 +98,7 @@ class MpiBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_mpi_world_backend() {
+std::unique_ptr<Transport> make_mpi_world_transport() {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -112,7 +112,7 @@ std::unique_ptr<Backend> make_mpi_world_backend() {
   }
   MPI_Comm world = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world));
-  return std::make_unique<MpiBackend>(world);
+  return std::make_unique<MpiTransport>(world);
 }
 
 void mpi_finalize() {

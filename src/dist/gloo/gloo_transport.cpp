@@ -23,7 +23,7 @@
 
 #include "fsdp/dist/process_group.h"
 #include "fsdp/dist/store.h"
-#include "src/dist/backend.h"
+#include "src/dist/transport.h"
 
 namespace fsdp::dist {
 
@@ -72,9 +72,9 @@ void dispatch_sum(DType t, F&& f) {
   }
 }
 
-class GlooBackend final : public Backend {
+class GlooTransport final : public Transport {
  public:
-  GlooBackend(std::shared_ptr<TCPStore> store, std::shared_ptr<gloo::transport::Device> dev,
+  GlooTransport(std::shared_ptr<TCPStore> store, std::shared_ptr<gloo::transport::Device> dev,
               std::string prefix, int rank, int size)
       : store_(std::move(store)), dev_(std::move(dev)), prefix_(std::move(prefix)) {
     ctx_ = std::make_shared<gloo::rendezvous::Context>(rank, size);
@@ -143,10 +143,10 @@ class GlooBackend final : public Backend {
     opts.setTag(tag_++);
     gloo::barrier(opts);
   }
-  std::unique_ptr<Backend> split(int color, int, const std::vector<int>& members, int index,
+  std::unique_ptr<Transport> split(int color, int, const std::vector<int>& members, int index,
                                  int seq) override {
     if (color < 0) return nullptr;
-    return std::make_unique<GlooBackend>(store_, dev_,
+    return std::make_unique<GlooTransport>(store_, dev_,
                                          fmt::format("{}/split{}/color{}", prefix_, seq, color),
                                          index, int(members.size()));
   }
@@ -161,7 +161,7 @@ class GlooBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_gloo_backend(std::shared_ptr<TCPStore> store, int rank, int size,
+std::unique_ptr<Transport> make_gloo_transport(std::shared_ptr<TCPStore> store, int rank, int size,
                                            const std::string& hostname) {
   gloo::transport::tcp::attr attr;
   attr.hostname = hostname;
@@ -175,7 +175,7 @@ std::unique_ptr<Backend> make_gloo_backend(std::shared_ptr<TCPStore> store, int 
         hostname, e.what());
   }
   try {
-    return std::make_unique<GlooBackend>(std::move(store), std::move(dev), "gloo/world", rank,
+    return std::make_unique<GlooTransport>(std::move(store), std::move(dev), "gloo/world", rank,
                                          size);
   } catch (const Error&) {
     throw;
