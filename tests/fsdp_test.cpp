@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -19,6 +20,7 @@
 #include "fsdp/data/text_dataset.h"
 #include "fsdp/dist/init.h"
 #include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/fsdp/replicate.h"
 #include "fsdp/nn/layers.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/ops/ops.h"
@@ -592,15 +594,170 @@ TEST(Layout, UnshardedParametersAndGradientsAre16ByteAligned) {
     ASSERT_EQ(m.seen.size(), 12u);
     expect_aligned(m.seen, pd ? "bf16 param_dtype" : "f32");
   }
-  // The DDP baseline's flat buffers, as fsdp-train lays them out.
+  // The DDP baseline's flat buffers (replicate, as fsdp-train --shard none lays them out).
   OddLinears plain;
-  auto flat = nn::materialize(plain, DType::bf16, kSeed, Device::cpu(), nn::kFlatAlignElems);
-  std::vector<std::pair<std::string, const void*>> seen;
-  for (auto& [n, p] : plain.named_parameters()) {
-    seen.emplace_back(n, p->data.raw_data());
-    seen.emplace_back(n + ".grad", p->grad.raw_data());
+  replicate(plain, mesh, {.init_dtype = DType::bf16, .seed = kSeed});
+  Tensor x = test::random_tensor({5, 7}, 3, DType::bf16);
+  Tensor y = plain.forward(x);
+  plain.backward(Tensor::full(y.shape(), 1.0, DType::bf16));
+  ASSERT_EQ(plain.seen.size(), 12u);
+  expect_aligned(plain.seen, "replicate");
+}
+
+// ---------------------------------------------------------------- replicate (the DDP baseline)
+
+// Whole parameters on every rank, each rank its own rows of the global batch, the gradients
+// averaged by one all-reduce at the end of the backward (or of the last microbatch's).
+Result replicated(const Run& run) {
+  nn::MiniLLMConfig c = config(run);
+  const int N = world()->size(), me = world()->rank();
+  nn::MiniLLM model(c);
+  ReplicateModule& root = replicate(model, dist::init_device_mesh({N}, {"replicate"}),
+                                    {.init_dtype = run.dtype, .seed = kSeed});
+  optim::AdamW opt(root.param_groups(0.01), {.lr = 1e-2});
+  data::RandomTokenSource src(c.vocab, kSeed);
+  const int64_t B = kGlobalRows / N;
+  Result r;
+  for (int step = 0; step < kSteps; ++step) {
+    root.zero_grad();
+    double loss = 0;
+    for (int64_t m = 0; m < run.accum; ++m) {
+      root.set_requires_gradient_sync(m == run.accum - 1);
+      auto b = src.batch(step * run.accum + m, kGlobalRows, me * B, B, c.seq);
+      Tensor logits = model.forward(b.inputs).view({B * c.seq, c.vocab});
+      auto x = ops::cross_entropy_forward(logits, b.targets);
+      model.backward(ops::cross_entropy_backward(logits, b.targets, x.lse, 1.0 / double(run.accum))
+                         .view({B, c.seq, c.vocab}));
+      loss += x.loss / double(run.accum);
+    }
+    opt.step();
+    Tensor t = Tensor::full({1}, loss, DType::f64);
+    world()->all_reduce(t, dist::ReduceOp::AVG)->wait();
+    r.losses.push_back(t.item());
   }
-  expect_aligned(seen, "materialize");
+  for (auto& [n, p] : model.named_parameters()) r.params.emplace_back(n, p->data.clone());
+  return r;
+}
+
+TEST(Replicate, MatchesOneRankAndGradientAccumulation) {
+  for (const fsdp::Run& run :
+       {fsdp::Run{}, fsdp::Run{.accum = 2}, fsdp::Run{.arch = nn::Arch::seed},
+        fsdp::Run{.kv_heads = 2, .head_dim = 6, .tied = true, .qkv_bias = true}}) {
+    Result ref = reference(run), got = replicated(run);
+    ASSERT_EQ(got.losses.size(), ref.losses.size());
+    for (size_t s = 0; s < ref.losses.size(); ++s)
+      EXPECT_NEAR(got.losses[s], ref.losses[s], 1e-10 * std::abs(ref.losses[s]))
+          << "step " << s << ", accum " << run.accum;
+    ASSERT_EQ(got.params.size(), ref.params.size());
+    for (size_t i = 0; i < ref.params.size(); ++i) {
+      EXPECT_EQ(got.params[i].first, ref.params[i].first);
+      EXPECT_LT(test::rel_error(got.params[i].second, ref.params[i].second), 1e-10)
+          << ref.params[i].first;
+    }
+  }
+}
+
+// The same seed gives the model fully_shard gives, and a module that already holds values keeps
+// them; the optimizer's group is the flat buffers, with the 1-D parameters as its no-decay
+// ranges under decay_1d = false.
+TEST(Replicate, ValuesAndParamGroups) {
+  const nn::MiniLLMConfig c = config(fsdp::Run{.qkv_bias = true});
+  auto mesh = dist::init_device_mesh({world()->size()}, {"replicate"});
+  nn::MiniLLM sharded_model(c), model(c), given(c);
+  for (size_t i = 0; i < sharded_model.layers().size(); ++i)
+    fully_shard(sharded_model.layers()[i], mesh, {.init_dtype = DType::f64, .seed = kSeed});
+  FSDPModule& sharded = fully_shard(sharded_model, mesh, {.init_dtype = DType::f64, .seed = kSeed});
+  ReplicateModule& root = replicate(model, mesh, {.init_dtype = DType::f64, .seed = kSeed});
+  nn::materialize(given, DType::f64, kSeed + 1);
+  replicate(given, mesh, {.init_dtype = DType::f64, .seed = kSeed});
+  auto full = sharded.sharded_parameters();
+  auto named = model.named_parameters(), kept = given.named_parameters();
+  ASSERT_EQ(full.size(), named.size());
+  nn::MiniLLM other(c);
+  nn::materialize(other, DType::f64, kSeed + 1);
+  auto other_named = other.named_parameters();
+  for (size_t i = 0; i < named.size(); ++i) {
+    EXPECT_EQ(test::rel_error(named[i].second->data, full[i].second.full_tensor()), 0.0)
+        << named[i].first;
+    EXPECT_EQ(test::rel_error(kept[i].second->data, other_named[i].second->data), 0.0)
+        << kept[i].first;
+  }
+
+  const std::vector<nn::ParamGroup> decay_all = root.param_groups(0.1);
+  const std::vector<nn::ParamGroup> groups = root.param_groups(0.1, false);
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_TRUE(decay_all[0].no_decay.empty());
+  EXPECT_EQ(groups[0].params.raw_data(), root.flat().params.raw_data());
+  EXPECT_EQ(groups[0].grads.raw_data(), root.flat().grads.raw_data());
+  std::vector<std::pair<int64_t, int64_t>> one_d;
+  for (auto& [n, p] : named)
+    if (p->shape.size() == 1)
+      one_d.emplace_back((static_cast<const char*>(p->data.raw_data()) -
+                          static_cast<const char*>(groups[0].params.raw_data())) /
+                             int64_t(sizeof(double)),
+                         p->data.numel());
+  EXPECT_FALSE(one_d.empty());
+  EXPECT_EQ(groups[0].no_decay, one_d);
+}
+
+// set_requires_gradient_sync(false) keeps the gradients local: no collective runs, and the
+// next backward with true averages what was accumulated.
+TEST(Replicate, NoSyncRunsNoCollective) {
+  const nn::MiniLLMConfig c = config(fsdp::Run{});
+  const int N = world()->size(), me = world()->rank();
+  nn::MiniLLM model(c);
+  ReplicateModule& root = replicate(model, dist::init_device_mesh({N}, {"replicate"}),
+                                    {.init_dtype = DType::f64, .seed = kSeed});
+  data::RandomTokenSource src(c.vocab, kSeed);
+  const int64_t B = kGlobalRows / N;
+  auto backward = [&] {
+    auto b = src.batch(0, kGlobalRows, me * B, B, c.seq);
+    Tensor logits = model.forward(b.inputs).view({B * c.seq, c.vocab});
+    auto x = ops::cross_entropy_forward(logits, b.targets);
+    model.backward(ops::cross_entropy_backward(logits, b.targets, x.lse).view({B, c.seq, c.vocab}));
+  };
+  model.zero_grad();
+  root.set_requires_gradient_sync(false);
+  const auto before = root.comm_stats();
+  backward();
+  const auto after = root.comm_stats();
+  EXPECT_EQ(after.comm_seconds, before.comm_seconds);
+  EXPECT_EQ(after.exposed_seconds, before.exposed_seconds);
+  Tensor local = root.flat().grads.clone();
+  root.set_requires_gradient_sync(true);
+  root.zero_grad();
+  backward();
+  if (N > 1) EXPECT_GT(root.comm_stats().comm_seconds, after.comm_seconds);
+  Tensor mean = local.clone();
+  world()->all_reduce(mean, dist::ReduceOp::AVG)->wait();
+  EXPECT_LT(test::rel_error(root.flat().grads, mean), 1e-14);
+}
+
+TEST(BadInput, ReplicateTwiceOverAShardedModuleOrOnA2DMesh) {
+  const nn::MiniLLMConfig c = config(fsdp::Run{});
+  auto mesh = dist::init_device_mesh({world()->size()});
+  auto expect_refused = [](const std::function<void()>& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "not refused: " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  nn::MiniLLM twice(c);
+  replicate(twice, mesh);
+  expect_refused([&] { replicate(twice, mesh); }, "[replicate] MiniLLM already has module hooks");
+  expect_refused([&] { fully_shard(twice, mesh); },
+                 "[fully_shard] MiniLLM already has module hooks");
+  nn::MiniLLM inner(c);
+  fully_shard(inner.layers()[1], mesh);
+  expect_refused([&] { replicate(inner, mesh); }, "holds 'layers.1', which fully_shard shards");
+  nn::MiniLLM flat2d(c);
+  expect_refused(
+      [&] {
+        replicate(flat2d, dist::init_device_mesh({1, world()->size()}, {"a", "b"}));
+      },
+      "[replicate] the mesh must be 1-D");
 }
 
 // Under FSDP_DIST_DEVICE_CHECK=1 (its own ctest entries) the world is the device + host group

@@ -40,17 +40,15 @@ std::vector<FSDPState*> subtree_states(nn::Module& m) {
 
 // ---------------------------------------------------------------- FSDPModule
 
-FSDPModule::FSDPModule(std::unique_ptr<FSDPState> state) : impl_(std::move(state)) {}
+FSDPModule::FSDPModule(std::unique_ptr<FSDPState> state)
+    : DataParallelModule(*state->module), impl_(std::move(state)) {}
 FSDPModule::~FSDPModule() = default;
-
-nn::Module& FSDPModule::module() const { return *impl_->module; }
-
-void UnshardHandle::wait() { m_->state().group.unshard_wait(m_->state().comm()); }
 
 std::shared_ptr<UnshardHandle> FSDPModule::unshard(bool async) {
   impl_->group.unshard_issue(impl_->comm());
   if (!async) impl_->group.unshard_wait(impl_->comm());
-  return std::make_shared<UnshardHandle>(this);
+  FSDPState* s = impl_.get();
+  return std::make_shared<UnshardHandle>([s] { s->group.unshard_wait(s->comm()); });
 }
 
 void FSDPModule::reshard() { impl_->group.reshard(impl_->comm()); }

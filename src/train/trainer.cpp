@@ -45,6 +45,7 @@
 #include "fsdp/dist/device_mesh.h"
 #include "fsdp/dist/init.h"
 #include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/fsdp/replicate.h"
 #include "fsdp/nn/init.h"
 #include "fsdp/nn/loss.h"
 #include "fsdp/nn/sample.h"
@@ -384,9 +385,9 @@ struct Trainer::Impl {
   std::optional<data::Tokenizer> tokenizer;
   bool model_tokenizer = false;  // the tokenizer came with the --init-from model
   std::unique_ptr<nn::MiniLLM> model;
-  nn::FlatParameters flat;  // shard = none only
   std::vector<nn::ParamGroup> groups;
-  FSDPModule* root = nullptr;
+  DataParallelModule* parallel = nullptr;  // the step's one interface: root, or replicate's
+  FSDPModule* root = nullptr;              // --shard full: the sharded root, for checkpoints
   std::unique_ptr<optim::AdamW> opt;
   std::unique_ptr<optim::LRSchedule> schedule;
   std::unique_ptr<data::DataLoader> loader;
@@ -396,7 +397,7 @@ struct Trainer::Impl {
   std::ofstream log;
   // Communication: seconds in collectives on their threads, and seconds the
   // compute thread waited for them (exposed), summed over the timed steps.
-  double comm_total = 0, exposed_total = 0, step_total = 0, ddp_wait = 0;
+  double comm_total = 0, exposed_total = 0, step_total = 0;
   int64_t steps_timed = 0;  // the steps those sums cover (a resume or a stop times fewer)
   double longest_step = 0;  // seconds
 
@@ -429,7 +430,7 @@ struct Trainer::Impl {
                  o.hsdp, size);
       mesh = dist::init_device_mesh({o.hsdp, size / o.hsdp}, {"replicate", "shard"});
     } else {
-      mesh = dist::init_device_mesh({size}, {"shard"});
+      mesh = dist::init_device_mesh({size}, {o.shard == "none" ? "replicate" : "shard"});
     }
     threads = rank_threads(o.threads, dist::world_info().local_size);
     omp_set_num_threads(threads);
@@ -540,25 +541,20 @@ struct Trainer::Impl {
   void build_model() {
     model = std::make_unique<nn::MiniLLM>(cfg);
     check_memory_plan();  // from the shapes alone, before any tensor exists
-    if (pretrained && o.shard == "none") {  // replicated: every rank holds all of it
-      flat = nn::materialize(*model, dtype, o.seed, device, nn::kFlatAlignElems);
-      pretrained->load_into(*model);
-    }
     if (o.shard == "full") {
       FullyShardOptions fo{.reshard_after_forward = o.reshard_after_forward,
                            .mp_policy = mp,
                            .init_dtype = dtype,
                            .seed = o.seed};
       for (size_t i = 0; i < model->layers().size(); ++i) fully_shard(model->layers()[i], mesh, fo);
-      root = &fully_shard(*model, mesh, fo);
-      // --init-from: each rank reads only its own rows of each parameter into its shards.
-      if (pretrained) pretrained->load_into(*model, root);
-      groups = root->param_groups(o.weight_decay, !o.wd_2d_only);
-    } else {
-      if (!flat.params.defined())
-        flat = nn::materialize(*model, dtype, o.seed, device, nn::kFlatAlignElems);
-      groups = {{flat.params, flat.grads, o.weight_decay}};
+      parallel = root = &fully_shard(*model, mesh, fo);
+    } else {  // the DDP baseline: every rank holds all of it
+      parallel = &replicate(*model, mesh, {.init_dtype = dtype, .seed = o.seed});
     }
+    // --init-from: sharded, each rank reads only its own rows of each parameter into its shards;
+    // replicated (no root), every rank reads them whole.
+    if (pretrained) pretrained->load_into(*model, root);
+    groups = parallel->param_groups(o.weight_decay, !o.wd_2d_only);
     // Activation checkpointing on blocks 0, N, 2N, ... (every block for full).
     if (const int64_t every = checkpoint_every_blocks(o.activation_checkpoint); every > 0)
       for (size_t i = 0; i < model->layers().size(); i += size_t(every))
@@ -742,14 +738,6 @@ struct Trainer::Impl {
     }
   }
 
-  std::pair<double, double> comm_now() const {
-    if (root) {
-      auto st = root->comm_stats();
-      return {st.comm_seconds, st.exposed_seconds};
-    }
-    return {pg->comm_seconds(), 0.0};
-  }
-
   // One optimizer step of grad_accum microbatches; returns its metrics, agreed over ranks. The
   // host waits for the device once: the metrics' gather (loss, grad norm, peak memory and the stop
   // agreement in one collective), before the optimizer may apply a non-finite update. Batches
@@ -758,29 +746,21 @@ struct Trainer::Impl {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t syncs0 = host_sync_count();
     opt->set_lr(schedule->at(step));
-    const auto [comm0, exposed0] = comm_now();
-    const double ddp_wait0 = ddp_wait;
-    if (root)
-      root->zero_grad();
-    else
-      flat.grads.zero_();
+    const DataParallelModule::CommStats comm0 = parallel->comm_stats();
+    parallel->zero_grad();
     std::vector<Tensor> micro_losses;  // on the device until the step line reads them
     for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
-      if (root) root->set_requires_gradient_sync(micro == o.grad_accum - 1);
+      // The gradients are reduced (reduce-scatter or all-reduce) in the last microbatch's backward.
+      parallel->set_requires_gradient_sync(micro == o.grad_accum - 1);
       data::Batch b = loader->next();
       nn::LMLoss loss;  // the loss stays on the device; dlogits overwrite the logits
       micro_losses.push_back(loss.forward(model->forward(b.inputs), b.targets));
       model->backward(loss.backward(1.0 / double(o.grad_accum)));
       loader->prefetch();  // the next batch is made and copied while this one's kernels run
     }
-    if (!root && size > 1) {
-      const auto tw = std::chrono::steady_clock::now();
-      pg->all_reduce(flat.grads, dist::ReduceOp::AVG)->wait();
-      ddp_wait += seconds_since(tw);
-    }
-    const auto [comm1, exposed1] = comm_now();
+    const DataParallelModule::CommStats comm1 = parallel->comm_stats();
     const optim::GradNorm norm =
-        optim::clip_grad_norm_async(groups, o.clip, root ? root->shard_group() : nullptr);
+        optim::clip_grad_norm_async(groups, o.clip, parallel->shard_group());
     // The step's one host sync: the loss, the grad norm (already all-reduced), peak memory and
     // the stop agreement (a signal reaches the ranks at different moments; all of them stop after
     // the same step), gathered over the ranks before the optimizer may apply a non-finite update.
@@ -810,8 +790,8 @@ struct Trainer::Impl {
     m.tokens_per_s /= dt;  // gathered with a 1 s step
     m.mfu /= dt;
     if (step > start_step || o.steps == start_step + 1) {  // the first step warms up
-      comm_total += comm1 - comm0;
-      exposed_total += (exposed1 - exposed0) + (ddp_wait - ddp_wait0);
+      comm_total += comm1.comm_seconds - comm0.comm_seconds;
+      exposed_total += comm1.exposed_seconds - comm0.exposed_seconds;
       step_total += dt;
       ++steps_timed;
     }

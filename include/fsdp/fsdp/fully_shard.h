@@ -41,6 +41,7 @@
 
 #include "fsdp/dist/device_mesh.h"
 #include "fsdp/dist/dtensor.h"
+#include "fsdp/fsdp/data_parallel.h"
 #include "fsdp/nn/module.h"
 #include "fsdp/nn/param_group.h"
 
@@ -61,32 +62,21 @@ struct FullyShardOptions {
   uint64_t seed = 0;              // initialisation seed of the parameters created here
 };
 
-class FSDPModule;
 struct FSDPState;  // the runtime (src/fsdp/fsdp_state.h)
 
-// Waits for an asynchronous unshard().
-class UnshardHandle {
- public:
-  explicit UnshardHandle(FSDPModule* m) : m_(m) {}
-  void wait();
-
- private:
-  FSDPModule* m_;
-};
-
-// The state fully_shard attaches to a module; the FSDP2 methods live here.
-class FSDPModule : public nn::ModuleHooks {
+// The state fully_shard attaches to a module; the FSDP2 methods live here. The step's methods
+// are DataParallelModule's (data_parallel.h), which replicate() implements too.
+class FSDPModule : public DataParallelModule {
  public:
   ~FSDPModule() override;
-  nn::Module& module() const;
 
   // All-gathers this module's parameters now; async returns before they arrive.
-  std::shared_ptr<UnshardHandle> unshard(bool async = false);
-  void reshard();
+  std::shared_ptr<UnshardHandle> unshard(bool async = false) override;
+  void reshard() override;
   // false: backward keeps the unsharded gradients (reduce_dtype) and
   // accumulates; the next backward with true reduces them. Applies to every
   // FSDP module under this one.
-  void set_requires_gradient_sync(bool sync);
+  void set_requires_gradient_sync(bool sync) override;
   void set_reshard_after_backward(bool reshard);
   void set_reshard_after_forward(bool reshard);
   void set_modules_to_forward_prefetch(const std::vector<FSDPModule*>& modules);
@@ -95,12 +85,10 @@ class FSDPModule : public nn::ModuleHooks {
   // The sharded parameters and gradients of every FSDP module under this one,
   // one flat buffer pair per group, for the optimizer.
   // decay_1d = false: 1-D parameters (norms, biases) get no weight decay.
-  std::vector<nn::ParamGroup> param_groups(double weight_decay, bool decay_1d = true);
+  std::vector<nn::ParamGroup> param_groups(double weight_decay, bool decay_1d = true) override;
   // Clears the sharded gradients of every FSDP module under this one (module().zero_grad()
   // does the same).
-  void zero_grad();
-  bool owns_gradients() const override { return true; }
-  void zero_grad_hook() override { zero_grad(); }
+  void zero_grad() override;
   // Parameter name -> its Shard(0) DTensor (the unpadded local shard).
   std::vector<std::pair<std::string, dist::DTensor>> sharded_parameters();
   // Where each parameter's local shard lives, in named_parameters() order:
@@ -119,17 +107,14 @@ class FSDPModule : public nn::ModuleHooks {
   int shard_count() const;
   bool first_replica() const;
   // The group of the mesh's shard dim (the last), over which the shards of a parameter lie.
-  std::shared_ptr<dist::ProcessGroup> shard_group() const;
+  std::shared_ptr<dist::ProcessGroup> shard_group() const override;
 
   // Bytes this rank holds for sharded parameters and gradients (padding included).
   int64_t sharded_bytes() const;
   // Cumulative seconds: spent in this mesh's all-gathers and reduce-scatters
   // on their threads, and spent by the compute thread waiting for them (the
   // communication that compute did not hide).
-  struct CommStats {
-    double comm_seconds = 0, exposed_seconds = 0;
-  };
-  CommStats comm_stats() const;
+  CommStats comm_stats() const override;
 
   // An ordered log of this root's FSDP events ("ag_issue:layers.1", "fwd_end:layers.0",
   // "rs_issue:layers.2", "rs_wait:layers.2", ...) for tests and debugging. Call on the root.

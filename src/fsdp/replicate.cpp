@@ -1,0 +1,78 @@
+// replicate and the ReplicateModule methods: whole parameters on every rank in flat buffers,
+// and one AVG all-reduce of the flat gradients at the end of the module's backward. The
+// all-reduce averages each element over the ranks on its own, so where the ranks' gradients
+// are the same the result is too: the one-rank run gives back its own gradients untouched (no
+// collective runs at all).
+#include "fsdp/fsdp/replicate.h"
+
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "fsdp/core/error.h"
+#include "fsdp/fsdp/fully_shard.h"
+
+namespace fsdp {
+
+ReplicateModule::ReplicateModule(nn::Module& module, std::shared_ptr<dist::DeviceMesh> mesh,
+                                 const ReplicateOptions& options)
+    : DataParallelModule(module), mesh_(std::move(mesh)) {
+  auto named = module.named_parameters();
+  std::vector<Tensor> given;  // values a parameter already holds, kept
+  for (auto& [name, p] : named) given.push_back(p->data);
+  flat_ = nn::materialize(module, options.init_dtype, options.seed, mesh_->device(),
+                          nn::kFlatAlignElems);
+  for (size_t i = 0; i < named.size(); ++i) {
+    nn::Parameter& p = *named[i].second;
+    if (given[i].defined()) p.data.copy_(given[i]);
+    if (p.shape.size() == 1)
+      one_d_.emplace_back(p.data.offset() - flat_.params.offset(), p.data.numel());
+  }
+}
+
+std::shared_ptr<UnshardHandle> ReplicateModule::unshard(bool) {
+  return std::make_shared<UnshardHandle>();
+}
+
+std::vector<nn::ParamGroup> ReplicateModule::param_groups(double weight_decay, bool decay_1d) {
+  nn::ParamGroup g{flat_.params, flat_.grads, weight_decay};
+  if (!decay_1d) g.no_decay = one_d_;
+  return {g};
+}
+
+void ReplicateModule::zero_grad() { flat_.grads.zero_(); }
+
+DataParallelModule::CommStats ReplicateModule::comm_stats() const {
+  return {.comm_seconds = replicate_group()->comm_seconds(), .exposed_seconds = exposed_seconds_};
+}
+
+void ReplicateModule::post_backward(nn::Module&) {
+  const std::shared_ptr<dist::ProcessGroup> group = replicate_group();
+  if (!requires_sync_ || group->size() == 1) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  group->all_reduce(flat_.grads, dist::ReduceOp::AVG)->wait();
+  exposed_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+ReplicateModule& replicate(nn::Module& module, std::shared_ptr<dist::DeviceMesh> mesh,
+                           ReplicateOptions options) {
+  FSDP_CHECK(mesh, "[replicate] no device mesh");
+  const std::string where = module.path().empty()
+                                ? module.type_name()
+                                : fmt::format("{} '{}'", module.type_name(), module.path());
+  FSDP_CHECK(mesh->ndim() == 1, "[replicate] the mesh must be 1-D (replicate), got {}",
+             mesh->str());
+  FSDP_CHECK(!module.hooks(), "[replicate] {} already has module hooks ({})", where,
+             fsdp_state(module) ? "it is sharded by fully_shard" : "replicate or another wrapper");
+  module.for_each_module([&](nn::Module& m) {
+    FSDP_CHECK(!fsdp_state(m),
+               "[replicate] {} holds '{}', which fully_shard shards: a module is either "
+               "replicated or sharded",
+               where, m.path());
+  });
+  auto state = std::make_shared<ReplicateModule>(module, std::move(mesh), options);
+  module.set_hooks(state);
+  return *state;
+}
+
+}  // namespace fsdp
