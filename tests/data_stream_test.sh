@@ -27,12 +27,14 @@ big_bytes=$(du -cb --apparent-size "$work"/big/*.bin | tail -1 | cut -f1)
 
 args=(--preset tiny --arch llama --vocab 256 --dim 64 --layers 2 --heads 2 --seq 64 --batch 4 --steps 4
   --lr 3e-3 --shuffle --sample-tokens 0 --threads 1 --ckpt-every 2)
-# run NAME DATA: 2 ranks; each rank's maximum resident set (kB) lands in NAME.rss
+# run NAME DATA: 2 ranks; each rank's maximum resident set (kB) lands in its own file,
+# NAME.rss.RANK (not the shared output, where the ranks' lines can interleave), then in NAME.rss
 run() {
   mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
-    /usr/bin/time -f "rank-maxrss-kb %M" "$bin" "${args[@]}" --data "$2/train_*.bin" --ckpt-dir "$work/ck_$1" \
+    sh -c 'exec /usr/bin/time -o "$0.$OMPI_COMM_WORLD_RANK" -f "%M" "$@"' "$work/$1.rss" \
+    "$bin" "${args[@]}" --data "$2/train_*.bin" --ckpt-dir "$work/ck_$1" \
     > "$work/$1.out" 2>&1 || bad "$1: training failed: $(tail -5 "$work/$1.out")"
-  grep -o "rank-maxrss-kb [0-9]*" "$work/$1.out" | cut -d' ' -f2 > "$work/$1.rss"
+  cat "$work/$1.rss".* > "$work/$1.rss" 2> /dev/null
 }
 start=$(date +%s)
 run big "$work/big"

@@ -12,6 +12,7 @@
 #include <exception>
 #include <functional>
 #include <initializer_list>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>

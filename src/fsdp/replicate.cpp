@@ -6,6 +6,7 @@
 #include "fsdp/fsdp/replicate.h"
 
 #include <chrono>
+#include <cstddef>
 #include <string>
 #include <utility>
 
