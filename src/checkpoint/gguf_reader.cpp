@@ -1,14 +1,10 @@
-// GGUF reader: a bounds-checked cursor over a read-only mapping, the ggml block dequantizers
-// and the "gpt2" tokenizer as a tokenizer.json. See include/fsdp/checkpoint/gguf.h.
+// GGUF reader: a bounds-checked cursor over a read-only mapping, the file's key/values and
+// tensor index, and rows of a tensor read through the dequantizers (ggml_quants.cpp). The llama
+// metadata and the tokenizer are gguf_llama.cpp's. See include/fsdp/checkpoint/gguf.h.
 //
 // Every read goes through Cursor, which refuses to step past the end of the file; every count
 // read from the file is compared with the bytes left (each element takes at least one byte,
 // or eight for a string's length) before a container is sized from it.
-//
-// Exactness: the dequantizers do gguf-py's float operations in its order. The products of an f16
-// scale and a small integer (Q4_0, Q4_1, Q8_0, Q4_K) are exact in f32, so a fused multiply-add
-// (the library builds with -ffp-contract=fast) rounds the same as a multiply then an add; Q6_K
-// has no add, and its (d * scale) * q keeps gguf-py's association.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -21,7 +17,6 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -31,42 +26,11 @@
 
 #include "fsdp/checkpoint/gguf.h"
 #include "fsdp/core/error.h"
+#include "src/checkpoint/ggml_bytes.h"
 
 namespace fsdp::checkpoint {
 
 namespace {
-
-struct TypeInfo {
-  const char* name;
-  uint32_t block, bytes;
-};
-
-// ggml's types with their block sizes (gguf-py's GGML_QUANT_SIZES).
-const std::map<uint32_t, TypeInfo>& type_table() {
-  static const std::map<uint32_t, TypeInfo> t = {
-      {0, {"F32", 1, 4}},         {1, {"F16", 1, 2}},         {2, {"Q4_0", 32, 18}},
-      {3, {"Q4_1", 32, 20}},      {6, {"Q5_0", 32, 22}},      {7, {"Q5_1", 32, 24}},
-      {8, {"Q8_0", 32, 34}},      {9, {"Q8_1", 32, 40}},      {10, {"Q2_K", 256, 84}},
-      {11, {"Q3_K", 256, 110}},   {12, {"Q4_K", 256, 144}},   {13, {"Q5_K", 256, 176}},
-      {14, {"Q6_K", 256, 210}},   {15, {"Q8_K", 256, 292}},   {16, {"IQ2_XXS", 256, 66}},
-      {17, {"IQ2_XS", 256, 74}},  {18, {"IQ3_XXS", 256, 98}}, {19, {"IQ1_S", 256, 50}},
-      {20, {"IQ4_NL", 32, 18}},   {21, {"IQ3_S", 256, 110}},  {22, {"IQ2_S", 256, 82}},
-      {23, {"IQ4_XS", 256, 136}}, {24, {"I8", 1, 1}},         {25, {"I16", 1, 2}},
-      {26, {"I32", 1, 4}},        {27, {"I64", 1, 8}},        {28, {"F64", 1, 8}},
-      {29, {"IQ1_M", 256, 56}},   {30, {"BF16", 1, 2}},       {34, {"TQ1_0", 256, 54}},
-      {35, {"TQ2_0", 256, 66}},   {39, {"MXFP4", 32, 17}},
-  };
-  return t;
-}
-
-template <class T>
-T load(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-
-float half(const uint8_t* p) { return f16_to_f32(f16{load<uint16_t>(p)}); }
 
 // A bounds-checked reader of the header; `path` names the file in every error.
 class Cursor {
@@ -85,7 +49,7 @@ class Cursor {
   }
   template <class T>
   T get(const char* what) {
-    return load<T>(take(sizeof(T), what));
+    return ggml::load<T>(take(sizeof(T), what));
   }
   std::string str(const char* what) {
     const uint64_t n = get<uint64_t>(what);
@@ -193,32 +157,6 @@ void read_scalar(Cursor& c, GgufType t, const std::string& key, const std::strin
 bool is_float(GgufType t) { return t == GgufType::f32 || t == GgufType::f64; }
 
 }  // namespace
-
-std::string ggml_type_name(uint32_t type) {
-  auto it = type_table().find(type);
-  return it != type_table().end() ? it->second.name : fmt::format("type {}", type);
-}
-
-std::pair<uint32_t, uint32_t> ggml_block(uint32_t type) {
-  auto it = type_table().find(type);
-  if (it == type_table().end()) return {0, 0};
-  return {it->second.block, it->second.bytes};
-}
-
-bool ggml_type_readable(uint32_t type) {
-  switch (GgmlType(type)) {
-    case GgmlType::F32:
-    case GgmlType::F16:
-    case GgmlType::BF16:
-    case GgmlType::Q4_0:
-    case GgmlType::Q4_1:
-    case GgmlType::Q8_0:
-    case GgmlType::Q4_K:
-    case GgmlType::Q6_K:
-      return true;
-  }
-  return false;
-}
 
 std::string_view gguf_type_name(GgufType t) {
   static constexpr const char* names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
@@ -476,110 +414,6 @@ const uint8_t* GgufFile::tensor_data(const std::string& name) const {
   return map_.get() + data_offset_ + tensor(name).offset;
 }
 
-// ---------------------------------------------------------------- dequantization
-
-void dequantize_row(uint32_t type, const uint8_t* src, float* dst, int64_t n) {
-  FSDP_CHECK(ggml_type_readable(type),
-             "[gguf] cannot dequantize {}: fsdp.cpp reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K "
-             "and Q6_K",
-             ggml_type_name(type));
-  auto [block, bytes] = ggml_block(type);
-  FSDP_CHECK(n >= 0 && n % block == 0, "[gguf] {} needs a multiple of {} elements, not {}",
-             ggml_type_name(type), block, n);
-  const int64_t nb = n / block;
-  switch (GgmlType(type)) {
-    case GgmlType::F32:
-      std::memcpy(dst, src, size_t(n) * 4);
-      return;
-    case GgmlType::F16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = half(src + 2 * i);
-      return;
-    case GgmlType::BF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(bf16{load<uint16_t>(src + 2 * i)});
-      return;
-    case GgmlType::Q8_0:  // d (f16), 32 x int8: y = q * d
-      for (int64_t b = 0; b < nb; ++b, src += bytes, dst += 32) {
-        const float d = half(src);
-        for (int j = 0; j < 32; ++j) dst[j] = float(int8_t(src[2 + j])) * d;
-      }
-      return;
-    case GgmlType::Q4_0:  // d, 16 bytes: element j low nibble, j + 16 high; y = d * (q - 8)
-      for (int64_t b = 0; b < nb; ++b, src += bytes, dst += 32) {
-        const float d = half(src);
-        const uint8_t* q = src + 2;
-        for (int j = 0; j < 16; ++j) {
-          dst[j] = d * float(int(q[j] & 0xF) - 8);
-          dst[j + 16] = d * float(int(q[j] >> 4) - 8);
-        }
-      }
-      return;
-    case GgmlType::Q4_1:  // d, m, 16 bytes as Q4_0; y = d * q + m
-      for (int64_t b = 0; b < nb; ++b, src += bytes, dst += 32) {
-        const float d = half(src), m = half(src + 2);
-        const uint8_t* q = src + 4;
-        for (int j = 0; j < 16; ++j) {
-          dst[j] = d * float(q[j] & 0xF) + m;
-          dst[j + 16] = d * float(q[j] >> 4) + m;
-        }
-      }
-      return;
-    case GgmlType::Q4_K:
-      // d, dmin, 12 bytes of eight 6-bit scales and mins, 128 bytes of nibbles. Sub-block s
-      // (32 elements) has scale sc[s] and min m[s]; chunk c (64 elements) takes bytes
-      // [32c, 32c + 32), sub-block 2c from the low nibbles, 2c + 1 from the high ones.
-      // y = (d * sc) * q - dmin * m.
-      for (int64_t b = 0; b < nb; ++b, src += bytes, dst += 256) {
-        const float d = half(src), dmin = half(src + 2);
-        const uint8_t* s = src + 4;
-        const uint8_t* q = src + 16;
-        for (int sb = 0; sb < 8; ++sb) {
-          int sc, mn;
-          if (sb < 4) {
-            sc = s[sb] & 63;
-            mn = s[sb + 4] & 63;
-          } else {
-            sc = (s[sb + 4] & 0xF) | ((s[sb - 4] >> 6) << 4);
-            mn = (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4);
-          }
-          const float ds = d * float(sc), dm = dmin * float(mn);
-          const uint8_t* qq = q + 32 * (sb / 2);
-          const int shift = (sb % 2) * 4;
-          for (int l = 0; l < 32; ++l) dst[32 * sb + l] = ds * float((qq[l] >> shift) & 0xF) - dm;
-        }
-      }
-      return;
-    case GgmlType::Q6_K:
-      // 128 bytes ql (low 4 bits), 64 bytes qh (high 2 bits), 16 int8 scales, d. Each half h
-      // (128 elements) uses ql[64h..], qh[32h..], scales[8h..]: for l < 32, elements l, l + 32,
-      // l + 64, l + 96 take ql[l] low, ql[l + 32] low, ql[l] high, ql[l + 32] high nibbles and
-      // qh[l] bits 0-1, 2-3, 4-5, 6-7; q - 32 times d * scale of its 16 elements.
-      for (int64_t b = 0; b < nb; ++b, src += bytes, dst += 256) {
-        const uint8_t* ql = src;
-        const uint8_t* qh = src + 128;
-        const int8_t* sc = reinterpret_cast<const int8_t*>(src + 192);
-        const float d = half(src + 208);
-        for (int h = 0; h < 2; ++h) {
-          float* y = dst + 128 * h;
-          const uint8_t* L = ql + 64 * h;
-          const uint8_t* H = qh + 32 * h;
-          const int8_t* S = sc + 8 * h;
-          for (int l = 0; l < 32; ++l) {
-            const int is = l / 16;
-            const int q1 = int((L[l] & 0xF) | (((H[l] >> 0) & 3) << 4)) - 32;
-            const int q2 = int((L[l + 32] & 0xF) | (((H[l] >> 2) & 3) << 4)) - 32;
-            const int q3 = int((L[l] >> 4) | (((H[l] >> 4) & 3) << 4)) - 32;
-            const int q4 = int((L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4)) - 32;
-            y[l] = (d * float(S[is + 0])) * float(q1);
-            y[l + 32] = (d * float(S[is + 2])) * float(q2);
-            y[l + 64] = (d * float(S[is + 4])) * float(q3);
-            y[l + 96] = (d * float(S[is + 6])) * float(q4);
-          }
-        }
-      }
-      return;
-  }
-}
-
 // ---------------------------------------------------------------- rows
 
 namespace {
@@ -644,185 +478,6 @@ Tensor GgufFile::read_rows(const std::string& name, int64_t row_begin, int64_t r
 Tensor GgufFile::read(const std::string& name, RowOrder order, DType dtype) const {
   const GgufTensorInfo& ti = tensor(name);
   return read_rows(name, 0, ti.rows(), order, dtype).view(ti.shape());
-}
-
-// ---------------------------------------------------------------- llama
-
-GgufLlamaConfig gguf_llama_config(const GgufFile& f) {
-  const std::string& arch = f.get_string("general.architecture");
-  FSDP_CHECK(arch == "llama", "[gguf] {}: general.architecture is '{}'; expected llama", f.path(),
-             arch);
-  GgufLlamaConfig c;
-  c.dim = f.get_int("llama.embedding_length");
-  c.layers = f.get_int("llama.block_count");
-  c.heads = f.get_int("llama.attention.head_count");
-  c.kv_heads = f.get_int("llama.attention.head_count_kv", c.heads);
-  c.ffn_hidden = f.get_int("llama.feed_forward_length");
-  c.context = f.get_int("llama.context_length", 0);
-  c.rope_theta = f.get_float("llama.rope.freq_base", 10000.0);
-  c.norm_eps = f.get_float("llama.attention.layer_norm_rms_epsilon", 1e-5);
-  FSDP_CHECK(c.dim > 0 && c.layers > 0 && c.heads > 0 && c.kv_heads > 0 && c.ffn_hidden > 0 &&
-                 c.dim % c.heads == 0 && c.heads % c.kv_heads == 0 && (c.dim / c.heads) % 2 == 0,
-             "[gguf] {}: llama sizes dim {}, layers {}, heads {}, kv heads {}, ffn {} are not a "
-             "model (dim must split into an even head size, heads into kv-head groups)",
-             f.path(), c.dim, c.layers, c.heads, c.kv_heads, c.ffn_hidden);
-  c.head_dim = c.dim / c.heads;
-  const int64_t rope_dim = f.get_int("llama.rope.dimension_count", c.head_dim);
-  FSDP_CHECK(rope_dim == c.head_dim,
-             "[gguf] {}: llama.rope.dimension_count is {} but heads are {} wide; rope over part "
-             "of a head is not supported",
-             f.path(), rope_dim, c.head_dim);
-  const std::string scaling = f.get_string("llama.rope.scaling.type", "none");
-  FSDP_CHECK(scaling == "none", "[gguf] {}: llama.rope.scaling.type '{}' is not supported",
-             f.path(), scaling);
-  const GgufTensorInfo& embd = f.tensor("token_embd.weight");
-  c.vocab = f.has("llama.vocab_size") ? f.get_int("llama.vocab_size")
-            : f.has("tokenizer.ggml.tokens")
-                ? int64_t(f.get_strings("tokenizer.ggml.tokens").size())
-                : (embd.ne.size() == 2 ? embd.ne[1] : 0);
-  FSDP_CHECK(embd.ne == std::vector<int64_t>({c.dim, c.vocab}),
-             "[gguf] {}: token_embd.weight has ne {} but dim {} and vocab {} need [{}, {}]",
-             f.path(), shape_str(embd.ne), c.dim, c.vocab, c.dim, c.vocab);
-  c.tied = !f.contains("output.weight");
-  return c;
-}
-
-std::string hf_name_of_gguf(const std::string& name) {
-  static const std::map<std::string, std::string> top = {
-      {"token_embd.weight", "model.embed_tokens.weight"},
-      {"output_norm.weight", "model.norm.weight"},
-      {"output.weight", "lm_head.weight"}};
-  static const std::map<std::string, std::string> block = {
-      {"attn_norm.weight", "input_layernorm.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},
-      {"attn_q.weight", "self_attn.q_proj.weight"},
-      {"attn_k.weight", "self_attn.k_proj.weight"},
-      {"attn_v.weight", "self_attn.v_proj.weight"},
-      {"attn_output.weight", "self_attn.o_proj.weight"},
-      {"ffn_gate.weight", "mlp.gate_proj.weight"},
-      {"ffn_up.weight", "mlp.up_proj.weight"},
-      {"ffn_down.weight", "mlp.down_proj.weight"}};
-  if (auto it = top.find(name); it != top.end()) return it->second;
-  if (!name.starts_with("blk.")) return "";
-  const size_t dot = name.find('.', 4);
-  if (dot == std::string::npos || dot == 4) return "";
-  const std::string layer = name.substr(4, dot - 4);
-  if (!std::all_of(layer.begin(), layer.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
-    return "";
-  auto it = block.find(name.substr(dot + 1));
-  return it == block.end() ? "" : "model.layers." + layer + "." + it->second;
-}
-
-// ---------------------------------------------------------------- tokenizer
-
-GgufTokenizerInfo gguf_tokenizer_info(const GgufFile& f) {
-  GgufTokenizerInfo info;
-  info.model = f.get_string("tokenizer.ggml.model");
-  FSDP_CHECK(info.model == "gpt2",
-             "[gguf] {}: tokenizer.ggml.model is '{}'; fsdp.cpp reads \"gpt2\" (byte-level BPE)",
-             f.path(), info.model);
-  info.pre = f.get_string("tokenizer.ggml.pre", "default");  // llama.cpp's name when absent
-  info.chat_template = f.get_string("tokenizer.chat_template", "");
-  const auto& tokens = f.get_strings("tokenizer.ggml.tokens");
-  FSDP_CHECK(!tokens.empty() && tokens.size() < (size_t(1) << 31),
-             "[gguf] {}: tokenizer.ggml.tokens has {} tokens", f.path(), tokens.size());
-  std::vector<int64_t> types(tokens.size(), 1);
-  if (f.has("tokenizer.ggml.token_type")) {
-    types = f.get_ints("tokenizer.ggml.token_type");
-    FSDP_CHECK(types.size() == tokens.size(),
-               "[gguf] {}: tokenizer.ggml.token_type has {} entries for {} tokens", f.path(),
-               types.size(), tokens.size());
-  }
-  auto id = [&](const char* key) -> std::optional<int32_t> {
-    if (!f.has(key)) return std::nullopt;
-    const int64_t v = f.get_int(key);
-    FSDP_CHECK(v >= 0 && v < int64_t(tokens.size()),
-               "[gguf] {}: {} is {}, outside the vocabulary [0, {})", f.path(), key, v,
-               tokens.size());
-    return int32_t(v);
-  };
-  info.bos = id("tokenizer.ggml.bos_token_id");
-  info.eos = id("tokenizer.ggml.eos_token_id");
-  info.pad = id("tokenizer.ggml.padding_token_id");
-  info.unk = id("tokenizer.ggml.unknown_token_id");
-  info.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", false);
-  info.add_eos = f.get_bool("tokenizer.ggml.add_eos_token", false);
-
-  // nlohmann::json's sorted maps, not ordered_json (whose lookups are linear, too slow for 50k
-  // tokens): tokenizer.json readers take the ids from the values, not from the order.
-  using json = nlohmann::json;
-  json vocab = json::object(), added = json::array();
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    auto [it, fresh] = vocab.emplace(tokens[i], int64_t(i));
-    FSDP_CHECK(fresh, "[gguf] {}: token '{}' appears twice (ids {} and {})", f.path(), tokens[i],
-               it->get<int64_t>(), i);
-    enum : int64_t { CONTROL = 3, USER_DEFINED = 4 };
-    if (types[i] == CONTROL || types[i] == USER_DEFINED)
-      added.push_back({{"id", int64_t(i)},
-                       {"content", tokens[i]},
-                       {"single_word", false},
-                       {"lstrip", false},
-                       {"rstrip", false},
-                       {"normalized", types[i] == USER_DEFINED},
-                       {"special", types[i] == CONTROL}});
-  }
-  json merges = json::array();
-  if (f.has("tokenizer.ggml.merges"))
-    for (const std::string& m : f.get_strings("tokenizer.ggml.merges")) {
-      const size_t sp = m.find(' ');
-      FSDP_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < m.size(),
-                 "[gguf] {}: merge '{}' is not \"a b\"", f.path(), m);
-      merges.push_back(json::array({m.substr(0, sp), m.substr(sp + 1)}));
-    }
-  // llama.cpp's pre-tokenizer names: "gpt-2" is GPT-2's split alone; "smollm", "starcoder" and
-  // "refact" split every number code point off first (Hugging Face: Digits(individual_digits)
-  // then ByteLevel). Others use other regexes, which our tokenizer does not have.
-  const bool digits = info.pre == "smollm" || info.pre == "starcoder" || info.pre == "refact";
-  FSDP_CHECK(digits || info.pre == "gpt-2" || info.pre == "gpt2",
-             "[gguf] {}: tokenizer.ggml.pre is '{}'; fsdp.cpp splits text as \"gpt-2\", "
-             "\"smollm\", \"starcoder\" and \"refact\" do",
-             f.path(), info.pre);
-  const json byte_level = {
-      {"type", "ByteLevel"},
-      {"add_prefix_space", f.get_bool("tokenizer.ggml.add_space_prefix", false)},
-      {"trim_offsets", true},
-      {"use_regex", true}};
-  const json pre =
-      digits
-          ? json{{"type", "Sequence"},
-                 {"pretokenizers",
-                  json::array({json{{"type", "Digits"}, {"individual_digits", true}}, byte_level})}}
-          : byte_level;
-  const json j = {{"version", "1.0"},
-                  {"truncation", nullptr},
-                  {"padding", nullptr},
-                  {"added_tokens", added},
-                  {"normalizer", nullptr},
-                  {"pre_tokenizer", pre},
-                  {"post_processor", nullptr},
-                  {"decoder", byte_level},
-                  {"model",
-                   {{"type", "BPE"},
-                    {"dropout", nullptr},
-                    {"unk_token", nullptr},
-                    {"continuing_subword_prefix", nullptr},
-                    {"end_of_word_suffix", nullptr},
-                    {"fuse_unk", false},
-                    {"byte_fallback", false},
-                    {"ignore_merges", false},
-                    {"vocab", vocab},
-                    {"merges", merges}}}};
-  try {
-    info.tokenizer_json = j.dump();
-  } catch (const json::exception& e) {  // a token or merge that is not UTF-8
-    FSDP_FAIL("[gguf] {}: the tokenizer's tokens and merges must be valid UTF-8: {}", f.path(),
-              e.what());
-  }
-  return info;
-}
-
-data::Tokenizer gguf_tokenizer(const GgufFile& f) {
-  return data::Tokenizer::from_json(gguf_tokenizer_info(f).tokenizer_json, f.path());
 }
 
 }  // namespace fsdp::checkpoint

@@ -1,0 +1,196 @@
+// GGUF's llama metadata as fsdp.cpp's config, llama.cpp's tensor names as Hugging Face's, and
+// the "gpt2" tokenizer as a tokenizer.json. See include/fsdp/checkpoint/gguf.h.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/checkpoint/gguf.h"
+#include "fsdp/core/error.h"
+#include "fsdp/data/tokenizer.h"
+
+namespace fsdp::checkpoint {
+
+GgufLlamaConfig gguf_llama_config(const GgufFile& f) {
+  const std::string& arch = f.get_string("general.architecture");
+  FSDP_CHECK(arch == "llama", "[gguf] {}: general.architecture is '{}'; expected llama", f.path(),
+             arch);
+  GgufLlamaConfig c;
+  c.dim = f.get_int("llama.embedding_length");
+  c.layers = f.get_int("llama.block_count");
+  c.heads = f.get_int("llama.attention.head_count");
+  c.kv_heads = f.get_int("llama.attention.head_count_kv", c.heads);
+  c.ffn_hidden = f.get_int("llama.feed_forward_length");
+  c.context = f.get_int("llama.context_length", 0);
+  c.rope_theta = f.get_float("llama.rope.freq_base", 10000.0);
+  c.norm_eps = f.get_float("llama.attention.layer_norm_rms_epsilon", 1e-5);
+  FSDP_CHECK(c.dim > 0 && c.layers > 0 && c.heads > 0 && c.kv_heads > 0 && c.ffn_hidden > 0 &&
+                 c.dim % c.heads == 0 && c.heads % c.kv_heads == 0 && (c.dim / c.heads) % 2 == 0,
+             "[gguf] {}: llama sizes dim {}, layers {}, heads {}, kv heads {}, ffn {} are not a "
+             "model (dim must split into an even head size, heads into kv-head groups)",
+             f.path(), c.dim, c.layers, c.heads, c.kv_heads, c.ffn_hidden);
+  c.head_dim = c.dim / c.heads;
+  const int64_t rope_dim = f.get_int("llama.rope.dimension_count", c.head_dim);
+  FSDP_CHECK(rope_dim == c.head_dim,
+             "[gguf] {}: llama.rope.dimension_count is {} but heads are {} wide; rope over part "
+             "of a head is not supported",
+             f.path(), rope_dim, c.head_dim);
+  const std::string scaling = f.get_string("llama.rope.scaling.type", "none");
+  FSDP_CHECK(scaling == "none", "[gguf] {}: llama.rope.scaling.type '{}' is not supported",
+             f.path(), scaling);
+  const GgufTensorInfo& embd = f.tensor("token_embd.weight");
+  c.vocab = f.has("llama.vocab_size") ? f.get_int("llama.vocab_size")
+            : f.has("tokenizer.ggml.tokens")
+                ? int64_t(f.get_strings("tokenizer.ggml.tokens").size())
+                : (embd.ne.size() == 2 ? embd.ne[1] : 0);
+  FSDP_CHECK(embd.ne == std::vector<int64_t>({c.dim, c.vocab}),
+             "[gguf] {}: token_embd.weight has ne {} but dim {} and vocab {} need [{}, {}]",
+             f.path(), shape_str(embd.ne), c.dim, c.vocab, c.dim, c.vocab);
+  c.tied = !f.contains("output.weight");
+  return c;
+}
+
+std::string hf_name_of_gguf(const std::string& name) {
+  static const std::map<std::string, std::string> top = {
+      {"token_embd.weight", "model.embed_tokens.weight"},
+      {"output_norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"}};
+  static const std::map<std::string, std::string> block = {
+      {"attn_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"attn_q.weight", "self_attn.q_proj.weight"},
+      {"attn_k.weight", "self_attn.k_proj.weight"},
+      {"attn_v.weight", "self_attn.v_proj.weight"},
+      {"attn_output.weight", "self_attn.o_proj.weight"},
+      {"ffn_gate.weight", "mlp.gate_proj.weight"},
+      {"ffn_up.weight", "mlp.up_proj.weight"},
+      {"ffn_down.weight", "mlp.down_proj.weight"}};
+  if (auto it = top.find(name); it != top.end()) return it->second;
+  if (!name.starts_with("blk.")) return "";
+  const size_t dot = name.find('.', 4);
+  if (dot == std::string::npos || dot == 4) return "";
+  const std::string layer = name.substr(4, dot - 4);
+  if (!std::all_of(layer.begin(), layer.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+    return "";
+  auto it = block.find(name.substr(dot + 1));
+  return it == block.end() ? "" : "model.layers." + layer + "." + it->second;
+}
+
+// ---------------------------------------------------------------- tokenizer
+
+GgufTokenizerInfo gguf_tokenizer_info(const GgufFile& f) {
+  GgufTokenizerInfo info;
+  info.model = f.get_string("tokenizer.ggml.model");
+  FSDP_CHECK(info.model == "gpt2",
+             "[gguf] {}: tokenizer.ggml.model is '{}'; fsdp.cpp reads \"gpt2\" (byte-level BPE)",
+             f.path(), info.model);
+  info.pre = f.get_string("tokenizer.ggml.pre", "default");  // llama.cpp's name when absent
+  info.chat_template = f.get_string("tokenizer.chat_template", "");
+  const auto& tokens = f.get_strings("tokenizer.ggml.tokens");
+  FSDP_CHECK(!tokens.empty() && tokens.size() < (size_t(1) << 31),
+             "[gguf] {}: tokenizer.ggml.tokens has {} tokens", f.path(), tokens.size());
+  std::vector<int64_t> types(tokens.size(), 1);
+  if (f.has("tokenizer.ggml.token_type")) {
+    types = f.get_ints("tokenizer.ggml.token_type");
+    FSDP_CHECK(types.size() == tokens.size(),
+               "[gguf] {}: tokenizer.ggml.token_type has {} entries for {} tokens", f.path(),
+               types.size(), tokens.size());
+  }
+  auto id = [&](const char* key) -> std::optional<int32_t> {
+    if (!f.has(key)) return std::nullopt;
+    const int64_t v = f.get_int(key);
+    FSDP_CHECK(v >= 0 && v < int64_t(tokens.size()),
+               "[gguf] {}: {} is {}, outside the vocabulary [0, {})", f.path(), key, v,
+               tokens.size());
+    return int32_t(v);
+  };
+  info.bos = id("tokenizer.ggml.bos_token_id");
+  info.eos = id("tokenizer.ggml.eos_token_id");
+  info.pad = id("tokenizer.ggml.padding_token_id");
+  info.unk = id("tokenizer.ggml.unknown_token_id");
+  info.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", false);
+  info.add_eos = f.get_bool("tokenizer.ggml.add_eos_token", false);
+
+  // nlohmann::json's sorted maps, not ordered_json (whose lookups are linear, too slow for 50k
+  // tokens): tokenizer.json readers take the ids from the values, not from the order.
+  using json = nlohmann::json;
+  json vocab = json::object(), added = json::array();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    auto [it, fresh] = vocab.emplace(tokens[i], int64_t(i));
+    FSDP_CHECK(fresh, "[gguf] {}: token '{}' appears twice (ids {} and {})", f.path(), tokens[i],
+               it->get<int64_t>(), i);
+    enum : int64_t { CONTROL = 3, USER_DEFINED = 4 };
+    if (types[i] == CONTROL || types[i] == USER_DEFINED)
+      added.push_back({{"id", int64_t(i)},
+                       {"content", tokens[i]},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", types[i] == USER_DEFINED},
+                       {"special", types[i] == CONTROL}});
+  }
+  json merges = json::array();
+  if (f.has("tokenizer.ggml.merges"))
+    for (const std::string& m : f.get_strings("tokenizer.ggml.merges")) {
+      const size_t sp = m.find(' ');
+      FSDP_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < m.size(),
+                 "[gguf] {}: merge '{}' is not \"a b\"", f.path(), m);
+      merges.push_back(json::array({m.substr(0, sp), m.substr(sp + 1)}));
+    }
+  // llama.cpp's pre-tokenizer names: "gpt-2" is GPT-2's split alone; "smollm", "starcoder" and
+  // "refact" split every number code point off first (Hugging Face: Digits(individual_digits)
+  // then ByteLevel). Others use other regexes, which our tokenizer does not have.
+  const bool digits = info.pre == "smollm" || info.pre == "starcoder" || info.pre == "refact";
+  FSDP_CHECK(digits || info.pre == "gpt-2" || info.pre == "gpt2",
+             "[gguf] {}: tokenizer.ggml.pre is '{}'; fsdp.cpp splits text as \"gpt-2\", "
+             "\"smollm\", \"starcoder\" and \"refact\" do",
+             f.path(), info.pre);
+  const json byte_level = {
+      {"type", "ByteLevel"},
+      {"add_prefix_space", f.get_bool("tokenizer.ggml.add_space_prefix", false)},
+      {"trim_offsets", true},
+      {"use_regex", true}};
+  const json pre =
+      digits
+          ? json{{"type", "Sequence"},
+                 {"pretokenizers",
+                  json::array({json{{"type", "Digits"}, {"individual_digits", true}}, byte_level})}}
+          : byte_level;
+  const json j = {{"version", "1.0"},
+                  {"truncation", nullptr},
+                  {"padding", nullptr},
+                  {"added_tokens", added},
+                  {"normalizer", nullptr},
+                  {"pre_tokenizer", pre},
+                  {"post_processor", nullptr},
+                  {"decoder", byte_level},
+                  {"model",
+                   {{"type", "BPE"},
+                    {"dropout", nullptr},
+                    {"unk_token", nullptr},
+                    {"continuing_subword_prefix", nullptr},
+                    {"end_of_word_suffix", nullptr},
+                    {"fuse_unk", false},
+                    {"byte_fallback", false},
+                    {"ignore_merges", false},
+                    {"vocab", vocab},
+                    {"merges", merges}}}};
+  try {
+    info.tokenizer_json = j.dump();
+  } catch (const json::exception& e) {  // a token or merge that is not UTF-8
+    FSDP_FAIL("[gguf] {}: the tokenizer's tokens and merges must be valid UTF-8: {}", f.path(),
+              e.what());
+  }
+  return info;
+}
+
+data::Tokenizer gguf_tokenizer(const GgufFile& f) {
+  return data::Tokenizer::from_json(gguf_tokenizer_info(f).tokenizer_json, f.path());
+}
+
+}  // namespace fsdp::checkpoint
