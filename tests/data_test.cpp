@@ -58,13 +58,39 @@ TEST(DataLoader, RanksRowsInOrderFromAnyPosition) {
     EXPECT_EQ(got.inputs.to_f64_vector(), want.inputs.to_f64_vector()) << "batch " << p;
     EXPECT_EQ(got.targets.to_f64_vector(), want.targets.to_f64_vector());
   }
-  EXPECT_EQ(a.position(), 3);
+  EXPECT_EQ(a.position(), 36);  // windows handed out over all ranks: 3 batches of 12
   DataLoader b(s, 12, 1, 3, 8);
-  b.set_position(2);  // resuming: batch 2 again
+  b.set_position(24);  // resuming after 24 windows: batch 2 again
   EXPECT_EQ(b.next().inputs.to_f64_vector(), s->batch(2, 12, 4, 4, 8).inputs.to_f64_vector());
   EXPECT_THROW(DataLoader(s, 10, 0, 3, 8), Error);  // 10 rows over 3 ranks
   EXPECT_THROW(DataLoader(s, 12, 3, 3, 8), Error);  // no rank 3
   EXPECT_THROW(b.set_position(-1), Error);
+}
+
+// The position counts windows, not batches: a run that read 2 batches of 4 windows on 1 rank
+// and resumes with 2 ranks of 6 rows each reads windows 8..19 next, none skipped or repeated
+// (with a batch index it would have read 24..35), shuffled or not.
+TEST(DataLoader, ResumeAtAnotherBatchOrWorldSizeReadsTheNextUnreadWindow) {
+  std::vector<int32_t> tokens(2000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i % 1000);
+  for (bool shuffle : {false, true}) {
+    auto s = std::make_shared<TokenVector>(tokens, "iota", 8);
+    if (shuffle) s->set_shuffle(5, 8);
+    DataLoader first(s, 4, 0, 1, 8);
+    first.next();
+    first.next();
+    ASSERT_EQ(first.position(), 8);
+    for (int rank = 0; rank < 2; ++rank) {
+      DataLoader resumed(s, 12, rank, 2, 8);
+      resumed.set_position(first.position());
+      const Batch got = resumed.next();
+      const Batch want = s->windows(8 + 6 * rank, 6, 8);
+      EXPECT_EQ(got.inputs.to_f64_vector(), want.inputs.to_f64_vector())
+          << "shuffle " << shuffle << " rank " << rank;
+      EXPECT_EQ(got.targets.to_f64_vector(), want.targets.to_f64_vector());
+      EXPECT_EQ(resumed.position(), 20);
+    }
+  }
 }
 
 TEST(Batches, ShuffledEpochsAreDisjointPermutationsFromTheSeed) {
@@ -206,7 +232,7 @@ TEST(Shards, MappedBatchesEqualTheInMemoryReader) {
           expect_same(loader.next(), reference_batch(all, shuffle, 11, p, G, rank * 2, 2, T),
                       what + fmt::format(", rank {} batch {}", rank, p));
         DataLoader resumed(s, G, rank, 3, T);  // a resume: set_position() then the same batches
-        resumed.set_position(17);
+        resumed.set_position(17 * G);
         for (int64_t p = 17; p < 22; ++p)
           expect_same(resumed.next(), reference_batch(all, shuffle, 11, p, G, rank * 2, 2, T),
                       what + fmt::format(", resumed rank {} batch {}", rank, p));
@@ -323,6 +349,32 @@ TEST(Shards, BadHeadersAreRefusedByName) {
   }
   refused(dir / "header.bin", "is shorter than its 1024-byte header");
   refused(write("few.bin", {20240520, 1, 3}, 6), "has 3 tokens; need at least seq + 1 = 5");
+}
+
+// The data is named by content: a byte-identical copy at another path has the same identity, a
+// changed token (sampled) or a changed size another, and a folder of shards is all its files.
+TEST(Shards, DataIdentityIsTheContentNotThePath) {
+  TempDir dir("identity");
+  std::vector<uint16_t> tokens(50000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint16_t(i % 251);
+  std::filesystem::create_directories(dir.path / "a");
+  std::filesystem::create_directories(dir.path / "b");
+  write_bin_shard((dir.path / "a" / "train_000000.bin").string(), tokens);
+  write_bin_shard((dir.path / "b" / "train_000000.bin").string(), tokens);
+  const DataIdentity a = data_identity((dir.path / "a").string());
+  EXPECT_EQ(a.files, 1);
+  EXPECT_EQ(a.bytes, 1024 + 2 * int64_t(tokens.size()));
+  EXPECT_EQ(a.hash, data_identity((dir.path / "b" / "train_*.bin").string()).hash);
+  EXPECT_EQ(a.str(), data_identity((dir.path / "b").string()).str());
+  tokens[0] = 7;  // the first token: inside the sampled header page
+  write_bin_shard((dir.path / "b" / "train_000000.bin").string(), tokens);
+  EXPECT_NE(a.hash, data_identity((dir.path / "b").string()).hash);
+  tokens.push_back(1);
+  write_bin_shard((dir.path / "b" / "train_000000.bin").string(), tokens);
+  EXPECT_NE(a.bytes, data_identity((dir.path / "b").string()).bytes);
+  write_bin_shard((dir.path / "a" / "train_000001.bin").string(), tokens);
+  EXPECT_EQ(data_identity((dir.path / "a").string()).files, 2);
+  EXPECT_THROW(data_identity((dir.path / "missing.txt").string()), Error);
 }
 
 }  // namespace

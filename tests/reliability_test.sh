@@ -280,6 +280,34 @@ refused "different --data over the ranks" "differs from rank 0 at argument" time
   --standalone --nproc_per_node 2 bash -c 'exec "$0" "$@" --data "'"$work"'/$([ $RANK = 0 ] && echo a || echo b).txt"' \
   "$train" "${small[@]}" --vocab 256 --steps 2
 
+# 16. The data position is the windows read, not a batch index: at --lr 0 (the weights never
+# change), 2 steps of --batch 2 then a resume at --batch 4 (1 rank) or --batch 2 (2 ranks) trains
+# on windows 4..7, as the second step of a straight --batch 4 run does: the same loss and gradient
+# norm. (As a batch index it read windows 8..11, and 4..7 were never trained on.) The data is named
+# by content: the same path with new text is refused, a byte-identical copy elsewhere resumes.
+cp /usr/share/common-licenses/GPL-3 "$work/d.txt"
+dp=(--preset tiny --dim 32 --layers 1 --heads 4 --vocab 256 --seq 16 --threads 1 --lr 0 --data "$work/d.txt")
+norm() { grep -oE "^step $2 \| loss [0-9.]+" "$1" | sed 's/^step [0-9]* //'; grep -oE "^step $2 .*grad norm [0-9.]+" "$1" | grep -oE "grad norm [0-9.]+$"; }
+"$train" "${dp[@]}" --batch 4 --steps 2 > "$work/dp_straight.out" 2>&1 || bad "data position: straight run failed"
+"$train" "${dp[@]}" --batch 2 --steps 2 --ckpt-dir "$work/dp" --ckpt-every 2 > /dev/null 2>&1 || bad "data position: setup failed"
+cp -r "$work/dp" "$work/dp2"
+"$train" "${dp[@]}" --batch 4 --steps 3 --ckpt-dir "$work/dp" --resume > "$work/dp_b4.out" 2>&1 || bad "data position: resume at --batch 4 failed"
+"${mpi[@]}" -np 2 "$train" "${dp[@]}" --batch 2 --steps 3 --ckpt-dir "$work/dp2" --resume > "$work/dp_np2.out" 2>&1 \
+  || bad "data position: resume at 2 ranks failed: $(tail -3 "$work/dp_np2.out")"
+want=$(norm "$work/dp_straight.out" 1)
+[ -n "$want" ] && [ "$(norm "$work/dp_b4.out" 2)" = "$want" ] && ok \
+  || bad "resume at --batch 4 did not train on the next unread windows: '$(norm "$work/dp_b4.out" 2)' against '$want'"
+[ -n "$want" ] && [ "$(norm "$work/dp_np2.out" 2)" = "$want" ] && ok \
+  || bad "resume at 2 ranks did not train on the next unread windows: '$(norm "$work/dp_np2.out" 2)' against '$want'"
+grep -q "4 windows (64 tokens) read, continuing at window 4" "$work/dp_b4.out" && ok \
+  || bad "the resume does not say where the data goes on: $(grep resume: "$work/dp_b4.out")"
+cp "$work/d.txt" "$work/d_copy.txt"
+"$train" "${dp[@]}" --batch 4 --steps 4 --ckpt-dir "$work/dp" --resume --data "$work/d_copy.txt" > "$work/dp_copy.out" 2>&1 \
+  && grep -q "resume: loaded .*dp/step_" "$work/dp_copy.out" && ok || bad "a byte-identical copy of the data was refused: $(tail -2 "$work/dp_copy.out")"
+cp /usr/share/common-licenses/LGPL-3 "$work/d.txt"
+refused "resume on new contents at the same path" "was trained on other data" \
+  "$train" "${dp[@]}" --batch 4 --steps 5 --ckpt-dir "$work/dp" --resume
+
 # 15. The memory plan is checked before any tensor exists: a 38B model under a 3 GiB cgroup was
 # OOM-killed after 3 s with no output. A real memory cgroup (v2 memory.max, or v1's
 # memory.limit_in_bytes) when this machine lets us make one, else MemAvailable against a huge model.

@@ -37,9 +37,13 @@ int main(int argc, char** argv) try {
       {.lr = 1e-3, .warmup = 5, .decay = optim::Decay::cosine, .min_lr = 1e-4, .decay_end = steps});
   data::DataLoader data(std::make_shared<data::RandomTokenSource>(cfg.vocab, seed), cfg.batch,
                         world->rank(), world->size(), cfg.seq);  // each rank's rows of cfg.batch
-  if (const std::string last = checkpoint::latest(dir); !last.empty())  // resume: one batch a step
-    data.set_position(checkpoint::load(last, root, opt, cfg.to_json(), {"arch"}).data_position);
-  for (int64_t step = data.position(); step < stop; ++step) {
+  int64_t start = 0;
+  if (const std::string last = checkpoint::latest(dir); !last.empty()) {  // resume
+    const checkpoint::Loaded loaded = checkpoint::load(last, root, opt, cfg.to_json(), {"arch"});
+    start = loaded.step;
+    data.set_position(loaded.data_position);  // the windows read: the next batch is the next unread
+  }
+  for (int64_t step = start; step < stop; ++step) {
     opt.set_lr(lr.at(step));
     model.zero_grad();
     data::Batch b = data.next();

@@ -22,14 +22,14 @@ DataLoader::DataLoader(std::shared_ptr<const TokenSource> source, int64_t global
 }
 
 Batch DataLoader::make(int64_t position) {
-  Batch b = source_->batch(position, global_rows_, row_begin_, rows_, seq_);
+  Batch b = source_->windows(position + row_begin_, rows_, seq_);
   return {uploader_.upload(b.inputs), uploader_.upload(b.targets)};
 }
 
 Batch DataLoader::next() {
   Batch b = staged_ ? std::move(*staged_) : make(position_);
   staged_.reset();
-  ++position_;
+  position_ += global_rows_;
   return b;
 }
 
@@ -37,9 +37,10 @@ void DataLoader::prefetch() {
   if (!staged_) staged_ = make(position_);
 }
 
-void DataLoader::set_position(int64_t position) {
-  FSDP_CHECK(position >= 0, "[DataLoader] position must be >= 0, got {}", position);
-  position_ = position;
+void DataLoader::set_position(int64_t windows) {
+  FSDP_CHECK(windows >= 0, "[DataLoader] the position (windows read) must be >= 0, got {}",
+             windows);
+  position_ = windows;
   staged_.reset();
 }
 

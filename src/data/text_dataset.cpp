@@ -79,14 +79,15 @@ std::vector<int32_t> TokenStream::read(int64_t begin, int64_t count) const {
   return out;
 }
 
-Batch TokenStream::batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows,
-                         int64_t seq) const {
+Batch TokenStream::windows(int64_t first, int64_t rows, int64_t seq) const {
+  FSDP_CHECK(first >= 0 && rows >= 0 && seq > 0, "[data] windows({}, {}, seq {}) of {}", first,
+             rows, seq, description_);
   Batch b{Tensor::empty({rows, seq}, DType::i32), Tensor::empty({rows, seq}, DType::i32)};
   int32_t* in = b.inputs.data<int32_t>();
   int32_t* tg = b.targets.data<int32_t>();
   const int64_t windows = std::max<int64_t>(1, (size_ - 1) / seq);
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t q = step * global_rows + row_begin + r;  // global row index
+    const int64_t q = first + r;  // global window index
     int64_t start = (q * seq) % size_;
     if (shuffle_) start = shuffle_window(q % windows, windows, seed_, q / windows) * seq;
     const std::vector<int32_t> row = read(start, seq + 1);
@@ -361,6 +362,52 @@ std::unique_ptr<TokenStream> open_token_stream(const std::string& spec, int64_t 
   return std::make_unique<ByteTextSource>(spec, vocab, seq);
 }
 
+std::string DataIdentity::str() const {
+  return fmt::format("{} bytes in {} file(s), sample hash {:016x}", bytes, files, hash);
+}
+
+DataIdentity data_identity(const std::string& spec) {
+  std::error_code ec;
+  const bool shards =
+      std::filesystem::is_directory(spec, ec) || spec.find_first_of("*?[") != std::string::npos ||
+      (std::filesystem::is_regular_file(spec, ec) &&
+       (has_shard_magic(spec) || std::filesystem::path(spec).extension() == ".bin"));
+  std::vector<std::string> files = {spec};
+  if (shards) files = shard_files(spec);
+  else check_regular_file(spec);
+  constexpr int64_t kSample = 4096, kSamples = 16;
+  DataIdentity id;
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, 64-bit
+  auto mix = [&h](const unsigned char* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  };
+  std::vector<unsigned char> buf(static_cast<size_t>(kSample));
+  for (const std::string& path : files) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    FSDP_CHECK(fd >= 0, "[data] cannot read data file '{}': {}", path, std::strerror(errno));
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
+    struct stat st {};
+    FSDP_CHECK(::fstat(fd, &st) == 0, "[data] cannot stat data file '{}': {}", path,
+               std::strerror(errno));
+    const int64_t size = int64_t(st.st_size);
+    mix(reinterpret_cast<const unsigned char*>(&size), sizeof(size));
+    // The head (a shard's header), then samples at k/16 of the rest and its last bytes.
+    for (int64_t k = 0; k <= kSamples; ++k) {
+      const int64_t at = k == 0 ? 0 : std::max<int64_t>(0, (size - kSample) * k / kSamples);
+      const ssize_t got = ::pread(fd, buf.data(), size_t(kSample), off_t(at));
+      FSDP_CHECK(got >= 0, "[data] reading data file '{}' failed: {}", path, std::strerror(errno));
+      mix(buf.data(), size_t(got));
+    }
+    ++id.files;
+    id.bytes += size;
+  }
+  id.hash = h;
+  return id;
+}
+
 namespace {
 
 template <typename T>
@@ -389,15 +436,14 @@ void write_bin_shard_u32(const std::string& path, const std::vector<uint32_t>& t
   write_shard(path, tokens, kShardMagic32, 7);
 }
 
-Batch RandomTokenSource::batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows,
-                               int64_t seq) const {
+Batch RandomTokenSource::windows(int64_t first, int64_t rows, int64_t seq) const {
   Batch b{Tensor::empty({rows, seq}, DType::i32), Tensor::empty({rows, seq}, DType::i32)};
   int32_t* in = b.inputs.data<int32_t>();
   int32_t* tg = b.targets.data<int32_t>();
   const uint64_t key = nn::name_hash("random-tokens") ^ (seed_ * 0x9e3779b97f4a7c15ull);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t t = 0; t < seq; ++t) {
-      const uint64_t idx = uint64_t(((step * global_rows + row_begin + r) * seq + t) * 2);
+      const uint64_t idx = uint64_t(((first + r) * seq + t) * 2);
       in[r * seq + t] = int32_t(nn::counter_uniform(key, idx) * double(vocab_));
       tg[r * seq + t] = int32_t(nn::counter_uniform(key, idx + 1) * double(vocab_));
     }

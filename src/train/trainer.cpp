@@ -264,6 +264,64 @@ bool is_text_file(const std::string& spec) {
   return !(f.gcount() == 4 && (magic == 20240520 || magic == 20240801));
 }
 
+// --resume: the run's data must be the checkpoint's, by content (data::data_identity: size and
+// sampled bytes), not by path: the same path with new contents is refused, a byte-identical copy
+// elsewhere resumes. The training stream's token count must match too (--eval-every and
+// --val-fraction cut the validation tail off it), or window numbers would name other tokens.
+// Checkpoints older than the identity are held to the path, as they were.
+void check_same_data(const nlohmann::json& saved, const nlohmann::json& now,
+                     const std::string& path) {
+  using nlohmann::json;
+  auto value = [](const json& j, const char* key) { return j.value(key, json()); };
+  if (saved.contains("data_content")) {
+    FSDP_CHECK(saved["data_content"] == value(now, "data_content"),
+               "[fsdp-train] --resume: {} was trained on other data: it was saved with --data {} "
+               "holding {} but --data {} holds {}; resume with the data it was trained on, or "
+               "start a new --ckpt-dir",
+               path, value(saved, "data").dump(), saved["data_content"].dump(),
+               value(now, "data").dump(), value(now, "data_content").dump());
+  }
+  const bool by_path = !saved.contains("data_content");
+  for (const char* key : {"seq", "data", "data_tokens", "tokenizer_hash"})
+    if (saved.contains(key) && (by_path || std::string_view(key) != "data"))
+      FSDP_CHECK(saved[key] == value(now, key),
+                 "[fsdp-train] --resume: {} was saved with {} {} but this run has {} {}: resume "
+                 "with the same data, validation split, sequence length and tokenizer, or start a "
+                 "new --ckpt-dir",
+                 path, key, saved[key].dump(), key, value(now, key).dump());
+}
+
+// The windows a checkpoint's run had read over all its ranks: saved as such ("data" in the
+// checkpoint's user JSON), or, by checkpoints from before, as the loader's batch index, which
+// counts global batches of the saved batch x world_size rows. *note says which it was.
+int64_t windows_read(const checkpoint::Loaded& loaded, const nlohmann::json& saved_config,
+                     const std::string& path, std::string* note) {
+  const nlohmann::json user = nlohmann::json::parse(loaded.user_json);
+  if (user.is_object() && user.contains("data")) {
+    const nlohmann::json& d = user["data"];
+    FSDP_CHECK(d.is_object() && d.contains("windows") && d["windows"].is_number_integer() &&
+                   d["windows"].get<int64_t>() >= 0,
+               "[fsdp-train] --resume: {}/metadata.json: user.data {} is not a count of windows "
+               "read",
+               path, d.dump());
+    return d["windows"].get<int64_t>();
+  }
+  auto count = [&](const char* key) -> int64_t {
+    const nlohmann::json v = saved_config.value(key, nlohmann::json());
+    FSDP_CHECK(v.is_number_integer() && v.get<int64_t>() > 0,
+               "[fsdp-train] --resume: {} saved its data position as batch {} but its config has "
+               "no {} (got {}) to say how many rows a batch held, so the next unread window is "
+               "unknown; start a new --ckpt-dir",
+               path, loaded.data_position, key, v.dump());
+    return v.get<int64_t>();
+  };
+  const int64_t rows = count("batch") * count("world_size");
+  *note = fmt::format(
+      "an older checkpoint: its data position is batch {} of {} x {} rows, window {}",
+      loaded.data_position, count("batch"), count("world_size"), loaded.data_position * rows);
+  return loaded.data_position * rows;
+}
+
 std::atomic<int> g_stop_signal{0};
 
 extern "C" void on_stop_signal(int sig) {
@@ -461,6 +519,11 @@ struct Trainer::Impl {
                        {"data", o.data},
                        {"tokenizer", tokenizer ? tokenizer->describe() : "none"},
                        {"tokenizer_hash", tokenizer ? tokenizer->hash() : ""}});
+    if (!o.data.empty()) {  // the data by content (a resume checks it), and the stream's length
+      run_config["data_content"] = data::data_identity(o.data).str();
+      if (const auto* s = dynamic_cast<const data::TokenStream*>(src.get()))
+        run_config["data_tokens"] = s->size();
+    }
     config_json = run_config.dump();
     loader = std::make_unique<data::DataLoader>(src, cfg.batch * size, rank, size, cfg.seq, device);
     if (o.resume) resume();
@@ -719,17 +782,16 @@ struct Trainer::Impl {
                "problem)",
                failed.item(), path);
     const nlohmann::json saved = nlohmann::json::parse(loaded.config_json);
-    const nlohmann::json now = nlohmann::json::parse(config_json);
-    for (const char* key : {"seq", "data", "tokenizer_hash"})
-      if (saved.contains(key))  // (checkpoints older than the field do not hold it)
-        FSDP_CHECK(saved[key] == now.value(key, nlohmann::json()),
-                   "[fsdp-train] --resume: {} was saved with {} {} but this run has {} {}: resume "
-                   "with the same data, sequence length and tokenizer, or start a new --ckpt-dir",
-                   path, key, saved[key].dump(), key, now.value(key, nlohmann::json()).dump());
+    check_same_data(saved, nlohmann::json::parse(config_json), path);
+    std::string note;
+    const int64_t windows = windows_read(loaded, saved, path, &note);
     start_step = loaded.step;
-    loader->set_position(loaded.data_position);
+    loader->set_position(windows);
     if (main()) {
-      fmt::print("resume: loaded {} (step {})\n", path, start_step);
+      fmt::print("resume: loaded {} (step {}); {} windows ({} tokens) read, continuing at window "
+                 "{}{}\n",
+                 path, start_step, windows, windows * cfg.seq, windows,
+                 note.empty() ? "" : " (" + note + ")");
       if (start_step >= o.steps)
         fmt::print(stderr,
                    "resume: the checkpoint is at step {} and --steps is {}: nothing left to "
@@ -817,7 +879,13 @@ struct Trainer::Impl {
     const auto tc = std::chrono::steady_clock::now();
     if (main()) fmt::print("checkpoint: writing step {} to {} ...\n", step, o.ckpt_dir);
     checkpoint::Extras extras;
+    // The windows read over all ranks: a resume at any batch size or world size goes on from the
+    // next one (checkpoints before saved the batch index).
     extras.data_position = loader->position();
+    extras.user_json = nlohmann::json{{"data",
+                                       {{"windows", loader->position()},
+                                        {"tokens", loader->position() * cfg.seq}}}}
+                           .dump();
     if (tokenizer) extras.files.emplace_back("tokenizer.json", tokenizer->json());
     if (tokenizer && model_tokenizer)  // the pretrained model's ids, chat template, pre-tokenizer
       extras.files.emplace_back("tokenizer_meta.json", pretrained->tokenizer_meta().to_json());

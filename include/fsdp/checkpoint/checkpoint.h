@@ -32,7 +32,7 @@ namespace fsdp::checkpoint {
 
 // What a trainer saves beside the model and the optimizer.
 struct Extras {
-  int64_t data_position = -1;    // the data loader's position; -1: the step
+  int64_t data_position = -1;    // the data loader's position (windows read); -1: the step
   std::string user_json = "{}";  // any JSON value of the trainer's own, returned by load
   // Small files saved whole beside the shards, by rank 0 (name in the checkpoint directory ->
   // contents), covered by the metadata's checksums: the run's tokenizer.json, for instance.

@@ -1,8 +1,9 @@
-// A rank's view of the training data: batch p is the global batch of
-// `global_rows` rows at step p of a TokenSource (its layout, and the stream's
-// shuffle when set), and this rank takes its own contiguous rows of it, so the
-// data a batch holds never depends on the number of ranks. The position (the
-// batches handed out so far) is what a checkpoint saves; set_position() resumes.
+// A rank's view of the training data: each batch is the next `global_rows` windows of a
+// TokenSource (its layout, and the stream's shuffle when set), and this rank takes its own
+// contiguous rows of it, so the data a batch holds never depends on the number of ranks. The
+// position is the number of windows handed out so far over all ranks (a batch advances it by
+// global_rows), which is what a checkpoint saves: set_position() resumes at the next unread
+// window, whatever the batch size or world size that read the ones before.
 //
 // On a CUDA device, batches arrive there without a host sync: prefetch() makes the next batch
 // and queues its copy from pinned memory on the compute stream (core/upload.h), so the host
@@ -10,10 +11,10 @@
 // not counted in position() until next() hands it out.
 //
 //   data::DataLoader loader(source, global_rows, rank, world, seq, device);
-//   loader.set_position(loaded.data_position);
+//   loader.set_position(windows_read);
 //   data::Batch b = loader.next();  // [rows(), seq] inputs and targets, on the device
 //   ... launch the step's forward and backward on b ...
-//   loader.prefetch();              // batch position() on its way while the step runs
+//   loader.prefetch();              // the next batch on its way while the step runs
 #pragma once
 
 #include <cstdint>
@@ -31,18 +32,19 @@ class DataLoader {
   // Throws, naming the values, unless global_rows splits evenly over `world` ranks.
   DataLoader(std::shared_ptr<const TokenSource> source, int64_t global_rows, int rank, int world,
              int64_t seq, Device device = Device::cpu());
-  Batch next();     // this rank's rows of batch position(), on the device, then advances
-  void prefetch();  // stages batch position() for next() (does nothing when one is staged)
-  int64_t position() const { return position_; }
-  void set_position(int64_t position);    // drops a staged batch
-  int64_t rows() const { return rows_; }  // per rank and batch
+  Batch next();     // this rank's rows of the batch at position(), on the device, then advances
+  void prefetch();  // stages the batch at position() for next() (nothing when one is staged)
+  int64_t position() const { return position_; }  // windows handed out, all ranks
+  void set_position(int64_t windows);             // drops a staged batch
+  int64_t rows() const { return rows_; }          // per rank and batch
+  int64_t global_rows() const { return global_rows_; }
 
  private:
   Batch make(int64_t position);
   std::shared_ptr<const TokenSource> source_;
   int64_t global_rows_, rows_, row_begin_, seq_, position_ = 0;
   Uploader uploader_;            // inputs and targets of two batches in flight: four slots
-  std::optional<Batch> staged_;  // batch position_, prefetched
+  std::optional<Batch> staged_;  // the batch at position_, prefetched
 };
 
 }  // namespace fsdp::data

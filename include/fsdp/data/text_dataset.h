@@ -1,9 +1,11 @@
 // Token sources for training, and the batch layout that every world size
-// shares. With a global batch of G rows of T tokens, row g of step s is the
-// T + 1 tokens that start at token (s*G + g)*T, wrapping at the end of the
-// data, as llm.c reads its shards: inputs are the first T, targets the last
-// T. A rank asks for its own range of rows, so the data a step sees never
-// depends on how many ranks share it.
+// shares. The data is one sequence of windows: window q is the T + 1 tokens
+// that start at token q*T, wrapping at the end of the data, as llm.c reads its
+// shards (inputs are the first T, targets the last T). With a global batch of
+// G rows, row g of step s is window s*G + g. A rank asks for its own range of
+// rows, so the data a step sees never depends on how many ranks share it, and
+// the windows read so far (not the batches) say where a run is: a resume at
+// another batch size or world size continues at the next unread window.
 //
 // Key decision: llm.c's shards are memory-mapped, never loaded. A rank copies
 // only the T + 1 tokens of each of its rows out of the mapping (and then drops
@@ -30,9 +32,13 @@ struct Batch {
 class TokenSource {
  public:
   virtual ~TokenSource() = default;
+  // Windows [first, first + rows) of the sequence, one per row.
+  virtual Batch windows(int64_t first, int64_t rows, int64_t seq) const = 0;
   // Rows [row_begin, row_begin + rows) of the global batch of `global_rows` at `step`.
-  virtual Batch batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows,
-                      int64_t seq) const = 0;
+  Batch batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows,
+              int64_t seq) const {
+    return windows(step * global_rows + row_begin, rows, seq);
+  }
   virtual std::string describe() const = 0;
 };
 
@@ -44,8 +50,7 @@ int64_t shuffle_window(int64_t index, int64_t windows, uint64_t seed, int64_t ep
 // A stream of tokens (in memory or in mapped shards), batched as above.
 class TokenStream : public TokenSource {
  public:
-  Batch batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows,
-              int64_t seq) const final;
+  Batch windows(int64_t first, int64_t rows, int64_t seq) const final;
   std::string describe() const override { return description_; }
   int64_t size() const { return size_; }  // tokens
   // `count` tokens from `begin`, wrapping at size(), as a batch row reads them.
@@ -54,7 +59,8 @@ class TokenStream : public TokenSource {
   // of seq + 1 tokens (window w starts at token w*seq) and global row q reads window
   // shuffle_window(q % windows, windows, seed, q / windows): each epoch visits every window
   // once, in an order drawn from (seed, epoch), the same on every rank, so ranks still read
-  // disjoint rows. Off: file order (llm.c's). The data position stays the batch count.
+  // disjoint rows. Off: file order (llm.c's). Either way a resume continues the same order
+  // from the number of windows read.
   void set_shuffle(uint64_t seed, int64_t seq);
   // Splits off the last `fraction` of the tokens as a validation stream (both unshuffled;
   // mapped shards are shared, not copied).
@@ -123,18 +129,30 @@ class BinShardSource : public TokenStream {
 // shard magic) or else as bytes.
 std::unique_ptr<TokenStream> open_token_stream(const std::string& spec, int64_t vocab, int64_t seq);
 
+// What the data at `spec` is, by content rather than by path, cheaply: the files open_token_stream
+// would read (in its order), their total size, and a 64-bit hash of each file's size, its first
+// 4 KiB (a shard's header) and 4 KiB samples at 16 fixed fractions of it. The same path with new
+// contents gets another identity; a byte-identical copy at another path gets the same one. Reads
+// at most about 70 KiB a file, never the whole corpus (so a change that misses every sample and
+// keeps every size is not seen).
+struct DataIdentity {
+  int64_t files = 0, bytes = 0;
+  uint64_t hash = 0;
+  std::string str() const;  // "35149 bytes in 1 file(s), sample hash 0123456789abcdef"
+};
+DataIdentity data_identity(const std::string& spec);
+
 // Writes tokens as one llm.c shard: uint16 (magic 20240520, version 1), or uint32 (magic
 // 20240801, version 7). Used by tests; scripts/prepare_text.py writes the same.
 void write_bin_shard(const std::string& path, const std::vector<uint16_t>& tokens);
 void write_bin_shard_u32(const std::string& path, const std::vector<uint32_t>& tokens);
 
 // Uniform random inputs and targets in [0, vocab), as the reference script
-// draws them. Token (step, row, position) depends only on the seed.
+// draws them. Token (window, position) depends only on the seed.
 class RandomTokenSource : public TokenSource {
  public:
   RandomTokenSource(int64_t vocab, uint64_t seed) : vocab_(vocab), seed_(seed) {}
-  Batch batch(int64_t step, int64_t global_rows, int64_t row_begin, int64_t rows,
-              int64_t seq) const override;
+  Batch windows(int64_t first, int64_t rows, int64_t seq) const override;
   std::string describe() const override;
 
  private:
