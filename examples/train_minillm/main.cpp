@@ -178,6 +178,9 @@ int main(int argc, char** argv) {
                  "save a checkpoint every N steps and at the end (0: never)")
       ->capture_default_str();
   app.add_option("--keep", o.keep, "keep the newest K checkpoints (0: all)")->capture_default_str();
+  app.add_flag("--async-checkpoint", o.async_checkpoint,
+               "copy each checkpoint to host memory at the step boundary and write it on a "
+               "background thread while training goes on");
   app.add_flag("--resume", o.resume, "continue from the newest checkpoint in --ckpt-dir");
   app.add_option("--init-from", o.init_from,
                  "start from a pretrained model: a Hugging Face folder or a .gguf file (its "

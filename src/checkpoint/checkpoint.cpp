@@ -6,24 +6,29 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <stop_token>
 #include <string_view>
 #include <system_error>
-#include <thread>
 #include <type_traits>
 #include <utility>
 
 #include "fsdp/checkpoint/safetensors.h"
-#include "fsdp/core/file.h"
 #include "fsdp/core/env.h"
+#include "fsdp/core/file.h"
 #include "fsdp/dist/placement.h"
+#include "src/checkpoint/save_parts.h"
 
 namespace fsdp::checkpoint {
 
@@ -57,20 +62,24 @@ Tensor rows_view(const Tensor& flat, int64_t offset, int64_t rows, const Shape& 
 
 }  // namespace
 
-void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::Optimizer& opt,
-          const std::string& config_json, int keep,
-          const std::shared_ptr<dist::ProcessGroup>& world, const Extras& extras) {
-  const int rank = world ? world->rank() : 0;
-  json user;  // checked on every rank before anything is written
-  try {
-    user = json::parse(extras.user_json);
+namespace detail {
+
+void begin_save(const std::string& dir, int64_t step,
+                const std::shared_ptr<dist::ProcessGroup>& world, const Extras& extras) {
+  try {  // checked on every rank before anything is written
+    [[maybe_unused]] const json user = json::parse(extras.user_json);
   } catch (const json::exception& e) {
     FSDP_FAIL("[checkpoint] the trainer's extra JSON '{}' is not JSON: {}",
               extras.user_json.substr(0, 200), e.what());
   }
-  const fs::path final_dir = fs::path(dir) / step_name(step);
-  const fs::path tmp = fs::path(dir) / (".tmp_" + step_name(step));
-  if (rank == 0) {
+  for (const auto& [name, contents] : extras.files)
+    FSDP_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "metadata.json" &&
+                   name.rfind("shard_", 0) != 0,
+               "[checkpoint] extra file name '{}' must be a plain name other than "
+               "metadata.json and shard_*",
+               name);
+  if (!world || world->rank() == 0) {
+    const fs::path tmp = fs::path(dir) / (".tmp_" + step_name(step));
     std::error_code ec;
     fs::create_directories(dir, ec);
     FSDP_CHECK(!ec, "[checkpoint] cannot create '{}': {}", dir, ec.message());
@@ -79,81 +88,53 @@ void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::O
     FSDP_CHECK(!ec, "[checkpoint] cannot create '{}': {}", tmp.string(), ec.message());
   }
   barrier(world);
+}
 
-  auto infos = root.shard_infos();
+SaveSnapshot snapshot(const std::string& dir, int64_t step, FSDPModule& root,
+                      const optim::Optimizer& opt, const std::string& config_json,
+                      const std::shared_ptr<dist::ProcessGroup>& world, const Extras& extras,
+                      const StageFn& stage) {
+  SaveSnapshot s;
+  s.dir = dir;
+  s.tmp = (fs::path(dir) / (".tmp_" + step_name(step))).string();
+  s.step = step;
+  s.rank = world ? world->rank() : 0;
+  s.shard = root.shard_rank();
+  s.first_replica = root.first_replica();
+  const auto infos = root.shard_infos();
   auto groups = root.param_groups(0);
-  const int shard = root.shard_rank(), shards = root.shard_count();
-  std::string checksum;
-  if (root.first_replica()) {
-    std::vector<std::pair<std::string, Tensor>> tensors;
-    const double slow_ms = env_double("FSDP_CKPT_SLOW_WRITE_MS");
-    for (const auto& in : infos) {
-      tensors.emplace_back("param/" + in.name, rows_view(groups[in.group].params, in.offset,
-                                                         in.local_rows, in.global_shape));
-      for (const auto& [state, flat] : opt.state(groups[in.group].params))
-        tensors.emplace_back(state + "/" + in.name,
-                             rows_view(flat, in.offset, in.local_rows, in.global_shape));
+  const int shards = root.shard_count();
+  if (s.first_replica) {
+    // Each flat buffer is staged once; the parameters' rows are views of the staged copies.
+    std::vector<Tensor> params;
+    std::vector<std::vector<std::pair<std::string, Tensor>>> states;
+    for (auto& g : groups) {
+      params.push_back(stage(g.params));
+      states.emplace_back();
+      for (const auto& [state, flat] : opt.state(g.params)) states.back().emplace_back(state, stage(flat));
     }
-    if (slow_ms > 0)
-      std::this_thread::sleep_for(
-          std::chrono::milliseconds(int64_t(slow_ms)));  // tests: a window to kill in
-    const fs::path file = tmp / shard_file(shard);
-    save_safetensors(file.string(), tensors, {{"shard", std::to_string(shard)}});
-    checksum = file_checksum(file.string());
+    for (const auto& in : infos) {
+      s.tensors.emplace_back("param/" + in.name, rows_view(params[size_t(in.group)], in.offset,
+                                                           in.local_rows, in.global_shape));
+      for (const auto& [state, flat] : states[size_t(in.group)])
+        s.tensors.emplace_back(state + "/" + in.name,
+                               rows_view(flat, in.offset, in.local_rows, in.global_shape));
+    }
   }
-  // Rank 0 gathers each shard's checksum (16 hex digits) and writes the metadata.
-  std::vector<char> mine(16, '0');
-  std::copy(checksum.begin(), checksum.end(), mine.begin());
-  const int n = world ? world->size() : 1;
-  Tensor my_t = Tensor::empty({16}, DType::i32);
-  for (int i = 0; i < 16; ++i) my_t.data<int32_t>()[i] = mine[size_t(i)];
-  Tensor all_t = Tensor::empty({16 * int64_t(n)}, DType::i32);
-  Tensor shard_t = Tensor::full({1}, double(root.first_replica() ? shard : -1), DType::i32);
-  Tensor shards_t = Tensor::empty({n}, DType::i32);
-  if (world && n > 1) {
-    const Device d = world->device();
-    Tensor a = all_t.to(d), s = shards_t.to(d);
-    world->all_gather_into_tensor(a, my_t.to(d))->wait();
-    world->all_gather_into_tensor(s, shard_t.to(d))->wait();
-    all_t = a.to(Device::cpu());
-    shards_t = s.to(Device::cpu());
-  } else {
-    all_t = my_t;
-    shards_t = shard_t;
-  }
-  if (rank == 0) {
-    json meta;
+  if (s.rank == 0) {
+    json& meta = s.meta;
     meta["format"] = "fsdp.cpp-checkpoint/1";
     meta["step"] = step;
     meta["optimizer_step"] = opt.step_count();
     meta["data_position"] = extras.data_position >= 0 ? extras.data_position : step;
-    meta["user"] = user;
+    meta["user"] = json::parse(extras.user_json);
     meta["shards"] = shards;
     meta["config"] = json::parse(config_json);
-    json files = json::object();
-    for (int r = 0; r < n; ++r) {
-      const int s = shards_t.data<int32_t>()[r];
-      if (s < 0) continue;
-      std::string c;
-      for (int i = 0; i < 16; ++i) c.push_back(char(all_t.data<int32_t>()[16 * r + i]));
-      files[shard_file(s)] = {{"checksum", c}};
-    }
-    for (const auto& [name, contents] : extras.files) {
-      FSDP_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "metadata.json" &&
-                     name.rfind("shard_", 0) != 0,
-                 "[checkpoint] extra file name '{}' must be a plain name other than "
-                 "metadata.json and shard_*",
-                 name);
-      const fs::path fp = tmp / name;
-      write_file_atomic(fp.string(), contents, "[checkpoint]");  // every write, fsync, close checked
-      files[name] = {{"checksum", file_checksum(fp.string())}};
-    }
-    meta["files"] = files;
     json tensors = json::object();
     for (const auto& in : infos) {
       json chunks = json::array();
-      for (int s = 0; s < shards; ++s) {
-        auto [b, len] = dist::chunk_range(in.global_shape[0], shards, s);
+      for (int c = 0; c < shards; ++c) {
+        auto [b, len] = dist::chunk_range(in.global_shape[0], shards, c);
         chunks.push_back({b, len});
       }
       tensors[in.name] = {{"shape", in.global_shape},
@@ -162,8 +143,99 @@ void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::O
                           {"chunks", chunks}};
     }
     meta["tensors"] = tensors;
-    const fs::path mp = tmp / "metadata.json";
-    write_file_atomic(mp.string(), meta.dump(1) + "\n", "[checkpoint]");
+    s.extra_files = extras.files;
+  }
+  return s;
+}
+
+WriteResult write_snapshot(const SaveSnapshot& s, std::stop_token stop) {
+  WriteResult r;
+  try {
+    if (s.first_replica) {
+      if (const double slow_ms = env_double("FSDP_CKPT_SLOW_WRITE_MS"); slow_ms > 0) {
+        // tests: a window to kill in, which a stop request (AsyncSaver's destructor) cuts short
+        std::mutex mu;
+        std::condition_variable_any cv;
+        std::unique_lock lock(mu);
+        cv.wait_for(lock, stop, std::chrono::milliseconds(int64_t(slow_ms)), [] { return false; });
+        FSDP_CHECK(!stop.stop_requested(), "[checkpoint] the write of {} was abandoned", s.tmp);
+      }
+      if (const std::string hold = env_str("FSDP_CKPT_HOLD_WRITE"); !hold.empty()) {
+        // tests: the write stays here until the test creates `hold` (or a stop request ends it)
+        write_file_atomic(fmt::format("{}.held.{}", hold, s.rank), std::to_string(getpid()),
+                          "[checkpoint]");  // the pid: a test kills this rank
+        std::mutex mu;
+        std::condition_variable_any cv;
+        std::unique_lock lock(mu);
+        while (!fs::exists(hold) && !stop.stop_requested())
+          cv.wait_for(lock, stop, std::chrono::milliseconds(20), [] { return false; });
+        FSDP_CHECK(!stop.stop_requested(), "[checkpoint] the write of {} was abandoned", s.tmp);
+      }
+      const fs::path file = fs::path(s.tmp) / shard_file(s.shard);
+      save_safetensors(file.string(), s.tensors, {{"shard", std::to_string(s.shard)}});
+      r.shard_checksum = file_checksum(file.string());
+    }
+    for (const auto& [name, contents] : s.extra_files) {
+      const fs::path fp = fs::path(s.tmp) / name;
+      write_file_atomic(fp.string(), contents, "[checkpoint]");  // every write, fsync, close checked
+      r.file_checksums.emplace_back(name, file_checksum(fp.string()));
+    }
+  } catch (...) {
+    r.error = std::current_exception();
+  }
+  return r;
+}
+
+void commit_save(const SaveSnapshot& s, const WriteResult& mine, int keep,
+                 const std::shared_ptr<dist::ProcessGroup>& world, bool background) {
+  // One all-gather: per rank [failed, shard (-1: none written), 16 hex digits of its checksum].
+  constexpr int64_t k = 18;
+  const int n = world ? world->size() : 1;
+  Tensor my_t = Tensor::zeros({k}, DType::i32);
+  my_t.data<int32_t>()[0] = mine.error ? 1 : 0;
+  my_t.data<int32_t>()[1] = mine.shard_checksum.empty() ? -1 : s.shard;
+  for (size_t i = 0; i < mine.shard_checksum.size() && i < 16; ++i)
+    my_t.data<int32_t>()[2 + i] = mine.shard_checksum[i];
+  Tensor all_t = my_t;
+  if (world && n > 1) {
+    const Device d = world->device();
+    Tensor a = Tensor::empty({k * n}, DType::i32, d);
+    world->all_gather_into_tensor(a, my_t.to(d))->wait();
+    all_t = a.to(Device::cpu());
+  }
+  const int32_t* v = all_t.data<int32_t>();
+  const char* how = background ? "background write" : "write";
+  if (mine.error) {
+    if (!background) std::rethrow_exception(mine.error);
+    try {
+      std::rethrow_exception(mine.error);
+    } catch (const std::exception& e) {
+      FSDP_FAIL("[checkpoint] the {} of step {} failed: {}; the checkpoint of step {} was not "
+                "made (its files stay in {}) and the previous one stands",
+                how, s.step, e.what(), s.step, s.tmp);
+    }
+  }
+  std::string failed;
+  for (int r = 0; r < n; ++r)
+    if (v[k * r] != 0) failed += fmt::format("{}{}", failed.empty() ? "" : ", ", r);
+  FSDP_CHECK(failed.empty(),
+             "[checkpoint] the {} of step {} failed on rank(s) {} (their error names the file and "
+             "the reason); the checkpoint of step {} was not made and the previous one stands",
+             how, s.step, failed, s.step);
+  if (s.rank == 0) {
+    json meta = s.meta;
+    json files = json::object();
+    for (int r = 0; r < n; ++r) {
+      const int shard = v[k * r + 1];
+      if (shard < 0) continue;
+      std::string c;
+      for (int i = 0; i < 16; ++i) c.push_back(char(v[k * r + 2 + i]));
+      files[shard_file(shard)] = {{"checksum", c}};
+    }
+    for (const auto& [name, checksum] : mine.file_checksums) files[name] = {{"checksum", checksum}};
+    meta["files"] = files;
+    const fs::path tmp(s.tmp), dir(s.dir), final_dir = dir / step_name(s.step);
+    write_file_atomic((tmp / "metadata.json").string(), meta.dump(1) + "\n", "[checkpoint]");
     fsync_path(tmp, true);
     std::error_code ec;
     fs::remove_all(final_dir, ec);  // an older checkpoint of the same step is replaced whole
@@ -181,6 +253,17 @@ void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::O
     }
   }
   barrier(world);
+}
+
+}  // namespace detail
+
+void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::Optimizer& opt,
+          const std::string& config_json, int keep,
+          const std::shared_ptr<dist::ProcessGroup>& world, const Extras& extras) {
+  detail::begin_save(dir, step, world, extras);
+  const detail::SaveSnapshot snap = detail::snapshot(dir, step, root, opt, config_json, world,
+                                                     extras, [](const Tensor& t) { return t; });
+  detail::commit_save(snap, detail::write_snapshot(snap), keep, world, /*background=*/false);
 }
 
 std::string latest(const std::string& dir) {

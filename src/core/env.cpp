@@ -45,6 +45,9 @@ const std::vector<EnvKnob>& env_knobs() {
        "~/.cache/fsdp)"},
       {"FSDP_CKPT_SLOW_WRITE_MS", "0",
        "tests only: pause this long while writing each checkpoint shard", EnvKind::number, 0, 1e7},
+      {"FSDP_CKPT_HOLD_WRITE", "",
+       "tests only: a path; each rank's checkpoint shard write writes its pid to PATH.held.RANK, "
+       "then waits until PATH exists"},
       {"FSDP_CPU_CACHE_MB", "2048",
        "most MiB of freed large CPU blocks the allocator keeps for reuse", EnvKind::number, 0,
        1e9},

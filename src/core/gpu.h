@@ -29,6 +29,15 @@ void pinned_free(void* p);
 // until the copy has run, so the pinned source may be written again, and releases the handle.
 void* upload_async(void* dst, int device, const void* pinned_src, int64_t bytes);
 void upload_wait(void* handle);
+// Device-to-host copies into page-locked memory on `device`'s side copy stream, after the work
+// queued on its compute stream so far; the host waits for the one event recorded after the last
+// (an asynchronous checkpoint's host copy).
+struct HostCopy {
+  void* pinned_dst;
+  const void* src;
+  int64_t bytes;
+};
+void download(const std::vector<HostCopy>& copies, int device);
 // dst = src, n contiguous elements on `device`, casting the dtype, on its compute stream.
 void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, int device);
 void fill(void* dst, DType dtype, int64_t n, double value, int device);

@@ -28,6 +28,7 @@ void* pinned_alloc(int64_t) { no_cuda("pinned_alloc", 0); }
 void pinned_free(void*) {}
 void* upload_async(void*, int device, const void*, int64_t) { no_cuda("upload", device); }
 void upload_wait(void*) {}
+void download(const std::vector<HostCopy>&, int device) { no_cuda("download", device); }
 void cast(void*, DType, const void*, DType, int64_t, int device) {
   no_cuda("Tensor::copy_", device);
 }

@@ -39,9 +39,9 @@ std::string StepMetrics::json() const {
 
 StepMetrics gather_step_metrics(dist::ProcessGroup& group, Device device, const StepInputs& in) {
   const int n = group.size();
-  // Per rank: [losses..., grad norm squared, peak memory, stop]. Built on the device with copies
-  // and fills queued on its stream (no host-to-device transfer), read back once.
-  const int64_t nl = std::max<int64_t>(1, int64_t(in.losses.size())), k = nl + 3;
+  // Per rank: [losses..., grad norm squared, peak memory, stop, checkpoint writer]. Built on the
+  // device with copies and fills queued on its stream (no host-to-device transfer), read back once.
+  const int64_t nl = std::max<int64_t>(1, int64_t(in.losses.size())), k = nl + 4;
   Tensor mine = Tensor::empty({k}, DType::f64, device);
   if (in.losses.empty())
     mine.narrow(0, 0, 1).fill_(in.loss);
@@ -53,6 +53,7 @@ StepMetrics gather_step_metrics(dist::ProcessGroup& group, Device device, const 
     mine.narrow(0, nl, 1).fill_(in.grad_norm * in.grad_norm);
   mine.narrow(0, nl + 1, 1).fill_(double(memory_stats(device).peak));
   mine.narrow(0, nl + 2, 1).fill_(in.stop ? 1.0 : 0.0);
+  mine.narrow(0, nl + 3, 1).fill_(double(in.ckpt_write));
   Tensor all = Tensor::empty({k * int64_t(n)}, DType::f64, device);
   group.all_gather_into_tensor(all, mine)->wait();
   const std::vector<double> v = all.to(Device::cpu()).to_f64_vector();
@@ -68,6 +69,8 @@ StepMetrics gather_step_metrics(dist::ProcessGroup& group, Device device, const 
     m.loss += loss / n;
     m.peak_mem_bytes = std::max(m.peak_mem_bytes, v[at + size_t(nl) + 1]);
     m.stop = m.stop || v[at + size_t(nl) + 2] != 0;
+    m.ckpt_writing = m.ckpt_writing || v[at + size_t(nl) + 3] == 1;
+    m.ckpt_write_failed = m.ckpt_write_failed || v[at + size_t(nl) + 3] == 3;
   }
   m.tokens_per_s = in.step_seconds > 0 ? double(in.tokens) / in.step_seconds : 0;
   m.mfu = in.peak_flops > 0 ? in.flops_per_token * m.tokens_per_s / in.peak_flops : 0;

@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/checkpoint/async_save.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/interchange.h"
 #include "fsdp/checkpoint/pretrained.h"
@@ -407,6 +408,8 @@ void TrainOptions::validate() const {
       warmup >= 0 && min_lr >= 0 && eval_every >= 0 && ckpt_every >= 0 && keep >= 0,
       "[fsdp-train] --warmup-steps, --min-lr, --eval-every, --ckpt-every and --keep must be >= 0");
   FSDP_CHECK(ckpt_every == 0 || !ckpt_dir.empty(), "[fsdp-train] --ckpt-every needs --ckpt-dir");
+  FSDP_CHECK(!async_checkpoint || !ckpt_dir.empty(),
+             "[fsdp-train] --async-checkpoint needs --ckpt-dir");
   FSDP_CHECK(!resume || !ckpt_dir.empty(), "[fsdp-train] --resume needs --ckpt-dir");
   FSDP_CHECK(shard == "full" || (ckpt_dir.empty() && !wd_2d_only),
              "[fsdp-train] checkpoints and --wd-2d-only need --shard full");
@@ -458,6 +461,8 @@ struct Trainer::Impl {
   double comm_total = 0, exposed_total = 0, step_total = 0;
   int64_t steps_timed = 0;  // the steps those sums cover (a resume or a stop times fewer)
   double longest_step = 0;  // seconds
+  // --async-checkpoint: the background writer; one save pending at most
+  std::unique_ptr<checkpoint::AsyncSaver> saver;
 
   bool main() const { return rank == 0; }
 
@@ -832,6 +837,7 @@ struct Trainer::Impl {
                                        .losses = micro_losses,
                                        .grad_norm_sq = norm.total_sq,
                                        .stop = stop_signal() != 0,
+                                       .ckpt_write = saver ? int(saver->state()) : 0,
                                        .lr = opt->lr(),
                                        .step_seconds = 1.0,
                                        .tokens = cfg.batch * size * cfg.seq * o.grad_accum,
@@ -889,8 +895,32 @@ struct Trainer::Impl {
     if (tokenizer) extras.files.emplace_back("tokenizer.json", tokenizer->json());
     if (tokenizer && model_tokenizer)  // the pretrained model's ids, chat template, pre-tokenizer
       extras.files.emplace_back("tokenizer_meta.json", pretrained->tokenizer_meta().to_json());
+    if (o.async_checkpoint) {
+      if (!saver) saver = std::make_unique<checkpoint::AsyncSaver>();
+      if (main() && saver->pending_step() >= 0)  // a second save waits for the first
+        fmt::print("checkpoint: waiting for the background write of step {}\n",
+                   saver->pending_step());
+      saver->save(o.ckpt_dir, step, *root, *opt, config_json, o.keep, pg, extras);
+      if (main())
+        fmt::print("checkpoint: step {} copied in {:.3f} s (training blocked {:.3f} s); writing in "
+                   "the background\n",
+                   step, seconds_since(tc), saver->last_blocking_seconds());
+      return;
+    }
     checkpoint::save(o.ckpt_dir, step, *root, *opt, config_json, o.keep, pg, extras);
     if (main()) fmt::print("checkpoint: done in {:.2f} s\n", seconds_since(tc));
+  }
+
+  // Collective: --async-checkpoint's pending save, committed (or its failure thrown on every rank).
+  void finish_async_save() {
+    if (!saver || saver->pending_step() < 0) return;
+    const Uninterruptible whole;
+    const int64_t step = saver->pending_step();
+    const auto tc = std::chrono::steady_clock::now();
+    saver->wait();
+    if (main())
+      fmt::print("checkpoint: step {} written in the background (committed after {:.3f} s more)\n",
+                 step, seconds_since(tc));
   }
 
   // Means over the steps after the first; communication as rank 0 saw it.
@@ -944,6 +974,10 @@ struct Trainer::Impl {
         fmt::print("{}\n", m.line());
         std::fflush(stdout);
       }
+      // The background write's outcome came with the metrics, the same on every rank: a failure
+      // is an error here, on every rank; a finished write is committed.
+      if (saver && saver->pending_step() >= 0 && (m.ckpt_write_failed || !m.ckpt_writing))
+        finish_async_save();
       if (val && o.eval_every > 0 && ((s + 1) % o.eval_every == 0 || s + 1 == o.steps)) {
         m.val_loss = evaluate();
         if (main()) fmt::print("step {} | val loss {:.4f}\n", s, *m.val_loss);
@@ -964,6 +998,10 @@ struct Trainer::Impl {
         const Uninterruptible stopping;  // the checkpoint and the summary's gather
         const int sig = stop_signal();
         if (!o.ckpt_dir.empty() && !saved) save(s + 1);
+        if (main() && saver && saver->pending_step() >= 0)
+          fmt::print(stderr, "fsdp-train: stopping: waiting for the background write of step {}\n",
+                     saver->pending_step());
+        finish_async_save();  // the write in flight is committed before the process ends
         if (main())
           fmt::print(stderr, "fsdp-train: {} received: stopped after step {}{}\n",
                      sig == SIGINT    ? "SIGINT"
@@ -977,6 +1015,7 @@ struct Trainer::Impl {
         break;
       }
     }
+    finish_async_save();
     profile.finish();
     if (o.steps > 0) print_summary();
     if (!o.data.empty() && o.sample_tokens > 0 && steps_done == o.steps) print_sample();

@@ -22,6 +22,9 @@ struct StepMetrics {
   double peak_mem_bytes = 0;
   std::optional<double> val_loss;
   bool stop = false;        // some rank was asked to stop (StepInputs::stop), agreed by all
+  // The ranks' background checkpoint writers (StepInputs::ckpt_write), agreed by all: some rank's
+  // failed; some rank's is still writing.
+  bool ckpt_write_failed = false, ckpt_writing = false;
   int64_t host_syncs = -1;  // the step's host waits (core's host_sync_count), when counted
   // "step 3 | loss 7.1234 | 1234 tok/s | mfu 41.2% | peak mem 0.52 GB | lr 3.0e-04 | grad norm
   // 1.234"
@@ -38,6 +41,9 @@ struct StepInputs {
   double grad_norm = 0;
   Tensor grad_norm_sq;  // when defined: the global squared norm on the device; grad_norm = sqrt
   bool stop = false;    // this rank was asked to stop; every rank learns it from the gather
+  // This rank's background checkpoint writer, checkpoint::AsyncSaver::WriteState as a number
+  // (0 none, 1 writing, 2 written, 3 failed); every rank learns every rank's from the gather.
+  int ckpt_write = 0;
   double lr = 0, step_seconds = 0;
   int64_t tokens = 0;                          // in the step, over all ranks
   double flops_per_token = 0, peak_flops = 0;  // peak_flops: the ceiling for MFU, all ranks

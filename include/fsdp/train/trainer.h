@@ -72,6 +72,9 @@ struct TrainOptions {
   std::string ckpt_dir;
   int64_t ckpt_every = 0;
   int keep = 0;
+  // Checkpoints are copied to host buffers at the step boundary and written by a background
+  // thread while training goes on (checkpoint::AsyncSaver); same files, same protocol.
+  bool async_checkpoint = false;
   bool resume = false;
   std::string init_from;
   std::string log_file;

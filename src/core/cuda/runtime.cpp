@@ -86,6 +86,43 @@ void upload_wait(void* handle) {
              cudaGetErrorString(e));
 }
 
+void download(const std::vector<HostCopy>& copies, int device) {
+  if (copies.empty()) return;
+  static std::mutex mu;
+  // Leaked on purpose, as the compute streams: one side stream per device for the process.
+  static auto* side_streams = new std::map<int, cudaStream_t>;
+  auto compute = cudaStream_t(compute_stream(device));
+  FSDP_CHECK(cudaSetDevice(device) == cudaSuccess, "[download] cannot select cuda:{}", device);
+  cudaStream_t side = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    cudaStream_t& s = (*side_streams)[device];
+    if (!s) {
+      const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      FSDP_CHECK(e == cudaSuccess, "[download] cuda:{}: creating the copy stream failed: {}", device,
+                 cudaGetErrorString(e));
+    }
+    side = s;
+  }
+  cudaEvent_t ready = nullptr, done = nullptr;
+  int64_t total = 0;
+  cudaError_t e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(ready, compute);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(side, ready, 0);
+  for (const HostCopy& c : copies) {
+    if (e == cudaSuccess && c.bytes > 0)
+      e = cudaMemcpyAsync(c.pinned_dst, c.src, size_t(c.bytes), cudaMemcpyDeviceToHost, side);
+    total += c.bytes;
+  }
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(done, side);
+  if (e == cudaSuccess) e = cudaEventSynchronize(done);
+  if (ready) cudaEventDestroy(ready);
+  if (done) cudaEventDestroy(done);
+  FSDP_CHECK(e == cudaSuccess, "[download] copying {} bytes from cuda:{} to host memory failed: {}",
+             total, device, cudaGetErrorString(e));
+}
+
 void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, int device) {
   kernels::cuda::cast(dst, dst_dtype, src, src_dtype, n, device, compute_stream(device));
 }
