@@ -5,9 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 max=${1:-268435456}
-scripts/build.sh fsdp-bench-collectives > /dev/null
+[ -n "${FSDP_BENCH_NO_BUILD:-}" ] || scripts/build.sh fsdp-bench-collectives > /dev/null  # set: the build is done
 bin=build/bench/fsdp-bench-collectives
-out=bench/results/collectives-cpu.md
+out=${FSDP_BENCH_OUT:-bench/results/collectives-cpu.md}  # FSDP_BENCH_OUT: elsewhere (tests/bench_start_test.sh)
 cores=$(nproc)
 export OMP_NUM_THREADS=1 FSDP_DIST_CHECK=0
 {

@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 threads=${1:-$(nproc)}
 steps=${2:-12}
 py=${PYTHON:-/usr/bin/python3}
-scripts/build.sh fsdp-train > /dev/null
-out=bench/results/cpu-tiny.md
+[ -n "${FSDP_BENCH_NO_BUILD:-}" ] || scripts/build.sh fsdp-train > /dev/null  # set: the build is done
+out=${FSDP_BENCH_OUT:-bench/results/cpu-tiny.md}  # FSDP_BENCH_OUT: elsewhere (tests/bench_start_test.sh)
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 

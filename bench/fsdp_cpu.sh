@@ -10,9 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-8}
 cores=$(nproc)
-scripts/build.sh fsdp-train > /dev/null
+[ -n "${FSDP_BENCH_NO_BUILD:-}" ] || scripts/build.sh fsdp-train > /dev/null  # set: the build is done
 bin=build/examples/fsdp-train
-out=bench/results/fsdp-cpu.md
+out=${FSDP_BENCH_OUT:-bench/results/fsdp-cpu.md}  # FSDP_BENCH_OUT: elsewhere (tests/bench_start_test.sh)
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 export OMP_WAIT_POLICY=PASSIVE

@@ -10,9 +10,9 @@
 #   bench/generate.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/build.sh fsdp-train fsdp-export fsdp-generate > /dev/null
+[ -n "${FSDP_BENCH_NO_BUILD:-}" ] || scripts/build.sh fsdp-train fsdp-export fsdp-generate > /dev/null  # set: the build is done
 bin=build/examples
-out=bench/results/generate-cpu.md
+out=${FSDP_BENCH_OUT:-bench/results/generate-cpu.md}  # FSDP_BENCH_OUT: elsewhere (tests/bench_start_test.sh)
 w=$(mktemp -d)
 trap 'rm -rf "$w"' EXIT
 threads=$(nproc)
