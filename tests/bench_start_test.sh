@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Each bench/ script starts and writes its results file, at its smallest size, on the build under
-# test (CI has no time for the real sizes): activation_checkpoint.sh --dry-run, finetune.sh
+# test (CI has no time for the real sizes): activation_checkpoint.sh and async_checkpoint.sh
+# --dry-run (a tiny model, results to a temporary file), finetune.sh
 # --dry-run (runs nothing, checks what it needs), collectives.sh up to 4 KiB, fsdp_cpu.sh 2 steps,
 # generate.sh, cpu_vs_torch.sh 1 thread 3 steps (where the python it uses has torch; else
 # reported skipped). Results go to a scratch folder (FSDP_BENCH_OUT), never bench/results/.
@@ -32,6 +33,7 @@ check() {  # NAME OUTFILE COMMAND...: the command exits 0 and OUTFILE (if not -)
   fi
 }
 check activation_checkpoint - bash bench/activation_checkpoint.sh --dry-run
+check async_checkpoint - bash bench/async_checkpoint.sh --dry-run
 check finetune - bash bench/finetune.sh --dry-run
 check collectives "$work/collectives.md" bash bench/collectives.sh 4096
 check fsdp_cpu "$work/fsdp-cpu.md" bash bench/fsdp_cpu.sh 2
