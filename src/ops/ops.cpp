@@ -10,6 +10,7 @@
 
 #include "fsdp/core/trace.h"
 #include "src/ops/backend.h"
+#include "src/ops/cost.h"
 
 namespace fsdp::ops {
 
@@ -43,20 +44,15 @@ std::string shapes_of(std::initializer_list<const Tensor*> ts) {
   return s;
 }
 
-double bytes_of(std::initializer_list<const Tensor*> ts) {
-  double b = 0;
-  for (const Tensor* t : ts)
-    if (t->defined()) b += double(t->nbytes());
-  return b;
-}
-
-// Records the op when the profiler is on: shapes, dtype, FLOPs, and the
-// bytes it must move (inputs plus outputs, `out_bytes` of them written).
-#define FSDP_OP_SCOPE(name, first, inputs, flops, out_bytes)                                 \
-  trace::Scope prof_scope_(name);                                                            \
-  if (prof_scope_.on())                                                                      \
-  prof_scope_.set(shapes_of inputs, std::string(dtype_name((first).dtype())), double(flops), \
-                  bytes_of inputs + double(out_bytes), (first).device().str())
+// Records the op when the profiler is on: shapes, dtype, and its FLOPs and bytes by the
+// formula in cost.h (evaluated only then).
+#define FSDP_OP_SCOPE(name, first, inputs, cost_of)                                             \
+  trace::Scope prof_scope_(name);                                                               \
+  if (prof_scope_.on()) {                                                                       \
+    const cost::Cost c_ = cost_of;                                                              \
+    prof_scope_.set(shapes_of inputs, std::string(dtype_name((first).dtype())), c_.flops,       \
+                    c_.bytes, (first).device().str());                                          \
+  }
 
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b, const char* an,
                       const char* bn) {
@@ -70,8 +66,7 @@ void check_same_dtype(const char* op, const Tensor& a, const Tensor& b, const ch
 
 void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha,
           double beta) {
-  FSDP_OP_SCOPE("gemm", a, ({&a, &b, &c}),
-                2.0 * double(c.numel()) * double(ta ? a.size(0) : a.size(-1)), c.nbytes());
+  FSDP_OP_SCOPE("gemm", a, ({&a, &b, &c}), cost::gemm(a, ta, b, tb, c));
   FSDP_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "[gemm] needs 2-D tensors, got {} {} {}",
              shape_str(a.shape()), shape_str(b.shape()), shape_str(c.shape()));
   check_same_dtype("gemm", a, b, "A", "B");
@@ -99,10 +94,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
 // ---------------------------------------------------------------- linear
 
 Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
-  FSDP_OP_SCOPE("linear", x, ({&x, &w, &b}),
-                2.0 * double(x.numel()) * double(w.dim() == 2 ? w.size(0) : 0),
-                double(x.numel()) / std::max<int64_t>(x.dim() ? x.size(-1) : 1, 1) *
-                    double(w.dim() == 2 ? w.size(0) : 0) * double(dtype_size(x.dtype())));
+  FSDP_OP_SCOPE("linear", x, ({&x, &w, &b}), cost::linear_forward(x, w, b));
   FSDP_CHECK(w.dim() == 2, "[linear] weight must be 2-D, got {}", shape_str(w.shape()));
   FSDP_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1),
              "[linear] input {} has last dim {} but weight {} expects {}", shape_str(x.shape()),
@@ -118,8 +110,7 @@ Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
 
 Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dw,
                        const Tensor& db) {
-  FSDP_OP_SCOPE("linear_backward", x, ({&dy, &x, &w}), 4.0 * double(x.numel()) * double(w.size(0)),
-                x.nbytes() + w.nbytes());
+  FSDP_OP_SCOPE("linear_backward", x, ({&dy, &x, &w}), cost::linear_backward(dy, x, w));
   const int64_t out = w.size(0), in = w.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
   FSDP_CHECK(dy.numel() == rows * out,
              "[linear_backward] dy {} does not match input {} and weight {}", shape_str(dy.shape()),
@@ -138,16 +129,14 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const
 // ---------------------------------------------------------------- embedding
 
 Tensor embedding_forward(const Tensor& ids, const Tensor& w) {
-  FSDP_OP_SCOPE("embedding", w, ({&ids}), 0,
-                double(ids.numel()) * double(w.dim() == 2 ? w.size(1) : 0) * 2 *
-                    double(dtype_size(w.dtype())));
+  FSDP_OP_SCOPE("embedding", w, ({&ids}), cost::embedding_forward(ids, w));
   FSDP_CHECK(w.dim() == 2, "[embedding] weight must be [vocab, dim], got {}", shape_str(w.shape()));
   if (on_cuda("embedding", {&w, &ids})) return cuda_impl::embedding_forward(ids, w);
   return cpu_impl::embedding_forward(ids, w);
 }
 
 void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dw) {
-  FSDP_OP_SCOPE("embedding_backward", dy, ({&dy, &ids}), double(dy.numel()), dy.nbytes());
+  FSDP_OP_SCOPE("embedding_backward", dy, ({&dy, &ids}), cost::embedding_backward(dy, ids));
   const int64_t dim = dw.size(1);
   FSDP_CHECK(dy.numel() == ids.numel() * dim,
              "[embedding_backward] dy {} does not match ids {} and dim {}", shape_str(dy.shape()),
@@ -173,7 +162,7 @@ double default_rmsnorm_eps(DType dtype) {
 }
 
 RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps) {
-  FSDP_OP_SCOPE("rmsnorm", x, ({&x, &w}), 4.0 * double(x.numel()), x.nbytes());
+  FSDP_OP_SCOPE("rmsnorm", x, ({&x, &w}), cost::rmsnorm_forward(x, w));
   FSDP_CHECK(w.dim() == 1 && x.dim() >= 1 && x.size(-1) == w.size(0),
              "[rmsnorm] weight {} does not match the last dim of input {}", shape_str(w.shape()),
              shape_str(x.shape()));
@@ -184,7 +173,7 @@ RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps) {
 
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                         const Tensor& dw) {
-  FSDP_OP_SCOPE("rmsnorm_backward", x, ({&dy, &x, &w}), 8.0 * double(x.numel()), x.nbytes());
+  FSDP_OP_SCOPE("rmsnorm_backward", x, ({&dy, &x, &w}), cost::rmsnorm_backward(dy, x, w));
   FSDP_CHECK(dy.shape() == x.shape(), "[rmsnorm_backward] dy {} vs x {}", shape_str(dy.shape()),
              shape_str(x.shape()));
   const int64_t dim = w.size(0), rows = x.numel() / std::max<int64_t>(dim, 1);
@@ -198,13 +187,13 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
 // ---------------------------------------------------------------- activations
 
 Tensor silu_forward(const Tensor& x) {
-  FSDP_OP_SCOPE("silu", x, ({&x}), 4.0 * double(x.numel()), x.nbytes());
+  FSDP_OP_SCOPE("silu", x, ({&x}), cost::silu_forward(x));
   if (on_cuda("silu", {&x})) return cuda_impl::silu_forward(x);
   return cpu_impl::silu_forward(x);
 }
 
 Tensor silu_backward(const Tensor& dy, const Tensor& x) {
-  FSDP_OP_SCOPE("silu_backward", x, ({&dy, &x}), 6.0 * double(x.numel()), x.nbytes());
+  FSDP_OP_SCOPE("silu_backward", x, ({&dy, &x}), cost::silu_backward(dy, x));
   FSDP_CHECK(dy.shape() == x.shape(), "[silu_backward] dy {} vs x {}", shape_str(dy.shape()),
              shape_str(x.shape()));
   if (on_cuda("silu_backward", {&dy, &x})) return cuda_impl::silu_backward(dy, x);
@@ -212,7 +201,7 @@ Tensor silu_backward(const Tensor& dy, const Tensor& x) {
 }
 
 Tensor swiglu_forward(const Tensor& gate, const Tensor& up) {
-  FSDP_OP_SCOPE("swiglu", gate, ({&gate, &up}), 5.0 * double(gate.numel()), gate.nbytes());
+  FSDP_OP_SCOPE("swiglu", gate, ({&gate, &up}), cost::swiglu_forward(gate, up));
   FSDP_CHECK(gate.shape() == up.shape(), "[swiglu] gate {} vs up {}", shape_str(gate.shape()),
              shape_str(up.shape()));
   if (on_cuda("swiglu", {&gate, &up})) return cuda_impl::swiglu_forward(gate, up);
@@ -220,8 +209,7 @@ Tensor swiglu_forward(const Tensor& gate, const Tensor& up) {
 }
 
 std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up) {
-  FSDP_OP_SCOPE("swiglu_backward", gate, ({&dy, &gate, &up}), 9.0 * double(gate.numel()),
-                2.0 * double(gate.nbytes()));
+  FSDP_OP_SCOPE("swiglu_backward", gate, ({&dy, &gate, &up}), cost::swiglu_backward(dy, gate, up));
   FSDP_CHECK(dy.shape() == gate.shape() && gate.shape() == up.shape(),
              "[swiglu_backward] dy {} gate {} up {}", shape_str(dy.shape()),
              shape_str(gate.shape()), shape_str(up.shape()));
@@ -254,20 +242,11 @@ QkvDims qkv_dims(const char* op, const Tensor& qkv, int64_t heads, int64_t kv_he
              kv, shape_str(qkv.shape()));
   return {qkv.size(0), qkv.size(1), heads, kv, qkv.size(2) / (heads + 2 * kv)};
 }
-// Score FLOPs of attention: 2 matmuls of B H T T hd (halved when causal).
-double attention_flops(const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal) {
-  if (qkv.dim() != 3 || heads <= 0) return 0.0;
-  const int64_t kv = kv_heads > 0 ? kv_heads : heads;
-  const double hd = double(qkv.size(2)) / double(heads + 2 * kv);
-  return 4.0 * double(qkv.size(0)) * double(qkv.size(1)) * double(qkv.size(1)) * double(heads) *
-         hd * (causal ? 0.5 : 1.0);
-}
 }  // namespace
 
 void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset,
            int64_t kv_heads) {
-  FSDP_OP_SCOPE(inverse ? "rope_backward" : "rope", qkv, ({&qkv}), 2.0 * double(qkv.numel()),
-                2.0 / 3.0 * double(qkv.nbytes()));
+  FSDP_OP_SCOPE(inverse ? "rope_backward" : "rope", qkv, ({&qkv}), cost::rope_(qkv));
   const QkvDims dims = qkv_dims("rope", qkv, heads, kv_heads);
   FSDP_CHECK(dims.hd % 2 == 0, "[rope] head dim {} must be even", dims.hd);
   FSDP_CHECK(offset >= 0, "[rope] position offset must be >= 0, got {}", offset);
@@ -276,10 +255,7 @@ void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t
 }
 
 AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal, int64_t kv_heads) {
-  FSDP_OP_SCOPE("attention", qkv, ({&qkv}), attention_flops(qkv, heads, kv_heads, causal),
-                heads > 0 ? double(qkv.nbytes()) * double(heads) /
-                                double(heads + 2 * (kv_heads > 0 ? kv_heads : heads))
-                          : 0.0);
+  FSDP_OP_SCOPE("attention", qkv, ({&qkv}), cost::attention_forward(qkv, heads, kv_heads, causal));
   const QkvDims dims = qkv_dims("attention", qkv, heads, kv_heads);
   if (on_cuda("attention", {&qkv}))
     return cuda_impl::attention_forward(qkv, heads, dims.KV, causal);
@@ -289,7 +265,7 @@ AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal, in
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, int64_t heads, bool causal, int64_t kv_heads) {
   FSDP_OP_SCOPE("attention_backward", qkv, ({&dout, &qkv, &out}),
-                2.5 * attention_flops(qkv, heads, kv_heads, causal), qkv.nbytes());
+                cost::attention_backward(dout, qkv, out, heads, kv_heads, causal));
   const QkvDims dims = qkv_dims("attention_backward", qkv, heads, kv_heads);
   const int64_t B = dims.B, T_ = dims.T, H = dims.H, hd = dims.hd;
   FSDP_CHECK(dout.shape() == Shape({B, T_, H * hd}) && out.shape() == dout.shape(),
@@ -304,8 +280,7 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
 
 Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
                         int64_t past) {
-  FSDP_OP_SCOPE("attention_decode", q, ({&q, &k, &v}),
-                q.dim() == 2 ? 4.0 * double(q.numel()) * double(k.size(0)) : 0.0, q.nbytes());
+  FSDP_OP_SCOPE("attention_decode", q, ({&q, &k, &v}), cost::attention_decode(q, k, v));
   FSDP_CHECK(q.dim() == 2 && k.dim() == 2 && v.dim() == 2 && k.shape() == v.shape(),
              "[attention_decode] q [n, heads * hd], k and v [past + n, kv heads * hd]; got {}, "
              "{}, {}",
@@ -333,7 +308,7 @@ Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64
 // ---------------------------------------------------------------- elementwise
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  FSDP_OP_SCOPE("add", a, ({&a, &b}), double(a.numel()), a.nbytes());
+  FSDP_OP_SCOPE("add", a, ({&a, &b}), cost::add(a, b));
   FSDP_CHECK(a.shape() == b.shape(), "[add] shapes differ: {} and {}", shape_str(a.shape()),
              shape_str(b.shape()));
   check_same_dtype("add", a, b, "a", "b");
@@ -344,7 +319,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 void add_(const Tensor& a, const Tensor& b) {
-  FSDP_OP_SCOPE("add_", a, ({&a, &b}), double(a.numel()), a.nbytes());
+  FSDP_OP_SCOPE("add_", a, ({&a, &b}), cost::add(a, b));
   FSDP_CHECK(a.shape() == b.shape(), "[add_] shapes differ: {} and {}", shape_str(a.shape()),
              shape_str(b.shape()));
   if (on_cuda("add_", {&a, &b})) return cuda_impl::add_(a, b);
@@ -358,6 +333,7 @@ double sum_squares(const Tensor& x) {
 }
 
 void sum_squares_into(const Tensor& x, const Tensor& acc) {
+  FSDP_OP_SCOPE("sum_squares", x, ({&x}), cost::sum_squares_into(x));
   FSDP_CHECK(acc.numel() == 1 && acc.dtype() == DType::f64,
              "[sum_squares] the accumulator must be one f64, got {} {}", dtype_name(acc.dtype()),
              shape_str(acc.shape()));
@@ -366,6 +342,7 @@ void sum_squares_into(const Tensor& x, const Tensor& acc) {
 }
 
 void clip_scale_(const Tensor& x, const Tensor& total_sq, double max_norm) {
+  FSDP_OP_SCOPE("clip_scale_", x, ({&x}), cost::scale_(x));
   FSDP_CHECK(total_sq.numel() == 1 && total_sq.dtype() == DType::f64,
              "[clip_grad_norm] the squared norm must be one f64, got {} {}",
              dtype_name(total_sq.dtype()), shape_str(total_sq.shape()));
@@ -375,6 +352,7 @@ void clip_scale_(const Tensor& x, const Tensor& total_sq, double max_norm) {
 }
 
 void scale_(const Tensor& x, double s) {
+  FSDP_OP_SCOPE("scale_", x, ({&x}), cost::scale_(x));
   if (on_cuda("scale_", {&x})) return cuda_impl::scale_(x, s);
   return cpu_impl::scale_(x, s);
 }
@@ -382,7 +360,8 @@ void scale_(const Tensor& x, double s) {
 // ---------------------------------------------------------------- loss
 
 CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets, bool read_loss) {
-  FSDP_OP_SCOPE("cross_entropy", logits, ({&logits, &targets}), 3.0 * double(logits.numel()), 0);
+  FSDP_OP_SCOPE("cross_entropy", logits, ({&logits, &targets}),
+                cost::cross_entropy_forward(logits, targets));
   FSDP_CHECK(logits.dim() == 2, "[cross_entropy] logits must be [N, V], got {}",
              shape_str(logits.shape()));
   const int64_t n = logits.size(0);
@@ -410,7 +389,7 @@ void check_xent_backward(const char* op, const Tensor& logits, const Tensor& tar
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                               double dloss) {
   FSDP_OP_SCOPE("cross_entropy_backward", logits, ({&logits, &targets}),
-                3.0 * double(logits.numel()), logits.nbytes());
+                cost::cross_entropy_backward(logits, targets));
   check_xent_backward("cross_entropy_backward", logits, targets, lse);
   if (on_cuda("cross_entropy_backward", {&logits, &targets, &lse}))
     return cuda_impl::cross_entropy_backward(logits, targets, lse, dloss);
@@ -420,7 +399,7 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
 Tensor cross_entropy_backward_(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                                double dloss) {
   FSDP_OP_SCOPE("cross_entropy_backward_", logits, ({&logits, &targets}),
-                3.0 * double(logits.numel()), logits.nbytes());
+                cost::cross_entropy_backward(logits, targets));
   check_xent_backward("cross_entropy_backward_", logits, targets, lse);
   FSDP_CHECK(logits.is_contiguous(), "[cross_entropy_backward_] logits {} must be contiguous",
              shape_str(logits.shape()));
@@ -432,7 +411,7 @@ Tensor cross_entropy_backward_(const Tensor& logits, const Tensor& targets, cons
 // ---------------------------------------------------------------- copies
 
 void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segment>& segments) {
-  FSDP_OP_SCOPE("copy_segments", dst, ({&src}), 0, dst.nbytes());
+  FSDP_OP_SCOPE("copy_segments", dst, ({&src}), cost::copy_segments(dst, src));
   FSDP_CHECK(dst.dim() == 1 && src.dim() == 1 && dst.is_contiguous() && src.is_contiguous(),
              "[copy_segments] needs flat contiguous buffers, got {} and {}", shape_str(dst.shape()),
              shape_str(src.shape()));
@@ -451,8 +430,7 @@ void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segme
 
 void adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
             const AdamWHyper& h, int64_t step) {
-  FSDP_OP_SCOPE("adamw", param, ({&param, &grad, &m, &v}), 12.0 * double(param.numel()),
-                3.0 * double(param.nbytes()));
+  FSDP_OP_SCOPE("adamw", param, ({&param, &grad, &m, &v}), cost::adamw_(param, grad, m, v));
   for (const Tensor* t : {&param, &grad, &m, &v}) {
     FSDP_CHECK(t->is_contiguous() && t->numel() == param.numel() && t->dtype() == param.dtype(),
                "[adamw] param, grad, exp_avg and exp_avg_sq must be contiguous {} buffers of {} "
