@@ -1,18 +1,32 @@
-// Every op's forward against a direct reference and every backward against
-// central finite differences in f64; bf16 storage against f32; bad inputs.
+// The op-case table (op_cases.h) on the CPU: every case's forward against its direct f64
+// reference, its backward against f64 central differences and its `+=` into parameter
+// gradients, its f32 and bf16 runs against f64, and its FLOPs and bytes against what the
+// profiler records; every op of src/ops/backend.h has a case. Then what a table row cannot say:
+// causality, grouped-query equivalences, the decode step against the causal rows, the saved
+// statistics' dtypes, bad inputs.
 #include "fsdp/ops/ops.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <initializer_list>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <set>
 #include <string>
-#include <tuple>
+#include <string_view>
+#include <vector>
 
+#include "fsdp/core/trace.h"
 #include "kernels/cpu/vec_math.h"
+#include "op_cases.h"
+#include "src/ops/backend.h"
 #include "test_util.h"
 
 namespace fsdp {
@@ -23,6 +37,139 @@ using test::expect_grad_matches;
 using test::random_ids;
 using test::random_tensor;
 using test::rel_error;
+
+// ---------------------------------------------------------------- the op-case table
+
+TEST(OpCases, EveryBackendOpHasACase) {
+  std::set<std::string_view> covered;
+  for (const test::OpCase& c : test::op_cases())
+    for (std::string_view op : c.covers) {
+      EXPECT_NE(std::find_if(std::begin(ops::kBackendOpNames), std::end(ops::kBackendOpNames),
+                             [&](const char* n) { return op == n; }),
+                std::end(ops::kBackendOpNames))
+          << c.what << " covers '" << op << "', which is not an op of src/ops/backend.h";
+      covered.insert(op);
+    }
+  for (const char* op : ops::kBackendOpNames)
+    EXPECT_TRUE(covered.count(op)) << "the op '" << op
+                                   << "' of src/ops/backend.h has no case in tests/op_cases.cpp";
+}
+
+// The FLOPs and bytes the profiler records for the ops `f` runs.
+ops::cost::Cost recorded_cost(const std::function<void()>& f) {
+  trace::take();
+  trace::start(false, false);
+  f();
+  trace::stop();
+  ops::cost::Cost sum;
+  for (const trace::Record& r : trace::take())
+    if (r.kind == trace::Kind::op) sum.flops += r.flops, sum.bytes += r.bytes;
+  return sum;
+}
+
+class OpCaseTest : public ::testing::TestWithParam<size_t> {
+ protected:
+  const test::OpCase& c() {
+    static const std::vector<test::OpCase> cases = test::op_cases();
+    return cases.at(GetParam());
+  }
+};
+
+// f64: the reference, central differences, and the backward's `+=` (a second run whose
+// parameter gradients start at 0.5 ends 0.5 above the first; returned gradients are equal).
+TEST_P(OpCaseTest, F64AgainstReferenceAndFiniteDifferences) {
+  const test::OpCase& c = this->c();
+  std::vector<Tensor> in = test::make_inputs(c, DType::f64);
+  test::CaseResult r = test::run_case(c, in, 0.0);
+  if (c.reference) {
+    std::vector<Tensor> ref = c.reference(in);
+    ASSERT_EQ(ref.size(), r.fwd.out.size()) << c.what;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_EQ(r.fwd.out[i].shape(), ref[i].shape()) << c.what << " output " << i;
+      EXPECT_LE(rel_error(r.fwd.out[i], ref[i]), c.ref_tol) << c.what << " output " << i;
+    }
+  }
+  if (!c.backward) return;
+  auto loss = [&] { return dot(c.forward(in, false).out[0], r.dout); };
+  // Central differences at h = 1e-6 carry the loss's rounding over h: eps * sum|out * dout| / h
+  // (10x that, and never under test_util's 1e-8), which grows with the case's size.
+  constexpr double kH = 1e-6;
+  const std::vector<double> o = r.fwd.out[0].to_f64_vector(), d = r.dout.to_f64_vector();
+  double scale = 0;
+  for (size_t k = 0; k < o.size(); ++k) scale += std::abs(o[k] * d[k]);
+  const double fd_tol = std::max(1e-8, 10 * std::numeric_limits<double>::epsilon() * scale / kH);
+  for (size_t i = 0; i < in.size(); ++i)
+    if (c.inputs[i].grad != test::Grad::none)
+      expect_grad_matches(fmt::format("{} d(input {})", c.what, i), loss, in[i], r.grads[i],
+                          c.fd_probes, kH, fd_tol);
+  test::CaseResult r2 = test::run_case(c, in, 0.5);
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (c.inputs[i].grad == test::Grad::none) continue;
+    const double shift = c.inputs[i].grad == test::Grad::accumulated ? 0.5 : 0.0;
+    auto g = r.grads[i].to_f64_vector(), g2 = r2.grads[i].to_f64_vector();
+    double worst = 0;
+    for (size_t k = 0; k < g.size(); ++k) worst = std::max(worst, std::abs(g2[k] - g[k] - shift));
+    EXPECT_LT(worst, 1e-12) << c.what << " input " << i << " (gradients added into)";
+  }
+}
+
+// f32 and bf16 storage against f64 on the same rounded inputs and cotangent: 1e-5 and 1e-2 of
+// ||f64|| (or the case's own), every output in the run's dtype (or f64: the loss, a sum).
+TEST_P(OpCaseTest, OtherDtypesAgainstF64) {
+  const test::OpCase& c = this->c();
+  for (DType dt : c.dtypes) {
+    if (dt == DType::f64) continue;
+    const std::string what = c.what + " in " + std::string(dtype_name(dt));
+    std::vector<Tensor> in = test::make_inputs(c, dt), in64;
+    for (const Tensor& t : in) in64.push_back(is_floating(t.dtype()) ? t.to(DType::f64) : t);
+    test::CaseResult r = test::run_case(c, in, 0.0), ref = test::run_case(c, in64, 0.0, dt);
+    const double tol = dt == DType::f32 ? c.tol_f32 : c.tol_half;
+    for (size_t i = 0; i < ref.fwd.out.size(); ++i) {
+      const DType want = ref.fwd.out[i].dtype() == DType::f64 ? dt : ref.fwd.out[i].dtype();
+      EXPECT_TRUE(r.fwd.out[i].dtype() == want || r.fwd.out[i].dtype() == DType::f64)
+          << what << " output " << i << " is " << dtype_name(r.fwd.out[i].dtype());
+      EXPECT_LT(rel_error(r.fwd.out[i], ref.fwd.out[i]), tol) << what << " output " << i;
+    }
+    for (size_t i = 0; i < in.size(); ++i)
+      if (ref.grads[i].defined())
+        EXPECT_LT(rel_error(r.grads[i], ref.grads[i]), tol) << what << " d(input " << i << ")";
+  }
+}
+
+// The table's costs are the profiler's: what ops.cpp records while the case runs.
+TEST_P(OpCaseTest, CostIsWhatTheProfilerRecords) {
+  const test::OpCase& c = this->c();
+  ASSERT_TRUE(c.forward_cost) << c.what;
+  std::vector<Tensor> in = test::make_inputs(c, DType::f32);
+  test::OpRun fwd;
+  const ops::cost::Cost f = recorded_cost([&] { fwd = c.forward(in, false); });
+  const ops::cost::Cost want = c.forward_cost(in, fwd);
+  EXPECT_GT(want.bytes, 0) << c.what;
+  EXPECT_DOUBLE_EQ(f.flops, want.flops) << c.what;
+  EXPECT_DOUBLE_EQ(f.bytes, want.bytes) << c.what;
+  if (!c.backward) return;
+  ASSERT_TRUE(c.backward_cost) << c.what;
+  Tensor dout = test::make_dout(c, fwd.out[0]);
+  const double d0 = dout.numel() == 1 ? dout.item() : 0.0;
+  std::vector<Tensor> acc = test::make_acc(c, in, 0.0);
+  const test::BackwardArgs args{in, fwd, dout, d0, acc};
+  const ops::cost::Cost b = recorded_cost([&] { c.backward(args); });
+  EXPECT_DOUBLE_EQ(b.flops, c.backward_cost(args).flops) << c.what << " backward";
+  EXPECT_DOUBLE_EQ(b.bytes, c.backward_cost(args).bytes) << c.what << " backward";
+}
+
+std::string case_name(const ::testing::TestParamInfo<size_t>& info) {
+  static const std::vector<test::OpCase> cases = test::op_cases();
+  std::string name = std::to_string(info.param) + "_";
+  for (char ch : cases.at(info.param).what)
+    name += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, OpCaseTest, ::testing::Range<size_t>(0, test::op_cases().size()),
+                         case_name);
+
+// ---------------------------------------------------------------- what a row cannot say
 
 TEST(VecMath, ExpF32IsAccurate) {
   double worst = 0;
@@ -37,158 +184,9 @@ TEST(VecMath, ExpF32IsAccurate) {
   EXPECT_GT(kernels::cpu::exp_f32(1000.0f), 1e38f);
 }
 
-TEST(Gemm, AllTransposesMatchNaive) {
-  for (DType dt : {DType::f64, DType::f32})
-    for (int ta = 0; ta < 2; ++ta)
-      for (int tb = 0; tb < 2; ++tb) {
-        const int64_t m = 5, n = 7, k = 3;
-        Tensor a = random_tensor(ta ? Shape{k, m} : Shape{m, k}, 1, dt);
-        Tensor b = random_tensor(tb ? Shape{n, k} : Shape{k, n}, 2, dt);
-        Tensor c = random_tensor({m, n}, 3, dt);
-        Tensor c0 = c.clone();
-        ops::gemm(a, ta, b, tb, c, 0.5, 2.0);
-        auto A = a.to_f64_vector(), B = b.to_f64_vector(), C0 = c0.to_f64_vector(),
-             C = c.to_f64_vector();
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < n; ++j) {
-            double s = 0;
-            for (int64_t p = 0; p < k; ++p)
-              s += A[ta ? p * m + i : i * k + p] * B[tb ? j * k + p : p * n + j];
-            EXPECT_NEAR(C[i * n + j], 0.5 * s + 2.0 * C0[i * n + j],
-                        dt == DType::f64 ? 1e-12 : 1e-5);
-          }
-      }
-}
-
-TEST(Linear, ForwardAndGradients) {
-  Tensor x = random_tensor({2, 3, 5}, 10), w = random_tensor({4, 5}, 11),
-         b = random_tensor({4}, 12);
-  Tensor r = random_tensor({2, 3, 4}, 13);
-  Tensor y = ops::linear_forward(x, w, b);
-  // y[0,0,j] = sum_k x[0,0,k] w[j,k] + b[j]
-  for (int j = 0; j < 4; ++j) {
-    double s = b.data<double>()[j];
-    for (int k = 0; k < 5; ++k) s += x.data<double>()[k] * w.data<double>()[j * 5 + k];
-    EXPECT_NEAR(y.data<double>()[j], s, 1e-12);
-  }
-  Tensor dw = Tensor::zeros(w.shape(), DType::f64), db = Tensor::zeros(b.shape(), DType::f64);
-  Tensor dx = ops::linear_backward(r, x, w, dw, db);
-  auto loss = [&] { return dot(ops::linear_forward(x, w, b), r); };
-  expect_grad_matches("linear dx", loss, x, dx);
-  expect_grad_matches("linear dw", loss, w, dw);
-  expect_grad_matches("linear db", loss, b, db);
-  // The backward adds into parameter gradients.
-  ops::linear_backward(r, x, w, dw, db);
-  Tensor dw1 = Tensor::zeros(w.shape(), DType::f64);
-  ops::linear_backward(r, x, w, dw1, Tensor());
-  auto v = dw.to_f64_vector(), v1 = dw1.to_f64_vector();
-  for (size_t i = 0; i < v.size(); ++i) EXPECT_NEAR(v[i], 2 * v1[i], 1e-12);
-}
-
-TEST(Embedding, ForwardAndGradient) {
-  Tensor ids = random_ids({2, 6}, 5, 20);  // repeated ids exercise the scatter-add
-  Tensor w = random_tensor({5, 4}, 21), r = random_tensor({2, 6, 4}, 22);
-  Tensor y = ops::embedding_forward(ids, w);
-  for (int i = 0; i < 12; ++i)
-    for (int c = 0; c < 4; ++c)
-      EXPECT_EQ(y.data<double>()[i * 4 + c], w.data<double>()[ids.data<int64_t>()[i] * 4 + c]);
-  Tensor dw = Tensor::zeros(w.shape(), DType::f64);
-  ops::embedding_backward(r, ids, dw);
-  expect_grad_matches(
-      "embedding dw", [&] { return dot(ops::embedding_forward(ids, w), r); }, w, dw);
-}
-
-TEST(RMSNorm, ForwardAndGradients) {
-  Tensor x = random_tensor({3, 8}, 30), w = random_tensor({8}, 31, DType::f64, 0.5, 1.5),
-         r = random_tensor({3, 8}, 32);
-  const double eps = 1e-5;
-  auto out = ops::rmsnorm_forward(x, w, eps);
-  for (int row = 0; row < 3; ++row) {
-    double ss = 0;
-    for (int c = 0; c < 8; ++c) ss += x.data<double>()[row * 8 + c] * x.data<double>()[row * 8 + c];
-    const double rs = 1.0 / std::sqrt(ss / 8 + eps);
-    for (int c = 0; c < 8; ++c)
-      EXPECT_NEAR(out.y.data<double>()[row * 8 + c],
-                  x.data<double>()[row * 8 + c] * rs * w.data<double>()[c], 1e-12);
-  }
-  Tensor dw = Tensor::zeros(w.shape(), DType::f64);
-  Tensor dx = ops::rmsnorm_backward(r, x, w, out.rstd, dw);
-  auto loss = [&] { return dot(ops::rmsnorm_forward(x, w, eps).y, r); };
-  expect_grad_matches("rmsnorm dx", loss, x, dx);
-  expect_grad_matches("rmsnorm dw", loss, w, dw);
+TEST(RMSNorm, DefaultEpsIsTheMachineEpsilon) {
   EXPECT_DOUBLE_EQ(ops::default_rmsnorm_eps(DType::f32), 1.1920928955078125e-07);
   EXPECT_DOUBLE_EQ(ops::default_rmsnorm_eps(DType::f64), 2.220446049250313e-16);
-}
-
-TEST(Activation, SiluAndSwigluGradients) {
-  Tensor x = random_tensor({4, 6}, 40, DType::f64, -3, 3), u = random_tensor({4, 6}, 41),
-         r = random_tensor({4, 6}, 42);
-  Tensor y = ops::silu_forward(x);
-  for (int i = 0; i < 24; ++i) {
-    const double v = x.data<double>()[i];
-    EXPECT_NEAR(y.data<double>()[i], v / (1 + std::exp(-v)), 1e-14);
-  }
-  expect_grad_matches(
-      "silu dx", [&] { return dot(ops::silu_forward(x), r); }, x, ops::silu_backward(r, x));
-  auto [dg, du] = ops::swiglu_backward(r, x, u);
-  auto loss = [&] { return dot(ops::swiglu_forward(x, u), r); };
-  expect_grad_matches("swiglu dgate", loss, x, dg);
-  expect_grad_matches("swiglu dup", loss, u, du);
-}
-
-// softmax(q k^T / sqrt(hd)) v for one (b, h), written out directly.
-Tensor naive_attention(const Tensor& qkv, int64_t H, bool causal) {
-  const int64_t B = qkv.size(0), T = qkv.size(1), d = qkv.size(2) / 3, hd = d / H;
-  Tensor out = Tensor::zeros({B, T, d}, DType::f64);
-  const double* p = qkv.data<double>();
-  double* o = out.data<double>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < T; ++i) {
-        std::vector<double> s(size_t(T), -INFINITY);
-        double m = -INFINITY;
-        for (int64_t j = 0; j < T; ++j) {
-          if (causal && j > i) continue;
-          double acc = 0;
-          for (int64_t c = 0; c < hd; ++c)
-            acc += p[(b * T + i) * 3 * d + h * hd + c] * p[(b * T + j) * 3 * d + d + h * hd + c];
-          s[j] = acc / std::sqrt(double(hd));
-          m = std::max(m, s[j]);
-        }
-        double z = 0;
-        for (int64_t j = 0; j < T; ++j) z += s[j] == -INFINITY ? 0 : std::exp(s[j] - m);
-        for (int64_t j = 0; j < T; ++j) {
-          if (s[j] == -INFINITY) continue;
-          const double pj = std::exp(s[j] - m) / z;
-          for (int64_t c = 0; c < hd; ++c)
-            o[(b * T + i) * d + h * hd + c] += pj * p[(b * T + j) * 3 * d + 2 * d + h * hd + c];
-        }
-      }
-  return out;
-}
-
-// B 2 x T 5, and T 300: longer than one tile of 128 query rows (the CPU kernel's scratch is
-// 128 x T), so the tiles' seams, the causal key limit per tile and the dK/dV accumulation across
-// tiles are checked too.
-TEST(Attention, ForwardMatchesNaiveAndGradients) {
-  struct Case {
-    int64_t B, T;
-    double tol;
-    int64_t probes;
-  };
-  for (const Case& c : {Case{2, 5, 1e-13, 120}, Case{1, 300, 1e-12, 60}})
-    for (bool causal : {false, true}) {
-      const int64_t H = 2;
-      Tensor qkv = random_tensor({c.B, c.T, 3 * 8}, 50 + c.T),
-             r = random_tensor({c.B, c.T, 8}, 51 + c.T);
-      auto a = ops::attention_forward(qkv, H, causal);
-      EXPECT_LT(rel_error(a.out, naive_attention(qkv, H, causal)), c.tol)
-          << "T " << c.T << " causal " << causal;
-      Tensor dqkv = ops::attention_backward(r, qkv, a.out, a.lse, H, causal);
-      expect_grad_matches(
-          fmt::format("attention dqkv T={} causal={}", c.T, causal),
-          [&] { return dot(ops::attention_forward(qkv, H, causal).out, r); }, qkv, dqkv, c.probes);
-    }
 }
 
 TEST(Attention, CausalOutputIgnoresTheFuture) {
@@ -215,50 +213,6 @@ TEST(Attention, DecodeOverACacheEqualsCausalRows) {
   EXPECT_LT(rel_error(out32, full.narrow(0, past, n)), 1e-5);
   EXPECT_THROW(ops::attention_decode(q, k, v, H, past + 1), Error);  // k holds past + n rows
   EXPECT_THROW(ops::attention_decode(q, k, v, 3, past), Error);      // 8 is not divisible by 3
-}
-
-TEST(Attention, F32MatchesF64) {
-  Tensor qkv = random_tensor({2, 16, 3 * 32}, 53), r = random_tensor({2, 16, 32}, 54);
-  auto a64 = ops::attention_forward(qkv, 4, true);
-  auto a32 = ops::attention_forward(qkv.to(DType::f32), 4, true);
-  EXPECT_LT(rel_error(a32.out, a64.out), 1e-5);
-  Tensor d64 = ops::attention_backward(r, qkv, a64.out, a64.lse, 4, true);
-  Tensor d32 =
-      ops::attention_backward(r.to(DType::f32), qkv.to(DType::f32), a32.out, a32.lse, 4, true);
-  EXPECT_LT(rel_error(d32, d64), 1e-5);
-}
-
-TEST(Rope, RotatesPairsAndBackwardIsTranspose) {
-  const int64_t H = 2, hd = 4, d = H * hd;
-  Tensor qkv = random_tensor({1, 3, 3 * d}, 60), r = random_tensor({1, 3, 3 * d}, 61);
-  Tensor y = qkv.clone();
-  ops::rope_(y, H, 10000.0, false);
-  const double* x = qkv.data<double>();
-  const double* o = y.data<double>();
-  for (int64_t t = 0; t < 3; ++t)
-    for (int64_t part = 0; part < 3; ++part)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t i = 0; i < hd / 2; ++i) {
-          const int64_t base = t * 3 * d + part * d + h * hd;
-          const double ang = double(t) * std::pow(10000.0, -2.0 * double(i) / double(hd));
-          double e0 = x[base + i], e1 = x[base + i + hd / 2];
-          if (part < 2) {  // q and k rotate, v does not
-            const double c = std::cos(ang), s = std::sin(ang);
-            std::tie(e0, e1) = std::pair(e0 * c - e1 * s, e1 * c + e0 * s);
-          }
-          EXPECT_NEAR(o[base + i], e0, 1e-14);
-          EXPECT_NEAR(o[base + i + hd / 2], e1, 1e-14);
-        }
-  Tensor dr = r.clone();
-  ops::rope_(dr, H, 10000.0, true);
-  expect_grad_matches(
-      "rope",
-      [&] {
-        Tensor z = qkv.clone();
-        ops::rope_(z, H, 10000.0, false);
-        return dot(z, r);
-      },
-      qkv, dr);
 }
 
 // Grouped-query attention: a packed qkv [B, T, (H + 2 KV) hd] with each kv head repeated for the
@@ -296,10 +250,11 @@ Tensor sum_kv(const Tensor& dmha, int64_t H, int64_t KV) {
   return out;
 }
 
-// 4 query heads over 2 kv heads and over 1 (multi-query), head dim 6: the forward equals
-// multi-head attention over the repeated kv heads, the backward equals its gradient summed over
-// each group, and both match central differences; T 130 crosses the CPU kernel's 128-row tile.
-TEST(Attention, GroupedQueryEqualsRepeatedKvAndGradients) {
+// 4 query heads over 2 kv heads and over 1 (multi-query), head dim 6: the forward and its lse
+// equal multi-head attention's over the repeated kv heads, and the backward equals its gradient
+// summed over each group; T 130 crosses the CPU kernel's 128-row tile (the table's cases check
+// the same shapes against the direct reference and central differences).
+TEST(Attention, GroupedQueryEqualsRepeatedKv) {
   const int64_t H = 4, hd = 6;
   for (int64_t KV : {2, 1})
     for (int64_t T : {5, 130})
@@ -318,10 +273,6 @@ TEST(Attention, GroupedQueryEqualsRepeatedKvAndGradients) {
                                          H, KV)),
                   1e-12)
             << what;
-        expect_grad_matches(
-            "gqa attention dqkv " + what,
-            [&] { return dot(ops::attention_forward(qkv, H, causal, KV).out, r); }, qkv, dqkv,
-            T > 100 ? 40 : 120);
       }
   // Heads must be a multiple of the kv heads, and the width (H + 2 KV) hd.
   EXPECT_THROW(ops::attention_forward(random_tensor({1, 2, 7 * 4}, 3), 3, false, 2), Error);
@@ -329,26 +280,15 @@ TEST(Attention, GroupedQueryEqualsRepeatedKvAndGradients) {
 }
 
 // Rotary on a grouped qkv rotates its H query heads and KV key heads as the multi-head rotary
-// does each head, leaves the values alone, and its backward is the transpose.
+// does each head and leaves the values alone (its backward: the table's case of this shape).
 TEST(Rope, GroupedQueryRotatesQueryAndKeyHeads) {
   const int64_t H = 4, KV = 2, hd = 6;
-  Tensor qkv = random_tensor({2, 5, (H + 2 * KV) * hd}, 82),
-         r = random_tensor({2, 5, (H + 2 * KV) * hd}, 83);
+  Tensor qkv = random_tensor({2, 5, (H + 2 * KV) * hd}, 82);
   Tensor y = qkv.clone();
   ops::rope_(y, H, 100000.0, false, 3, KV);
   Tensor m = repeat_kv(qkv, H, KV);
   ops::rope_(m, H, 100000.0, false, 3);
   EXPECT_LT(rel_error(repeat_kv(y, H, KV), m), 1e-14);
-  Tensor dr = r.clone();
-  ops::rope_(dr, H, 100000.0, true, 3, KV);
-  expect_grad_matches(
-      "gqa rope",
-      [&] {
-        Tensor z = qkv.clone();
-        ops::rope_(z, H, 100000.0, false, 3, KV);
-        return dot(z, r);
-      },
-      qkv, dr);
 }
 
 // A decode step over a cache of kv heads equals the grouped causal attention's rows.
@@ -368,69 +308,6 @@ TEST(Attention, GroupedQueryDecodeEqualsCausalRows) {
   // k and v of 5 columns are no whole number of head-dim-6 kv heads.
   Tensor q = random_tensor({1, 24}, 1), k = random_tensor({1, 5}, 2);
   EXPECT_THROW(ops::attention_decode(q, k, k, 4, 0), Error);
-}
-
-TEST(CrossEntropy, ValueAndGradient) {
-  Tensor logits = random_tensor({6, 7}, 70, DType::f64, -2, 2);
-  Tensor targets = random_ids({6}, 7, 71);
-  auto out = ops::cross_entropy_forward(logits, targets);
-  double expect = 0;
-  for (int r = 0; r < 6; ++r) {
-    double z = 0;
-    for (int j = 0; j < 7; ++j) z += std::exp(logits.data<double>()[r * 7 + j]);
-    expect += std::log(z) - logits.data<double>()[r * 7 + targets.data<int64_t>()[r]];
-  }
-  EXPECT_NEAR(out.loss, expect / 6, 1e-13);
-  Tensor d = ops::cross_entropy_backward(logits, targets, out.lse, 1.0);
-  expect_grad_matches(
-      "cross_entropy dlogits", [&] { return ops::cross_entropy_forward(logits, targets).loss; },
-      logits, d);
-}
-
-TEST(Elementwise, AddAndSumSquares) {
-  Tensor a = random_tensor({3, 4}, 80), b = random_tensor({3, 4}, 81);
-  Tensor c = ops::add(a, b);
-  for (int i = 0; i < 12; ++i)
-    EXPECT_DOUBLE_EQ(c.data<double>()[i], a.data<double>()[i] + b.data<double>()[i]);
-  ops::add_(a, b);
-  EXPECT_EQ(rel_error(a, c), 0.0);
-  double ss = 0;
-  for (double v : c.to_f64_vector()) ss += v * v;
-  EXPECT_NEAR(ops::sum_squares(c), ss, 1e-12);
-}
-
-TEST(AdamW, MatchesTorchFormulaOverSteps) {
-  const int64_t n = 10;
-  Tensor p = random_tensor({n}, 90), m = Tensor::zeros({n}, DType::f64),
-         v = Tensor::zeros({n}, DType::f64);
-  std::vector<double> P = p.to_f64_vector(), M(n, 0.0), V(n, 0.0);
-  ops::AdamWHyper h{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1};
-  for (int64_t step = 1; step <= 3; ++step) {
-    Tensor g = random_tensor({n}, 100 + uint64_t(step));
-    ops::adamw_(p, g, m, v, h, step);
-    auto G = g.to_f64_vector();
-    for (int64_t i = 0; i < n; ++i) {  // torch.optim.AdamW, single-tensor path
-      P[i] *= 1 - h.lr * h.weight_decay;
-      M[i] = 0.9 * M[i] + 0.1 * G[i];
-      V[i] = 0.999 * V[i] + 0.001 * G[i] * G[i];
-      const double mhat = M[i] / (1 - std::pow(0.9, double(step)));
-      const double vhat = V[i] / (1 - std::pow(0.999, double(step)));
-      P[i] -= h.lr * mhat / (std::sqrt(vhat) + h.eps);
-    }
-  }
-  auto got = p.to_f64_vector();
-  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(got[i], P[i], 1e-12);
-}
-
-TEST(Bf16, StorageComputesInF32) {
-  Tensor x = random_tensor({8, 64}, 110, DType::f32), w = random_tensor({32, 64}, 111, DType::f32);
-  Tensor ref = ops::linear_forward(x, w, Tensor());
-  Tensor y = ops::linear_forward(x.to(DType::bf16), w.to(DType::bf16), Tensor());
-  EXPECT_EQ(y.dtype(), DType::bf16);
-  EXPECT_LT(rel_error(y, ref), 1e-2);
-  auto n = ops::rmsnorm_forward(x.to(DType::bf16), Tensor::full({64}, 1.0, DType::bf16), 1e-6);
-  EXPECT_LT(rel_error(n.y, ops::rmsnorm_forward(x, Tensor::full({64}, 1.0, DType::f32), 1e-6).y),
-            1e-2);
 }
 
 TEST(Backend, SavedStatisticsInTheComputeDtype) {

@@ -68,8 +68,12 @@
      int64_t step))
 
 #define FSDP_DECLARE_BACKEND_OP(ret, name, params) ret name params;
+#define FSDP_BACKEND_OP_NAME(ret, name, params) #name,
 
 namespace fsdp::ops {
+
+// The list's names: ops_test fails when one has no case in the op-case table (tests/op_cases.h).
+inline constexpr const char* kBackendOpNames[] = {FSDP_BACKEND_OPS(FSDP_BACKEND_OP_NAME)};
 
 using TensorPair = std::pair<Tensor, Tensor>;
 
