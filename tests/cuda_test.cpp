@@ -26,6 +26,7 @@
 #include "fsdp/ops/ops.h"
 #include "fsdp/optim/adamw.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "op_cases.h"
 #include "test_util.h"
 
 namespace fsdp {
@@ -231,6 +232,49 @@ TEST_P(BackendOps, EveryOpMatchesTheCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, BackendOps, ::testing::Values(DType::f32, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// The op-case table (tests/op_cases.h) on CUDA against the CPU: each case's outputs and
+// gradients from the same rounded inputs and cotangent (ids in i32), the CPU in f32; f32 to the
+// case's tol_f32, bf16 to its tol_half, relative to ||cpu||; never NaN.
+class OpTableOnCuda : public ::testing::TestWithParam<size_t> {
+ protected:
+  static const std::vector<test::OpCase>& cases() {
+    static const std::vector<test::OpCase> all = test::op_cases();
+    return all;
+  }
+};
+
+TEST_P(OpTableOnCuda, MatchesTheCpu) {
+  REQUIRE_CUDA();
+  const test::OpCase& c = cases().at(GetParam());
+  for (DType dt : {DType::f32, DType::bf16}) {
+    if (std::find(c.dtypes.begin(), c.dtypes.end(), dt) == c.dtypes.end()) continue;
+    const std::string what = c.what + " in " + std::string(dtype_name(dt));
+    std::vector<Tensor> in = test::make_inputs(c, dt, DType::i32), cpu_in, gpu_in;
+    for (const Tensor& t : in) {
+      cpu_in.push_back(is_floating(t.dtype()) ? t.to(DType::f32) : t);
+      gpu_in.push_back(t.to(kGpu));
+    }
+    const test::CaseResult ref = test::run_case(c, cpu_in, 0.25, dt);
+    const test::CaseResult got = test::run_case(c, gpu_in, 0.25, dt);
+    const double tol = dt == DType::f32 ? c.tol_f32 : c.tol_half;
+    ASSERT_EQ(got.fwd.out.size(), ref.fwd.out.size()) << what;
+    for (size_t i = 0; i < ref.fwd.out.size(); ++i) {
+      Tensor g = got.fwd.out[i].to(Device::cpu());
+      EXPECT_FALSE(any_nan(g)) << what << " output " << i << " has NaN";
+      EXPECT_LT(test::rel_error(g, ref.fwd.out[i]), tol) << what << " output " << i;
+    }
+    for (size_t i = 0; i < ref.grads.size(); ++i) {
+      if (!ref.grads[i].defined()) continue;
+      Tensor g = got.grads.at(i).to(Device::cpu());
+      EXPECT_FALSE(any_nan(g)) << what << " d(input " << i << ") has NaN";
+      EXPECT_LT(test::rel_error(g, ref.grads[i]), tol) << what << " d(input " << i << ")";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, OpTableOnCuda,
+                         ::testing::Range<size_t>(0, test::op_cases().size()));
 
 #if FSDP_WITH_CUDA  // the plan is host code of the CUDA kernels, absent from a CPU-only build
 // Runs without a GPU: sum_rows_into's split of the rows covers every row once, within the
