@@ -4,8 +4,8 @@
 // profiler records (src/ops/cost.h). ops_test (CPU) enumerates it: every case's forward against
 // its reference, its backward against f64 central differences, its other dtypes against f64, its
 // cost against the profiler's records, and every op of src/ops/backend.h covered by some case.
-// Meant for the other two (not yet done, issue 20): cuda_test, every case on CUDA against the
-// CPU in f32 and bf16; fsdp-bench-kernels, perf_cases() at a model's shapes beside each floor.
+// cuda_test runs every case on CUDA against the CPU in f32 and bf16. Meant for
+// fsdp-bench-kernels (not yet done, issue 20): perf_cases() at a model's shapes, beside floors.
 // A new op is one builder here (and its line in op_cases() and, for the bench, perf_cases())
 // plus its kernels. No GoogleTest here, so that the benchmark can link it.
 #pragma once
