@@ -327,6 +327,9 @@ fi
 tok() { grep -E '^step ' "$1" 2> /dev/null | awk 'NR > 2 {s += $7; n++} END {if (n) printf "%.0f", s / n}'; }
 mfu() { grep -E '^step ' "$1" 2> /dev/null | awk 'NR > 2 {gsub("%", "", $11); s += $11; n++} END {if (n) printf "%.1f", s / n}'; }
 peak() { grep -E '^step ' "$1" 2> /dev/null | tail -1 | grep -oE 'peak mem [0-9.]+ GB' | grep -oE '[0-9.]+'; }
+# The memory plan against the measured peak, from fsdp-train's summary line (on CUDA: the
+# allocator's peak against the plan's, "plan P MB (measured/plan X), A MB allocated (Y)").
+plan() { grep -m1 -E 'summary \|' "$1" 2> /dev/null | grep -oE 'plan [0-9.]+ MB[^|]*allocated \([0-9.]+\)' || echo 'no plan in the summary'; }
 ref_tok() { grep -oE 'tok/s [0-9]+' "$1" 2> /dev/null | tail -1 | grep -oE '[0-9]+$'; }
 ref_peak() { grep -oE '\| peak [0-9.]+ GB' "$1" 2> /dev/null | grep -oE '[0-9.]+'; }
 ratio() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN {if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a"}'; }
@@ -345,7 +348,8 @@ if begin seed 60 build gpu; then
   table_head
   note "| fsdp-train --preset seed | $(tok "$out/fsdp_train.log") | $(mfu "$out/fsdp_train.log")% | $(peak "$out/fsdp_train.log") GB | $train_rc |" \
     "| PyTorch FSDP2 (bench/torch_fsdp_ref.py) | $(ref_tok "$out/torch_ref.log") | | $(ref_peak "$out/torch_ref.log") GB | $ref_rc |" \
-    "" "- **seed: fsdp-train / PyTorch tokens/s = $(ratio "$(tok "$out/fsdp_train.log")" "$(ref_tok "$out/torch_ref.log")")** (goal >= 1.2; MFU goal >= 50%; peak memory goal <= PyTorch's)"
+    "" "- **seed: fsdp-train / PyTorch tokens/s = $(ratio "$(tok "$out/fsdp_train.log")" "$(ref_tok "$out/torch_ref.log")")** (goal >= 1.2; MFU goal >= 50%; peak memory goal <= PyTorch's)" \
+    "- memory plan, seed: $(plan "$out/fsdp_train.log") (goal: measured/plan within 0.9-1.1)"
   if [ $train_rc -eq 0 ] && [ $ref_rc -eq 0 ]; then end DONE; else end FAIL; fi
 fi
 
@@ -384,6 +388,7 @@ if begin memory 0 multi; then
     mem+=("$(grep -oE 'peak mem [0-9.]+ MB' "$out/gloo_np$n.log" | tail -1 | grep -oE '[0-9.]+')")
   done
   note "- peak memory of the largest rank at 1, 2, 4 ranks: ${mem[0]:-?} MB, ${mem[1]:-?} MB, ${mem[2]:-?} MB (goal: falling)"
+  for n in 1 2 4; do note "- memory plan, np $n: $(plan "$out/gloo_np$n.log")"; done
   awk -v a="${mem[0]:-0}" -v b="${mem[1]:-0}" -v c="${mem[2]:-0}" 'BEGIN {exit !(a > b && b > c && c > 0)}' || ok=0
   if [ $ok = 1 ]; then end PASS; else end FAIL; fi
 fi

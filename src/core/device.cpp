@@ -28,5 +28,6 @@ int cuda_device_count() { return gpu::device_count(); }
 bool cuda_available() { return cuda_device_count() > 0; }
 
 void* cuda_compute_stream(int index) { return gpu::compute_stream(index); }
+DeviceMemoryInfo cuda_memory_info(int index) { return gpu::memory_info(index); }
 
 }  // namespace fsdp

@@ -18,6 +18,7 @@ int device_count();  // 0 without CUDA or without a visible device
 // The device's compute stream (a cudaStream_t): every op's launches go on it.
 void* compute_stream(int device);
 Allocator& allocator(int device);  // the caching allocator of one device
+DeviceMemoryInfo memory_info(int device);  // cudaMemGetInfo: free and total bytes
 
 // Copies bytes between any two of host and devices and waits for them.
 void memcpy_sync(void* dst, Device dst_device, const void* src, Device src_device, int64_t bytes);

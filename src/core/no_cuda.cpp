@@ -21,6 +21,7 @@ namespace {
 int device_count() { return 0; }
 void* compute_stream(int device) { no_cuda("device", device); }
 Allocator& allocator(int device) { no_cuda("allocator", device); }
+DeviceMemoryInfo memory_info(int device) { no_cuda("memory_info", device); }
 void memcpy_sync(void*, Device dst_device, const void*, Device src_device, int64_t) {
   no_cuda("Tensor::copy_", dst_device.is_cuda() ? dst_device.index : src_device.index);
 }

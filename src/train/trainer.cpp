@@ -38,6 +38,7 @@
 #include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/core/allocator.h"
+#include "fsdp/core/env.h"
 #include "fsdp/core/host_sync.h"
 #include "fsdp/core/interrupt.h"
 #include "fsdp/data/loader.h"
@@ -57,6 +58,7 @@
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/metrics.h"
 #include "fsdp/profiler/profiler.h"
+#include "fsdp/train/memory_plan.h"
 
 namespace fsdp::train {
 
@@ -74,17 +76,6 @@ int rank_threads(int requested, int local_size) {
   cpu_set_t mask;
   const int allowed = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : hw;
   return std::max(1, std::min(allowed, hw / std::max(1, local_size)));
-}
-
-// Bytes per rank of parameters, gradients and AdamW state when each
-// parameter is chunked on dim 0 over `shards` ranks and padded to the largest chunk.
-int64_t persistent_bytes(nn::MiniLLM& model, int64_t shards, DType dtype) {
-  int64_t elems = 0;
-  for (auto& [name, p] : model.named_parameters()) {
-    const int64_t rows = p->shape[0], row = shape_numel(p->shape) / std::max<int64_t>(rows, 1);
-    elems += dist::chunk_size(rows, shards) * row;
-  }
-  return 4 * elems * int64_t(dtype_size(dtype));
 }
 
 // Bytes this process may still take, and where that figure comes from: the tightest memory
@@ -453,6 +444,7 @@ struct Trainer::Impl {
   std::unique_ptr<optim::LRSchedule> schedule;
   std::unique_ptr<data::DataLoader> loader;
   double peak = 0;  // FLOP/s, all ranks: the MFU denominator
+  MemoryPlan plan;  // this rank's predicted peak memory, from the shapes (check_memory_plan)
   std::string config_json;
   int64_t start_step = 0, steps_done = 0;
   std::ofstream log;
@@ -509,8 +501,7 @@ struct Trainer::Impl {
     const int64_t persistent_measured = memory_stats(device).current - mem_before;
     measure_peak();
     if (main()) {
-      const int64_t shards = o.shard == "full" ? mesh->size(mesh->ndim() - 1) : 1;
-      print_config(persistent_bytes(*model, shards, dtype), persistent_measured);
+      print_config(plan.persistent, persistent_measured);
       std::fflush(stdout);
     }
     // The run's config, saved in checkpoints; its model keys must match on resume.
@@ -640,25 +631,53 @@ struct Trainer::Impl {
                                  .decay_end = o.decay_steps > 0 ? o.decay_steps : o.steps});
   }
 
-  // The persistent plan (parameters, gradients and AdamW's two moments per rank, from the
-  // config) against the memory this host has left for its ranks; refused with the numbers on
-  // every rank alike (--allow-oversubscribe-memory skips it). A 38B model under a 3 GiB cgroup
-  // was OOM-killed after 3 s with no output.
+  // The memory plan (train/memory_plan.h): this rank's predicted peak, from the shapes alone,
+  // against what is left for this host's ranks (CPU: the cgroup's limit or MemAvailable, for what
+  // each rank will add to what it holds now; CUDA: the device's free memory); refused with the
+  // numbers on every rank alike (--allow-oversubscribe-memory skips it). A 38B model under a
+  // 3 GiB cgroup was OOM-killed after 3 s with no output.
   void check_memory_plan() {
-    if (o.allow_oversubscribe_memory || !device.is_cpu()) return;  // CUDA: not checked yet
-    const int64_t shards = o.shard == "full" ? mesh->size(mesh->ndim() - 1) : 1;
-    const int64_t per_rank = persistent_bytes(*model, shards, dtype);
-    const int local = std::max(1, dist::world_info().local_size);
-    const auto [available, from] = host_memory_available();
+    const int64_t held = device.is_cpu() ? resident_bytes() : 0;
+    MemoryPlanOptions po{.model = cfg,
+                         .device = device,
+                         .fully_shard = o.shard == "full",
+                         .shards = o.shard == "full" ? mesh->size(mesh->ndim() - 1) : 1,
+                         .replicas = o.shard == "full" && mesh->ndim() == 2 ? mesh->size(0) : 1,
+                         .reshard_after_forward = o.reshard_after_forward,
+                         .dtype = dtype,
+                         .param_dtype = mp.param_dtype,
+                         .reduce_dtype = mp.reduce_dtype,
+                         .grad_accum = o.grad_accum,
+                         .checkpoint_every = checkpoint_every_blocks(o.activation_checkpoint),
+                         .threads = threads,
+                         .cpu_cache_bytes = int64_t(env_double("FSDP_CPU_CACHE_MB") * 1048576.0),
+                         .baseline_bytes = held};
+    plan = plan_memory(po);
+    if (o.allow_oversubscribe_memory) return;
+    const int local = device.is_cpu() ? std::max(1, dist::world_info().local_size) : 1;
+    const int64_t more = plan.peak - held;  // what this rank will still take
+    const auto [available, from] =
+        device.is_cpu() ? host_memory_available()
+                        : std::pair{cuda_memory_info(device.index).free,
+                                    fmt::format("free on {}", device.str())};
     std::string error;
-    if (available >= 0 && per_rank * local > available)
+    if (available >= 0 && more * local > available) {
+      std::string terms;
+      for (const MemoryTerm& t : plan.terms)
+        if (t.bytes > 0) terms += fmt::format("{}{} {:.2f}", terms.empty() ? "" : ", ", t.name,
+                                              double(t.bytes) / 1e9);
       error = fmt::format(
           "[fsdp-train] the model does not fit: {} parameters need {:.2f} GB per rank for "
-          "parameters, gradients and AdamW's two moments ({}, {} shard(s)), {:.2f} GB for the {} "
-          "rank(s) on this host, but only {:.2f} GB is available ({}); shard over more ranks, "
-          "take a smaller model, or pass --allow-oversubscribe-memory to try anyway",
-          model->num_parameters(), double(per_rank) / 1e9, dtype_name(dtype), shards,
-          double(per_rank * local) / 1e9, local, double(available) / 1e9, from);
+          "parameters, gradients and AdamW's two moments ({}, {} shard(s)) and {:.2f} GB at the "
+          "predicted peak of a step (batch {} x seq {}: {}), {:.2f} GB more than a rank holds now, "
+          "{:.2f} GB for the {} rank(s) on this {}, but only {:.2f} GB is available ({}); shard over "
+          "more ranks, take a smaller model or batch, use --activation-checkpoint, or pass "
+          "--allow-oversubscribe-memory to try anyway",
+          model->num_parameters(), double(plan.persistent) / 1e9, dtype_name(dtype), po.shards,
+          double(plan.peak) / 1e9, cfg.batch, cfg.seq, terms, double(more) / 1e9,
+          double(more * local) / 1e9, local, device.is_cpu() ? "host" : "device",
+          double(available) / 1e9, from);
+    }
     Tensor failed = Tensor::full({1}, error.empty() ? 0.0 : 1.0, DType::f32).to(device);
     if (size > 1) pg->all_reduce(failed, dist::ReduceOp::SUM)->wait();
     if (!error.empty()) throw Error(error);
@@ -734,6 +753,13 @@ struct Trainer::Impl {
     row("persistent mem / rank",
         fmt::format("{:.3f} MB formula, {:.3f} MB measured", double(persistent) / 1e6,
                     double(persistent_measured) / 1e6));
+    row("peak mem plan / rank",
+        fmt::format("{:.1f} MB{} at {}", double(plan.peak) / 1e6,
+                    device.is_cpu() ? " resident" : "", plan.at));
+    for (const MemoryTerm& t : plan.terms)
+      row("  " + t.name, fmt::format("{:.1f} MB {}", double(t.bytes) / 1e6, t.what));
+    row("  allocated at peak", fmt::format("{:.1f} MB (the allocator's own peak)",
+                                           double(plan.peak_allocated) / 1e6));
     row("threads", std::to_string(threads));
     row("sgemm peak", fmt::format("{:.1f} GFLOP/s, all ranks (MFU denominator)", peak / 1e9));
     row("FLOPs / token", fmt::format("{:.3g}", cfg.flops_per_token()));
@@ -941,6 +967,12 @@ struct Trainer::Impl {
     }
     fmt::print("summary | step {:.1f} ms | peak mem {:.1f} MB | peak rss {} MB",
                1e3 * step_total / n, peak_alloc / 1e6, rss);
+    // The plan is rank 0's: against rank 0's resident peak (CPU) or its allocator's (CUDA).
+    const double measured = device.is_cpu() ? pv[1] : pv[0];
+    fmt::print(" | plan {:.1f} MB{} (measured/plan {:.3f}), {:.1f} MB allocated ({:.3f})",
+               double(plan.peak) / 1e6, device.is_cpu() ? " resident" : "",
+               measured / double(std::max<int64_t>(1, plan.peak)), double(plan.peak_allocated) / 1e6,
+               pv[0] / double(std::max<int64_t>(1, plan.peak_allocated)));
     if (size > 1)
       fmt::print(" | comm {:.1f} ms/step in collectives, {:.1f} ms/step exposed ({:.0f}%)",
                  1e3 * comm_total / n, 1e3 * exposed_total / n,

@@ -34,4 +34,11 @@ int cuda_device_count();
 // Throws in a build without CUDA.
 void* cuda_compute_stream(int index);
 
+// A CUDA device's free and total memory now (cudaMemGetInfo), bytes: what the memory plan checks
+// before the first allocation. Throws in a build without CUDA.
+struct DeviceMemoryInfo {
+  int64_t free = 0, total = 0;
+};
+DeviceMemoryInfo cuda_memory_info(int index);
+
 }  // namespace fsdp

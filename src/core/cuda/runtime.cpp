@@ -48,6 +48,20 @@ void* compute_stream(int index) {
   return s;
 }
 
+DeviceMemoryInfo memory_info(int device) {
+  FSDP_CHECK(device >= 0 && device < device_count(), "[device] no CUDA device {} ({} visible)",
+             device, device_count());
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device);
+  size_t free = 0, total = 0;
+  const cudaError_t e = cudaMemGetInfo(&free, &total);
+  cudaSetDevice(prev);
+  FSDP_CHECK(e == cudaSuccess, "[device] cuda:{}: cudaMemGetInfo failed: {}", device,
+             cudaGetErrorString(e));
+  return {int64_t(free), int64_t(total)};
+}
+
 void memcpy_sync(void* dst, Device dst_device, const void* src, Device src_device, int64_t bytes) {
   kernels::cuda::memcpy_sync(dst, dst_device, src, src_device, bytes);
 }

@@ -1,0 +1,69 @@
+// The memory plan: one rank's peak memory in a training step, predicted from the run's shapes
+// before any tensor exists, so that a run that cannot fit is refused with the numbers instead of
+// being ended by the out-of-memory killer, and so that a run's measured peak can be checked
+// against what it should be.
+//
+// The plan is not a textbook formula. It replays one step's allocations in the order the code
+// makes them (nn's forward and backward, fully_shard's all-gather and reduce-scatter buffers,
+// activation recompute, the loss, the CPU ops' widened copies and kernel scratch) through a model
+// of the device's allocator. On CPU that model is the caching allocator of core/allocator.cpp:
+// a freed block of 64 KiB or more is kept (up to FSDP_CPU_CACHE_MB) for a later request of the
+// same page-rounded size, so the resident peak is more than the peak of live bytes whenever a
+// size's most-used moment is not the step's. The peak is what the process holds: on CPU its
+// resident set (VmHWM, with the baseline the process held before any tensor), on CUDA the device
+// allocator's peak. Each term says what holds its bytes at that moment.
+//
+// Kept in step with the code by tests/memory_plan_test.sh: the prediction against the measured
+// peak at np 1 and 2, with and without activation checkpointing.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/core/device.h"
+#include "fsdp/core/dtype.h"
+#include "fsdp/nn/minillm.h"
+
+namespace fsdp::train {
+
+struct MemoryPlanOptions {
+  nn::MiniLLMConfig model;  // its batch: this rank's rows of one microbatch
+  Device device = Device::cpu();
+  bool fully_shard = true;  // false: --shard none, every rank holds flat replicated buffers
+  int64_t shards = 1;       // ranks each parameter is sharded over
+  int64_t replicas = 1;     // HSDP replica groups (the reduced gradients are all-reduced over them)
+  bool reshard_after_forward = true;
+  DType dtype = DType::f32;  // master parameters, their gradients and AdamW's two moments
+  std::optional<DType> param_dtype, reduce_dtype;  // fully_shard's MixedPrecisionPolicy
+  int64_t grad_accum = 1;
+  int64_t checkpoint_every = 0;  // checkpoint_every_blocks(): 0 none, 1 full, N blocks 0, N, ...
+  int threads = 1;               // CPU attention scratch is per thread
+  int64_t cpu_cache_bytes = 0;   // the most freed bytes the CPU allocator keeps (FSDP_CPU_CACHE_MB)
+  // What the process holds before any tensor (runtime, libraries, thread pools, the data) and
+  // what the runtime adds once training starts (communication threads, BLAS buffers): CPU only.
+  int64_t baseline_bytes = 0;
+};
+
+struct MemoryTerm {
+  std::string name;  // "activations"
+  std::string what;  // what holds the bytes
+  int64_t bytes = 0;
+};
+
+struct MemoryPlan {
+  std::vector<MemoryTerm> terms;  // at the predicted peak; they sum to `peak`
+  int64_t peak = 0;               // CPU: resident bytes (VmHWM); CUDA: the allocator's peak
+  int64_t peak_allocated = 0;     // the allocator's peak of live bytes (fsdp-train's "peak mem")
+  int64_t persistent = 0;         // sharded parameters, gradients and AdamW state
+  std::string at;                 // where in the step the peak falls: "backward of layers.3.ffn"
+};
+
+// The plan for one rank. Throws, naming the value, on an option out of range.
+MemoryPlan plan_memory(const MemoryPlanOptions& options);
+
+// This process's resident bytes now (VmRSS); 0 where /proc has none.
+int64_t resident_bytes();
+
+}  // namespace fsdp::train
