@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Configures and builds fsdp.cpp in build/ (or $FSDP_BUILD_DIR) with Ninja,
-# ccache when present, and CUDA when nvcc is found. Extra arguments are
-# build targets (default: everything).
+# Configures and builds fsdp.cpp in build/ (or $FSDP_BUILD_DIR) with the default preset of
+# CMakePresets.json (Release, Ninja, ccache when present, CUDA when nvcc is found), plus the -D
+# flags in $FSDP_CMAKE_ARGS. Extra arguments are build targets (default: everything).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Paths relative to the checkout in ccache's hashes: another clone of the same commit (CI's fresh
@@ -11,7 +11,7 @@ build=${FSDP_BUILD_DIR:-build}
 if [ ! -f "$build/build.ninja" ]; then
   mkdir -p "$build"
   # shellcheck disable=SC2086 # FSDP_CMAKE_ARGS is a list of -D flags
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${FSDP_CMAKE_ARGS:-} > "$build/configure.log" 2>&1 \
+  cmake --preset default -B "$build" ${FSDP_CMAKE_ARGS:-} > "$build/configure.log" 2>&1 \
     || { cat "$build/configure.log"; exit 1; }
   grep -E '^-- fsdp:' "$build/configure.log" || true
 fi

@@ -18,12 +18,10 @@ secs=${FSDP_FUZZ_SECONDS:-0}
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2)
-configure() {  # configure DIR SANITIZERS [extra cmake args]
-  local dir=$1 san=$2
-  shift 2
+configure() {  # configure PRESET: CMakePresets.json's asan or tsan (clang, no CUDA), in build-PRESET
+  local dir=build-$1
   [ -f "$dir/build.ninja" ] && return 0
-  CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFSDP_CUDA=OFF \
-    -DFSDP_SANITIZE="$san" -DFSDP_EXAMPLES=OFF "$@" > "build-sanitize-logs/$dir.configure.log" 2>&1 \
+  cmake --preset "$1" -B "$dir" > "build-sanitize-logs/$dir.configure.log" 2>&1 \
     || { cat "build-sanitize-logs/$dir.configure.log"; exit 1; }
 }
 fails=0
@@ -41,7 +39,7 @@ check() {  # check NAME command...: runs it, logs it, counts a failure
 mkdir -p build-sanitize-logs
 
 # 1. ASan + UBSan, and the fuzz targets (libFuzzer needs the same build).
-configure build-asan address,undefined -DFSDP_FUZZ=ON
+configure asan
 fuzzers=(safetensors checkpoint shards tokenizer store gguf)
 cmake --build build-asan --target core_test ops_test nn_test data_test optim_test dist_test fsdp_test \
   "${fuzzers[@]/#/fuzz_}" > build-sanitize-logs/build-asan.build.log 2>&1 || { tail -30 build-sanitize-logs/build-asan.build.log; exit 1; }
@@ -63,7 +61,7 @@ done
 cd ..
 
 # 2. TSan on the communication threads.
-configure build-tsan thread
+configure tsan
 cmake --build build-tsan --target core_test dist_test > build-sanitize-logs/build-tsan.build.log 2>&1 \
   || { tail -30 build-sanitize-logs/build-tsan.build.log; exit 1; }
 export TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/scripts/tsan.supp"

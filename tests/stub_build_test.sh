@@ -7,10 +7,7 @@ set -uo pipefail
 src=$1
 build=$2
 source "$(dirname "$0")/testlib.sh"
-launcher=()
-command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=OFF -DFSDP_MPI=OFF \
-  -DFSDP_GLOO=OFF "${launcher[@]}" > "$build.configure.log" 2>&1 \
+cmake -S "$src" -B "$build" --preset bare > "$build.configure.log" 2>&1 \
   || { cat "$build.configure.log"; bad "configure failed"; summary; exit 1; }
 grep -q 'fsdp: CUDA=OFF cuDNN=OFF NCCL=OFF MPI=OFF Gloo=OFF' "$build.configure.log" && ok \
   || bad "the stub build is not the bare one: $(grep 'fsdp:' "$build.configure.log")"
