@@ -11,18 +11,101 @@
 # not reported, nor is IWYU's "should remove" half, its forward-declaration
 # advice, or a libstdc++ internal (<bits/...>, <ext/...>). CUDA sources (.cu) are not parsed:
 # clang 14 knows no CUDA 13; their host headers are.
-#   scripts/check_includes.sh [FILE...]     (default: the whole tree)
+#   scripts/check_includes.sh                 the changed set (include_test): the files that differ
+#                                             from the last commit where the sweep passed, and
+#                                             every file that includes one of them
+#   scripts/check_includes.sh --all [--record]  every file (the nightly sweep, .ci/nightly);
+#                                             --record writes HEAD to scripts/check_includes.passed
+#                                             when it passes on a tree whose sources are committed
+#   scripts/check_includes.sh FILE...         these files
+# The changed set is honest: a file's verdict depends only on its own text and the project files it
+# reaches by #include (and on the compiler's headers and IWYU, which the sweep covers), so a file
+# outside the set reads the same as where the sweep passed. The base is $FSDP_IWYU_BASE, else the
+# commit in scripts/check_includes.passed; when neither is in the history (a shallow clone), or
+# this script changed since the base, every file is checked. Files run in parallel,
+# $FSDP_IWYU_JOBS at a time (default: nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v include-what-you-use > /dev/null \
   || { echo "check_includes: include-what-you-use not found (scripts/install-deps.sh installs iwyu)" >&2; exit 1; }
 
-if [ $# -gt 0 ]; then
-  files=("$@")
-else
-  mapfile -t files < <(git ls-files 'include/*.h' 'src/*.h' 'src/*.cpp' 'kernels/*.h' 'kernels/*.cpp' \
-    'examples/*.cpp' 'examples/*.h' 'bench/*.cpp' 'tests/*.cpp' 'tests/*.h' 'fuzz/*.cpp' 'fuzz/*.h')
-fi
+sources=('include/*.h' 'src/*.h' 'src/*.cpp' 'kernels/*.h' 'kernels/*.cpp'
+  'examples/*.cpp' 'examples/*.h' 'bench/*.cpp' 'tests/*.cpp' 'tests/*.h' 'fuzz/*.cpp' 'fuzz/*.h')
+passed_file=scripts/check_includes.passed
+mode=changed record=0
+case "${1:-}" in
+  --all) mode=all; [ "${2:-}" = --record ] && record=1 ;;
+  -*) echo "usage: scripts/check_includes.sh [--all [--record] | FILE...]" >&2; exit 2 ;;
+  "") ;;
+  *) mode=files ;;
+esac
+
+# The checkout's files matching the patterns: committed, staged and new ones (not ignored).
+tree_files() { git ls-files --cached --others --exclude-standard -- "$@" | sort -u; }
+graph=('*.h' '*.hpp' '*.cuh' '*.inc' '*.cpp' '*.cu')
+
+# Prints the files of the sweep that include one of the files on stdin (project headers, .inc,
+# .cuh), directly or through others, and those files themselves. An #include resolves as the
+# compiler's quoted search does (the includer's folder, include/, the root); #if is ignored, so
+# the set can only be too large.
+with_includers() {
+  local changed
+  changed=$(cat)
+  { tree_files "${graph[@]}" | xargs grep -HE '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]' || true; } \
+    | awk -v changed="$changed" -v tracked="$(tree_files)" '
+      BEGIN {
+        n = split(tracked, t, "\n"); for (i = 1; i <= n; i++) exists[t[i]] = 1
+        n = split(changed, c, "\n"); for (i = 1; i <= n; i++) if (c[i] != "") { hit[c[i]] = 1; queue[++tail] = c[i] }
+      }
+      {
+        f = substr($0, 1, index($0, ":") - 1)
+        inc = $0; sub(/^[^:]*:[^<"]*[<"]/, "", inc); sub(/[>"].*$/, "", inc)
+        dir = f; sub(/[^\/]*$/, "", dir)
+        split(dir inc "\ninclude/" inc "\n" inc, cand, "\n")
+        for (k = 1; k <= 3; k++) {
+          p = cand[k]
+          while (p ~ /[^\/]+\/\.\.\//) sub(/[^\/]+\/\.\.\//, "", p)
+          if (p in exists) includers[p] = includers[p] "\n" f
+        }
+      }
+      END {
+        for (head = 1; head <= tail; head++) {
+          m = split(includers[queue[head]], by, "\n")
+          for (i = 1; i <= m; i++) if (by[i] != "" && !(by[i] in hit)) { hit[by[i]] = 1; queue[++tail] = by[i] }
+        }
+        for (f in hit) print f
+      }'
+}
+
+case $mode in
+  files) files=("$@") ;;
+  all) mapfile -t files < <(tree_files "${sources[@]}") ;;
+  changed)
+    base=${FSDP_IWYU_BASE:-$(grep -v '^#' "$passed_file" 2> /dev/null | head -1 || true)}
+    why=""
+    if [ -z "$base" ]; then
+      why="no base commit ($passed_file is missing)"
+    elif ! git rev-parse -q --verify "$base^{commit}" > /dev/null 2>&1; then
+      why="the base $base is not in this clone's history"
+    else
+      # Committed, staged and unstaged changes since the base, and new files not yet committed.
+      changed=$( { git diff --name-only "$base" --; git ls-files --others --exclude-standard; } | sort -u)
+      if grep -qx 'scripts/check_includes.sh' <<< "$changed"; then
+        why="scripts/check_includes.sh changed since $base"
+      fi
+    fi
+    if [ -n "$why" ]; then
+      echo "check_includes: every file: $why"
+      mapfile -t files < <(tree_files "${sources[@]}")
+    else
+      all=$(tree_files "${sources[@]}")
+      mapfile -t files < <(with_includers <<< "$changed" | grep -Fxf <(echo "$all") | sort || true)
+      echo "check_includes: ${#files[@]} of $(grep -c . <<< "$all") files changed since $(git rev-parse --short "$base")" \
+        "(${FSDP_IWYU_BASE:+FSDP_IWYU_BASE}${FSDP_IWYU_BASE:-$passed_file}) or include one that did" \
+        "(scripts/check_includes.sh --all checks every file)"
+    fi
+    ;;
+esac
 
 flags=(-std=c++20 -I include -I . -I /usr/include/x86_64-linux-gnu/openblas-openmp
   -I /usr/lib/x86_64-linux-gnu/openmpi/include -I /usr/local/cuda/include
@@ -39,6 +122,7 @@ if [ -f "$fe/cudnn_frontend.h" ]; then
 else
   mapfile -t files < <(printf '%s\n' "${files[@]}" | grep -v 'attention_cudnn\.cpp$')
 fi
+[ ${#files[@]} -gt 0 ] || { echo "check_includes: no file to check"; exit 0; }
 
 # A file whose preprocessed text (with IWYU's version and the flags) passed before is not checked
 # again: the key captures every header it reaches, so nothing a change could affect is skipped.
@@ -84,10 +168,21 @@ check_one() {
 }
 export -f check_one
 export cache iwyu_version
-report=$(printf '%s\n' "${files[@]}" | xargs -P "$(nproc)" -I{} bash -c "$(declare -p flags); check_one {}")
+jobs=${FSDP_IWYU_JOBS:-$(nproc)}
+report=$(printf '%s\n' "${files[@]}" | xargs -P "$jobs" -I{} bash -c "$(declare -p flags); check_one {}")
 if [ -n "$report" ]; then
   echo "$report"
   echo "check_includes: $(grep -c . <<< "$report") problem(s) in ${#files[@]} files" >&2
   exit 1
 fi
 echo "check_includes: ${#files[@]} files include what they use"
+if [ $record = 1 ]; then
+  if git diff --quiet HEAD -- "${graph[@]}" scripts/check_includes.sh && [ -z "$(git ls-files --others --exclude-standard -- "${graph[@]}")" ]; then
+    { echo "# The last commit at which scripts/check_includes.sh --all passed (written by --all --record);"
+      echo "# include_test checks what changed since. Commit a newer one to move it forward."
+      git rev-parse HEAD; } > "$passed_file"
+    echo "check_includes: wrote $(git rev-parse --short HEAD) to $passed_file (commit it to move include_test's base)"
+  else
+    echo "check_includes: not recorded: sources differ from HEAD (commit them, then run --all --record again)"
+  fi
+fi
