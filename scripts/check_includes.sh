@@ -101,7 +101,7 @@ case $mode in
       all=$(tree_files "${sources[@]}")
       mapfile -t files < <(with_includers <<< "$changed" | grep -Fxf <(echo "$all") | sort || true)
       echo "check_includes: ${#files[@]} of $(grep -c . <<< "$all") files changed since $(git rev-parse --short "$base")" \
-        "(${FSDP_IWYU_BASE:+FSDP_IWYU_BASE}${FSDP_IWYU_BASE:-$passed_file}) or include one that did" \
+        "(${FSDP_IWYU_BASE:+FSDP_IWYU_BASE=}${FSDP_IWYU_BASE:-$passed_file}) or include one that did" \
         "(scripts/check_includes.sh --all checks every file)"
     fi
     ;;
