@@ -5,7 +5,7 @@
 
 #include "fsdp/core/device.h"
 #include "fsdp/core/error.h"
-#include "fsdp/ops/peak.h"
+#include "fsdp/profiler/ceilings.h"
 
 int main() {
   using namespace fsdp;
@@ -14,8 +14,8 @@ int main() {
     const Device d = Device::cuda(0);
     fmt::print(
         "gpu-ceilings: bf16 GEMM {:.1f} TFLOP/s | f32 GEMM {:.1f} TFLOP/s | D2D copy {:.0f} GB/s\n",
-        ops::device_gemm_peak_flops(d, DType::bf16) / 1e12,
-        ops::device_gemm_peak_flops(d, DType::f32) / 1e12, ops::device_copy_gbps(d));
+        profiler::device_gemm_peak_flops(d, DType::bf16) / 1e12,
+        profiler::device_gemm_peak_flops(d, DType::f32) / 1e12, profiler::device_copy_gbps(d));
     return 0;
   } catch (const Error& e) {
     fmt::print(stderr, "fsdp-bench-gpu: error: {}\n", e.what());

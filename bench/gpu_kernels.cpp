@@ -25,7 +25,7 @@
 #include "fsdp/core/error.h"
 #include "fsdp/core/tensor.h"
 #include "fsdp/ops/ops.h"
-#include "fsdp/ops/peak.h"
+#include "fsdp/profiler/ceilings.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 using namespace fsdp;
@@ -81,8 +81,8 @@ int main(int argc, char** argv) {
     FSDP_CHECK(cuda_available(), "[fsdp-bench-kernels] no CUDA device");
     FSDP_CHECK(D % H == 0, "[fsdp-bench-kernels] --dim {} is not divisible by --heads {}", D, H);
     const DType bf = DType::bf16;
-    const double gemm_peak = ops::device_gemm_peak_flops(kGpu, bf);
-    const double copy_bps = ops::device_copy_gbps(kGpu) * 1e9;
+    const double gemm_peak = profiler::device_gemm_peak_flops(kGpu, bf);
+    const double copy_bps = profiler::device_copy_gbps(kGpu) * 1e9;
     const int64_t N = B * T, hd = D / H;
     std::vector<Row> rows;
     auto shape = [](std::initializer_list<int64_t> s) {

@@ -83,7 +83,7 @@ FSDP_BACKEND_OPS(FSDP_DECLARE_BACKEND_OP)
 
 namespace cuda_impl {
 FSDP_BACKEND_OPS(FSDP_DECLARE_BACKEND_OP)
-// The device's ceilings, measured on it (ops/peak.h).
+// The device's ceilings, measured on it (profiler/ceilings.h).
 double gemm_peak_flops(Device device, DType dtype);
 double copy_gbps(Device device);
 std::string device_name(Device device);  // "NVIDIA H200"; "" where it cannot be read

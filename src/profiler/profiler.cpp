@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "fsdp/core/error.h"
-#include "fsdp/ops/peak.h"
+#include "fsdp/profiler/ceilings.h"
 #include "src/core/gpu.h"
 
 namespace fsdp::profiler {
@@ -63,7 +63,7 @@ Ceilings cpu_ceilings() {
   const int threads = omp_get_max_threads();
   auto it = cache.find(threads);
   if (it != cache.end()) return it->second;
-  Ceilings c{ops::sgemm_peak_flops(threads), copy_bytes_per_s()};
+  Ceilings c{sgemm_peak_flops(threads), copy_bytes_per_s()};
   cache[threads] = c;
   return c;
 }
@@ -74,7 +74,7 @@ Ceilings cuda_ceilings(int device, const std::string& dtype) {
   auto it = cache.find({device, gemm_t});
   if (it != cache.end()) return it->second;
   const Device d = Device::cuda(device);
-  Ceilings c{ops::device_gemm_peak_flops(d, gemm_t), ops::device_copy_gbps(d) * 1e9};
+  Ceilings c{device_gemm_peak_flops(d, gemm_t), device_copy_gbps(d) * 1e9};
   cache[{device, gemm_t}] = c;
   return c;
 }

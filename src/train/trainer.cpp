@@ -52,10 +52,10 @@
 #include "fsdp/nn/loss.h"
 #include "fsdp/nn/sample.h"
 #include "fsdp/ops/ops.h"
-#include "fsdp/ops/peak.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/clip.h"
 #include "fsdp/optim/lr_schedule.h"
+#include "fsdp/profiler/ceilings.h"
 #include "fsdp/profiler/metrics.h"
 #include "fsdp/profiler/profiler.h"
 #include "fsdp/train/memory_plan.h"
@@ -695,10 +695,11 @@ struct Trainer::Impl {
     const int local = std::max(1, dist::world_info().local_size);
     Tensor peak_t = Tensor::zeros({1}, DType::f32);
     if (device.is_cuda()) {
-      peak_t.fill_(ops::device_gemm_peak_flops(device, mp.param_dtype.value_or(DType::f32)) / 1e9);
+      peak_t.fill_(
+          profiler::device_gemm_peak_flops(device, mp.param_dtype.value_or(DType::f32)) / 1e9);
     } else if (main()) {
-      peak_t.fill_(ops::sgemm_peak_flops(int(std::max(1u, std::thread::hardware_concurrency()))) /
-                   1e9);
+      peak_t.fill_(
+          profiler::sgemm_peak_flops(int(std::max(1u, std::thread::hardware_concurrency()))) / 1e9);
     }
     omp_set_num_threads(threads);
     Tensor peak_d = peak_t.to(device);

@@ -2,7 +2,7 @@
 // FSDP_CACHE_DIR: the sgemm peak keyed by CPU model and thread count
 // (FSDP_GEMM_PEAK_GFLOPS overrides it), a CUDA device's keyed by the GPU's
 // name and the dtype.
-#include "fsdp/ops/peak.h"
+#include "fsdp/profiler/ceilings.h"
 
 #include <omp.h>
 #include <unistd.h>
@@ -22,7 +22,7 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "src/ops/backend.h"
 
-namespace fsdp::ops {
+namespace fsdp::profiler {
 
 namespace {
 
@@ -92,13 +92,13 @@ double device_gemm_peak_flops(Device device, DType dtype) {
   FSDP_CHECK(device.is_cuda(), "[peak] device_gemm_peak_flops needs a CUDA device, got {}",
              device.str());
   // Measured once per machine: every training process asks (1-2 s of tuned 8192^3 GEMMs).
-  const std::string name = cuda_impl::device_name(device);  // "": nothing is cached
+  const std::string name = ops::cuda_impl::device_name(device);  // "": nothing is cached
   const std::string key = fmt::format("{} {}", name, dtype_name(dtype));
   const auto path = cache_dir() / "device_gemm_peak.json";
   nlohmann::json cache = name.empty() ? nlohmann::json::object() : read_cache(path);
   if (cache.contains(key) && cache[key].is_number() && cache[key].get<double>() > 0)
     return cache[key].get<double>();
-  const double flops = cuda_impl::gemm_peak_flops(device, dtype);
+  const double flops = ops::cuda_impl::gemm_peak_flops(device, dtype);
   if (!name.empty() && flops > 0) {
     cache[key] = flops;
     write_cache(path, cache);
@@ -108,7 +108,7 @@ double device_gemm_peak_flops(Device device, DType dtype) {
 
 double device_copy_gbps(Device device) {
   FSDP_CHECK(device.is_cuda(), "[peak] device_copy_gbps needs a CUDA device, got {}", device.str());
-  return cuda_impl::copy_gbps(device);
+  return ops::cuda_impl::copy_gbps(device);
 }
 
-}  // namespace fsdp::ops
+}  // namespace fsdp::profiler

@@ -7,7 +7,7 @@
 #include "fsdp/core/device.h"
 #include "fsdp/core/dtype.h"
 
-namespace fsdp::ops {
+namespace fsdp::profiler {
 
 // Best sgemm FLOP/s on this CPU with `threads` OpenMP threads.
 double sgemm_peak_flops(int threads);
@@ -20,4 +20,4 @@ double sgemm_peak_flops(int threads);
 double device_gemm_peak_flops(Device device, DType dtype);
 double device_copy_gbps(Device device);
 
-}  // namespace fsdp::ops
+}  // namespace fsdp::profiler
