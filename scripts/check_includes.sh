@@ -18,11 +18,12 @@
 #                                             --record writes HEAD to scripts/check_includes.passed
 #                                             when it passes on a tree whose sources are committed
 #   scripts/check_includes.sh FILE...         these files
+#   scripts/check_includes.sh --list          prints the changed set, checks nothing
 # The changed set is honest: a file's verdict depends only on its own text and the project files it
 # reaches by #include (and on the compiler's headers and IWYU, which the sweep covers), so a file
 # outside the set reads the same as where the sweep passed. The base is $FSDP_IWYU_BASE, else the
-# commit in scripts/check_includes.passed; when neither is in the history (a shallow clone), or
-# this script changed since the base, every file is checked. Files run in parallel,
+# commit in scripts/check_includes.passed; when there is none, it is not in the history (a shallow
+# clone), or this script changed since it, every file is checked. Files run in parallel,
 # $FSDP_IWYU_JOBS at a time (default: nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,16 +33,20 @@ command -v include-what-you-use > /dev/null \
 sources=('include/*.h' 'src/*.h' 'src/*.cpp' 'kernels/*.h' 'kernels/*.cpp'
   'examples/*.cpp' 'examples/*.h' 'bench/*.cpp' 'tests/*.cpp' 'tests/*.h' 'fuzz/*.cpp' 'fuzz/*.h')
 passed_file=scripts/check_includes.passed
-mode=changed record=0
+mode=changed record=0 list=0
 case "${1:-}" in
+  --list) list=1 ;;
   --all) mode=all; [ "${2:-}" = --record ] && record=1 ;;
-  -*) echo "usage: scripts/check_includes.sh [--all [--record] | FILE...]" >&2; exit 2 ;;
+  -*) echo "usage: scripts/check_includes.sh [--all [--record] | --list | FILE...]" >&2; exit 2 ;;
   "") ;;
   *) mode=files ;;
 esac
 
-# The checkout's files matching the patterns: committed, staged and new ones (not ignored).
-tree_files() { git ls-files --cached --others --exclude-standard -- "$@" | sort -u; }
+# The checkout's files matching the patterns: committed, staged and new ones (not ignored), less
+# the deleted ones.
+tree_files() {
+  comm -23 <(git ls-files --cached --others --exclude-standard -- "$@" | sort -u) <(git ls-files --deleted -- "$@" | sort -u)
+}
 graph=('*.h' '*.hpp' '*.cuh' '*.inc' '*.cpp' '*.cu')
 
 # Prints the files of the sweep that include one of the files on stdin (project headers, .inc,
@@ -77,6 +82,8 @@ with_includers() {
       }'
 }
 
+say=1
+[ $list = 1 ] && say=2  # --list: the files alone on stdout
 case $mode in
   files) files=("$@") ;;
   all) mapfile -t files < <(tree_files "${sources[@]}") ;;
@@ -95,18 +102,17 @@ case $mode in
       fi
     fi
     if [ -n "$why" ]; then
-      echo "check_includes: every file: $why"
+      echo "check_includes: every file: $why" >&$say
       mapfile -t files < <(tree_files "${sources[@]}")
     else
       all=$(tree_files "${sources[@]}")
       mapfile -t files < <(with_includers <<< "$changed" | grep -Fxf <(echo "$all") | sort || true)
       echo "check_includes: ${#files[@]} of $(grep -c . <<< "$all") files changed since $(git rev-parse --short "$base")" \
         "(${FSDP_IWYU_BASE:+FSDP_IWYU_BASE=}${FSDP_IWYU_BASE:-$passed_file}) or include one that did" \
-        "(scripts/check_includes.sh --all checks every file)"
+        "(scripts/check_includes.sh --all checks every file)" >&$say
     fi
     ;;
 esac
-
 flags=(-std=c++20 -I include -I . -I /usr/include/x86_64-linux-gnu/openblas-openmp
   -I /usr/lib/x86_64-linux-gnu/openmpi/include -I /usr/local/cuda/include
   -DFSDP_WITH_CUDA=1 -DFSDP_WITH_NCCL=1 -DFSDP_WITH_MPI=1 -DFSDP_WITH_GLOO=1 -DFSDP_WITH_CUDNN=1
@@ -116,11 +122,18 @@ flags=(-std=c++20 -I include -I . -I /usr/include/x86_64-linux-gnu/openblas-open
   -Xiwyu --mapping_file=/usr/share/include-what-you-use/gcc.stl.headers.imp
   -Xiwyu --mapping_file=/usr/share/include-what-you-use/gcc.symbols.imp
   -Xiwyu --no_fwd_decls)
+unchecked=""
 fe=${FSDP_BUILD_DIR:-build}/_deps/cudnn-frontend/include  # scripts/install-deps.sh puts it there
 if [ -f "$fe/cudnn_frontend.h" ]; then
   flags+=(-isystem "$fe" -DCUDNN_FRONTEND_SKIP_JSON_LIB=1)
 else
+  n=${#files[@]}
   mapfile -t files < <(printf '%s\n' "${files[@]}" | grep -v 'attention_cudnn\.cpp$')
+  [ ${#files[@]} -eq "$n" ] || unchecked="attention_cudnn.cpp (no cudnn-frontend headers in $fe)"
+fi
+if [ $list = 1 ]; then
+  [ ${#files[@]} -eq 0 ] || printf '%s\n' "${files[@]}"
+  exit 0
 fi
 [ ${#files[@]} -gt 0 ] || { echo "check_includes: no file to check"; exit 0; }
 
@@ -177,7 +190,9 @@ if [ -n "$report" ]; then
 fi
 echo "check_includes: ${#files[@]} files include what they use"
 if [ $record = 1 ]; then
-  if git diff --quiet HEAD -- "${graph[@]}" scripts/check_includes.sh && [ -z "$(git ls-files --others --exclude-standard -- "${graph[@]}")" ]; then
+  if [ -n "$unchecked" ]; then
+    echo "check_includes: not recorded: $unchecked was not checked (scripts/install-deps.sh fetches them)"
+  elif git diff --quiet HEAD -- "${graph[@]}" scripts/check_includes.sh && [ -z "$(git ls-files --others --exclude-standard -- "${graph[@]}")" ]; then
     { echo "# The last commit at which scripts/check_includes.sh --all passed (written by --all --record);"
       echo "# include_test checks what changed since. Commit a newer one to move it forward."
       git rev-parse HEAD; } > "$passed_file"
