@@ -39,6 +39,7 @@
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/core/allocator.h"
 #include "fsdp/core/env.h"
+#include "fsdp/core/host_memory.h"
 #include "fsdp/core/host_sync.h"
 #include "fsdp/core/interrupt.h"
 #include "fsdp/data/loader.h"
@@ -76,57 +77,6 @@ int rank_threads(int requested, int local_size) {
   cpu_set_t mask;
   const int allowed = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : hw;
   return std::max(1, std::min(allowed, hw / std::max(1, local_size)));
-}
-
-// Bytes this process may still take, and where that figure comes from: the tightest memory
-// limit of its cgroup and the cgroup's ancestors (v2 memory.max, or v1 memory.limit_in_bytes,
-// less what the cgroup already uses), else /proc/meminfo's MemAvailable.
-std::pair<int64_t, std::string> host_memory_available() {
-  auto read_num = [](const std::string& path) -> std::optional<int64_t> {
-    std::ifstream f(path);
-    std::string v;
-    if (!(f >> v) || v == "max") return std::nullopt;
-    int64_t n = 0;
-    const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-    if (ec != std::errc() || n >= (int64_t(1) << 60)) return std::nullopt;  // unlimited
-    return n;
-  };
-  int64_t best = -1;
-  std::string from;
-  std::ifstream meminfo("/proc/meminfo");
-  for (std::string key; meminfo >> key;) {
-    int64_t kb = 0;
-    meminfo >> kb;
-    if (key == "MemAvailable:") {
-      best = kb * 1024;
-      from = "MemAvailable";
-      break;
-    }
-    meminfo.ignore(1 << 20, '\n');
-  }
-  std::ifstream cg("/proc/self/cgroup");
-  for (std::string line; std::getline(cg, line);) {
-    const auto c1 = line.find(':'), c2 = line.find(':', c1 + 1);
-    if (c1 == std::string::npos || c2 == std::string::npos) continue;
-    const std::string ctl = line.substr(c1 + 1, c2 - c1 - 1);
-    std::string root, max_file, cur_file;
-    if (ctl.empty() && std::filesystem::exists("/sys/fs/cgroup/cgroup.controllers"))
-      root = "/sys/fs/cgroup", max_file = "memory.max", cur_file = "memory.current";
-    else if (ctl == "memory")
-      root = "/sys/fs/cgroup/memory", max_file = "memory.limit_in_bytes",
-      cur_file = "memory.usage_in_bytes";
-    else
-      continue;
-    for (std::filesystem::path dir = line.substr(c2 + 1);; dir = dir.parent_path()) {
-      const std::string at = root + dir.string();
-      if (const auto max = read_num(at + "/" + max_file)) {
-        const int64_t left = *max - read_num(at + "/" + cur_file).value_or(0);
-        if (best < 0 || left < best) best = std::max<int64_t>(0, left), from = at + "/" + max_file;
-      }
-      if (dir == dir.parent_path() || dir.empty()) break;
-    }
-  }
-  return {best, from};
 }
 
 // --profile-steps A:B: profiles steps [A, B) and writes each rank's trace and table.
@@ -235,15 +185,6 @@ nn::MiniLLMConfig config_from_model(const TrainOptions& o, const checkpoint::Pre
   c.batch = o.batch.value_or(preset.batch);
   c.validate();
   return c;
-}
-
-// Peak resident memory of this process (VmHWM), bytes; 0 where /proc has none.
-int64_t peak_rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  return 0;
 }
 
 // A plain text file (not llm.c shards): encoded with a real tokenizer, not read as bytes.
@@ -954,7 +895,7 @@ struct Trainer::Impl {
   void print_summary() {
     const double n = double(std::max<int64_t>(1, steps_timed));
     Tensor peak_mem = Tensor::full({2}, double(memory_stats(device).peak), DType::f64);
-    peak_mem.data<double>()[1] = double(peak_rss_bytes());
+    peak_mem.data<double>()[1] = double(peak_resident_bytes());
     peak_mem = peak_mem.to(device);
     Tensor peaks = Tensor::empty({2 * size}, DType::f64, device);
     pg->all_gather_into_tensor(peaks, peak_mem)->wait();

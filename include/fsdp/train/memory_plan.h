@@ -63,7 +63,4 @@ struct MemoryPlan {
 // The plan for one rank. Throws, naming the value, on an option out of range.
 MemoryPlan plan_memory(const MemoryPlanOptions& options);
 
-// This process's resident bytes now (VmRSS); 0 where /proc has none.
-int64_t resident_bytes();
-
 }  // namespace fsdp::train

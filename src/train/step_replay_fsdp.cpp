@@ -1,0 +1,173 @@
+// The memory plan's step replay (src/train/step_replay.h), fully_shard's half: the groups' shard
+// layout, the persistent buffers, the token batches, and the all-gather and reduce-scatter
+// buffers each hook makes and frees (src/fsdp/fsdp_param_group.cpp, fsdp_state.cpp).
+#include <fmt/core.h>
+
+#include "fsdp/dist/placement.h"
+#include "fsdp/nn/module.h"
+#include "src/train/step_replay.h"
+
+namespace fsdp::train::replay {
+
+StepReplay::StepReplay(const MemoryPlanOptions& o)
+    : o_(o),
+      c_(o.model),
+      cpu_(o.device.is_cpu()),
+      r_(cpu_, o.cpu_cache_bytes),
+      R_(c_.batch * c_.seq),
+      d_(c_.dim),
+      F_(c_.resolved_ffn_hidden()),
+      hd_(c_.resolved_head_dim()),
+      nh_(c_.heads),
+      kv_(c_.resolved_kv_heads()),
+      V_(c_.vocab),
+      L_(c_.layers) {
+  q_ = nh_ * hd_;
+  w_ = (nh_ + 2 * kv_) * hd_;
+  const DType pd = o.fully_shard ? o.param_dtype.value_or(o.dtype) : o.dtype;
+  const DType rd = o.fully_shard ? o.reduce_dtype.value_or(pd) : o.dtype;
+  master_ = int64_t(dtype_size(o.dtype));
+  act_ = int64_t(dtype_size(pd));
+  red_ = int64_t(dtype_size(rd));
+  // CPU ops compute in f32 (f64 for f64) and narrow back (src/ops/cpu_ops.cpp); CUDA's compute
+  // in the storage dtype with f32 statistics.
+  comp_ = cpu_ ? (pd == DType::f64 ? 8 : 4) : act_;
+  stat_ = cpu_ ? comp_ : 4;
+  narrow_ = comp_ != act_;
+  gathered_ =
+      o.fully_shard && !(o.shards == 1 && o.replicas == 1 && pd == o.dtype && rd == o.dtype);
+  grad_ = gathered_ ? red_ : master_;
+  layout();
+}
+
+// FSDPParam::place: a group's shards are the padded row chunks of its parameters (aligned at
+// one rank, where the shard is the parameter); its unsharded buffer aligns every parameter.
+void StepReplay::layout() {
+  nn::MiniLLM model(c_);  // shapes only: no tensor
+  const int64_t n = o_.shards, align = nn::kFlatAlignElems;
+  auto up = [&](int64_t x) { return (x + align - 1) / align * align; };
+  auto place = [&](Group& g, const nn::Parameter& p) {
+    const int64_t rows = p.shape[0], row = rows ? shape_numel(p.shape) / rows : 0;
+    if (n == 1) g.G = up(g.G);
+    g.G += dist::chunk_size(rows, n) * row;
+    g.U = up(g.U) + rows * row;
+    flat_ = up(flat_) + rows * row;  // nn::materialize's flat buffer, for --shard none
+  };
+  for (int64_t i = 0; i < L_; ++i) {
+    Group g{.label = fmt::format("layers.{}", i)};
+    for (auto& [name, p] : model.layers()[size_t(i)].named_parameters()) place(g, *p);
+    groups_.push_back(g);
+  }
+  Group root{.label = "root"};
+  for (auto& [name, p] : model.named_parameters())
+    if (name.rfind("layers.", 0) != 0) place(root, *p);
+  groups_.push_back(root);
+}
+
+H StepReplay::alloc_batch() {
+  // inputs and targets, i32 [B, T] each, in one handle's worth of bytes per tensor
+  const H in = r_.alloc(R_ * 4, kData), tg = r_.alloc(R_ * 4, kData);
+  batches_[in] = tg;
+  return in;
+}
+
+void StepReplay::free_batch(H in) {
+  r_.free(batches_[in]);
+  r_.free(in);
+}
+
+void StepReplay::issue(Group& g) {  // FSDPParamGroup::unshard_issue
+  if (!gathered_ || g.state != Group::sharded) return;
+  if (act_ != master_) g.ag_in = r_.alloc(g.G * act_, kParams);  // the copy-in
+  g.ag_out = r_.alloc(o_.shards * g.G * act_, kParams);
+  g.state = Group::issued;
+}
+
+void StepReplay::wait(Group& g) {  // unshard_wait: copy-out into the unsharded buffer
+  if (!gathered_ || g.state == Group::unsharded) return;
+  issue(g);
+  g.params = r_.alloc(g.U * act_, kParams);
+  r_.free(std::exchange(g.ag_out, -1));
+  r_.free(std::exchange(g.ag_in, -1));
+  g.state = Group::unsharded;
+}
+
+void StepReplay::reshard(Group& g) {
+  if (!gathered_ || g.state != Group::unsharded) return;
+  r_.free(std::exchange(g.params, -1));
+  g.state = Group::sharded;
+}
+
+void StepReplay::prepare_grads(Group& g) {
+  if (gathered_ && !g.grads_kept) g.grads = r_.alloc(g.U * red_, kGrads);
+}
+
+// reduce_grads: chunk-cat into the reduce-scatter's input, its output, and at most one
+// reduce-scatter left in flight while the next block computes (FSDPCommContext).
+void StepReplay::reduce_grads(Group& g) {
+  if (!gathered_) return;
+  if (!sync_) {
+    g.grads_kept = true;
+    return;
+  }
+  g.grads_kept = false;
+  const H in = r_.alloc(o_.shards * g.G * red_, kGrads);
+  r_.free(std::exchange(g.grads, -1));
+  const H out = r_.alloc(g.G * red_, kGrads);
+  rs_.push_back({in, out, g.G});
+  while (rs_.size() > 1) complete_oldest();
+}
+
+void StepReplay::complete_oldest() {
+  const Pending p = rs_.front();
+  rs_.erase(rs_.begin());
+  if (o_.replicas > 1) {  // all-reduced over the replicas, added at the end of the backward
+    replica_.push_back(p);
+    r_.free(p.in);
+    return;
+  }
+  add_into_sharded(p);
+}
+
+void StepReplay::add_into_sharded(const Pending& p) {
+  {
+    Op op(*this);
+    if (cpu_ && red_ != comp_) op.tmp.push_back(r_.alloc(p.G * comp_, kWork));
+  }
+  r_.free(p.out);
+  r_.free(p.in);
+}
+
+void StepReplay::finish_backward() {
+  while (!rs_.empty()) complete_oldest();
+  for (const Pending& p : replica_) add_into_sharded({-1, p.out, p.G});
+  replica_.clear();
+}
+
+// FSDPState's hooks around a block (or the root).
+void StepReplay::pre_forward(int64_t i) {
+  Group& g = groups_[size_t(i)];
+  issue(g);
+  if (i + 1 < L_) issue(groups_[size_t(i + 1)]);  // the next block: prefetch
+  wait(g);
+}
+
+void StepReplay::post_forward(int64_t i) {
+  if (o_.reshard_after_forward) reshard(groups_[size_t(i)]);
+}
+
+void StepReplay::pre_backward(int64_t i) {
+  Group& g = groups_[size_t(i)];
+  issue(g);
+  if (i > 0) issue(groups_[size_t(i - 1)]);  // the block before it: prefetch
+  wait(g);
+  prepare_grads(g);
+}
+
+void StepReplay::post_backward(int64_t i) {
+  Group& g = groups_[size_t(i)];
+  reduce_grads(g);
+  reshard(g);
+}
+
+}  // namespace fsdp::train::replay

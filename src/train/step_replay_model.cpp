@@ -1,0 +1,269 @@
+// The memory plan's step replay (src/train/step_replay.h), the model's half: the ops' outputs,
+// widened copies and kernel scratch (src/ops/cpu_ops.cpp, kernels/cpu), what each block saves for
+// its backward and when it frees it (nn/layers.cpp), activation recompute, the loss, and one
+// microbatch's forward and backward with the root's hooks around them (nn/minillm.cpp).
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <initializer_list>
+#include <tuple>
+
+#include "src/train/step_replay.h"
+
+namespace fsdp::train::replay {
+
+H StepReplay::linear(int64_t in, int64_t out, Term t) {
+  Op op(*this);
+  op.in(R_ * in);
+  op.in(out * in);
+  return op.out(R_ * out, t);
+}
+
+// linear_backward: dx, and dW added into the gradient buffer.
+H StepReplay::linear_backward(int64_t in, int64_t out, Term t) {
+  Op op(*this);
+  op.in(R_ * out);
+  op.in(R_ * in);
+  op.in(out * in);
+  op.grad(out * in);
+  return op.out(R_ * in, t);
+}
+
+std::pair<H, H> StepReplay::rmsnorm() {
+  Op op(*this);
+  op.in(R_ * d_);
+  const H y = op.out(R_ * d_, kActivations);
+  return {y, op.stat(R_, kActivations)};
+}
+
+H StepReplay::rmsnorm_backward() {
+  Op op(*this);
+  op.in(R_ * d_);
+  op.in(R_ * d_);
+  op.in(R_);
+  op.grad(d_);
+  return op.out(R_ * d_, kWork);
+}
+
+// add, silu, swiglu and their backwards
+H StepReplay::elementwise(int64_t inputs, int64_t elems, Term t) {
+  Op op(*this);
+  for (int64_t i = 0; i < inputs; ++i) op.in(elems);
+  return op.out(elems, t);
+}
+
+void StepReplay::add_inplace(int64_t elems) {  // add_: an Accum of a and a widened b
+  Op op(*this);
+  op.in(elems);
+  op.in(elems);
+}
+
+void StepReplay::rope(int64_t width) {  // in place; the kernel's cos and sin tables
+  if (c_.arch != nn::Arch::llama) return;
+  Op op(*this);
+  op.in(R_ * width);
+  r_.scratch(2 * c_.seq * (hd_ / 2) * comp_);
+}
+
+// kernels/cpu/attention.cpp: kRows x T scores per thread (and as much again and a row in the
+// backward), outside the allocator.
+int64_t StepReplay::attention_scratch(bool backward) const {
+  if (!cpu_) return 0;
+  const int64_t rows = std::min<int64_t>(128, c_.seq);
+  return int64_t(std::max(1, o_.threads)) * (backward ? 2 * rows * c_.seq + rows : rows * c_.seq) *
+         comp_;
+}
+
+// TransformerBlock::forward_impl: returns the block's output; `s` gets what it saves.
+H StepReplay::block_forward(H x, Saved& s, const std::string& where) {
+  s.x = x;
+  r_.at(where + ".attn");
+  std::tie(s.y1, s.rstd1) = rmsnorm();
+  s.qkv = linear(d_, w_);
+  rope(w_);
+  {
+    Op op(*this);
+    op.in(R_ * w_);
+    s.attn = op.out(R_ * q_, kActivations);
+    s.lse = op.stat(c_.batch * nh_ * c_.seq, kActivations);
+    r_.scratch(attention_scratch(false));
+  }
+  const H o = linear(q_, d_, kWork);
+  s.h = elementwise(2, R_ * d_, kActivations);
+  r_.free(o);
+  r_.at(where + ".ffn");
+  std::tie(s.y2, s.rstd2) = rmsnorm();
+  if (c_.arch == nn::Arch::llama) {
+    s.f1 = linear(d_, F_);
+    s.f2 = linear(d_, F_);
+    s.f3 = elementwise(2, R_ * F_, kActivations);
+  } else {
+    s.f1 = linear(d_, F_);
+    s.f2 = elementwise(1, R_ * F_, kActivations);
+  }
+  const H f = linear(F_, d_, kWork);
+  const H out = elementwise(2, R_ * d_, kActivations);
+  r_.free(f);
+  return out;
+}
+
+// Module::release_saved over the block, all but its input.
+void StepReplay::release(Saved& s) {
+  for (H* h : {&s.y1, &s.rstd1, &s.qkv, &s.attn, &s.lse, &s.h, &s.rstd2, &s.y2, &s.f1, &s.f2,
+               &s.f3})
+    r_.free(std::exchange(*h, -1));
+}
+
+// TransformerBlock::backward_impl(dy): returns dx; frees what the block saved, its input too.
+H StepReplay::block_backward(Saved& s, const std::string& where) {
+  r_.at(where + ".ffn");
+  H dxf;
+  if (c_.arch == nn::Arch::llama) {
+    const H dh = linear_backward(F_, d_);
+    r_.free(std::exchange(s.f3, -1));
+    H dg, du;
+    {
+      Op op(*this);
+      for (int k = 0; k < 3; ++k) op.in(R_ * F_);
+      dg = op.out(R_ * F_, kWork);
+      du = op.out(R_ * F_, kWork);
+    }
+    r_.free(std::exchange(s.f1, -1));
+    r_.free(std::exchange(s.f2, -1));
+    dxf = linear_backward(d_, F_);
+    const H t = linear_backward(d_, F_);
+    r_.free(std::exchange(s.y2, -1));
+    add_inplace(R_ * d_);
+    r_.free(t);
+    r_.free(du);
+    r_.free(dg);
+    r_.free(dh);
+  } else {
+    const H dh = linear_backward(F_, d_);
+    r_.free(std::exchange(s.f2, -1));
+    const H ds = elementwise(2, R_ * F_, kWork);
+    dxf = linear_backward(d_, F_);
+    r_.free(std::exchange(s.y2, -1));
+    r_.free(ds);
+    r_.free(std::exchange(s.f1, -1));
+    r_.free(dh);
+  }
+  const H dh2 = rmsnorm_backward();
+  r_.free(std::exchange(s.h, -1));
+  r_.free(std::exchange(s.rstd2, -1));
+  r_.free(dxf);
+  add_inplace(R_ * d_);
+  r_.at(where + ".attn");
+  const H dattn = linear_backward(q_, d_);
+  H dqkv;
+  {
+    Op op(*this);
+    op.in(R_ * q_);
+    op.in(R_ * w_);
+    op.in(R_ * q_);
+    op.in(c_.batch * nh_ * c_.seq);
+    dqkv = op.out(R_ * w_, kWork);
+    r_.scratch(attention_scratch(true));
+  }
+  rope(w_);
+  const H dxa = linear_backward(d_, w_);
+  for (H* h : {&s.y1, &s.qkv, &s.attn, &s.lse}) r_.free(std::exchange(*h, -1));
+  r_.free(dqkv);
+  r_.free(dattn);
+  const H dx = rmsnorm_backward();
+  r_.free(std::exchange(s.x, -1));
+  r_.free(std::exchange(s.rstd1, -1));
+  r_.free(dxa);
+  add_inplace(R_ * d_);
+  r_.free(dh2);
+  return dx;
+}
+
+bool StepReplay::checkpointed(int64_t i) const {
+  return o_.checkpoint_every > 0 && i % o_.checkpoint_every == 0;
+}
+
+// One microbatch: MiniLLM's forward, LMLoss, MiniLLM's backward (nn/minillm.cpp, nn/loss.cpp),
+// with the root's hooks around them.
+void StepReplay::microbatch() {
+  Group& rg = root();
+  // Root pre-forward: its all-gather, the first block's prefetched, then its wait.
+  r_.at("forward of the embedding");
+  issue(rg);
+  issue(groups_[0]);
+  wait(rg);
+  H x;
+  {
+    Op op(*this);
+    op.in(V_ * d_);
+    x = op.out(R_ * d_, kActivations);
+  }
+  std::vector<Saved> saved(static_cast<size_t>(L_));
+  for (int64_t i = 0; i < L_; ++i) {
+    const std::string where = fmt::format("forward of layers.{}", i);
+    r_.at(where);
+    pre_forward(i);
+    x = block_forward(x, saved[size_t(i)], where);
+    if (checkpointed(i)) release(saved[size_t(i)]);
+    post_forward(i);
+  }
+  r_.at("forward of the head");
+  H xn = x, rstd_n = -1;  // the head's input
+  if (c_.arch == nn::Arch::llama) std::tie(xn, rstd_n) = rmsnorm();
+  const H logits = linear(d_, V_, kLogits);
+  // LMLoss: the cross-entropy's lse; its backward overwrites the logits with dlogits (widened
+  // copies where the logits are narrower than the compute dtype).
+  r_.at("loss");
+  H lse;
+  {
+    Op op(*this);
+    op.in(R_ * V_);
+    lse = op.stat(R_, kLogits);
+  }
+  {
+    Op op(*this);
+    op.in(R_ * V_);
+  }
+  r_.free(lse);
+  // Root pre-backward: nothing to gather (the root stays unsharded), the last block prefetched,
+  // the root's gradient buffer.
+  r_.at("backward of the head");
+  issue(groups_[size_t(L_ - 1)]);
+  prepare_grads(rg);
+  H top = linear_backward(d_, V_);  // head (or tied: the embedding's weight)
+  r_.free(xn);
+  if (c_.arch == nn::Arch::llama) {
+    const H dn = rmsnorm_backward();
+    r_.free(x);
+    r_.free(rstd_n);
+    r_.free(top);
+    top = dn;
+  }
+  H g = top;
+  for (int64_t i = L_ - 1; i >= 0; --i) {
+    const std::string where = fmt::format("backward of layers.{}", i);
+    r_.at(where);
+    pre_backward(i);
+    Saved& s = saved[size_t(i)];
+    if (checkpointed(i)) r_.free(block_forward(s.x, s, where + " (recompute)"));
+    const H dx = block_backward(s, where);
+    post_backward(i);
+    if (g != top) r_.free(g);
+    g = dx;
+  }
+  r_.at("backward of the embedding");
+  {
+    Op op(*this);
+    op.in(R_ * d_);
+    op.grad(V_ * d_);
+  }
+  r_.free(g);
+  r_.free(top);
+  r_.at("end of the backward");
+  reduce_grads(rg);
+  reshard(rg);
+  finish_backward();
+  r_.free(logits);
+}
+
+}  // namespace fsdp::train::replay
