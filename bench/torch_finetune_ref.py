@@ -20,7 +20,7 @@ trainer.h): AdamW lr 3e-4, betas (0.9, 0.999), eps 1e-8, weight decay 0.01 on ev
 (--wd-2d-only: matrices only), no clipping (--grad-clip N), no warmup (--warmup-steps N:
 lr (s + 1) / (N + 1) during it), --lr-decay none|cosine|linear to --min-lr at --decay-steps
 (default --steps), as optim::LRSchedule. The batches are fsdp-train's (src/data/
-text_dataset.cpp, unshuffled): with G = world x --batch rows of T = --seq tokens, row g of step
+token_sources.cpp, unshuffled): with G = world x --batch rows of T = --seq tokens, row g of step
 s is the T + 1 tokens from token (s G + g) T of the shard, wrapping, and rank r takes rows
 [r --batch, (r + 1) --batch). The loss is the mean token cross-entropy of the rank's rows,
 averaged over ranks (what fsdp-train's step line prints); FSDP2 averages the gradients.

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "fsdp/data/text_dataset.h"
+#include "fsdp/data/token_sources.h"
 #include "fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -18,7 +18,7 @@
 
 #include "fsdp/core/error.h"
 #include "fsdp/data/loader.h"
-#include "fsdp/data/text_dataset.h"
+#include "fsdp/data/token_sources.h"
 
 namespace fsdp::data {
 namespace {

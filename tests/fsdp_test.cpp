@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "fsdp/core/allocator.h"
-#include "fsdp/data/text_dataset.h"
+#include "fsdp/data/token_sources.h"
 #include "fsdp/dist/init.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/fsdp/replicate.h"

@@ -10,7 +10,7 @@
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/data/loader.h"
-#include "fsdp/data/text_dataset.h"
+#include "fsdp/data/token_sources.h"
 #include "fsdp/dist/device_mesh.h"
 #include "fsdp/dist/init.h"
 #include "fsdp/fsdp/fully_shard.h"

@@ -43,7 +43,7 @@
 #include "fsdp/core/host_sync.h"
 #include "fsdp/core/interrupt.h"
 #include "fsdp/data/loader.h"
-#include "fsdp/data/text_dataset.h"
+#include "fsdp/data/token_sources.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/dist/device_mesh.h"
 #include "fsdp/dist/init.h"

@@ -23,7 +23,7 @@
 
 #include "fsdp/core/device.h"
 #include "fsdp/core/upload.h"
-#include "fsdp/data/text_dataset.h"
+#include "fsdp/data/token_sources.h"
 
 namespace fsdp::data {
 

@@ -1,0 +1,117 @@
+// The files a data spec names (src/data/data_files.h), and data_identity
+// (fsdp/data/token_sources.h): what the data is by content, sampled, never read whole.
+#include "src/data/data_files.h"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+
+#include "fsdp/core/error.h"
+#include "fsdp/data/token_sources.h"
+
+namespace fsdp::data {
+
+void check_regular_file(const std::string& path) {
+  struct stat st {};
+  FSDP_CHECK(::stat(path.c_str(), &st) == 0, "[data] cannot open data file '{}': {}", path,
+             std::strerror(errno));
+  const char* kind = S_ISFIFO(st.st_mode)   ? "a FIFO (named pipe)"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                     : S_ISDIR(st.st_mode)  ? "a directory"
+                                            : "not a regular file";
+  FSDP_CHECK(S_ISREG(st.st_mode),
+             "[data] data file '{}' is {}; expected a regular file (or a directory of .bin shards)",
+             path, kind);
+}
+
+bool has_shard_magic(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  int32_t magic = 0;
+  f.read(reinterpret_cast<char*>(&magic), 4);
+  return f.good() && (magic == kShardMagic || magic == kShardMagic32);
+}
+
+bool names_shards(const std::string& spec) {
+  std::error_code ec;
+  return std::filesystem::is_directory(spec, ec) || spec.find_first_of("*?[") != std::string::npos ||
+         (std::filesystem::is_regular_file(spec, ec) &&
+          (has_shard_magic(spec) || std::filesystem::path(spec).extension() == ".bin"));
+}
+
+std::vector<std::string> shard_files(const std::string& spec) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  if (std::filesystem::is_directory(spec, ec)) {
+    for (auto& e : std::filesystem::directory_iterator(spec))
+      if (e.path().extension() == ".bin") files.push_back(e.path().string());
+    FSDP_CHECK(!files.empty(), "[data] directory '{}' holds no .bin shards", spec);
+  } else if (spec.find_first_of("*?[") != std::string::npos) {
+    glob_t g{};
+    if (::glob(spec.c_str(), 0, nullptr, &g) == 0)
+      for (size_t i = 0; i < g.gl_pathc; ++i) files.push_back(g.gl_pathv[i]);
+    ::globfree(&g);
+    FSDP_CHECK(!files.empty(), "[data] no file matches '{}'", spec);
+  } else {
+    FSDP_CHECK(std::filesystem::exists(spec, ec), "[data] data file '{}' does not exist", spec);
+    files.push_back(spec);
+  }
+  for (const std::string& f : files) check_regular_file(f);
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::string DataIdentity::str() const {
+  return fmt::format("{} bytes in {} file(s), sample hash {:016x}", bytes, files, hash);
+}
+
+DataIdentity data_identity(const std::string& spec) {
+  const bool shards = names_shards(spec);
+  std::vector<std::string> files = {spec};
+  if (shards) files = shard_files(spec);
+  else check_regular_file(spec);
+  constexpr int64_t kSample = 4096, kSamples = 16;
+  DataIdentity id;
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, 64-bit
+  auto mix = [&h](const unsigned char* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  };
+  std::vector<unsigned char> buf(static_cast<size_t>(kSample));
+  for (const std::string& path : files) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    FSDP_CHECK(fd >= 0, "[data] cannot read data file '{}': {}", path, std::strerror(errno));
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
+    struct stat st {};
+    FSDP_CHECK(::fstat(fd, &st) == 0, "[data] cannot stat data file '{}': {}", path,
+               std::strerror(errno));
+    const int64_t size = int64_t(st.st_size);
+    mix(reinterpret_cast<const unsigned char*>(&size), sizeof(size));
+    // The head (a shard's header), then samples at k/16 of the rest and its last bytes.
+    for (int64_t k = 0; k <= kSamples; ++k) {
+      const int64_t at = k == 0 ? 0 : std::max<int64_t>(0, (size - kSample) * k / kSamples);
+      const ssize_t got = ::pread(fd, buf.data(), size_t(kSample), off_t(at));
+      FSDP_CHECK(got >= 0, "[data] reading data file '{}' failed: {}", path, std::strerror(errno));
+      mix(buf.data(), size_t(got));
+    }
+    ++id.files;
+    id.bytes += size;
+  }
+  id.hash = h;
+  return id;
+}
+
+}  // namespace fsdp::data
