@@ -39,7 +39,7 @@
 # (tests) puts DIR/bin first on PATH (cmake, python3, nvidia-smi,
 # compute-sanitizer) and uses DIR/build as the build; FSDP_GPU_CHECK_EST_PCT
 # (tests, 100) scales the stages' time estimates.
-# Packages missing there come from .debs/ (scripts/gpu-debs.sh stages the
+# Packages missing there come from .debs/ (scripts/gpu_debs.sh stages the
 # Debian -dev packages and the cudnn-frontend headers; carry .debs).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR}

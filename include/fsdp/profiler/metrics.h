@@ -1,7 +1,7 @@
 // A training step's numbers as a trainer reports them, agreed across ranks:
 // the mean loss over ranks, the largest rank's peak memory, tokens/s and MFU
 // against a FLOP/s ceiling, formatted as fsdp-train's step line and as one
-// JSONL object (scripts/plot_loss reads it).
+// JSONL object (scripts/plot_loss.py reads it).
 #pragma once
 
 #include <cstdint>

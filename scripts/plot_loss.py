@@ -3,7 +3,7 @@
 --log-file JSON lines into a PNG, with matplotlib (Debian: python3-matplotlib)
 or, failing that, gnuplot (Debian: gnuplot-nox).
 
-    scripts/plot_loss run.jsonl [more.jsonl ...] --out loss.png
+    scripts/plot_loss.py run.jsonl [more.jsonl ...] --out loss.png
 """
 import argparse
 import json

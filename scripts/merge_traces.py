@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Merges the per-rank Chrome traces of fsdp-train --profile-dir into one
 timeline (each rank is already its own process id).
-    scripts/merge_traces profile/trace_rank*.json --out profile/trace.json
+    scripts/merge_traces.py profile/trace_rank*.json --out profile/trace.json
 """
 import argparse
 import json
