@@ -5,19 +5,25 @@
 #include "fsdp/profiler/profiler.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <utility>
 
 #include "fsdp/core/allocator.h"
 #include "fsdp/dist/init.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/ops/ops.h"
+#include "fsdp/profiler/ceilings.h"
 #include "fsdp/profiler/metrics.h"
 #include "test_util.h"
 
@@ -98,10 +104,12 @@ TEST(Profiler, RooflineVerdicts) {
     if (r.name == "rmsnorm") {
       // Whether it reaches 75% of the memcpy ceiling (the "memory-bound" line) depends on the
       // machine and its load (60-73% on a loaded 2-core box); that it is far from the compute
-      // ceiling and leans on memory does not.
+      // ceiling and leans on memory does not. (How far it leans is the ratio of the two
+      // ceilings, a property of the machine and its load: 3.6x with GEMMs at 12 GFLOP/s on a
+      // busy 2-core box, so no factor is asserted.)
       EXPECT_NE(r.verdict, "compute-bound");
       EXPECT_LT(r.pct_compute, 25);
-      EXPECT_GT(r.pct_bandwidth, 5 * r.pct_compute)
+      EXPECT_GT(r.pct_bandwidth, r.pct_compute)
           << r.pct_compute << "% compute, " << r.pct_bandwidth << "% bandwidth";
     }
   }
@@ -129,6 +137,104 @@ TEST(Profiler, StepMetricsOverAWorldOfOne) {
   EXPECT_EQ(j["val_loss"], 2.0);
   EXPECT_EQ(j["tok_s"], 2000.0);
   dist::destroy_process_group();
+}
+
+// The GEMM peak's cache (profiler/ceilings.h) in a folder of its own, with one OpenMP thread
+// (a key no other test of this binary uses, so the process's own ceilings start from the file).
+class PeakCache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/peak_cache_" + std::to_string(::getpid());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    saved_dir_ = std::getenv("FSDP_CACHE_DIR") ? std::getenv("FSDP_CACHE_DIR") : "";
+    ::setenv("FSDP_CACHE_DIR", dir_.c_str(), 1);
+    saved_threads_ = omp_get_max_threads();
+    omp_set_num_threads(1);
+  }
+  void TearDown() override {
+    omp_set_num_threads(saved_threads_);
+    if (saved_dir_.empty())
+      ::unsetenv("FSDP_CACHE_DIR");
+    else
+      ::setenv("FSDP_CACHE_DIR", saved_dir_.c_str(), 1);
+    std::filesystem::remove_all(dir_);
+  }
+  // The cache's key for this CPU at one thread, as ceilings.cpp spells it.
+  static std::string key() {
+    std::ifstream f("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2) + " x1";
+    return "unknown x1";
+  }
+  void write(const std::string& text) const { std::ofstream(sgemm_peak_cache_path()) << text; }
+  nlohmann::json read() const {
+    return nlohmann::json::parse(std::ifstream(sgemm_peak_cache_path()));
+  }
+  std::string dir_, saved_dir_;
+  int saved_threads_ = 1;
+};
+
+TEST_F(PeakCache, ALowCachedPeakIsRaisedByAnObservedRateAndNoRowReadsAbove100) {
+  ASSERT_EQ(sgemm_peak_cache_path(), dir_ + "/sgemm_peak.json");
+  // 1 MFLOP/s: any GEMM runs faster, on any machine and load (a peak cached while busy).
+  write(nlohmann::json{{key(), 1e6}, {"another cpu x64", 5e9}}.dump());
+  Tensor a = test::random_tensor({128, 128}, 6, DType::f32);
+  Tensor big = test::random_tensor({512, 128}, 7, DType::f32),
+         g = Tensor::full({128}, 1.0, DType::f32);
+  Profiler prof;
+  prof.start();
+  for (int i = 0; i < 3; ++i) ops::matmul(a, a);
+  ops::rmsnorm_forward(big, g, 1e-6);
+  prof.stop();
+  const KeyAverages avg = prof.key_averages();
+  double fastest = 0;
+  for (const auto& r : avg.rows) {
+    EXPECT_LE(r.pct_compute, 100.0) << r.name;
+    if (!r.verdict.empty()) fastest = std::max(fastest, r.flops_per_s);
+  }
+  ASSERT_GT(fastest, 1e6);
+  ASSERT_EQ(avg.peak_notes.size(), 1u);
+  EXPECT_NE(avg.peak_notes[0].find("above the GEMM peak of 0.0 GFLOP/s"), std::string::npos)
+      << avg.peak_notes[0];
+  const std::string table = avg.table();
+  EXPECT_NE(table.find("peak | cpu f32: "), std::string::npos) << table;
+  EXPECT_NE(table.find(sgemm_peak_cache_path()), std::string::npos) << table;
+  // The cache is rewritten with the observed rate; the other entries stay.
+  const nlohmann::json cache = read();
+  EXPECT_DOUBLE_EQ(cache[key()].get<double>(), fastest);
+  EXPECT_EQ(cache["another cpu x64"].get<double>(), 5e9);
+  // The process's ceilings hold the raised peak; a lower rate never lowers it.
+  EXPECT_DOUBLE_EQ(cpu_ceilings().flops, fastest);
+  EXPECT_DOUBLE_EQ(raise_sgemm_peak(1, fastest / 2), fastest);
+  EXPECT_DOUBLE_EQ(read()[key()].get<double>(), fastest);
+  EXPECT_DOUBLE_EQ(raise_sgemm_peak(1, fastest * 2), fastest * 2);
+  EXPECT_DOUBLE_EQ(read()[key()].get<double>(), fastest * 2);
+}
+
+TEST_F(PeakCache, GarbageIsNamedAndNotUsed) {
+  // A bad entry: named on stderr, dropped, not taken as a peak (an observed rate is no peak
+  // either: the entry is left to a measurement).
+  write(nlohmann::json{{key(), "fast"}, {"another cpu x64", -3}}.dump());
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(raise_sgemm_peak(1, 7e9), 7e9);
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("holds \"fast\" for '" + key() + "', not a positive number"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("holds -3 for 'another cpu x64'"), std::string::npos) << err;
+  // A file that is not JSON: named and ignored (sgemm_peak_flops then measures again; a raise
+  // reads the file the same way, without the measurement's seconds).
+  write("\x7f garbage {");
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(raise_sgemm_peak(1, 7e9), 7e9);
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(
+      err.find("the peak cache '" + sgemm_peak_cache_path() + "' is not a JSON object of FLOP/s"),
+      std::string::npos)
+      << err;
+  EXPECT_NE(err.find("measuring again"), std::string::npos) << err;
 }
 
 TEST(Profiler, ClassifyFollowsTheThresholds) {

@@ -16,8 +16,9 @@ namespace fsdp::kernels::cpu {
 template <class T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
           const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
-// Measures the best sgemm FLOP/s on an n x n x n product with the current threads.
-double measure_sgemm_flops(int64_t n, int repeats);
+// The best sgemm FLOP/s of `repeats` timed [m, k] x [k, n] products (after one warm-up) with
+// the current threads.
+double measure_sgemm_flops(int64_t m, int64_t n, int64_t k, int repeats);
 
 // elementwise.cpp
 template <class T>

@@ -30,21 +30,19 @@ void gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alph
               int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 
-double measure_sgemm_flops(int64_t n, int repeats) {
-  std::vector<float> a(size_t(n * n)), b(size_t(n * n)), c(size_t(n * n));
-  for (size_t i = 0; i < a.size(); ++i) {
-    a[i] = float(i % 7) * 0.1f;
-    b[i] = float(i % 5) * 0.1f;
-  }
-  gemm<float>(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);  // warm up
+double measure_sgemm_flops(int64_t m, int64_t n, int64_t k, int repeats) {
+  std::vector<float> a(size_t(m * k)), b(size_t(k * n)), c(size_t(m * n));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = float(i % 7) * 0.1f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = float(i % 5) * 0.1f;
+  gemm<float>(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, c.data(), n);  // warm up
   double best = 1e30;
   for (int r = 0; r < repeats; ++r) {
     auto t0 = std::chrono::steady_clock::now();
-    gemm<float>(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+    gemm<float>(false, false, m, n, k, 1.f, a.data(), k, b.data(), n, 0.f, c.data(), n);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::min(best, s);
   }
-  return 2.0 * double(n) * double(n) * double(n) / best;
+  return 2.0 * double(m) * double(n) * double(k) / best;
 }
 
 }  // namespace fsdp::kernels::cpu

@@ -65,6 +65,10 @@ const std::vector<EnvKnob>& env_knobs() {
       {"FSDP_GEMM_PEAK_GFLOPS", "0",
        "fp32 GEMM peak to measure MFU against, in GFLOP/s; 0 measures it once and caches it",
        EnvKind::number, 0, 1e12},
+      {"FSDP_GEMM_PEAK_REMEASURE", "0",
+       "1: measure the GEMM peak again and replace the cached one (a cached peak is otherwise "
+       "only raised, by rates a run observes)",
+       EnvKind::flag},
   };
   return knobs;
 }

@@ -10,8 +10,12 @@
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "fsdp/core/device.h"
+#include "fsdp/core/dtype.h"
 #include "fsdp/core/error.h"
 #include "fsdp/profiler/ceilings.h"
 #include "src/core/gpu.h"
@@ -58,24 +62,39 @@ double copy_bytes_per_s() {
 
 }  // namespace
 
-Ceilings cpu_ceilings() {
+namespace {
+
+// The ceilings measured in this process, by thread count (CPU) and by (device, GEMM dtype).
+std::map<int, Ceilings>& cpu_cache() {
   static std::map<int, Ceilings> cache;
+  return cache;
+}
+std::map<std::pair<int, DType>, Ceilings>& cuda_cache() {
+  static std::map<std::pair<int, DType>, Ceilings> cache;
+  return cache;
+}
+DType gemm_dtype(const std::string& dtype) {
+  return dtype == "f32" || dtype == "float32" ? DType::f32 : DType::bf16;
+}
+
+}  // namespace
+
+Ceilings cpu_ceilings() {
   const int threads = omp_get_max_threads();
-  auto it = cache.find(threads);
-  if (it != cache.end()) return it->second;
+  auto it = cpu_cache().find(threads);
+  if (it != cpu_cache().end()) return it->second;
   Ceilings c{sgemm_peak_flops(threads), copy_bytes_per_s()};
-  cache[threads] = c;
+  cpu_cache()[threads] = c;
   return c;
 }
 
 Ceilings cuda_ceilings(int device, const std::string& dtype) {
-  static std::map<std::pair<int, DType>, Ceilings> cache;
-  const DType gemm_t = dtype == "f32" || dtype == "float32" ? DType::f32 : DType::bf16;
-  auto it = cache.find({device, gemm_t});
-  if (it != cache.end()) return it->second;
+  const DType gemm_t = gemm_dtype(dtype);
+  auto it = cuda_cache().find({device, gemm_t});
+  if (it != cuda_cache().end()) return it->second;
   const Device d = Device::cuda(device);
   Ceilings c{device_gemm_peak_flops(d, gemm_t), device_copy_gbps(d) * 1e9};
-  cache[{device, gemm_t}] = c;
+  cuda_cache()[{device, gemm_t}] = c;
   return c;
 }
 
@@ -144,6 +163,7 @@ void Profiler::end_recording(bool keep) {
 
 void Profiler::start() {
   ceilings_ = cpu_ceilings();  // measured (or read from the cache) before anything is timed
+  ceilings_threads_ = omp_get_max_threads();
   step_ = 0;
   if (!opt_.schedule || opt_.schedule->wait + opt_.schedule->warmup == 0) begin_recording();
 }
@@ -277,27 +297,64 @@ KeyAverages Profiler::key_averages(bool group_by_input_shape) const {
     k.flops += r->flops;
     k.bytes += r->bytes;
   }
+  // The rates first, then the ceilings: each judged op is set against its unit's ceiling raised
+  // to the fastest rate observed on that unit, so no row reads above 100%.
+  std::map<std::pair<std::string, DType>, Ceilings> unit_ceilings;  // by device and GEMM dtype
+  std::map<std::pair<std::string, DType>, const KeyAverage*> fastest;
+  std::vector<KeyAverage*> judged;
   for (auto& [key, k] : rows) {
     // CUDA ops are timed on the device; CPU ops by wall time on their thread.
-    const bool timed_on_device = k.device.rfind("cuda:", 0) == 0;
-    const double secs = (timed_on_device ? k.device_us : k.cpu_total_us) * 1e-6;
+    const bool on_cuda = k.device.rfind("cuda:", 0) == 0;
+    const double secs = (on_cuda ? k.device_us : k.cpu_total_us) * 1e-6;
     if (secs > 0) {
       k.flops_per_s = k.flops / secs;
       k.bytes_per_s = k.bytes / secs;
     }
     // A CUDA op is set against its GPU's ceilings, from its device time; a CUDA op with no
     // device time (CUDA activity off) gets no verdict, since its launch time says nothing.
-    const bool on_cuda = k.device.rfind("cuda:", 0) == 0;
     if (k.category == "cpu_op" && (k.flops > 0 || k.bytes > 0) &&
         k.name.find(':') == std::string::npos && (!on_cuda || k.device_us > 0)) {
-      const Ceilings c =
-          on_cuda ? cuda_ceilings(std::stoi(k.device.substr(5)), k.dtype) : ceilings_;
-      k.pct_compute = c.flops > 0 ? 100.0 * k.flops_per_s / c.flops : 0;
-      k.pct_bandwidth = c.bytes_per_s > 0 ? 100.0 * k.bytes_per_s / c.bytes_per_s : 0;
-      k.verdict = classify(k.pct_compute, k.pct_bandwidth, &k.remedy);
+      judged.push_back(&k);
+      const std::pair<std::string, DType> unit{on_cuda ? k.device : "cpu",
+                                               on_cuda ? gemm_dtype(k.dtype) : DType::f32};
+      if (!unit_ceilings.count(unit))
+        unit_ceilings[unit] =
+            on_cuda ? cuda_ceilings(std::stoi(k.device.substr(5)), k.dtype) : ceilings_;
+      const KeyAverage*& f = fastest[unit];
+      if (!f || k.flops_per_s > f->flops_per_s) f = &k;
     }
-    out.rows.push_back(k);
   }
+  // A measured ceiling below an observed rate is wrong (taken on a busy machine, say): it is
+  // raised to that rate, here, in this process's later profiles and in the cache.
+  for (auto& [unit, f] : fastest) {
+    Ceilings& c = unit_ceilings[unit];
+    if (f->flops_per_s <= c.flops) continue;
+    out.peak_notes.push_back(fmt::format(
+        "{} {}: '{}' ran at {:.1f} GFLOP/s, above the GEMM peak of {:.1f} GFLOP/s; the peak is "
+        "raised to it (%peakFL is against it) and cached in {}",
+        unit.first, dtype_name(unit.second), f->name, f->flops_per_s / 1e9, c.flops / 1e9,
+        unit.first == "cpu" ? sgemm_peak_cache_path() : device_gemm_peak_cache_path()));
+    c.flops = f->flops_per_s;
+    if (unit.first == "cpu") {
+      raise_sgemm_peak(ceilings_threads_, c.flops);
+      Ceilings& held = cpu_cache()[ceilings_threads_];
+      held.flops = std::max(held.flops, c.flops);
+    } else {
+      const int d = std::stoi(unit.first.substr(5));
+      raise_device_gemm_peak(Device::cuda(d), unit.second, c.flops);
+      Ceilings& held = cuda_cache()[{d, unit.second}];
+      held.flops = std::max(held.flops, c.flops);
+    }
+  }
+  for (KeyAverage* k : judged) {
+    const bool on_cuda = k->device.rfind("cuda:", 0) == 0;
+    const Ceilings& c =
+        unit_ceilings[{on_cuda ? k->device : "cpu", on_cuda ? gemm_dtype(k->dtype) : DType::f32}];
+    k->pct_compute = c.flops > 0 ? std::min(100.0, 100.0 * k->flops_per_s / c.flops) : 0;
+    k->pct_bandwidth = c.bytes_per_s > 0 ? 100.0 * k->bytes_per_s / c.bytes_per_s : 0;
+    k->verdict = classify(k->pct_compute, k->pct_bandwidth, &k->remedy);
+  }
+  for (auto& [key, k] : rows) out.rows.push_back(k);
   return out;
 }
 
@@ -340,6 +397,7 @@ std::string KeyAverages::table(const std::string& sort_by, int row_limit) const 
   }
   s += line;
   s += fmt::format("Self CPU time total: {}\n", ms(self_cpu_total_us));
+  for (const std::string& note : peak_notes) s += "peak | " + note + "\n";
   std::vector<std::string> seen;
   for (const auto& k : r)
     if (!k.verdict.empty() && std::find(seen.begin(), seen.end(), k.verdict) == seen.end()) {

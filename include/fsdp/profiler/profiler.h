@@ -43,7 +43,9 @@ struct Ceilings {
   double flops = 0, bytes_per_s = 0;
 };
 // CPU ceilings with the current OpenMP threads, measured once and cached
-// (FSDP_CACHE_DIR), like the MFU denominator.
+// (FSDP_CACHE_DIR), like the MFU denominator (profiler/ceilings.h). key_averages()
+// raises a GEMM ceiling that an op's observed rate exceeds, so no %peakFL is
+// above 100.
 Ceilings cpu_ceilings();
 // A GPU's ceilings for ops of one dtype: the cuBLASLt GEMM rate in that dtype
 // (bf16 for bf16 and f16) on random operands and the device-to-device copy
@@ -64,6 +66,9 @@ class KeyAverages {
  public:
   std::vector<KeyAverage> rows;
   double self_cpu_total_us = 0;
+  // One line per device whose GEMM peak an op's observed rate raised (and wrote to the cache):
+  // the op, its rate and the peak it replaced. The table prints them.
+  std::vector<std::string> peak_notes;
   // Sorted by cpu_time_total, self_cpu_time_total, device_time_total, calls or flops.
   std::string table(const std::string& sort_by = "cpu_time_total", int row_limit = 10) const;
 };
@@ -101,6 +106,7 @@ class Profiler {
   bool recording_ = false;
   bool device_timing_ = false;  // CUDA events are being recorded
   Ceilings ceilings_;           // the CPU's; CUDA ops use cuda_ceilings()
+  int ceilings_threads_ = 1;    // the OpenMP threads ceilings_ were measured with
 };
 
 // A user annotation over a scope, like torch.profiler.record_function.
