@@ -3,8 +3,8 @@
 model, sharding and optimizer of the reference train_fsdp.py (fully_shard on
 each block and the root, MixedPrecisionPolicy(bf16, fp32), AdamW lr 3e-4),
 with its configuration as flags and timing added. Run it as the reference
-script is run:
-    torchrun --nproc_per_node 1 bench/torch_fsdp_ref.py --steps 20 [--arch llama]
+script is run, as a module from the repository root (it imports bench.minillm_torch):
+    torchrun --nproc_per_node 1 -m bench.torch_fsdp_ref --steps 20 [--arch llama]
 Prints one line per step and a summary:
     torch-ref: arch seed | tok/s 123456 (steps 2..N) | peak 12.34 GB | step 123.4 ms
 --arch llama is fsdp-train's llama at the same size: causal SDPA, rotary
@@ -12,7 +12,6 @@ positions, SwiGLU, final norm, no biases.
 """
 import argparse
 import os
-import sys
 import time
 
 import torch
@@ -24,9 +23,7 @@ try:
 except ImportError:  # older torch
     from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
 
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from minillm_torch import LlamaLLM, MiniLLM  # noqa: E402  (the reference script's model)
+from bench.minillm_torch import LlamaLLM, MiniLLM  # the reference script's model
 
 
 def main():

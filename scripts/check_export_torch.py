@@ -2,17 +2,16 @@
 """Loads an fsdp-export safetensors file of the seed architecture into the
 reference PyTorch MiniLLM (the model of the reference train_fsdp.py) with
 load_state_dict(strict=True) and runs a forward pass.
-    /usr/bin/python3 scripts/check_export_torch.py model.safetensors
+    /usr/bin/python3 -m scripts.check_export_torch model.safetensors
+from the repository root: a module, so that it imports bench.minillm_torch as a package.
 """
 import json
-import os
 import struct
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
-from minillm_torch import MiniLLM  # noqa: E402  (the reference model, RMSNorm for old torch included)
+from bench.minillm_torch import MiniLLM  # the reference model, RMSNorm for old torch included
 
 
 def load(path):

@@ -250,7 +250,7 @@ prebuilt=${FSDP_GPU_CHECK_PREBUILT:-}
 build_ok=0
 sanitizer=$(command -v compute-sanitizer || ls "$cuda_home/bin/compute-sanitizer" 2> /dev/null || true)
 train=("$build/examples/fsdp-train" --device cuda --param-dtype bf16 --reduce-dtype f32 --steps 20)
-ref=(python3 -m torch.distributed.run --standalone --nproc_per_node 1 bench/torch_fsdp_ref.py --steps 20)
+ref=(python3 -m torch.distributed.run --standalone --nproc_per_node 1 -m bench.torch_fsdp_ref --steps 20)
 test_rc=1 train_rc=1
 
 {

@@ -7,7 +7,8 @@ parameter gradient on the first batch, and the losses of three AdamW steps
 can check itself in f64 tightly and in f32 within f32's rounding.
 
 Run with a python that has torch (Debian's python3-torch is enough):
-    /usr/bin/python3 scripts/make_torch_fixture.py
+    /usr/bin/python3 -m scripts.make_torch_fixture
+from the repository root: a module, so that it imports bench.minillm_torch as a package.
 """
 import json
 import os
@@ -17,11 +18,9 @@ import sys
 import torch
 import torch.nn as nn
 
+from bench.minillm_torch import MiniLLM  # the reference script's model
+
 CFG = dict(vocab=48, dim=16, layers=2, heads=4, seq=8, batch=2, steps=3, lr=1e-2)
-
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
-from minillm_torch import MiniLLM  # noqa: E402  (the reference script's model)
 
 
 def save_safetensors(path, tensors, metadata):

@@ -129,7 +129,7 @@ expect_fail "generate without a model" "give exactly one of --model and --ckpt" 
   --ckpt-every 1 > /dev/null 2>&1 && "$export_bin" --ckpt "$work/seed" --out "$work/seed.safetensors" > /dev/null 2>&1 \
   && ok || bad "seed export failed"
 if /usr/bin/python3 -c "import torch" 2> /dev/null; then
-  /usr/bin/python3 "$scripts/check_export_torch.py" "$work/seed.safetensors" > "$work/torch.out" 2>&1 && ok \
+  (cd "$scripts/.." && /usr/bin/python3 -m scripts.check_export_torch "$work/seed.safetensors") > "$work/torch.out" 2>&1 && ok \
     || bad "PyTorch could not load the export: $(tail -3 "$work/torch.out")"
 else
   echo "note: python3-torch not installed; skipped the PyTorch load of the export"

@@ -63,6 +63,17 @@ def torch_python():
              "bench/setup_torch_ref.sh and set FSDP_TORCH_PYTHON to its venv's python")
 
 
+def load_reference(src):
+    """bench/torch_finetune_ref.py of the checkout under test (`src`), loaded by its path: the test
+    is handed the checkout, so it imports that file, whatever the working directory."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "torch_finetune_ref", os.path.join(src, "bench", "torch_finetune_ref.py"))
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    return ref
+
+
 def find_gguf():
     if os.environ.get("FSDP_GGUF"):
         return os.environ["FSDP_GGUF"]
@@ -102,8 +113,7 @@ def main():
 
     import numpy as np
     import torch
-    sys.path.insert(0, os.path.join(src, "bench"))
-    import torch_finetune_ref as ref
+    ref = load_reference(src)
 
     torch.set_num_threads(2)
     tok = ref.load_tokenizer(gguf)
