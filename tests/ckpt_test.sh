@@ -15,7 +15,7 @@ work=$(mktemp -d)
 trap 'kill $(jobs -p) 2> /dev/null; rm -rf "$work"' EXIT
 source "$(dirname "$0")/testlib.sh"
 export OMP_WAIT_POLICY=PASSIVE FSDP_COLLECTIVE_TIMEOUT_S=120
-mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+mpi=("${mpirun_local[@]}")
 cat /usr/share/common-licenses/* > "$work/text.txt" 2> /dev/null
 A=(--preset tiny --arch llama --vocab 256 --dim 48 --layers 2 --heads 2 --seq 32 --lr 3e-3 --warmup-steps 2
   --lr-decay cosine --min-lr 3e-4 --wd-2d-only --grad-clip 1.0 --data "$work/text.txt" --sample-tokens 0 --threads 1)

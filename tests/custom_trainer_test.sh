@@ -9,7 +9,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/testlib.sh"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE FSDP_COLLECTIVE_TIMEOUT_S=120
-mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2)
+mpi=("${mpirun_local[@]}" -np 2)
 losses() { grep -E '^step ' "$1" | sed -E 's/.*loss ([0-9.]+).*/\1/'; }
 
 "${mpi[@]}" "$trainer" "$work/a" > "$work/full.out" 2>&1 || bad "custom_trainer failed: $(tail -3 "$work/full.out")"

@@ -30,7 +30,7 @@ args=(--preset tiny --arch llama --vocab 256 --dim 64 --layers 2 --heads 2 --seq
 # run NAME DATA: 2 ranks; each rank's maximum resident set (kB) lands in its own file,
 # NAME.rss.RANK (not the shared output, where the ranks' lines can interleave), then in NAME.rss
 run() {
-  mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
+  mpi_run -np 2 \
     sh -c 'exec /usr/bin/time -o "$0.$OMPI_COMM_WORLD_RANK" -f "%M" "$@"' "$work/$1.rss" \
     "$bin" "${args[@]}" --data "$2/train_*.bin" --ckpt-dir "$work/ck_$1" \
     > "$work/$1.out" 2>&1 || bad "$1: training failed: $(tail -5 "$work/$1.out")"
@@ -55,7 +55,7 @@ echo "rank resident memory on 1e6 tokens: $((max_small / 1024)) MB"
 [ "$max_big" -lt $((max_small + 32 * 1024)) ] && ok || bad "resident memory grows with the corpus: $((max_big / 1024)) MB against $((max_small / 1024)) MB"
 # --resume from step 2 reads the checkpointed data position and finishes.
 rm -rf "$work/ck_big/step_00000004"
-mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$bin" "${args[@]}" --data "$work/big/train_*.bin" \
+mpi_run -np 2 "$bin" "${args[@]}" --data "$work/big/train_*.bin" \
   --ckpt-dir "$work/ck_big" --resume > "$work/resume.out" 2>&1 \
   && grep -q "resume: loaded .*step_00000002 (step 2)" "$work/resume.out" && ok \
   || bad "resume on the large corpus: $(tail -3 "$work/resume.out")"

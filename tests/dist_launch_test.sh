@@ -103,7 +103,7 @@ FSDP_PROBE_DIE_RANK=1 RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$por
 wait $pid0
 expect_error "dead peer (gloo)" "all_reduce" "$work/d0.out" $?
 if command -v mpirun > /dev/null; then
-  FSDP_PROBE_DIE_RANK=1 timeout 60 mpirun --allow-run-as-root --oversubscribe -np 2 "$probe" > "$work/mpi.out" 2>&1
+  FSDP_PROBE_DIE_RANK=1 timeout 60 "${mpirun_local[@]}" -np 2 "$probe" > "$work/mpi.out" 2>&1
   st=$?
   [ $st -ne 0 ] && [ $st -ne 124 ] && ok || bad "dead peer (mpi): status $st"
 fi

@@ -11,7 +11,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/testlib.sh"
 
-mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+mpi=("${mpirun_local[@]}")
 
 check() {  # check NAME COMMAND...
   local name=$1

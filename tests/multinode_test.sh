@@ -100,7 +100,7 @@ exec ip netns exec "\$ns" /bin/sh -c "\$*"
 AGENT
 chmod +x "$work/agent.sh"
 printf '%s slots=2\n%s slots=2\n' "${addr[0]}" "${addr[1]}" > "$work/hosts"
-mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+mpi=("${mpirun_local[@]}")
 mpi_nodes=("${mpi[@]}" -np 4 --hostfile "$work/hosts" --mca plm_rsh_agent "$work/agent.sh" --mca btl tcp,self
   --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24)
 "${mpi[@]}" -np 4 "$train" "${small[@]}" --steps 4 > "$work/mpi_one.out" 2>&1 \

@@ -36,7 +36,7 @@ grep -q "tensors dequantized" "$work/chat.err" && ok || bad "no GGUF load line: 
 # (b) fine-tuning at 1 and 2 ranks, the same global batch of 2 x 64 tokens.
 head -c 16000 /usr/share/common-licenses/GPL-3 > "$work/text.txt"
 common=(--init-from "$gguf" --data "$work/text.txt" --seq 64 --steps 3 --lr 1e-4 --sample-tokens 0 --seed 1)
-mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+mpi=("${mpirun_local[@]}")
 "$bin/fsdp-train" "${common[@]}" --batch 2 --threads 2 --log-file "$work/np1.jsonl" > "$work/np1.out" 2>&1 \
   || bad "1 rank failed: $(tail -3 "$work/np1.out")"
 "${mpi[@]}" -np 2 "$bin/fsdp-train" "${common[@]}" --batch 1 --threads 1 --log-file "$work/mpi2.jsonl" \

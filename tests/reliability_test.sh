@@ -17,7 +17,7 @@ trap 'pkill -9 -f "$work" 2> /dev/null; rm -rf "$work"' EXIT
 source "$(dirname "$0")/testlib.sh"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 small=(--preset tiny --dim 32 --layers 1 --heads 4 --vocab 64 --seq 16 --batch 2 --threads 1)
-mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+mpi=("${mpirun_local[@]}")
 refused() {  # refused NAME NEEDLE command...: exits non-zero and says NEEDLE
   local name=$1 needle=$2
   shift 2

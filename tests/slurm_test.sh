@@ -34,7 +34,7 @@ refuse "2 Slurm tasks without a node list" "a Slurm step of 2 tasks" SLURM_PROCI
 refuse "WORLD_SIZE=2 without MASTER_ADDR" "MASTER_ADDR is not set" RANK=0 WORLD_SIZE=2 MASTER_PORT=29999
 
 # The reference: mpirun -np 2.
-mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$train" "${small[@]}" > "$work/mpirun.out" 2>&1 \
+mpi_run -np 2 "$train" "${small[@]}" > "$work/mpirun.out" 2>&1 \
   || bad "mpirun -np 2: $(tail -3 "$work/mpirun.out")"
 losses "$work/mpirun.out" > "$work/mpirun.losses"
 [ "$(wc -l < "$work/mpirun.losses")" -eq 4 ] || bad "mpirun -np 2 printed $(wc -l < "$work/mpirun.losses") step lines"

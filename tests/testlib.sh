@@ -1,4 +1,5 @@
-# Shared by the shell tests: counting checks and the closing "N passed, N failed" line.
+# Shared by the shell tests: counting checks, the closing "N passed, N failed" line, and the one
+# way they launch ranks with mpirun.
 pass=0
 fails=0
 ok() { pass=$((pass + 1)); }
@@ -10,3 +11,12 @@ summary() {
   echo "$pass passed, $fails failed"
   [ "$fails" -eq 0 ]
 }
+
+# mpirun as every test launches ranks on this one machine: --allow-run-as-root (CI's containers
+# run as root), --oversubscribe (more ranks than cores: CI has 2) and --bind-to none (the ranks of
+# tests running at once would otherwise be pinned to the same cores and starve each other).
+#   mpi_run -np 2 BIN ARGS...                   a launch
+#   timeout 60 "${mpirun_local[@]}" -np 2 ...   the same words, for a command that runs its
+#                                               arguments (timeout, env), which a function cannot be
+mpirun_local=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+mpi_run() { "${mpirun_local[@]}" "$@"; }

@@ -111,7 +111,7 @@ PY
   --log-file "$work/syncs1.jsonl" > "$work/syncs1.out" 2>&1 && syncs_ok "np 1" "$work/syncs1.jsonl" \
   || bad "the sync-count run failed: $(tail -3 "$work/syncs1.out")"
 if command -v mpirun > /dev/null; then
-  mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$bin" "${small[@]}" --threads 1 --steps 4 \
+  mpi_run -np 2 "$bin" "${small[@]}" --threads 1 --steps 4 \
     --grad-accum 2 --data "$work/text.txt" --sample-tokens 0 --log-file "$work/syncs2.jsonl" \
     > "$work/syncs2.out" 2>&1 && syncs_ok "np 2" "$work/syncs2.jsonl" \
     || bad "the 2-rank sync-count run failed: $(tail -3 "$work/syncs2.out")"
@@ -132,7 +132,7 @@ ac_run() {  # ac_run NAME MODE [LAUNCHER...]: the JSONL's losses and grad norms 
 peak_mb() { sed -nE 's/^summary .*peak mem ([0-9.]+) MB.*/\1/p' "$1"; }
 for launcher in single mpi; do
   l=()
-  [ $launcher = mpi ] && { command -v mpirun > /dev/null || continue; l=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2); }
+  [ $launcher = mpi ] && { command -v mpirun > /dev/null || continue; l=("${mpirun_local[@]}" -np 2); }
   ac_run "ac_none_$launcher" none "${l[@]}"
   for mode in full every:2; do
     ac_run "ac_${mode/:/}_$launcher" "$mode" "${l[@]}"

@@ -16,13 +16,13 @@ small=(--preset tiny --arch llama --vocab 256 --dim 64 --layers 2 --heads 2 --se
 losses() { grep -E '^(\[rank0\]:)?step ' "$1" | sed -E 's/.*loss ([0-9.]+).*/\1/'; }
 
 "$bin" "${small[@]}" --batch 8 > "$work/np1.out" 2>&1 || bad "1 rank failed: $(tail -3 "$work/np1.out")"
-mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$bin" "${small[@]}" --batch 4 > "$work/mpi2.out" 2>&1 \
+mpi_run -np 2 "$bin" "${small[@]}" --batch 4 > "$work/mpi2.out" 2>&1 \
   || bad "mpirun -np 2 failed: $(tail -3 "$work/mpi2.out")"
 "$fsdprun" --standalone --nproc_per_node 2 "$bin" "${small[@]}" --batch 4 > "$work/gloo2.out" 2>&1 \
   || bad "fsdprun 2 ranks failed: $(tail -3 "$work/gloo2.out")"
-mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 "$bin" "${small[@]}" --batch 2 --grad-accum 2 \
+mpi_run -np 2 "$bin" "${small[@]}" --batch 2 --grad-accum 2 \
   --reshard-after-forward false > "$work/accum.out" 2>&1 || bad "grad-accum run failed: $(tail -3 "$work/accum.out")"
-FSDP_DIST_DEVICE_CHECK=1 mpirun --allow-run-as-root --oversubscribe --bind-to none -x FSDP_DIST_DEVICE_CHECK -np 2 \
+FSDP_DIST_DEVICE_CHECK=1 mpi_run -x FSDP_DIST_DEVICE_CHECK -np 2 \
   "$bin" "${small[@]}" --batch 4 --ckpt-dir "$work/ck" --ckpt-every 10 > "$work/devcheck.out" 2>&1 \
   || bad "device-check run failed: $(tail -3 "$work/devcheck.out")"
 
@@ -55,7 +55,7 @@ grep -q "world size             | 2 (mpi-device-check+mpi, mpirun)" "$work/devch
 G=(--preset tiny --arch llama --vocab 256 --dim 64 --layers 2 --heads 2 --kv-heads 1 --head-dim 16 --qkv-bias
   --tie-embeddings --rope-theta 100000 --seq 64 --steps 8 --lr 3e-3 --grad-clip 1.0 --data "$work/text.txt"
   --sample-tokens 0 --threads 1)
-mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2)
+mpi=("${mpirun_local[@]}" -np 2)
 jsonl() { python3 -c "import json,sys; [print(repr(json.loads(l)[sys.argv[2]])) for l in open(sys.argv[1]) if l.strip()]" "$1" "$2"; }
 "$bin" "${G[@]}" --batch 8 --log-file "$work/g1.jsonl" > "$work/g1.out" 2>&1 || bad "gqa 1 rank failed: $(tail -3 "$work/g1.out")"
 "${mpi[@]}" "$bin" "${G[@]}" --batch 4 --log-file "$work/g2.jsonl" > "$work/g2.out" 2>&1 \
