@@ -311,6 +311,105 @@ cp /usr/share/common-licenses/LGPL-3 "$work/d.txt"
 refused "resume on new contents at the same path" "was trained on other data" \
   "$train" "${dp[@]}" --batch 4 --steps 5 --ckpt-dir "$work/dp" --resume
 
+# 21. A checkpoint proves itself (issue 23): metadata.json is sealed by complete.json (its
+# checksum), the chunks must cover every tensor exactly, the shard files present must be exactly
+# 'shards' of them, and each shard's header names its shard, rank, world size, run and step.
+# Every tamper below is refused by --resume (2 ranks) and by fsdp-export in the same words; each
+# used to resume silently with a wrong loss, or export zeros. "resealed": complete.json rewritten
+# for the edited metadata.json, as a careful forger would.
+export_bin=$(dirname "$train")/fsdp-export
+"${mpi[@]}" -np 2 "$train" "${small[@]}" --steps 2 --ckpt-every 1 --ckpt-dir "$work/seal" > "$work/seal.out" 2>&1 \
+  && [ -f "$work/seal/step_00000002/complete.json" ] && ok || bad "seal setup: $(tail -3 "$work/seal.out")"
+run=$(sed -nE 's/.*"run_id": "([^"]+)".*/\1/p' "$work/seal/step_00000002/complete.json")
+"${mpi[@]}" -np 2 "$train" "${small[@]}" --steps 3 --ckpt-every 1 --ckpt-dir "$work/seal" --resume > "$work/seal_r.out" 2>&1 \
+  && [ -n "$run" ] && grep -q "resume: loaded .*step_00000002 (step 2) of run $run;" "$work/seal_r.out" \
+  && grep -q "\"run_id\": \"$run\"" "$work/seal/step_00000003/metadata.json" && ok \
+  || bad "a resume names the run it loads and keeps its id: run '$run': $(grep resume: "$work/seal_r.out")"
+# tamper NAME PYTHON [reseal]: a copy of step 2 in $work/tamper_NAME, PYTHON run on it with m
+# (metadata.json's JSON, written back) and d (the folder).
+tamper() {
+  rm -rf "$work/tamper_$1" && mkdir -p "$work/tamper_$1" && cp -r "$work/seal/step_00000002" "$work/tamper_$1/"
+  python3 - "$work/tamper_$1/step_00000002" "${3:-}" << PY
+import json, os, sys
+d, reseal = sys.argv[1], sys.argv[2] == "reseal"
+m = json.load(open(f"{d}/metadata.json"))
+$2
+text = json.dumps(m, indent=1) + "\n"
+open(f"{d}/metadata.json", "w").write(text)
+if reseal:
+    h = 0xcbf29ce484222325
+    for b in text.encode():
+        h = ((h ^ b) * 0x100000001b3) % (1 << 64)
+    c = json.load(open(f"{d}/complete.json"))
+    c["metadata_checksum"] = f"{h:016x}"
+    open(f"{d}/complete.json", "w").write(json.dumps(c))
+PY
+}
+# both NAME NEEDLE: --resume and fsdp-export of $work/tamper_NAME refuse, saying NEEDLE.
+both() {
+  refused "$1: --resume" "$2" "${mpi[@]}" -np 2 "$train" "${small[@]}" --steps 3 --ckpt-dir "$work/tamper_$1" --resume
+  refused "$1: fsdp-export" "$2" "$export_bin" --ckpt "$work/tamper_$1/step_00000002" --out "$work/tamper.safetensors"
+}
+tamper shards 'm["shards"] = 1' reseal
+both shards "'embed.weight' has [[0,32],[32,32]] chunks but 'shards' is 1; expected one chunk per shard"
+tamper gap 'm["tensors"]["head.weight"]["chunks"] = [[0, 32], [32, 20]]' reseal
+both gap "'head.weight' chunks [[0,32],[32,20]] cover rows 0..52 but the tensor has 64 rows"
+tamper negative 'm["tensors"]["head.weight"]["chunks"] = [[0, 32], [-5, 32]]' reseal
+both negative "'head.weight' chunk 1 is [-5, 32]: a negative first row"
+tamper overlap 'm["tensors"]["head.weight"]["chunks"] = [[0, 32], [16, 48]]' reseal
+both overlap "'head.weight' chunk 1 is [16, 48]: it starts at row 16 but the chunks before it end at row 32 (an overlap: rows 16..31)"
+tamper swapped '
+os.rename(f"{d}/shard_00000.safetensors", f"{d}/x")
+os.rename(f"{d}/shard_00001.safetensors", f"{d}/shard_00000.safetensors")
+os.rename(f"{d}/x", f"{d}/shard_00001.safetensors")
+f = m["files"]
+f["shard_00000.safetensors"], f["shard_00001.safetensors"] = f["shard_00001.safetensors"], f["shard_00000.safetensors"]' reseal
+both swapped "shard_00000.safetensors holds shard 1 (written by rank 1 of run '$run'), not shard 0: the shard files were swapped or renamed (shard 1's file is shard_00001.safetensors)"
+tamper edited 'm["tensors"]["head.weight"]["chunks"] = [[0, 32], [32, 20]]'
+both edited "step_00000002: metadata.json has checksum"
+grep -qF "(metadata.json was changed after the checkpoint was written)" "$work/refused.out" && ok \
+  || bad "an edited metadata.json: $(tail -1 "$work/refused.out")"
+tamper norecord 'os.remove(f"{d}/complete.json")'
+both norecord "step_00000002: no complete.json (an unfinished checkpoint, or its record was removed)"
+tamper garbled 'open(f"{d}/complete.json", "w").write("{\"metadata_checksum\": 12")'
+both garbled "step_00000002: complete.json is not a complete record (garbled)"
+# With an older, intact checkpoint beside it, a resume skips the damaged one aloud.
+cp -r "$work/seal/step_00000001" "$work/tamper_edited/"
+"${mpi[@]}" -np 2 "$train" "${small[@]}" --steps 3 --ckpt-dir "$work/tamper_edited" --resume > "$work/skip.out" 2>&1 \
+  && grep -q "skipping .*tamper_edited/step_00000002" "$work/skip.out" && grep -q "step_00000001 (step 1) of run $run;" "$work/skip.out" \
+  && ok || bad "a resume beside a damaged newer checkpoint: $(grep -E 'resume|error' "$work/skip.out" | head -3)"
+# 'shards' and every chunk edited to agree, resealed: the second shard file is still there.
+tamper shards1 'm["shards"] = 1
+for t in m["tensors"].values(): t["chunks"] = [[0, t["shape"][0]]]' reseal
+both shards1 "holds shard_00001.safetensors, which is not one of the 1 shard(s) metadata.json's 'shards' names"
+# A checkpoint from before the seal (format 1: no complete.json, no run or rank in the shards'
+# headers) is read, and the resume says so; a new one made to look old is refused by its shards.
+tamper downgrade 'os.remove(f"{d}/complete.json"); m["format"] = "fsdp.cpp-checkpoint/1"'
+both downgrade "names run '$run' but $work/tamper_downgrade/step_00000002/metadata.json is of format 1, which names none"
+tamper old '
+import struct
+os.remove(f"{d}/complete.json")
+m["format"] = "fsdp.cpp-checkpoint/1"
+for k in ("run_id", "world_size"): del m[k]
+for s in (0, 1):
+    p = f"{d}/shard_{s:05d}.safetensors"
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    h["__metadata__"] = {"shard": str(s)}
+    t = json.dumps(h).encode()
+    t += b" " * (-len(t) % 8)
+    b = struct.pack("<Q", len(t)) + t + b[8 + n:]
+    open(p, "wb").write(b)
+    c = 0xcbf29ce484222325
+    for x in b:
+        c = ((c ^ x) * 0x100000001b3) % (1 << 64)
+    m["files"][f"shard_{s:05d}.safetensors"]["checksum"] = f"{c:016x}"'
+"${mpi[@]}" -np 2 "$train" "${small[@]}" --steps 3 --ckpt-dir "$work/tamper_old" --resume > "$work/old.out" 2>&1 \
+  && grep -q "step_00000002 (step 2) of run (none recorded); .*an older checkpoint (format 1)" "$work/old.out" \
+  && "$export_bin" --ckpt "$work/tamper_old/step_00000002" --out "$work/old.safetensors" > /dev/null 2>&1 \
+  && ok || bad "a format-1 checkpoint: $(grep -E 'resume|rror' "$work/old.out" | head -3)"
+
 # 15. The memory plan is checked before any tensor exists: a 38B model under a 3 GiB cgroup was
 # OOM-killed after 3 s with no output. A real memory cgroup (v2 memory.max, or v1's
 # memory.limit_in_bytes) when this machine lets us make one, else MemAvailable against a huge model.

@@ -1,4 +1,5 @@
-// Sharded checkpoint save/load with resharding.
+// Sharded checkpoint save/load with resharding. What a folder must hold to be read, and the
+// checks every reader makes before it reads a tensor byte: src/checkpoint/manifest.h.
 #include "fsdp/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
@@ -9,6 +10,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <ctime>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +20,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <stop_token>
 #include <string_view>
 #include <system_error>
@@ -28,6 +31,7 @@
 #include "fsdp/core/env.h"
 #include "fsdp/core/file.h"
 #include "fsdp/dist/placement.h"
+#include "src/checkpoint/manifest.h"
 #include "src/checkpoint/save_parts.h"
 
 namespace fsdp::checkpoint {
@@ -37,8 +41,9 @@ using json = nlohmann::json;
 
 namespace {
 
+using detail::shard_file;
+
 std::string step_name(int64_t step) { return fmt::format("step_{:08d}", step); }
-std::string shard_file(int shard) { return fmt::format("shard_{:05d}.safetensors", shard); }
 
 void fsync_path(const fs::path& p, bool directory) {
   int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
@@ -74,9 +79,9 @@ void begin_save(const std::string& dir, int64_t step,
   }
   for (const auto& [name, contents] : extras.files)
     FSDP_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "metadata.json" &&
-                   name.rfind("shard_", 0) != 0,
+                   name != detail::kCompleteFile && name.rfind("shard_", 0) != 0,
                "[checkpoint] extra file name '{}' must be a plain name other than "
-               "metadata.json and shard_*",
+               "metadata.json, complete.json and shard_*",
                name);
   if (!world || world->rank() == 0) {
     const fs::path tmp = fs::path(dir) / (".tmp_" + step_name(step));
@@ -101,9 +106,12 @@ SaveSnapshot snapshot(const std::string& dir, int64_t step, FSDPModule& root,
   s.rank = world ? world->rank() : 0;
   s.shard = root.shard_rank();
   s.first_replica = root.first_replica();
+  s.world_size = world ? world->size() : 1;
+  s.run_id = extras.run_id;
   const auto infos = root.shard_infos();
   auto groups = root.param_groups(0);
   const int shards = root.shard_count();
+  s.shards = shards;
   if (s.first_replica) {
     // Each flat buffer is staged once; the parameters' rows are views of the staged copies.
     std::vector<Tensor> params;
@@ -123,8 +131,10 @@ SaveSnapshot snapshot(const std::string& dir, int64_t step, FSDPModule& root,
   }
   if (s.rank == 0) {
     json& meta = s.meta;
-    meta["format"] = "fsdp.cpp-checkpoint/1";
+    meta["format"] = detail::kFormat;
     meta["step"] = step;
+    meta["run_id"] = extras.run_id;
+    meta["world_size"] = s.world_size;
     meta["optimizer_step"] = opt.step_count();
     meta["data_position"] = extras.data_position >= 0 ? extras.data_position : step;
     meta["user"] = json::parse(extras.user_json);
@@ -172,7 +182,14 @@ WriteResult write_snapshot(const SaveSnapshot& s, std::stop_token stop) {
         FSDP_CHECK(!stop.stop_requested(), "[checkpoint] the write of {} was abandoned", s.tmp);
       }
       const fs::path file = fs::path(s.tmp) / shard_file(s.shard);
-      save_safetensors(file.string(), s.tensors, {{"shard", std::to_string(s.shard)}});
+      // The shard's identity, checked against the metadata on load (a swapped or foreign shard).
+      save_safetensors(file.string(), s.tensors,
+                       {{"shard", std::to_string(s.shard)},
+                        {"shards", std::to_string(s.shards)},
+                        {"rank", std::to_string(s.rank)},
+                        {"world_size", std::to_string(s.world_size)},
+                        {"run_id", s.run_id},
+                        {"step", std::to_string(s.step)}});
       r.shard_checksum = file_checksum(file.string());
     }
     for (const auto& [name, contents] : s.extra_files) {
@@ -235,7 +252,12 @@ void commit_save(const SaveSnapshot& s, const WriteResult& mine, int keep,
     for (const auto& [name, checksum] : mine.file_checksums) files[name] = {{"checksum", checksum}};
     meta["files"] = files;
     const fs::path tmp(s.tmp), dir(s.dir), final_dir = dir / step_name(s.step);
-    write_file_atomic((tmp / "metadata.json").string(), meta.dump(1) + "\n", "[checkpoint]");
+    const std::string meta_bytes = meta.dump(1) + "\n";
+    write_file_atomic((tmp / "metadata.json").string(), meta_bytes, "[checkpoint]");
+    // The seal, written last: a folder without it (or whose metadata.json no longer matches it)
+    // is incomplete.
+    write_file_atomic((tmp / detail::kCompleteFile).string(),
+                      detail::complete_record(meta_bytes, s.run_id, s.step), "[checkpoint]");
     fsync_path(tmp, true);
     std::error_code ec;
     fs::remove_all(final_dir, ec);  // an older checkpoint of the same step is replaced whole
@@ -266,73 +288,63 @@ void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::O
   detail::commit_save(snap, detail::write_snapshot(snap), keep, world, /*background=*/false);
 }
 
+std::string new_run_id(const std::shared_ptr<dist::ProcessGroup>& world) {
+  constexpr int64_t n = 24;  // "20261201-234512-9f3a61c2"
+  Tensor id = Tensor::zeros({n}, DType::i32);
+  if (!world || world->rank() == 0) {
+    const std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    gmtime_r(&now, &utc);
+    char when[32];
+    std::strftime(when, sizeof when, "%Y%m%d-%H%M%S", &utc);
+    const std::string s = fmt::format("{}-{:08x}", when, uint32_t(std::random_device{}()));
+    for (size_t i = 0; i < s.size() && i < size_t(n); ++i) id.data<int32_t>()[i] = s[i];
+  }
+  if (world && world->size() > 1) {
+    Tensor d = id.to(world->device());
+    world->broadcast(d, 0)->wait();
+    id = d.to(Device::cpu());
+  }
+  std::string s;
+  for (int64_t i = 0; i < n && id.data<int32_t>()[i] != 0; ++i) s.push_back(char(id.data<int32_t>()[i]));
+  return s;
+}
+
 std::string latest(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return "";
   std::vector<fs::path> steps;
   for (auto& e : fs::directory_iterator(dir, ec))
     if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0 &&
-        fs::exists(e.path() / "metadata.json"))
+        incomplete_reason(e.path().string()).empty())
       steps.push_back(e.path());
   if (steps.empty()) return "";
   std::sort(steps.begin(), steps.end());
   return steps.back().string();
 }
 
-namespace {
-std::optional<std::string> read_extra_file_unchecked(const std::string& path,
-                                                     const std::string& name) {
-  const fs::path dir(path);
-  const fs::path mp = dir / "metadata.json";
-  std::ifstream mf(mp);
-  FSDP_CHECK(mf.good(), "[checkpoint] {} has no metadata.json (not a checkpoint)", path);
-  json meta;
-  try {
-    mf >> meta;
-  } catch (const json::exception& e) {
-    FSDP_FAIL("[checkpoint] {}: metadata.json is not valid JSON: {}", path, e.what());
-  }
-  const json files = meta.value("files", json::object());
-  if (!files.contains(name)) return std::nullopt;
-  const fs::path fp = dir / name;
+std::optional<std::string> read_extra_file(const std::string& path, const std::string& name) {
+  const detail::Manifest m = detail::read_manifest(path);  // sealed, every field checked
+  const auto it = m.checksums.find(name);
+  if (it == m.checksums.end()) return std::nullopt;
+  const fs::path fp = fs::path(path) / name;
   FSDP_CHECK(fs::exists(fp), "[checkpoint] {}: the metadata lists {} but the file is missing", path,
              name);
-  const std::string want = files[name].value("checksum", "");
   const std::string got = file_checksum(fp.string());
-  FSDP_CHECK(got == want,
+  FSDP_CHECK(got == it->second,
              "[checkpoint] {}: {} has checksum {} but the metadata says {} (truncated or "
              "corrupted)",
-             path, name, got, want);
+             path, name, got, it->second);
   std::ifstream f(fp, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(f)), {});
-}
-}  // namespace
-
-std::optional<std::string> read_extra_file(const std::string& path, const std::string& name) {
-  try {
-    return read_extra_file_unchecked(path, name);
-  } catch (const json::exception& e) {  // valid JSON of the wrong shape: name the file
-    FSDP_FAIL("[checkpoint] {}/metadata.json does not hold a checkpoint's fields: {}", path,
-              e.what());
-  }
 }
 
 namespace {
 Loaded load_unchecked(const std::string& path, FSDPModule& root, optim::Optimizer& opt,
                       const std::string& config_json, const std::vector<std::string>& model_keys) {
-  const fs::path dir(path);
-  const fs::path mp = dir / "metadata.json";
-  FSDP_CHECK(fs::exists(mp),
-             "[checkpoint] {} has no metadata.json (not a checkpoint, or an unfinished one)", path);
-  json meta;
-  try {
-    std::ifstream f(mp);
-    f >> meta;
-  } catch (const json::exception& e) {
-    FSDP_FAIL("[checkpoint] {}: metadata.json is not valid JSON: {}", path, e.what());
-  }
-  FSDP_CHECK(meta.value("format", "") == "fsdp.cpp-checkpoint/1",
-             "[checkpoint] {}: unknown format '{}'", mp.string(), meta.value("format", ""));
+  // Every field, the chunks' coverage and the shard files present, before a tensor byte is read.
+  const detail::Manifest m = detail::read_manifest(path);
+  const json& meta = m.meta;
   const json want = json::parse(config_json);
   for (const std::string& k : model_keys) {
     const json have = meta["config"].value(k, json());
@@ -340,44 +352,28 @@ Loaded load_unchecked(const std::string& path, FSDPModule& root, optim::Optimize
                "[checkpoint] {} was saved with {} {} but this run has {} {}", path, k, have.dump(),
                k, want.value(k, json()).dump());
   }
-  const int old_shards = meta["shards"].get<int>();
-  for (int s = 0; s < old_shards; ++s) {
-    const fs::path file = dir / shard_file(s);
-    FSDP_CHECK(fs::exists(file),
-               "[checkpoint] {} is missing {} (the checkpoint was written by {} shards)", path,
-               shard_file(s), old_shards);
-  }
-
   auto infos = root.shard_infos();
   auto groups = root.param_groups(0);
-  std::map<int, std::unique_ptr<SafetensorsIndex>>
-      open;  // old shard files this rank reads, checked once
+  // Old shard files this rank reads, each checked once (checksum, header identity, shapes).
+  std::map<int, std::unique_ptr<SafetensorsIndex>> open;
   auto shard_index = [&](int s) -> SafetensorsIndex& {
     auto& idx = open[s];
-    if (!idx) {
-      const fs::path file = dir / shard_file(s);
-      const std::string expect =
-          meta["files"].value(shard_file(s), json::object()).value("checksum", "");
-      const std::string got = file_checksum(file.string());
-      FSDP_CHECK(
-          got == expect,
-          "[checkpoint] {}: checksum {} does not match the metadata's {} (truncated or corrupted)",
-          file.string(), got, expect);
-      idx = std::make_unique<SafetensorsIndex>(file.string());
-    }
+    if (!idx) idx = detail::open_shard(m, s);
     return *idx;
   };
   for (const auto& in : infos) {
-    FSDP_CHECK(meta["tensors"].contains(in.name), "[checkpoint] {} has no tensor '{}'", path,
-               in.name);
-    const json& t = meta["tensors"][in.name];
-    FSDP_CHECK(t["shape"].get<Shape>() == in.global_shape,
+    const auto t = m.tensors.find(in.name);
+    FSDP_CHECK(t != m.tensors.end(), "[checkpoint] {} has no tensor '{}'", path, in.name);
+    FSDP_CHECK(t->second.shape == in.global_shape,
                "[checkpoint] {}: '{}' has shape {} but the model has {}", path, in.name,
-               shape_str(t["shape"].get<Shape>()), shape_str(in.global_shape));
+               shape_str(t->second.shape), shape_str(in.global_shape));
+  }
+  for (const auto& in : infos) {
+    const detail::TensorEntry& t = m.tensors.at(in.name);
     const int64_t row = in.global_shape[0] ? shape_numel(in.global_shape) / in.global_shape[0] : 0;
     const int64_t my_b = in.local_begin, my_e = in.local_begin + in.local_rows;
-    for (int s = 0; s < old_shards; ++s) {
-      const int64_t b = t["chunks"][s][0].get<int64_t>(), len = t["chunks"][s][1].get<int64_t>();
+    for (int s = 0; s < m.shards; ++s) {
+      const int64_t b = t.chunks[size_t(s)].begin, len = t.chunks[size_t(s)].rows;
       const int64_t lo = std::max(b, my_b), hi = std::min(b + len, my_e);
       if (lo >= hi) continue;
       SafetensorsIndex& idx = shard_index(s);
@@ -392,9 +388,8 @@ Loaded load_unchecked(const std::string& path, FSDPModule& root, optim::Optimize
     }
   }
   opt.set_step_count(meta.value("optimizer_step", int64_t(0)));
-  const int64_t step = meta["step"].get<int64_t>();
-  return {step, meta["config"].dump(), meta.value("data_position", step),
-          meta.value("user", json::object()).dump()};
+  return {m.step, meta["config"].dump(), meta.value("data_position", m.step),
+          meta.value("user", json::object()).dump(), m.run_id, m.sealed};
 }
 }  // namespace
 

@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "fsdp/core/file.h"
+#include "src/checkpoint/manifest.h"
 
 namespace fsdp::checkpoint {
 
@@ -63,36 +64,26 @@ std::string hf_name(const std::string& ours) {
 
 namespace {
 NamedTensors consolidate_unchecked(const std::string& ckpt_path, nn::MiniLLMConfig* cfg_out) {
-  namespace fs = std::filesystem;
-  const fs::path dir(ckpt_path);
-  json meta;
-  {
-    std::ifstream f(dir / "metadata.json");
-    FSDP_CHECK(f.good(), "[export] {} has no metadata.json (not a checkpoint)", ckpt_path);
-    f >> meta;
-  }
-  nn::MiniLLMConfig cfg = nn::MiniLLMConfig::from_json(meta.at("config").dump());
+  // The same checks as a resume's load (detail::read_manifest, detail::open_shard), in the same
+  // words, before any tensor byte is read.
+  const detail::Manifest m = detail::read_manifest(ckpt_path);
+  nn::MiniLLMConfig cfg = nn::MiniLLMConfig::from_json(m.meta.at("config").dump());
   if (cfg_out) *cfg_out = cfg;
-  const int shards = meta.at("shards").get<int>();
   std::vector<std::unique_ptr<SafetensorsIndex>> files;
-  for (int s = 0; s < shards; ++s) {
-    const std::string name = fmt::format("shard_{:05d}.safetensors", s);
-    const std::string path = (dir / name).string();
-    FSDP_CHECK(fs::exists(path), "[export] {} is missing {}", ckpt_path, name);
-    const std::string expect = meta["files"].value(name, json::object()).value("checksum", "");
-    FSDP_CHECK(file_checksum(path) == expect,
-               "[export] {}: checksum does not match the metadata (corrupted)", path);
-    files.push_back(std::make_unique<SafetensorsIndex>(path));
-  }
+  for (int s = 0; s < m.shards; ++s) files.push_back(detail::open_shard(m, s));
   nn::MiniLLM model(cfg);
   NamedTensors out;
   for (auto& [name, p] : model.named_parameters()) {
-    const json& t = meta.at("tensors").at(name);
-    Tensor full = Tensor::empty(p->shape, parse_dtype(t.at("dtype").get<std::string>()));
-    const int64_t row = shape_numel(p->shape) / p->shape[0];
+    const auto it = m.tensors.find(name);
+    FSDP_CHECK(it != m.tensors.end(), "[checkpoint] {} has no tensor '{}'", ckpt_path, name);
+    const detail::TensorEntry& t = it->second;
+    FSDP_CHECK(t.shape == p->shape, "[checkpoint] {}: '{}' has shape {} but the model has {}",
+               ckpt_path, name, shape_str(t.shape), shape_str(p->shape));
+    Tensor full = Tensor::empty(p->shape, t.dtype);
+    const int64_t row = p->shape[0] ? shape_numel(p->shape) / p->shape[0] : 0;
     Tensor flat = full.view({-1});
-    for (int s = 0; s < shards; ++s) {
-      const int64_t b = t["chunks"][s][0], len = t["chunks"][s][1];
+    for (int s = 0; s < m.shards; ++s) {
+      const auto [b, len] = t.chunks[size_t(s)];
       if (len > 0)
         flat.slice(b * row, (b + len) * row)
             .copy_(files[size_t(s)]->read("param/" + name).reshape({-1}));

@@ -7,7 +7,8 @@
 //                 (checked writes, fsync, rename); their checksums, or the error that stopped it;
 //   commit_save   collective: every rank's outcome and checksum in one all-gather; a failure on
 //                 any rank is an error on every rank (so no rank waits on one that gave up); rank
-//                 0 writes metadata.json last, renames the folder, fsyncs D and prunes.
+//                 0 writes metadata.json, then complete.json (its checksum, the seal) last,
+//                 renames the folder, fsyncs D and prunes.
 // The snapshot holds everything the save writes, taken at the step boundary: the tensors (live
 // ones for a synchronous save, host copies for an asynchronous one), the metadata's fields (the
 // optimizer's step count, the data position) and the extra files, so later steps change nothing
@@ -32,8 +33,9 @@ namespace fsdp::checkpoint::detail {
 struct SaveSnapshot {
   std::string dir, tmp;  // D and D/.tmp_step_N
   int64_t step = 0;
-  int rank = 0, shard = 0;
+  int rank = 0, shard = 0, shards = 1, world_size = 1;
   bool first_replica = true;
+  std::string run_id;  // in metadata.json and this shard's header
   std::vector<std::pair<std::string, Tensor>> tensors;  // this shard's rows, by name
   nlohmann::json meta;  // rank 0: every field of metadata.json but "files"
   std::vector<std::pair<std::string, std::string>> extra_files;  // rank 0: name -> contents

@@ -390,6 +390,9 @@ struct Trainer::Impl {
   MemoryPlan plan;  // this rank's predicted peak memory, from the shapes (check_memory_plan)
   std::string config_json;
   int64_t start_step = 0, steps_done = 0;
+  // The run's id, in every checkpoint's metadata and shard headers: new at a fresh start,
+  // inherited from the checkpoint a resume loads (its lineage keeps it).
+  std::string run_id;
   std::ofstream log;
   // Communication: seconds in collectives on their threads, and seconds the
   // compute thread waited for them (exposed), summed over the timed steps.
@@ -466,6 +469,7 @@ struct Trainer::Impl {
     config_json = run_config.dump();
     loader = std::make_unique<data::DataLoader>(src, cfg.batch * size, rank, size, cfg.seq, device);
     if (o.resume) resume();
+    if (run_id.empty()) run_id = checkpoint::new_run_id(pg);
     if (main() && !o.log_file.empty()) {
       log.open(o.log_file, start_step > 0 ? std::ios::app : std::ios::trunc);
       const int err = errno;
@@ -746,28 +750,26 @@ struct Trainer::Impl {
   void resume() {
     namespace fs = std::filesystem;
     const std::string path = checkpoint::latest(o.ckpt_dir);
-    std::vector<std::string> incomplete;
+    std::vector<std::pair<std::string, std::string>> incomplete;  // folder, why
     std::error_code ec;
     for (auto& e : fs::directory_iterator(o.ckpt_dir, ec))
       if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0 &&
-          !fs::exists(e.path() / "metadata.json") &&
           (path.empty() || e.path().filename().string() > fs::path(path).filename().string()))
-        incomplete.push_back(e.path().string());
+        if (std::string why = checkpoint::incomplete_reason(e.path().string()); !why.empty())
+          incomplete.emplace_back(e.path().string(), why);
     std::sort(incomplete.begin(), incomplete.end());
     if (path.empty()) {
       FSDP_CHECK(incomplete.empty(),
-                 "[fsdp-train] --resume: {} holds {} checkpoint folder(s) ({}...) but none is "
-                 "complete (no metadata.json); refusing to start over them at step 0: remove "
-                 "them or choose another --ckpt-dir",
-                 o.ckpt_dir, incomplete.size(), incomplete.front());
+                 "[fsdp-train] --resume: {} holds {} checkpoint folder(s) but none is complete "
+                 "({}: {}); refusing to start over them at step 0: remove them or choose another "
+                 "--ckpt-dir",
+                 o.ckpt_dir, incomplete.size(), incomplete.front().first,
+                 incomplete.front().second);
       if (main()) fmt::print("resume: no checkpoint in {} yet; starting at step 0\n", o.ckpt_dir);
       return;
     }
     if (main())
-      for (const std::string& d : incomplete)
-        fmt::print(stderr,
-                   "resume: skipping {}: no metadata.json (an unfinished or damaged checkpoint)\n",
-                   d);
+      for (const auto& [d, why] : incomplete) fmt::print(stderr, "resume: skipping {}: {}\n", d, why);
     const std::vector<std::string> model_keys = {
         "arch",     "vocab",          "dim",      "layers", "heads", "ffn_hidden", "kv_heads",
         "head_dim", "tie_embeddings", "qkv_bias", "dtype"};
@@ -790,11 +792,18 @@ struct Trainer::Impl {
     std::string note;
     const int64_t windows = windows_read(loaded, saved, path, &note);
     start_step = loaded.step;
+    run_id = loaded.run_id;
+    if (!loaded.sealed)
+      note += std::string(note.empty() ? "" : "; ") +
+              "an older checkpoint (format 1): it has no complete.json, run id or shard "
+              "identities to check; its files' checksums and chunks were checked; its run goes "
+              "on under a new id";
     loader->set_position(windows);
     if (main()) {
-      fmt::print("resume: loaded {} (step {}); {} windows ({} tokens) read, continuing at window "
-                 "{}{}\n",
-                 path, start_step, windows, windows * cfg.seq, windows,
+      fmt::print("resume: loaded {} (step {}) of run {}; {} windows ({} tokens) read, continuing "
+                 "at window {}{}\n",
+                 path, start_step, run_id.empty() ? "(none recorded)" : run_id, windows,
+                 windows * cfg.seq, windows,
                  note.empty() ? "" : " (" + note + ")");
       if (start_step >= o.steps)
         fmt::print(stderr,
@@ -885,6 +894,7 @@ struct Trainer::Impl {
     const auto tc = std::chrono::steady_clock::now();
     if (main()) fmt::print("checkpoint: writing step {} to {} ...\n", step, o.ckpt_dir);
     checkpoint::Extras extras;
+    extras.run_id = run_id;
     // The windows read over all ranks: a resume at any batch size or world size goes on from the
     // next one (checkpoints before saved the batch index).
     extras.data_position = loader->position();

@@ -7,12 +7,19 @@
 //                                          RNG state: both are functions of seed and
 //                                          step) and a checksum per file
 //   D/step_00000100/shard_00000.safetensors  param/<name>, exp_avg/<name>,
-//                                          exp_avg_sq/<name>: this shard's rows
+//                                          exp_avg_sq/<name>: this shard's rows; its
+//                                          header names its shard, the writing rank,
+//                                          the world size, the run id and the step
+//   D/step_00000100/complete.json         metadata.json's checksum: the seal
 //
 // Each rank of the first replica writes its own shard file into
-// D/.tmp_step_00000100, every file is fsynced, rank 0 writes the metadata
-// last and renames the directory: a crash leaves a .tmp directory that
-// latest() ignores, never a half-written checkpoint that looks whole.
+// D/.tmp_step_00000100, every file is fsynced, rank 0 writes the metadata,
+// then complete.json, last and renames the directory: a crash leaves a .tmp
+// directory that latest() ignores, never a half-written checkpoint that looks
+// whole. A folder whose complete.json is missing, garbled or does not match
+// its metadata.json is incomplete (incomplete_reason); every reader checks the
+// whole manifest (chunk coverage, shard files, shard headers) before reading
+// a tensor byte (src/checkpoint/manifest.h).
 // Loading at another world size reads, for each parameter, the rows this
 // rank now owns from whichever old shard files hold them.
 #pragma once
@@ -37,7 +44,14 @@ struct Extras {
   // Small files saved whole beside the shards, by rank 0 (name in the checkpoint directory ->
   // contents), covered by the metadata's checksums: the run's tokenizer.json, for instance.
   std::vector<std::pair<std::string, std::string>> files;
+  // The run's id (new_run_id at a fresh start, inherited on resume), in metadata.json and every
+  // shard's header: a shard of another run is refused. "": none.
+  std::string run_id;
 };
+
+// Collective: a new run id, rank 0's ("20261201-234512-9f3a61c2": UTC time and 32 random bits),
+// the same on every rank.
+std::string new_run_id(const std::shared_ptr<dist::ProcessGroup>& world);
 
 // Collective over `world`. `config_json` is a JSON object describing the run;
 // its model fields are checked on load. Keeps the newest `keep` checkpoints (0: all).
@@ -48,6 +62,11 @@ void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::O
 // The newest complete checkpoint directory in `dir`, or "" when there is none.
 std::string latest(const std::string& dir);
 
+// Why the checkpoint folder `path` is not complete ("no metadata.json", "no complete.json ...",
+// "metadata.json has checksum ... but complete.json records ..."), or "" when it is. A folder of
+// format 1 (written before complete.json) is complete here; load says so (Loaded::sealed).
+std::string incomplete_reason(const std::string& path);
+
 // An extra file of a checkpoint (Extras::files), checked against its checksum; nullopt where
 // the checkpoint has none of that name.
 std::optional<std::string> read_extra_file(const std::string& path, const std::string& name);
@@ -57,10 +76,14 @@ struct Loaded {
   std::string config_json;
   int64_t data_position = 0;  // the step, for checkpoints that saved none
   std::string user_json = "{}";
+  std::string run_id;   // "": the checkpoint names none
+  bool sealed = true;   // false: format 1, written before complete.json and shard identities
 };
 // Loads `path` into root's shards and the optimizer's state, resharding as
-// needed. Refuses, naming the file and the problem: a missing shard file, a
-// checksum that does not match (truncated or corrupted), and a model config
+// needed. Refuses, naming the file and the problem, before any tensor byte is read: an
+// incomplete folder, chunks that do not cover each tensor exactly, shard files that are not
+// exactly 'shards' of them, a checksum that does not match (truncated or corrupted), a shard
+// whose header names another shard, checkpoint or run, and a model config
 // (`model_keys` of config_json) that differs from the checkpoint's.
 Loaded load(const std::string& path, FSDPModule& root, optim::Optimizer& opt,
             const std::string& config_json, const std::vector<std::string>& model_keys);
