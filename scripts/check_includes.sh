@@ -15,16 +15,17 @@
 #                                             from the last commit where the sweep passed, and
 #                                             every file that includes one of them
 #   scripts/check_includes.sh --all [--record]  every file (the nightly sweep, .ci/nightly);
-#                                             --record writes HEAD to scripts/check_includes.passed
-#                                             when it passes on a tree whose sources are committed
+#                                             --record writes HEAD and the check's key to
+#                                             scripts/check_includes.passed when it passes on a
+#                                             tree whose sources are committed
 #   scripts/check_includes.sh FILE...         these files
 #   scripts/check_includes.sh --list          prints the changed set, checks nothing
 # The changed set is honest: a file's verdict depends only on its own text and the project files it
-# reaches by #include (and on the compiler's headers and IWYU, which the sweep covers), so a file
-# outside the set reads the same as where the sweep passed. The base is $FSDP_IWYU_BASE, else the
+# reaches by #include (and on the compiler's headers and IWYU, which the key below covers), so a
+# file outside the set reads the same as where the sweep passed. The base is $FSDP_IWYU_BASE, else the
 # commit in scripts/check_includes.passed; when there is none, it is not in the history (a shallow
-# clone), or this script changed since it, every file is checked. Files run in parallel,
-# $FSDP_IWYU_JOBS at a time (default: nproc).
+# clone), or the check's key written beside it differs (the flags, the filter, IWYU, the compiler),
+# every file is checked. Files run in parallel, $FSDP_IWYU_JOBS at a time (default: nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v include-what-you-use > /dev/null \
@@ -41,6 +42,65 @@ case "${1:-}" in
   "") ;;
   *) mode=files ;;
 esac
+
+flags=(-std=c++20 -I include -I . -I /usr/include/x86_64-linux-gnu/openblas-openmp
+  -I /usr/lib/x86_64-linux-gnu/openmpi/include -I /usr/local/cuda/include
+  -DFSDP_WITH_CUDA=1 -DFSDP_WITH_NCCL=1 -DFSDP_WITH_MPI=1 -DFSDP_WITH_GLOO=1 -DFSDP_WITH_CUDNN=1
+  '-DFSDP_FIXTURE_DIR=""'
+  -Wno-pragma-once-outside-header -Wno-unknown-warning-option -fopenmp
+  -Xiwyu --mapping_file=/usr/share/include-what-you-use/gcc.libc.imp
+  -Xiwyu --mapping_file=/usr/share/include-what-you-use/gcc.stl.headers.imp
+  -Xiwyu --mapping_file=/usr/share/include-what-you-use/gcc.symbols.imp
+  -Xiwyu --no_fwd_decls)
+
+# A file whose preprocessed text (with IWYU's version and the flags) passed before is not checked
+# again: the key captures every header it reaches, so nothing a change could affect is skipped.
+# Paths are relative to the checkout, so another clone of the same tree hits too.
+# FSDP_IWYU_CACHE=0 turns the cache off.
+cache=${FSDP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/fsdp}/iwyu
+[ "${FSDP_IWYU_CACHE:-1}" = 0 ] && cache=""
+[ -n "$cache" ] && command -v clang++ > /dev/null && mkdir -p "$cache" 2> /dev/null || cache=""
+iwyu_version=$(include-what-you-use --version 2>&1 | head -c 200 || true)
+
+# Prints "FILE: should add LINE" for each missing #include of one file.
+check_one() {
+  local f=$1 out key=""
+  if [ -n "$cache" ]; then
+    local cpp_flags=()
+    for x in "${flags[@]}"; do [[ $x == -Xiwyu || $x == --mapping_file=* || $x == --no_fwd_decls ]] || cpp_flags+=("$x"); done
+    key=$( { printf '%s\n' "$iwyu_version" "${flags[@]}" "$f"; clang++ "${cpp_flags[@]}" -E -P -x c++ "$f" 2> /dev/null; } \
+      | sha256sum | cut -c1-40)
+    [ -f "$cache/$key" ] && return
+  fi
+  out=$(include-what-you-use "${flags[@]}" -x c++ "$f" 2>&1 || true)
+  if grep -q 'error:' <<< "$out"; then
+    echo "$f: IWYU could not parse it:"
+    grep 'error:' <<< "$out" | head -5
+    echo
+    return
+  fi
+  # The "should add" block of the file itself (not of the headers it includes).
+  local found
+  found=$(awk -v f="$f" '
+    $0 == f " should add these lines:" {on = 1; next}
+    on && /^$/ {on = 0}
+    on && /^#include <[a-z_]+>/ {print f ": should add " $0}
+    on && /^#include <(assert|ctype|errno|float|inttypes|limits|math|signal|stdarg|stddef|stdint|stdio|stdlib|string|time|wchar)\.h>/ {
+      print f ": should add " $0
+    }
+  ' <<< "$out")
+  if [ -n "$found" ]; then
+    echo "$found"
+  elif [ -n "$key" ]; then
+    touch "$cache/$key"  # passed: not checked again until its preprocessed text changes
+  fi
+}
+
+# What a verdict depends on besides the files: the sweep's patterns, the flags, the check itself
+# (bash prints a function without its comments), IWYU, its mappings and the compiler whose standard
+# headers it reads. The base is good only for the same key.
+check_key=$( { declare -p sources flags; declare -f check_one; echo "$iwyu_version"; g++ -dumpfullversion
+  cat /usr/share/include-what-you-use/gcc.{libc,stl.headers,symbols}.imp || true; } 2> /dev/null | sha256sum | cut -c1-16)
 
 # The checkout's files matching the patterns: committed, staged and new ones (not ignored), less
 # the deleted ones.
@@ -88,7 +148,9 @@ case $mode in
   files) files=("$@") ;;
   all) mapfile -t files < <(tree_files "${sources[@]}") ;;
   changed)
-    base=${FSDP_IWYU_BASE:-$(grep -v '^#' "$passed_file" 2> /dev/null | head -1 || true)}
+    base="" key=""
+    [ -f "$passed_file" ] && read -r base key < <(grep -v '^#' "$passed_file")
+    [ -n "${FSDP_IWYU_BASE:-}" ] && base=$FSDP_IWYU_BASE key=$check_key
     why=""
     if [ -z "$base" ]; then
       why="no base commit ($passed_file is missing)"
@@ -97,8 +159,8 @@ case $mode in
     else
       # Committed, staged and unstaged changes since the base, and new files not yet committed.
       changed=$( { git diff --name-only "$base" --; git ls-files --others --exclude-standard; } | sort -u)
-      if grep -qx 'scripts/check_includes.sh' <<< "$changed"; then
-        why="scripts/check_includes.sh changed since $base"
+      if [ "$key" != "$check_key" ]; then
+        why="the check changed since $base (its flags, patterns or filter: key $check_key, not ${key:-none})"
       fi
     fi
     if [ -n "$why" ]; then
@@ -113,15 +175,6 @@ case $mode in
     fi
     ;;
 esac
-flags=(-std=c++20 -I include -I . -I /usr/include/x86_64-linux-gnu/openblas-openmp
-  -I /usr/lib/x86_64-linux-gnu/openmpi/include -I /usr/local/cuda/include
-  -DFSDP_WITH_CUDA=1 -DFSDP_WITH_NCCL=1 -DFSDP_WITH_MPI=1 -DFSDP_WITH_GLOO=1 -DFSDP_WITH_CUDNN=1
-  '-DFSDP_FIXTURE_DIR=""'
-  -Wno-pragma-once-outside-header -Wno-unknown-warning-option -fopenmp
-  -Xiwyu --mapping_file=/usr/share/include-what-you-use/gcc.libc.imp
-  -Xiwyu --mapping_file=/usr/share/include-what-you-use/gcc.stl.headers.imp
-  -Xiwyu --mapping_file=/usr/share/include-what-you-use/gcc.symbols.imp
-  -Xiwyu --no_fwd_decls)
 unchecked=""
 fe=${FSDP_BUILD_DIR:-build}/_deps/cudnn-frontend/include  # scripts/install_deps.sh puts it there
 if [ -f "$fe/cudnn_frontend.h" ]; then
@@ -137,48 +190,6 @@ if [ $list = 1 ]; then
 fi
 [ ${#files[@]} -gt 0 ] || { echo "check_includes: no file to check"; exit 0; }
 
-# A file whose preprocessed text (with IWYU's version and the flags) passed before is not checked
-# again: the key captures every header it reaches, so nothing a change could affect is skipped.
-# Paths are relative to the checkout, so another clone of the same tree hits too.
-# FSDP_IWYU_CACHE=0 turns the cache off.
-cache=${FSDP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/fsdp}/iwyu
-[ "${FSDP_IWYU_CACHE:-1}" = 0 ] && cache=""
-[ -n "$cache" ] && command -v clang++ > /dev/null && mkdir -p "$cache" 2> /dev/null || cache=""
-iwyu_version=$(include-what-you-use --version 2>&1 | head -c 200 || true)
-
-# Prints "FILE: should add LINE" for each missing #include of one file.
-check_one() {
-  local f=$1 out key=""
-  if [ -n "$cache" ]; then
-    local cpp_flags=()
-    for x in "${flags[@]}"; do [[ $x == -Xiwyu || $x == --mapping_file=* || $x == --no_fwd_decls ]] || cpp_flags+=("$x"); done
-    key=$( { printf '%s\n' "$iwyu_version" "${flags[@]}" "$f"; clang++ "${cpp_flags[@]}" -E -P -x c++ "$f" 2> /dev/null; } \
-      | sha256sum | cut -c1-40)
-    [ -f "$cache/$key" ] && return
-  fi
-  out=$(include-what-you-use "${flags[@]}" -x c++ "$f" 2>&1 || true)
-  if grep -q 'error:' <<< "$out"; then
-    echo "$f: IWYU could not parse it:"
-    grep 'error:' <<< "$out" | head -5
-    echo
-    return
-  fi
-  # The "should add" block of the file itself (not of the headers it includes).
-  local found
-  found=$(awk -v f="$f" '
-    $0 == f " should add these lines:" {on = 1; next}
-    on && /^$/ {on = 0}
-    on && /^#include <[a-z_]+>/ {print f ": should add " $0}
-    on && /^#include <(assert|ctype|errno|float|inttypes|limits|math|signal|stdarg|stddef|stdint|stdio|stdlib|string|time|wchar)\.h>/ {
-      print f ": should add " $0
-    }
-  ' <<< "$out")
-  if [ -n "$found" ]; then
-    echo "$found"
-  elif [ -n "$key" ]; then
-    touch "$cache/$key"  # passed: not checked again until its preprocessed text changes
-  fi
-}
 export -f check_one
 export cache iwyu_version
 jobs=${FSDP_IWYU_JOBS:-$(nproc)}
@@ -192,10 +203,10 @@ echo "check_includes: ${#files[@]} files include what they use"
 if [ $record = 1 ]; then
   if [ -n "$unchecked" ]; then
     echo "check_includes: not recorded: $unchecked was not checked (scripts/install_deps.sh fetches them)"
-  elif git diff --quiet HEAD -- "${graph[@]}" scripts/check_includes.sh && [ -z "$(git ls-files --others --exclude-standard -- "${graph[@]}")" ]; then
-    { echo "# The last commit at which scripts/check_includes.sh --all passed (written by --all --record);"
-      echo "# include_test checks what changed since. Commit a newer one to move it forward."
-      git rev-parse HEAD; } > "$passed_file"
+  elif git diff --quiet HEAD -- "${graph[@]}" && [ -z "$(git ls-files --others --exclude-standard -- "${graph[@]}")" ]; then
+    { echo "# The last commit at which scripts/check_includes.sh --all passed, and the key of that check"
+      echo "# (written by --all --record); include_test checks what changed since. Commit a newer one."
+      echo "$(git rev-parse HEAD) $check_key"; } > "$passed_file"
     echo "check_includes: wrote $(git rev-parse --short HEAD) to $passed_file (commit it to move include_test's base)"
   else
     echo "check_includes: not recorded: sources differ from HEAD (commit them, then run --all --record again)"
