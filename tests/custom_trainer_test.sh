@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # examples/custom_trainer (a 60-line trainer from the library's parts) at 2 ranks: it prints the
 # losses fsdp-train prints for the same config, and a run stopped at step 10 and restarted
-# resumes bit for bit (the losses of steps 10-19 equal the uninterrupted run's, every digit).
+# resumes bit for bit (the losses of steps 10-19 equal the uninterrupted run's, every digit). Its
+# resume policy is fsdp-train's (the same checkpoint::Manager): an incomplete newest checkpoint is
+# skipped aloud by both, and the newest complete one is loaded.
 set -uo pipefail
 trainer=$1
 fsdp_train=$2
@@ -29,4 +31,23 @@ grep -E '^step (1[0-9]) ' "$work/full.out" > "$work/tail_full"
 grep -E '^step ' "$work/resumed.out" > "$work/tail_resumed"
 [ "$(wc -l < "$work/tail_resumed")" -eq 10 ] && cmp -s "$work/tail_full" "$work/tail_resumed" && ok \
   || bad "the resumed steps differ from the uninterrupted run: $(diff "$work/tail_full" "$work/tail_resumed" | head -4 | tr '\n' ';')"
+
+# An incomplete newest checkpoint (a step folder without metadata.json, an unfinished .tmp_ one)
+# is skipped, aloud, by custom_trainer and by fsdp-train alike.
+skipped() {  # skipped OUT DIR: both incomplete folders named as skipped
+  grep -qF "resume: skipping $2/step_00000015: no metadata.json" "$1" \
+    && grep -qF "resume: skipping $2/.tmp_step_00000012: an unfinished write" "$1"
+}
+"${mpi[@]}" "$trainer" "$work/c" 10 > /dev/null 2>&1 || bad "custom_trainer: the run to step 10 failed"
+mkdir -p "$work/c/step_00000015" "$work/c/.tmp_step_00000012"
+"${mpi[@]}" "$trainer" "$work/c" > "$work/c.out" 2>&1 || bad "custom_trainer: the resume failed: $(tail -3 "$work/c.out")"
+skipped "$work/c.out" "$work/c" && [ "$(grep -m1 -E '^step ' "$work/c.out" | cut -d' ' -f2)" = 10 ] && ok \
+  || bad "custom_trainer did not skip the incomplete checkpoints and resume at step 10: $(head -4 "$work/c.out" | tr '\n' ';')"
+small=(--preset tiny --dim 32 --layers 1 --heads 4 --vocab 64 --seq 16 --batch 2 --threads 1 --sample-tokens 0)
+"$fsdp_train" "${small[@]}" --steps 2 --ckpt-dir "$work/t" --ckpt-every 1 > /dev/null 2>&1 || bad "fsdp-train: the run to step 2 failed"
+mkdir -p "$work/t/step_00000015" "$work/t/.tmp_step_00000012"
+"$fsdp_train" "${small[@]}" --steps 3 --ckpt-dir "$work/t" --resume > "$work/t.out" 2>&1 \
+  || bad "fsdp-train: the resume failed: $(tail -3 "$work/t.out")"
+skipped "$work/t.out" "$work/t" && grep -qF "resume: loaded $work/t/step_00000002 (step 2)" "$work/t.out" && ok \
+  || bad "fsdp-train did not skip the incomplete checkpoints and load step 2: $(grep resume: "$work/t.out" | tr '\n' ';')"
 summary

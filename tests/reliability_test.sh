@@ -7,7 +7,9 @@
 #   with a checkpoint and exit 0 (alone and under fsdprun), and --resume goes on from it; a
 #   non-finite loss stops before the optimizer step and before any save; an out-of-memory --seq
 #   is the library's error, not a crash; a .bin with a bad magic is refused; --resume never
-#   guesses; outputs that cannot be written are refused before the first step; bad flags.
+#   guesses; outputs that cannot be written are refused before the first step; bad flags; one job
+#   and one run per --ckpt-dir (a second job and a fresh run refused by name, --overwrite, the
+#   lock released by kill -9).
 #   reliability_test.sh FSDP_TRAIN FSDPRUN
 set -uo pipefail
 train=$1
@@ -443,4 +445,47 @@ else
   refused "a 645B model against MemAvailable" "(MemAvailable); shard over more ranks" \
     timeout -k 10 60 "$train" --preset tiny --arch llama --vocab 256 --threads 1 --dim 16384 --layers 200 --heads 64 --steps 1
 fi
+
+# 17. One job per --ckpt-dir (two jobs on one folder both exited 0, the first's checkpoints
+# replaced): rank 0 holds an flock on D/.lock with its pid, host and start time in it. A second
+# job (2 ranks) is refused naming the holder; the first, held running until then, goes on.
+"$train" "${small[@]}" --steps 100000 --ckpt-dir "$work/one" --ckpt-every 100000 --log-file "$work/one.jsonl" \
+  > "$work/one.out" 2>&1 &
+job=$!
+until [ -s "$work/one.jsonl" ] || ! kill -0 $job 2> /dev/null; do sleep 0.1; done  # training: the lock is held
+grep -q "^pid $job on host $(hostname) since " "$work/one/.lock" && ok || bad "lock file: $(cat "$work/one/.lock" 2>&1)"
+refused "a second job on one --ckpt-dir" "$work/one is in use by another job (pid $job on host $(hostname) since " \
+  "${mpi[@]}" -np 2 "$train" "${small[@]}" --steps 2 --ckpt-dir "$work/one" --resume
+kill -0 $job 2> /dev/null && ok || bad "the first job did not survive the second's start: $(tail -2 "$work/one.out")"
+kill -TERM $job
+wait $job
+rc=$?
+[ $rc -eq 0 ] && ls "$work/one" | grep -q '^step_' && ok || bad "the first job after the second's refusal: rc $rc: $(tail -2 "$work/one.out")"
+
+# 18. One run's lineage per --ckpt-dir (a fresh run into another run's folder had its step 2
+# pruned by --keep, its step 4 replaced the other's, and --resume then loaded the other's step 6):
+# a run without --resume into a folder that holds checkpoints is refused by name, nothing removed.
+before=$(ls -a "$work/one")
+refused "a fresh run into a --ckpt-dir that holds checkpoints" \
+  "$work/one already holds the checkpoints of a run (1 folder(s): step_" \
+  "$train" "${small[@]}" --steps 2 --ckpt-dir "$work/one" --ckpt-every 1 --keep 1
+[ "$(ls -a "$work/one")" = "$before" ] && ok || bad "the refused run changed $work/one: $(ls -a "$work/one" | tr '\n' ' ')"
+
+# 19. --overwrite clears the folders this project wrote (step_*, .tmp_step_*), nothing else, and runs.
+echo mine > "$work/one/notes.txt"
+mkdir "$work/one/.tmp_step_00000007"
+"$train" "${small[@]}" --steps 2 --ckpt-dir "$work/one" --ckpt-every 2 --overwrite > "$work/ow.out" 2>&1 \
+  && grep -qF "checkpoint: --overwrite: removed 2 checkpoint folder(s) from $work/one" "$work/ow.out" \
+  && [ "$(ls "$work/one" | tr '\n' ' ')" = "notes.txt step_00000002 " ] && ok \
+  || bad "--overwrite: $(tail -2 "$work/ow.out"); left $(ls -a "$work/one" | tr '\n' ' ')"
+
+# 20. The kernel releases the lock of a job killed with SIGKILL: the next start goes on.
+"$train" "${small[@]}" --steps 100000 --ckpt-dir "$work/k9" --log-file "$work/k9.jsonl" > "$work/k9.out" 2>&1 &
+job=$!
+until [ -s "$work/k9.jsonl" ] || ! kill -0 $job 2> /dev/null; do sleep 0.1; done
+grep -q "^pid $job " "$work/k9/.lock" && ok || bad "the killed job's lock file: $(cat "$work/k9/.lock" 2>&1)"
+kill -9 $job
+wait $job 2> /dev/null
+"$train" "${small[@]}" --steps 1 --ckpt-dir "$work/k9" > "$work/k9b.out" 2>&1 && ok \
+  || bad "a start after kill -9 of the lock's holder: $(tail -2 "$work/k9b.out")"
 summary

@@ -46,7 +46,7 @@ fi
 # 3. --help lists the flags the later issues rely on.
 if "$bin" --help > "$work/help.out" 2>&1; then
   for f in --preset --arch --vocab --dim --layers --heads --seq --batch --steps --lr --seed --dtype --threads --data \
-    --warmup-steps --lr-decay --min-lr --wd-2d-only --grad-clip --eval-every --ckpt-dir --ckpt-every --keep --resume \
+    --warmup-steps --lr-decay --min-lr --wd-2d-only --grad-clip --eval-every --ckpt-dir --ckpt-every --keep --resume --overwrite \
     --init-from --log-file --profile-steps --profile-dir; do
     grep -q -- "$f" "$work/help.out" && ok || bad "--help does not list $f"
   done
@@ -90,6 +90,9 @@ expect_fail "--grad-accum must be >= 1, got 0" --preset tiny --grad-accum 0 --st
 expect_fail "--reshard-after-forward" --preset tiny --reshard-after-forward maybe --steps 1
 expect_fail "--lr-decay must be none, cosine or linear, got 'step'" --preset tiny --lr-decay step --steps 1
 expect_fail "--resume needs --ckpt-dir" --preset tiny --resume --steps 1
+expect_fail "--overwrite needs --ckpt-dir" --preset tiny --overwrite --steps 1
+expect_fail "--overwrite clears --ckpt-dir and --resume continues from it" --preset tiny --overwrite --resume \
+  --ckpt-dir "$work/ow" --steps 1
 expect_fail "--profile-steps '3' must be A:B" --preset tiny --profile-steps 3 --steps 1
 expect_fail "no tensor named" --preset tiny --steps 1 --init-from "$work/empty.safetensors"
 expect_fail "cannot open" --preset tiny --steps 1 --init-from "$work/missing.safetensors"

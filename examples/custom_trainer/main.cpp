@@ -1,5 +1,6 @@
 // A sharded trainer from the library's parts: tiny llama, fully_shard, AdamW, warmup + cosine,
-// clipping, a checkpoint every 10 steps, resume. mpirun -np 2 custom_trainer CKPT_DIR [STOP_AT]
+// clipping, a checkpoint every 10 steps, resume (fsdp-train's checkpoint::Manager: the folder is
+// locked, the newest complete checkpoint is loaded). mpirun -np 2 custom_trainer CKPT_DIR [STOP_AT]
 #include <fmt/core.h>
 
 #include <cstdint>
@@ -8,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/checkpoint/manager.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/token_sources.h"
 #include "fsdp/dist/device_mesh.h"
@@ -37,11 +38,13 @@ int main(int argc, char** argv) try {
       {.lr = 1e-3, .warmup = 5, .decay = optim::Decay::cosine, .min_lr = 1e-4, .decay_end = steps});
   data::DataLoader data(std::make_shared<data::RandomTokenSource>(cfg.vocab, seed), cfg.batch,
                         world->rank(), world->size(), cfg.seq);  // each rank's rows of cfg.batch
+  // The run in dir, as fsdp-train keeps it (checkpoint::Manager): locked for this job, resumed
+  // from its newest complete checkpoint (newer incomplete ones skipped aloud), the newest 2 kept.
+  checkpoint::Manager ckpt({.dir = dir, .resume = true, .keep = 2}, world);
   int64_t start = 0;
-  if (const std::string last = checkpoint::latest(dir); !last.empty()) {  // resume
-    const checkpoint::Loaded loaded = checkpoint::load(last, root, opt, cfg.to_json(), {"arch"});
-    start = loaded.step;
-    data.set_position(loaded.data_position);  // the windows read: the next batch is the next unread
+  if (const auto loaded = ckpt.load(root, opt, cfg.to_json(), {"arch"})) {
+    start = loaded->step;
+    data.set_position(loaded->data_position);  // windows read: the next batch is the next unread
   }
   for (int64_t step = start; step < stop; ++step) {
     opt.set_lr(lr.at(step));
@@ -54,8 +57,7 @@ int main(int argc, char** argv) try {
     opt.step();
     world->all_reduce(loss, dist::ReduceOp::AVG)->wait();  // the mean over ranks
     if (!world->rank()) fmt::print("step {} | loss {} | norm {:.3f}\n", step, loss.item(), norm);
-    if ((step + 1) % 10 == 0)
-      checkpoint::save(dir, step + 1, root, opt, cfg.to_json(), 2, world, {data.position()});
+    if ((step + 1) % 10 == 0) ckpt.save(step + 1, root, opt, cfg.to_json(), {data.position()});
   }
   dist::destroy_process_group();
 } catch (const std::exception& e) {

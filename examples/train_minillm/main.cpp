@@ -182,6 +182,9 @@ int main(int argc, char** argv) {
                "copy each checkpoint to host memory at the step boundary and write it on a "
                "background thread while training goes on");
   app.add_flag("--resume", o.resume, "continue from the newest checkpoint in --ckpt-dir");
+  app.add_flag("--overwrite", o.overwrite,
+               "a fresh run into a --ckpt-dir that holds checkpoints: remove them first (its "
+               "step_* and .tmp_step_* folders); without it such a run is refused");
   app.add_option("--init-from", o.init_from,
                  "start from a pretrained model: a Hugging Face folder or a .gguf file (its "
                  "architecture and tokenizer), or full weights in a safetensors file");

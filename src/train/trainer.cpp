@@ -32,9 +32,9 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/checkpoint/async_save.h"
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/interchange.h"
+#include "fsdp/checkpoint/manager.h"
 #include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/core/allocator.h"
@@ -343,6 +343,10 @@ void TrainOptions::validate() const {
   FSDP_CHECK(!async_checkpoint || !ckpt_dir.empty(),
              "[fsdp-train] --async-checkpoint needs --ckpt-dir");
   FSDP_CHECK(!resume || !ckpt_dir.empty(), "[fsdp-train] --resume needs --ckpt-dir");
+  FSDP_CHECK(!overwrite || !ckpt_dir.empty(), "[fsdp-train] --overwrite needs --ckpt-dir");
+  FSDP_CHECK(
+      !(overwrite && resume),
+      "[fsdp-train] --overwrite clears --ckpt-dir and --resume continues from it: choose one");
   FSDP_CHECK(shard == "full" || (ckpt_dir.empty() && !wd_2d_only),
              "[fsdp-train] checkpoints and --wd-2d-only need --shard full");
   // AdamW's hyper-parameters: a zero eps divides by zero on the first step.
@@ -390,17 +394,14 @@ struct Trainer::Impl {
   MemoryPlan plan;  // this rank's predicted peak memory, from the shapes (check_memory_plan)
   std::string config_json;
   int64_t start_step = 0, steps_done = 0;
-  // The run's id, in every checkpoint's metadata and shard headers: new at a fresh start,
-  // inherited from the checkpoint a resume loads (its lineage keeps it).
-  std::string run_id;
   std::ofstream log;
   // Communication: seconds in collectives on their threads, and seconds the
   // compute thread waited for them (exposed), summed over the timed steps.
   double comm_total = 0, exposed_total = 0, step_total = 0;
   int64_t steps_timed = 0;  // the steps those sums cover (a resume or a stop times fewer)
   double longest_step = 0;  // seconds
-  // --async-checkpoint: the background writer; one save pending at most
-  std::unique_ptr<checkpoint::AsyncSaver> saver;
+  // --ckpt-dir: the folder's owner (lock, one run per folder, resume, sync or background saves)
+  std::unique_ptr<checkpoint::Manager> ckpt;
 
   bool main() const { return rank == 0; }
 
@@ -414,7 +415,16 @@ struct Trainer::Impl {
         pg(std::move(group)) {
     o.validate();
     rank = pg->rank();
-    if (!o.ckpt_dir.empty()) check_writable_dir(o.ckpt_dir, "--ckpt-dir", pg->rank());
+    if (!o.ckpt_dir.empty()) {
+      check_writable_dir(o.ckpt_dir, "--ckpt-dir", pg->rank());
+      ckpt = std::make_unique<checkpoint::Manager>(
+          checkpoint::ManagerOptions{.dir = o.ckpt_dir,
+                                     .resume = o.resume,
+                                     .overwrite = o.overwrite,
+                                     .keep = o.keep,
+                                     .async = o.async_checkpoint},
+          pg);
+    }
     if (!o.profile_steps.empty()) check_writable_dir(o.profile_dir, "--profile-dir", pg->rank());
     size = pg->size();
     device = pg->device();
@@ -469,7 +479,6 @@ struct Trainer::Impl {
     config_json = run_config.dump();
     loader = std::make_unique<data::DataLoader>(src, cfg.batch * size, rank, size, cfg.seq, device);
     if (o.resume) resume();
-    if (run_id.empty()) run_id = checkpoint::new_run_id(pg);
     if (main() && !o.log_file.empty()) {
       log.open(o.log_file, start_step > 0 ? std::ios::app : std::ios::trunc);
       const int err = errno;
@@ -743,56 +752,23 @@ struct Trainer::Impl {
     fmt::print("+{:-<24}+{:-<46}+\n", "", "");
   }
 
-  // Loads exactly the newest complete checkpoint, or refuses naming the file and the field:
-  // an incomplete newer one is skipped aloud; step_* folders with none complete are never
-  // started over; every rank must load its shards before any says so; the run's data fields
-  // (seq, data, tokenizer) must match the checkpoint's.
+  // The newest complete checkpoint, as checkpoint::Manager picks and loads it (newer incomplete
+  // ones skipped aloud, every rank loaded before any goes on); then the run's data fields (seq,
+  // data, tokenizer) must match the checkpoint's.
   void resume() {
-    namespace fs = std::filesystem;
-    const std::string path = checkpoint::latest(o.ckpt_dir);
-    std::vector<std::pair<std::string, std::string>> incomplete;  // folder, why
-    std::error_code ec;
-    for (auto& e : fs::directory_iterator(o.ckpt_dir, ec))
-      if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0 &&
-          (path.empty() || e.path().filename().string() > fs::path(path).filename().string()))
-        if (std::string why = checkpoint::incomplete_reason(e.path().string()); !why.empty())
-          incomplete.emplace_back(e.path().string(), why);
-    std::sort(incomplete.begin(), incomplete.end());
-    if (path.empty()) {
-      FSDP_CHECK(incomplete.empty(),
-                 "[fsdp-train] --resume: {} holds {} checkpoint folder(s) but none is complete "
-                 "({}: {}); refusing to start over them at step 0: remove them or choose another "
-                 "--ckpt-dir",
-                 o.ckpt_dir, incomplete.size(), incomplete.front().first,
-                 incomplete.front().second);
-      if (main()) fmt::print("resume: no checkpoint in {} yet; starting at step 0\n", o.ckpt_dir);
-      return;
-    }
-    if (main())
-      for (const auto& [d, why] : incomplete) fmt::print(stderr, "resume: skipping {}: {}\n", d, why);
     const std::vector<std::string> model_keys = {
         "arch",     "vocab",          "dim",      "layers", "heads", "ffn_hidden", "kv_heads",
         "head_dim", "tie_embeddings", "qkv_bias", "dtype"};
-    std::string error;
-    checkpoint::Loaded loaded;
-    try {
-      loaded = checkpoint::load(path, *root, *opt, config_json, model_keys);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    Tensor failed = Tensor::full({1}, error.empty() ? 0.0 : 1.0, DType::f32).to(device);
-    pg->all_reduce(failed, dist::ReduceOp::SUM)->wait();
-    if (!error.empty()) throw Error(error);
-    FSDP_CHECK(failed.item() == 0,
-               "[fsdp-train] --resume: {} other rank(s) could not load {} (their errors name the "
-               "problem)",
-               failed.item(), path);
+    const std::optional<checkpoint::Loaded> found =
+        ckpt->load(*root, *opt, config_json, model_keys);
+    if (!found) return;
+    const checkpoint::Loaded& loaded = *found;
+    const std::string& path = ckpt->loaded_path();
     const nlohmann::json saved = nlohmann::json::parse(loaded.config_json);
     check_same_data(saved, nlohmann::json::parse(config_json), path);
     std::string note;
     const int64_t windows = windows_read(loaded, saved, path, &note);
     start_step = loaded.step;
-    run_id = loaded.run_id;
     if (!loaded.sealed)
       note += std::string(note.empty() ? "" : "; ") +
               "an older checkpoint (format 1): it has no complete.json, run id or shard "
@@ -802,8 +778,8 @@ struct Trainer::Impl {
     if (main()) {
       fmt::print("resume: loaded {} (step {}) of run {}; {} windows ({} tokens) read, continuing "
                  "at window {}{}\n",
-                 path, start_step, run_id.empty() ? "(none recorded)" : run_id, windows,
-                 windows * cfg.seq, windows,
+                 path, start_step, loaded.run_id.empty() ? "(none recorded)" : loaded.run_id,
+                 windows, windows * cfg.seq, windows,
                  note.empty() ? "" : " (" + note + ")");
       if (start_step >= o.steps)
         fmt::print(stderr,
@@ -845,7 +821,7 @@ struct Trainer::Impl {
                                        .losses = micro_losses,
                                        .grad_norm_sq = norm.total_sq,
                                        .stop = stop_signal() != 0,
-                                       .ckpt_write = saver ? int(saver->state()) : 0,
+                                       .ckpt_write = ckpt ? ckpt->write_state() : 0,
                                        .lr = opt->lr(),
                                        .step_seconds = 1.0,
                                        .tokens = cfg.batch * size * cfg.seq * o.grad_accum,
@@ -893,8 +869,7 @@ struct Trainer::Impl {
     const Uninterruptible whole;  // a stop signal does not cut a checkpoint short (a second one does)
     const auto tc = std::chrono::steady_clock::now();
     if (main()) fmt::print("checkpoint: writing step {} to {} ...\n", step, o.ckpt_dir);
-    checkpoint::Extras extras;
-    extras.run_id = run_id;
+    checkpoint::Extras extras;  // its run id is the Manager's (the run's lineage)
     // The windows read over all ranks: a resume at any batch size or world size goes on from the
     // next one (checkpoints before saved the batch index).
     extras.data_position = loader->position();
@@ -905,29 +880,24 @@ struct Trainer::Impl {
     if (tokenizer) extras.files.emplace_back("tokenizer.json", tokenizer->json());
     if (tokenizer && model_tokenizer)  // the pretrained model's ids, chat template, pre-tokenizer
       extras.files.emplace_back("tokenizer_meta.json", pretrained->tokenizer_meta().to_json());
-    if (o.async_checkpoint) {
-      if (!saver) saver = std::make_unique<checkpoint::AsyncSaver>();
-      if (main() && saver->pending_step() >= 0)  // a second save waits for the first
-        fmt::print("checkpoint: waiting for the background write of step {}\n",
-                   saver->pending_step());
-      saver->save(o.ckpt_dir, step, *root, *opt, config_json, o.keep, pg, extras);
-      if (main())
-        fmt::print("checkpoint: step {} copied in {:.3f} s (training blocked {:.3f} s); writing in "
-                   "the background\n",
-                   step, seconds_since(tc), saver->last_blocking_seconds());
-      return;
-    }
-    checkpoint::save(o.ckpt_dir, step, *root, *opt, config_json, o.keep, pg, extras);
-    if (main()) fmt::print("checkpoint: done in {:.2f} s\n", seconds_since(tc));
+    if (main() && ckpt->pending_step() >= 0)  // a second save waits for the first
+      fmt::print("checkpoint: waiting for the background write of step {}\n", ckpt->pending_step());
+    ckpt->save(step, *root, *opt, config_json, extras);
+    if (main() && o.async_checkpoint)
+      fmt::print("checkpoint: step {} copied in {:.3f} s (training blocked {:.3f} s); writing in "
+                 "the background\n",
+                 step, seconds_since(tc), ckpt->last_blocking_seconds());
+    else if (main())
+      fmt::print("checkpoint: done in {:.2f} s\n", seconds_since(tc));
   }
 
   // Collective: --async-checkpoint's pending save, committed (or its failure thrown on every rank).
   void finish_async_save() {
-    if (!saver || saver->pending_step() < 0) return;
+    if (!ckpt || ckpt->pending_step() < 0) return;
     const Uninterruptible whole;
-    const int64_t step = saver->pending_step();
+    const int64_t step = ckpt->pending_step();
     const auto tc = std::chrono::steady_clock::now();
-    saver->wait();
+    ckpt->wait();
     if (main())
       fmt::print("checkpoint: step {} written in the background (committed after {:.3f} s more)\n",
                  step, seconds_since(tc));
@@ -999,7 +969,7 @@ struct Trainer::Impl {
       }
       // The background write's outcome came with the metrics, the same on every rank: a failure
       // is an error here, on every rank; a finished write is committed.
-      if (saver && saver->pending_step() >= 0 && (m.ckpt_write_failed || !m.ckpt_writing))
+      if (ckpt && ckpt->pending_step() >= 0 && (m.ckpt_write_failed || !m.ckpt_writing))
         finish_async_save();
       if (val && o.eval_every > 0 && ((s + 1) % o.eval_every == 0 || s + 1 == o.steps)) {
         m.val_loss = evaluate();
@@ -1021,9 +991,9 @@ struct Trainer::Impl {
         const Uninterruptible stopping;  // the checkpoint and the summary's gather
         const int sig = stop_signal();
         if (!o.ckpt_dir.empty() && !saved) save(s + 1);
-        if (main() && saver && saver->pending_step() >= 0)
+        if (main() && ckpt && ckpt->pending_step() >= 0)
           fmt::print(stderr, "fsdp-train: stopping: waiting for the background write of step {}\n",
-                     saver->pending_step());
+                     ckpt->pending_step());
         finish_async_save();  // the write in flight is committed before the process ends
         if (main())
           fmt::print(stderr, "fsdp-train: {} received: stopped after step {}{}\n",

@@ -76,6 +76,9 @@ struct TrainOptions {
   // thread while training goes on (checkpoint::AsyncSaver); same files, same protocol.
   bool async_checkpoint = false;
   bool resume = false;
+  // A fresh run (no resume) into a ckpt_dir holding checkpoints is refused; overwrite clears its
+  // step_* and .tmp_step_* folders first (checkpoint::Manager: one run per folder).
+  bool overwrite = false;
   std::string init_from;
   std::string log_file;
   bool allow_oversubscribe_memory = false;  // skip the memory plan's check at start

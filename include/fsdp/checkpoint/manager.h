@@ -1,0 +1,91 @@
+// checkpoint::Manager: the one owner of a checkpoint folder, shared by fsdp-train (train::Trainer)
+// and any trainer written from the library's parts (examples/custom_trainer), in the spirit of
+// torchtitan's CheckpointManager. It holds the resume policy, so every trainer gets the same one:
+//
+//   - one job per folder: rank 0 takes an flock on D/.lock for the Manager's life (the kernel
+//     releases it when the process dies, kill -9 included) and records its pid, host and start
+//     time there, so a second job is refused naming the holder. Only rank 0 locks: the ranks of
+//     one job on a shared filesystem never lock each other out;
+//   - one run's lineage per folder: a fresh run (resume = false) into a folder that holds
+//     checkpoints is refused by name, unless overwrite clears them first (only the folders this
+//     project writes, step_* and .tmp_step_*; other files stay);
+//   - resume loads the newest complete checkpoint (checkpoint::latest), says aloud which newer,
+//     incomplete ones it skips, refuses step folders of which none is complete, and every rank
+//     learns that one could not load before load() returns on any;
+//   - saves go through checkpoint::save or, with async, checkpoint::AsyncSaver; keep prunes;
+//     each carries the run's id, new at a fresh start and kept by resumes (its lineage).
+// Every decision rank 0 makes about the folder is agreed with one all-reduce, so a refusal is an
+// error on every rank (rank 0's names the reason; the others name rank 0).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/dist/process_group.h"
+#include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/optim/optimizer.h"
+
+namespace fsdp::checkpoint {
+
+struct ManagerOptions {
+  std::string dir;         // D: the run's checkpoint folder (created when missing)
+  bool resume = false;     // continue the run in D; false: a fresh run, refused where D holds one
+  bool overwrite = false;  // a fresh run clears D's step_* and .tmp_step_* folders first
+  int keep = 0;            // the newest checkpoints kept; 0: all
+  bool async = false;      // saves are written by a background thread (AsyncSaver)
+};
+
+class Manager {
+ public:
+  // Collective over `world` (nullptr: this process alone). Locks D and applies the fresh-run
+  // rule; throws on every rank when either refuses.
+  Manager(ManagerOptions options, std::shared_ptr<dist::ProcessGroup> world);
+  // Joins a background write not committed by wait() (it stays a .tmp_ folder), then unlocks.
+  ~Manager();
+  Manager(const Manager&) = delete;
+  Manager& operator=(const Manager&) = delete;
+
+  // The checkpoint a resume loads: the newest complete one, "" when D holds no step folder.
+  // Prints (rank 0, stderr) each newer incomplete one it skips; refuses step folders of which
+  // none is complete. Local: no collective.
+  std::string resume_path() const;
+  // Collective. With resume, loads resume_path() into root's shards and the optimizer (see
+  // checkpoint::load); nullopt when there is nothing to load (or resume is off). A rank that
+  // cannot load makes every rank throw before any returns.
+  std::optional<Loaded> load(FSDPModule& root, optim::Optimizer& opt,
+                             const std::string& config_json,
+                             const std::vector<std::string>& model_keys);
+  const std::string& loaded_path() const { return loaded_path_; }
+  // The run's id (checkpoint::new_run_id, made at construction; a resume takes the loaded
+  // checkpoint's where it names one): stamped on every save whose Extras name none.
+  const std::string& run_id() const { return run_id_; }
+
+  // Collective: the checkpoint of `step` into D (checkpoint::save's arguments), synchronous or
+  // started in the background (a second save waits for the first).
+  void save(int64_t step, FSDPModule& root, const optim::Optimizer& opt,
+            const std::string& config_json, const Extras& extras = {});
+  // The background write's state (AsyncSaver::WriteState as an int; 0 when none), for a step's
+  // metrics gather.
+  int write_state() const;
+  // The step of the background save not yet committed, or -1.
+  int64_t pending_step() const;
+  // Collective when a background save is pending: commits it (AsyncSaver::wait).
+  void wait();
+  // Seconds the last background save() held its caller.
+  double last_blocking_seconds() const;
+
+  const ManagerOptions& options() const { return o_; }
+
+ private:
+  struct Impl;
+  ManagerOptions o_;
+  std::shared_ptr<dist::ProcessGroup> world_;
+  std::string loaded_path_, run_id_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fsdp::checkpoint

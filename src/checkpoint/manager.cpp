@@ -1,0 +1,241 @@
+// checkpoint::Manager: the folder's lock, the one-run-per-folder rule, the resume policy and the
+// save entry point (manager.h). The files themselves are checkpoint.cpp's and async_save.cpp's;
+// this file decides which folder is loaded, whether a run may write into D at all, and makes
+// every rank agree on it.
+//
+// The lock is an flock(2) on D/.lock taken by rank 0 only: rank 0 is the rank that renames,
+// prunes and clears folders, and the ranks of one job on a shared filesystem must not lock each
+// other out. The file is never removed (removing it would let a third job lock a new inode while
+// the second still holds the old one); its contents only name the last holder.
+#include "fsdp/checkpoint/manager.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <system_error>
+#include <utility>
+
+#include "fsdp/checkpoint/async_save.h"
+#include "fsdp/core/error.h"
+#include "fsdp/core/tensor.h"
+
+namespace fsdp::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+int rank_of(const std::shared_ptr<dist::ProcessGroup>& world) { return world ? world->rank() : 0; }
+
+// Collective: every rank learns how many ranks failed. A rank that failed throws its own error;
+// the others get the count, to refuse naming it.
+int64_t agree(const std::string& error, const std::shared_ptr<dist::ProcessGroup>& world) {
+  double failed = error.empty() ? 0 : 1;
+  if (world && world->size() > 1) {
+    Tensor t = Tensor::full({1}, failed, DType::f32).to(world->device());
+    world->all_reduce(t, dist::ReduceOp::SUM)->wait();
+    failed = t.item();
+  }
+  if (!error.empty()) throw Error(error);
+  return int64_t(failed);
+}
+
+// "pid 1234 on host node7 since 2026-12-01 23:50:01 UTC": who holds the lock.
+std::string holder_record() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  ::gmtime_r(&now, &utc);
+  char when[64] = {};
+  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &utc);
+  return fmt::format("pid {} on host {} since {}", ::getpid(), host, when);
+}
+
+// Rank 0: D/.lock, locked for this process's life (the kernel releases it on death), with this
+// process's record in it; a held lock is refused naming its holder.
+int take_lock(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  FSDP_CHECK(!ec, "[checkpoint] cannot create '{}': {}", dir, ec.message());
+  const std::string path = (fs::path(dir) / ".lock").string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  FSDP_CHECK(fd >= 0, "[checkpoint] cannot open the lock file '{}': {}", path,
+             std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    FSDP_CHECK(err == EWOULDBLOCK, "[checkpoint] cannot lock '{}': {}", path, std::strerror(err));
+    std::ifstream f(path);
+    std::string holder((std::istreambuf_iterator<char>(f)), {});
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    FSDP_FAIL(
+        "[checkpoint] {} is in use by another job ({}; it holds {}): two runs in one "
+        "checkpoint folder replace each other's checkpoints; wait for it to end or choose "
+        "another folder",
+        dir, holder.empty() ? "it has not recorded itself yet" : holder, path);
+  }
+  const std::string record = holder_record() + "\n";
+  // The record only words a refusal: a failed write leaves the lock held and the run unharmed.
+  const bool recorded = ::ftruncate(fd, 0) == 0 &&
+                        ::pwrite(fd, record.data(), record.size(), 0) == ssize_t(record.size());
+  (void)recorded;
+  return fd;
+}
+
+// The folders this project writes into D: step_* and .tmp_step_*, sorted by name.
+std::vector<fs::path> run_folders(const std::string& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && (name.rfind("step_", 0) == 0 || name.rfind(".tmp_step_", 0) == 0))
+      out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Rank 0, a fresh run: D must not hold another run's checkpoints, unless overwrite clears them.
+void claim_fresh(const std::string& dir, bool overwrite) {
+  const std::vector<fs::path> folders = run_folders(dir);
+  if (folders.empty()) return;
+  FSDP_CHECK(overwrite,
+             "[checkpoint] {} already holds the checkpoints of a run ({} folder(s): {}{}); a new "
+             "run there would mix its checkpoints with them: continue that run with --resume, "
+             "clear them with --overwrite, or choose another folder",
+             dir, folders.size(), folders.front().filename().string(),
+             folders.size() > 1 ? " ... " + folders.back().filename().string() : "");
+  for (const fs::path& p : folders) {
+    std::error_code ec;
+    fs::remove_all(p, ec);
+    FSDP_CHECK(!ec, "[checkpoint] --overwrite: cannot remove '{}': {}", p.string(), ec.message());
+  }
+  fmt::print("checkpoint: --overwrite: removed {} checkpoint folder(s) from {}\n", folders.size(),
+             dir);
+}
+
+}  // namespace
+
+struct Manager::Impl {
+  int lock_fd = -1;
+  std::unique_ptr<AsyncSaver> saver;
+  ~Impl() {
+    saver.reset();  // the writer is joined while the folder is still ours
+    if (lock_fd >= 0) ::close(lock_fd);
+  }
+};
+
+Manager::Manager(ManagerOptions options, std::shared_ptr<dist::ProcessGroup> world)
+    : o_(std::move(options)), world_(std::move(world)), impl_(std::make_unique<Impl>()) {
+  FSDP_CHECK(!o_.dir.empty(), "[checkpoint] the Manager needs a checkpoint folder");
+  FSDP_CHECK(!(o_.resume && o_.overwrite),
+             "[checkpoint] resume continues the run in {} and overwrite clears it: choose one",
+             o_.dir);
+  FSDP_CHECK(o_.keep >= 0, "[checkpoint] keep must be >= 0, got {}", o_.keep);
+  std::string error;
+  if (rank_of(world_) == 0) {
+    try {
+      impl_->lock_fd = take_lock(o_.dir);
+      if (!o_.resume) claim_fresh(o_.dir, o_.overwrite);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  FSDP_CHECK(agree(error, world_) == 0,
+             "[checkpoint] rank 0 refused the checkpoint folder {} (its error says why)", o_.dir);
+  run_id_ = new_run_id(world_);  // a resume replaces it with the checkpoint's
+}
+
+Manager::~Manager() = default;
+
+std::string Manager::resume_path() const {
+  const std::string path = latest(o_.dir);
+  const std::string newest = path.empty() ? "" : fs::path(path).filename().string();
+  // The step_* folders after the newest complete one, with why each is not complete, and the
+  // .tmp_step_* ones after it (unfinished writes).
+  std::vector<std::pair<fs::path, std::string>> newer;
+  std::vector<fs::path> unfinished;
+  for (const fs::path& p : run_folders(o_.dir)) {
+    const std::string name = p.filename().string();
+    if (name.rfind(".tmp_", 0) == 0) {
+      if (name.substr(5) > newest) unfinished.push_back(p);
+    } else if (name > newest) {
+      newer.emplace_back(p, incomplete_reason(p.string()));
+    }
+  }
+  if (path.empty()) {
+    FSDP_CHECK(newer.empty(),
+               "[checkpoint] resume: {} holds {} checkpoint folder(s) but none is complete ({}: "
+               "{}); refusing to start over them at step 0: remove them or choose another folder",
+               o_.dir, newer.size(), newer.empty() ? "" : newer.front().first.string(),
+               newer.empty() ? "" : newer.front().second);
+    return "";
+  }
+  if (rank_of(world_) == 0) {
+    for (const auto& [p, why] : newer)
+      fmt::print(stderr, "resume: skipping {}: {}\n", p.string(), why);
+    for (const fs::path& p : unfinished)
+      fmt::print(stderr, "resume: skipping {}: an unfinished write\n", p.string());
+  }
+  return path;
+}
+
+std::optional<Loaded> Manager::load(FSDPModule& root, optim::Optimizer& opt,
+                                    const std::string& config_json,
+                                    const std::vector<std::string>& model_keys) {
+  if (!o_.resume) return std::nullopt;
+  std::string path, error;
+  Loaded loaded;
+  try {
+    path = resume_path();
+    if (!path.empty()) loaded = checkpoint::load(path, root, opt, config_json, model_keys);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const int64_t failed = agree(error, world_);
+  FSDP_CHECK(failed == 0,
+             "[checkpoint] resume: {} other rank(s) could not load {} (their errors name the "
+             "problem)",
+             failed, path.empty() ? o_.dir : path);
+  if (path.empty()) {
+    if (rank_of(world_) == 0)
+      fmt::print("resume: no checkpoint in {} yet; starting at step 0\n", o_.dir);
+    return std::nullopt;
+  }
+  loaded_path_ = path;
+  if (!loaded.run_id.empty()) run_id_ = loaded.run_id;  // format 1 named none: a new id goes on
+  return loaded;
+}
+
+void Manager::save(int64_t step, FSDPModule& root, const optim::Optimizer& opt,
+                   const std::string& config_json, const Extras& extras) {
+  Extras e = extras;
+  if (e.run_id.empty()) e.run_id = run_id_;
+  if (!o_.async) {
+    checkpoint::save(o_.dir, step, root, opt, config_json, o_.keep, world_, e);
+    return;
+  }
+  if (!impl_->saver) impl_->saver = std::make_unique<AsyncSaver>();
+  impl_->saver->save(o_.dir, step, root, opt, config_json, o_.keep, world_, e);
+}
+
+int Manager::write_state() const { return impl_->saver ? int(impl_->saver->state()) : 0; }
+int64_t Manager::pending_step() const { return impl_->saver ? impl_->saver->pending_step() : -1; }
+void Manager::wait() {
+  if (impl_->saver) impl_->saver->wait();
+}
+double Manager::last_blocking_seconds() const {
+  return impl_->saver ? impl_->saver->last_blocking_seconds() : 0.0;
+}
+
+}  // namespace fsdp::checkpoint
