@@ -131,6 +131,8 @@ mkdir -p "$work/r2/step_00000004"
 refused "only incomplete checkpoints" "none is complete" "$train" "${small[@]}" --steps 3 --ckpt-dir "$work/r2" --resume
 [ -d "$work/r2/step_00000004" ] && ok || bad "the incomplete checkpoint was removed"
 cp -r "$work/r/step_00000002" "$work/r3" && mkdir -p "$work/r3d" && mv "$work/r3" "$work/r3d/step_00000002"
+# (format 1, which has no complete.json to check first: the parser itself refuses it)
+rm "$work/r3d/step_00000002/complete.json"
 echo '{"format": "fsdp.cpp-checkpoint/1", "shards": "x"}' > "$work/r3d/step_00000002/metadata.json"
 refused "malformed metadata" "r3d/step_00000002/metadata.json" "$train" "${small[@]}" --steps 3 --ckpt-dir "$work/r3d" --resume
 refused "resume with another --seq" "saved with seq 16 but this run has seq 32" \

@@ -2,13 +2,16 @@
 #include "src/checkpoint/manifest.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <set>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 
 #include "fsdp/checkpoint/checkpoint.h"
