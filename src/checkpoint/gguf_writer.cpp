@@ -1,0 +1,209 @@
+// GGUF v3 for llama.cpp (write_gguf): our names -> llama.cpp's, q and k rows permuted from
+// Hugging Face's half-split rotary pairs to llama.cpp's neighbouring ones (not for qwen2, which is
+// half-split like ours), 1-D tensors kept F32, and the tokenizer as a "gpt2" vocabulary. The file
+// is written whole through write_file_atomic.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fsdp/checkpoint/interchange.h"
+#include "fsdp/core/file.h"
+#include "src/checkpoint/param_names.h"
+
+namespace fsdp::checkpoint {
+
+using detail::is_in_proj;
+using detail::is_in_proj_bias;
+
+namespace {
+
+enum GgufType : uint32_t { U32 = 4, I32 = 5, F32 = 6, BOOL = 7, STR = 8, ARR = 9 };
+
+class GgufWriter {
+ public:
+  void u32(uint32_t v) { raw(&v, 4); }
+  void u64(uint64_t v) { raw(&v, 8); }
+  void f32(float v) { raw(&v, 4); }
+  void str(const std::string& s) {
+    u64(s.size());
+    raw(s.data(), s.size());
+  }
+  void kv_u32(const std::string& k, uint32_t v) { str(k), u32(U32), u32(v), ++n_kv; }
+  void kv_f32(const std::string& k, float v) { str(k), u32(F32), f32(v), ++n_kv; }
+  void kv_bool(const std::string& k, bool v) {
+    str(k), u32(BOOL), buf.push_back(v ? 1 : 0), ++n_kv;
+  }
+  void kv_str(const std::string& k, const std::string& v) { str(k), u32(STR), str(v), ++n_kv; }
+  void kv_strs(const std::string& k, const std::vector<std::string>& v) {
+    str(k), u32(ARR), u32(STR), u64(v.size());
+    for (const std::string& x : v) str(x);
+    ++n_kv;
+  }
+  void kv_i32s(const std::string& k, const std::vector<int32_t>& v) {
+    str(k), u32(ARR), u32(I32), u64(v.size());
+    raw(v.data(), v.size() * 4);
+    ++n_kv;
+  }
+  void raw(const void* p, size_t n) {
+    buf.insert(buf.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
+  }
+  void pad(size_t align) { buf.resize((buf.size() + align - 1) / align * align, 0); }
+  std::vector<char> buf;
+  uint64_t n_kv = 0;
+};
+
+uint32_t ggml_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return 0;
+    case DType::f16:
+      return 1;
+    case DType::bf16:
+      return 30;
+    default:
+      FSDP_FAIL("[gguf] tensors are F32, F16 or BF16, not {}", dtype_name(t));
+  }
+}
+
+// Hugging Face's half-split q/k rows -> llama.cpp's neighbouring pairs, per head (a bias is one
+// column).
+Tensor permute_for_gguf(const Tensor& w, int64_t heads) {
+  const int64_t rows = w.size(0), cols = w.dim() == 2 ? w.size(1) : 1, hd = rows / heads;
+  return w.contiguous().view({heads, 2, hd / 2, cols}).transpose(1, 2).contiguous().view(w.shape());
+}
+
+}  // namespace
+
+void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const NamedTensors& ours,
+                DType dtype, const data::Tokenizer& tok, const TokenizerMeta& meta) {
+  FSDP_CHECK(cfg.arch == nn::Arch::llama,
+             "[gguf] GGUF export is for the llama architecture, not {}", nn::arch_name(cfg.arch));
+  constexpr size_t kAlign = 32;
+  // q/k/v biases are llama.cpp's qwen2 architecture, whose rotary embedding is half-split
+  // (NEOX) like ours: its q and k rows stay as they are. llama's pairs neighbours.
+  const bool qwen2 = cfg.qkv_bias;
+  const std::string arch = qwen2 ? "qwen2" : "llama";
+  // Tensors in llama.cpp's names; 1-D norms (and biases) stay F32 as llama.cpp's converter keeps
+  // them. A tied model has no output.weight: llama.cpp then uses token_embd.weight.
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  const auto rows = in_proj_rows(cfg);
+  const int64_t kv_heads = cfg.resolved_kv_heads();
+  auto qk = [&](const Tensor& t, int64_t heads) { return qwen2 ? t : permute_for_gguf(t, heads); };
+  for (auto& [name, t] : ours) {
+    const bool is_vec = t.dim() == 1;
+    auto add = [&](const std::string& n, const Tensor& x) {
+      tensors.emplace_back(n, x.contiguous().to(is_vec ? DType::f32 : dtype));
+    };
+    if (name == "embed.weight")
+      add("token_embd.weight", t);
+    else if (name == "norm.weight")
+      add("output_norm.weight", t);
+    else if (name == "head.weight")
+      add("output.weight", t);
+    else {
+      const std::string blk = "blk." + name.substr(7, name.find('.', 7) - 7) + ".";  // "layers.N."
+      if (is_in_proj(name) || is_in_proj_bias(name)) {
+        const std::string kind = is_in_proj(name) ? ".weight" : ".bias";
+        add(blk + "attn_q" + kind, qk(t.slice(rows[0].first, rows[0].second), cfg.heads));
+        add(blk + "attn_k" + kind, qk(t.slice(rows[1].first, rows[1].second), kv_heads));
+        add(blk + "attn_v" + kind, t.slice(rows[2].first, rows[2].second));
+      } else if (name.ends_with(".norm1.weight"))
+        add(blk + "attn_norm.weight", t);
+      else if (name.ends_with(".attn.out_proj.weight"))
+        add(blk + "attn_output.weight", t);
+      else if (name.ends_with(".norm2.weight"))
+        add(blk + "ffn_norm.weight", t);
+      else if (name.ends_with(".ffn.w1.weight"))
+        add(blk + "ffn_gate.weight", t);
+      else if (name.ends_with(".ffn.w3.weight"))
+        add(blk + "ffn_up.weight", t);
+      else if (name.ends_with(".ffn.w2.weight"))
+        add(blk + "ffn_down.weight", t);
+      else
+        FSDP_FAIL("[gguf] no llama.cpp name for parameter '{}'", name);
+    }
+  }
+  GgufWriter kv;
+  kv.kv_str("general.architecture", arch);
+  kv.kv_str("general.name", "fsdp.cpp MiniLLM");
+  kv.kv_u32("general.alignment", kAlign);
+  kv.kv_u32("general.file_type", dtype == DType::f32 ? 0 : dtype == DType::f16 ? 1 : 32);
+  const std::string a = arch + ".";
+  kv.kv_u32(a + "vocab_size", uint32_t(cfg.vocab));
+  kv.kv_u32(a + "context_length", uint32_t(cfg.seq));
+  kv.kv_u32(a + "embedding_length", uint32_t(cfg.dim));
+  kv.kv_u32(a + "block_count", uint32_t(cfg.layers));
+  kv.kv_u32(a + "feed_forward_length", uint32_t(cfg.resolved_ffn_hidden()));
+  kv.kv_u32(a + "rope.dimension_count", uint32_t(cfg.resolved_head_dim()));
+  kv.kv_u32(a + "attention.head_count", uint32_t(cfg.heads));
+  kv.kv_u32(a + "attention.head_count_kv", uint32_t(kv_heads));
+  kv.kv_u32(a + "attention.key_length", uint32_t(cfg.resolved_head_dim()));
+  kv.kv_u32(a + "attention.value_length", uint32_t(cfg.resolved_head_dim()));
+  kv.kv_f32(a + "attention.layer_norm_rms_epsilon",
+            float(cfg.norm_eps.value_or(1.1920928955078125e-07)));
+  kv.kv_f32(a + "rope.freq_base", float(cfg.rope_theta));
+  // The tokenizer, as llama.cpp's "gpt2" (byte-level BPE) model with GPT-2's split.
+  FSDP_CHECK(tok.size() <= cfg.vocab, "[gguf] the tokenizer has {} ids but the model only {}",
+             tok.size(), cfg.vocab);
+  enum TokenType : int32_t { NORMAL = 1, CONTROL = 3, UNUSED = 5 };
+  std::vector<std::string> tokens(tok.tokens());
+  std::vector<int32_t> types;
+  for (int32_t i = 0; i < int32_t(tok.size()); ++i)
+    types.push_back(tok.is_special(i) ? CONTROL : NORMAL);
+  std::optional<int32_t> bos = meta.bos ? meta.bos : tok.bos_id(),
+                         eos = meta.eos ? meta.eos : tok.eos_id();
+  for (int64_t i = tok.size(); i < cfg.vocab; ++i) {
+    tokens.push_back(fmt::format("<unused{}>", i));
+    types.push_back(UNUSED);
+  }
+  if (!bos && !eos && cfg.vocab >= tok.size() + 2) {  // ids the model never saw: never produced
+    bos = int32_t(tok.size());
+    eos = int32_t(tok.size() + 1);
+    tokens[size_t(*bos)] = "<|bos|>";
+    tokens[size_t(*eos)] = "<|endoftext|>";
+    types[size_t(*bos)] = types[size_t(*eos)] = CONTROL;
+  }
+  std::vector<std::string> merges = tok.merges();
+  if (merges.empty()) merges.push_back("a 1");
+  kv.kv_str("tokenizer.ggml.model", "gpt2");
+  kv.kv_str("tokenizer.ggml.pre", meta.pre.empty() ? "gpt-2" : meta.pre);
+  kv.kv_strs("tokenizer.ggml.tokens", tokens);
+  kv.kv_i32s("tokenizer.ggml.token_type", types);
+  kv.kv_strs("tokenizer.ggml.merges", merges);
+  if (bos) kv.kv_u32("tokenizer.ggml.bos_token_id", uint32_t(*bos));
+  if (eos) kv.kv_u32("tokenizer.ggml.eos_token_id", uint32_t(*eos));
+  kv.kv_bool("tokenizer.ggml.add_bos_token", false);
+  kv.kv_bool("tokenizer.ggml.add_eos_token", false);
+  if (!meta.chat_template.empty()) kv.kv_str("tokenizer.chat_template", meta.chat_template);
+
+  GgufWriter w;
+  w.raw("GGUF", 4);
+  w.u32(3);
+  w.u64(tensors.size());
+  w.u64(kv.n_kv);
+  w.raw(kv.buf.data(), kv.buf.size());
+  uint64_t offset = 0;
+  for (auto& [name, t] : tensors) {
+    w.str(name);
+    w.u32(uint32_t(t.dim()));
+    for (int i = t.dim() - 1; i >= 0; --i)
+      w.u64(uint64_t(t.size(i)));  // ne[0] is the innermost dim
+    w.u32(ggml_type(t.dtype()));
+    w.u64(offset);
+    offset += (t.nbytes() + kAlign - 1) / kAlign * kAlign;
+  }
+  w.pad(kAlign);
+  for (auto& [name, t] : tensors) {
+    w.raw(t.raw_data(), t.nbytes());
+    w.pad(kAlign);
+  }
+  write_file_atomic(path, std::string_view(w.buf.data(), w.buf.size()), "[gguf]");
+}
+
+}  // namespace fsdp::checkpoint
