@@ -2,19 +2,29 @@
 // the Manager, a fresh run into a folder that holds checkpoints is refused unless overwrite
 // clears them (only step_* and .tmp_step_*), and a resume skips a newer incomplete checkpoint,
 // loads the newest complete one and keeps the run's id. The shell tests (reliability_test,
-// custom_trainer_test) hold the same rules across processes and ranks.
+// custom_trainer_test) hold the same rules across processes and ranks. Manifest: the seal and the
+// chunk checks that load and consolidate share (reliability_test 21 holds them at 2 ranks).
+#include "fsdp/checkpoint/checkpoint.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <system_error>
+#include <type_traits>
+#include <utility>
 
+#include "fsdp/checkpoint/interchange.h"
 #include "fsdp/checkpoint/manager.h"
+#include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/core/error.h"
 #include "fsdp/dist/device_mesh.h"
 #include "fsdp/dist/init.h"
@@ -142,4 +152,77 @@ TEST(Manager, ResumeRefusesStepFoldersOfWhichNoneIsComplete) {
   fs::create_directories(t.path / "ck/step_00000004");
   checkpoint::Manager m({.dir = t.str(), .resume = true}, nullptr);
   EXPECT_NE(error_of([&] { (void)m.resume_path(); }).find("none is complete"), std::string::npos);
+}
+
+// The manifest check (src/checkpoint/manifest.h) that load and consolidate share: the seal, then
+// the chunks' coverage, refused in the same words by both before any tensor byte is read.
+namespace {
+
+// A checkpoint of TinyRun at step 1 whose metadata.json `edit` changes; resealed when `reseal`.
+std::string tampered(TinyRun& r, const TempDir& t, const std::string& from, const std::string& to,
+                     bool reseal = true) {
+  checkpoint::Extras extras;
+  extras.run_id = "unit";
+  checkpoint::save(t.str(), 1, r.root, r.opt, r.config, 0, r.world, extras);
+  const fs::path p = fs::path(t.str()) / "step_00000001";
+  std::ifstream in(p / "metadata.json");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  std::ofstream(p / "metadata.json", std::ios::trunc) << text;
+  if (reseal)
+    std::ofstream(p / "complete.json", std::ios::trunc)
+        << "{\"metadata_checksum\": \"" << checkpoint::file_checksum((p / "metadata.json").string())
+        << "\"}";
+  return p.string();
+}
+
+// What load and consolidate say of `path`; the test expects both to say the same.
+std::pair<std::string, std::string> refusals(TinyRun& r, const std::string& path) {
+  return {error_of([&] { (void)checkpoint::load(path, r.root, r.opt, r.config, {"arch"}); }),
+          error_of([&] { (void)checkpoint::consolidate(path, nullptr); })};
+}
+
+}  // namespace
+
+TEST(Manifest, AnIntactCheckpointLoadsAndNamesItsRun) {
+  TempDir t;
+  TinyRun r;
+  const std::string p = tampered(r, t, "\"step\"", "\"step\"");
+  EXPECT_EQ(checkpoint::incomplete_reason(p), "");
+  EXPECT_EQ(checkpoint::load(p, r.root, r.opt, r.config, {"arch"}).run_id, "unit");
+  EXPECT_EQ(checkpoint::latest(t.str()), p);
+}
+
+TEST(Manifest, AnEditedMetadataWithoutItsSealIsIncomplete) {
+  TempDir t;
+  TinyRun r;
+  const std::string p = tampered(r, t, "\"step\": 1", "\"step\": 2", /*reseal=*/false);
+  EXPECT_NE(checkpoint::incomplete_reason(p).find("(metadata.json was changed after the "
+                                                  "checkpoint was written)"),
+            std::string::npos);
+  EXPECT_EQ(checkpoint::latest(t.str()), "");
+  const auto [load, export_] = refusals(r, p);
+  EXPECT_NE(load.find("; not a complete checkpoint, so not read"), std::string::npos) << load;
+  EXPECT_EQ(load, export_);
+}
+
+TEST(Manifest, ChunksThatDoNotCoverATensorExactlyAreRefusedAlikeByLoadAndExport) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"[[-1,32]]", "tensor 'embed.weight' chunk 0 is [-1, 32]: a negative first row"},
+      {"[[0,30]]",
+       "tensor 'embed.weight' chunks [[0,30]] cover rows 0..30 but the tensor has 32 rows"},
+      {"[[0,33]]", "tensor 'embed.weight' chunk 0 is [0, 33]: it runs past the tensor's 32 rows"},
+      {"[[0,16],[16,16]]", "tensor 'embed.weight' has [[0,16],[16,16]] chunks but 'shards' is 1"}};
+  for (const auto& [chunks, want] : cases) {
+    TempDir t;
+    TinyRun r;
+    // metadata.json is written with dump(1): the embedding's chunks are the first in the file.
+    const std::string p = tampered(r, t, "\"chunks\": [\n    [\n     0,\n     32\n    ]\n   ]",
+                                   "\"chunks\": " + chunks);
+    const auto [load, export_] = refusals(r, p);
+    EXPECT_NE(load.find(want), std::string::npos) << load;
+    EXPECT_EQ(load, export_);
+  }
 }
