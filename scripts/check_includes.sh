@@ -160,7 +160,7 @@ case $mode in
       # Committed, staged and unstaged changes since the base, and new files not yet committed.
       changed=$( { git diff --name-only "$base" --; git ls-files --others --exclude-standard; } | sort -u)
       if [ "$key" != "$check_key" ]; then
-        why="the check changed since $base (its flags, patterns or filter: key $check_key, not ${key:-none})"
+        why="the check changed since $base (its flags, patterns, filter, IWYU or compiler: key $check_key, not ${key:-none})"
       fi
     fi
     if [ -n "$why" ]; then
