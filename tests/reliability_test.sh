@@ -382,6 +382,10 @@ cp -r "$work/seal/step_00000001" "$work/tamper_edited/"
 "${mpi[@]}" -np 2 "$train" "${small[@]}" --steps 3 --ckpt-dir "$work/tamper_edited" --resume > "$work/skip.out" 2>&1 \
   && grep -q "skipping .*tamper_edited/step_00000002" "$work/skip.out" && grep -q "step_00000001 (step 1) of run $run;" "$work/skip.out" \
   && ok || bad "a resume beside a damaged newer checkpoint: $(grep -E 'resume|error' "$work/skip.out" | head -3)"
+"$export_bin" --ckpt "$work/tamper_edited" --out "$work/skip.safetensors" > "$work/skip_export.out" 2>&1 \
+  && grep -q "export: skipping .*tamper_edited/step_00000002: metadata.json has checksum" "$work/skip_export.out" \
+  && grep -q "export: reading .*tamper_edited/step_00000001" "$work/skip_export.out" \
+  && ok || bad "an export of a folder beside a damaged newer checkpoint: $(tail -3 "$work/skip_export.out")"
 # 'shards' and every chunk edited to agree, resealed: the second shard file is still there.
 tamper shards1 'm["shards"] = 1
 for t in m["tensors"].values(): t["chunks"] = [[0, t["shape"][0]]]' reseal

@@ -12,6 +12,7 @@
 // into tokenizer_config.json, generation_config.json and the GGUF's tokenizer keys.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <compare>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -55,7 +57,18 @@ int main(int argc, char** argv) {
     std::string path = ckpt;
     if (!std::filesystem::exists(std::filesystem::path(ckpt) / "metadata.json")) {
       path = checkpoint::latest(ckpt);
-      FSDP_CHECK(!path.empty(), "[fsdp-export] no checkpoint in '{}'", ckpt);
+      // Newer step folders that are not complete are skipped aloud, as a resume skips them.
+      std::vector<std::filesystem::path> newer;
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator(ckpt, ec))
+        if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0 &&
+            e.path().filename() > std::filesystem::path(path).filename())
+          newer.push_back(e.path());
+      std::sort(newer.begin(), newer.end());
+      for (const auto& d : newer)
+        fmt::print(stderr, "export: skipping {}: {}\n", d.string(),
+                   checkpoint::incomplete_reason(d.string()));
+      FSDP_CHECK(!path.empty(), "[fsdp-export] no complete checkpoint in '{}'", ckpt);
     }
     fmt::print("export: reading {}\n", path);
     for (const std::string& f : {out, gguf})
