@@ -15,6 +15,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <compare>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <exception>
@@ -22,6 +24,7 @@
 #include <fstream>
 #include <iterator>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 
 #include "fsdp/checkpoint/async_save.h"
