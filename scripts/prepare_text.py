@@ -61,7 +61,7 @@ def load_tokenizer(path, out):
         from tokenizers import Tokenizer
     except ImportError:
         sys.exit("prepare_text: --tokenizer PATH needs Hugging Face tokenizers "
-                 "(python3 -m pip install tokenizers; scripts/install_deps.sh installs it)")
+                 "(python3 -m pip install tokenizers; scripts/install-deps.sh installs it)")
     if os.path.isdir(path):
         path = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(path):
@@ -99,7 +99,7 @@ def train_bpe(paths, vocab_size, out):
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ImportError:
         sys.exit("prepare_text: --tokenizer bpe needs Hugging Face tokenizers "
-                 "(python3 -m pip install tokenizers; scripts/install_deps.sh installs it)")
+                 "(python3 -m pip install tokenizers; scripts/install-deps.sh installs it)")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()

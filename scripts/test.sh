@@ -10,8 +10,8 @@ build=${FSDP_BUILD_DIR:-build}
 t0=$SECONDS
 phase() { echo "== scripts/test.sh: $* (at $((SECONDS - t0)) s)"; }
 
-phase "scripts/install_deps.sh: installs the Debian packages that are missing"
-scripts/install_deps.sh
+phase "scripts/install-deps.sh: installs the Debian packages that are missing"
+scripts/install-deps.sh
 phase "scripts/build.sh: builds every target into $build (minutes from scratch, seconds when up to date)"
 scripts/build.sh
 count=$(ctest --test-dir "$build" -N | sed -n 's/^Total Tests: //p')

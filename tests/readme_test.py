@@ -13,7 +13,7 @@ command of the README is either run or says why not.
 
 The commands run in a scratch root made like a clone of the checkout: its folders are links to
 the repository's (read only), its `build/` a real folder whose examples/, tests/ and bench/ are
-links to the build dir under test. scripts/build.sh and scripts/install_deps.sh are stand-ins
+links to the build dir under test. scripts/build.sh and scripts/install-deps.sh are stand-ins
 there that build and install nothing (the build under test is already built): a missing target
 fails. Whatever a command writes lands under build/ of the scratch root (fresh each run); a
 command that writes anything else into the root fails the test. The commands are cheap as
@@ -89,7 +89,7 @@ def make_root(repo, build, root):
         os.symlink(os.path.join(repo, e), os.path.join(root, e))
     os.makedirs(os.path.join(root, "scripts"))
     for e in os.listdir(os.path.join(repo, "scripts")):
-        if e not in ("build.sh", "install_deps.sh"):
+        if e not in ("build.sh", "install-deps.sh"):
             os.symlink(os.path.join(repo, "scripts", e), os.path.join(root, "scripts", e))
     stub = os.path.join(root, "scripts", "build.sh")
     with open(stub, "w") as f:
@@ -101,9 +101,9 @@ for t in "$@"; do
   [ -n "$f" ] || {{ echo "readme_test: the build under test has no target $t" >&2; exit 1; }}
 done
 """)
-    with open(os.path.join(root, "scripts", "install_deps.sh"), "w") as f:
+    with open(os.path.join(root, "scripts", "install-deps.sh"), "w") as f:
         f.write("#!/usr/bin/env bash\n# readme_test's stand-in: the build under test has its dependencies.\n")
-    for s in ("build.sh", "install_deps.sh"):
+    for s in ("build.sh", "install-deps.sh"):
         os.chmod(os.path.join(root, "scripts", s), 0o755)
     os.makedirs(os.path.join(root, "build"))
     for d in ("examples", "tests", "bench"):

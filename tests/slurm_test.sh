@@ -41,7 +41,7 @@ losses "$work/mpirun.out" > "$work/mpirun.losses"
 
 for t in munged slurmctld slurmd srun sbatch sinfo scontrol; do
   if ! command -v $t > /dev/null; then
-    echo "skipped: $t is not installed (scripts/install_deps.sh installs slurm-wlm and munge)"
+    echo "skipped: $t is not installed (scripts/install-deps.sh installs slurm-wlm and munge)"
     rm -rf "$work"
     summary
     exit $?

@@ -16,7 +16,7 @@ import tempfile
 try:
     from tokenizers import Tokenizer
 except ImportError:
-    sys.exit("tokenizer_test: Hugging Face tokenizers is missing; run scripts/install_deps.sh")
+    sys.exit("tokenizer_test: Hugging Face tokenizers is missing; run scripts/install-deps.sh")
 
 tool, prepare, repo = sys.argv[1:4]
 fails = []

