@@ -2,6 +2,7 @@
 // (fsdp/core/host_memory.h).
 #include "fsdp/core/host_memory.h"
 
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 #include <fstream>

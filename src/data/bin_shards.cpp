@@ -12,8 +12,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "fsdp/core/error.h"
 #include "fsdp/data/token_sources.h"

@@ -3,6 +3,7 @@
 #include "src/train/allocator_replay.h"
 
 #include <algorithm>
+#include <cstddef>
 
 #include "fsdp/core/error.h"
 

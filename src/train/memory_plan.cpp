@@ -3,6 +3,8 @@
 // allocator_replay.h), and the bytes held at the replay's peak, named by what holds them.
 #include "fsdp/train/memory_plan.h"
 
+#include <array>
+
 #include "fsdp/core/error.h"
 #include "src/train/step_replay.h"
 

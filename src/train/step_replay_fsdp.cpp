@@ -3,6 +3,14 @@
 // buffers each hook makes and frees (src/fsdp/fsdp_param_group.cpp, fsdp_state.cpp).
 #include <fmt/core.h>
 
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "fsdp/dist/placement.h"
 #include "fsdp/nn/module.h"
 #include "src/train/step_replay.h"

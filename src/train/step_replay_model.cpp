@@ -5,8 +5,13 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "src/train/step_replay.h"
 
