@@ -45,16 +45,20 @@ torch_gflops=$(awk -v m="$torch_ms" -v f="$flops" 'BEGIN {printf "%.1f", f * 204
 peak_note="Measured sgemm peak: $peak GFLOP/s."
 [ -z "$raised" ] || peak_note="Measured sgemm peak, raised by the rate of fsdp-train's own steps: $peak GFLOP/s."
 if awk -v t="$torch_gflops" -v p="$peak" 'BEGIN {exit !(t > p)}'; then
-  peak_note="$peak_note PyTorch's steps ran at $torch_gflops GFLOP/s, above it: the MFU column is against $torch_gflops (the measured peak was low; a loaded machine, or delete the cache, see README)."
+  peak_note="$peak_note PyTorch's steps ran at $torch_gflops GFLOP/s, above it: the MFU column is against $torch_gflops (PyTorch's BLAS outran the sgemm measured here: look at the OpenBLAS core above, or at a loaded machine)."
   peak=$torch_gflops
 fi
 mfu() { awk -v m="$1" -v p="$peak" -v f="$flops" 'BEGIN {printf "%.1f", f * 2048 / (m / 1000) / (p * 1e9) * 100}'; }
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')
+# The kernel OpenBLAS picked for this CPU: an OpenBLAS older than the CPU falls back to a generic
+# one (Debian 12's 0.3.21 picks Prescott, SSE3, on an Emerald Rapids Xeon: 3x slower there).
+core=$(OPENBLAS_VERBOSE=2 build/examples/fsdp-train --help 2>&1 | sed -n 's/^Core: //p' | head -1)
+core="OpenBLAS core ${core:-unknown}${OPENBLAS_CORETYPE:+ (OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE)}"
 
 {
   echo "# CPU: fsdp-train vs PyTorch, tiny preset (seed architecture), f32"
   echo
-  echo "Run: \`bench/cpu_vs_torch.sh $threads $steps\` on $(date -u +%Y-%m-%d), $cpu, $threads threads."
+  echo "Run: \`bench/cpu_vs_torch.sh $threads $steps\` on $(date -u +%Y-%m-%d), $cpu, $threads threads, $core."
   echo "Model: vocab 4096, dim 256, 4 layers, 4 heads, seq 256, batch 8 (2048 tokens/step), random tokens, AdamW."
   echo "Times are the mean of steps 2..$((steps - 1)) (the first two warm up); two alternating rounds each,"
   echo "the better one reported (rounds: $rounds)."
