@@ -4,10 +4,11 @@
 // profiler records (src/ops/cost.h). ops_test (CPU) enumerates it: every case's forward against
 // its reference, its backward against f64 central differences, its other dtypes against f64, its
 // cost against the profiler's records, and every op of src/ops/backend.h covered by some case.
-// cuda_test runs every case on CUDA against the CPU in f32 and bf16. Meant for
-// fsdp-bench-kernels (not yet done, issue 20): perf_cases() at a model's shapes, beside floors.
-// A new op is one builder here (and its line in op_cases() and, for the bench, perf_cases())
-// plus its kernels. No GoogleTest here, so that the benchmark can link it.
+// cuda_test runs every case on CUDA against the CPU in f32 and bf16. fsdp-bench-kernels
+// (bench/gpu_kernels.cpp) times perf_cases() at a model's shapes on CUDA, each forward and
+// backward beside its floor from these costs; ops_test runs perf_cases() on the CPU at a small
+// shape. A new op is one builder here (and its line in op_cases() and, for the bench,
+// perf_cases()) plus its kernels. No GoogleTest here: the benchmark compiles this file in.
 #pragma once
 
 #include <cstdint>
@@ -78,6 +79,7 @@ std::vector<OpCase> op_cases();
 // A model's shapes for the benchmark.
 struct ModelShape {
   int64_t batch = 8, seq = 1024, dim = 2048, heads = 16, vocab = 32000;
+  int64_t shard = int64_t(64) << 20;  // an FSDP flat shard's parameters (AdamW, copy_segments)
 };
 // The benchmark's cases at a model's shapes (bf16 activations; f32 optimizer state).
 std::vector<OpCase> perf_cases(const ModelShape& m);

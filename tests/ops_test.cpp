@@ -169,6 +169,39 @@ std::string case_name(const ::testing::TestParamInfo<size_t>& info) {
 INSTANTIATE_TEST_SUITE_P(Table, OpCaseTest, ::testing::Range<size_t>(0, test::op_cases().size()),
                          case_name);
 
+// perf_cases(), which fsdp-bench-kernels times on CUDA at a model's shapes, here on the CPU at a
+// small one: each case's forward in place (the benchmark's repeated calls, which may update the
+// inputs) gives what it gives on copies, and its forward's and backward's costs are what the
+// profiler records.
+TEST(OpCases, PerfCasesRunAtASmallShape) {
+  const test::ModelShape m{
+      .batch = 2, .seq = 16, .dim = 32, .heads = 4, .vocab = 50, .shard = 1000};
+  for (const test::OpCase& c : test::perf_cases(m))
+    for (DType dt : c.dtypes) {
+      const std::string what = c.what + " in " + std::string(dtype_name(dt));
+      ASSERT_TRUE(c.forward_cost) << what;
+      std::vector<Tensor> in = test::make_inputs(c, dt, DType::i32), copies;
+      for (const Tensor& t : in) copies.push_back(t.clone());
+      const test::OpRun want = c.forward(copies, false);
+      test::OpRun fwd;
+      const ops::cost::Cost f = recorded_cost([&] { fwd = c.forward(in, true); });
+      ASSERT_EQ(fwd.out.size(), want.out.size()) << what;
+      for (size_t i = 0; i < want.out.size(); ++i)
+        EXPECT_EQ(rel_error(fwd.out[i], want.out[i]), 0.0) << what << " output " << i;
+      EXPECT_DOUBLE_EQ(f.flops, c.forward_cost(in, fwd).flops) << what;
+      EXPECT_DOUBLE_EQ(f.bytes, c.forward_cost(in, fwd).bytes) << what;
+      if (!c.backward) continue;
+      ASSERT_TRUE(c.backward_cost) << what;
+      Tensor dout = test::make_dout(c, fwd.out[0]);
+      const double d0 = dout.numel() == 1 ? dout.item() : 0.0;
+      std::vector<Tensor> acc = test::make_acc(c, in, 0.0);
+      const test::BackwardArgs args{in, fwd, dout, d0, acc};
+      const ops::cost::Cost b = recorded_cost([&] { c.backward(args); });
+      EXPECT_DOUBLE_EQ(b.flops, c.backward_cost(args).flops) << what << " backward";
+      EXPECT_DOUBLE_EQ(b.bytes, c.backward_cost(args).bytes) << what << " backward";
+    }
+}
+
 // ---------------------------------------------------------------- what a row cannot say
 
 TEST(VecMath, ExpF32IsAccurate) {
