@@ -1,7 +1,8 @@
 // checkpoint::Manager on a world of one: the folder's lock names its holder and is released with
 // the Manager, a fresh run into a folder that holds checkpoints is refused unless overwrite
 // clears them (only step_* and .tmp_step_*), and a resume skips a newer incomplete checkpoint,
-// loads the newest complete one and keeps the run's id. The shell tests (reliability_test,
+// loads the newest complete one and keeps the run's id; keep retains the newest step folders once
+// each save (synchronous or in the background) is committed. The shell tests (reliability_test,
 // custom_trainer_test) hold the same rules across processes and ranks. Manifest: the seal and the
 // chunk checks that load and consolidate share (reliability_test 21 holds them at 2 ranks).
 #include "fsdp/checkpoint/checkpoint.h"
@@ -9,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -21,6 +23,7 @@
 #include <system_error>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "fsdp/checkpoint/interchange.h"
 #include "fsdp/checkpoint/manager.h"
@@ -154,6 +157,79 @@ TEST(Manager, ResumeRefusesStepFoldersOfWhichNoneIsComplete) {
   EXPECT_NE(error_of([&] { (void)m.resume_path(); }).find("none is complete"), std::string::npos);
 }
 
+namespace {
+
+// D's entries but the lock, sorted by name and joined by spaces.
+std::string listing(const fs::path& d) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(d))
+    if (e.path().filename() != ".lock") names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : " ") + n;
+  return out;
+}
+
+}  // namespace
+
+// Retention is the Manager's: once each save is committed, rank 0 keeps the newest 2 step_*
+// folders by name, complete or not (an old incomplete one counts and goes first), and never
+// touches a .tmp_step_* folder.
+TEST(Manager, KeepRetainsTheNewestCheckpointsOnceEachSaveIsCommitted) {
+  TempDir t;
+  TinyRun run;
+  const fs::path d = t.str();
+  fs::create_directories(d / "step_00000000");       // incomplete, older than the run's saves
+  fs::create_directories(d / ".tmp_step_00000009");  // an unfinished write of another attempt
+  checkpoint::Manager m({.dir = d.string(), .resume = true, .keep = 2}, run.world);
+  const std::pair<int64_t, std::string> want[] = {
+      {1, ".tmp_step_00000009 step_00000000 step_00000001"},
+      {2, ".tmp_step_00000009 step_00000001 step_00000002"},
+      {3, ".tmp_step_00000009 step_00000002 step_00000003"},
+      {4, ".tmp_step_00000009 step_00000003 step_00000004"}};
+  for (const auto& [step, folders] : want) {
+    m.save(step, run.root, run.opt, run.config);
+    EXPECT_EQ(listing(d), folders) << "after the save of step " << step;
+  }
+  EXPECT_EQ(checkpoint::latest(d.string()), (d / "step_00000004").string());
+}
+
+// A background save is pruned for when it is committed (the next save, or wait()): the folder
+// being written (.tmp_step_N) is neither counted nor removed.
+TEST(Manager, KeepPrunesABackgroundSaveWhenItIsCommitted) {
+  TempDir t;
+  TinyRun run;
+  const fs::path d = t.str();
+  checkpoint::Manager m({.dir = d.string(), .keep = 2, .async = true}, run.world);
+  const std::pair<int64_t, std::string> want[] = {
+      {1, ".tmp_step_00000001"},
+      {2, ".tmp_step_00000002 step_00000001"},
+      {3, ".tmp_step_00000003 step_00000001 step_00000002"},
+      {4, ".tmp_step_00000004 step_00000002 step_00000003"}};
+  for (const auto& [step, folders] : want) {
+    m.save(step, run.root, run.opt, run.config);
+    EXPECT_EQ(m.pending_step(), step);
+    EXPECT_EQ(listing(d), folders) << "after the save of step " << step;
+  }
+  m.wait();
+  EXPECT_EQ(m.pending_step(), -1);
+  EXPECT_EQ(listing(d), "step_00000003 step_00000004");
+}
+
+// The low-level save: the protocol alone keeps every checkpoint; its keep form applies the
+// Manager's retention, for callers without one.
+TEST(Retention, LowLevelSaveKeepsAllOrTheNewestKeep) {
+  TempDir t;
+  TinyRun run;
+  for (int64_t step : {1, 2, 3})
+    checkpoint::save(t.str(), step, run.root, run.opt, run.config, run.world);
+  EXPECT_EQ(listing(t.str()), "step_00000001 step_00000002 step_00000003");
+  checkpoint::save(t.str(), 4, run.root, run.opt, run.config, 2, run.world);
+  EXPECT_EQ(listing(t.str()), "step_00000003 step_00000004");
+  checkpoint::save(t.str(), 5, run.root, run.opt, run.config, 0, run.world);
+  EXPECT_EQ(listing(t.str()), "step_00000003 step_00000004 step_00000005");
+}
+
 // The manifest check (src/checkpoint/manifest.h) that load and consolidate share: the seal, then
 // the chunks' coverage, refused in the same words by both before any tensor byte is read.
 namespace {
@@ -163,7 +239,7 @@ std::string tampered(TinyRun& r, const TempDir& t, const std::string& from, cons
                      bool reseal = true) {
   checkpoint::Extras extras;
   extras.run_id = "unit";
-  checkpoint::save(t.str(), 1, r.root, r.opt, r.config, 0, r.world, extras);
+  checkpoint::save(t.str(), 1, r.root, r.opt, r.config, r.world, extras);
   const fs::path p = fs::path(t.str()) / "step_00000001";
   std::ifstream in(p / "metadata.json");
   std::string text((std::istreambuf_iterator<char>(in)), {});

@@ -35,7 +35,7 @@ struct AsyncSaver::Impl {
   std::atomic<int> state{int(WriteState::none)};
   std::jthread writer;
   std::shared_ptr<dist::ProcessGroup> world;
-  int keep = 0;
+  OnCommit on_commit;  // the pending save's, run by its commit
   double blocking_seconds = 0;
 
   // A host buffer with `flat`'s shape and dtype: the i-th of this save, reused when it fits.
@@ -80,8 +80,9 @@ int64_t AsyncSaver::pending_step() const { return impl_->snap ? impl_->snap->ste
 double AsyncSaver::last_blocking_seconds() const { return impl_->blocking_seconds; }
 
 void AsyncSaver::save(const std::string& dir, int64_t step, FSDPModule& root,
-                      const optim::Optimizer& opt, const std::string& config_json, int keep,
-                      const std::shared_ptr<dist::ProcessGroup>& world, const Extras& extras) {
+                      const optim::Optimizer& opt, const std::string& config_json,
+                      const std::shared_ptr<dist::ProcessGroup>& world, const Extras& extras,
+                      OnCommit on_commit) {
   const auto t0 = std::chrono::steady_clock::now();
   wait();  // a second save waits for the first
   Impl& m = *impl_;
@@ -105,7 +106,7 @@ void AsyncSaver::save(const std::string& dir, int64_t step, FSDPModule& root,
   if (!copies.empty()) gpu::download(copies, device);  // one event for all of them
   m.snap = std::move(snap);
   m.world = world;
-  m.keep = keep;
+  m.on_commit = std::move(on_commit);
   m.state = int(WriteState::writing);
   m.writer = std::jthread([&m](std::stop_token stop) {
     m.result = detail::write_snapshot(*m.snap, stop);
@@ -121,10 +122,12 @@ void AsyncSaver::wait() {
   m.join();
   const detail::SaveSnapshot snap = std::move(*m.snap);
   const detail::WriteResult result = std::move(m.result);
+  const OnCommit on_commit = std::move(m.on_commit);
   m.snap.reset();
   m.result = {};
+  m.on_commit = {};
   m.state = int(WriteState::none);
-  detail::commit_save(snap, result, m.keep, m.world, /*background=*/true);
+  detail::commit_save(snap, result, m.world, /*background=*/true, on_commit);
 }
 
 }  // namespace fsdp::checkpoint

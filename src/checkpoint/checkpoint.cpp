@@ -1,5 +1,6 @@
 // Sharded checkpoint save/load with resharding. What a folder must hold to be read, and the
-// checks every reader makes before it reads a tensor byte: src/checkpoint/manifest.h.
+// checks every reader makes before it reads a tensor byte: src/checkpoint/manifest.h. This file is
+// the on-disk protocol only: which checkpoints are kept is checkpoint::Manager's (manager.cpp).
 #include "fsdp/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
@@ -203,8 +204,9 @@ WriteResult write_snapshot(const SaveSnapshot& s, std::stop_token stop) {
   return r;
 }
 
-void commit_save(const SaveSnapshot& s, const WriteResult& mine, int keep,
-                 const std::shared_ptr<dist::ProcessGroup>& world, bool background) {
+void commit_save(const SaveSnapshot& s, const WriteResult& mine,
+                 const std::shared_ptr<dist::ProcessGroup>& world, bool background,
+                 const OnCommit& on_commit) {
   // One all-gather: per rank [failed, shard (-1: none written), 16 hex digits of its checksum].
   constexpr int64_t k = 18;
   const int n = world ? world->size() : 1;
@@ -265,14 +267,7 @@ void commit_save(const SaveSnapshot& s, const WriteResult& mine, int keep,
     FSDP_CHECK(!ec, "[checkpoint] rename '{}' -> '{}' failed: {}", tmp.string(), final_dir.string(),
                ec.message());
     fsync_path(dir, true);
-    if (keep > 0) {
-      std::vector<fs::path> steps;
-      for (auto& e : fs::directory_iterator(dir))
-        if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0)
-          steps.push_back(e.path());
-      std::sort(steps.begin(), steps.end());
-      for (size_t i = 0; i + size_t(keep) < steps.size(); ++i) fs::remove_all(steps[i], ec);
-    }
+    if (on_commit) on_commit(s.dir);  // the caller's policy (the Manager's retention)
   }
   barrier(world);
 }
@@ -280,12 +275,12 @@ void commit_save(const SaveSnapshot& s, const WriteResult& mine, int keep,
 }  // namespace detail
 
 void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::Optimizer& opt,
-          const std::string& config_json, int keep,
-          const std::shared_ptr<dist::ProcessGroup>& world, const Extras& extras) {
+          const std::string& config_json, const std::shared_ptr<dist::ProcessGroup>& world,
+          const Extras& extras, const OnCommit& on_commit) {
   detail::begin_save(dir, step, world, extras);
   const detail::SaveSnapshot snap = detail::snapshot(dir, step, root, opt, config_json, world,
                                                      extras, [](const Tensor& t) { return t; });
-  detail::commit_save(snap, detail::write_snapshot(snap), keep, world, /*background=*/false);
+  detail::commit_save(snap, detail::write_snapshot(snap), world, /*background=*/false, on_commit);
 }
 
 std::string new_run_id(const std::shared_ptr<dist::ProcessGroup>& world) {

@@ -1,7 +1,7 @@
-// checkpoint::Manager: the folder's lock, the one-run-per-folder rule, the resume policy and the
-// save entry point (manager.h). The files themselves are checkpoint.cpp's and async_save.cpp's;
-// this file decides which folder is loaded, whether a run may write into D at all, and makes
-// every rank agree on it.
+// checkpoint::Manager: the folder's lock, the one-run-per-folder rule, the resume policy, the
+// retention policy (keep) and the save entry point (manager.h). The files themselves are
+// checkpoint.cpp's and async_save.cpp's; this file decides which folder is loaded, whether a run
+// may write into D at all, which checkpoints are kept, and makes every rank agree on it.
 //
 // The lock is an flock(2) on D/.lock taken by rank 0 only: rank 0 is the rank that renames,
 // prunes and clears folders, and the ranks of one job on a shared filesystem must not lock each
@@ -16,12 +16,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <compare>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <system_error>
 #include <type_traits>
@@ -129,6 +131,25 @@ void claim_fresh(const std::string& dir, bool overwrite) {
 
 }  // namespace
 
+void keep_latest(const std::string& dir, int keep) {
+  if (keep <= 0) return;
+  std::error_code ec;
+  std::vector<fs::path> steps;
+  for (auto& e : fs::directory_iterator(dir))
+    if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0)
+      steps.push_back(e.path());
+  std::sort(steps.begin(), steps.end());
+  for (size_t i = 0; i + size_t(keep) < steps.size(); ++i) fs::remove_all(steps[i], ec);
+}
+
+// The low-level save with the retention a Manager applies (checkpoint.h), for callers without one.
+void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::Optimizer& opt,
+          const std::string& config_json, int keep,
+          const std::shared_ptr<dist::ProcessGroup>& world, const Extras& extras) {
+  save(dir, step, root, opt, config_json, world, extras,
+       [keep](const std::string& d) { keep_latest(d, keep); });
+}
+
 struct Manager::Impl {
   int lock_fd = -1;
   std::unique_ptr<AsyncSaver> saver;
@@ -224,12 +245,15 @@ void Manager::save(int64_t step, FSDPModule& root, const optim::Optimizer& opt,
                    const std::string& config_json, const Extras& extras) {
   Extras e = extras;
   if (e.run_id.empty()) e.run_id = run_id_;
+  // Rank 0, once this save is committed: now for a synchronous one, at wait() (or the next
+  // save) for a background one.
+  OnCommit retention = [keep = o_.keep](const std::string& dir) { keep_latest(dir, keep); };
   if (!o_.async) {
-    checkpoint::save(o_.dir, step, root, opt, config_json, o_.keep, world_, e);
+    checkpoint::save(o_.dir, step, root, opt, config_json, world_, e, retention);
     return;
   }
   if (!impl_->saver) impl_->saver = std::make_unique<AsyncSaver>();
-  impl_->saver->save(o_.dir, step, root, opt, config_json, o_.keep, world_, e);
+  impl_->saver->save(o_.dir, step, root, opt, config_json, world_, e, std::move(retention));
 }
 
 int Manager::write_state() const { return impl_->saver ? int(impl_->saver->state()) : 0; }

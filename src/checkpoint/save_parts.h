@@ -8,7 +8,8 @@
 //   commit_save   collective: every rank's outcome and checksum in one all-gather; a failure on
 //                 any rank is an error on every rank (so no rank waits on one that gave up); rank
 //                 0 writes metadata.json, then complete.json (its checksum, the seal) last,
-//                 renames the folder, fsyncs D and prunes.
+//                 renames the folder, fsyncs D and runs the caller's on_commit (the Manager's
+//                 retention), all before the closing barrier.
 // The snapshot holds everything the save writes, taken at the step boundary: the tensors (live
 // ones for a synchronous save, host copies for an asynchronous one), the metadata's fields (the
 // optimizer's step count, the data position) and the extra files, so later steps change nothing
@@ -63,8 +64,10 @@ SaveSnapshot snapshot(const std::string& dir, int64_t step, FSDPModule& root,
 // (FSDP_CKPT_SLOW_WRITE_MS) early, as an error.
 WriteResult write_snapshot(const SaveSnapshot& snap, std::stop_token stop = {});
 // Collective. `background` only words the error: a synchronous save rethrows this rank's own
-// error as it was; a background one says which step's write failed.
-void commit_save(const SaveSnapshot& snap, const WriteResult& mine, int keep,
-                 const std::shared_ptr<dist::ProcessGroup>& world, bool background);
+// error as it was; a background one says which step's write failed. `on_commit` runs on rank 0
+// once the checkpoint is renamed into place, before the closing barrier (checkpoint.h).
+void commit_save(const SaveSnapshot& snap, const WriteResult& mine,
+                 const std::shared_ptr<dist::ProcessGroup>& world, bool background,
+                 const OnCommit& on_commit);
 
 }  // namespace fsdp::checkpoint::detail

@@ -39,10 +39,11 @@ class AsyncSaver {
 
   // Collective, with checkpoint::save's arguments. Waits for the save in flight (wait()), makes
   // D/.tmp_step_N, copies this rank's part to host buffers and starts its writer. On return the
-  // model and the optimizer may change: the write reads only the copies.
+  // model and the optimizer may change: the write reads only the copies. `on_commit` runs on
+  // rank 0 when wait() commits this save (checkpoint::OnCommit; the Manager's retention).
   void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::Optimizer& opt,
-            const std::string& config_json, int keep,
-            const std::shared_ptr<dist::ProcessGroup>& world, const Extras& extras = {});
+            const std::string& config_json, const std::shared_ptr<dist::ProcessGroup>& world,
+            const Extras& extras = {}, OnCommit on_commit = {});
   // This rank's writer, without waiting.
   WriteState state() const;
   // The step of the save started and not yet committed, or -1.

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,8 +54,19 @@ struct Extras {
 // the same on every rank.
 std::string new_run_id(const std::shared_ptr<dist::ProcessGroup>& world);
 
-// Collective over `world`. `config_json` is a JSON object describing the run;
-// its model fields are checked on load. Keeps the newest `keep` checkpoints (0: all).
+// What the caller does with D once a save is committed, on rank 0 (the rank that renames): called
+// with D after D/step_N is in place and D is fsynced, before the save's closing barrier, so every
+// rank returns from the save after it. checkpoint::Manager's retention (keep_latest, manager.h)
+// runs here; the save itself removes nothing but an earlier attempt at the same step.
+using OnCommit = std::function<void(const std::string& dir)>;
+
+// Collective over `world`: the on-disk protocol above, nothing else. `config_json` is a JSON
+// object describing the run; its model fields are checked on load.
+void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::Optimizer& opt,
+          const std::string& config_json, const std::shared_ptr<dist::ProcessGroup>& world,
+          const Extras& extras = {}, const OnCommit& on_commit = {});
+// The same, then the Manager's retention: keeps the newest `keep` checkpoints (0: all), as
+// keep_latest(dir, keep) on rank 0 (manager.h). For callers without a Manager.
 void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::Optimizer& opt,
           const std::string& config_json, int keep,
           const std::shared_ptr<dist::ProcessGroup>& world, const Extras& extras = {});

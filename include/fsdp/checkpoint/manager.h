@@ -12,8 +12,12 @@
 //   - resume loads the newest complete checkpoint (checkpoint::latest), says aloud which newer,
 //     incomplete ones it skips, refuses step folders of which none is complete, and every rank
 //     learns that one could not load before load() returns on any;
-//   - saves go through checkpoint::save or, with async, checkpoint::AsyncSaver; keep prunes;
-//     each carries the run's id, new at a fresh start and kept by resumes (its lineage).
+//   - saves go through checkpoint::save or, with async, checkpoint::AsyncSaver (the on-disk
+//     protocol), each carrying the run's id, new at a fresh start and kept by resumes (its
+//     lineage);
+//   - retention is the Manager's (torchtitan's keep_latest_k): once each save is committed,
+//     rank 0 keeps the newest `keep` step folders (keep_latest), before the save's closing
+//     barrier; a background save is pruned for when wait() (or the next save) commits it.
 // Every decision rank 0 makes about the folder is agreed with one all-reduce, so a refusal is an
 // error on every rank (rank 0's names the reason; the others name rank 0).
 #pragma once
@@ -38,6 +42,12 @@ struct ManagerOptions {
   int keep = 0;            // the newest checkpoints kept; 0: all
   bool async = false;      // saves are written by a background thread (AsyncSaver)
 };
+
+// The Manager's retention, run on rank 0 once a save is committed (checkpoint::OnCommit): removes
+// D's step_* folders but the newest `keep` by name, complete or not; .tmp_step_* folders (writes
+// not committed, a background one included) are never touched; 0 keeps all. Prints nothing, and
+// a folder that cannot be removed is left as it is.
+void keep_latest(const std::string& dir, int keep);
 
 class Manager {
  public:
@@ -65,7 +75,8 @@ class Manager {
   const std::string& run_id() const { return run_id_; }
 
   // Collective: the checkpoint of `step` into D (checkpoint::save's arguments), synchronous or
-  // started in the background (a second save waits for the first).
+  // started in the background (a second save waits for the first); keep_latest(D, keep) once it
+  // is committed.
   void save(int64_t step, FSDPModule& root, const optim::Optimizer& opt,
             const std::string& config_json, const Extras& extras = {});
   // The background write's state (AsyncSaver::WriteState as an int; 0 when none), for a step's
