@@ -61,11 +61,16 @@ Class classify(char32_t c) {
 
 constexpr char32_t kInvalid = 0xFFFFFFFF;  // a byte that starts no valid UTF-8 sequence
 
-// The code point at s[i] and its length in bytes.
+// The code point at s[i] and its length in bytes; {kInvalid, 1} where no valid UTF-8 sequence
+// starts: a continuation byte, C0, C1 or F5-FF, a truncated sequence, an overlong form, a UTF-16
+// surrogate or a code point above U+10FFFF.
 std::pair<char32_t, size_t> decode_utf8(std::string_view s, size_t i) {
   const auto b0 = static_cast<unsigned char>(s[i]);
   if (b0 < 0x80) return {b0, 1};
-  const size_t len = b0 >= 0xF0 && b0 < 0xF8 ? 4 : b0 >= 0xE0 ? 3 : b0 >= 0xC2 ? 2 : 0;
+  const size_t len = b0 >= 0xC2 && b0 <= 0xDF   ? 2
+                     : b0 >= 0xE0 && b0 <= 0xEF ? 3
+                     : b0 >= 0xF0 && b0 <= 0xF4 ? 4
+                                                : 0;
   if (len == 0 || i + len > s.size()) return {kInvalid, 1};
   char32_t cp = b0 & (0x7F >> len);
   for (size_t k = 1; k < len; ++k) {
@@ -73,6 +78,8 @@ std::pair<char32_t, size_t> decode_utf8(std::string_view s, size_t i) {
     if ((b & 0xC0) != 0x80) return {kInvalid, 1};
     cp = (cp << 6) | (b & 0x3F);
   }
+  constexpr char32_t kLeast[] = {0, 0, 0x80, 0x800, 0x10000};  // by length: shorter is overlong
+  if (cp < kLeast[len] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return {kInvalid, 1};
   return {cp, len};
 }
 
@@ -320,7 +327,9 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   return from_json(ss.str(), path);
 }
 
-Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where) {
+// A function-try-block: the checks below name the field, and a field of a JSON type they do not
+// check is named by the JSON library's exception, caught at the end, with the file.
+Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where) try {
   using nlohmann::json;
   json j;
   try {
@@ -362,10 +371,18 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
   FSDP_CHECK(model.contains("vocab") && model["vocab"].is_object(),
              "[tokenizer] {}: no model.vocab", where);
   std::map<int64_t, std::string> by_id;
-  for (auto& [tok, id] : model["vocab"].items()) by_id[id.get<int64_t>()] = tok;
+  for (auto& [tok, id] : model["vocab"].items()) {
+    FSDP_CHECK(id.is_number_integer(), "[tokenizer] {}: model.vocab[\"{}\"] is {}, not an id",
+               where, tok, id.dump());
+    by_id[id.get<int64_t>()] = tok;
+  }
   std::map<int64_t, bool> special_ids;
   if (j.contains("added_tokens") && j["added_tokens"].is_array())
     for (const json& a : j["added_tokens"]) {
+      FSDP_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_integer() &&
+                     a.contains("content") && a["content"].is_string(),
+                 "[tokenizer] {}: added token {} has no integer \"id\" and string \"content\"",
+                 where, a.dump().substr(0, 80));
       const int64_t id = a.at("id").get<int64_t>();
       const std::string content = a.at("content").get<std::string>();
       by_id[id] = content;
@@ -386,14 +403,22 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
   if (model.contains("merges"))
     for (const json& m : model["merges"]) {
       std::pair<std::string, std::string> pair;
-      if (m.is_array() && m.size() == 2) {
+      if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
         pair = {m[0].get<std::string>(), m[1].get<std::string>()};
       } else {
+        FSDP_CHECK(m.is_string(), "[tokenizer] {}: merge {} is neither \"a b\" nor [\"a\", \"b\"]",
+                   where, m.dump().substr(0, 80));
         const std::string s = m.get<std::string>();
         const size_t sp = s.find(' ');
         FSDP_CHECK(sp != std::string::npos, "[tokenizer] {}: merge '{}' is not \"a b\"", where, s);
         pair = {s.substr(0, sp), s.substr(sp + 1)};
       }
+      // As Hugging Face's BPE refuses on load: both sides and what they make are model tokens
+      // (else encode would fail later, on the first text that reaches the merge).
+      for (const std::string& part : {pair.first, pair.second, pair.first + pair.second})
+        FSDP_CHECK(model["vocab"].contains(part),
+                   "[tokenizer] {}: merge '{} {}' names '{}', which is not in model.vocab", where,
+                   pair.first, pair.second, part);
       t->ranks.emplace(pair.first + " " + pair.second, int32_t(t->merge_list.size()));
       t->merge_list.push_back(std::move(pair));
     }
@@ -413,6 +438,8 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
   if (!t->bos && t->eos && t->tokens[size_t(*t->eos)] == "<|endoftext|>")
     t->bos = t->eos;  // GPT-2's convention: one token begins and ends a text
   return Tokenizer(std::shared_ptr<const Impl>(std::move(t)));
+} catch (const nlohmann::json::exception& e) {
+  FSDP_FAIL("[tokenizer] {}: a field is missing or of the wrong type: {}", where, e.what());
 }
 
 bool Tokenizer::is_bytes() const { return impl_->bytes; }
