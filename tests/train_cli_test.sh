@@ -43,12 +43,13 @@ else
   bad "profiling run failed: $(tail -3 "$work/prof.out")"
 fi
 
-# 3. --help lists the flags the later issues rely on.
+# 3. --help lists every flag of the table (include/fsdp/train/flags.def), and the run's own two.
+def="$(dirname "$0")/../include/fsdp/train/flags.def"
 if "$bin" --help > "$work/help.out" 2>&1; then
-  for f in --preset --arch --vocab --dim --layers --heads --seq --batch --steps --lr --seed --dtype --threads --data \
-    --warmup-steps --lr-decay --min-lr --wd-2d-only --grad-clip --eval-every --ckpt-dir --ckpt-every --keep --resume --overwrite \
-    --init-from --log-file --profile-steps --profile-dir; do
-    grep -q -- "$f" "$work/help.out" && ok || bad "--help does not list $f"
+  flags=$(sed -nE 's/^FSDP_TRAIN_FLAG\([a-z]+, [^,]+(<[^>]*>)?, ([a-z0-9_]+),.*/--\2/p' "$def" | tr _ -)
+  [ "$(echo "$flags" | wc -l)" -ge 50 ] && ok || bad "read only $(echo "$flags" | wc -l) flags from $def"
+  for f in $flags; do
+    grep -qE -- "^ +(-[a-z-]+,)?$f[ ,=]" "$work/help.out" && ok || bad "--help does not list $f"
   done
 else
   bad "--help exited non-zero"
@@ -74,8 +75,8 @@ expect_fail "seq must be positive, got 0" --preset tiny --seq 0 --steps 1
 expect_fail "batch must be positive, got -2" --preset tiny --batch -2 --steps 1
 expect_fail "vocab must be positive, got 0" --preset tiny --vocab 0 --steps 1
 expect_fail "unknown preset 'huge'" --preset huge
-expect_fail "unknown arch 'gpt'" --arch gpt
-expect_fail "bogus not in {nccl,mpi,gloo,local}" --preset tiny --backend bogus --steps 1
+expect_fail "--arch must be seed or llama, got 'gpt'" --arch gpt
+expect_fail "--backend must be nccl, mpi, gloo or local, got 'bogus'" --preset tiny --backend bogus --steps 1
 expect_fail "backend nccl holds CUDA tensors but the device is cpu" --preset tiny --backend nccl --steps 1
 expect_fail "--dtype bf16 is not a CPU training dtype" --preset tiny --dtype bf16 --steps 1
 expect_fail "unknown dtype 'f8'" --preset tiny --dtype f8 --steps 1

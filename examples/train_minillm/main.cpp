@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "fsdp/core/device.h"
@@ -56,146 +57,58 @@ void check_same_arguments(fsdp::dist::ProcessGroup& pg, int argc, char** argv) {
   for (int r = 0; r < pg.size(); ++r)
     for (int i = 0; i <= kSlots; ++i)
       if (v[size_t(r * (kSlots + 1) + i)] != v[size_t(i)]) {
-        const std::string here =
-            i == 0 ? fmt::format("{} arguments", argc - 1)
-                   : i < argc ? fmt::format("'{}'", argv[i]) : std::string("nothing");
+        const std::string here = i == 0     ? fmt::format("{} arguments", argc - 1)
+                                 : i < argc ? fmt::format("'{}'", argv[i])
+                                            : std::string("nothing");
         FSDP_FAIL(
             "[fsdp-train] the ranks were started with different arguments: rank {} differs from "
             "rank 0 {} (this rank, {}, has {} there); every rank must run the same command line",
-            r, i == 0 ? "in the number of arguments" : fmt::format("at argument {}", i),
-            pg.rank(), here);
+            r, i == 0 ? "in the number of arguments" : fmt::format("at argument {}", i), pg.rank(),
+            here);
       }
+}
+
+// fsdp-train's command line, generated from flags.def: a flag per field, in --help's groups by
+// section, read by FlagValue (the same reading as train::set_flag). A value FlagValue refuses is
+// a parse error naming the flag.
+void add_flags(CLI::App& app, fsdp::train::TrainOptions& o) {
+  fsdp::train::visit_flags(o, [&](const fsdp::train::FlagInfo& f, auto& field) {
+    using T = std::remove_cvref_t<decltype(field)>;
+    using Value = fsdp::train::FlagValue<T>;
+    std::string names = f.name();
+    if (!f.aliases.empty()) names += "," + std::string(f.aliases);
+    CLI::Option* opt = nullptr;
+    if constexpr (std::is_same_v<T, bool>) {
+      if (f.is_switch) opt = app.add_flag(names, field, std::string(f.help));
+    }
+    if (!opt) {
+      opt = app.add_option_function<std::string>(
+          names,
+          [&field, flag = f.name()](const std::string& text) {
+            try {
+              field = Value::parse(flag, text);
+            } catch (const fsdp::Error& e) {
+              throw CLI::ValidationError(e.what());
+            }
+          },
+          std::string(f.help));
+      opt->type_name(Value::type_name());
+      if (const std::string d = Value::str(field); !d.empty()) opt->default_str(d);
+    }
+    opt->group(std::string(f.title));
+  });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   fsdp::train::TrainOptions o;
-  std::string device_name = "cpu", backend;  // empty backend: from the device and the launcher
   CLI::App app{"fsdp-train: train the MiniLLM (the C++ form of the reference FSDP2 script)",
                "fsdp-train"};
   app.get_formatter()->column_width(34);
   app.option_defaults()->multi_option_policy(
       CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides an earlier one
-  app.add_option("--preset", o.preset, "model and batch preset: seed (the reference size) or tiny")
-      ->capture_default_str();
-  app.add_option("--arch", o.arch,
-                 "architecture: seed (reference MiniLLM) or llama (causal, RoPE, SwiGLU)");
-  app.add_option("--vocab", o.vocab, "vocabulary size (overrides the preset)");
-  app.add_option("--dim", o.dim, "model width (overrides the preset)");
-  app.add_option("--layers", o.layers, "transformer blocks (overrides the preset)");
-  app.add_option("--heads", o.heads, "attention heads (overrides the preset)");
-  app.add_option("--seq", o.seq, "sequence length (overrides the preset)");
-  app.add_option("--batch", o.batch, "sequences per step (overrides the preset)");
-  app.add_option("--ffn-hidden", o.ffn_hidden,
-                 "FFN hidden size (0: 4*dim for seed, 8/3*dim rounded for llama)");
-  app.add_option("--kv-heads", o.kv_heads,
-                 "llama: key/value heads (0 or --heads: multi-head; 1: multi-query; a divisor "
-                 "of --heads: grouped-query)");
-  app.add_option("--head-dim", o.head_dim, "llama: per-head dim (0: dim / heads)");
-  app.add_option("--rope-theta", o.rope_theta, "llama: rotary embedding base (default 10000)");
-  app.add_flag("--tie-embeddings", o.tie_embeddings,
-               "llama: the head computes with the embedding's weight (one parameter)");
-  app.add_flag("--qkv-bias", o.qkv_bias, "llama: biases on q, k and v (Qwen2)");
-  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
-  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
-  app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay")
-      ->capture_default_str();
-  app.add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str();
-  app.add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str();
-  app.add_option("--eps", o.eps, "AdamW eps")->capture_default_str();
-  app.add_option("--seed", o.seed, "seed for initialisation and random tokens")
-      ->capture_default_str();
-  app.add_option("--dtype", o.dtype, "dtype of the (master) parameters: f32 or f64 (f32 on CUDA)")
-      ->capture_default_str();
-  app.add_option("--device", device_name,
-                 "cpu or cuda (ranks take the GPU of their local rank; NCCL)")
-      ->capture_default_str();
-  app.add_option(
-         "--backend", backend,
-         "the engine of the collectives: nccl (CUDA; default there, with MPI or Gloo for "
-         "host values), or mpi / gloo (the launcher's; with --device cuda, CUDA tensors are "
-         "staged through the host, so several ranks can share one GPU)")
-      ->check(CLI::IsMember({"nccl", "mpi", "gloo", "local"}));
-  app.add_option("--threads", o.threads, "OpenMP threads for BLAS and kernels (0: all cores)")
-      ->capture_default_str();
-  app.add_option("--data", o.data,
-                 "llm.c .bin token shards (a file, a directory or a glob) or a text file read as "
-                 "bytes (vocab >= 256); "
-                 "default: random tokens");
-  app.add_option("--tokenizer", o.tokenizer,
-                 "auto (the tokenizer.json beside .bin shards, else bytes), a tokenizer.json, or "
-                 "bytes; saved in every checkpoint")
-      ->capture_default_str();
-  app.add_option("--sample-tokens", o.sample_tokens, "tokens to sample after training on --data")
-      ->capture_default_str();
-  app.add_option("--prompt", o.prompt, "prompt for the sample")->capture_default_str();
-  app.add_option("--temperature", o.temperature, "sampling temperature")->capture_default_str();
-  app.add_option("--shard", o.shard,
-                 "full: fully_shard every block and the root; none: DDP-style baseline")
-      ->capture_default_str();
-  app.add_option("--reshard-after-forward", o.reshard_after_forward,
-                 "free each block's unsharded parameters after its forward (false: ZeRO-2 style)")
-      ->capture_default_str();
-  app.add_option("--activation-checkpoint", o.activation_checkpoint,
-                 "none, full (each block keeps only its input; its backward recomputes the "
-                 "forward) or every:N (blocks 0, N, 2N, ...)")
-      ->capture_default_str();
-  app.add_option("--hsdp", o.hsdp,
-                 "HSDP: this many replica groups, each sharding over world/R ranks (0: off)")
-      ->capture_default_str();
-  app.add_option("--grad-accum", o.grad_accum,
-                 "microbatches per optimizer step (gradients reduced on the last)")
-      ->capture_default_str();
-  app.add_option("--param-dtype", o.param_dtype,
-                 "fully_shard's param_dtype: all-gather and compute dtype (e.g. bf16)");
-  app.add_option("--reduce-dtype", o.reduce_dtype,
-                 "fully_shard's reduce_dtype: gradient reduce-scatter dtype");
-  app.add_option("--grad-clip,--clip", o.clip, "clip gradients to this global norm (0: off)")
-      ->capture_default_str();
-  app.add_option("--warmup-steps", o.warmup, "linear learning-rate warmup steps")
-      ->capture_default_str();
-  app.add_option("--lr-decay", o.lr_decay, "after warmup: none (constant), cosine or linear")
-      ->capture_default_str();
-  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the decay")
-      ->capture_default_str();
-  app.add_option("--decay-steps", o.decay_steps,
-                 "step at which the decay reaches --min-lr (0: --steps)")
-      ->capture_default_str();
-  app.add_flag("--wd-2d-only", o.wd_2d_only,
-               "apply weight decay to 2-D weights only (not norms and biases)");
-  app.add_option("--eval-every", o.eval_every, "print the validation loss every N steps (0: never)")
-      ->capture_default_str();
-  app.add_option("--eval-batches", o.eval_batches, "batches per validation")->capture_default_str();
-  app.add_flag("--shuffle", o.shuffle,
-               "visit the data's seq+1-token windows in a seeded random order each epoch");
-  app.add_option("--val-data", o.val_data,
-                 "validation data (default: the last --val-fraction of --data)");
-  app.add_option("--val-fraction", o.val_fraction, "share of --data held out for validation")
-      ->capture_default_str();
-  app.add_option("--ckpt-dir", o.ckpt_dir, "directory of sharded checkpoints");
-  app.add_option("--ckpt-every", o.ckpt_every,
-                 "save a checkpoint every N steps and at the end (0: never)")
-      ->capture_default_str();
-  app.add_option("--keep", o.keep, "keep the newest K checkpoints (0: all)")->capture_default_str();
-  app.add_flag("--async-checkpoint", o.async_checkpoint,
-               "copy each checkpoint to host memory at the step boundary and write it on a "
-               "background thread while training goes on");
-  app.add_flag("--resume", o.resume, "continue from the newest checkpoint in --ckpt-dir");
-  app.add_flag("--overwrite", o.overwrite,
-               "a fresh run into a --ckpt-dir that holds checkpoints: remove them first (its "
-               "step_* and .tmp_step_* folders); without it such a run is refused");
-  app.add_option("--init-from", o.init_from,
-                 "start from a pretrained model: a Hugging Face folder or a .gguf file (its "
-                 "architecture and tokenizer), or full weights in a safetensors file");
-  app.add_option("--log-file", o.log_file, "append one JSON object per step to this file");
-  app.add_flag("--allow-oversubscribe-memory", o.allow_oversubscribe_memory,
-               "start even when parameters, gradients and AdamW state need more memory than "
-               "this host (its cgroup, or MemAvailable) has left");
-  app.add_option("--profile-steps", o.profile_steps,
-                 "profile steps A:B (A included, B not), e.g. 3:5");
-  app.add_option("--profile-dir", o.profile_dir, "where the trace and table of each rank go")
-      ->capture_default_str();
+  add_flags(app, o);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -205,14 +118,15 @@ int main(int argc, char** argv) {
   }
   try {
     fsdp::validate_env();  // every FSDP_* knob, by name, before anything reads one
-    const fsdp::Device device = fsdp::parse_device(device_name);
+    o.validate();          // every flag, before the ranks meet
+    const fsdp::Device device = o.run.device;
     FSDP_CHECK(
         device.is_cpu() || fsdp::cuda_available(),
         "[fsdp-train] --device {}: no CUDA device is visible (or fsdp.cpp was built without CUDA)",
-        device_name);
+        device.str());
     fsdp::train::install_stop_handlers();  // SIGTERM/SIGINT: checkpoint after this step, exit 0
     {
-      auto pg = fsdp::dist::init_process_group({.device = device, .backend = backend});
+      auto pg = fsdp::dist::init_process_group({.device = device, .backend = o.run.backend});
       check_same_arguments(*pg, argc, argv);
       fsdp::train::Trainer trainer(o, pg);
       trainer.fit();

@@ -1,0 +1,298 @@
+// TrainOptions (fsdp/train/options.h): reading and printing flag values, set_flag, the model
+// config and the one validation of the options.
+#include "fsdp/train/options.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+
+#include "fsdp/core/error.h"
+
+namespace fsdp::train {
+
+namespace {
+
+template <class Int>
+Int parse_integer(std::string_view flag, std::string_view text, const char* what) {
+  Int v{};
+  const char* e = text.data() + text.size();
+  const auto [p, ec] = std::from_chars(text.data(), e, v);
+  FSDP_CHECK(ec == std::errc() && p == e && !text.empty(), "[fsdp-train] {} takes {}, got '{}'{}",
+             flag, what, text, ec == std::errc::result_out_of_range ? " (out of range)" : "");
+  return v;
+}
+
+// An enum's flag names: "{a, b or c}" in errors, in the order of the table.
+template <class E, size_t N>
+E parse_choice(std::string_view flag, std::string_view text,
+               const std::array<std::pair<std::string_view, E>, N>& names) {
+  for (const auto& [name, value] : names)
+    if (text == name) return value;
+  std::string expected;
+  for (size_t i = 0; i < N; ++i) {
+    if (i > 0) expected += i + 1 < N ? ", " : " or ";
+    expected += names[i].first;
+  }
+  FSDP_FAIL("[fsdp-train] {} must be {}, got '{}'", flag, expected, text);
+}
+
+template <class E, size_t N>
+std::string choice_name(E v, const std::array<std::pair<std::string_view, E>, N>& names) {
+  for (const auto& [name, value] : names)
+    if (v == value) return std::string(name);
+  return "?";
+}
+
+constexpr std::array<std::pair<std::string_view, ShardMode>, 2> kShardModes{
+    {{"full", ShardMode::full}, {"none", ShardMode::none}}};
+constexpr std::array<std::pair<std::string_view, optim::Decay>, 3> kDecays{
+    {{"none", optim::Decay::constant},
+     {"cosine", optim::Decay::cosine},
+     {"linear", optim::Decay::linear}}};
+constexpr std::array<std::pair<std::string_view, nn::Arch>, 2> kArchs{
+    {{"seed", nn::Arch::seed}, {"llama", nn::Arch::llama}}};
+
+// Another library's parser, its error prefixed with the flag.
+template <class Parse>
+auto parse_with(std::string_view flag, Parse&& parse) {
+  try {
+    return parse();
+  } catch (const Error& e) {
+    std::string_view what = e.what();  // without its place in the source: this one's follows
+    what = what.substr(0, std::min(what.rfind(" (at "), what.rfind(" (check `")));
+    FSDP_FAIL("[fsdp-train] {}: {}", flag, what);
+  }
+}
+
+}  // namespace
+
+bool FlagValue<bool>::parse(std::string_view flag, std::string_view text) {
+  if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
+  if (text == "false" || text == "0" || text == "no" || text == "off") return false;
+  FSDP_FAIL("[fsdp-train] {} takes true or false, got '{}'", flag, text);
+}
+std::string FlagValue<bool>::str(const bool& v) { return v ? "true" : "false"; }
+const char* FlagValue<bool>::type_name() { return "BOOL"; }
+
+int FlagValue<int>::parse(std::string_view flag, std::string_view text) {
+  return parse_integer<int>(flag, text, "an integer");
+}
+std::string FlagValue<int>::str(const int& v) { return std::to_string(v); }
+const char* FlagValue<int>::type_name() { return "INT"; }
+
+int64_t FlagValue<int64_t>::parse(std::string_view flag, std::string_view text) {
+  return parse_integer<int64_t>(flag, text, "an integer");
+}
+std::string FlagValue<int64_t>::str(const int64_t& v) { return std::to_string(v); }
+const char* FlagValue<int64_t>::type_name() { return "INT"; }
+
+uint64_t FlagValue<uint64_t>::parse(std::string_view flag, std::string_view text) {
+  return parse_integer<uint64_t>(flag, text, "an integer >= 0");
+}
+std::string FlagValue<uint64_t>::str(const uint64_t& v) { return std::to_string(v); }
+const char* FlagValue<uint64_t>::type_name() { return "UINT"; }
+
+double FlagValue<double>::parse(std::string_view flag, std::string_view text) {
+  const std::string s(text);
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  FSDP_CHECK(!s.empty() && end == s.c_str() + s.size() && errno != ERANGE,
+             "[fsdp-train] {} takes a number, got '{}'", flag, text);
+  return v;
+}
+std::string FlagValue<double>::str(const double& v) { return fmt::format("{}", v); }
+const char* FlagValue<double>::type_name() { return "FLOAT"; }
+
+std::string FlagValue<std::string>::parse(std::string_view, std::string_view text) {
+  return std::string(text);
+}
+std::string FlagValue<std::string>::str(const std::string& v) { return v; }
+const char* FlagValue<std::string>::type_name() { return "TEXT"; }
+
+DType FlagValue<DType>::parse(std::string_view flag, std::string_view text) {
+  return parse_with(flag, [&] { return parse_dtype(text); });
+}
+std::string FlagValue<DType>::str(const DType& v) { return std::string(dtype_name(v)); }
+const char* FlagValue<DType>::type_name() { return "DTYPE"; }
+
+Device FlagValue<Device>::parse(std::string_view flag, std::string_view text) {
+  return parse_with(flag, [&] { return parse_device(text); });
+}
+std::string FlagValue<Device>::str(const Device& v) { return v.is_cpu() ? "cpu" : v.str(); }
+const char* FlagValue<Device>::type_name() { return "DEVICE"; }
+
+nn::Arch FlagValue<nn::Arch>::parse(std::string_view flag, std::string_view text) {
+  return parse_choice(flag, text, kArchs);
+}
+std::string FlagValue<nn::Arch>::str(const nn::Arch& v) { return choice_name(v, kArchs); }
+const char* FlagValue<nn::Arch>::type_name() { return "{seed,llama}"; }
+
+optim::Decay FlagValue<optim::Decay>::parse(std::string_view flag, std::string_view text) {
+  return parse_choice(flag, text, kDecays);
+}
+std::string FlagValue<optim::Decay>::str(const optim::Decay& v) { return choice_name(v, kDecays); }
+const char* FlagValue<optim::Decay>::type_name() { return "{none,cosine,linear}"; }
+
+ShardMode FlagValue<ShardMode>::parse(std::string_view flag, std::string_view text) {
+  return parse_choice(flag, text, kShardModes);
+}
+std::string FlagValue<ShardMode>::str(const ShardMode& v) { return choice_name(v, kShardModes); }
+const char* FlagValue<ShardMode>::type_name() { return "{full,none}"; }
+
+ActivationCheckpoint FlagValue<ActivationCheckpoint>::parse(std::string_view flag,
+                                                            std::string_view text) {
+  if (text == "none") return {0};
+  if (text == "full") return {1};
+  int64_t n = 0;
+  const char* b = text.data() + 6;
+  const char* e = text.data() + text.size();
+  const bool parsed =
+      text.size() > 6 && text.starts_with("every:") && std::from_chars(b, e, n).ptr == e && n >= 1;
+  FSDP_CHECK(parsed, "[fsdp-train] {} must be none, full or every:N (N >= 1), got '{}'", flag,
+             text);
+  return {n};
+}
+std::string FlagValue<ActivationCheckpoint>::str(const ActivationCheckpoint& v) {
+  return v.every == 0 ? "none" : v.every == 1 ? "full" : fmt::format("every:{}", v.every);
+}
+const char* FlagValue<ActivationCheckpoint>::type_name() { return "MODE"; }
+
+StepRange FlagValue<StepRange>::parse(std::string_view flag, std::string_view text) {
+  const size_t colon = text.find(':');
+  StepRange r;
+  const char* e = text.data() + text.size();
+  const bool parsed =
+      colon != std::string_view::npos &&
+      std::from_chars(text.data(), text.data() + colon, r.begin).ptr == text.data() + colon &&
+      colon > 0 && colon + 1 < text.size() &&
+      std::from_chars(text.data() + colon + 1, e, r.end).ptr == e;
+  FSDP_CHECK(parsed, "[fsdp-train] {} '{}' must be A:B, the steps [A, B) to profile", flag, text);
+  FSDP_CHECK(r.begin >= 0 && r.end > r.begin, "[fsdp-train] {} '{}': need 0 <= A < B", flag, text);
+  return r;
+}
+std::string FlagValue<StepRange>::str(const StepRange& v) {
+  return v.empty() ? "" : fmt::format("{}:{}", v.begin, v.end);
+}
+const char* FlagValue<StepRange>::type_name() { return "A:B"; }
+
+std::string FlagInfo::name() const {
+  std::string n = "--" + std::string(field);
+  for (char& c : n)
+    if (c == '_') c = '-';
+  return n;
+}
+
+void set_flag(TrainOptions& o, std::string_view flag, std::string_view text) {
+  bool found = false;
+  visit_flags(o, [&](const FlagInfo& info, auto& field) {
+    using T = std::remove_cvref_t<decltype(field)>;
+    const std::string name = info.name();
+    bool match = name == flag;
+    for (size_t b = 0; !match && b < info.aliases.size();) {  // comma-separated aliases
+      const size_t e = std::min(info.aliases.find(',', b), info.aliases.size());
+      match = info.aliases.substr(b, e - b) == flag;
+      b = e + 1;
+    }
+    if (!match) return;
+    field = FlagValue<T>::parse(name, text);
+    found = true;
+  });
+  FSDP_CHECK(found, "[fsdp-train] no flag named '{}' (fsdp-train --help lists them)", flag);
+}
+
+nn::MiniLLMConfig TrainOptions::model_config() const {
+  const ModelOptions& m = model;
+  nn::MiniLLMConfig cfg = nn::MiniLLMConfig::preset(m.preset);
+  if (m.arch) cfg.arch = *m.arch;
+  if (m.vocab) cfg.vocab = *m.vocab;
+  if (m.dim) cfg.dim = *m.dim;
+  if (m.layers) cfg.layers = *m.layers;
+  if (m.heads) cfg.heads = *m.heads;
+  if (m.seq) cfg.seq = *m.seq;
+  if (m.batch) cfg.batch = *m.batch;
+  if (m.ffn_hidden) cfg.ffn_hidden = *m.ffn_hidden;
+  if (m.kv_heads) cfg.kv_heads = *m.kv_heads;
+  if (m.head_dim) cfg.head_dim = *m.head_dim;
+  if (m.rope_theta) cfg.rope_theta = *m.rope_theta;
+  if (m.tie_embeddings) cfg.tie_embeddings = true;
+  if (m.qkv_bias) cfg.qkv_bias = true;
+  cfg.validate();
+  return cfg;
+}
+
+void TrainOptions::validate() const {
+  const OptimizerOptions& op = optimizer;
+  const ScheduleOptions& sc = schedule;
+  const ShardingOptions& sh = sharding;
+  const CheckpointOptions& ck = checkpoint;
+  const bool full = sh.shard == ShardMode::full;
+  FSDP_CHECK(sc.steps >= 0, "[fsdp-train] --steps must be >= 0, got {}", sc.steps);
+  FSDP_CHECK(op.lr >= 0 && std::isfinite(op.lr),
+             "[fsdp-train] --lr must be a finite number >= 0, got {}", op.lr);
+  FSDP_CHECK(run.threads >= 0,
+             "[fsdp-train] --threads must be >= 0 (0 = this rank's share of the cores), got {}",
+             run.threads);
+  FSDP_CHECK(run.backend.empty() || run.backend == "nccl" || run.backend == "mpi" ||
+                 run.backend == "gloo" || run.backend == "local",
+             "[fsdp-train] --backend must be nccl, mpi, gloo or local, got '{}'", run.backend);
+  FSDP_CHECK(sh.grad_accum >= 1, "[fsdp-train] --grad-accum must be >= 1, got {}", sh.grad_accum);
+  FSDP_CHECK(op.grad_clip >= 0, "[fsdp-train] --clip must be >= 0 (0 = off), got {}", op.grad_clip);
+  FSDP_CHECK(sh.dtype == DType::f32 || sh.dtype == DType::f64,
+             "[fsdp-train] --dtype {} is not a CPU training dtype; use f32 or f64 for the (master) "
+             "parameters and --param-dtype bf16 for bf16 compute",
+             dtype_name(sh.dtype));
+  FSDP_CHECK(full || (!sh.param_dtype && !sh.reduce_dtype),
+             "[fsdp-train] --param-dtype and --reduce-dtype need --shard full (they are "
+             "fully_shard's policy)");
+  FSDP_CHECK(sh.hsdp >= 0, "[fsdp-train] --hsdp must be >= 0 (0 = off), got {}", sh.hsdp);
+  FSDP_CHECK(sh.hsdp == 0 || full, "[fsdp-train] --hsdp needs --shard full");
+  FSDP_CHECK(sh.activation_checkpoint.every >= 0,
+             "[fsdp-train] --activation-checkpoint every:{} must be >= 1",
+             sh.activation_checkpoint.every);
+  FSDP_CHECK(sc.warmup_steps >= 0 && sc.min_lr >= 0 && data.eval_every >= 0 && ck.ckpt_every >= 0 &&
+                 ck.keep >= 0,
+             "[fsdp-train] --warmup-steps, --min-lr, --eval-every, --ckpt-every and --keep must "
+             "be >= 0");
+  const bool dir = !ck.ckpt_dir.empty();
+  FSDP_CHECK(ck.ckpt_every == 0 || dir, "[fsdp-train] --ckpt-every needs --ckpt-dir");
+  FSDP_CHECK(!ck.async_checkpoint || dir, "[fsdp-train] --async-checkpoint needs --ckpt-dir");
+  FSDP_CHECK(!ck.resume || dir, "[fsdp-train] --resume needs --ckpt-dir");
+  FSDP_CHECK(!ck.overwrite || dir, "[fsdp-train] --overwrite needs --ckpt-dir");
+  FSDP_CHECK(
+      !(ck.overwrite && ck.resume),
+      "[fsdp-train] --overwrite clears --ckpt-dir and --resume continues from it: choose one");
+  FSDP_CHECK(full || (!dir && !op.wd_2d_only),
+             "[fsdp-train] checkpoints and --wd-2d-only need --shard full");
+  // AdamW's hyper-parameters: a zero eps divides by zero on the first step.
+  FSDP_CHECK(op.eps > 0 && std::isfinite(op.eps), "[fsdp-train] --eps must be > 0, got {}", op.eps);
+  FSDP_CHECK(op.beta1 >= 0 && op.beta1 < 1 && op.beta2 >= 0 && op.beta2 < 1,
+             "[fsdp-train] --beta1 and --beta2 must be in [0, 1), got {} and {}", op.beta1,
+             op.beta2);
+  FSDP_CHECK(op.weight_decay >= 0 && std::isfinite(op.weight_decay),
+             "[fsdp-train] --weight-decay must be >= 0, got {}", op.weight_decay);
+  FSDP_CHECK(sc.min_lr <= op.lr,
+             "[fsdp-train] --min-lr {} is above --lr {}: the schedule would rise", sc.min_lr,
+             op.lr);
+  FSDP_CHECK(sc.decay_steps >= 0, "[fsdp-train] --decay-steps must be >= 0 (0 = --steps), got {}",
+             sc.decay_steps);
+  FSDP_CHECK(data.eval_batches >= 1, "[fsdp-train] --eval-batches must be >= 1, got {}",
+             data.eval_batches);
+  FSDP_CHECK(data.val_fraction > 0 && data.val_fraction < 1,
+             "[fsdp-train] --val-fraction must be in (0, 1), got {}", data.val_fraction);
+  FSDP_CHECK(sample.sample_tokens >= 0, "[fsdp-train] --sample-tokens must be >= 0, got {}",
+             sample.sample_tokens);
+  FSDP_CHECK(sample.temperature >= 0 && std::isfinite(sample.temperature),
+             "[fsdp-train] --temperature must be >= 0 (0 = greedy), got {}", sample.temperature);
+}
+
+}  // namespace fsdp::train

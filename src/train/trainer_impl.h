@@ -1,0 +1,100 @@
+// Trainer::Impl (fsdp/train/trainer.h): the state of one run, and its parts by file:
+// trainer_setup.cpp (mesh, tokenizer, data, model), trainer_resources.cpp (the memory plan's
+// check, the FLOP/s ceiling), trainer_resume.cpp, trainer.cpp (the loop), trainer_report.cpp.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fsdp/checkpoint/manager.h"
+#include "fsdp/checkpoint/pretrained.h"
+#include "fsdp/data/loader.h"
+#include "fsdp/data/token_sources.h"
+#include "fsdp/data/tokenizer.h"
+#include "fsdp/dist/device_mesh.h"
+#include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/nn/minillm.h"
+#include "fsdp/optim/adamw.h"
+#include "fsdp/optim/lr_schedule.h"
+#include "fsdp/profiler/ceilings.h"
+#include "fsdp/profiler/metrics.h"
+#include "fsdp/train/memory_plan.h"
+#include "fsdp/train/trainer.h"
+
+namespace fsdp::train {
+
+struct Trainer::Impl {
+  TrainOptions o;
+  std::shared_ptr<const checkpoint::Pretrained> pretrained;  // --init-from
+  nn::MiniLLMConfig cfg;
+  DType dtype;
+  std::shared_ptr<dist::ProcessGroup> pg;
+  std::shared_ptr<dist::DeviceMesh> mesh;
+  int rank = 0, size = 1, threads = 1;
+  Device device;
+  MixedPrecisionPolicy mp;
+  std::shared_ptr<data::TokenSource> src, val;
+  std::optional<data::Tokenizer> tokenizer;
+  bool model_tokenizer = false;  // the tokenizer came with the --init-from model
+  std::unique_ptr<nn::MiniLLM> model;
+  std::vector<nn::ParamGroup> groups;
+  DataParallelModule* parallel = nullptr;  // the step's one interface: root, or replicate's
+  FSDPModule* root = nullptr;              // --shard full: the sharded root, for checkpoints
+  std::unique_ptr<optim::AdamW> opt;
+  std::unique_ptr<optim::LRSchedule> schedule;
+  std::unique_ptr<data::DataLoader> loader;
+  double peak = 0;           // FLOP/s, all ranks: the MFU denominator
+  double peak_measured = 0;  // the peak before a step's rate raised it
+  double peak_units = 1;     // what the peak is the sum over: machines (CPU) or GPUs
+  MemoryPlan plan;  // this rank's predicted peak memory, from the shapes (check_memory_plan)
+  std::string config_json;
+  int64_t start_step = 0, steps_done = 0;
+  std::ofstream log;
+  // Communication: seconds in collectives on their threads, and seconds the
+  // compute thread waited for them (exposed), summed over the timed steps.
+  double comm_total = 0, exposed_total = 0, step_total = 0;
+  int64_t steps_timed = 0;  // the steps those sums cover (a resume or a stop times fewer)
+  double longest_step = 0;  // seconds
+  // --ckpt-dir: the folder's owner (lock, one run per folder, resume, sync or background saves)
+  std::unique_ptr<checkpoint::Manager> ckpt;
+
+  bool main() const { return rank == 0; }
+
+  static int peak_threads() { return int(std::max(1u, std::thread::hardware_concurrency())); }
+
+  // Setup (trainer_setup.cpp): the mesh, the tokenizer, the data, the model.
+  Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGroup> group);
+  void open_data();
+  std::unique_ptr<data::TokenStream> open_stream(const std::string& spec);
+  void open_tokenizer();
+  void build_model();
+
+  // Resources (trainer_resources.cpp): the memory plan's check, the FLOP/s ceiling.
+  void check_memory_plan();
+  void measure_peak();
+  std::vector<profiler::GemmShape> gemm_shapes() const;
+  void raise_peak(profiler::StepMetrics& m);
+
+  // --resume (trainer_resume.cpp).
+  void resume();
+
+  // The loop (trainer.cpp).
+  profiler::StepMetrics step(int64_t step);
+  double evaluate();
+  void save(int64_t step);
+  void finish_async_save();
+  void fit();
+
+  // What rank 0 prints (trainer_report.cpp).
+  void print_config(int64_t persistent, int64_t persistent_measured) const;
+  void print_summary();
+  void print_sample();
+};
+
+}  // namespace fsdp::train

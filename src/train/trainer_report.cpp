@@ -1,0 +1,140 @@
+// What rank 0 prints: the run's table, the summary line, the sample.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdp/checkpoint/pretrained.h"
+#include "fsdp/core/allocator.h"
+#include "fsdp/core/host_memory.h"
+#include "fsdp/data/token_sources.h"
+#include "fsdp/data/tokenizer.h"
+#include "fsdp/dist/device_mesh.h"
+#include "fsdp/dist/init.h"
+#include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/nn/sample.h"
+#include "fsdp/profiler/ceilings.h"
+#include "fsdp/train/memory_plan.h"
+#include "src/train/trainer_impl.h"
+
+namespace fsdp::train {
+
+void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured) const {
+  auto row = [](const std::string& k, const std::string& v) {
+    fmt::print("| {:<22} | {:<44} |\n", k, v);
+  };
+  std::string dtypes;
+  if (mp.param_dtype || mp.reduce_dtype)
+    dtypes =
+        fmt::format(" master, {} params, {} reduce", dtype_name(mp.param_dtype.value_or(dtype)),
+                    dtype_name(mp.reduce_dtype.value_or(mp.param_dtype.value_or(dtype))));
+  fmt::print("+{:-<24}+{:-<46}+\n", "", "");
+  row("preset / arch", pretrained && pretrained->config
+                           ? fmt::format("{} {} / {}", pretrained->format, pretrained->family,
+                                         nn::arch_name(cfg.arch))
+                           : fmt::format("{} / {}", o.model.preset, nn::arch_name(cfg.arch)));
+  row("vocab / dim / layers", fmt::format("{} / {} / {}", cfg.vocab, cfg.dim, cfg.layers));
+  row("heads / ffn hidden", fmt::format("{} / {}", cfg.heads, cfg.resolved_ffn_hidden()));
+  if (cfg.resolved_kv_heads() != cfg.heads || cfg.resolved_head_dim() * cfg.heads != cfg.dim ||
+      cfg.tie_embeddings || cfg.qkv_bias)
+    row("kv heads / head dim",
+        fmt::format("{} / {}{}{}", cfg.resolved_kv_heads(), cfg.resolved_head_dim(),
+                    cfg.tie_embeddings ? ", tied head" : "", cfg.qkv_bias ? ", qkv bias" : ""));
+  row("seq x batch",
+      fmt::format("{} x {} x {} ranks x {} accum = {} tokens/step", cfg.seq, cfg.batch, size,
+                  o.sharding.grad_accum, cfg.seq * cfg.batch * size * o.sharding.grad_accum));
+  const int64_t nparams = model->num_parameters();
+  row("parameters", fmt::format("{} ({:.2f} M)", nparams, double(nparams) / 1e6));
+  row("dtype", std::string(dtype_name(dtype)) + dtypes);
+  row("optimizer", fmt::format("AdamW lr {:g} betas ({:g}, {:g}) wd {:g}", o.optimizer.lr,
+                               o.optimizer.beta1, o.optimizer.beta2, o.optimizer.weight_decay));
+  row("steps / seed", fmt::format("{} / {}", o.schedule.steps, o.run.seed));
+  row("data", src->describe());
+  row("tokenizer", tokenizer ? tokenizer->describe() : "none (random ids)");
+  row("world size", fmt::format("{} ({}, {})", size, pg->backend(), dist::world_info().launcher));
+  row("sharding",
+      o.sharding.shard == ShardMode::none
+          ? std::string("none (DDP-style baseline)")
+          : fmt::format("fully_shard on {}{}", mesh->str(),
+                        o.sharding.reshard_after_forward ? "" : ", no reshard after forward"));
+  if (const int64_t every = o.sharding.activation_checkpoint.every; every > 0)
+    row("activation ckpt", every == 1 ? std::string("every block (recomputed in the backward)")
+                                      : fmt::format("blocks 0, {0}, 2x{0}, ... (recomputed in the "
+                                                    "backward)",
+                                                    every));
+  row("persistent mem / rank",
+      fmt::format("{:.3f} MB formula, {:.3f} MB measured", double(persistent) / 1e6,
+                  double(persistent_measured) / 1e6));
+  row("peak mem plan / rank", fmt::format("{:.1f} MB{} at {}", double(plan.peak) / 1e6,
+                                          device.is_cpu() ? " resident" : "", plan.at));
+  for (const MemoryTerm& t : plan.terms)
+    row("  " + t.name, fmt::format("{:.1f} MB {}", double(t.bytes) / 1e6, t.what));
+  row("  allocated at peak",
+      fmt::format("{:.1f} MB (the allocator's own peak)", double(plan.peak_allocated) / 1e6));
+  row("threads", std::to_string(threads));
+  row("sgemm peak", fmt::format("{:.1f} GFLOP/s, all ranks (MFU denominator)", peak / 1e9));
+  row("FLOPs / token", fmt::format("{:.3g}", cfg.flops_per_token()));
+  fmt::print("+{:-<24}+{:-<46}+\n", "", "");
+}
+
+// Means over the steps after the first; communication as rank 0 saw it.
+void Trainer::Impl::print_summary() {
+  const double n = double(std::max<int64_t>(1, steps_timed));
+  Tensor peak_mem = Tensor::full({2}, double(memory_stats(device).peak), DType::f64);
+  peak_mem.data<double>()[1] = double(peak_resident_bytes());
+  peak_mem = peak_mem.to(device);
+  Tensor peaks = Tensor::empty({2 * size}, DType::f64, device);
+  pg->all_gather_into_tensor(peaks, peak_mem)->wait();
+  const auto pv = peaks.to_f64_vector();
+  if (!main()) return;
+  std::string rss;  // each rank's peak resident memory (VmHWM), MB
+  double peak_alloc = 0;
+  for (int r = 0; r < size; ++r) {
+    peak_alloc = std::max(peak_alloc, pv[size_t(2 * r)]);
+    rss += fmt::format("{}{:.0f}", r ? "/" : "", pv[size_t(2 * r + 1)] / 1e6);
+  }
+  fmt::print("summary | step {:.1f} ms | peak mem {:.1f} MB | peak rss {} MB", 1e3 * step_total / n,
+             peak_alloc / 1e6, rss);
+  // The plan is rank 0's: against rank 0's resident peak (CPU) or its allocator's (CUDA).
+  const double measured = device.is_cpu() ? pv[1] : pv[0];
+  fmt::print(" | plan {:.1f} MB{} (measured/plan {:.3f}), {:.1f} MB allocated ({:.3f})",
+             double(plan.peak) / 1e6, device.is_cpu() ? " resident" : "",
+             measured / double(std::max<int64_t>(1, plan.peak)), double(plan.peak_allocated) / 1e6,
+             pv[0] / double(std::max<int64_t>(1, plan.peak_allocated)));
+  if (size > 1)
+    fmt::print(" | comm {:.1f} ms/step in collectives, {:.1f} ms/step exposed ({:.0f}%)",
+               1e3 * comm_total / n, 1e3 * exposed_total / n,
+               comm_total > 0 ? 100.0 * std::min(1.0, exposed_total / comm_total) : 0.0);
+  fmt::print("\n");
+  if (peak > peak_measured)
+    fmt::print(
+        "peak | raised from {:.1f} to {:.1f} GFLOP/s (all ranks) by a step's observed "
+        "rate, cached in {}; MFU is against it\n",
+        peak_measured / 1e9, peak / 1e9,
+        device.is_cuda() ? profiler::device_gemm_peak_cache_path()
+                         : profiler::sgemm_peak_cache_path());
+}
+
+// Every rank samples in lockstep (sharded forwards are collective); rank 0 prints.
+void Trainer::Impl::print_sample() {
+  const std::vector<int32_t> ids = nn::sample(*model, tokenizer->encode(o.sample.prompt),
+                                              {.tokens = o.sample.sample_tokens,
+                                               .temperature = o.sample.temperature,
+                                               .max_id = tokenizer->size(),
+                                               .seed = o.run.seed,
+                                               .device = device,
+                                               .stop_id = tokenizer->eos_id(),
+                                               .on_token = nullptr});
+  std::string text = tokenizer->decode(ids);
+  for (char& ch : text)
+    if (static_cast<unsigned char>(ch) < 32 && ch != '\n') ch = ' ';
+  if (main()) fmt::print("sample: {}{}\n", o.sample.prompt, text);
+}
+
+}  // namespace fsdp::train

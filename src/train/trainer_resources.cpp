@@ -1,0 +1,132 @@
+// Trainer::Impl's resources: the memory plan checked against what the host or device has left,
+// and the FLOP/s ceiling MFU is measured against.
+#include <fmt/core.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/core/env.h"
+#include "fsdp/core/host_memory.h"
+#include "fsdp/dist/device_mesh.h"
+#include "fsdp/dist/init.h"
+#include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/profiler/ceilings.h"
+#include "fsdp/profiler/metrics.h"
+#include "fsdp/train/memory_plan.h"
+#include "src/train/trainer_impl.h"
+
+namespace fsdp::train {
+
+// The memory plan (train/memory_plan.h): this rank's predicted peak, from the shapes alone,
+// against what is left for this host's ranks (CPU: the cgroup's limit or MemAvailable, for what
+// each rank will add to what it holds now; CUDA: the device's free memory); refused with the
+// numbers on every rank alike (--allow-oversubscribe-memory skips it). A 38B model under a
+// 3 GiB cgroup was OOM-killed after 3 s with no output.
+void Trainer::Impl::check_memory_plan() {
+  const int64_t held = device.is_cpu() ? resident_bytes() : 0;
+  MemoryPlanOptions po{
+      .model = cfg,
+      .device = device,
+      .fully_shard = o.sharding.shard == ShardMode::full,
+      .shards = o.sharding.shard == ShardMode::full ? mesh->size(mesh->ndim() - 1) : 1,
+      .replicas = o.sharding.shard == ShardMode::full && mesh->ndim() == 2 ? mesh->size(0) : 1,
+      .reshard_after_forward = o.sharding.reshard_after_forward,
+      .dtype = dtype,
+      .param_dtype = mp.param_dtype,
+      .reduce_dtype = mp.reduce_dtype,
+      .grad_accum = o.sharding.grad_accum,
+      .checkpoint_every = o.sharding.activation_checkpoint.every,
+      .threads = threads,
+      .cpu_cache_bytes = int64_t(env_double("FSDP_CPU_CACHE_MB") * 1048576.0),
+      .baseline_bytes = held};
+  plan = plan_memory(po);
+  if (o.sharding.allow_oversubscribe_memory) return;
+  const int local = device.is_cpu() ? std::max(1, dist::world_info().local_size) : 1;
+  const int64_t more = plan.peak - held;  // what this rank will still take
+  const auto [available, from] =
+      device.is_cpu()
+          ? host_memory_available()
+          : std::pair{cuda_memory_info(device.index).free, fmt::format("free on {}", device.str())};
+  std::string error;
+  if (available >= 0 && more * local > available) {
+    std::string terms;
+    for (const MemoryTerm& t : plan.terms)
+      if (t.bytes > 0)
+        terms +=
+            fmt::format("{}{} {:.2f}", terms.empty() ? "" : ", ", t.name, double(t.bytes) / 1e9);
+    error = fmt::format(
+        "[fsdp-train] the model does not fit: {} parameters need {:.2f} GB per rank for "
+        "parameters, gradients and AdamW's two moments ({}, {} shard(s)) and {:.2f} GB at the "
+        "predicted peak of a step (batch {} x seq {}: {}), {:.2f} GB more than a rank holds now, "
+        "{:.2f} GB for the {} rank(s) on this {}, but only {:.2f} GB is available ({}); shard over "
+        "more ranks, take a smaller model or batch, use --activation-checkpoint, or pass "
+        "--allow-oversubscribe-memory to try anyway",
+        model->num_parameters(), double(plan.persistent) / 1e9, dtype_name(dtype), po.shards,
+        double(plan.peak) / 1e9, cfg.batch, cfg.seq, terms, double(more) / 1e9,
+        double(more * local) / 1e9, local, device.is_cpu() ? "host" : "device",
+        double(available) / 1e9, from);
+  }
+  Tensor failed = Tensor::full({1}, error.empty() ? 0.0 : 1.0, DType::f32).to(device);
+  if (size > 1) pg->all_reduce(failed, dist::ReduceOp::SUM)->wait();
+  if (!error.empty()) throw Error(error);
+  FSDP_CHECK(failed.item() == 0,
+             "[fsdp-train] the model does not fit in {} other rank(s)' memory (their errors "
+             "give the numbers); pass --allow-oversubscribe-memory to try anyway",
+             failed.item());
+}
+
+// The ceiling: on CPU the machine's sgemm peak on all its cores (measured by
+// rank 0 alone, so ranks do not compete for the cores while measuring), times
+// the number of machines; on CUDA each rank's GEMM peak in the compute dtype,
+// times the ranks.
+void Trainer::Impl::measure_peak() {
+  const int local = std::max(1, dist::world_info().local_size);
+  Tensor peak_t = Tensor::zeros({1}, DType::f32);
+  if (device.is_cuda()) {
+    peak_t.fill_(profiler::device_gemm_peak_flops(device, mp.param_dtype.value_or(DType::f32)) /
+                 1e9);
+  } else if (main()) {
+    peak_t.fill_(profiler::sgemm_peak_flops(peak_threads(), gemm_shapes()) / 1e9);
+  }
+  omp_set_num_threads(threads);
+  Tensor peak_d = peak_t.to(device);
+  pg->broadcast(peak_d, 0)->wait();
+  peak_units = device.is_cuda() ? double(size) : double(size) / double(local);
+  peak = peak_d.item() * 1e9 * peak_units;
+  peak_measured = peak;
+}
+
+// The model's GEMMs in one rank's forward (rows: its tokens), and the largest weight gradient.
+std::vector<profiler::GemmShape> Trainer::Impl::gemm_shapes() const {
+  const int64_t rows = cfg.batch * cfg.seq, d = cfg.dim, hd = cfg.resolved_head_dim();
+  const int64_t f = cfg.resolved_ffn_hidden(), q = cfg.heads * hd;
+  return {{rows, q + 2 * cfg.resolved_kv_heads() * hd, d},
+          {rows, d, q},
+          {rows, f, d},
+          {rows, d, f},
+          {rows, cfg.vocab, d},
+          {f, d, rows}};
+}
+
+// A step that ran faster than the peak proves the peak low (measured while the machine was
+// busy, say): the peak is raised to the step's rate, here and (rank 0) in the cache, so MFU
+// never reads above 100%; the summary says so.
+void Trainer::Impl::raise_peak(profiler::StepMetrics& m) {
+  if (!(m.mfu > 1)) return;
+  peak *= m.mfu;
+  m.mfu = 1;
+  if (!main()) return;
+  if (device.is_cuda())
+    profiler::raise_device_gemm_peak(device, mp.param_dtype.value_or(DType::f32),
+                                     peak / peak_units);
+  else
+    profiler::raise_sgemm_peak(peak_threads(), peak / peak_units);
+}
+
+}  // namespace fsdp::train

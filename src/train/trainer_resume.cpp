@@ -1,0 +1,121 @@
+// Trainer::Impl::resume: the newest complete checkpoint, and the run's data held to it.
+#include <fmt/core.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/checkpoint/manager.h"
+#include "fsdp/data/loader.h"
+#include "fsdp/optim/adamw.h"
+#include "src/train/trainer_impl.h"
+
+namespace fsdp::train {
+
+namespace {
+
+// --resume: the run's data must be the checkpoint's, by content (data::data_identity: size and
+// sampled bytes), not by path: the same path with new contents is refused, a byte-identical copy
+// elsewhere resumes. The training stream's token count must match too (--eval-every and
+// --val-fraction cut the validation tail off it), or window numbers would name other tokens.
+// Checkpoints older than the identity are held to the path, as they were.
+void check_same_data(const nlohmann::json& saved, const nlohmann::json& now,
+                     const std::string& path) {
+  using nlohmann::json;
+  auto value = [](const json& j, const char* key) { return j.value(key, json()); };
+  if (saved.contains("data_content")) {
+    FSDP_CHECK(saved["data_content"] == value(now, "data_content"),
+               "[fsdp-train] --resume: {} was trained on other data: it was saved with --data {} "
+               "holding {} but --data {} holds {}; resume with the data it was trained on, or "
+               "start a new --ckpt-dir",
+               path, value(saved, "data").dump(), saved["data_content"].dump(),
+               value(now, "data").dump(), value(now, "data_content").dump());
+  }
+  const bool by_path = !saved.contains("data_content");
+  for (const char* key : {"seq", "data", "data_tokens", "tokenizer_hash"})
+    if (saved.contains(key) && (by_path || std::string_view(key) != "data"))
+      FSDP_CHECK(saved[key] == value(now, key),
+                 "[fsdp-train] --resume: {} was saved with {} {} but this run has {} {}: resume "
+                 "with the same data, validation split, sequence length and tokenizer, or start a "
+                 "new --ckpt-dir",
+                 path, key, saved[key].dump(), key, value(now, key).dump());
+}
+
+// The windows a checkpoint's run had read over all its ranks: saved as such ("data" in the
+// checkpoint's user JSON), or, by checkpoints from before, as the loader's batch index, which
+// counts global batches of the saved batch x world_size rows. *note says which it was.
+int64_t windows_read(const checkpoint::Loaded& loaded, const nlohmann::json& saved_config,
+                     const std::string& path, std::string* note) {
+  const nlohmann::json user = nlohmann::json::parse(loaded.user_json);
+  if (user.is_object() && user.contains("data")) {
+    const nlohmann::json& d = user["data"];
+    FSDP_CHECK(d.is_object() && d.contains("windows") && d["windows"].is_number_integer() &&
+                   d["windows"].get<int64_t>() >= 0,
+               "[fsdp-train] --resume: {}/metadata.json: user.data {} is not a count of windows "
+               "read",
+               path, d.dump());
+    return d["windows"].get<int64_t>();
+  }
+  auto count = [&](const char* key) -> int64_t {
+    const nlohmann::json v = saved_config.value(key, nlohmann::json());
+    FSDP_CHECK(v.is_number_integer() && v.get<int64_t>() > 0,
+               "[fsdp-train] --resume: {} saved its data position as batch {} but its config has "
+               "no {} (got {}) to say how many rows a batch held, so the next unread window is "
+               "unknown; start a new --ckpt-dir",
+               path, loaded.data_position, key, v.dump());
+    return v.get<int64_t>();
+  };
+  const int64_t rows = count("batch") * count("world_size");
+  *note = fmt::format(
+      "an older checkpoint: its data position is batch {} of {} x {} rows, window {}",
+      loaded.data_position, count("batch"), count("world_size"), loaded.data_position * rows);
+  return loaded.data_position * rows;
+}
+
+}  // namespace
+
+// The newest complete checkpoint, as checkpoint::Manager picks and loads it (newer incomplete
+// ones skipped aloud, every rank loaded before any goes on); then the run's data fields (seq,
+// data, tokenizer) must match the checkpoint's.
+void Trainer::Impl::resume() {
+  const std::vector<std::string> model_keys = {
+      "arch",     "vocab",          "dim",      "layers", "heads", "ffn_hidden", "kv_heads",
+      "head_dim", "tie_embeddings", "qkv_bias", "dtype"};
+  const std::optional<checkpoint::Loaded> found = ckpt->load(*root, *opt, config_json, model_keys);
+  if (!found) return;
+  const checkpoint::Loaded& loaded = *found;
+  const std::string& path = ckpt->loaded_path();
+  const nlohmann::json saved = nlohmann::json::parse(loaded.config_json);
+  check_same_data(saved, nlohmann::json::parse(config_json), path);
+  std::string note;
+  const int64_t windows = windows_read(loaded, saved, path, &note);
+  start_step = loaded.step;
+  if (!loaded.sealed)
+    note += std::string(note.empty() ? "" : "; ") +
+            "an older checkpoint (format 1): it has no complete.json, run id or shard "
+            "identities to check; its files' checksums and chunks were checked; its run goes "
+            "on under a new id";
+  loader->set_position(windows);
+  if (main()) {
+    fmt::print(
+        "resume: loaded {} (step {}) of run {}; {} windows ({} tokens) read, continuing "
+        "at window {}{}\n",
+        path, start_step, loaded.run_id.empty() ? "(none recorded)" : loaded.run_id, windows,
+        windows * cfg.seq, windows, note.empty() ? "" : " (" + note + ")");
+    if (start_step >= o.schedule.steps)
+      fmt::print(stderr,
+                 "resume: the checkpoint is at step {} and --steps is {}: nothing left to "
+                 "train; pass a larger --steps\n",
+                 start_step, o.schedule.steps);
+  }
+}
+
+}  // namespace fsdp::train

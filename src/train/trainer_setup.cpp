@@ -1,0 +1,310 @@
+// Trainer::Impl's setup: options checked, the mesh, the tokenizer, the data, the model (fully_shard
+// or replicate), AdamW and the schedule.
+#include <fmt/core.h>
+#include <omp.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "fsdp/checkpoint/manager.h"
+#include "fsdp/checkpoint/pretrained.h"
+#include "fsdp/core/allocator.h"
+#include "fsdp/data/loader.h"
+#include "fsdp/data/token_sources.h"
+#include "fsdp/data/tokenizer.h"
+#include "fsdp/dist/device_mesh.h"
+#include "fsdp/dist/init.h"
+#include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/fsdp/replicate.h"
+#include "fsdp/ops/ops.h"
+#include "fsdp/optim/adamw.h"
+#include "fsdp/optim/lr_schedule.h"
+#include "fsdp/train/memory_plan.h"
+#include "src/train/trainer_impl.h"
+
+namespace fsdp::train {
+
+namespace {
+
+// Default threads: this rank's share of the cores it may run on (mpirun binds
+// each rank to a core unless told --bind-to none).
+int rank_threads(int requested, int local_size) {
+  if (requested > 0) return requested;
+  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t mask;
+  const int allowed = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : hw;
+  return std::max(1, std::min(allowed, hw / std::max(1, local_size)));
+}
+
+// An output folder this run will write: created, and a file written and removed in it now,
+// so a folder that cannot be written is refused at the start, naming the system's reason, not
+// at the first save N steps in.
+void check_writable_dir(const std::string& dir, const char* flag, int rank) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  FSDP_CHECK(!ec, "[fsdp-train] {} '{}' cannot be created: {}", flag, dir, ec.message());
+  const fs::path probe = fs::path(dir) / fmt::format(".fsdp_write_test_rank{}", rank);
+  {
+    std::ofstream f(probe);
+    const int err = errno;
+    FSDP_CHECK(f.good(), "[fsdp-train] {} '{}' cannot be written: {}", flag, dir,
+               std::strerror(err));
+  }
+  fs::remove(probe, ec);
+}
+
+// --init-from a pretrained model: the architecture is the model's. A model-shape flag that says
+// otherwise is refused by name; flags not given take the model's values; seq and batch are the
+// run's (flags, else the preset's).
+nn::MiniLLMConfig config_from_model(const TrainOptions& o, const checkpoint::Pretrained& pre) {
+  nn::MiniLLMConfig c = *pre.config;
+  auto check = [&](const char* flag, const auto& given, const auto& model) {
+    if (given)
+      FSDP_CHECK(*given == model,
+                 "[fsdp-train] {} {} contradicts the model: {} has {} (the architecture comes "
+                 "from --init-from; drop the flag or give the model's value)",
+                 flag, *given, pre.path, model);
+  };
+  std::optional<std::string> arch;
+  if (o.model.arch) arch = nn::arch_name(*o.model.arch);
+  check("--arch", arch, nn::arch_name(c.arch));
+  check("--vocab", o.model.vocab, c.vocab);
+  check("--dim", o.model.dim, c.dim);
+  check("--layers", o.model.layers, c.layers);
+  check("--heads", o.model.heads, c.heads);
+  check("--ffn-hidden", o.model.ffn_hidden, c.resolved_ffn_hidden());
+  check("--kv-heads", o.model.kv_heads, c.resolved_kv_heads());
+  check("--head-dim", o.model.head_dim, c.resolved_head_dim());
+  check("--rope-theta", o.model.rope_theta, c.rope_theta);
+  FSDP_CHECK(!o.model.tie_embeddings || c.tie_embeddings,
+             "[fsdp-train] --tie-embeddings contradicts the model: {} has an untied head",
+             pre.path);
+  FSDP_CHECK(!o.model.qkv_bias || c.qkv_bias,
+             "[fsdp-train] --qkv-bias contradicts the model: {} has no q/k/v biases", pre.path);
+  const nn::MiniLLMConfig preset = nn::MiniLLMConfig::preset(o.model.preset);
+  c.seq = o.model.seq.value_or(preset.seq);
+  c.batch = o.model.batch.value_or(preset.batch);
+  c.validate();
+  return c;
+}
+
+// A plain text file (not llm.c shards): encoded with a real tokenizer, not read as bytes.
+bool is_text_file(const std::string& spec) {
+  namespace fs = std::filesystem;
+  if (!fs::is_regular_file(spec) || spec.ends_with(".bin")) return false;
+  std::ifstream f(spec, std::ios::binary);
+  int32_t magic = 0;
+  f.read(reinterpret_cast<char*>(&magic), 4);
+  return !(f.gcount() == 4 && (magic == 20240520 || magic == 20240801));
+}
+
+}  // namespace
+
+Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGroup> group)
+    : o(options),
+      pretrained(options.model.init_from.empty()
+                     ? nullptr
+                     : std::make_shared<const checkpoint::Pretrained>(
+                           checkpoint::load_pretrained(options.model.init_from))),
+      cfg(pretrained && pretrained->config ? config_from_model(options, *pretrained)
+                                           : options.model_config()),
+      pg(std::move(group)) {
+  o.validate();
+  rank = pg->rank();
+  if (!o.checkpoint.ckpt_dir.empty()) {
+    check_writable_dir(o.checkpoint.ckpt_dir, "--ckpt-dir", pg->rank());
+    ckpt = std::make_unique<checkpoint::Manager>(
+        checkpoint::ManagerOptions{.dir = o.checkpoint.ckpt_dir,
+                                   .resume = o.checkpoint.resume,
+                                   .overwrite = o.checkpoint.overwrite,
+                                   .keep = o.checkpoint.keep,
+                                   .async = o.checkpoint.async_checkpoint},
+        pg);
+  }
+  if (!o.profile.profile_steps.empty())
+    check_writable_dir(o.profile.profile_dir, "--profile-dir", pg->rank());
+  size = pg->size();
+  device = pg->device();
+  dtype = o.sharding.dtype;
+  FSDP_CHECK(device.is_cpu() || dtype == DType::f32,
+             "[fsdp-train] --dtype {} on CUDA: the kernels take f32 (master) "
+             "with --param-dtype bf16 or f16",
+             dtype_name(dtype));
+  mp.param_dtype = o.sharding.param_dtype;
+  mp.reduce_dtype = o.sharding.reduce_dtype;
+  // Mesh: all ranks shard, or hsdp replica groups of size/hsdp ranks each.
+  if (o.sharding.hsdp > 0) {
+    FSDP_CHECK(size % o.sharding.hsdp == 0,
+               "[fsdp-train] --hsdp {} does not divide the world size {}", o.sharding.hsdp, size);
+    mesh =
+        dist::init_device_mesh({o.sharding.hsdp, size / o.sharding.hsdp}, {"replicate", "shard"});
+  } else {
+    mesh = dist::init_device_mesh({size},
+                                  {o.sharding.shard == ShardMode::none ? "replicate" : "shard"});
+  }
+  threads = rank_threads(o.run.threads, dist::world_info().local_size);
+  omp_set_num_threads(threads);
+  open_tokenizer();  // first: a text file is encoded with it
+  open_data();
+  if (tokenizer)
+    FSDP_CHECK(tokenizer->size() <= cfg.vocab,
+               "[fsdp-train] the tokenizer ({}) has {} ids but the model's vocab is {}; pass "
+               "--vocab {} or more",
+               tokenizer->describe(), tokenizer->size(), cfg.vocab, tokenizer->size());
+  const int64_t mem_before = memory_stats(device).current;
+  build_model();
+  const int64_t persistent_measured = memory_stats(device).current - mem_before;
+  measure_peak();
+  if (main()) {
+    print_config(plan.persistent, persistent_measured);
+    std::fflush(stdout);
+  }
+  // The run's config, saved in checkpoints; its model keys must match on resume.
+  nlohmann::json run_config = nlohmann::json::parse(cfg.to_json());
+  run_config.update({{"batch", cfg.batch},
+                     {"seq", cfg.seq},
+                     {"world_size", size},
+                     {"seed", o.run.seed},
+                     {"dtype", std::string(dtype_name(dtype))},
+                     {"lr", o.optimizer.lr},
+                     {"data", o.data.data},
+                     {"tokenizer", tokenizer ? tokenizer->describe() : "none"},
+                     {"tokenizer_hash", tokenizer ? tokenizer->hash() : ""}});
+  if (!o.data.data.empty()) {  // the data by content (a resume checks it), and the stream's length
+    run_config["data_content"] = data::data_identity(o.data.data).str();
+    if (const auto* s = dynamic_cast<const data::TokenStream*>(src.get()))
+      run_config["data_tokens"] = s->size();
+  }
+  config_json = run_config.dump();
+  loader = std::make_unique<data::DataLoader>(src, cfg.batch * size, rank, size, cfg.seq, device);
+  if (o.checkpoint.resume) resume();
+  if (main() && !o.profile.log_file.empty()) {
+    log.open(o.profile.log_file, start_step > 0 ? std::ios::app : std::ios::trunc);
+    const int err = errno;
+    FSDP_CHECK(log.good(), "[fsdp-train] cannot write --log-file '{}': {}", o.profile.log_file,
+               std::strerror(err));
+  }
+}
+
+void Trainer::Impl::open_data() {
+  if (!o.data.data.empty()) {
+    std::unique_ptr<data::TokenStream> stream = open_stream(o.data.data);
+    if (o.data.shuffle) stream->set_shuffle(o.run.seed, cfg.seq);
+    if (o.data.eval_every > 0 && o.data.val_data.empty()) {
+      auto [train, tail] = stream->split_tail(o.data.val_fraction, cfg.seq);
+      if (o.data.shuffle) train->set_shuffle(o.run.seed, cfg.seq);
+      src = std::move(train);
+      val = std::move(tail);
+    } else {
+      src = std::move(stream);
+    }
+    if (cfg.arch == nn::Arch::seed && main())
+      fmt::print(stderr,
+                 "warning: arch seed attends in both directions with no mask, so on text it "
+                 "sees the next token it must predict; use --arch llama to learn a language "
+                 "model\n");
+  } else {
+    src = std::make_shared<data::RandomTokenSource>(cfg.vocab, o.run.seed);
+    if (o.data.eval_every > 0)
+      val = std::make_shared<data::RandomTokenSource>(cfg.vocab, o.run.seed + 1);
+  }
+  if (!o.data.val_data.empty()) val = open_stream(o.data.val_data);
+}
+
+// llm.c shards or bytes; a text file is encoded with the run's tokenizer when it is not bytes
+// (a pretrained model's, say).
+std::unique_ptr<data::TokenStream> Trainer::Impl::open_stream(const std::string& spec) {
+  if (!tokenizer || tokenizer->is_bytes() || !is_text_file(spec))
+    return data::open_token_stream(spec, cfg.vocab, cfg.seq);
+  std::ifstream f(spec, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(f)), {});
+  std::vector<int32_t> ids = tokenizer->encode(text);
+  FSDP_CHECK(int64_t(ids.size()) > cfg.seq,
+             "[fsdp-train] --data {}: {} tokens with {}, fewer than --seq {} + 1", spec, ids.size(),
+             tokenizer->describe(), cfg.seq);
+  const std::string what =
+      fmt::format("{} ({} tokens, encoded with the tokenizer)", spec, ids.size());
+  return std::make_unique<data::TokenVector>(std::move(ids), what, cfg.seq);
+}
+
+// The tokenizer of the data: the --init-from model's, named, found beside .bin shards, or the
+// bytes.
+void Trainer::Impl::open_tokenizer() {
+  namespace fs = std::filesystem;
+  std::string path = o.data.tokenizer;
+  if (path == "auto") {
+    path = "bytes";
+    if (!o.data.data.empty()) {
+      fs::path p(o.data.data);
+      const fs::path dir = fs::is_directory(p) ? p : p.parent_path();
+      if (fs::exists(dir / "tokenizer.json") && o.data.data.find(".bin") != std::string::npos)
+        path = (dir / "tokenizer.json").string();
+      else if (fs::is_directory(p) && fs::exists(p / "tokenizer.json"))
+        path = (p / "tokenizer.json").string();
+    }
+  }
+  if (o.data.tokenizer == "auto" && o.data.data.empty() && cfg.vocab < 256)
+    return;  // random ids below 256: no text, no tokenizer
+  model_tokenizer =
+      o.data.tokenizer == "auto" && pretrained && pretrained->config && pretrained->tokenizer;
+  if (model_tokenizer)
+    tokenizer = *pretrained->tokenizer;  // the model's own
+  else
+    tokenizer = path == "bytes" ? data::Tokenizer::bytes() : data::Tokenizer::from_file(path);
+}
+
+void Trainer::Impl::build_model() {
+  model = std::make_unique<nn::MiniLLM>(cfg);
+  check_memory_plan();  // from the shapes alone, before any tensor exists
+  if (o.sharding.shard == ShardMode::full) {
+    FullyShardOptions fo{.reshard_after_forward = o.sharding.reshard_after_forward,
+                         .mp_policy = mp,
+                         .init_dtype = dtype,
+                         .seed = o.run.seed};
+    for (size_t i = 0; i < model->layers().size(); ++i) fully_shard(model->layers()[i], mesh, fo);
+    parallel = root = &fully_shard(*model, mesh, fo);
+  } else {  // the DDP baseline: every rank holds all of it
+    parallel = &replicate(*model, mesh, {.init_dtype = dtype, .seed = o.run.seed});
+  }
+  // --init-from: sharded, each rank reads only its own rows of each parameter into its shards;
+  // replicated (no root), every rank reads them whole.
+  if (pretrained) pretrained->load_into(*model, root);
+  groups = parallel->param_groups(o.optimizer.weight_decay, !o.optimizer.wd_2d_only);
+  // Activation checkpointing on blocks 0, N, 2N, ... (every block for full).
+  if (const int64_t every = o.sharding.activation_checkpoint.every; every > 0)
+    for (size_t i = 0; i < model->layers().size(); i += size_t(every))
+      model->layers()[i].set_activation_checkpoint(true);
+  opt = std::make_unique<optim::AdamW>(groups,
+                                       ops::AdamWHyper{.lr = o.optimizer.lr,
+                                                       .beta1 = o.optimizer.beta1,
+                                                       .beta2 = o.optimizer.beta2,
+                                                       .eps = o.optimizer.eps,
+                                                       .weight_decay = o.optimizer.weight_decay});
+  schedule = std::make_unique<optim::LRSchedule>(optim::LRScheduleOptions{
+      .lr = o.optimizer.lr,
+      .warmup = o.schedule.warmup_steps,
+      .decay = o.schedule.lr_decay,
+      .min_lr = o.schedule.min_lr,
+      .decay_end = o.schedule.decay_steps > 0 ? o.schedule.decay_steps : o.schedule.steps});
+}
+
+}  // namespace fsdp::train

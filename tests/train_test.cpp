@@ -1,0 +1,275 @@
+// train: TrainOptions and its flag table (flags.def), and the Trainer on a world of one.
+// Flags: every flag has one name, help and a default its own reading gives back; set_flag reads
+// values as fsdp-train's command line does (the same FlagValue), names and aliases alike; a bad
+// value or an unknown flag is refused, naming the flag and the value. Options: validate() names
+// the flags of each rule it refuses; model_config() applies the overrides to the preset.
+// Trainer: a run stopped at a checkpoint and resumed gives the uninterrupted run's losses
+// exactly (train_cli_test and ckpt_test hold the same through fsdp-train, and at np 1-4).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fsdp/core/device.h"
+#include "fsdp/core/dtype.h"
+#include "fsdp/core/error.h"
+#include "fsdp/dist/init.h"
+#include "fsdp/nn/minillm.h"
+#include "fsdp/optim/lr_schedule.h"
+#include "fsdp/train/options.h"
+#include "fsdp/train/trainer.h"
+
+using namespace fsdp;
+using namespace fsdp::train;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The message of what `f` throws as an fsdp::Error ("" when it does not throw).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "train_test_XXXXXX").string();
+    path = ::mkdtemp(t.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+TEST(Flags, EachHasOneNameHelpAndADefaultItsReadingGivesBack) {
+  TrainOptions o;
+  std::set<std::string> names;
+  int flags = 0;
+  visit_flags(o, [&](const FlagInfo& f, auto& field) {
+    using T = std::remove_cvref_t<decltype(field)>;
+    ++flags;
+    const std::string name = f.name();
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(name.starts_with("--") && name.find('_') == std::string::npos);
+    EXPECT_TRUE(names.insert(name).second) << "two flags named " << name;
+    if (!f.aliases.empty()) EXPECT_TRUE(names.insert(std::string(f.aliases)).second);
+    EXPECT_FALSE(f.help.empty());
+    EXPECT_FALSE(f.title.empty());
+    if constexpr (std::is_same_v<T, bool>)
+      EXPECT_EQ(f.is_switch, !field);
+    else
+      EXPECT_FALSE(f.is_switch);
+    const std::string text = FlagValue<T>::str(field);
+    if (!text.empty()) EXPECT_TRUE(FlagValue<T>::parse(name, text) == field) << text;
+  });
+  EXPECT_GE(flags, 50);  // the visit reached the table (59 flags when it was written)
+}
+
+TEST(Flags, SetFlagReadsValuesAsTheCommandLineDoes) {
+  TrainOptions o;
+  set_flag(o, "--lr", "1e-3");
+  set_flag(o, "--clip", "0.5");  // an alias
+  set_flag(o, "--lr-decay", "cosine");
+  set_flag(o, "--shard", "none");
+  set_flag(o, "--activation-checkpoint", "every:3");
+  set_flag(o, "--profile-steps", "3:5");
+  set_flag(o, "--kv-heads", "3");
+  set_flag(o, "--arch", "llama");
+  set_flag(o, "--param-dtype", "bf16");
+  set_flag(o, "--resume", "true");
+  set_flag(o, "--reshard-after-forward", "false");
+  set_flag(o, "--device", "cuda:1");
+  set_flag(o, "--seed", "18446744073709551615");
+  EXPECT_EQ(o.optimizer.lr, 1e-3);
+  EXPECT_EQ(o.optimizer.grad_clip, 0.5);
+  EXPECT_EQ(o.schedule.lr_decay, optim::Decay::cosine);
+  EXPECT_EQ(o.sharding.shard, ShardMode::none);
+  EXPECT_EQ(o.sharding.activation_checkpoint.every, 3);
+  EXPECT_EQ(o.profile.profile_steps, (StepRange{3, 5}));
+  EXPECT_EQ(o.model.kv_heads, std::optional<int64_t>(3));
+  EXPECT_EQ(o.model.arch, std::optional<nn::Arch>(nn::Arch::llama));
+  EXPECT_EQ(o.sharding.param_dtype, std::optional<DType>(DType::bf16));
+  EXPECT_TRUE(o.checkpoint.resume);
+  EXPECT_FALSE(o.sharding.reshard_after_forward);
+  EXPECT_EQ(o.run.device, Device::cuda(1));
+  EXPECT_EQ(o.run.seed, UINT64_MAX);
+  EXPECT_EQ(FlagValue<ActivationCheckpoint>::str({1}), "full");
+  EXPECT_EQ(FlagValue<ActivationCheckpoint>::str({4}), "every:4");
+}
+
+TEST(Flags, ABadValueOrAnUnknownFlagIsRefusedByName) {
+  TrainOptions o;
+  auto refused = [&](const char* flag, const char* text) {
+    return error_of([&] { set_flag(o, flag, text); });
+  };
+  EXPECT_NE(refused("--steps", "1.5").find("--steps takes an integer, got '1.5'"),
+            std::string::npos);
+  EXPECT_NE(refused("--steps", "99999999999999999999").find("(out of range)"), std::string::npos);
+  EXPECT_NE(refused("--lr", "fast").find("--lr takes a number, got 'fast'"), std::string::npos);
+  EXPECT_NE(refused("--lr", "").find("--lr takes a number"), std::string::npos);
+  EXPECT_NE(refused("--seed", "-1").find("--seed takes an integer >= 0, got '-1'"),
+            std::string::npos);
+  EXPECT_NE(refused("--shard", "half").find("--shard must be full or none, got 'half'"),
+            std::string::npos);
+  EXPECT_NE(refused("--lr-decay", "step").find("--lr-decay must be none, cosine or linear"),
+            std::string::npos);
+  EXPECT_NE(refused("--activation-checkpoint", "every:0").find("got 'every:0'"), std::string::npos);
+  EXPECT_NE(refused("--activation-checkpoint", "every:").find("got 'every:'"), std::string::npos);
+  EXPECT_NE(refused("--profile-steps", "5:3").find("need 0 <= A < B"), std::string::npos);
+  EXPECT_NE(refused("--profile-steps", ":3").find("must be A:B"), std::string::npos);
+  EXPECT_NE(refused("--resume", "maybe").find("--resume takes true or false, got 'maybe'"),
+            std::string::npos);
+  EXPECT_NE(refused("--nope", "1").find("no flag named '--nope'"), std::string::npos);
+  // Another library's refusal, under the flag's name, with one place in the source.
+  const std::string dtype = refused("--dtype", "f8");
+  EXPECT_NE(dtype.find("--dtype: [dtype] unknown dtype 'f8'"), std::string::npos) << dtype;
+  EXPECT_EQ(dtype.find("(at "), dtype.rfind("(at ")) << dtype;
+  EXPECT_NE(refused("--device", "tpu").find("--device: [device] unknown device 'tpu'"),
+            std::string::npos);
+  // A refused value leaves the field as it was.
+  EXPECT_EQ(o.schedule.steps, 5);
+  EXPECT_EQ(o.sharding.shard, ShardMode::full);
+}
+
+TEST(Options, ValidateNamesTheFlagsOfTheRuleItRefuses) {
+  auto refused = [](auto&& edit) {
+    TrainOptions o;
+    edit(o);
+    return error_of([&] { o.validate(); });
+  };
+  EXPECT_EQ(refused([](TrainOptions&) {}), "");
+  EXPECT_NE(
+      refused([](TrainOptions& o) { o.schedule.steps = -1; }).find("--steps must be >= 0, got -1"),
+      std::string::npos);
+  EXPECT_NE(refused([](TrainOptions& o) {
+              o.checkpoint.overwrite = true;
+            }).find("--overwrite needs --ckpt-dir"),
+            std::string::npos);
+  EXPECT_NE(refused([](TrainOptions& o) {
+              o.checkpoint = {.ckpt_dir = "x", .resume = true, .overwrite = true};
+            }).find("choose one"),
+            std::string::npos);
+  EXPECT_NE(refused([](TrainOptions& o) {
+              o.sharding.shard = ShardMode::none;
+              o.sharding.param_dtype = DType::bf16;
+            }).find("--param-dtype and --reduce-dtype need --shard full"),
+            std::string::npos);
+  EXPECT_NE(refused([](TrainOptions& o) {
+              o.schedule.min_lr = 1.0;
+            }).find("--min-lr 1 is above --lr 0.0003"),
+            std::string::npos);
+  EXPECT_NE(refused([](TrainOptions& o) {
+              o.run.backend = "carrier-pigeon";
+            }).find("--backend must be nccl, mpi, gloo or local, got 'carrier-pigeon'"),
+            std::string::npos);
+  EXPECT_NE(refused([](TrainOptions& o) {
+              o.sharding.dtype = DType::bf16;
+            }).find("--dtype bf16 is not a CPU training dtype"),
+            std::string::npos);
+}
+
+TEST(Options, ModelConfigIsThePresetWithTheOverrides) {
+  TrainOptions o;
+  const nn::MiniLLMConfig tiny = nn::MiniLLMConfig::preset("tiny");
+  EXPECT_EQ(o.model_config().to_json(), tiny.to_json());
+  set_flag(o, "--arch", "llama");
+  set_flag(o, "--heads", "4");
+  set_flag(o, "--kv-heads", "2");
+  set_flag(o, "--tie-embeddings", "true");
+  const nn::MiniLLMConfig c = o.model_config();
+  EXPECT_EQ(c.arch, nn::Arch::llama);
+  EXPECT_EQ(c.heads, 4);
+  EXPECT_EQ(c.resolved_kv_heads(), 2);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.dim, tiny.dim);
+  set_flag(o, "--kv-heads", "3");  // does not divide the heads: the model's own check
+  EXPECT_NE(error_of([&] { (void)o.model_config(); }), "");
+}
+
+// The losses of a JSONL --log-file, by step.
+std::vector<double> logged_losses(const fs::path& file) {
+  std::vector<double> losses;
+  std::ifstream f(file);
+  for (std::string line; std::getline(f, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    losses.resize(size_t(j.at("step").get<int64_t>()) + 1);
+    losses.back() = j.at("loss").get<double>();
+  }
+  return losses;
+}
+
+TEST(Trainer, AResumedRunGivesTheUninterruptedRunsLossesExactly) {
+  TempDir tmp;
+  auto pg = dist::init_process_group();
+  TrainOptions o;
+  const std::vector<std::pair<const char*, const char*>> flags = {
+      {"--arch", "llama"},
+      {"--vocab", "64"},
+      {"--dim", "32"},
+      {"--layers", "2"},
+      {"--heads", "4"},
+      {"--kv-heads", "2"},
+      {"--seq", "16"},
+      {"--batch", "2"},
+      {"--lr", "1e-2"},
+      {"--lr-decay", "cosine"},
+      {"--warmup-steps", "2"},
+      {"--decay-steps", "6"}};  // the schedule of all 6 steps, in the run stopped at 4 too
+  for (const auto& [flag, value] : flags) set_flag(o, flag, value);
+  o.schedule.steps = 6;
+  o.sample.sample_tokens = 0;
+  TrainOptions whole = o;
+  whole.profile.log_file = (tmp.path / "whole.jsonl").string();
+  {
+    Trainer t(whole, pg);
+    EXPECT_EQ(t.start_step(), 0);
+    t.fit();
+    EXPECT_EQ(t.steps_done(), 6);
+  }
+  TrainOptions first = o;
+  first.schedule.steps = 4;
+  first.checkpoint = {.ckpt_dir = (tmp.path / "ck").string(), .ckpt_every = 4};
+  first.profile.log_file = (tmp.path / "parts.jsonl").string();
+  {
+    Trainer t(first, pg);
+    t.fit();
+  }
+  TrainOptions rest = first;
+  rest.schedule.steps = 6;
+  rest.checkpoint.resume = true;
+  {
+    Trainer t(rest, pg);
+    EXPECT_EQ(t.start_step(), 4);
+    t.fit();
+    EXPECT_EQ(t.steps_done(), 6);
+  }
+  const std::vector<double> a = logged_losses(whole.profile.log_file);
+  const std::vector<double> b = logged_losses(first.profile.log_file);  // appended on resume
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t s = 0; s < a.size(); ++s) EXPECT_EQ(a[s], b[s]) << "step " << s;
+  dist::destroy_process_group();
+}
