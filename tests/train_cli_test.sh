@@ -43,6 +43,11 @@ else
   bad "profiling run failed: $(tail -3 "$work/prof.out")"
 fi
 
+# 2c. --log-every N: the step lines of steps 0, N, 2N, ... and of the last; 0: none.
+"$bin" --preset tiny --dim 64 --layers 1 --heads 4 --seq 32 --batch 2 --steps 6 --threads 2 --log-every 4 \
+  > "$work/every.out" 2>&1 && [ "$(grep -E "$line_re" "$work/every.out" | cut -d' ' -f2 | xargs)" = "0 4 5" ] \
+  && ok || bad "--log-every 4 over 6 steps should print steps 0 4 5: $(grep '^step' "$work/every.out")"
+
 # 3. --help lists every flag of the table (include/fsdp/train/flags.def), and the run's own two.
 def="$(dirname "$0")/../include/fsdp/train/flags.def"
 if "$bin" --help > "$work/help.out" 2>&1; then

@@ -166,7 +166,8 @@ void Trainer::Impl::fit() {
   for (int64_t s = start_step; s < o.schedule.steps; ++s) {
     profile.at_step(s);
     profiler::StepMetrics m = step(s);
-    if (main()) {
+    const uint64_t every = o.profile.log_every;
+    if (main() && every > 0 && (uint64_t(s) % every == 0 || s + 1 == o.schedule.steps || m.stop)) {
       fmt::print("{}\n", m.line());
       std::fflush(stdout);
     }
