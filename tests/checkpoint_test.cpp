@@ -172,9 +172,9 @@ std::string listing(const fs::path& d) {
 
 }  // namespace
 
-// Retention is the Manager's: once each save is committed, rank 0 keeps the newest 2 step_*
-// folders by name, complete or not (an old incomplete one counts and goes first), and never
-// touches a .tmp_step_* folder.
+// Retention is the Manager's: once each save is committed, rank 0 keeps the newest 2 complete
+// step_* folders, removes those before them (an old incomplete one goes once 2 complete ones are
+// newer), and never touches a .tmp_step_* folder.
 TEST(Manager, KeepRetainsTheNewestCheckpointsOnceEachSaveIsCommitted) {
   TempDir t;
   TinyRun run;
@@ -192,6 +192,24 @@ TEST(Manager, KeepRetainsTheNewestCheckpointsOnceEachSaveIsCommitted) {
     EXPECT_EQ(listing(d), folders) << "after the save of step " << step;
   }
   EXPECT_EQ(checkpoint::latest(d.string()), (d / "step_00000004").string());
+}
+
+// A newer incomplete folder (a crashed attempt at step 9 that the resume skipped) does not count:
+// with keep 1 the checkpoint just written stays (it was removed at once when folders counted by
+// name), the older complete one goes, and the incomplete one is left for its owner.
+TEST(Manager, KeepNeverRemovesTheCheckpointJustWrittenForANewerIncompleteOne) {
+  TempDir t;
+  TinyRun run;
+  const fs::path d = t.str();
+  {
+    checkpoint::Manager first({.dir = d.string()}, run.world);
+    first.save(4, run.root, run.opt, run.config);
+  }
+  fs::create_directories(d / "step_00000009");  // no metadata.json, no seal
+  checkpoint::Manager m({.dir = d.string(), .resume = true, .keep = 1}, run.world);
+  m.save(5, run.root, run.opt, run.config);
+  EXPECT_EQ(listing(d), "step_00000005 step_00000009");
+  EXPECT_EQ(checkpoint::latest(d.string()), (d / "step_00000005").string());
 }
 
 // A background save is pruned for when it is committed (the next save, or wait()): the folder

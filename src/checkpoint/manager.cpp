@@ -134,12 +134,30 @@ void claim_fresh(const std::string& dir, bool overwrite) {
 void keep_latest(const std::string& dir, int keep) {
   if (keep <= 0) return;
   std::error_code ec;
-  std::vector<fs::path> steps;
-  for (auto& e : fs::directory_iterator(dir))
-    if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0)
-      steps.push_back(e.path());
+  std::vector<fs::path> steps;  // step_* folders, oldest first (the names sort as the steps)
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_directory() && it->path().filename().string().starts_with("step_"))
+      steps.push_back(it->path());
+  if (ec) {
+    std::fprintf(stderr, "checkpoint: cannot list %s to remove old checkpoints (%s); kept them\n",
+                 dir.c_str(), ec.message().c_str());
+    return;
+  }
   std::sort(steps.begin(), steps.end());
-  for (size_t i = 0; i + size_t(keep) < steps.size(); ++i) fs::remove_all(steps[i], ec);
+  std::vector<bool> complete(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i)
+    complete[i] = incomplete_reason(steps[i].string()).empty();
+  // The oldest kept: the keep-th complete folder from the newest (none to prune with fewer).
+  size_t kept = 0, oldest_kept = steps.size();
+  for (size_t i = steps.size(); i-- > 0 && kept < size_t(keep);)
+    if (complete[i]) ++kept, oldest_kept = i;
+  if (kept < size_t(keep)) return;
+  for (size_t i = 0; i < oldest_kept; ++i) {
+    fs::remove_all(steps[i], ec);
+    if (ec)
+      std::fprintf(stderr, "checkpoint: cannot remove the old checkpoint %s (%s); left it\n",
+                   steps[i].c_str(), ec.message().c_str());
+  }
 }
 
 // The low-level save with the retention a Manager applies (checkpoint.h), for callers without one.

@@ -16,7 +16,7 @@
 //     protocol), each carrying the run's id, new at a fresh start and kept by resumes (its
 //     lineage);
 //   - retention is the Manager's (torchtitan's keep_latest_k): once each save is committed,
-//     rank 0 keeps the newest `keep` step folders (keep_latest), before the save's closing
+//     rank 0 keeps the newest `keep` complete step folders (keep_latest), before the save's closing
 //     barrier; a background save is pruned for when wait() (or the next save) commits it.
 // Every decision rank 0 makes about the folder is agreed with one all-reduce, so a refusal is an
 // error on every rank (rank 0's names the reason; the others name rank 0).
@@ -43,10 +43,13 @@ struct ManagerOptions {
   bool async = false;      // saves are written by a background thread (AsyncSaver)
 };
 
-// The Manager's retention, run on rank 0 once a save is committed (checkpoint::OnCommit): removes
-// D's step_* folders but the newest `keep` by name, complete or not; .tmp_step_* folders (writes
-// not committed, a background one included) are never touched; 0 keeps all. Prints nothing, and
-// a folder that cannot be removed is left as it is.
+// The Manager's retention, run on rank 0 once a save is committed (checkpoint::OnCommit): keeps
+// the newest `keep` complete step_* folders (by step) and removes the older complete ones and the
+// incomplete ones older than the oldest kept; 0 keeps all. An incomplete folder newer than that
+// (a crashed attempt that a resume skipped, aloud) is left for its owner to look at, and never
+// counts, so the checkpoint just committed is always kept. .tmp_step_* folders (writes not
+// committed, a background one included) are never touched. A folder that cannot be listed or
+// removed is left as it is, with a line on stderr: pruning never fails a save.
 void keep_latest(const std::string& dir, int keep);
 
 class Manager {
