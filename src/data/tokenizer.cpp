@@ -1,7 +1,7 @@
 // Byte-level BPE as Hugging Face tokenizers runs it (fsdp/data/tokenizer.h):
 // added tokens first, then GPT-2's split (after each number code point is split off alone, when
-// the tokenizer.json has a Digits(individual_digits) pre-tokenizer before ByteLevel), bytes -> GPT-2's printable code
-// points, then the merges in rank order (the lowest rank first, the leftmost
+// the tokenizer.json has a Digits(individual_digits) pre-tokenizer before ByteLevel), bytes ->
+// GPT-2's printable code points, then the merges in rank order (the lowest rank first, the leftmost
 // of equal ranks), then the vocabulary.
 #include "fsdp/data/tokenizer.h"
 
@@ -22,104 +22,11 @@
 #include <utility>
 
 #include "fsdp/core/error.h"
+#include "src/data/byte_level.h"
 
 namespace fsdp::data {
 
 namespace {
-
-struct CodeRange {
-  char32_t lo, hi;
-};
-#include "src/data/unicode_tables.inc"
-
-template <size_t N>
-bool in_ranges(const CodeRange (&table)[N], char32_t cp) {
-  auto it = std::upper_bound(std::begin(table), std::end(table), cp,
-                             [](char32_t c, const CodeRange& r) { return c < r.lo; });
-  return it != std::begin(table) && cp <= std::prev(it)->hi;
-}
-
-// Unicode's White_Space property, which \s matches.
-bool is_space(char32_t c) {
-  return (c >= 0x9 && c <= 0xD) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-         c == 0x3000;
-}
-
-enum class Class { letter, number, space, other };
-
-Class classify(char32_t c) {
-  if (c < 0x80) {
-    if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return Class::letter;
-    if (c >= '0' && c <= '9') return Class::number;
-    return is_space(c) ? Class::space : Class::other;
-  }
-  if (in_ranges(kLetters, c)) return Class::letter;
-  if (in_ranges(kNumbers, c)) return Class::number;
-  return is_space(c) ? Class::space : Class::other;
-}
-
-constexpr char32_t kInvalid = 0xFFFFFFFF;  // a byte that starts no valid UTF-8 sequence
-
-// The code point at s[i] and its length in bytes; {kInvalid, 1} where no valid UTF-8 sequence
-// starts: a continuation byte, C0, C1 or F5-FF, a truncated sequence, an overlong form, a UTF-16
-// surrogate or a code point above U+10FFFF.
-std::pair<char32_t, size_t> decode_utf8(std::string_view s, size_t i) {
-  const auto b0 = static_cast<unsigned char>(s[i]);
-  if (b0 < 0x80) return {b0, 1};
-  const size_t len = b0 >= 0xC2 && b0 <= 0xDF   ? 2
-                     : b0 >= 0xE0 && b0 <= 0xEF ? 3
-                     : b0 >= 0xF0 && b0 <= 0xF4 ? 4
-                                                : 0;
-  if (len == 0 || i + len > s.size()) return {kInvalid, 1};
-  char32_t cp = b0 & (0x7F >> len);
-  for (size_t k = 1; k < len; ++k) {
-    const auto b = static_cast<unsigned char>(s[i + k]);
-    if ((b & 0xC0) != 0x80) return {kInvalid, 1};
-    cp = (cp << 6) | (b & 0x3F);
-  }
-  constexpr char32_t kLeast[] = {0, 0, 0x80, 0x800, 0x10000};  // by length: shorter is overlong
-  if (cp < kLeast[len] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return {kInvalid, 1};
-  return {cp, len};
-}
-
-void append_utf8(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(char(cp));
-  } else if (cp < 0x800) {
-    out.push_back(char(0xC0 | (cp >> 6)));
-    out.push_back(char(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(char(0xE0 | (cp >> 12)));
-    out.push_back(char(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(char(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(char(0xF0 | (cp >> 18)));
-    out.push_back(char(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(char(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(char(0x80 | (cp & 0x3F)));
-  }
-}
-
-// GPT-2's map: the printable bytes stand for themselves, the other 68 take code points 256...
-struct ByteMap {
-  std::array<char32_t, 256> to_cp{};
-  std::unordered_map<char32_t, uint8_t> to_byte;
-  ByteMap() {
-    auto printable = [](int b) {
-      return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    };
-    char32_t next = 256;
-    for (int b = 0; b < 256; ++b) {
-      to_cp[size_t(b)] = printable(b) ? char32_t(b) : next++;
-      to_byte[to_cp[size_t(b)]] = uint8_t(b);
-    }
-  }
-};
-const ByteMap& byte_map() {
-  static const ByteMap m;
-  return m;
-}
 
 uint64_t fnv1a(std::string_view s) {
   uint64_t h = 1469598103934665603ull;
@@ -129,64 +36,11 @@ uint64_t fnv1a(std::string_view s) {
 
 }  // namespace
 
-std::string byte_to_unicode(uint8_t b) {
-  std::string s;
-  append_utf8(s, byte_map().to_cp[b]);
-  return s;
-}
-
-std::vector<std::string_view> gpt2_split(std::string_view text) {
-  std::vector<std::string_view> out;
-  const size_t n = text.size();
-  auto cls_at = [&](size_t i) {
-    const char32_t c = decode_utf8(text, i).first;
-    return c == kInvalid ? Class::other : classify(c);
-  };
-  auto next = [&](size_t i) { return i + decode_utf8(text, i).second; };
-  size_t pos = 0;
-  while (pos < n) {
-    const size_t start = pos;
-    // 's 't 're 've 'm 'll 'd
-    if (text[pos] == '\'') {
-      size_t len = 0;
-      for (std::string_view suffix : {"s", "t", "re", "ve", "m", "ll", "d"})
-        if (text.substr(pos + 1, suffix.size()) == suffix) {
-          len = 1 + suffix.size();
-          break;
-        }
-      if (len > 0) {
-        out.push_back(text.substr(start, len));
-        pos += len;
-        continue;
-      }
-    }
-    // ' ?' then a run of letters, numbers or others
-    size_t p = pos;
-    Class cls = cls_at(pos);
-    if (text[pos] == ' ' && pos + 1 < n && cls_at(pos + 1) != Class::space) {
-      p = pos + 1;
-      cls = cls_at(p);
-    }
-    if (cls != Class::space) {
-      while (p < n && cls_at(p) == cls) p = next(p);
-      out.push_back(text.substr(start, p - start));
-      pos = p;
-      continue;
-    }
-    // whitespace: the run, less its last code point when a non-space follows (\s+(?!\S)),
-    // or that one code point alone (\s+)
-    size_t last = pos;
-    p = pos;
-    while (p < n && cls_at(p) == Class::space) {
-      last = p;
-      p = next(p);
-    }
-    if (p < n && last > pos) p = last;
-    out.push_back(text.substr(start, p - start));
-    pos = p;
-  }
-  return out;
-}
+using byte_level::byte_map;
+using byte_level::Class;
+using byte_level::classify;
+using byte_level::decode_utf8;
+using byte_level::kInvalid;
 
 struct Tokenizer::Impl {
   bool bytes = false;
