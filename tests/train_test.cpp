@@ -3,6 +3,7 @@
 // values as fsdp-train's command line does (the same FlagValue), names and aliases alike; a bad
 // value or an unknown flag is refused, naming the flag and the value. Options: validate() names
 // the flags of each rule it refuses; model_config() applies the overrides to the preset.
+// ModelFamily: --arch and the Trainer read the model-family table.
 // Trainer: a run stopped at a checkpoint and resumed gives the uninterrupted run's losses
 // exactly (train_cli_test and ckpt_test hold the same through fsdp-train, and at np 1-4).
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -30,6 +32,8 @@
 #include "fsdp/dist/init.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/optim/lr_schedule.h"
+#include "fsdp/profiler/ceilings.h"
+#include "fsdp/train/model_family.h"
 #include "fsdp/train/options.h"
 #include "fsdp/train/trainer.h"
 
@@ -207,6 +211,29 @@ TEST(Options, ModelConfigIsThePresetWithTheOverrides) {
   EXPECT_EQ(c.dim, tiny.dim);
   set_flag(o, "--kv-heads", "3");  // does not divide the heads: the model's own check
   EXPECT_NE(error_of([&] { (void)o.model_config(); }), "");
+}
+
+// The model-family table: --arch reads its names, and a row's resume keys are keys of its
+// config's JSON (a key missing there would never be compared).
+TEST(ModelFamily, ArchReadsTheTableAndEachRowsKeysAreItsConfigs) {
+  ASSERT_FALSE(model_families().empty());
+  for (const ModelFamily& f : model_families()) {
+    SCOPED_TRACE(std::string(f.name));
+    EXPECT_EQ(FlagValue<nn::Arch>::parse("--arch", f.name), f.arch);
+    EXPECT_EQ(FlagValue<nn::Arch>::str(f.arch), f.name);
+    EXPECT_EQ(&model_family(f.arch), &f);
+    nn::MiniLLMConfig c = nn::MiniLLMConfig::preset("tiny");
+    c.arch = f.arch;
+    nn::MiniLLMConfig every = c;  // the JSON names an option only when it is not the default
+    every.heads = 8, every.kv_heads = 2, every.head_dim = 16;
+    every.tie_embeddings = every.qkv_bias = true;
+    const nlohmann::json j = nlohmann::json::parse(every.to_json());
+    for (std::string_view key : f.shape_keys) EXPECT_TRUE(j.contains(key)) << key;
+    const std::vector<profiler::GemmShape> shapes = f.gemm_shapes(c);
+    ASSERT_FALSE(shapes.empty());
+    EXPECT_EQ(shapes.front().m, c.batch * c.seq);  // one rank's tokens
+    EXPECT_NE(f.build(c), nullptr);
+  }
 }
 
 // The losses of a JSONL --log-file, by step.

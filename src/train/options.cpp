@@ -10,12 +10,14 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <span>
 #include <string>
 #include <system_error>
 #include <type_traits>
 #include <utility>
 
 #include "fsdp/core/error.h"
+#include "fsdp/train/model_family.h"
 
 namespace fsdp::train {
 
@@ -58,8 +60,6 @@ constexpr std::array<std::pair<std::string_view, optim::Decay>, 3> kDecays{
     {{"none", optim::Decay::constant},
      {"cosine", optim::Decay::cosine},
      {"linear", optim::Decay::linear}}};
-constexpr std::array<std::pair<std::string_view, nn::Arch>, 2> kArchs{
-    {{"seed", nn::Arch::seed}, {"llama", nn::Arch::llama}}};
 
 // Another library's parser, its error prefixed with the flag.
 template <class Parse>
@@ -131,11 +131,19 @@ Device FlagValue<Device>::parse(std::string_view flag, std::string_view text) {
 std::string FlagValue<Device>::str(const Device& v) { return v.is_cpu() ? "cpu" : v.str(); }
 const char* FlagValue<Device>::type_name() { return "DEVICE"; }
 
+// --arch: the model-family table's names.
 nn::Arch FlagValue<nn::Arch>::parse(std::string_view flag, std::string_view text) {
-  return parse_choice(flag, text, kArchs);
+  std::string names;
+  for (const ModelFamily& f : model_families()) {
+    if (text == f.name) return f.arch;
+    names += fmt::format("{}{}", names.empty() ? "" : " or ", f.name);
+  }
+  FSDP_FAIL("[fsdp-train] {} must be {}, got '{}'", flag, names, text);
 }
-std::string FlagValue<nn::Arch>::str(const nn::Arch& v) { return choice_name(v, kArchs); }
-const char* FlagValue<nn::Arch>::type_name() { return "{seed,llama}"; }
+std::string FlagValue<nn::Arch>::str(const nn::Arch& v) {
+  return std::string(model_family(v).name);
+}
+const char* FlagValue<nn::Arch>::type_name() { return "ARCH"; }
 
 optim::Decay FlagValue<optim::Decay>::parse(std::string_view flag, std::string_view text) {
   return parse_choice(flag, text, kDecays);

@@ -25,6 +25,7 @@
 #include "fsdp/profiler/ceilings.h"
 #include "fsdp/profiler/metrics.h"
 #include "fsdp/train/memory_plan.h"
+#include "fsdp/train/model_family.h"
 #include "fsdp/train/trainer.h"
 
 namespace fsdp::train {
@@ -33,6 +34,7 @@ struct Trainer::Impl {
   TrainOptions o;
   std::shared_ptr<const checkpoint::Pretrained> pretrained;  // --init-from
   nn::MiniLLMConfig cfg;
+  const ModelFamily* family;  // how the model is built and parallelized (model_family.h)
   DType dtype;
   std::shared_ptr<dist::ProcessGroup> pg;
   std::shared_ptr<dist::DeviceMesh> mesh;
@@ -78,7 +80,6 @@ struct Trainer::Impl {
   // Resources (trainer_resources.cpp): the memory plan's check, the FLOP/s ceiling.
   void check_memory_plan();
   void measure_peak();
-  std::vector<profiler::GemmShape> gemm_shapes() const;
   void raise_peak(profiler::StepMetrics& m);
 
   // --resume (trainer_resume.cpp).

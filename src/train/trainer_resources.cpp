@@ -92,7 +92,7 @@ void Trainer::Impl::measure_peak() {
     peak_t.fill_(profiler::device_gemm_peak_flops(device, mp.param_dtype.value_or(DType::f32)) /
                  1e9);
   } else if (main()) {
-    peak_t.fill_(profiler::sgemm_peak_flops(peak_threads(), gemm_shapes()) / 1e9);
+    peak_t.fill_(profiler::sgemm_peak_flops(peak_threads(), family->gemm_shapes(cfg)) / 1e9);
   }
   omp_set_num_threads(threads);
   Tensor peak_d = peak_t.to(device);
@@ -100,18 +100,6 @@ void Trainer::Impl::measure_peak() {
   peak_units = device.is_cuda() ? double(size) : double(size) / double(local);
   peak = peak_d.item() * 1e9 * peak_units;
   peak_measured = peak;
-}
-
-// The model's GEMMs in one rank's forward (rows: its tokens), and the largest weight gradient.
-std::vector<profiler::GemmShape> Trainer::Impl::gemm_shapes() const {
-  const int64_t rows = cfg.batch * cfg.seq, d = cfg.dim, hd = cfg.resolved_head_dim();
-  const int64_t f = cfg.resolved_ffn_hidden(), q = cfg.heads * hd;
-  return {{rows, q + 2 * cfg.resolved_kv_heads() * hd, d},
-          {rows, d, q},
-          {rows, f, d},
-          {rows, d, f},
-          {rows, cfg.vocab, d},
-          {f, d, rows}};
 }
 
 // A step that ran faster than the peak proves the peak low (measured while the machine was

@@ -1,6 +1,7 @@
 // Trainer::Impl::resume: the newest complete checkpoint, and the run's data held to it.
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
@@ -8,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,9 +88,8 @@ int64_t windows_read(const checkpoint::Loaded& loaded, const nlohmann::json& sav
 // ones skipped aloud, every rank loaded before any goes on); then the run's data fields (seq,
 // data, tokenizer) must match the checkpoint's.
 void Trainer::Impl::resume() {
-  const std::vector<std::string> model_keys = {
-      "arch",     "vocab",          "dim",      "layers", "heads", "ffn_hidden", "kv_heads",
-      "head_dim", "tie_embeddings", "qkv_bias", "dtype"};
+  std::vector<std::string> model_keys(family->shape_keys.begin(), family->shape_keys.end());
+  model_keys.emplace_back("dtype");
   const std::optional<checkpoint::Loaded> found = ckpt->load(*root, *opt, config_json, model_keys);
   if (!found) return;
   const checkpoint::Loaded& loaded = *found;

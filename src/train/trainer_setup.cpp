@@ -127,6 +127,7 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
                            checkpoint::load_pretrained(options.model.init_from))),
       cfg(pretrained && pretrained->config ? config_from_model(options, *pretrained)
                                            : options.model_config()),
+      family(&model_family(cfg.arch)),
       pg(std::move(group)) {
   o.validate();
   rank = pg->rank();
@@ -273,26 +274,23 @@ void Trainer::Impl::open_tokenizer() {
 }
 
 void Trainer::Impl::build_model() {
-  model = std::make_unique<nn::MiniLLM>(cfg);
+  model = family->build(cfg);
   check_memory_plan();  // from the shapes alone, before any tensor exists
-  if (o.sharding.shard == ShardMode::full) {
-    FullyShardOptions fo{.reshard_after_forward = o.sharding.reshard_after_forward,
-                         .mp_policy = mp,
-                         .init_dtype = dtype,
-                         .seed = o.run.seed};
-    for (size_t i = 0; i < model->layers().size(); ++i) fully_shard(model->layers()[i], mesh, fo);
-    parallel = root = &fully_shard(*model, mesh, fo);
-  } else {  // the DDP baseline: every rank holds all of it
-    parallel = &replicate(*model, mesh, {.init_dtype = dtype, .seed = o.run.seed});
-  }
+  // fully_shard on each block and the root, or replicate(); then activation checkpointing.
+  const Parallelized p = family->parallelize(
+      *model, {.mesh = mesh,
+               .shard = o.sharding.shard,
+               .fsdp = {.reshard_after_forward = o.sharding.reshard_after_forward,
+                        .mp_policy = mp,
+                        .init_dtype = dtype,
+                        .seed = o.run.seed},
+               .activation_checkpoint = o.sharding.activation_checkpoint});
+  parallel = p.parallel;
+  root = p.root;
   // --init-from: sharded, each rank reads only its own rows of each parameter into its shards;
   // replicated (no root), every rank reads them whole.
   if (pretrained) pretrained->load_into(*model, root);
   groups = parallel->param_groups(o.optimizer.weight_decay, !o.optimizer.wd_2d_only);
-  // Activation checkpointing on blocks 0, N, 2N, ... (every block for full).
-  if (const int64_t every = o.sharding.activation_checkpoint.every; every > 0)
-    for (size_t i = 0; i < model->layers().size(); i += size_t(every))
-      model->layers()[i].set_activation_checkpoint(true);
   opt = std::make_unique<optim::AdamW>(groups,
                                        ops::AdamWHyper{.lr = o.optimizer.lr,
                                                        .beta1 = o.optimizer.beta1,
