@@ -104,7 +104,7 @@ TEST(Flags, SetFlagReadsValuesAsTheCommandLineDoes) {
   set_flag(o, "--arch", "llama");
   set_flag(o, "--param-dtype", "bf16");
   set_flag(o, "--resume", "true");
-  set_flag(o, "--reshard-after-forward", "false");
+  set_flag(o, "--reshard-after-forward", "False");  // any case, as CLI11 reads a switch
   set_flag(o, "--device", "cuda:1");
   set_flag(o, "--seed", "18446744073709551615");
   EXPECT_EQ(o.optimizer.lr, 1e-3);
@@ -144,6 +144,9 @@ TEST(Flags, ABadValueOrAnUnknownFlagIsRefusedByName) {
   EXPECT_NE(refused("--activation-checkpoint", "every:").find("got 'every:'"), std::string::npos);
   EXPECT_NE(refused("--profile-steps", "5:3").find("need 0 <= A < B"), std::string::npos);
   EXPECT_NE(refused("--profile-steps", ":3").find("must be A:B"), std::string::npos);
+  EXPECT_NE(refused("--profile-steps", "99999999999999999999:5").find("must be A:B"),
+            std::string::npos);  // out of range, not read as 0
+  EXPECT_NE(refused("--activation-checkpoint", "full:2").find("got 'full:2'"), std::string::npos);
   EXPECT_NE(refused("--resume", "maybe").find("--resume takes true or false, got 'maybe'"),
             std::string::npos);
   EXPECT_NE(refused("--nope", "1").find("no flag named '--nope'"), std::string::npos);
@@ -156,6 +159,20 @@ TEST(Flags, ABadValueOrAnUnknownFlagIsRefusedByName) {
   // A refused value leaves the field as it was.
   EXPECT_EQ(o.schedule.steps, 5);
   EXPECT_EQ(o.sharding.shard, ShardMode::full);
+}
+
+TEST(Flags, FlagsJsonWritesEveryFlagAsTheCommandLineReadsIt) {
+  TrainOptions o;
+  set_flag(o, "--lr", "0.001");
+  set_flag(o, "--activation-checkpoint", "every:2");
+  const nlohmann::json j = nlohmann::json::parse(flags_json(o));
+  EXPECT_EQ(j.at("--lr"), "0.001");
+  EXPECT_EQ(j.at("--activation-checkpoint"), "every:2");
+  EXPECT_EQ(j.at("--kv-heads"), "");  // unset
+  TrainOptions back;  // each value read back gives the same options
+  for (const auto& [flag, value] : j.items())
+    if (!value.get<std::string>().empty()) set_flag(back, flag, value.get<std::string>());
+  EXPECT_EQ(flags_json(back), flags_json(o));
 }
 
 TEST(Options, ValidateNamesTheFlagsOfTheRuleItRefuses) {
@@ -289,7 +306,12 @@ TEST(Trainer, AResumedRunGivesTheUninterruptedRunsLossesExactly) {
   rest.schedule.steps = 6;
   rest.checkpoint.resume = true;
   {
+    testing::internal::CaptureStdout();
     Trainer t(rest, pg);
+    const std::string out = testing::internal::GetCapturedStdout();
+    EXPECT_NE(out.find("resume: flags changed since the checkpoint: --steps 4 -> 6\n"),
+              std::string::npos)
+        << out;
     EXPECT_EQ(t.start_step(), 4);
     t.fit();
     EXPECT_EQ(t.steps_done(), 6);

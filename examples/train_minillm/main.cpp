@@ -88,7 +88,7 @@ void add_flags(CLI::App& app, fsdp::train::TrainOptions& o) {
             try {
               field = Value::parse(flag, text);
             } catch (const fsdp::Error& e) {
-              throw CLI::ValidationError(e.what());
+              throw CLI::ValidationError(std::string(fsdp::without_source_place(e.what())));
             }
           },
           std::string(f.help));

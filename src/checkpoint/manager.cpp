@@ -136,7 +136,8 @@ void keep_latest(const std::string& dir, int keep) {
   std::error_code ec;
   std::vector<fs::path> steps;  // step_* folders, oldest first (the names sort as the steps)
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    if (it->is_directory() && it->path().filename().string().starts_with("step_"))
+    if (std::error_code dir_ec;
+        it->is_directory(dir_ec) && it->path().filename().string().starts_with("step_"))
       steps.push_back(it->path());
   if (ec) {
     std::fprintf(stderr, "checkpoint: cannot list %s to remove old checkpoints (%s); kept them\n",

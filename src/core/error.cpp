@@ -1,6 +1,16 @@
 // Builds the message of fsdp::Error: the caller's text, then where it failed.
 #include "fsdp/core/error.h"
 
+#include <algorithm>
+
+namespace fsdp {
+
+std::string_view without_source_place(std::string_view what) {
+  return what.substr(0, std::min(what.rfind(" (at "), what.rfind(" (check `")));
+}
+
+}  // namespace fsdp
+
 namespace fsdp::detail {
 
 void fail(const char* expr, const char* file, int line, const std::string& msg) {

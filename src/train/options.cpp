@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <system_error>
@@ -67,17 +69,18 @@ auto parse_with(std::string_view flag, Parse&& parse) {
   try {
     return parse();
   } catch (const Error& e) {
-    std::string_view what = e.what();  // without its place in the source: this one's follows
-    what = what.substr(0, std::min(what.rfind(" (at "), what.rfind(" (check `")));
-    FSDP_FAIL("[fsdp-train] {}: {}", flag, what);
+    // Without its place in the source: this one's follows.
+    FSDP_FAIL("[fsdp-train] {}: {}", flag, without_source_place(e.what()));
   }
 }
 
 }  // namespace
 
 bool FlagValue<bool>::parse(std::string_view flag, std::string_view text) {
-  if (text == "true" || text == "1" || text == "yes" || text == "on") return true;
-  if (text == "false" || text == "0" || text == "no" || text == "off") return false;
+  std::string t(text);  // any case, as CLI11 reads a switch's value
+  for (char& c : t) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (t == "true" || t == "1" || t == "yes" || t == "on") return true;
+  if (t == "false" || t == "0" || t == "no" || t == "off") return false;
   FSDP_FAIL("[fsdp-train] {} takes true or false, got '{}'", flag, text);
 }
 std::string FlagValue<bool>::str(const bool& v) { return v ? "true" : "false"; }
@@ -106,7 +109,7 @@ double FlagValue<double>::parse(std::string_view flag, std::string_view text) {
   char* end = nullptr;
   errno = 0;
   const double v = std::strtod(s.c_str(), &end);
-  FSDP_CHECK(!s.empty() && end == s.c_str() + s.size() && errno != ERANGE,
+  FSDP_CHECK(!s.empty() && end == s.c_str() + s.size() && !(errno == ERANGE && std::isinf(v)),
              "[fsdp-train] {} takes a number, got '{}'", flag, text);
   return v;
 }
@@ -162,10 +165,10 @@ ActivationCheckpoint FlagValue<ActivationCheckpoint>::parse(std::string_view fla
   if (text == "none") return {0};
   if (text == "full") return {1};
   int64_t n = 0;
-  const char* b = text.data() + 6;
-  const char* e = text.data() + text.size();
-  const bool parsed =
-      text.size() > 6 && text.starts_with("every:") && std::from_chars(b, e, n).ptr == e && n >= 1;
+  const std::string_view count = text.starts_with("every:") ? text.substr(6) : std::string_view();
+  const char* e = count.data() + count.size();
+  const auto [p, ec] = std::from_chars(count.data(), e, n);
+  const bool parsed = !count.empty() && ec == std::errc() && p == e && n >= 1;
   FSDP_CHECK(parsed, "[fsdp-train] {} must be none, full or every:N (N >= 1), got '{}'", flag,
              text);
   return {n};
@@ -178,12 +181,12 @@ const char* FlagValue<ActivationCheckpoint>::type_name() { return "MODE"; }
 StepRange FlagValue<StepRange>::parse(std::string_view flag, std::string_view text) {
   const size_t colon = text.find(':');
   StepRange r;
-  const char* e = text.data() + text.size();
-  const bool parsed =
-      colon != std::string_view::npos &&
-      std::from_chars(text.data(), text.data() + colon, r.begin).ptr == text.data() + colon &&
-      colon > 0 && colon + 1 < text.size() &&
-      std::from_chars(text.data() + colon + 1, e, r.end).ptr == e;
+  auto number = [](std::string_view s, int64_t& v) {
+    const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    return !s.empty() && ec == std::errc() && p == s.data() + s.size();
+  };
+  const bool parsed = colon != std::string_view::npos && number(text.substr(0, colon), r.begin) &&
+                      number(text.substr(colon + 1), r.end);
   FSDP_CHECK(parsed, "[fsdp-train] {} '{}' must be A:B, the steps [A, B) to profile", flag, text);
   FSDP_CHECK(r.begin >= 0 && r.end > r.begin, "[fsdp-train] {} '{}': need 0 <= A < B", flag, text);
   return r;
@@ -216,6 +219,14 @@ void set_flag(TrainOptions& o, std::string_view flag, std::string_view text) {
     found = true;
   });
   FSDP_CHECK(found, "[fsdp-train] no flag named '{}' (fsdp-train --help lists them)", flag);
+}
+
+std::string flags_json(const TrainOptions& o) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  visit_flags(o, [&](const FlagInfo& info, const auto& field) {
+    j[info.name()] = FlagValue<std::remove_cvref_t<decltype(field)>>::str(field);
+  });
+  return j.dump();
 }
 
 nn::MiniLLMConfig TrainOptions::model_config() const {
@@ -262,6 +273,9 @@ void TrainOptions::validate() const {
   FSDP_CHECK(full || (!sh.param_dtype && !sh.reduce_dtype),
              "[fsdp-train] --param-dtype and --reduce-dtype need --shard full (they are "
              "fully_shard's policy)");
+  FSDP_CHECK(profile.profile_steps.begin >= 0,
+             "[fsdp-train] --profile-steps {}:{} starts before step 0", profile.profile_steps.begin,
+             profile.profile_steps.end);
   FSDP_CHECK(sh.hsdp >= 0, "[fsdp-train] --hsdp must be >= 0 (0 = off), got {}", sh.hsdp);
   FSDP_CHECK(sh.hsdp == 0 || full, "[fsdp-train] --hsdp needs --shard full");
   FSDP_CHECK(sh.activation_checkpoint.every >= 0,

@@ -51,6 +51,22 @@ void check_same_data(const nlohmann::json& saved, const nlohmann::json& now,
                  path, key, saved[key].dump(), key, value(now, key).dump());
 }
 
+// The flags whose values differ from the checkpoint's run ("--lr 0.0003 -> 0.001, ..."), the ones
+// every resume changes left out; "" when none, or when the checkpoint predates the saved flags.
+std::string changed_flags(const nlohmann::json& saved, const nlohmann::json& now) {
+  if (!saved.contains("flags") || !saved["flags"].is_object()) return "";
+  std::string out;
+  for (const auto& [flag, value] : now["flags"].items()) {
+    if (flag == "--resume" || flag == "--overwrite") continue;
+    const nlohmann::json was = saved["flags"].value(flag, nlohmann::json());
+    if (was != value)
+      out += fmt::format("{}{} {} -> {}", out.empty() ? "" : ", ", flag,
+                         was.is_string() ? was.get<std::string>() : was.dump(),
+                         value.get<std::string>());
+  }
+  return out;
+}
+
 // The windows a checkpoint's run had read over all its ranks: saved as such ("data" in the
 // checkpoint's user JSON), or, by checkpoints from before, as the loader's batch index, which
 // counts global batches of the saved batch x world_size rows. *note says which it was.
@@ -111,6 +127,9 @@ void Trainer::Impl::resume() {
         "at window {}{}\n",
         path, start_step, loaded.run_id.empty() ? "(none recorded)" : loaded.run_id, windows,
         windows * cfg.seq, windows, note.empty() ? "" : " (" + note + ")");
+    if (const std::string changed = changed_flags(saved, nlohmann::json::parse(config_json));
+        !changed.empty())
+      fmt::print("resume: flags changed since the checkpoint: {}\n", changed);
     if (start_step >= o.schedule.steps)
       fmt::print(stderr,
                  "resume: the checkpoint is at step {} and --steps is {}: nothing left to "

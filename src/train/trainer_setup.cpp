@@ -130,6 +130,10 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
       family(&model_family(cfg.arch)),
       pg(std::move(group)) {
   o.validate();
+  FSDP_CHECK(o.run.device.type == pg->device().type,
+             "[fsdp-train] the options' device is {} but the process group's is {}: the run is on "
+             "the process group's device (init_process_group's .device); set both alike",
+             o.run.device.str(), pg->device().str());
   rank = pg->rank();
   if (!o.checkpoint.ckpt_dir.empty()) {
     check_writable_dir(o.checkpoint.ckpt_dir, "--ckpt-dir", pg->rank());
@@ -195,6 +199,7 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
     if (const auto* s = dynamic_cast<const data::TokenStream*>(src.get()))
       run_config["data_tokens"] = s->size();
   }
+  run_config["flags"] = nlohmann::json::parse(flags_json(o));  // what a resume reports as changed
   config_json = run_config.dump();
   loader = std::make_unique<data::DataLoader>(src, cfg.batch * size, rank, size, cfg.seq, device);
   if (o.checkpoint.resume) resume();

@@ -8,6 +8,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace fsdp {
 
@@ -15,6 +16,11 @@ class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// An fsdp::Error's message without the place in the source that FSDP_CHECK and FSDP_FAIL append
+// ("... (at file.cpp:12)", "... (check `cond` failed at file.cpp:12)"): for a message shown to a
+// user as their input's fault, or wrapped in another.
+std::string_view without_source_place(std::string_view what);
 
 namespace detail {
 [[noreturn]] void fail(const char* expr, const char* file, int line, const std::string& msg);

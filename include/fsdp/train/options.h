@@ -113,9 +113,11 @@ constexpr bool is_switch(const T& default_value) {
 }
 }  // namespace detail
 
-// Calls f(info, o.section.field) for every flag of flags.def, in its order.
-template <class F>
-void visit_flags(TrainOptions& o, F&& f) {
+// Calls f(info, o.section.field) for every flag of flags.def, in its order (o: a TrainOptions,
+// const or not).
+template <class Options, class F>
+requires std::is_same_v<std::remove_const_t<Options>, TrainOptions>
+void visit_flags(Options& o, F&& f) {
 #define FSDP_TRAIN_SECTION(section, Struct, title) \
   {                                                \
     constexpr std::string_view kTitle = title;
@@ -130,5 +132,9 @@ void visit_flags(TrainOptions& o, F&& f) {
 // a switch takes "true"/"false". Throws naming the flag when there is no such flag or the text is
 // not a value of its type.
 void set_flag(TrainOptions& o, std::string_view flag, std::string_view text);
+
+// Every flag and its value as the command line writes it, a JSON object ({"--lr": "0.0003", ...};
+// an unset optional is ""): saved in each checkpoint's config, where a resume finds what changed.
+std::string flags_json(const TrainOptions& o);
 
 }  // namespace fsdp::train
