@@ -22,20 +22,23 @@ mkdir -p "$FSDP_CACHE_DIR"
 model=$(grep -m1 '^model name' /proc/cpuinfo | sed 's/^[^:]*: //')
 [ -n "$model" ] || model=unknown
 cpus=$(getconf _NPROCESSORS_ONLN)
+# The key names OpenBLAS's kernels too: those fsdp-train runs (after choosing better ones, ops/blas.h).
+kernel=$(OPENBLAS_VERBOSE=2 "$dir/fsdp-train" --help 2>&1 | sed -n 's/^Core: //p' | tail -1)
+[ -n "$kernel" ] || { echo "FAIL: OPENBLAS_VERBOSE=2 printed no 'Core:' line"; exit 1; }
 small=(--preset tiny --vocab 256 --dim 64 --layers 2 --heads 2 --seq 64 --batch 4 --threads 2)
 
 # Writes the cache with every thread count of this CPU at $1 FLOP/s, and one other CPU's entry.
 seed() {
-  python3 - "$cache" "$model" "$cpus" "$1" << 'EOF'
+  python3 - "$cache" "$model" "$cpus" "$1" "$kernel" << 'EOF'
 import json, sys
-path, model, cpus, v = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-c = {f"{model} x{t}": v for t in range(1, max(cpus, 2) + 1)}
+path, model, cpus, v, kernel = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+c = {f"{model} x{t} {kernel}": v for t in range(1, max(cpus, 2) + 1)}
 c["another cpu x64"] = 5e9
 json.dump(c, open(path, "w"))
 EOF
 }
 # The cached peak of this CPU with all its cores (fsdp-train's key).
-cached() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$cache" "$model x$cpus"; }
+cached() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$cache" "$model x$cpus $kernel"; }
 # The largest MFU of the step lines, and the largest %peakFL of a key-averages table.
 max_mfu() { grep -E '^step [0-9]+ \|' "$1" | sed -E 's/.*\| mfu ([0-9.]+)% \|.*/\1/' | sort -g | tail -1; }
 max_peakfl() {

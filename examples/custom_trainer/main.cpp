@@ -18,12 +18,14 @@
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/loss.h"
 #include "fsdp/nn/minillm.h"
+#include "fsdp/ops/blas.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/clip.h"
 #include "fsdp/optim/lr_schedule.h"
 using namespace fsdp;
 
 int main(int argc, char** argv) try {
+  ops::use_best_blas_kernel(argv);  // OpenBLAS's best kernels for this CPU (may re-execute)
   const std::string dir = argc > 1 ? argv[1] : "ckpt";
   const int64_t steps = 20, stop = argc > 2 ? std::stoll(argv[2]) : steps, seed = 1;
   auto world = dist::init_process_group();

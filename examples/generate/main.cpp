@@ -36,6 +36,7 @@
 #include "fsdp/core/device.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/nn/sample.h"
+#include "fsdp/ops/blas.h"
 
 namespace {
 
@@ -109,6 +110,7 @@ Loaded load_checkpoint(const std::string& ckpt, DType compute, Device device) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  fsdp::ops::use_best_blas_kernel(argv);  // before anything else: it may re-execute
   std::string model_path, ckpt, prompt = "The ", tokenizer_path, device_name = "cpu",
                                 dtype_name_s = "f32";
   int64_t tokens = 200, top_k = 40;

@@ -13,10 +13,12 @@
 #include <vector>
 
 #include "fsdp/nn/init.h"
+#include "fsdp/ops/blas.h"
 #include "fsdp/ops/ops.h"
 #include "fsdp/profiler/profiler.h"
 
 int main(int argc, char** argv) {
+  fsdp::ops::use_best_blas_kernel(argv);  // before anything else: it may re-execute
   using namespace fsdp;
   std::string device_s = "cpu", out = "trace.json";
   int64_t n = 4096, rows = 1024;

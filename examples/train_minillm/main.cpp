@@ -30,6 +30,7 @@
 #include "fsdp/core/tensor.h"
 #include "fsdp/dist/init.h"
 #include "fsdp/dist/process_group.h"
+#include "fsdp/ops/blas.h"
 #include "fsdp/train/trainer.h"
 
 namespace {
@@ -102,6 +103,7 @@ void add_flags(CLI::App& app, fsdp::train::TrainOptions& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  fsdp::ops::use_best_blas_kernel(argv);  // before anything else: it may re-execute
   fsdp::train::TrainOptions o;
   CLI::App app{"fsdp-train: train the MiniLLM (the C++ form of the reference FSDP2 script)",
                "fsdp-train"};

@@ -19,6 +19,8 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a
 // The best sgemm FLOP/s of `repeats` timed [m, k] x [k, n] products (after one warm-up) with
 // the current threads.
 double measure_sgemm_flops(int64_t m, int64_t n, int64_t k, int repeats);
+// The kernels OpenBLAS chose when it loaded, as it names them ("SkylakeX", "Prescott").
+const char* blas_core_name();
 
 // elementwise.cpp
 template <class T>

@@ -30,6 +30,8 @@ void gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alph
               int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 
+const char* blas_core_name() { return openblas_get_corename(); }
+
 double measure_sgemm_flops(int64_t m, int64_t n, int64_t k, int repeats) {
   std::vector<float> a(size_t(m * k)), b(size_t(k * n)), c(size_t(m * n));
   for (size_t i = 0; i < a.size(); ++i) a[i] = float(i % 7) * 0.1f;

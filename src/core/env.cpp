@@ -40,6 +40,14 @@ const std::vector<EnvKnob>& env_knobs() {
        "address on the route to MASTER_ADDR)"},
       {"FSDP_SOCKET_IFNAME", "",
        "interface whose IPv4 address Gloo listens on (as GLOO_SOCKET_IFNAME, which wins)"},
+      {"FSDP_BLAS_REEXEC", "1",
+       "1: where OpenBLAS fell back to generic kernels on a CPU newer than it, the binaries "
+       "re-execute with OPENBLAS_CORETYPE set to better ones (ops/blas.h); 0: keep OpenBLAS's "
+       "choice; 2 (tests): also when OPENBLAS_CORETYPE named the generic kernels",
+       EnvKind::integer, 0, 2},
+      {"FSDP_BLAS_REEXEC_FROM", "",
+       "set by the binaries, not by hand: the generic kernels OpenBLAS chose before they "
+       "re-executed with better ones"},
       {"FSDP_CACHE_DIR", "",
        "where measured machine ceilings are cached (default $XDG_CACHE_HOME/fsdp or "
        "~/.cache/fsdp)"},

@@ -124,7 +124,10 @@ double raise_cached(const std::string& path, const std::string& key, double obse
   return observed;
 }
 
-std::string sgemm_key(int threads) { return fmt::format("{} x{}", cpu_model(), threads); }
+// The CPU, the threads and OpenBLAS's kernels (ops/blas.h: a generic fallback runs at a fraction).
+std::string sgemm_key(int threads) {
+  return fmt::format("{} x{} {}", cpu_model(), threads, kernels::cpu::blas_core_name());
+}
 
 std::string device_key(Device device, DType dtype, std::string* name) {
   *name = ops::cuda_impl::device_name(device);  // "": nothing is cached

@@ -19,6 +19,7 @@
 #include "fsdp/dist/init.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/sample.h"
+#include "fsdp/ops/blas.h"
 #include "fsdp/profiler/ceilings.h"
 #include "fsdp/train/memory_plan.h"
 #include "src/train/trainer_impl.h"
@@ -78,6 +79,7 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
   row("  allocated at peak",
       fmt::format("{:.1f} MB (the allocator's own peak)", double(plan.peak_allocated) / 1e6));
   row("threads", std::to_string(threads));
+  if (device.is_cpu()) row("blas kernels", ops::blas_kernel_note());
   row("sgemm peak", fmt::format("{:.1f} GFLOP/s, all ranks (MFU denominator)", peak / 1e9));
   row("FLOPs / token", fmt::format("{:.3g}", cfg.flops_per_token()));
   fmt::print("+{:-<24}+{:-<46}+\n", "", "");

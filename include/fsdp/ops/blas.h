@@ -1,0 +1,35 @@
+// OpenBLAS, the CPU GEMM's library: the kernels it runs, and better ones where it fell back.
+//
+// OpenBLAS chooses its kernels once, as it loads, from the CPU's model. A CPU newer than the
+// library gets a generic SSE kernel: Debian 12's OpenBLAS 0.3.21 knows no Sapphire or Emerald
+// Rapids Xeon and no Zen 4, runs Prescott's kernels there, and fsdp-train's steps took 3.4x as
+// long as with SkylakeX's (bench/results/cpu-tiny*.md). OPENBLAS_CORETYPE names the kernels to
+// use instead, but only before the library loads: so a binary calls use_best_blas_kernel(argv)
+// first thing in main(), and it re-executes itself with the variable set when that helps.
+#pragma once
+
+#include <string>
+
+namespace fsdp::ops {
+
+// The kernels OpenBLAS runs, as it names them ("SkylakeX", "Haswell", "Prescott").
+std::string blas_kernel();
+
+// Better kernels than OpenBLAS's generic fallback that this CPU runs: "SkylakeX" (AVX-512 F, BW,
+// VL, DQ and CD) or "Haswell" (AVX2 and FMA); "" when OpenBLAS chose a CPU-specific kernel itself,
+// or the CPU has neither.
+std::string blas_better_kernel();
+
+// When blas_better_kernel() names one, OPENBLAS_CORETYPE is unset, FSDP_BLAS_REEXEC is 1 (2 also
+// overrides an OPENBLAS_CORETYPE naming generic kernels, for tests) and this process was not
+// re-executed already: sets OPENBLAS_CORETYPE to it and re-executes this program
+// (/proc/self/exe, the same argv and process: launchers and MPI see nothing), noting the kernels
+// it replaces in FSDP_BLAS_REEXEC_FROM. Otherwise, or if the exec fails (said on stderr),
+// returns. Call it first in main(), before threads, MPI or files are opened.
+void use_best_blas_kernel(char** argv);
+
+// For a run's table: the kernels and how they were chosen, e.g. "SkylakeX (OpenBLAS chose
+// Prescott)" after a re-execution, "SkylakeX (OPENBLAS_CORETYPE)" or "Haswell".
+std::string blas_kernel_note();
+
+}  // namespace fsdp::ops

@@ -1,0 +1,84 @@
+// Choosing OpenBLAS's kernels (fsdp/ops/blas.h).
+#include "fsdp/ops/blas.h"
+
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string_view>
+
+#include "fsdp/core/env.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+namespace fsdp::ops {
+
+namespace {
+
+// What OpenBLAS's DYNAMIC_ARCH build runs on a CPU model it does not know (by vendor and age).
+bool is_generic(std::string_view core) {
+  constexpr std::array<std::string_view, 9> kGeneric = {"Prescott",   "Core2",     "Penryn",
+                                                        "Dunnington", "Nehalem",   "Atom",
+                                                        "Opteron",    "Barcelona", "Katmai"};
+  for (std::string_view g : kGeneric)
+    if (core == g) return true;
+  return false;
+}
+
+}  // namespace
+
+std::string blas_kernel() { return kernels::cpu::blas_core_name(); }
+
+std::string blas_better_kernel() {
+#if defined(__x86_64__) || defined(__i386__)
+  if (!is_generic(blas_kernel())) return "";
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512cd"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+#endif
+  return "";
+}
+
+void use_best_blas_kernel(char** argv) {
+  double mode = 1;
+  try {
+    mode = env_double("FSDP_BLAS_REEXEC");
+  } catch (const std::exception&) {
+    return;  // a bad value is the binary's validate_env()'s to name, as an error
+  }
+  // Once per process (an OpenBLAS that ignores the variable must not loop), and the user's
+  // OPENBLAS_CORETYPE is theirs (mode 2 stands in for an unknown CPU in tests).
+  if (mode == 0 || !env_str("FSDP_BLAS_REEXEC_FROM").empty() ||
+      (std::getenv("OPENBLAS_CORETYPE") && mode != 2))
+    return;
+  const std::string better = blas_better_kernel();
+  if (better.empty()) return;
+  ::setenv("FSDP_BLAS_REEXEC_FROM", blas_kernel().c_str(), 1);
+  ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
+  ::execv("/proc/self/exe", argv);
+  const int err = errno;  // only on failure: go on with the kernels there are
+  std::fprintf(
+      stderr,
+      "fsdp: could not re-execute with OPENBLAS_CORETYPE=%s (%s); going on with OpenBLAS's "
+      "%s kernels\n",
+      better.c_str(), std::strerror(err), blas_kernel().c_str());
+  ::unsetenv("OPENBLAS_CORETYPE");
+  ::unsetenv("FSDP_BLAS_REEXEC_FROM");
+}
+
+std::string blas_kernel_note() {
+  const std::string from = env_str("FSDP_BLAS_REEXEC_FROM");
+  if (!from.empty() && from != blas_kernel())
+    return fmt::format("{} (OpenBLAS chose {})", blas_kernel(), from);
+  if (std::getenv("OPENBLAS_CORETYPE")) return blas_kernel() + " (OPENBLAS_CORETYPE)";
+  return blas_kernel();
+}
+
+}  // namespace fsdp::ops
