@@ -50,10 +50,15 @@ if awk -v t="$torch_gflops" -v p="$peak" 'BEGIN {exit !(t > p)}'; then
 fi
 mfu() { awk -v m="$1" -v p="$peak" -v f="$flops" 'BEGIN {printf "%.1f", f * 2048 / (m / 1000) / (p * 1e9) * 100}'; }
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')
+cpu="$cpu (family $(grep -m1 '^cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' '), model $(grep -m1 '^model[[:space:]]' /proc/cpuinfo | cut -d: -f2 | tr -d ' '))"
 # The kernel OpenBLAS picked for this CPU: an OpenBLAS older than the CPU falls back to a generic
 # one (Debian 12's 0.3.21 picks Prescott, SSE3, on an Emerald Rapids Xeon: 3x slower there).
-core=$(OPENBLAS_VERBOSE=2 build/examples/fsdp-train --help 2>&1 | sed -n 's/^Core: //p' | head -1)
+# OpenBLAS names its kernels as it loads: twice when fsdp-train re-executed with better ones.
+cores=$(OPENBLAS_VERBOSE=2 build/examples/fsdp-train --help 2>&1 | sed -n 's/^Core: //p')
+core=$(echo "$cores" | tail -1)
+chose=$(echo "$cores" | head -1)
 core="OpenBLAS core ${core:-unknown}${OPENBLAS_CORETYPE:+ (OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE)}"
+[ "$chose" != "$(echo "$cores" | tail -1)" ] && core="$core (fsdp-train re-executed with it; OpenBLAS chose $chose)"
 
 {
   echo "# CPU: fsdp-train vs PyTorch, tiny preset (seed architecture), f32"
