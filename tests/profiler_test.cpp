@@ -23,6 +23,7 @@
 #include "fsdp/core/allocator.h"
 #include "fsdp/dist/init.h"
 #include "fsdp/nn/minillm.h"
+#include "fsdp/ops/blas.h"
 #include "fsdp/ops/ops.h"
 #include "fsdp/profiler/ceilings.h"
 #include "fsdp/profiler/metrics.h"
@@ -201,13 +202,16 @@ class PeakCache : public ::testing::Test {
       ::setenv("FSDP_CACHE_DIR", saved_dir_.c_str(), 1);
     std::filesystem::remove_all(dir_);
   }
-  // The cache's key for this CPU at one thread, as ceilings.cpp spells it.
+  // The cache's key for this CPU at one thread and OpenBLAS's kernels, as ceilings.cpp spells it.
   static std::string key() {
     std::ifstream f("/proc/cpuinfo");
-    std::string line;
+    std::string line, model = "unknown";
     while (std::getline(f, line))
-      if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2) + " x1";
-    return "unknown x1";
+      if (line.rfind("model name", 0) == 0) {
+        model = line.substr(line.find(':') + 2);
+        break;
+      }
+    return model + " x1 " + ops::blas_kernel();
   }
   void write(const std::string& text) const { std::ofstream(sgemm_peak_cache_path()) << text; }
   nlohmann::json read() const {
