@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -34,36 +35,18 @@
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/optim/adamw.h"
+#include "test_util.h"
 
 using namespace fsdp;
 namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh folder under the system's temporary one, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "checkpoint_test_XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string str(const std::string& sub = "ck") const { return (path / sub).string(); }
+// A checkpoint_test_XXXXXX folder, removed at the end of the test.
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("checkpoint_test") {}
 };
-
-// The message of what `f` throws as an fsdp::Error ("" when it does not throw).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 // A tiny sharded model and its optimizer, saved and loaded through a Manager.
 struct TinyRun {

@@ -1,23 +1,58 @@
 // Shared by the tests: random tensors, finite-difference gradient checks in
-// f64, and relative-error helpers.
+// f64, relative-error helpers, what a call throws, and a temporary folder.
 #pragma once
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
+#include "fsdp/core/error.h"
 #include "fsdp/core/tensor.h"
 #include "fsdp/nn/init.h"
 #include "fsdp/ops/ops.h"
 
 namespace fsdp::test {
+
+// What `f` throws: an fsdp::Error's message, a line saying so for another exception, or "" when
+// it throws nothing.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("<not an fsdp::Error: ") + e.what() + ">";
+  }
+  return "";
+}
+
+// A fresh folder under the system's temporary one (PREFIX_XXXXXX), removed with the object.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& prefix = "fsdp_test") {
+    std::string t = (std::filesystem::temp_directory_path() / (prefix + "_XXXXXX")).string();
+    path = ::mkdtemp(t.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string str(const std::string& sub = "ck") const { return (path / sub).string(); }
+};
 
 // Uniform values in [lo, hi), reproducible from `seed`.
 inline Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype = DType::f64,

@@ -23,6 +23,7 @@
 
 #include "fsdp/core/error.h"
 #include "fsdp/data/tokenizer.h"
+#include "test_util.h"
 
 namespace fsdp::data {
 namespace {
@@ -30,18 +31,7 @@ namespace {
 using json = nlohmann::ordered_json;
 using Ids = std::vector<int32_t>;
 
-// What f throws: an fsdp::Error's message, else a line saying what happened instead.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const fsdp::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<not an fsdp::Error: ") + e.what() + ">";
-  }
-  return "<no error>";
-}
+using fsdp::test::error_of;
 
 #define EXPECT_MENTIONS(text, part)                          \
   EXPECT_NE(std::string(text).find(part), std::string::npos) \

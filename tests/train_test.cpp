@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -36,6 +37,7 @@
 #include "fsdp/train/model_family.h"
 #include "fsdp/train/options.h"
 #include "fsdp/train/trainer.h"
+#include "test_util.h"
 
 using namespace fsdp;
 using namespace fsdp::train;
@@ -43,27 +45,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The message of what `f` throws as an fsdp::Error ("" when it does not throw).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "train_test_XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("train_test") {}
 };
 
 }  // namespace
@@ -169,7 +154,7 @@ TEST(Flags, FlagsJsonWritesEveryFlagAsTheCommandLineReadsIt) {
   EXPECT_EQ(j.at("--lr"), "0.001");
   EXPECT_EQ(j.at("--activation-checkpoint"), "every:2");
   EXPECT_EQ(j.at("--kv-heads"), "");  // unset
-  TrainOptions back;  // each value read back gives the same options
+  TrainOptions back;                  // each value read back gives the same options
   for (const auto& [flag, value] : j.items())
     if (!value.get<std::string>().empty()) set_flag(back, flag, value.get<std::string>());
   EXPECT_EQ(flags_json(back), flags_json(o));
