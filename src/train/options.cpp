@@ -131,7 +131,7 @@ const char* FlagValue<DType>::type_name() { return "DTYPE"; }
 Device FlagValue<Device>::parse(std::string_view flag, std::string_view text) {
   return parse_with(flag, [&] { return parse_device(text); });
 }
-std::string FlagValue<Device>::str(const Device& v) { return v.is_cpu() ? "cpu" : v.str(); }
+std::string FlagValue<Device>::str(const Device& v) { return v.str(); }
 const char* FlagValue<Device>::type_name() { return "DEVICE"; }
 
 // --arch: the model-family table's names.
