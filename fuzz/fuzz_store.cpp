@@ -1,5 +1,7 @@
 // The TCP store's messages from outside (a port scanner, another job's rank), over loopback
-// only: the server must answer or drop the connection, and never end the process.
+// only: the server must answer or drop the connection, and never end the process. An input whose
+// first byte is odd is sent after a valid hello (this run's id, ""), so that the requests past
+// the hello are fuzzed too; an even one is sent raw (the hello itself is fuzzed).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -28,6 +30,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   a.sin_port = htons(uint16_t(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    if (size > 0 && (data[0] & 1)) {
+      const char hello[12] = {'F', 'S', 'D', 'P', 'S', 'T', '0', '1', 0, 0, 0, 0};
+      (void)!::send(fd, hello, sizeof(hello), MSG_NOSIGNAL);
+      ++data;
+      --size;
+    }
     (void)!::send(fd, data, size, MSG_NOSIGNAL);
     ::shutdown(fd, SHUT_WR);
     char buf[4096];

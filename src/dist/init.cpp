@@ -46,7 +46,8 @@ struct World {
 // board and tells the others where over the world group. The board is advice, so a store that
 // cannot be made leaves the job without one rather than failing it.
 std::shared_ptr<TCPStore> serve_board_store(ProcessGroup& world, const WorldInfo& info,
-                                            std::chrono::milliseconds timeout) {
+                                            std::chrono::milliseconds timeout,
+                                            const std::string& id) {
   std::shared_ptr<TCPStore> store;
   Tensor where = Tensor::zeros({256}, DType::i32);
   try {
@@ -54,7 +55,7 @@ std::shared_ptr<TCPStore> serve_board_store(ProcessGroup& world, const WorldInfo
       char host[200] = "127.0.0.1";  // every rank on this machine: loopback
       if (info.local_size != info.size && ::gethostname(host, sizeof(host) - 1) != 0)
         std::strcpy(host, "127.0.0.1");
-      store = std::make_shared<TCPStore>(host, 0, true, timeout);
+      store = std::make_shared<TCPStore>(host, 0, true, timeout, id);
       const std::string address = store->address();
       for (size_t i = 0; i < address.size() && i < 255; ++i)
         where.data<int32_t>()[i] = int32_t(static_cast<unsigned char>(address[i]));
@@ -70,7 +71,7 @@ std::shared_ptr<TCPStore> serve_board_store(ProcessGroup& world, const WorldInfo
   try {
     const size_t colon = address.rfind(':');
     return std::make_shared<TCPStore>(address.substr(0, colon),
-                                      std::stoi(address.substr(colon + 1)), false, timeout);
+                                      std::stoi(address.substr(colon + 1)), false, timeout, id);
   } catch (const std::exception&) {
     return nullptr;
   }
@@ -313,7 +314,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
     } else if (agent_store && std::string(agent_store) == "True") {
       port += 1;  // torchrun's agent already serves its own (torch) store on MASTER_PORT
     }
-    w.store = std::make_shared<TCPStore>(addr, port, info.rank == 0, store_timeout);
+    // the run id is the connection's identity: a stranger, or another job's rank, is closed
+    w.store = std::make_shared<TCPStore>(addr, port, info.rank == 0, store_timeout, run_id(launch));
     rendezvous(*w.store, info.rank, info.size, run_id(launch));
   }
 
@@ -372,7 +374,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const InitOptions& opt) {
   w.info = info;
   if (info.size > 1) {
     if (!w.store && w.mpi)
-      w.board_store = serve_board_store(*w.group, info, std::chrono::seconds(10));
+      w.board_store = serve_board_store(*w.group, info, std::chrono::seconds(10), run_id(launch));
     watchdog::start_board(w.store ? w.store : w.board_store, info.rank, info.size);
   }
   return w.group;

@@ -16,10 +16,15 @@ namespace fsdp::dist {
 
 class TCPStore {
  public:
-  // is_server: bind and serve (rank 0); throws at once if the port is taken;
-  // port 0 lets the system pick one (a world of one). Every rank then
-  // connects, retrying until `timeout`.
-  TCPStore(const std::string& host, int port, bool is_server, std::chrono::milliseconds timeout);
+  // is_server: bind and serve (rank 0) on the address `host` names (loopback
+  // for a loopback host), not on every interface; throws at once if the port
+  // is taken; port 0 lets the system pick one (a world of one). Every rank
+  // then connects, retrying until `timeout`, and presents `run_id` before
+  // anything else: the server closes a connection that does not (another
+  // job, a port scanner, an HTTP client) within a second, and a client of
+  // another run fails by name.
+  TCPStore(const std::string& host, int port, bool is_server, std::chrono::milliseconds timeout,
+           const std::string& run_id = "");
   ~TCPStore();
   TCPStore(const TCPStore&) = delete;
   TCPStore& operator=(const TCPStore&) = delete;
