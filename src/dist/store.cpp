@@ -1,6 +1,7 @@
-// TCPStore: a thread per client on the server (finished ones joined by the
-// accept loop, at most kMaxClients at once), blocking get/wait served with a
-// condition variable. Wire format, both directions little-endian:
+// TCPStore: one poll loop on the server takes every new connection's hello (at
+// most kMaxPending at once); a connection of this run then gets a thread, joined
+// when it closes; blocking get/wait served with a condition variable. Wire
+// format, both directions little-endian:
 //   hello    = "FSDPST01" idlen:u32 id      (client, first; id = the run id)
 //   welcome  = "FSDPST01" status:u8         (0 ok, 3 another run: then closed)
 //   request  = op:u8 nkeys:u32 (len:u32 bytes)* vlen:u32 bytes arg:i64
@@ -47,7 +48,8 @@ constexpr uint32_t kMaxId = 256;              // a run id
 constexpr uint32_t kMaxKeys = 1u << 16;       // keys in one wait (one a rank)
 constexpr uint32_t kMaxKeyBytes = 1u << 20;   // all keys of a request together
 constexpr uint32_t kMaxValue = 1u << 26;      // 64 MiB: rendezvous data
-constexpr size_t kMaxClients = 1024;          // connections served at once
+constexpr size_t kMaxPending = 1024;  // connections not past their hello yet
+constexpr size_t kMaxClients = 1u << 16;  // connections of this run served at once (one a rank)
 constexpr auto kHelloWithin = std::chrono::milliseconds(1000);
 constexpr auto kStallWithin = std::chrono::milliseconds(1000);  // inside one message
 
@@ -338,7 +340,7 @@ class TCPStore::Server {
         for (int n = 0; n < 256; ++n) {
           const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
           if (fd < 0) break;
-          if (pending.size() >= kMaxClients) {
+          if (pending.size() >= kMaxPending) {
             ::close(fd);
             continue;
           }
