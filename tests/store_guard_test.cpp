@@ -16,7 +16,9 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
+#include <vector>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -175,6 +177,32 @@ TEST(StoreGuard, AFloodOfConnectionsLeavesNoThreadOrMemory) {
   // It still serves its own run.
   store.set("k", std::string("v"));
   EXPECT_EQ(store.get_string("k"), "v");
+}
+
+// The local addresses (hex, as /proc/net/tcp{,6} spells them) listening on port.
+std::vector<std::string> listening_on(int port) {
+  std::vector<std::string> out;
+  for (const char* file : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream f(file);
+    std::string line;
+    std::getline(f, line);  // the header
+    while (std::getline(f, line)) {
+      std::istringstream in(line);
+      std::string sl, local, remote, st;
+      in >> sl >> local >> remote >> st;
+      const size_t colon = local.rfind(':');
+      if (st == "0A" && std::stoi(local.substr(colon + 1), nullptr, 16) == port)
+        out.push_back(local.substr(0, colon));
+    }
+  }
+  return out;
+}
+
+TEST(StoreGuard, ALoopbackStoreListensOnLoopbackOnly) {
+  TCPStore store("127.0.0.1", 0, true, std::chrono::seconds(5), "run-a");
+  const auto where = listening_on(port_of(store));
+  ASSERT_EQ(where.size(), 1u);
+  EXPECT_EQ(where[0], "0100007F") << "the store listens beyond loopback";
 }
 
 TEST(StoreGuard, StrangersAreClosedAtOnce) {
