@@ -76,7 +76,7 @@ wait $first
 first_rc=$?
 [ $first_rc -eq 0 ] && [ "$after" -gt "$lines" ] && grep -q 'SIGTERM received: stopped after step' "$work/first.out" && ok \
   || bad "the first job was disturbed: rc $first_rc, $lines steps at the refusal, $after after: $(grep -m2 error "$work/first.out")"
-[ $second_rc -ne 0 ] && grep -qE 'belongs to run|cannot serve on port' "$work/second.out" && ok \
+[ $second_rc -ne 0 ] && grep -qE 'belongs to (another )?run|cannot serve on port' "$work/second.out" && ok \
   || bad "the second job was not refused by name: rc $second_rc: $(grep -m2 error "$work/second.out")"
 
 # 3. SIGTERM: the step ends, a checkpoint is written, exit 0; --resume goes on from it.
