@@ -14,13 +14,13 @@
 #  build       for sm_90 with cuDNN's SDPA (Release; only the targets it runs);
 #  tests       cuda_test (every op against the CPU with poisoned outputs,
 #              cuDNN attention against our kernel, the MiniLLM on CUDA, NCCL and
-#              fully_shard at world size 1), ops_test, the no-exit guard on the
+#              fully_shard at world size 1; 100 s at most), the no-exit guard on the
 #              objects; and whether cuDNN's SDPA accepted the shapes (or why not);
 #  ceilings    bf16/f32 GEMM on random data and device copy (fsdp-bench-gpu);
 #  seed        fsdp-train --preset seed, 20 steps, bf16 params, f32 reduce,
 #              beside the reference PyTorch FSDP2 script (tokens/s, MFU, memory);
 #  multi-rank  fsdp-train --device cuda --backend gloo at 1, 2 and 4 processes
-#              on the one GPU (tiny llama, f32): the losses of 1 rank to 1e-5;
+#              on the one GPU (tiny llama, f32): the losses of 1 rank to 1e-4;
 #  memory      the peak memory per rank of those runs, falling with the ranks;
 #  checkpoints saved at 2 CUDA ranks, resumed at 1 (CPU and CUDA);
 #  nccl-refusal two NCCL ranks on one GPU refused with a clear message, no hang;
@@ -42,7 +42,13 @@
 # Packages missing there come from .debs/ (scripts/gpu_debs.sh stages the
 # Debian -dev packages and the cudnn-frontend headers; carry .debs).
 set -uo pipefail
-out=${1:?usage: scripts/gpu_check.sh OUT_DIR}
+dest=${1:?usage: scripts/gpu_check.sh OUT_DIR}
+mkdir -p "$dest"
+dest=$(cd "$dest" && pwd)
+# The device machine returns at most 8 files from OUT_DIR, 2 levels deep, 64 MiB: OUT_DIR gets
+# summary.md, check.log and logs.tar.gz (kept under 16 MiB); the work (logs, checkpoints, the
+# cache) goes under /tmp (FSDP_GPU_CHECK_WORK), and the summary also ends stdout.
+out=${FSDP_GPU_CHECK_WORK:-$(mktemp -d "${TMPDIR:-/tmp}/fsdp-gpu-check.XXXXXX")}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.." || exit 1
@@ -55,13 +61,14 @@ if [ -n "$standin" ]; then
   standin=$(cd "$standin" && pwd)
   export PATH="$standin/bin:$PATH"
 fi
-summary=$out/summary.md
+summary=$dest/summary.md
 stage_md=$out/.stage.md
 exec 3>&1  # the script's own stdout: log() writes there even inside redirected stages
 : > "$out/check.log"
+: > "$dest/check.log"
 now() { echo $(($(date +%s) - start)); }
 left() { echo $((budget - reserve - $(date +%s) + start)); }
-log() { echo "[gpu_check $(now)s] $*" | tee -a "$out/check.log" >&3; }
+log() { echo "[gpu_check $(now)s] $*" | tee -a "$out/check.log" "$dest/check.log" >&3; }
 
 # ------------------------------------------------------------------ running commands
 child=""           # the running command's timeout process
@@ -74,6 +81,7 @@ run() {
   shift
   label="$*"
   label=${label#env FSDP_GEMM_TUNE=1 }
+  label=${label#env -u LD_LIBRARY_PATH }
   label=${label//"$build/"/}
   label=${label:0:120}
   t=$(left)
@@ -193,7 +201,23 @@ close_summary() {
     fi
   } >> "$summary"
   rm -f "$stage_md"
-  log "done (${why_end}): $summary"
+  pack_logs
+  log "done (${why_end}): $summary; logs: $dest/logs.tar.gz; work: $out"
+  cat "$summary" >&3
+}
+# The logs of the work folder in one tarball under 16 MiB: the text files under 2 MiB (no
+# checkpoints, no cache), or, when that is still too big, the last 64 KiB of each.
+pack_logs() {
+  local list=$out/.logs.txt tarball=$dest/logs.tar.gz
+  (cd "$out" && find . -maxdepth 2 -type f -size -2M \( -name '*.log' -o -name '*.txt' -o -name '*.md' \
+    -o -name '*.json' -o -name '*.jsonl' -o -name '*.err' \) ! -name .logs.txt | sort) > "$list"
+  timeout 30 tar czf "$tarball" -C "$out" -T "$list" 2> /dev/null
+  if [ "$(stat -c %s "$tarball" 2> /dev/null || echo 0)" -ge $((16 * 1024 * 1024)) ]; then
+    local tails=$out/.tails f
+    rm -rf "$tails" && mkdir -p "$tails"
+    while read -r f; do mkdir -p "$tails/$(dirname "$f")" && tail -c 65536 "$out/$f" > "$tails/$f"; done < "$list"
+    timeout 30 tar czf "$tarball" -C "$tails" . 2> /dev/null
+  fi
 }
 on_signal() {
   why_end="stopped by signal $1 during stage ${cur:-setup}"
@@ -208,7 +232,12 @@ trap 'close_summary' EXIT
 # ------------------------------------------------------------------ setup
 if [ -z "$standin" ] && [ -d .debs ] && ! [ -f /usr/include/fmt/core.h ]; then
   log "unpacking $(ls .debs/*.deb | wc -l) carried packages"
-  for f in .debs/*.deb; do [ "$(left)" -gt 60 ] && timeout 60 dpkg -x "$f" /; done
+  # Only what the machine lacks: a package it has (libquadmath0 of its gcc, say) stays its own.
+  for f in .debs/*.deb; do
+    p=$(dpkg-deb -f "$f" Package 2> /dev/null)
+    dpkg-query -W -f '${Status}' "$p" 2> /dev/null | grep -q 'ok installed' && { log "kept the installed $p"; continue; }
+    [ "$(left)" -gt 60 ] && timeout 60 dpkg -x "$f" /
+  done
   timeout 60 ldconfig
 fi
 timeout 15 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm \
@@ -222,6 +251,11 @@ cuda_home=${CUDA_HOME:-/usr/local/cuda}
 cudnn_root=""
 [ -f "$cuda_home/include/cudnn.h" ] \
   || cudnn_root=$(timeout 30 python3 -c 'import nvidia.cudnn as c; print(list(c.__path__)[0])' 2> /dev/null || true)
+# NCCL: the CUDA tree's, the system's, or PyTorch's wheel (nvidia/nccl: lib/libnccl.so.2 and no
+# libnccl.so); CMakeLists.txt looks in the same places, given the wheel's folder as FSDP_NCCL_ROOT.
+nccl_root=""
+[ -f "$cuda_home/include/nccl.h" ] || [ -f /usr/include/nccl.h ] \
+  || nccl_root=$(timeout 30 python3 -c 'import nvidia.nccl as c; print(list(c.__path__)[0])' 2> /dev/null || true)
 fe_dir=$PWD/.debs/cudnn-frontend/include
 [ -f "$fe_dir/cudnn_frontend.h" ] || fe_dir=$PWD/build/_deps/cudnn-frontend/include
 # cuDNN's runtime-compiled engines load libnvrtc-builtins.so.13.0 next to libnvrtc: without it on
@@ -238,10 +272,10 @@ if [ -z "$nvrtc_builtins" ]; then  # PyTorch's wheels (nvidia/cu13/lib or nvidia
   [ -n "$nvrtc_builtins" ] && libdirs+=("$(dirname "$nvrtc_builtins")")
 fi
 ld=$(IFS=:; echo "${libdirs[*]}")
-export LD_LIBRARY_PATH="${cudnn_root:+$cudnn_root/lib:}${ld}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="${cudnn_root:+$cudnn_root/lib:}${nccl_root:+$nccl_root/lib:}${ld}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The device GEMM peak is measured once and cached: here, once per check.
 export FSDP_CACHE_DIR=${FSDP_CACHE_DIR:-$out/cache}
-log "cuDNN: ${cudnn_root:-$cuda_home}; cudnn-frontend: $fe_dir; nvrtc-builtins: ${nvrtc_builtins:-NOT FOUND}"
+log "cuDNN: ${cudnn_root:-$cuda_home}; NCCL: ${nccl_root:-$cuda_home or the system}; cudnn-frontend: $fe_dir; nvrtc-builtins: ${nvrtc_builtins:-NOT FOUND}"
 
 build="build-gpu"
 [ -n "$standin" ] && build=$standin/build
@@ -250,7 +284,10 @@ prebuilt=${FSDP_GPU_CHECK_PREBUILT:-}
 build_ok=0
 sanitizer=$(command -v compute-sanitizer || ls "$cuda_home/bin/compute-sanitizer" 2> /dev/null || true)
 train=("$build/examples/fsdp-train" --device cuda --param-dtype bf16 --reduce-dtype f32 --steps 20)
-ref=(python3 -m torch.distributed.run --standalone --nproc_per_node 1 -m bench.torch_fsdp_ref --steps 20)
+# PyTorch's own CUDA, cuDNN and NCCL (its wheels, found by their RPATHs), not the CUDA tree's first
+# on the library path set above for our binaries.
+torch_py=(env -u LD_LIBRARY_PATH python3)
+ref=("${torch_py[@]}" -m torch.distributed.run --standalone --nproc_per_node 1 -m bench.torch_fsdp_ref --steps 20)
 test_rc=1 train_rc=1
 
 {
@@ -271,10 +308,21 @@ if [ -n "$prebuilt" ]; then
   note "- prebuilt: $build, used as it is (FSDP_GPU_CHECK_PREBUILT)"
   end PASS
 elif begin build 60; then
-  targets=(cuda_test ops_test fsdp-train fsdp-generate fsdp-bench-gpu fsdp-bench-kernels)
+  # --device cuda runs --backend nccl by default: a build without NCCL would only refuse there, so
+  # the check stops at the build, naming where CMake looked (its warning in build.log).
+  nccl_in_build() {
+    grep -qE '^-- fsdp:.* NCCL=ON' "$out/build.log" && return 0
+    note "- **no NCCL in this build**: CMake searched $(sed -n '/a CUDA build without NCCL/,/^$/p' "$out/build.log" \
+      | tr -s ' \n' '  ' | grep -oE 'searched [^)]*' | head -1 | sed 's/^searched //')${nccl_root:+ and FSDP_NCCL_ROOT=$nccl_root}$([ -n "$nccl_root" ] || echo ' (python3 found no nvidia.nccl)'); set FSDP_NCCL_ROOT or install libnccl-dev"
+    log "no NCCL in the build: stopping at the build"
+    return 1
+  }
+  targets=(cuda_test fsdp-train fsdp-generate fsdp-bench-gpu fsdp-bench-kernels)
   run 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DFSDP_CUDNN=ON ${cudnn_root:+-DFSDP_CUDNN_ROOT="$cudnn_root"} \
+    ${nccl_root:+-DFSDP_NCCL_ROOT="$nccl_root"} \
     -DFSDP_CUDNN_FRONTEND_DIR="$fe_dir" -DFSDP_MPI=ON -DFSDP_GLOO=ON > "$out/build.log" 2>&1 \
+    && nccl_in_build \
     && run 420 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >> "$out/build.log" 2>&1
   rc=$?
   grep -E '^-- fsdp:' "$out/build.log" | tee -a "$out/check.log"
@@ -289,9 +337,9 @@ elif begin build 60; then
 fi
 
 if begin tests 60 build; then
-  FSDP_CUDA_POISON=1 run 240 "$build/tests/cuda_test" > "$out/cuda_test.log" 2>&1
+  # ops_test is CPU-only (CI runs it): the device's time goes to cuda_test, capped at 100 s.
+  FSDP_CUDA_POISON=1 run 100 "$build/tests/cuda_test" > "$out/cuda_test.log" 2>&1
   test_rc=$?
-  run 90 "$build/tests/ops_test" > "$out/ops_test.log" 2>&1 || test_rc=1
   objs=$(find "$build/CMakeFiles/fsdp.dir" -name '*.cu.o' 2> /dev/null)
   # shellcheck disable=SC2086 # one argument per object
   run 30 bash tests/cuda_objects_test.sh $objs > "$out/cuda_objects.log" 2>&1 || test_rc=1
@@ -307,12 +355,12 @@ if begin tests 60 build; then
     sdpa="not in this build (no cuDNN: our own attention kernel runs)"
   fi
   note '```'
-  for t in cuda_test ops_test; do  # gtest's verdicts, or how the binary ended without one
+  for t in cuda_test; do  # gtest's verdicts, or how the binary ended without one
     grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[ +(OK|FAILED) \]' "$out/$t.log" | head -40 | grep . \
       || echo "$t: $(tail -1 "$out/$t.log")"
   done >> "$stage_md"
   tail -1 "$out/cuda_objects.log" >> "$stage_md"
-  note '```' "- cuda_test + ops_test + cuda_objects_test exit ${test_rc}$([ $has_gpu = 1 ] || echo '; no CUDA device: the CUDA tests skip')" \
+  note '```' "- cuda_test + cuda_objects_test exit ${test_rc}$([ $has_gpu = 1 ] || echo '; no CUDA device: the CUDA tests skip')" \
     "- **cuDNN SDPA: ${sdpa}**"
   if [ $test_rc -eq 0 ]; then end PASS; else end FAIL; fi
 fi
@@ -372,13 +420,15 @@ def losses(n):
         return []
 ref = losses(1)
 worst = max((abs(a - b) / abs(b) for n in (2, 4) for a, b in zip(losses(n), ref)), default=None)
-ok = ref and all(len(losses(n)) == len(ref) for n in (2, 4)) and worst is not None and worst <= 1e-5
+# 1e-4, as tests/train_dist_test.sh allows on CPU: cuBLAS chooses its kernels per shape (the
+# per-rank batch differs), and the embedding's gradient sums with f32 atomics, in no fixed order.
+ok = ref and all(len(losses(n)) == len(ref) for n in (2, 4)) and worst is not None and worst <= 1e-4
 print(f"{'PASS' if ok else 'FAIL'}: largest relative loss difference to 1 rank {worst} over {len(ref)} steps")
 PY
   )
   multi=${multi:-FAIL: no verdict}
   note "fsdp-train --device cuda --backend gloo, tiny llama, f32, global batch 8, 6 steps, FSDP_GEMM_TUNE=1:" \
-    '```' "$(cat "$out/multi.txt")" '```' "- losses against 1 rank (goal 1e-5): ${multi}"
+    '```' "$(cat "$out/multi.txt")" '```' "- losses against 1 rank (goal 1e-4 relative, as on CPU): ${multi}"
   if [ "${multi%%:*}" = PASS ]; then end PASS; else end FAIL; fi
 fi
 
@@ -458,7 +508,7 @@ attn_ratio() {
   echo "${ours:-?} ms vs ${theirs:-?} ms: $(ratio "$ours" "$theirs")x"
 }
 if begin sdpa 20 build gpu; then
-  run 90 python3 bench/torch_attention.py > "$out/torch_attention.log" 2>&1
+  run 90 "${torch_py[@]}" bench/torch_attention.py > "$out/torch_attention.log" 2>&1
   rc=$?
   note '```' "$(cat "$out/torch_attention.log")" '```' \
     "- attention forward + backward per layer, ours / PyTorch SDPA (goal <= 1.1): non-causal $(attn_ratio 0), causal $(attn_ratio 1)" \

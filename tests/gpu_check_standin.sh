@@ -3,10 +3,13 @@
 # python3, compute-sanitizer and the build's binaries), linked under each name
 # by tests/gpu_check_test.sh: it prints a plausible line and sleeps; nothing
 # computes. STANDIN_SLEEP: seconds each sleeps (default 2); STANDIN_HANG: a
-# glob on "NAME ARGS" whose matches sleep for 1000 s (a hung command).
+# glob on "NAME ARGS" whose matches sleep for 1000 s (a hung command);
+# STANDIN_NO_NCCL=1: cmake configures without NCCL, and says so as CMake does.
 name=$(basename "$0")
 call="$name $*"
 sleep=${STANDIN_SLEEP:-2}
+# STANDIN_CALLS: a file each call is appended to, with the library path it was given.
+[ -n "${STANDIN_CALLS:-}" ] && echo "$call | LD_LIBRARY_PATH=${LD_LIBRARY_PATH-<unset>}" >> "$STANDIN_CALLS"
 # shellcheck disable=SC2053 # STANDIN_HANG is a glob
 [ -n "${STANDIN_HANG:-}" ] && [[ $call == $STANDIN_HANG ]] && exec sleep 1000
 case $name in
@@ -15,7 +18,12 @@ case $name in
     exit 0
     ;;
   cmake)
-    [ "${1:-}" = --build ] || echo "-- fsdp: CUDA=ON cuDNN=ON NCCL=ON MPI=ON Gloo=ON"
+    if [ "${1:-}" != --build ] && [ -n "${STANDIN_NO_NCCL:-}" ]; then  # CMake's warning, as it wraps it
+      printf 'CMake Warning at CMakeLists.txt:172 (message):\n  fsdp: a CUDA build without NCCL (nccl.h: NCCL_INCLUDE_DIR-NOTFOUND, libnccl:\n  NCCL_LIBRARY-NOTFOUND; searched /usr/local/cuda/include /usr/local/cuda/lib64\n  and the system): --backend nccl will refuse\n\n'
+      echo "-- fsdp: CUDA=ON cuDNN=ON NCCL=OFF MPI=ON Gloo=ON"
+    elif [ "${1:-}" != --build ]; then
+      echo "-- fsdp: CUDA=ON cuDNN=ON NCCL=ON MPI=ON Gloo=ON"
+    fi
     ;;
   python3)
     case ${1:-} in

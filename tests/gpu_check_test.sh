@@ -3,8 +3,10 @@
 # for every program it calls (tests/gpu_check_standin.sh: they print a line and
 # sleep, longer in total than the budget allows; the seed run hangs), at a small
 # budget, it must end within the budget plus a margin, and its summary.md must
-# report every stage or name it as skipped, the hung one as timed out; and a
-# TERM mid-run must leave the summary's closing lines.
+# report every stage or name it as skipped, the hung one as timed out; OUT_DIR
+# must hold what the device machine returns (at most 7 files, each under 16 MiB)
+# and stdout must end with the summary; a build without NCCL stops the check;
+# and a TERM mid-run must leave the summary's closing lines.
 #   gpu_check_test.sh GPU_CHECK_SH [BUDGET_S (40)]
 # STANDIN_SLEEP and STANDIN_HANG (see the stand-in) may be set to try others;
 # GPU_CHECK_STANDIN_DIR keeps the stand-ins (and the output) in that folder.
@@ -29,13 +31,13 @@ done
 export STANDIN_SLEEP=${STANDIN_SLEEP:-2}
 export STANDIN_HANG=${STANDIN_HANG-fsdp-train *--steps 20 --preset seed}
 out=$dir/out
-rm -rf "$out" "$out-term"
+rm -rf "$out" "$out-term" "$out-nccl" "$out-calls"
 
 t0=$(date +%s.%N)
 # The stand-ins first on PATH here too, so that a script that does not know
 # FSDP_GPU_CHECK_STANDIN still runs them and not the real tools.
 PATH="$dir/bin:$PATH" FSDP_GPU_CHECK_STANDIN=$dir FSDP_GPU_CHECK_BUDGET_S=$budget \
-  FSDP_GPU_CHECK_EST_PCT=5 timeout -k 5 $((budget + 30)) bash "$script" "$out" > "$tmp/run.log" 2>&1
+  FSDP_GPU_CHECK_EST_PCT=5 FSDP_GPU_CHECK_WORK=$tmp/work timeout -k 5 $((budget + 30)) bash "$script" "$out" > "$tmp/run.log" 2>&1
 rc=$?
 elapsed=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
 echo "gpu_check.sh with stand-ins at a ${budget} s budget: exit $rc after ${elapsed} s"
@@ -69,11 +71,43 @@ if [ -f "$s" ]; then
 else
   bad "no summary.md"
 fi
+# What comes back from the device machine: at most 8 files, 64 MiB in all. OUT_DIR holds
+# summary.md and at most 6 others, each under 16 MiB; the work itself goes under /tmp.
+n=$(find "$out" -type f 2> /dev/null | wc -l)
+[ "$n" -le 7 ] && ok || bad "OUT_DIR holds $n files (at most 7 come back): $(cd "$out" 2> /dev/null && find . -type f | head -12 | tr '\n' ' ')"
+big=$(find "$out" -type f -size +16M 2> /dev/null)
+[ -z "$big" ] && ok || bad "files of 16 MiB or more in OUT_DIR: $big"
+ls "$out"/*.tar.gz > /dev/null 2>&1 && tar tzf "$out"/*.tar.gz 2> /dev/null | grep -q 'cuda_test.log' && ok \
+  || bad "no log tarball holding cuda_test.log in OUT_DIR"
+# The summary also ends stdout (if the files do not come back, the output's tail still does).
+if [ -f "$s" ]; then
+  tail -n "$(wc -l < "$s")" "$tmp/run.log" | cmp -s - "$s" && ok || bad "stdout does not end with summary.md"
+fi
 [ $fails -eq 0 ] || { echo "--- output"; tail -40 "$tmp/run.log"; echo "--- summary.md"; cat "$s" 2> /dev/null; }
+
+# No NCCL in the build (PyTorch's wheel has libnccl.so.2 and no libnccl.so): --device cuda
+# would only refuse, so the check stops at the build and names where CMake looked.
+STANDIN_NO_NCCL=1 PATH="$dir/bin:$PATH" FSDP_GPU_CHECK_STANDIN=$dir FSDP_GPU_CHECK_BUDGET_S=60 \
+  FSDP_GPU_CHECK_EST_PCT=5 FSDP_GPU_CHECK_WORK=$tmp/work-nccl timeout -k 5 90 bash "$script" "$out-nccl" \
+  > "$tmp/nccl.log" 2>&1
+grep -qE '^## build: FAIL' "$out-nccl/summary.md" 2> /dev/null \
+  && grep -qE 'no NCCL in this build.*searched /usr/local/cuda/include' "$out-nccl/summary.md" \
+  && grep -qE '^## tests: SKIPPED \(no build' "$out-nccl/summary.md" && ok \
+  || { bad "a build without NCCL is not refused with where CMake looked"; cat "$out-nccl/summary.md" 2> /dev/null | head -20; }
+
+# Who runs what, with no hang: the CPU-only ops_test not at all; the PyTorch reference without
+# the CUDA tree's library path that our binaries get (it runs on its wheels' own libraries).
+STANDIN_HANG= STANDIN_SLEEP=1 STANDIN_CALLS=$tmp/calls.txt PATH="$dir/bin:$PATH" FSDP_GPU_CHECK_STANDIN=$dir \
+  FSDP_GPU_CHECK_BUDGET_S=26 FSDP_GPU_CHECK_EST_PCT=5 FSDP_GPU_CHECK_WORK=$tmp/work-calls \
+  timeout -k 5 60 bash "$script" "$out-calls" > "$tmp/calls.log" 2>&1
+grep -q '^cuda_test' "$tmp/calls.txt" 2> /dev/null && ! grep -q '^ops_test' "$tmp/calls.txt" && ok \
+  || bad "ops_test (CPU-only) ran on the device, or cuda_test did not: $(cut -c1-60 "$tmp/calls.txt" 2> /dev/null | tr '\n' ';')"
+grep -q 'torch_fsdp_ref.*LD_LIBRARY_PATH=<unset>$' "$tmp/calls.txt" 2> /dev/null && ok \
+  || bad "the PyTorch reference did not run with its own library path: $(grep torch_fsdp_ref "$tmp/calls.txt" 2> /dev/null)"
 
 # TERM mid-run (the machine's own limit): the closing lines at once, the stages not reached named.
 PATH="$dir/bin:$PATH" FSDP_GPU_CHECK_STANDIN=$dir FSDP_GPU_CHECK_BUDGET_S=100 FSDP_GPU_CHECK_EST_PCT=5 \
-  bash "$script" "$out-term" > "$tmp/term.log" 2>&1 &
+  FSDP_GPU_CHECK_WORK=$tmp/work-term bash "$script" "$out-term" > "$tmp/term.log" 2>&1 &
 pid=$!
 sleep 6
 kill -TERM $pid
