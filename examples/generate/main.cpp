@@ -34,6 +34,7 @@
 #include "fsdp/checkpoint/interchange.h"
 #include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/core/device.h"
+#include "fsdp/core/error.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/nn/sample.h"
 #include "fsdp/ops/blas.h"
@@ -182,9 +183,20 @@ int main(int argc, char** argv) {
     std::optional<int32_t> stop = tok.eos_id();
     if (l.pre.eos_id) stop = l.pre.eos_id;
     if (chat) {
-      FSDP_CHECK(!l.pre.chat_template.empty(), "[fsdp-generate] --chat: {} has no chat template",
-                 l.what);
+      if (l.pre.chat_template.empty())
+        FSDP_FAIL(
+            "[fsdp-generate] --chat: {} has no chat template (tokenizer_config.json's "
+            "chat_template, chat_template.jinja or the GGUF's tokenizer.chat_template)",
+            l.what);
       prompt = checkpoint::render_chat(l.pre.chat_template, *chat, system);
+      // ChatML's turns end with <|im_end|>: without that token the answer would never stop.
+      const auto& vocab = tok.tokens();
+      if (std::find(vocab.begin(), vocab.end(), "<|im_end|>") == vocab.end())
+        FSDP_FAIL(
+            "[fsdp-generate] --chat: the chat template is ChatML, whose turns end with "
+            "<|im_end|>, but the tokenizer ({}) has no <|im_end|> token, so the answer would "
+            "never stop",
+            tok.describe());
       stop = l.pre.eot_id;
     } else {
       FSDP_CHECK(!system, "[fsdp-generate] --system needs --chat");
@@ -241,7 +253,7 @@ int main(int argc, char** argv) {
                  st.decode_seconds, decode_rate);
     return 0;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "fsdp-generate: error: {}\n", e.what());
+    fmt::print(stderr, "fsdp-generate: error: {}\n", without_source_place(e.what()));
     return 1;
   }
 }

@@ -24,6 +24,7 @@
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/core/error.h"
 #include "fsdp/fsdp/fully_shard.h"
+#include "src/checkpoint/json_fields.h"
 
 namespace fsdp::checkpoint {
 
@@ -80,11 +81,15 @@ std::optional<int32_t> token_id(const data::Tokenizer& tok, const std::string& t
 }
 
 // tokenizer_config.json's bos_token / eos_token: a string or {"content": ...}.
-std::optional<std::string> token_field(const json& j, const char* key) {
-  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
-  if (j[key].is_string()) return j[key].get<std::string>();
-  if (j[key].is_object() && j[key].contains("content")) return j[key]["content"].get<std::string>();
-  return std::nullopt;
+std::optional<std::string> token_field(const json& j, const char* key, const std::string& where) {
+  const json* v = json_fields::member(j, key);
+  if (!v) return std::nullopt;
+  const json_fields::Field f{"[pretrained]", where, key};
+  if (v->is_string()) return v->get<std::string>();
+  if (!v->is_object()) f.wrong("a string or an object with a \"content\" string", *v);
+  const json* content = json_fields::member(*v, "content");
+  if (!content) f.wrong("a string or an object with a \"content\" string", *v);
+  return f.at("content").string(*content);
 }
 
 // End of turn: ChatML's <|im_end|> when the template uses it, else EOS.
@@ -160,32 +165,51 @@ void read_hf_tokenizer(Pretrained& p, const fs::path& dir) {
     } catch (const json::exception& e) {
       FSDP_FAIL("[pretrained] {} is not valid JSON: {}", where, e.what());
     }
-    if (tc.contains("chat_template")) {
-      const json& t = tc["chat_template"];
-      if (t.is_string()) {
-        p.chat_template = t.get<std::string>();
-      } else if (t.is_array()) {  // [{"name": "default", "template": ...}, ...]
-        for (const json& e : t)
-          if (e.value("name", "") == "default") p.chat_template = e.value("template", "");
+    FSDP_CHECK(tc.is_object(), "[pretrained] {}: expected a JSON object, got {}", where,
+               json_fields::described(tc));
+    if (const json* t = json_fields::member(tc, "chat_template")) {
+      const json_fields::Field f{"[pretrained]", where, "chat_template"};
+      if (t->is_string()) {
+        p.chat_template = t->get<std::string>();
+      } else if (t->is_array()) {  // [{"name": "default", "template": ...}, ...]
+        for (size_t i = 0; i < t->size(); ++i) {
+          const json& e = f.at(i).object((*t)[i]);
+          const json* name = json_fields::member(e, "name");
+          const json* text = json_fields::member(e, "template");
+          if (name && f.at(i).at("name").string(*name) == "default" && text)
+            p.chat_template = f.at(i).at("template").string(*text);
+        }
+      } else {
+        f.wrong("a string or an array of {\"name\", \"template\"}", *t);
       }
     }
-    if (auto b = token_field(tc, "bos_token")) p.bos_id = token_id(*p.tokenizer, *b);
-    if (auto e = token_field(tc, "eos_token")) p.eos_id = token_id(*p.tokenizer, *e);
+    if (auto b = token_field(tc, "bos_token", where)) p.bos_id = token_id(*p.tokenizer, *b);
+    if (auto e = token_field(tc, "eos_token", where)) p.eos_id = token_id(*p.tokenizer, *e);
   }
+  // transformers 5 saves the template beside tokenizer_config.json, as chat_template.jinja (and
+  // reads it before tokenizer_config.json's).
+  if (fs::exists(dir / "chat_template.jinja"))
+    p.chat_template = read_text(dir / "chat_template.jinja");
   if (fs::exists(dir / "generation_config.json")) {
+    const std::string where = (dir / "generation_config.json").string();
     json g;
     try {
       g = json::parse(read_text(dir / "generation_config.json"));
     } catch (const json::exception& e) {
-      FSDP_FAIL("[pretrained] {}/generation_config.json is not valid JSON: {}", dir.string(),
-                e.what());
+      FSDP_FAIL("[pretrained] {} is not valid JSON: {}", where, e.what());
     }
-    if (g.contains("bos_token_id") && g["bos_token_id"].is_number_integer())
-      p.bos_id = g["bos_token_id"].get<int32_t>();
-    if (g.contains("eos_token_id")) {
-      const json& e = g["eos_token_id"];
-      if (e.is_number_integer()) p.eos_id = e.get<int32_t>();
-      if (e.is_array() && !e.empty()) p.eos_id = e[0].get<int32_t>();
+    FSDP_CHECK(g.is_object(), "[pretrained] {}: expected a JSON object, got {}", where,
+               json_fields::described(g));
+    if (const json* b = json_fields::member(g, "bos_token_id"))
+      p.bos_id = json_fields::Field{"[pretrained]", where, "bos_token_id"}.id(*b);
+    if (const json* e = json_fields::member(g, "eos_token_id")) {
+      const json_fields::Field f{"[pretrained]", where, "eos_token_id"};
+      if (e->is_array()) {  // the first is the one that ends a turn
+        for (size_t i = 0; i < e->size(); ++i) f.at(i).id((*e)[i]);
+        if (!e->empty()) p.eos_id = f.at(0).id((*e)[0]);
+      } else {
+        p.eos_id = f.id(*e);
+      }
     }
   }
   set_eot(p);
@@ -235,7 +259,8 @@ void open_safetensors(Pretrained& p, PretrainedSource& src) {
       FSDP_FAIL("[pretrained] {} is not valid JSON: {}", where, e.what());
     }
     p.format = "hf";
-    p.family = j.value("model_type", "");
+    const json* mt = json_fields::member(j, "model_type");
+    p.family = mt ? json_fields::Field{"[pretrained]", where, "model_type"}.string(*mt) : "";
     p.config = config_from_family(p.family, text, where);
   } else {
     p.format = "safetensors";  // full weights in our names: the caller gives the config
@@ -449,15 +474,32 @@ void Pretrained::load_into(nn::MiniLLM& model, FSDPModule* root) const {
   }
 }
 
-std::optional<int32_t> end_of_turn_id(const data::Tokenizer& tok, const std::string& chat_template,
+namespace {
+// A Jinja template without its {# comments #}: words in a comment render nothing.
+std::string without_jinja_comments(const std::string& t) {
+  std::string out;
+  size_t at = 0;
+  for (size_t open = t.find("{#"); open != std::string::npos; open = t.find("{#", at)) {
+    out += t.substr(at, open - at);
+    const size_t close = t.find("#}", open + 2);
+    if (close == std::string::npos) return out;
+    at = close + 2;
+  }
+  return out + t.substr(at);
+}
+}  // namespace
+
+std::optional<int32_t> end_of_turn_id(const data::Tokenizer& tok, const std::string& raw_template,
                                       std::optional<int32_t> eos) {
+  const std::string chat_template = without_jinja_comments(raw_template);
   if (chat_template.find("<|im_end|>") != std::string::npos)
     if (auto id = token_id(tok, "<|im_end|>")) return id;
   return eos;
 }
 
-std::string render_chat(const std::string& chat_template, const std::string& user,
+std::string render_chat(const std::string& raw_template, const std::string& user,
                         const std::optional<std::string>& system) {
+  const std::string chat_template = without_jinja_comments(raw_template);
   // ChatML: each turn is <|im_start|>{role}\n{content}<|im_end|>\n, and the generation prompt
   // <|im_start|>assistant\n. A template is taken as ChatML when it writes those markers, the
   // role and the content, and the generation prompt.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fsdp/checkpoint/interchange.h"
+#include "src/checkpoint/json_fields.h"
 
 namespace fsdp::checkpoint {
 
@@ -58,6 +59,7 @@ std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype,
             {"max_position_embeddings", cfg.seq},
             {"rms_norm_eps", cfg.norm_eps.value_or(1.1920928955078125e-07)},
             {"rope_theta", cfg.rope_theta},
+            {"rope_parameters", {{"rope_theta", cfg.rope_theta}, {"rope_type", "default"}}},
             {"hidden_act", "silu"},
             {"tie_word_embeddings", cfg.tie_embeddings},
             {"attention_bias", false},
@@ -81,15 +83,23 @@ nn::MiniLLMConfig config_from_hf_llama(const std::string& text, const std::strin
   } catch (const json::exception& e) {
     FSDP_FAIL("[hf] {} is not valid JSON: {}", where, e.what());
   }
-  const std::string model_type = j.value("model_type", "");
+  namespace jf = json_fields;
+  FSDP_CHECK(j.is_object(), "[hf] {}: expected a JSON object, got {}", where, jf::described(j));
+  auto field = [&](const char* key) { return jf::Field{"[hf]", where, key}; };
+  auto opt_bool = [&](const char* key, bool fallback) {
+    const json* v = jf::member(j, key);
+    return v ? field(key).boolean(*v) : fallback;
+  };
+  const json* mt = jf::member(j, "model_type");
+  const std::string model_type = mt ? field("model_type").string(*mt) : "";
   FSDP_CHECK(model_type == "llama" || model_type == "qwen2",
              "[hf] {}: model_type '{}' is not supported; expected llama (LlamaForCausalLM) or "
              "qwen2 (Qwen2ForCausalLM)",
              where, model_type);
   auto num = [&](const char* key) -> int64_t {
-    FSDP_CHECK(j.contains(key) && j[key].is_number_integer(), "[hf] {}: no integer '{}'", where,
-               key);
-    return j[key].get<int64_t>();
+    const json* v = jf::member(j, key);
+    FSDP_CHECK(v, "[hf] {}: no integer '{}'", where, key);
+    return field(key).integer(*v);
   };
   nn::MiniLLMConfig c;
   c.arch = nn::Arch::llama;
@@ -98,31 +108,51 @@ nn::MiniLLMConfig config_from_hf_llama(const std::string& text, const std::strin
   c.heads = num("num_attention_heads");
   c.layers = num("num_hidden_layers");
   c.vocab = num("vocab_size");
-  c.seq = j.value("max_position_embeddings", c.seq);
-  c.norm_eps = j.value("rms_norm_eps", 1e-6);
-  c.rope_theta = j.value("rope_theta", 10000.0);
+  if (jf::member(j, "max_position_embeddings")) c.seq = num("max_position_embeddings");
+  const json* eps = jf::member(j, "rms_norm_eps");
+  c.norm_eps = eps ? field("rms_norm_eps").number(*eps) : 1e-6;
+  // transformers 4 writes rope_theta (and rope_scaling); transformers 5 writes
+  // rope_parameters {rope_theta, rope_type}. Only the default (unscaled) rope is supported.
+  const json* theta = jf::member(j, "rope_theta");
+  c.rope_theta = theta ? field("rope_theta").number(*theta) : 10000.0;
+  if (const json* rp = jf::member(j, "rope_parameters")) {
+    const jf::Field f = field("rope_parameters");
+    f.object(*rp);
+    const json* type = jf::member(*rp, "rope_type");
+    const std::string kind = type ? f.at("rope_type").string(*type) : "default";
+    FSDP_CHECK(kind == "default",
+               "[hf] {}: rope_parameters with rope_type '{}' ({}) is not supported; only "
+               "rope_type default (unscaled RoPE)",
+               where, kind, rp->dump());
+    if (const json* t = jf::member(*rp, "rope_theta")) {
+      const double v = f.at("rope_theta").number(*t);
+      FSDP_CHECK(!theta || v == c.rope_theta,
+                 "[hf] {}: rope_theta {} and rope_parameters.rope_theta {} disagree", where,
+                 c.rope_theta, v);
+      c.rope_theta = v;
+    }
+  }
   const bool qwen2 = model_type == "qwen2";
-  c.kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
-                   ? num("num_key_value_heads")
-                   : c.heads;
+  c.kv_heads = jf::member(j, "num_key_value_heads") ? num("num_key_value_heads") : c.heads;
   FSDP_CHECK(c.kv_heads > 0 && c.heads % c.kv_heads == 0,
              "[hf] {}: num_attention_heads {} is not a multiple of num_key_value_heads {}", where,
              c.heads, c.kv_heads);
-  if (j.contains("head_dim") && !j["head_dim"].is_null()) c.head_dim = num("head_dim");
+  if (jf::member(j, "head_dim")) c.head_dim = num("head_dim");
   // Llama's attention_bias is on q, k, v and o; Qwen2's biases are on q, k and v only.
-  FSDP_CHECK(!j.value("attention_bias", false),
+  FSDP_CHECK(!opt_bool("attention_bias", false),
              "[hf] {}: attention_bias true (a bias on o_proj too) is not supported", where);
-  FSDP_CHECK(!j.value("mlp_bias", false), "[hf] {}: mlp_bias true is not supported", where);
-  FSDP_CHECK(!qwen2 || !j.value("use_sliding_window", false),
+  FSDP_CHECK(!opt_bool("mlp_bias", false), "[hf] {}: mlp_bias true is not supported", where);
+  FSDP_CHECK(!qwen2 || !opt_bool("use_sliding_window", false),
              "[hf] {}: use_sliding_window true (sliding-window attention) is not supported", where);
   c.qkv_bias = qwen2;
-  FSDP_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(),
-             "[hf] {}: rope_scaling {} is not supported", where, j["rope_scaling"].dump());
-  FSDP_CHECK(j.value("hidden_act", "silu") == "silu",
-             "[hf] {}: hidden_act '{}' is not supported; expected silu", where,
-             j.value("hidden_act", ""));
+  FSDP_CHECK(!jf::member(j, "rope_scaling"), "[hf] {}: rope_scaling {} is not supported", where,
+             j["rope_scaling"].dump());
+  const json* act = jf::member(j, "hidden_act");
+  const std::string hidden_act = act ? field("hidden_act").string(*act) : "silu";
+  FSDP_CHECK(hidden_act == "silu", "[hf] {}: hidden_act '{}' is not supported; expected silu",
+             where, hidden_act);
   // transformers' default for both classes: untied.
-  c.tie_embeddings = j.value("tie_word_embeddings", false);
+  c.tie_embeddings = opt_bool("tie_word_embeddings", false);
   if (tied) *tied = c.tie_embeddings;
   c.validate();
   return c;

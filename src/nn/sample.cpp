@@ -97,9 +97,9 @@ std::vector<int32_t> sample(MiniLLM& model, std::vector<int32_t> ctx, const Samp
     if (o.on_token) o.on_token(id);
     if ((o.stop_id && id == *o.stop_id) || i + 1 == o.tokens) break;
     if (cached) {
-      if (model.kv_length() >= c.seq) {  // full: keep the last half and fill again
+      if (model.kv_length() >= c.seq) {  // full: keep the last half (at least a token), refill
         model.start_kv_cache(c.seq);
-        last = run(window(c.seq / 2));
+        last = run(window(std::max<int64_t>(1, c.seq / 2)));
       } else {
         last = run({id});
       }

@@ -17,6 +17,7 @@
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/manager.h"
 #include "fsdp/data/loader.h"
+#include "fsdp/data/token_sources.h"
 #include "fsdp/optim/adamw.h"
 #include "src/train/trainer_impl.h"
 
@@ -25,8 +26,9 @@ namespace fsdp::train {
 namespace {
 
 // --resume: the run's data must be the checkpoint's, by content (data::data_identity: size and
-// sampled bytes), not by path: the same path with new contents is refused, a byte-identical copy
-// elsewhere resumes. The training stream's token count must match too (--eval-every and
+// a hash of every byte; sampled bytes for checkpoints from before), not by path: the same path with
+// new contents is refused, a byte-identical copy elsewhere resumes. The training stream's token
+// count must match too (--eval-every and
 // --val-fraction cut the validation tail off it), or window numbers would name other tokens.
 // Checkpoints older than the identity are held to the path, as they were.
 void check_same_data(const nlohmann::json& saved, const nlohmann::json& now,
@@ -34,12 +36,18 @@ void check_same_data(const nlohmann::json& saved, const nlohmann::json& now,
   using nlohmann::json;
   auto value = [](const json& j, const char* key) { return j.value(key, json()); };
   if (saved.contains("data_content")) {
-    FSDP_CHECK(saved["data_content"] == value(now, "data_content"),
+    // A checkpoint from before the full content hash holds the sampled identity.
+    json content = value(now, "data_content");
+    if (saved["data_content"].is_string() &&
+        saved["data_content"].get<std::string>().find("sample hash") != std::string::npos &&
+        now.value("data", json()).is_string())
+      content = data::data_identity(now["data"].get<std::string>(), false).str();
+    FSDP_CHECK(saved["data_content"] == content,
                "[fsdp-train] --resume: {} was trained on other data: it was saved with --data {} "
                "holding {} but --data {} holds {}; resume with the data it was trained on, or "
                "start a new --ckpt-dir",
                path, value(saved, "data").dump(), saved["data_content"].dump(),
-               value(now, "data").dump(), value(now, "data_content").dump());
+               value(now, "data").dump(), content.dump());
   }
   const bool by_path = !saved.contains("data_content");
   for (const char* key : {"seq", "data", "data_tokens", "tokenizer_hash"})

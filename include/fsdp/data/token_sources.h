@@ -129,18 +129,19 @@ class BinShardSource : public TokenStream {
 // shard magic) or else as bytes.
 std::unique_ptr<TokenStream> open_token_stream(const std::string& spec, int64_t vocab, int64_t seq);
 
-// What the data at `spec` is, by content rather than by path, cheaply: the files open_token_stream
-// would read (in its order), their total size, and a 64-bit hash of each file's size, its first
-// 4 KiB (a shard's header) and 4 KiB samples at 16 fixed fractions of it. The same path with new
-// contents gets another identity; a byte-identical copy at another path gets the same one. Reads
-// at most about 70 KiB a file, never the whole corpus (so a change that misses every sample and
-// keeps every size is not seen).
+// What the data at `spec` is, by content rather than by path: the files open_token_stream would
+// read (in its order), their total size, and a 64-bit hash of each file's size and every byte
+// (full, the default: the whole corpus read once, at memory speed), or, for checkpoints saved
+// before the full hash, of its first 4 KiB and 4 KiB samples at 16 fixed fractions of it (a change
+// that misses every sample and keeps every size is not seen). The same path with new contents
+// gets another identity; a byte-identical copy at another path gets the same one.
 struct DataIdentity {
   int64_t files = 0, bytes = 0;
   uint64_t hash = 0;
-  std::string str() const;  // "35149 bytes in 1 file(s), sample hash 0123456789abcdef"
+  bool full = true;
+  std::string str() const;  // "35149 bytes in 1 file(s), content hash 0123456789abcdef"
 };
-DataIdentity data_identity(const std::string& spec);
+DataIdentity data_identity(const std::string& spec, bool full = true);
 
 // Writes tokens as one llm.c shard: uint16 (magic 20240520, version 1), or uint32 (magic
 // 20240801, version 7). Used by tests; scripts/prepare_text.py writes the same.
