@@ -31,6 +31,9 @@ fi
 # 2. Random tokens (the reference script's data) and the seed architecture.
 "$bin" --preset tiny --dim 64 --layers 1 --heads 4 --seq 32 --batch 2 --steps 2 --threads 2 > "$work/rand.out" 2>&1 \
   && [ "$(grep -cE "$line_re" "$work/rand.out")" -eq 2 ] && ok || bad "random-token run: $(cat "$work/rand.out")"
+# The run's table names the attention that runs (on CUDA: cuDNN SDPA, or our kernel and cuDNN's refusal).
+grep -qE '^\| attention +\| our kernel \(CPU\)' "$work/rand.out" && ok \
+  || bad "the run's table does not name the attention path: $(grep -E '^\| (attention|threads) ' "$work/rand.out")"
 
 # 2b. --profile-steps writes a Chrome trace that parses and a key-averages table.
 if "$bin" --preset tiny --dim 64 --layers 1 --heads 4 --seq 32 --batch 2 --steps 3 --threads 2 --profile-steps 1:2 \

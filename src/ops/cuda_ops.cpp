@@ -327,6 +327,16 @@ double gemm_peak_flops(Device device, DType dtype) {
 
 double copy_gbps(Device device) { return kc::measure_copy_gbps(int64_t(1) << 30, device.index); }
 
+std::string attention_path(Device device, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
+                           int64_t hd, bool causal) {
+  // The plans are cached: the step's own attention finds them built.
+  const bool fwd = kc::cudnn_attention_workspace(false, t, B, T, H, KV, hd, causal, device.index) >= 0;
+  const bool bwd = kc::cudnn_attention_workspace(true, t, B, T, H, KV, hd, causal, device.index) >= 0;
+  if (fwd && bwd) return "cuDNN SDPA";
+  return "our kernel (cuDNN: " +
+         kc::cudnn_attention_refusal(fwd, t, B, T, H, KV, hd, causal, device.index) + ")";
+}
+
 std::string device_name(Device device) {
   cudaDeviceProp prop{};
   return cudaGetDeviceProperties(&prop, device.index) == cudaSuccess ? std::string(prop.name) : "";

@@ -28,5 +28,8 @@ FSDP_BACKEND_OPS(FSDP_NO_CUDA_OP)
 double gemm_peak_flops(Device device, DType dtype) { no_cuda("gemm_peak_flops"); }
 double copy_gbps(Device device) { no_cuda("copy_gbps"); }
 std::string device_name(Device device) { no_cuda("device_name"); }
+std::string attention_path(Device, DType, int64_t, int64_t, int64_t, int64_t, int64_t, bool) {
+  no_cuda("attention_path");
+}
 
 }  // namespace fsdp::ops::cuda_impl

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "fsdp/core/trace.h"
+#include "fsdp/ops/attention_path.h"
 #include "src/ops/backend.h"
 #include "src/ops/cost.h"
 
@@ -445,6 +446,12 @@ void adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, const Tens
   if (on_cuda("adamw", {&param, &grad, &m, &v}))
     return cuda_impl::adamw_(param, grad, m, v, h, step);
   return cpu_impl::adamw_(param, grad, m, v, h, step);
+}
+
+std::string attention_path(Device device, DType dtype, int64_t B, int64_t T, int64_t heads,
+                           int64_t kv_heads, int64_t head_dim, bool causal) {
+  if (device.is_cpu()) return "our kernel (CPU)";
+  return cuda_impl::attention_path(device, dtype, B, T, heads, kv_heads, head_dim, causal);
 }
 
 }  // namespace fsdp::ops

@@ -19,6 +19,7 @@
 #include "fsdp/dist/init.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/sample.h"
+#include "fsdp/ops/attention_path.h"
 #include "fsdp/ops/blas.h"
 #include "fsdp/profiler/ceilings.h"
 #include "fsdp/train/memory_plan.h"
@@ -78,6 +79,9 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
     row("  " + t.name, fmt::format("{:.1f} MB {}", double(t.bytes) / 1e6, t.what));
   row("  allocated at peak",
       fmt::format("{:.1f} MB (the allocator's own peak)", double(plan.peak_allocated) / 1e6));
+  row("attention", ops::attention_path(device, mp.param_dtype.value_or(dtype), cfg.batch, cfg.seq,
+                                       cfg.heads, cfg.resolved_kv_heads(), cfg.resolved_head_dim(),
+                                       cfg.arch == nn::Arch::llama));
   row("threads", std::to_string(threads));
   if (device.is_cpu()) row("blas kernels", ops::blas_kernel_note());
   row("sgemm peak", fmt::format("{:.1f} GFLOP/s, all ranks (MFU denominator)", peak / 1e9));

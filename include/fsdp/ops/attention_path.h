@@ -1,0 +1,17 @@
+// Which attention kernel a shape runs on a device, for the run's table.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "fsdp/core/device.h"
+#include "fsdp/core/dtype.h"
+
+namespace fsdp::ops {
+
+// "cuDNN SDPA", or "our kernel (cuDNN: why not)" on CUDA (cuDNN refused the shape, or the build
+// has no cuDNN); "our kernel (CPU)" on the CPU.
+std::string attention_path(Device device, DType dtype, int64_t B, int64_t T, int64_t heads,
+                           int64_t kv_heads, int64_t head_dim, bool causal);
+
+}  // namespace fsdp::ops
