@@ -108,6 +108,13 @@ grep -q "<|im_end|>" noend.err && ok || bad "no-<|im_end|> message: $(cat noend.
 cp -r hf4 hfctx1 && sed -i 's/"max_position_embeddings": 16/"max_position_embeddings": 1/' hfctx1/config.json
 gen --model hfctx1 --prompt "Hi" --tokens 4 --temperature 0 > ctx1.out 2> ctx1.err && ok || bad "context 1: $(tail -1 ctx1.err)"
 
+# Sizes whose products overflow 64 bits (2^57) are refused by name, not as a negative tensor size.
+for f in --vocab --batch --seq; do
+  "$bin/fsdp-train" "${A[@]}" --steps 1 $f 144115188075855872 > huge.out 2>&1 && bad "$f 2^57 accepted" || ok
+  grep -q "negative size" huge.out && bad "$f 2^57: $(tail -1 huge.out)" || ok
+  grep -q "overflow" huge.out && ok || bad "$f 2^57 message: $(tail -1 huge.out)"
+done
+
 # (c) a field of the wrong type names the file and the field.
 field_case() {  # field_case FILE PYTHON-EDIT EXPECTED
   rm -rf bad && cp -r hf4 bad

@@ -1,12 +1,14 @@
 // MiniLLM assembly, presets and validation.
 #include "fsdp/nn/minillm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <initializer_list>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <utility>
 #include <vector>
 
 #include "fsdp/ops/ops.h"
@@ -137,6 +139,33 @@ void MiniLLMConfig::validate() const {
   FSDP_CHECK(batch > 0, "[MiniLLM] batch must be positive, got {}", batch);
   FSDP_CHECK(ffn_hidden >= 0, "[MiniLLM] ffn hidden size must be >= 0 (0 = default), got {}",
              ffn_hidden);
+  // Sizes whose products (a weight, one step's logits) overflow 64 bits are refused here, not
+  // later as a negative tensor size.
+  for (const auto& [name, v] : {std::pair<const char*, int64_t>{"vocab", vocab},
+                                {"dim", dim},
+                                {"layers", layers},
+                                {"heads", heads},
+                                {"seq", seq},
+                                {"batch", batch},
+                                {"ffn_hidden", ffn_hidden},
+                                {"kv_heads", kv_heads},
+                                {"head_dim", head_dim}})
+    FSDP_CHECK(v <= (int64_t(1) << 40), "[MiniLLM] {} {} is over 2^40: its sizes would overflow",
+               name, v);
+  {
+    int64_t p = 0, rows = 0;
+    const int64_t f = resolved_ffn_hidden(), q = heads * resolved_head_dim();
+    const bool overflow =
+        __builtin_mul_overflow(batch, seq, &rows) || __builtin_mul_overflow(vocab, dim, &p) ||
+        __builtin_mul_overflow(f, dim, &p) || __builtin_mul_overflow(q, dim, &p) ||
+        __builtin_mul_overflow(rows, vocab, &p) || __builtin_mul_overflow(p, int64_t(8), &p) ||
+        __builtin_mul_overflow(rows, std::max(f, q), &p) ||
+        __builtin_mul_overflow(p, int64_t(8), &p);
+    FSDP_CHECK(!overflow,
+               "[MiniLLM] vocab {}, dim {}, ffn hidden {}, batch {} x seq {}: the weights' or a "
+               "step's sizes overflow 64 bits",
+               vocab, dim, f, batch, seq);
+  }
   if (arch == Arch::llama) {
     FSDP_CHECK(resolved_head_dim() % 2 == 0,
                "[MiniLLM] llama's rotary embedding needs an even head dim, got {}{}",
