@@ -377,6 +377,8 @@ mfu() { grep -E '^step ' "$1" 2> /dev/null | awk 'NR > 2 {gsub("%", "", $11); s 
 peak() { grep -E '^step ' "$1" 2> /dev/null | tail -1 | grep -oE 'peak mem [0-9.]+ GB' | grep -oE '[0-9.]+'; }
 # The memory plan against the measured peak, from fsdp-train's summary line (on CUDA: the
 # allocator's peak against the plan's, "plan P MB (measured/plan X), A MB allocated (Y)").
+# The attention fsdp-train's table says its steps ran: cuDNN SDPA, or our kernel and why.
+attn_path() { sed -nE 's/^\| attention +\| (.*[^ ]) +\|$/\1/p' "$1" 2> /dev/null | head -1 | grep . || echo 'not in the table'; }
 plan() { grep -m1 -E 'summary \|' "$1" 2> /dev/null | grep -oE 'plan [0-9.]+ MB[^|]*allocated \([0-9.]+\)' || echo 'no plan in the summary'; }
 ref_tok() { grep -oE 'tok/s [0-9]+' "$1" 2> /dev/null | tail -1 | grep -oE '[0-9]+$'; }
 ref_peak() { grep -oE '\| peak [0-9.]+ GB' "$1" 2> /dev/null | grep -oE '[0-9.]+'; }
@@ -397,7 +399,8 @@ if begin seed 60 build gpu; then
   note "| fsdp-train --preset seed | $(tok "$out/fsdp_train.log") | $(mfu "$out/fsdp_train.log")% | $(peak "$out/fsdp_train.log") GB | $train_rc |" \
     "| PyTorch FSDP2 (bench/torch_fsdp_ref.py) | $(ref_tok "$out/torch_ref.log") | | $(ref_peak "$out/torch_ref.log") GB | $ref_rc |" \
     "" "- **seed: fsdp-train / PyTorch tokens/s = $(ratio "$(tok "$out/fsdp_train.log")" "$(ref_tok "$out/torch_ref.log")")** (goal >= 1.2; MFU goal >= 50%; peak memory goal <= PyTorch's)" \
-    "- memory plan, seed: $(plan "$out/fsdp_train.log") (goal: measured/plan within 0.9-1.1)"
+    "- memory plan, seed: $(plan "$out/fsdp_train.log") (goal: measured/plan within 0.9-1.1)" \
+    "- **attention, seed: $(attn_path "$out/fsdp_train.log")**"
   if [ $train_rc -eq 0 ] && [ $ref_rc -eq 0 ]; then end DONE; else end FAIL; fi
 fi
 

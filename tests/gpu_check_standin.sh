@@ -42,6 +42,7 @@ case $name in
     echo "[  PASSED  ] 1 test."
     ;;
   fsdp-train)
+    echo "| attention              | cuDNN SDPA                                   |"
     echo "step 5 | stand-in"
     echo "summary | step 1.0 ms | peak mem 1.0 MB"
     ;;

@@ -77,7 +77,8 @@ n=$(find "$out" -type f 2> /dev/null | wc -l)
 [ "$n" -le 7 ] && ok || bad "OUT_DIR holds $n files (at most 7 come back): $(cd "$out" 2> /dev/null && find . -type f | head -12 | tr '\n' ' ')"
 big=$(find "$out" -type f -size +16M 2> /dev/null)
 [ -z "$big" ] && ok || bad "files of 16 MiB or more in OUT_DIR: $big"
-ls "$out"/*.tar.gz > /dev/null 2>&1 && tar tzf "$out"/*.tar.gz 2> /dev/null | grep -q 'cuda_test.log' && ok \
+tar tzf "$out/logs.tar.gz" > "$tmp/tarball.txt" 2> /dev/null  # not piped to grep -q: no SIGPIPE under pipefail
+grep -q 'cuda_test.log' "$tmp/tarball.txt" && ok \
   || bad "no log tarball holding cuda_test.log in OUT_DIR"
 # The summary also ends stdout (if the files do not come back, the output's tail still does).
 if [ -f "$s" ]; then
@@ -104,6 +105,8 @@ grep -q '^cuda_test' "$tmp/calls.txt" 2> /dev/null && ! grep -q '^ops_test' "$tm
   || bad "ops_test (CPU-only) ran on the device, or cuda_test did not: $(cut -c1-60 "$tmp/calls.txt" 2> /dev/null | tr '\n' ';')"
 grep -q 'torch_fsdp_ref.*LD_LIBRARY_PATH=<unset>$' "$tmp/calls.txt" 2> /dev/null && ok \
   || bad "the PyTorch reference did not run with its own library path: $(grep torch_fsdp_ref "$tmp/calls.txt" 2> /dev/null)"
+grep -qF -- '- **attention, seed: cuDNN SDPA**' "$out-calls/summary.md" 2> /dev/null && ok \
+  || bad "the seed stage does not name the attention path fsdp-train ran: $(grep -E '^## seed' "$out-calls/summary.md")"
 
 # TERM mid-run (the machine's own limit): the closing lines at once, the stages not reached named.
 PATH="$dir/bin:$PATH" FSDP_GPU_CHECK_STANDIN=$dir FSDP_GPU_CHECK_BUDGET_S=100 FSDP_GPU_CHECK_EST_PCT=5 \
