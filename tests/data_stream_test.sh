@@ -89,7 +89,7 @@ python3 "$(dirname "$0")/../scripts/prepare_text.py" "$work/wide/a.txt" "$work/w
   || bad "a 70001-id tokenizer's shard header: $(od -A n -t d4 -N 12 "$work/wide/out/train_000000.bin")"
 wide=(--preset tiny --arch llama --dim 32 --layers 1 --heads 2 --seq 32 --batch 2 --steps 2 --sample-tokens 0
   --threads 1 --data "$work/wide/out/train_*.bin")
-"$bin" "${wide[@]}" --vocab 70016 --shuffle > "$work/wide.out" 2>&1 && grep -q "uint32, mapped" "$work/wide.out" \
+"$bin" "${wide[@]}" --vocab 70016 --shuffle > "$work/wide.out" 2>&1 && grep -q "uint32)" "$work/wide.out" \
   && grep -q "70001 ids" "$work/wide.out" && ok || bad "training on uint32 shards: $(tail -3 "$work/wide.out")"
 "$bin" "${wide[@]}" --vocab 65536 --tokenizer bytes --steps 5 > "$work/narrow.out" 2>&1 \
   && bad "ids past --vocab 65536 were accepted" \

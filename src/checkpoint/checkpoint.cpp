@@ -305,12 +305,19 @@ std::string new_run_id(const std::shared_ptr<dist::ProcessGroup>& world) {
   return s;
 }
 
+bool is_step_folder_name(const std::string& name, bool tmp) {
+  const std::string prefix = tmp ? ".tmp_step_" : "step_";
+  if (name.size() != prefix.size() + 8 || name.rfind(prefix, 0) != 0) return false;
+  return std::all_of(name.begin() + long(prefix.size()), name.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
 std::string latest(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return "";
   std::vector<fs::path> steps;
   for (auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0 &&
+    if (e.is_directory() && is_step_folder_name(e.path().filename().string()) &&
         incomplete_reason(e.path().string()).empty())
       steps.push_back(e.path());
   if (steps.empty()) return "";

@@ -26,6 +26,7 @@
 
 #include "fsdp/checkpoint/gguf.h"
 #include "fsdp/core/error.h"
+#include "fsdp/core/file.h"
 #include "src/checkpoint/ggml_bytes.h"
 
 namespace fsdp::checkpoint {
@@ -197,8 +198,7 @@ int64_t gguf_row_of_hf(int64_t r, int64_t n_rows, int64_t n_head) {
 // ---------------------------------------------------------------- parsing
 
 GgufFile::GgufFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  FSDP_CHECK(fd >= 0, "[gguf] cannot open '{}': {}", path, std::strerror(errno));
+  const int fd = open_regular(path, "[gguf]");
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int e = errno;

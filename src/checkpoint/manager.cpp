@@ -31,6 +31,7 @@
 
 #include "fsdp/checkpoint/async_save.h"
 #include "fsdp/core/error.h"
+#include "fsdp/core/file.h"
 #include "fsdp/core/tensor.h"
 
 namespace fsdp::checkpoint {
@@ -73,9 +74,7 @@ int take_lock(const std::string& dir) {
   fs::create_directories(dir, ec);
   FSDP_CHECK(!ec, "[checkpoint] cannot create '{}': {}", dir, ec.message());
   const std::string path = (fs::path(dir) / ".lock").string();
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  FSDP_CHECK(fd >= 0, "[checkpoint] cannot open the lock file '{}': {}", path,
-             std::strerror(errno));
+  const int fd = open_for_write(path, O_RDWR | O_CREAT, "[checkpoint] the lock file");
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     ::close(fd);
@@ -97,14 +96,17 @@ int take_lock(const std::string& dir) {
   return fd;
 }
 
-// The folders this project writes into D: step_* and .tmp_step_*, sorted by name.
+// The folders this project writes into D: step_NNNNNNNN and .tmp_step_NNNNNNNN (8 digits,
+// is_step_folder_name), real folders, not links, sorted by name. A look-alike (step_00000004.bak,
+// step_00000002_eval, step_results_for_paper) is the user's: never counted, pruned or cleared.
 std::vector<fs::path> run_folders(const std::string& dir) {
   std::vector<fs::path> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (e.is_directory() && (name.rfind("step_", 0) == 0 || name.rfind(".tmp_step_", 0) == 0))
-      out.push_back(e.path());
+    std::error_code link_ec;
+    if (e.is_symlink(link_ec) || !e.is_directory(link_ec)) continue;
+    if (is_step_folder_name(name) || is_step_folder_name(name, true)) out.push_back(e.path());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -136,8 +138,8 @@ void keep_latest(const std::string& dir, int keep) {
   std::error_code ec;
   std::vector<fs::path> steps;  // step_* folders, oldest first (the names sort as the steps)
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    if (std::error_code dir_ec;
-        it->is_directory(dir_ec) && it->path().filename().string().starts_with("step_"))
+    if (std::error_code dir_ec; !it->is_symlink(dir_ec) && it->is_directory(dir_ec) &&
+                                is_step_folder_name(it->path().filename().string()))
       steps.push_back(it->path());
   if (ec) {
     std::fprintf(stderr, "checkpoint: cannot list %s to remove old checkpoints (%s); kept them\n",

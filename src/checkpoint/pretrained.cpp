@@ -23,6 +23,7 @@
 #include "fsdp/checkpoint/interchange.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/core/error.h"
+#include "fsdp/core/file.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "src/checkpoint/json_fields.h"
 
@@ -46,6 +47,7 @@ struct PretrainedSource {
 namespace {
 
 std::string read_text(const fs::path& p) {
+  check_regular(p.string(), "[pretrained]");
   std::ifstream f(p, std::ios::binary);
   FSDP_CHECK(f.good(), "[pretrained] cannot read '{}'", p.string());
   return std::string((std::istreambuf_iterator<char>(f)), {});
@@ -301,6 +303,7 @@ Pretrained load_pretrained(const std::string& path) {
   src->path = path;
   bool gguf = false;
   if (!fs::is_directory(path)) {
+    check_regular(path, "[pretrained]");
     std::ifstream f(path, std::ios::binary);
     char magic[4] = {};
     f.read(magic, 4);

@@ -1,6 +1,5 @@
 // safetensors reader and writer (nlohmann-json for the header).
 #include "fsdp/checkpoint/safetensors.h"
-#include "fsdp/core/file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -17,6 +16,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <type_traits>
+
+#include "fsdp/core/file.h"
 
 namespace fsdp::checkpoint {
 
@@ -68,6 +69,7 @@ bool SafetensorsFile::contains(const std::string& name) const {
 }
 
 SafetensorsIndex::SafetensorsIndex(const std::string& path) : path_(path) {
+  check_regular(path, "[safetensors]");
   std::ifstream f(path, std::ios::binary);
   FSDP_CHECK(f.good(), "[safetensors] cannot open '{}': {}", path, std::strerror(errno));
   f.seekg(0, std::ios::end);
@@ -179,8 +181,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
 
 SafetensorsFile map_safetensors(const std::string& path) {
   SafetensorsIndex index(path);  // validates every offset first
-  int fd = ::open(path.c_str(), O_RDONLY);
-  FSDP_CHECK(fd >= 0, "[safetensors] cannot open '{}': {}", path, std::strerror(errno));
+  int fd = open_regular(path, "[safetensors]");
   const off_t size = ::lseek(fd, 0, SEEK_END);
   void* base = size > 0 ? ::mmap(nullptr, size_t(size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0)
                         : nullptr;
@@ -202,6 +203,7 @@ SafetensorsFile map_safetensors(const std::string& path) {
 }
 
 std::string file_checksum(const std::string& path) {
+  check_regular(path, "[checkpoint]");
   std::ifstream f(path, std::ios::binary);
   FSDP_CHECK(f.good(), "[checkpoint] cannot read '{}': {}", path, std::strerror(errno));
   uint64_t h = 0xcbf29ce484222325ull;

@@ -1,6 +1,7 @@
 #include "fsdp/core/file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,7 +18,7 @@ AtomicFile::AtomicFile(std::string path, std::string where)
     : path_(std::move(path)),
       tmp_(fmt::format("{}.tmp.{}", path_, ::getpid())),
       where_(std::move(where)) {
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
   FSDP_CHECK(fd_ >= 0, "{} cannot create '{}': {}", where_, tmp_, std::strerror(errno));
 }
 
@@ -60,6 +61,62 @@ void AtomicFile::commit(bool durable) {
       ::close(dfd);
     }
   }
+}
+
+namespace {
+
+const char* kind_of(mode_t m) {
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISDIR(m)) return "a directory";
+  return "not a plain file";
+}
+
+// fd open on path: throws (closing fd) unless it is a regular file.
+void require_regular(int fd, const std::string& path, const std::string& where) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    FSDP_FAIL("{} cannot stat '{}': {}", where, path, std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    FSDP_FAIL("{} '{}' is not a regular file (it is {}); refusing to use it", where, path,
+              kind_of(st.st_mode));
+  }
+}
+
+}  // namespace
+
+int open_regular(const std::string& path, const std::string& where) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  FSDP_CHECK(fd >= 0, "{} cannot open '{}': {}", where, path, std::strerror(errno));
+  require_regular(fd, path, where);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+void check_regular(const std::string& path, const std::string& where) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return;  // the reader's own open names a missing or unreadable file
+  require_regular(fd, path, where);
+  ::close(fd);
+}
+
+int open_for_write(const std::string& path, int flags, const std::string& where) {
+  // O_NONBLOCK: a FIFO there must not block the open (it is refused below).
+  const int fd = ::open(path.c_str(), flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ELOOP)
+    FSDP_FAIL("{} '{}' is a symbolic link; refusing to write through it (remove it)", where, path);
+  if (fd < 0 && errno == ENXIO)  // a FIFO with no reader
+    FSDP_FAIL("{} '{}' is not a regular file (it is a FIFO); refusing to use it", where, path);
+  FSDP_CHECK(fd >= 0, "{} cannot open '{}': {}", where, path, std::strerror(errno));
+  require_regular(fd, path, where);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
 }
 
 void write_file_atomic(const std::string& path, std::string_view text, const std::string& where,

@@ -1,14 +1,15 @@
 // llm.c's token shards as a token source (BinShardSource, fsdp/data/token_sources.h), and the
-// shard writer. Key decision: a shard is mmap'ed read-only and a batch row copies its T + 1
-// tokens out of the mapping, checking each against the vocab, then drops those pages from this
-// process (madvise DONTNEED; the page cache keeps them), so a rank's resident memory is its rows,
-// whatever the corpus' size.
+// shard writer. Key decision: a shard is read with pread(2), not mapped: a batch row opens the
+// shard, preads its T + 1 tokens (the page cache serves them; a row is a few KB, so the read
+// costs microseconds against a step's milliseconds), checks each against the vocab and closes
+// it. A rank's resident memory is its rows, whatever the corpus' size, no descriptor is held per
+// shard, and a shard truncated or replaced during training is a short read named by file and
+// offset, where a mapping would have died of SIGBUS. The bytes are the same, so the losses are.
 #include <fcntl.h>
+#include <fmt/core.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <fmt/core.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "fsdp/core/error.h"
+#include "fsdp/core/file.h"
 #include "fsdp/data/token_sources.h"
 #include "src/data/data_files.h"
 
@@ -30,9 +32,6 @@ namespace fsdp::data {
 struct BinShardSource::Shards {
   struct Shard {
     std::string path;
-    void* map = nullptr;
-    size_t map_bytes = 0;
-    const unsigned char* tokens = nullptr;
     int64_t count = 0, first = 0;  // tokens, and the stream position of the first
     int width = 2;                 // bytes per token
   };
@@ -41,18 +40,14 @@ struct BinShardSource::Shards {
   Shards() = default;
   Shards(const Shards&) = delete;
   Shards& operator=(const Shards&) = delete;
-  ~Shards() {
-    for (Shard& s : shards)
-      if (s.map) ::munmap(s.map, s.map_bytes);
-  }
+  ~Shards() = default;
 };
 
 namespace {
 
-// Opens, checks and maps one shard; count 0 leaves it unmapped.
+// Opens and checks one shard's header against its size; count 0 leaves it out.
 void map_shard(const std::string& path, BinShardSource::Shards& set) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  FSDP_CHECK(fd >= 0, "[data] cannot read shard '{}': {}", path, std::strerror(errno));
+  const int fd = open_regular(path, "[data] shard");
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
@@ -82,11 +77,6 @@ void map_shard(const std::string& path, BinShardSource::Shards& set) {
   if (count == 0) return;
   BinShardSource::Shards::Shard s;
   s.path = path;
-  s.map_bytes = size_t(kHeaderBytes + count * width);
-  s.map = ::mmap(nullptr, s.map_bytes, PROT_READ, MAP_SHARED, fd, 0);
-  FSDP_CHECK(s.map != MAP_FAILED, "[data] cannot map shard '{}' ({} bytes): {}", path, s.map_bytes,
-             std::strerror(errno));
-  s.tokens = static_cast<const unsigned char*>(s.map) + kHeaderBytes;
   s.count = count;
   s.first = set.total;
   s.width = width;
@@ -103,15 +93,40 @@ std::shared_ptr<const BinShardSource::Shards> map_shards(const std::string& spec
 
 std::string shard_description(const std::string& spec, const BinShardSource::Shards& set) {
   const char* width = set.bits32 == 0 ? "uint16" : set.bits16 == 0 ? "uint32" : "uint16+uint32";
-  return fmt::format("{} ({} shard(s), {} tokens, {}, mapped)", spec, set.files, set.total, width);
+  return fmt::format("{} ({} shard(s), {} tokens, {})", spec, set.files, set.total, width);
+}
+
+// Tokens [off, off + k) of shard s, read with pread; a short read (the shard was truncated or
+// replaced since it was opened) names the file and the offset.
+void read_tokens(const BinShardSource::Shards::Shard& s, int64_t off, int64_t k,
+                 std::vector<unsigned char>& buf) {
+  buf.resize(size_t(k * s.width));
+  const int fd = open_regular(s.path, "[data] shard");
+  const off_t at = off_t(kHeaderBytes + off * s.width);
+  size_t done = 0;
+  int err = 0;
+  while (done < buf.size()) {
+    const ssize_t r = ::pread(fd, buf.data() + done, buf.size() - done, at + off_t(done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      err = r < 0 ? errno : 0;
+      break;
+    }
+    done += size_t(r);
+  }
+  ::close(fd);
+  FSDP_CHECK(done == buf.size(),
+             "[data] shard '{}': reading {} bytes at offset {} got {} ({}); the shard was "
+             "truncated or replaced during training (its header promised {} tokens)",
+             s.path, buf.size(), at, done, err ? std::strerror(err) : "end of file", s.count);
 }
 
 template <typename T>
-void copy_checked(const BinShardSource::Shards::Shard& s, int64_t off, int64_t k, int64_t vocab,
-                  int32_t* out) {
-  const T* p = reinterpret_cast<const T*>(s.tokens) + off;
+void copy_checked(const BinShardSource::Shards::Shard& s, const unsigned char* bytes, int64_t off,
+                  int64_t k, int64_t vocab, int32_t* out) {
   for (int64_t i = 0; i < k; ++i) {
-    const T id = p[i];
+    T id;
+    std::memcpy(&id, bytes + i * int64_t(sizeof(T)), sizeof(T));
     FSDP_CHECK(int64_t(id) < vocab,
                "[data] shard '{}': token id {} at position {} is not below vocab {}", s.path, id,
                off + i, vocab);
@@ -138,24 +153,15 @@ void BinShardSource::copy(int64_t begin, int64_t count, int32_t* out) const {
   auto it = std::upper_bound(list.begin(), list.end(), pos,
                              [](int64_t p, const Shards::Shard& s) { return p < s.first; });
   --it;
-  const long page = ::sysconf(_SC_PAGESIZE);
+  std::vector<unsigned char> buf;
   while (count > 0) {
     const Shards::Shard& s = *it;
     const int64_t off = pos - s.first, k = std::min(count, s.count - off);
+    read_tokens(s, off, k, buf);
     if (s.width == 2)
-      copy_checked<uint16_t>(s, off, k, shards_->vocab, out);
+      copy_checked<uint16_t>(s, buf.data(), off, k, shards_->vocab, out);
     else
-      copy_checked<uint32_t>(s, off, k, shards_->vocab, out);
-    // Give the pages back to the page cache: this rank's resident memory stays its rows. A fault
-    // maps more than its page (fault-around, and whole large folios of the page cache, up to
-    // 2 MB on ext4 since Linux 6.16), so the range is widened to 2 MB-aligned blocks, within
-    // the mapping; a later row there faults its pages in again from the cache.
-    const uintptr_t begin = uintptr_t(s.map), end = begin + s.map_bytes;
-    const uintptr_t block = std::max<uintptr_t>(uintptr_t(page), kMapBlockBytes);
-    const uintptr_t lo = std::max(begin, uintptr_t(s.tokens + off * s.width) & ~(block - 1));
-    const uintptr_t hi =
-        std::min(end, (uintptr_t(s.tokens + (off + k) * s.width) + block - 1) & ~(block - 1));
-    ::madvise(reinterpret_cast<void*>(lo), size_t(hi - lo), MADV_DONTNEED);
+      copy_checked<uint32_t>(s, buf.data(), off, k, shards_->vocab, out);
     out += k;
     pos += k;
     count -= k;

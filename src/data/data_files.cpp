@@ -17,6 +17,7 @@
 #include <system_error>
 
 #include "fsdp/core/error.h"
+#include "fsdp/core/file.h"
 #include "fsdp/data/token_sources.h"
 
 namespace fsdp::data {
@@ -37,6 +38,7 @@ void check_regular_file(const std::string& path) {
 }
 
 bool has_shard_magic(const std::string& path) {
+  check_regular(path, "[data]");
   std::ifstream f(path, std::ios::binary);
   int32_t magic = 0;
   f.read(reinterpret_cast<char*>(&magic), 4);

@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "fsdp/core/error.h"
+#include "fsdp/core/file.h"
 #include "src/data/byte_level.h"
 
 namespace fsdp::data {
@@ -174,6 +175,7 @@ Tokenizer Tokenizer::bytes() {
 }
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
+  check_regular(path, "[tokenizer]");
   std::ifstream f(path, std::ios::binary);
   FSDP_CHECK(f.good(), "[tokenizer] cannot read '{}'", path);
   std::stringstream ss;

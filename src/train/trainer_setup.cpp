@@ -1,8 +1,10 @@
 // Trainer::Impl's setup: options checked, the mesh, the tokenizer, the data, the model (fully_shard
 // or replicate), AdamW and the schedule.
+#include <fcntl.h>
 #include <fmt/core.h>
 #include <omp.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -27,6 +29,7 @@
 #include "fsdp/checkpoint/manager.h"
 #include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/core/allocator.h"
+#include "fsdp/core/file.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/token_sources.h"
 #include "fsdp/data/tokenizer.h"
@@ -63,12 +66,9 @@ void check_writable_dir(const std::string& dir, const char* flag, int rank) {
   fs::create_directories(dir, ec);
   FSDP_CHECK(!ec, "[fsdp-train] {} '{}' cannot be created: {}", flag, dir, ec.message());
   const fs::path probe = fs::path(dir) / fmt::format(".fsdp_write_test_rank{}", rank);
-  {
-    std::ofstream f(probe);
-    const int err = errno;
-    FSDP_CHECK(f.good(), "[fsdp-train] {} '{}' cannot be written: {}", flag, dir,
-               std::strerror(err));
-  }
+  // O_NOFOLLOW: a link planted at the probe's name is refused, never truncated through.
+  ::close(open_for_write(probe.string(), O_WRONLY | O_CREAT | O_TRUNC,
+                         fmt::format("[fsdp-train] {} '{}': the write probe", flag, dir)));
   fs::remove(probe, ec);
 }
 
@@ -204,6 +204,9 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
   loader = std::make_unique<data::DataLoader>(src, cfg.batch * size, rank, size, cfg.seq, device);
   if (o.checkpoint.resume) resume();
   if (main() && !o.profile.log_file.empty()) {
+    // A link or a FIFO at the log's name is refused by name (never written through, never
+    // waited on); then the stream opens the regular file that is there.
+    ::close(open_for_write(o.profile.log_file, O_WRONLY | O_CREAT, "[fsdp-train] --log-file"));
     log.open(o.profile.log_file, start_step > 0 ? std::ios::app : std::ios::trunc);
     const int err = errno;
     FSDP_CHECK(log.good(), "[fsdp-train] cannot write --log-file '{}': {}", o.profile.log_file,

@@ -74,6 +74,11 @@ void save(const std::string& dir, int64_t step, FSDPModule& root, const optim::O
 // The newest complete checkpoint directory in `dir`, or "" when there is none.
 std::string latest(const std::string& dir);
 
+// Whether `name` is a checkpoint folder's name as save writes it: exactly "step_" and 8 digits
+// (with tmp, ".tmp_step_" and 8 digits). Only such folders are loaded, pruned or cleared;
+// step_00000004.bak or step_results_for_paper are the user's and left alone.
+bool is_step_folder_name(const std::string& name, bool tmp = false);
+
 // Why the checkpoint folder `path` is not complete ("no metadata.json", "no complete.json ...",
 // "metadata.json has checksum ... but complete.json records ..."), or "" when it is. A folder of
 // format 1 (written before complete.json) is complete here; load says so (Loaded::sealed).

@@ -31,6 +31,19 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// A file the project reads: opened O_NONBLOCK (so a FIFO never blocks the open itself), then
+// fstat'ed, and refused at once unless it is a regular file: a FIFO, a socket or a device
+// (/dev/zero) would hang or never end a read. Returns the descriptor, O_NONBLOCK cleared;
+// the error names the file and what it is.
+int open_regular(const std::string& path, const std::string& where);
+// The same check for a reader that opens the file itself (an ifstream): throws unless path is
+// a regular file; a path that does not exist is left to the reader's own error.
+void check_regular(const std::string& path, const std::string& where);
+// A file the project writes in place (a lock, a probe, a log): opened with O_NOFOLLOW, so a
+// symbolic link there is refused by name instead of written through, and refused unless it is
+// a regular file. flags: O_WRONLY/O_RDWR plus O_CREAT, O_TRUNC or O_APPEND as wanted.
+int open_for_write(const std::string& path, int flags, const std::string& where);
+
 // Writes text to path through an AtomicFile.
 void write_file_atomic(const std::string& path, std::string_view text, const std::string& where,
                        bool durable = true);

@@ -7,10 +7,10 @@
 // the windows read so far (not the batches) say where a run is: a resume at
 // another batch size or world size continues at the next unread window.
 //
-// Key decision: llm.c's shards are memory-mapped, never loaded. A rank copies
-// only the T + 1 tokens of each of its rows out of the mapping (and then drops
-// those pages from its address space again), so its resident memory does not
-// grow with the corpus: a 10-billion-token FineWeb sample costs what a small
+// Key decision: llm.c's shards are never loaded. A rank preads only the T + 1
+// tokens of each of its rows (no mapping, so a shard truncated under a run is a
+// named error, not a SIGBUS), so its resident memory does not grow with the
+// corpus: a 10-billion-token FineWeb sample costs what a small
 // file does. The shuffle is a keyed bijection on the window index (a Feistel
 // network, shuffle_window()), so it needs no permutation of the whole corpus.
 #pragma once
@@ -100,7 +100,7 @@ class ByteTextSource : public TokenVector {
   ByteTextSource(const std::string& path, int64_t vocab, int64_t seq);
 };
 
-// llm.c's token shards, memory-mapped read-only: a header of 256 int32 (magic, version, token
+// llm.c's token shards, read with pread: a header of 256 int32 (magic, version, token
 // count), then the tokens, little-endian:
 //   magic 20240520, version 1: uint16 tokens (llm.c's GPT-2 shards, ids < 65536);
 //   magic 20240801, version 7: uint32 tokens (llm.c's Llama 3 shards, any vocab).
