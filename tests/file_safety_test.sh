@@ -67,6 +67,7 @@ expect_fail "--init-from FIFO" "not a regular file" "${T[@]}" --steps 1 --init-f
 expect_fail "--tokenizer FIFO (generate)" "not a regular file" "$gen" --ckpt "$work/run" --tokenizer "$work/fifo" --tokens 2
 cp -r "$work/run" "$work/f3"; rm "$work/f3/step_00000004/tokenizer.json"; mkfifo "$work/f3/step_00000004/tokenizer.json"
 expect_fail "tokenizer.json FIFO (generate)" "not a regular file" "$gen" --ckpt "$work/f3" --tokens 2
+expect_fail "--tokenizer FIFO (train)" "not a regular file" "${T[@]}" --steps 1 --tokenizer "$work/fifo"
 expect_fail "--log-file FIFO" "not a regular file" "${T[@]}" --steps 1 --log-file "$work/fifo"
 
 # 10. A .bin shard truncated under a running training is a named error, never a SIGBUS (rc 135).
