@@ -355,10 +355,9 @@ if begin tests 60 build; then
     sdpa="not in this build (no cuDNN: our own attention kernel runs)"
   fi
   note '```'
-  for t in cuda_test; do  # gtest's verdicts, or how the binary ended without one
-    grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[ +(OK|FAILED) \]' "$out/$t.log" | head -40 | grep . \
-      || echo "$t: $(tail -1 "$out/$t.log")"
-  done >> "$stage_md"
+  # gtest's verdicts, or how the binary ended without one
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[ +(OK|FAILED) \]' "$out/cuda_test.log" | head -40 | grep . \
+    >> "$stage_md" || echo "cuda_test: $(tail -1 "$out/cuda_test.log")" >> "$stage_md"
   tail -1 "$out/cuda_objects.log" >> "$stage_md"
   note '```' "- cuda_test + cuda_objects_test exit ${test_rc}$([ $has_gpu = 1 ] || echo '; no CUDA device: the CUDA tests skip')" \
     "- **cuDNN SDPA: ${sdpa}**"

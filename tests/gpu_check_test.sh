@@ -98,7 +98,7 @@ grep -qE '^## build: FAIL' "$out-nccl/summary.md" 2> /dev/null \
 
 # Who runs what, with no hang: the CPU-only ops_test not at all; the PyTorch reference without
 # the CUDA tree's library path that our binaries get (it runs on its wheels' own libraries).
-STANDIN_HANG= STANDIN_SLEEP=1 STANDIN_CALLS=$tmp/calls.txt PATH="$dir/bin:$PATH" FSDP_GPU_CHECK_STANDIN=$dir \
+STANDIN_HANG='' STANDIN_SLEEP=1 STANDIN_CALLS=$tmp/calls.txt PATH="$dir/bin:$PATH" FSDP_GPU_CHECK_STANDIN=$dir \
   FSDP_GPU_CHECK_BUDGET_S=26 FSDP_GPU_CHECK_EST_PCT=5 FSDP_GPU_CHECK_WORK=$tmp/work-calls \
   timeout -k 5 60 bash "$script" "$out-calls" > "$tmp/calls.log" 2>&1
 grep -q '^cuda_test' "$tmp/calls.txt" 2> /dev/null && ! grep -q '^ops_test' "$tmp/calls.txt" && ok \
