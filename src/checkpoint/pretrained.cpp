@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <filesystem>
 #include <fstream>
@@ -233,6 +234,9 @@ void open_safetensors(Pretrained& p, PretrainedSource& src) {
       } catch (const json::exception& e) {
         FSDP_FAIL("[pretrained] {} is not a safetensors index (weight_map): {}", where, e.what());
       }
+      FSDP_CHECK(!paths.empty(),
+                 "[pretrained] {}: weight_map names no tensors; the folder holds no weights",
+                 where);
     } else {
       FSDP_CHECK(fs::exists(dir / "model.safetensors"),
                  "[pretrained] {} holds neither model.safetensors nor "
@@ -293,6 +297,67 @@ nn::MiniLLMConfig config_from_family(const std::string& family, const std::strin
   return it->second(config_json, where);
 }
 
+namespace {
+// The sizes and ids a file's header or config says, checked against the tensors it holds before
+// anything is built from them: the last layer must be there (a header's layer count is not
+// believed on its own), the embedding must be [vocab, dim], and bos/eos/end-of-turn must be ids of
+// that vocabulary.
+void check_against_tensors(const Pretrained& p, const PretrainedSource& src) {
+  if (!p.config) return;
+  const nn::MiniLLMConfig& cfg = *p.config;
+  const bool g = src.gguf.has_value();
+  auto has = [&](const std::string& n) {
+    return g ? src.gguf->contains(n) : src.find(n) != nullptr;
+  };
+  auto shape_of = [&](const std::string& n) {
+    return g ? src.gguf->tensor(n).shape() : src.find(n)->shape();
+  };
+  const std::string field = g ? p.family + ".block_count"
+                              : (p.format == "hf" ? "num_hidden_layers" : "layers");
+  FSDP_CHECK(cfg.layers >= 1, "[pretrained] {}: {} is {}; expected at least 1 layer", p.path,
+             field, cfg.layers);
+  const std::string last = std::to_string(cfg.layers - 1);
+  std::vector<std::string> names;
+  if (g) {
+    names = {"blk." + last + ".attn_norm.weight"};
+  } else {
+    names = {"model.layers." + last + ".input_layernorm.weight",
+             "layers." + last + ".norm1.weight"};
+  }
+  bool found = false;
+  for (const auto& n : names) found = found || has(n);
+  FSDP_CHECK(found, "[pretrained] {}: {} is {} but there is no tensor named '{}'{}", p.path, field,
+             cfg.layers, names[0], names.size() > 1 ? fmt::format(" nor '{}'", names[1]) : "");
+  for (const std::string& e : {std::string(g ? "token_embd.weight" : "model.embed_tokens.weight"),
+                               std::string("embed.weight")}) {
+    if (!has(e)) continue;
+    const Shape s = shape_of(e);
+    FSDP_CHECK(s == Shape({cfg.vocab, cfg.dim}),
+               "[pretrained] {}: '{}' has shape {} but vocab {} and dim {} need [{}, {}]", p.path,
+               e, shape_str(s), cfg.vocab, cfg.dim, cfg.vocab, cfg.dim);
+    break;
+  }
+  const std::pair<const char*, std::optional<int32_t>> ids[] = {
+      {"bos_token_id", p.bos_id}, {"eos_token_id", p.eos_id}, {"end-of-turn id", p.eot_id}};
+  for (const auto& [what, id] : ids)
+    FSDP_CHECK(!id || (*id >= 0 && *id < cfg.vocab),
+               "[pretrained] {}: {} is {}, outside the model's vocabulary [0, {})", p.path, what,
+               *id, cfg.vocab);
+}
+
+// Refuses a weight that holds NaN or Inf, naming the tensor (f32 values of it).
+void check_finite(const std::string& path, const std::string& name, const Tensor& t) {
+  const Tensor c = t.contiguous();
+  const float* v = c.data<float>();
+  const int64_t n = c.numel();
+  for (int64_t i = 0; i < n; ++i)
+    FSDP_CHECK(std::isfinite(v[i]),
+               "[pretrained] {}: tensor '{}' holds {} (element {} of {}); refusing a model with "
+               "non-finite weights",
+               path, name, std::isnan(v[i]) ? "NaN" : "Inf", i, n);
+}
+}  // namespace
+
 Pretrained load_pretrained(const std::string& path) {
   std::error_code ec;
   FSDP_CHECK(fs::exists(path, ec), "[pretrained] cannot open '{}': no such file or directory",
@@ -313,6 +378,7 @@ Pretrained load_pretrained(const std::string& path) {
     open_gguf(p, *src);
   else
     open_safetensors(p, *src);
+  check_against_tensors(p, *src);
   p.source = std::move(src);
   return p;
 }
@@ -328,13 +394,20 @@ struct Stored {
   Shape shape;
   Tensor rows(int64_t a, int64_t b) const {
     if (src->gguf) {
-      if (shape.size() == 1) return src->gguf->read(name, RowOrder::hf).slice(a, b);
+      if (shape.size() == 1) {
+        Tensor t = src->gguf->read(name, RowOrder::hf).slice(a, b);
+        check_finite(src->path, name, t);
+        return t;
+      }
       Tensor t = src->gguf->read_rows(name, a, b, RowOrder::hf);
       Shape s = shape;
       s[0] = b - a;
+      check_finite(src->path, name, t);
       return t.view(s);
     }
-    return src->find(name)->slice(a, b).to(DType::f32);
+    Tensor t = src->find(name)->slice(a, b).to(DType::f32);
+    check_finite(src->path, name, t);
+    return t;
   }
 };
 
@@ -444,7 +517,10 @@ Tensor Pretrained::read(const nn::MiniLLMConfig& cfg, const std::string& name) c
   auto parts = parts_of(*source, cfg, name);
   if (parts.size() == 1 && !source->gguf) {
     const Tensor* t = source->find(parts[0].first.name);
-    if (t->dtype() == DType::f32) return *t;  // in place, zero copy
+    if (t->dtype() == DType::f32) {  // in place, zero copy
+      check_finite(path, parts[0].first.name, *t);
+      return *t;
+    }
   }
   const int64_t rows = parts.size() == 3 ? in_proj_rows(cfg)[2].second : parts[0].first.shape[0];
   return read_rows(cfg, name, 0, rows);
