@@ -27,6 +27,7 @@
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/interchange.h"
+#include "fsdp/core/error.h"
 #include "fsdp/core/file.h"
 #include "fsdp/data/tokenizer.h"
 
@@ -140,7 +141,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "fsdp-export: error: {}\n", e.what());
+    fmt::print(stderr, "fsdp-export: error: {}\n", fsdp::without_source_place(e.what()));
     return 1;
   }
 }

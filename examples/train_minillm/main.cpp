@@ -139,8 +139,9 @@ int main(int argc, char** argv) {
     // Peers may be waiting in a collective this rank will never join: end the
     // job instead of unwinding into destructors that wait for them.
     const int rank = fsdp::dist::is_initialized() ? fsdp::dist::world_info().rank : 0;
+    // The source place FSDP_CHECK appends is for developers; a user sees what was wrong.
     fmt::print(stderr, "fsdp-train: error{}: {}\n", rank ? fmt::format(" (rank {})", rank) : "",
-               e.what());
+               fsdp::without_source_place(e.what()));
     fsdp::dist::abort_process(1);
   }
 }
