@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,7 +15,9 @@
 #include <cstdio>
 #include <csignal>
 #include <cstring>
+#include <exception>
 #include <fstream>
+#include <initializer_list>
 #include <functional>
 #include <sstream>
 #include <string>

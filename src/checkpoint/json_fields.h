@@ -4,8 +4,11 @@
 // string \"tiny\""), never nlohmann's "[json.exception.type_error.302] type must be number".
 #pragma once
 
+#include <stddef.h>
+
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>

@@ -31,8 +31,11 @@
 #include <functional>
 #include <list>
 #include <map>
+#include <ratio>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
+#include <utility>
 
 #include "fsdp/core/error.h"
 #include "fsdp/core/interrupt.h"
