@@ -5,13 +5,8 @@
 // Every read goes through Cursor, which refuses to step past the end of the file; every count
 // read from the file is compared with the bytes left (each element takes at least one byte,
 // or eight for a string's length) before a container is sized from it.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -198,29 +193,8 @@ int64_t gguf_row_of_hf(int64_t r, int64_t n_rows, int64_t n_head) {
 // ---------------------------------------------------------------- parsing
 
 GgufFile::GgufFile(const std::string& path) : path_(path) {
-  const int fd = open_regular(path, "[gguf]");
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    FSDP_FAIL("[gguf] cannot stat '{}': {}", path, std::strerror(e));
-  }
-  size_ = uint64_t(st.st_size);
-  void* base = nullptr;
-  if (size_ > 0) {
-    base = ::mmap(nullptr, size_t(size_), PROT_READ, MAP_PRIVATE, fd, 0);
-    const int e = errno;
-    ::close(fd);
-    FSDP_CHECK(base != MAP_FAILED, "[gguf] mmap of '{}' ({} bytes) failed: {}", path, size_,
-               std::strerror(e));
-  } else {
-    ::close(fd);
-  }
-  const uint64_t size = size_;
-  map_ =
-      std::shared_ptr<const uint8_t>(static_cast<const uint8_t*>(base), [size](const uint8_t* p) {
-        if (p) ::munmap(const_cast<uint8_t*>(p), size_t(size));
-      });
+  std::shared_ptr<uint8_t> map = map_file(path, "[gguf]", &size_);
+  map_ = std::shared_ptr<const uint8_t>(map, map.get());
 
   Cursor c(map_.get(), size_, path_);
   FSDP_CHECK(size_ >= 4 && std::memcmp(map_.get(), "GGUF", 4) == 0,

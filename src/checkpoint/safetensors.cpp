@@ -1,9 +1,6 @@
 // safetensors reader and writer (nlohmann-json for the header).
 #include "fsdp/checkpoint/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -181,23 +178,22 @@ SafetensorsFile load_safetensors(const std::string& path) {
 
 SafetensorsFile map_safetensors(const std::string& path) {
   SafetensorsIndex index(path);  // validates every offset first
-  int fd = open_regular(path, "[safetensors]");
-  const off_t size = ::lseek(fd, 0, SEEK_END);
-  void* base = size > 0 ? ::mmap(nullptr, size_t(size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0)
-                        : nullptr;
-  ::close(fd);
-  FSDP_CHECK(size == 0 || base != MAP_FAILED, "[safetensors] mmap of '{}' failed: {}", path,
-             std::strerror(errno));
-  std::shared_ptr<void> mapping(base, [size](void* p) {
-    if (p) ::munmap(p, size_t(size));
-  });
+  uint64_t size = 0;
+  // Writable copy-on-write pages: a caller may convert a tensor in place; the file never changes.
+  std::shared_ptr<uint8_t> map = map_file(path, "[safetensors]", &size, /*writable=*/true);
+  std::shared_ptr<void> mapping(map, map.get());
+  uint8_t* base = map.get();
   SafetensorsFile out;
   out.path = path;
   out.metadata = index.metadata();
   for (const std::string& n : index.names()) {
     auto [dtype, shape, offset] = index.locate(n);
+    FSDP_CHECK(offset + uint64_t(shape_numel(shape)) * dtype_size(dtype) <= size,
+               "[safetensors] '{}' changed between its header's check and its mapping (now {} "
+               "bytes, tensor '{}' ends past it)",
+               path, size, n);
     out.tensors.emplace_back(
-        n, Tensor::from_blob(static_cast<char*>(base) + offset, shape, dtype, mapping));
+        n, Tensor::from_blob(base + offset, shape, dtype, mapping));
   }
   return out;
 }

@@ -1,13 +1,18 @@
 #include "fsdp/core/file.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <utility>
 
 #include "fsdp/core/error.h"
@@ -124,6 +129,134 @@ void write_file_atomic(const std::string& path, std::string_view text, const std
   AtomicFile f(path, where);
   f.write(text);
   f.commit(durable);
+}
+
+namespace {
+
+// The SIGBUS guard's table: fixed slots, filled under a mutex and read by the handler without one
+// (a slot's range is published last, with release order, and cleared first).
+struct MappedSlot {
+  std::atomic<uintptr_t> begin{0};
+  std::atomic<uintptr_t> end{0};
+  char path[512] = {};
+  char where[32] = {};
+};
+std::array<MappedSlot, 256> g_mapped;
+std::mutex g_mapped_mu;
+struct sigaction g_prev_bus {};
+std::atomic<bool> g_bus_installed{false};
+
+// Async-signal-safe output: write(2) of literal pieces and unsigned decimals.
+void put(const char* s) {
+  const size_t n = std::strlen(s);
+  ssize_t r = ::write(2, s, n);
+  (void)r;
+}
+void put_u(uint64_t v) {
+  char buf[24];
+  int i = 23;
+  buf[i] = 0;
+  do {
+    buf[--i] = char('0' + v % 10);
+    v /= 10;
+  } while (v > 0 && i > 0);
+  put(buf + i);
+}
+
+void on_sigbus(int sig, siginfo_t* info, void* ctx) {
+  const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (const MappedSlot& s : g_mapped) {
+    const uintptr_t b = s.begin.load(std::memory_order_acquire);
+    const uintptr_t e = s.end.load(std::memory_order_acquire);
+    if (b == 0 || addr < b || addr >= e) continue;
+    struct stat st {};
+    const bool now = ::stat(s.path, &st) == 0;
+    put("\n");
+    put(s.where);
+    put(" '");
+    put(s.path);
+    put("' was truncated or rewritten while it was being read: offset ");
+    put_u(addr - b);
+    put(" of the ");
+    put_u(e - b);
+    put(" bytes mapped");
+    if (now) {
+      put(", and the file now has ");
+      put_u(uint64_t(st.st_size));
+      put(" bytes");
+    }
+    put(". Leave a model or data file unchanged while a run reads it; stopping\n");
+    ::_exit(1);
+  }
+  // Not one of ours: the handler that was there before (a launcher's backtrace printer), or the
+  // default action, which the faulting instruction meets again when this returns.
+  if ((g_prev_bus.sa_flags & SA_SIGINFO) && g_prev_bus.sa_sigaction != nullptr) {
+    g_prev_bus.sa_sigaction(sig, info, ctx);
+    return;
+  }
+  if (g_prev_bus.sa_handler != SIG_DFL && g_prev_bus.sa_handler != SIG_IGN &&
+      g_prev_bus.sa_handler != nullptr) {
+    g_prev_bus.sa_handler(sig);
+    return;
+  }
+  ::signal(SIGBUS, SIG_DFL);
+}
+
+void install_bus_guard() {
+  if (g_bus_installed.exchange(true)) return;
+  struct sigaction sa {};
+  sa.sa_sigaction = on_sigbus;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_SIGINFO;
+  ::sigaction(SIGBUS, &sa, &g_prev_bus);
+}
+
+}  // namespace
+
+std::shared_ptr<uint8_t> map_file(const std::string& path, const std::string& where,
+                                  uint64_t* size, bool writable) {
+  const int fd = open_regular(path, where);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    FSDP_FAIL("{} cannot stat '{}': {}", where, path, std::strerror(e));
+  }
+  const auto n = uint64_t(st.st_size);
+  *size = n;
+  if (n == 0) {
+    ::close(fd);
+    return nullptr;
+  }
+  void* base = ::mmap(nullptr, size_t(n), PROT_READ | (writable ? PROT_WRITE : 0), MAP_PRIVATE,
+                      fd, 0);
+  const int e = errno;
+  ::close(fd);
+  FSDP_CHECK(base != MAP_FAILED, "{} mmap of '{}' ({} bytes) failed: {}", where, path, n,
+             std::strerror(e));
+  install_bus_guard();
+  MappedSlot* slot = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_mapped_mu);
+    for (MappedSlot& s : g_mapped)
+      if (s.begin.load(std::memory_order_relaxed) == 0) {
+        slot = &s;
+        std::snprintf(s.path, sizeof s.path, "%s", path.c_str());
+        std::snprintf(s.where, sizeof s.where, "%s", where.c_str());
+        s.end.store(reinterpret_cast<uintptr_t>(base) + n, std::memory_order_release);
+        s.begin.store(reinterpret_cast<uintptr_t>(base), std::memory_order_release);
+        break;
+      }
+  }
+  // With every slot taken (256 files mapped at once) the mapping works, unguarded.
+  return std::shared_ptr<uint8_t>(static_cast<uint8_t*>(base), [n, slot](uint8_t* p) {
+    if (slot != nullptr) {
+      std::lock_guard<std::mutex> lock(g_mapped_mu);
+      slot->begin.store(0, std::memory_order_release);
+      slot->end.store(0, std::memory_order_release);
+    }
+    ::munmap(p, size_t(n));
+  });
 }
 
 }  // namespace fsdp

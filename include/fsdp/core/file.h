@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -43,6 +45,16 @@ void check_regular(const std::string& path, const std::string& where);
 // symbolic link there is refused by name instead of written through, and refused unless it is
 // a regular file. flags: O_WRONLY/O_RDWR plus O_CREAT, O_TRUNC or O_APPEND as wanted.
 int open_for_write(const std::string& path, int flags, const std::string& where);
+
+// Maps a whole file the project reads (opened with open_regular) read-only and private. The
+// range is registered with a SIGBUS guard for as long as the mapping lives: a file truncated or
+// rewritten under the mapping (a page past its new end) would kill the process with a bare
+// "Bus error"; the guard instead writes "<where> '<path>' was truncated while it was being read:
+// offset X of the N bytes mapped, the file now has M bytes" to stderr and exits 1. writable:
+// PROT_WRITE as well (copy-on-write: the file is never changed). Sets *size to the file's size; a
+// 0-byte file gives a null pointer.
+std::shared_ptr<uint8_t> map_file(const std::string& path, const std::string& where,
+                                  uint64_t* size, bool writable = false);
 
 // Writes text to path through an AtomicFile.
 void write_file_atomic(const std::string& path, std::string_view text, const std::string& where,
