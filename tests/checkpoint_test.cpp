@@ -79,10 +79,18 @@ TEST(Manager, LockRefusesASecondJobByNameAndIsReleasedWithTheManager) {
             "");
 }
 
+// A step folder of this project's whose seal is missing (a damaged checkpoint, still ours).
+void unsealed_step_folder(const fs::path& p) {
+  fs::create_directories(p);
+  std::ofstream(p / "metadata.json") << "{\"format\": \"fsdp.cpp-checkpoint/2\"}\n";
+}
+
 TEST(Manager, FreshRunIntoAnOccupiedFolderIsRefusedUnlessOverwrite) {
   TempDir t;
   const fs::path d = t.str();
-  fs::create_directories(d / "step_00000002");
+  unsealed_step_folder(d / "step_00000002");
+  fs::create_directories(d / "step_00000003");  // the right name, without the mark: the user's
+  std::ofstream(d / "step_00000003/notes.txt") << "mine\n";
   fs::create_directories(d / ".tmp_step_00000004");
   fs::create_directories(d / "notes");
   std::ofstream(d / "README.txt") << "not ours\n";
@@ -101,6 +109,7 @@ TEST(Manager, FreshRunIntoAnOccupiedFolderIsRefusedUnlessOverwrite) {
   EXPECT_FALSE(fs::exists(d / "step_00000002"));
   EXPECT_FALSE(fs::exists(d / ".tmp_step_00000004"));
   EXPECT_TRUE(fs::exists(d / "notes"));  // only the folders this project writes are cleared
+  EXPECT_TRUE(fs::exists(d / "step_00000003/notes.txt"));
   EXPECT_TRUE(fs::exists(d / "README.txt"));
 }
 
@@ -162,7 +171,7 @@ TEST(Manager, KeepRetainsTheNewestCheckpointsOnceEachSaveIsCommitted) {
   TempDir t;
   TinyRun run;
   const fs::path d = t.str();
-  fs::create_directories(d / "step_00000000");       // incomplete, older than the run's saves
+  unsealed_step_folder(d / "step_00000000");         // incomplete, older than the run's saves
   fs::create_directories(d / ".tmp_step_00000009");  // an unfinished write of another attempt
   checkpoint::Manager m({.dir = d.string(), .resume = true, .keep = 2}, run.world);
   const std::pair<int64_t, std::string> want[] = {
@@ -302,4 +311,24 @@ TEST(Manifest, ChunksThatDoNotCoverATensorExactlyAreRefusedAlikeByLoadAndExport)
     EXPECT_NE(load.find(want), std::string::npos) << load;
     EXPECT_EQ(load, export_);
   }
+}
+
+// A model file truncated (or rewritten shorter) while it is mapped: the page past its new end
+// raised SIGBUS, a bare "Bus error" (rc 135). The guard names the file and the offset and exits 1.
+TEST(MappedFileDeathTest, ATruncatedSafetensorsUnderItsReaderIsANamedErrorNotABusError) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TempDir t;
+  const std::string path = (t.path / "model.safetensors").string();
+  checkpoint::save_safetensors(path, {{"w", Tensor::zeros({1 << 16}, DType::f32)}}, {});
+  EXPECT_EXIT(
+      {
+        const checkpoint::SafetensorsFile f = checkpoint::map_safetensors(path);
+        if (::truncate(path.c_str(), 4096) != 0) std::_Exit(3);
+        volatile float x = f.tensors[0].second.data<float>()[60000];  // 240 KB in: past the end
+        (void)x;
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(1),
+      "\\[safetensors\\] '.*model.safetensors' was truncated or rewritten while it was being "
+      "read: offset [0-9]+ of the [0-9]+ bytes mapped, and the file now has 4096 bytes");
 }

@@ -8,12 +8,8 @@ set -uo pipefail
 bindir=$1
 fsdprun=$2
 scripts=$3
-train="$bindir/fsdp-train"
-export_bin="$bindir/fsdp-export"
-gen="$bindir/fsdp-generate"
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2> /dev/null; rm -rf "$work"' EXIT
 source "$(dirname "$0")/testlib.sh"
+use_tools "$bindir"
 export OMP_WAIT_POLICY=PASSIVE FSDP_COLLECTIVE_TIMEOUT_S=120
 mpi=("${mpirun_local[@]}")
 cat /usr/share/common-licenses/* > "$work/text.txt" 2> /dev/null

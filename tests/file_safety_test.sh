@@ -2,16 +2,12 @@
 # What fsdp-train, fsdp-export and fsdp-generate do with the files around them: a link where
 # they write is refused by name and the file behind it is left alone; a FIFO or a device where
 # they read is refused at once (never a hang); retention and --overwrite touch only the
-# project's step_NNNNNNNN folders, a look-alike is never resumed from, and a .bin shard
-# truncated during training is a named error, not a SIGBUS.
+# project's step_NNNNNNNN folders (with its seal), a look-alike is never resumed from or written
+# over, and a .bin shard truncated during training is a named error, not a SIGBUS.
 set -uo pipefail
 bindir=$1
-train="$bindir/fsdp-train"
-export_bin="$bindir/fsdp-export"
-gen="$bindir/fsdp-generate"
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2> /dev/null; rm -rf "$work"' EXIT
 source "$(dirname "$0")/testlib.sh"
+use_tools "$bindir"
 export OMP_WAIT_POLICY=PASSIVE
 T=("$train" --preset tiny --arch llama --vocab 256 --threads 1 --batch 2 --sample-tokens 0
   --data /usr/share/common-licenses/GPL-3)
@@ -44,6 +40,7 @@ expect_fail "log link" "$work/log.jsonl" "${T[@]}" --steps 1 --log-file "$work/l
 cp -r "$work/run" "$work/r"
 mkdir "$work/r/step_00000002_eval"; echo 1 > "$work/r/step_00000002_eval/results.txt"
 cp -r "$work/r/step_00000004" "$work/r/step_00000004.bak"
+mkdir "$work/r/step_00000003"; echo n > "$work/r/step_00000003/notes.txt"  # the right name, not ours
 "${T[@]}" --steps 6 --ckpt-dir "$work/r" --ckpt-every 2 --resume --keep 1 > "$work/r.out" 2>&1 || bad "resume --keep 1 failed: $(tail -3 "$work/r.out")"
 grep -q "resume: loaded .*step_00000004 (step 4)" "$work/r.out" && ok || bad "resume did not load step_00000004: $(grep resume: "$work/r.out")"
 [ -f "$work/r/step_00000002_eval/results.txt" ] && ok || bad "--keep removed step_00000002_eval"
@@ -53,6 +50,10 @@ mkdir "$work/r/step_results_for_paper"; echo t > "$work/r/step_results_for_paper
 "${T[@]}" --steps 2 --ckpt-dir "$work/r" --overwrite > "$work/o.out" 2>&1 || bad "--overwrite failed: $(tail -3 "$work/o.out")"
 [ -f "$work/r/step_results_for_paper/table.tex" ] && ok || bad "--overwrite removed step_results_for_paper"
 [ -f "$work/r/step_00000002_eval/results.txt" ] && ok || bad "--overwrite removed step_00000002_eval"
+[ -f "$work/r/step_00000003/notes.txt" ] && ok || bad "--keep or --overwrite removed step_00000003/ without the seal"
+expect_fail "a save over the user's step_00000003" "step_00000003 exists and is not a checkpoint this project wrote" \
+  "${T[@]}" --steps 4 --ckpt-dir "$work/r" --ckpt-every 3 --overwrite
+[ -f "$work/r/step_00000003/notes.txt" ] && ok || bad "a save replaced the user's step_00000003/"
 
 # 8. FIFOs and devices where the project reads are refused at once.
 mkfifo "$work/fifo"

@@ -20,3 +20,13 @@ summary() {
 #                                               arguments (timeout, env), which a function cannot be
 mpirun_local=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 mpi_run() { "${mpirun_local[@]}" "$@"; }
+
+# The three tools in BINDIR ($train, $export_bin, $gen) and a scratch folder $work, removed at exit
+# with any job still in the background.
+use_tools() {  # use_tools BINDIR
+  train="$1/fsdp-train"
+  export_bin="$1/fsdp-export"
+  gen="$1/fsdp-generate"
+  work=$(mktemp -d)
+  trap 'kill $(jobs -p) 2> /dev/null; rm -rf "$work"' EXIT
+}

@@ -89,6 +89,15 @@ void begin_save(const std::string& dir, int64_t step,
     std::error_code ec;
     fs::create_directories(dir, ec);
     FSDP_CHECK(!ec, "[checkpoint] cannot create '{}': {}", dir, ec.message());
+    // An older checkpoint of the same step is replaced whole at the commit; a folder of that
+    // name without the project's mark is the user's, and stays.
+    const fs::path final_dir = fs::path(dir) / step_name(step);
+    const fs::file_status st = fs::symlink_status(final_dir, ec);
+    FSDP_CHECK(!fs::exists(st) || (fs::is_directory(st) && holds_project_mark(final_dir.string())),
+               "[checkpoint] {} exists and is not a checkpoint this project wrote (no {}): it "
+               "is left alone, and the checkpoint of step {} cannot be written there; move that "
+               "folder, or choose another --ckpt-dir",
+               final_dir.string(), detail::kCompleteFile, step);
     fs::remove_all(tmp, ec);  // a crashed earlier attempt
     fs::create_directories(tmp, ec);
     FSDP_CHECK(!ec, "[checkpoint] cannot create '{}': {}", tmp.string(), ec.message());

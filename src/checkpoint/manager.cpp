@@ -97,16 +97,21 @@ int take_lock(const std::string& dir) {
 }
 
 // The folders this project writes into D: step_NNNNNNNN and .tmp_step_NNNNNNNN (8 digits,
-// is_step_folder_name), real folders, not links, sorted by name. A look-alike (step_00000004.bak,
-// step_00000002_eval, step_results_for_paper) is the user's: never counted, pruned or cleared.
-std::vector<fs::path> run_folders(const std::string& dir) {
+// is_step_folder_name), real folders, not links, sorted by name; a step_ folder only with the
+// project's mark (holds_project_mark). A look-alike (step_00000004.bak, step_00000002_eval,
+// step_results_for_paper, a step_00000003/ without complete.json) is the user's: never counted,
+// pruned or cleared; a resume lists them all (marked_only false) to refuse a folder of broken
+// checkpoints by name.
+std::vector<fs::path> run_folders(const std::string& dir, bool marked_only = true) {
   std::vector<fs::path> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     std::error_code link_ec;
     if (e.is_symlink(link_ec) || !e.is_directory(link_ec)) continue;
-    if (is_step_folder_name(name) || is_step_folder_name(name, true)) out.push_back(e.path());
+    if ((is_step_folder_name(name) && (!marked_only || holds_project_mark(e.path().string()))) ||
+        is_step_folder_name(name, true))
+      out.push_back(e.path());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -139,7 +144,8 @@ void keep_latest(const std::string& dir, int keep) {
   std::vector<fs::path> steps;  // step_* folders, oldest first (the names sort as the steps)
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
     if (std::error_code dir_ec; !it->is_symlink(dir_ec) && it->is_directory(dir_ec) &&
-                                is_step_folder_name(it->path().filename().string()))
+                                is_step_folder_name(it->path().filename().string()) &&
+                                holds_project_mark(it->path().string()))
       steps.push_back(it->path());
   if (ec) {
     std::fprintf(stderr, "checkpoint: cannot list %s to remove old checkpoints (%s); kept them\n",
@@ -210,7 +216,7 @@ std::string Manager::resume_path() const {
   // .tmp_step_* ones after it (unfinished writes).
   std::vector<std::pair<fs::path, std::string>> newer;
   std::vector<fs::path> unfinished;
-  for (const fs::path& p : run_folders(o_.dir)) {
+  for (const fs::path& p : run_folders(o_.dir, /*marked_only=*/false)) {
     const std::string name = p.filename().string();
     if (name.rfind(".tmp_", 0) == 0) {
       if (name.substr(5) > newest) unfinished.push_back(p);

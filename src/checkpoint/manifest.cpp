@@ -73,6 +73,19 @@ std::string incomplete_reason(const std::string& path) {
   return "";
 }
 
+bool holds_project_mark(const std::string& path) {
+  const fs::path dir(path);
+  std::error_code ec;
+  if (fs::is_regular_file(fs::symlink_status(dir / detail::kCompleteFile, ec))) return true;
+  std::string bytes;
+  if (!fs::is_regular_file(fs::symlink_status(dir / "metadata.json", ec)) ||
+      !read_bytes(dir / "metadata.json", &bytes))
+    return false;
+  const json meta = json::parse(bytes, nullptr, false);
+  return !meta.is_discarded() && meta.is_object() && meta.contains("format") &&
+         (meta["format"] == detail::kFormat || meta["format"] == detail::kFormatUnsealed);
+}
+
 namespace detail {
 
 std::string shard_file(int shard) { return fmt::format("shard_{:05d}.safetensors", shard); }

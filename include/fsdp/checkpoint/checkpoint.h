@@ -84,6 +84,13 @@ bool is_step_folder_name(const std::string& name, bool tmp = false);
 // format 1 (written before complete.json) is complete here; load says so (Loaded::sealed).
 std::string incomplete_reason(const std::string& path);
 
+// Whether the folder `path` holds this project's mark: a complete.json (the seal; a damaged one
+// still marks the folder as the project's), or a metadata.json of this project's format (one
+// whose seal is missing, or of format 1, from before the seal).
+// Retention and --overwrite remove only step folders that hold it: a step_00000003/ the user
+// made, with other files, is left alone.
+bool holds_project_mark(const std::string& path);
+
 // An extra file of a checkpoint (Extras::files), checked against its checksum; nullopt where
 // the checkpoint has none of that name.
 std::optional<std::string> read_extra_file(const std::string& path, const std::string& name);
