@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -323,6 +324,27 @@ TEST(MiniLLM, GroupedQueryAndTiedParameters) {
   untied.tie_embeddings = false;
   EXPECT_EQ(nn::MiniLLM(untied).num_parameters(), 134515008 + 49152 * 576);
   EXPECT_EQ(untied.matmul_params(), smol.matmul_params());
+}
+
+// num_parameters() counts from the shape alone what a built model holds, for every option, and
+// saturates on a crafted size instead of wrapping.
+TEST(MiniLLM, ParameterCountFromTheShapeEqualsTheBuiltModel) {
+  std::vector<nn::MiniLLMConfig> cfgs;
+  nn::MiniLLMConfig c = nn::MiniLLMConfig::preset("tiny");
+  c.vocab = 96, c.dim = 32, c.layers = 3, c.heads = 4, c.ffn_hidden = 40;
+  cfgs.push_back(c);  // seed
+  c.arch = nn::Arch::llama;
+  cfgs.push_back(c);
+  c.kv_heads = 2, c.head_dim = 16, c.tie_embeddings = true, c.qkv_bias = true, c.ffn_hidden = 0;
+  cfgs.push_back(c);
+  c.kv_heads = 1, c.tie_embeddings = false, c.qkv_bias = false;
+  cfgs.push_back(c);
+  for (const nn::MiniLLMConfig& k : cfgs) {
+    nn::MiniLLM m(k);
+    EXPECT_EQ(k.num_parameters(), m.num_parameters()) << k.to_json();
+  }
+  c.layers = int64_t(1) << 40, c.dim = int64_t(1) << 20, c.heads = 1, c.head_dim = 0;
+  EXPECT_EQ(c.num_parameters(), std::numeric_limits<int64_t>::max());
 }
 
 TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {

@@ -12,16 +12,18 @@ GEN = os.path.join(BIN, "fsdp-generate")
 tmp = tempfile.mkdtemp(prefix="untrusted_model_")
 failures = []
 
-V, D, F, H, L = 256, 16, 32, 2, 2
+V, D, F, H, L = 256, 16, 256, 2, 2  # F: ffn_down's rows are one Q6_K block (256) long
 
 
 def write_gguf(path, block_count=L, nan_in=None, vocab_kv=None, eos=None, n_tokens=V,
-               q8_nan_scale=None):
+               q8_nan_scale=None, nan_scale=None, layers=None, ffn_kv=F):
+    """nan_scale: (tensor, "Q4_0" | "Q6_K"), that tensor quantized with its first block's scale
+    NaN. layers: the blk.N indices written (default 0..L-1)."""
     w = gguf.GGUFWriter(path, "llama")
     w.add_block_count(block_count)
     w.add_context_length(64)
     w.add_embedding_length(D)
-    w.add_feed_forward_length(F)
+    w.add_feed_forward_length(ffn_kv)
     w.add_head_count(H)
     w.add_head_count_kv(H)
     w.add_layer_norm_rms_eps(1e-5)
@@ -43,11 +45,24 @@ def write_gguf(path, block_count=L, nan_in=None, vocab_kv=None, eos=None, n_toke
             q.reshape(-1)[0:2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
             w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
             return
+        if nan_scale and name == nan_scale[0]:
+            kind = getattr(gguf.GGMLQuantizationType, nan_scale[1])
+            nan16 = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+            if nan_scale[1] == "Q4_0":  # 18-byte blocks of 32: the f16 scale first
+                q = gguf.quants.quantize(a, kind)
+                q.reshape(-1)[0:2] = nan16
+            else:  # Q6_K, 210-byte blocks of 256: ql, qh, 16 scales, then the f16 scale d
+                q = rng.integers(0, 256, (shape[0], shape[1] // 256 * 210), dtype=np.uint8)
+                q[:, 208::210] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)[0]
+                q[:, 209::210] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)[1]
+                q.reshape(-1)[208:210] = nan16
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=kind)
+            return
         w.add_tensor(name, a)
 
     t("token_embd.weight", (V, D))
     t("output_norm.weight", (D,))
-    for i in range(L):
+    for i in (range(L) if layers is None else layers):
         for n, s in [("attn_norm", (D,)), ("ffn_norm", (D,)), ("attn_q", (D, D)),
                      ("attn_k", (D, D)), ("attn_v", (D, D)), ("attn_output", (D, D)),
                      ("ffn_gate", (F, D)), ("ffn_up", (F, D)), ("ffn_down", (D, F))]:
@@ -96,11 +111,26 @@ p = os.path.join(tmp, "q8_nan.gguf")
 write_gguf(p, q8_nan_scale="blk.0.ffn_down.weight")
 refused("Q8_0 block with a NaN scale", generate(p), "blk.0.ffn_down.weight", "NaN")
 
+for kind in ("Q4_0", "Q6_K"):
+    p = os.path.join(tmp, f"{kind}_nan.gguf")
+    write_gguf(p, nan_scale=("blk.1.ffn_down.weight", kind))
+    refused(f"{kind} block with a NaN scale", generate(p), "blk.1.ffn_down.weight", "NaN")
+
 # Item 9: a header's layer count with no tensors behind it, under a 2 GB address space.
 for n in (100_000, 1_000_000, 2**31 - 1):
     p = os.path.join(tmp, f"layers_{n}.gguf")
     write_gguf(p, block_count=n)
     refused(f"block_count {n}", generate(p), "block_count", f"blk.{n - 1}.")
+# ... or with its first and its last layer only: every layer must be there.
+p = os.path.join(tmp, "first_and_last.gguf")
+write_gguf(p, block_count=1_000_000, layers=[0, 999_999])
+refused("block_count 1e6 over layers 0 and 999999", generate(p), "block_count",
+        "only 2 distinct layers")
+# A width from the header, held to the tensors before anything is built.
+p = os.path.join(tmp, "ffn.gguf")
+write_gguf(p, ffn_kv=10**9)
+refused("feed_forward_length 1e9 over 256-row tensors", generate(p), "blk.0.ffn_gate.weight",
+        "has shape")
 p = os.path.join(tmp, "vocab.gguf")
 write_gguf(p, vocab_kv=10**9)
 refused("vocab_size 1e9 with a 256-row embedding", generate(p), "token_embd.weight")

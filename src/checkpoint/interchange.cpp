@@ -64,6 +64,17 @@ NamedTensors consolidate_unchecked(const std::string& ckpt_path, nn::MiniLLMConf
   if (cfg_out) *cfg_out = cfg;
   std::vector<std::unique_ptr<SafetensorsIndex>> files;
   for (int s = 0; s < m.shards; ++s) files.push_back(detail::open_shard(m, s));
+  // The config's model against the tensors listed (each checked against its shard's bytes by
+  // open_shard), before the model is built: an edited layer count or width is refused here, not
+  // allocated (3e6 layers took 7 GB before).
+  long double listed = 0;
+  for (const auto& [name, t] : m.tensors) listed += (long double)shape_numel(t.shape);
+  FSDP_CHECK(listed == (long double)cfg.num_parameters(),
+             "[checkpoint] {}/metadata.json: its config (layers {}, dim {}, vocab {}, ffn_hidden "
+             "{}) makes a model of {} parameters but its tensors hold {:.0f}: the config and the "
+             "tensors disagree (was metadata.json edited?)",
+             ckpt_path, cfg.layers, cfg.dim, cfg.vocab, cfg.resolved_ffn_hidden(),
+             cfg.num_parameters(), double(listed));
   nn::MiniLLM model(cfg);
   NamedTensors out;
   for (auto& [name, p] : model.named_parameters()) {

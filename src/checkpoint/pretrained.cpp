@@ -15,6 +15,8 @@
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string_view>
 #include <system_error>
 #include <type_traits>
 #include <utility>
@@ -328,6 +330,30 @@ void check_against_tensors(const Pretrained& p, const PretrainedSource& src) {
   for (const auto& n : names) found = found || has(n);
   FSDP_CHECK(found, "[pretrained] {}: {} is {} but there is no tensor named '{}'{}", p.path, field,
              cfg.layers, names[0], names.size() > 1 ? fmt::format(" nor '{}'", names[1]) : "");
+  // Every layer index 0..layers-1, and no other, among the tensors' names: a header that names
+  // 1e6 layers over a file with two is refused here, not built (a module tree of 1e6 blocks).
+  std::set<int64_t> seen;
+  auto note_layer = [&](const std::string& n) {
+    for (const std::string_view pre : {"blk.", "model.layers.", "layers."}) {
+      if (!n.starts_with(pre)) continue;
+      int64_t i = 0;
+      size_t at = pre.size(), digits = 0;
+      for (; at < n.size() && n[at] >= '0' && n[at] <= '9' && digits < 12; ++at, ++digits)
+        i = i * 10 + (n[at] - '0');
+      if (digits > 0 && at < n.size() && n[at] == '.') seen.insert(i);
+      return;
+    }
+  };
+  if (g) {
+    for (const GgufTensorInfo& t : src.gguf->tensors()) note_layer(t.name);
+  } else {
+    for (const auto& [n, t] : src.by_name) note_layer(n);
+  }
+  FSDP_CHECK(int64_t(seen.size()) == cfg.layers && *seen.rbegin() == cfg.layers - 1,
+             "[pretrained] {}: {} is {} but its tensors name only {} distinct layers (from {} "
+             "to {}); a model of {} layers needs every one of 0 to {}",
+             p.path, field, cfg.layers, seen.size(), seen.empty() ? 0 : *seen.begin(),
+             seen.empty() ? 0 : *seen.rbegin(), cfg.layers, cfg.layers - 1);
   for (const std::string& e : {std::string(g ? "token_embd.weight" : "model.embed_tokens.weight"),
                                std::string("embed.weight")}) {
     if (!has(e)) continue;
@@ -358,6 +384,10 @@ void check_finite(const std::string& path, const std::string& name, const Tensor
 }
 }  // namespace
 
+namespace {
+void check_one_layer_shapes(const Pretrained& p, const PretrainedSource& src);
+}  // namespace
+
 Pretrained load_pretrained(const std::string& path) {
   std::error_code ec;
   FSDP_CHECK(fs::exists(path, ec), "[pretrained] cannot open '{}': no such file or directory",
@@ -379,6 +409,7 @@ Pretrained load_pretrained(const std::string& path) {
   else
     open_safetensors(p, *src);
   check_against_tensors(p, *src);
+  check_one_layer_shapes(p, *src);
   p.source = std::move(src);
   return p;
 }
@@ -484,6 +515,19 @@ void check_shape(const PretrainedSource& s, const nn::MiniLLMConfig& cfg, const 
                s.path, st.name, shape_str(st.shape), cfg.heads, cfg.resolved_kv_heads(),
                cfg.resolved_head_dim(), cfg.dim, shape_str(need), name);
   }
+}
+
+// Before the model is built: the shape of every parameter outside the blocks and of block 0's,
+// from a one-block model of the config (shapes only, no storage), against the file's tensors.
+// With the layer count already held to the file's layers, a crafted width (intermediate_size
+// 1e9) is refused by name here, not allocated.
+void check_one_layer_shapes(const Pretrained& p, const PretrainedSource& src) {
+  if (!p.config) return;
+  nn::MiniLLMConfig one = *p.config;
+  one.layers = 1;
+  nn::MiniLLM shapes(one);
+  for (auto& [name, param] : shapes.named_parameters())
+    check_shape(src, one, name, parts_of(src, one, name), param->shape);
 }
 
 // Rows [a, b) of the parameter into `dst` ([b - a, ...], any dtype or device).

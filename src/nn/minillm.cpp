@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstddef>
 #include <initializer_list>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -183,6 +184,25 @@ int64_t MiniLLMConfig::matmul_params() const {
   const int64_t hd = resolved_head_dim(), q = heads * hd, kv = resolved_kv_heads() * hd;
   const int64_t attn = dim * (q + 2 * kv) + q * dim;  // q, k, v, o; biases are not matmul work
   return layers * (attn + ffn) + vocab * dim;         // the head, tied or not
+}
+
+int64_t MiniLLMConfig::num_parameters() const {
+  // In long double: a crafted config (2^40 layers of 2^20 wide) saturates, never wraps.
+  using LD = long double;
+  const LD d = LD(dim), h = LD(resolved_ffn_hidden()), hd = LD(resolved_head_dim());
+  const LD q = LD(heads) * hd, kv = LD(resolved_kv_heads()) * hd;
+  LD block = 2 * d;  // norm1, norm2
+  if (arch == Arch::seed) {
+    block += 3 * d * d + 3 * d + d * d + d + 2 * d * h;  // in_proj (+bias), out_proj (+bias), ffn
+  } else {
+    block += d * (q + 2 * kv) + q * d + 3 * d * h;
+    if (qkv_bias) block += q + 2 * kv;
+  }
+  LD n = LD(vocab) * d + LD(layers) * block;  // embedding, blocks
+  if (arch == Arch::llama) n += d;            // final norm
+  if (!tie_embeddings) n += d * LD(vocab);    // head
+  return n >= LD(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max()
+                                                      : int64_t(n);
 }
 
 double MiniLLMConfig::flops_per_token() const {

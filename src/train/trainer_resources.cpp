@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "fsdp/core/dtype.h"
 #include "fsdp/core/env.h"
+#include "fsdp/core/error.h"
 #include "fsdp/core/host_memory.h"
 #include "fsdp/dist/device_mesh.h"
 #include "fsdp/dist/init.h"
@@ -45,16 +48,40 @@ void Trainer::Impl::check_memory_plan() {
       .threads = threads,
       .cpu_cache_bytes = int64_t(env_double("FSDP_CPU_CACHE_MB") * 1048576.0),
       .baseline_bytes = held};
-  plan = plan_memory(po);
-  if (o.sharding.allow_oversubscribe_memory) return;
   const int local = device.is_cpu() ? std::max(1, dist::world_info().local_size) : 1;
-  const int64_t more = plan.peak - held;  // what this rank will still take
   const auto [available, from] =
       device.is_cpu()
           ? host_memory_available()
           : std::pair{cuda_memory_info(device.index).free, fmt::format("free on {}", device.str())};
+  // The persistent bytes alone, by arithmetic (a crafted --layers 1e8 would take the replay
+  // itself out of memory): a model that cannot fit by them is refused before the replay.
+  const long double lower = 4.0L * (long double)cfg.num_parameters() *
+                            (long double)dtype_size(dtype) /
+                            (long double)std::max<int64_t>(1, po.shards);
   std::string error;
-  if (available >= 0 && more * local > available) {
+  if (!o.sharding.allow_oversubscribe_memory && available >= 0 &&
+      lower * local > (long double)available) {
+    error = fmt::format(
+        "[fsdp-train] the model does not fit: {} parameters need {:.2f} GB per rank for "
+        "parameters, gradients and AdamW's two moments alone ({}, {} shard(s)), {:.2f} GB for the "
+        "{} rank(s) on this {}, but only {:.2f} GB is available ({}); shard over more ranks, "
+        "take a smaller model, or pass --allow-oversubscribe-memory to try anyway",
+        cfg.num_parameters(), double(lower / 1e9L), dtype_name(dtype), po.shards,
+        double(lower * local / 1e9L), local, device.is_cpu() ? "host" : "device",
+        double(available) / 1e9, from);
+  } else {
+    try {
+      plan = plan_memory(po);
+    } catch (const std::bad_alloc&) {
+      FSDP_FAIL(
+          "[fsdp-train] the memory plan of {} layers ({} parameters) ran out of memory itself: "
+          "the model is far too large for this machine",
+          cfg.layers, cfg.num_parameters());
+    }
+    if (o.sharding.allow_oversubscribe_memory) return;
+  }
+  const int64_t more = plan.peak - held;  // what this rank will still take
+  if (error.empty() && available >= 0 && more * local > available) {
     std::string terms;
     for (const MemoryTerm& t : plan.terms)
       if (t.bytes > 0)
@@ -67,7 +94,7 @@ void Trainer::Impl::check_memory_plan() {
         "{:.2f} GB for the {} rank(s) on this {}, but only {:.2f} GB is available ({}); shard over "
         "more ranks, take a smaller model or batch, use --activation-checkpoint, or pass "
         "--allow-oversubscribe-memory to try anyway",
-        model->num_parameters(), double(plan.persistent) / 1e9, dtype_name(dtype), po.shards,
+        cfg.num_parameters(), double(plan.persistent) / 1e9, dtype_name(dtype), po.shards,
         double(plan.peak) / 1e9, cfg.batch, cfg.seq, terms, double(more) / 1e9,
         double(more * local) / 1e9, local, device.is_cpu() ? "host" : "device",
         double(available) / 1e9, from);

@@ -282,8 +282,8 @@ void Trainer::Impl::open_tokenizer() {
 }
 
 void Trainer::Impl::build_model() {
+  check_memory_plan();  // from the shapes alone, before any module or tensor exists
   model = family->build(cfg);
-  check_memory_plan();  // from the shapes alone, before any tensor exists
   // fully_shard on each block and the root, or replicate(); then activation checkpointing.
   const Parallelized p = family->parallelize(
       *model, {.mesh = mesh,

@@ -60,6 +60,10 @@ struct MiniLLMConfig {
   // Parameters that take part in matmuls (all but the embedding; a tied head counts, since it
   // still does its matmul), for MFU.
   int64_t matmul_params() const;
+  // Every parameter's element count, from the shape alone (nn_test holds it to a built model's
+  // num_parameters()): the size checked against memory and against a file's tensors before any
+  // module exists. Saturates at INT64_MAX rather than overflowing.
+  int64_t num_parameters() const;
   // Training FLOPs per token: 6 * matmul_params + 12 * layers * heads * head_dim * seq.
   double flops_per_token() const;
 };
