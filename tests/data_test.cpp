@@ -3,17 +3,24 @@
 // shuffle is a bijection per epoch; memory-mapped llm.c shards (uint16 and
 // uint32) give exactly the batches of the in-memory reader they replaced (its
 // logic is kept below as the reference), and bad ones are named.
+#include <fcntl.h>
+#include <fmt/core.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fsdp/core/error.h"
@@ -375,6 +382,43 @@ TEST(Shards, DataIdentityIsTheContentNotThePath) {
   write_bin_shard((dir.path / "a" / "train_000001.bin").string(), tokens);
   EXPECT_EQ(data_identity((dir.path / "a").string()).files, 2);
   EXPECT_THROW(data_identity((dir.path / "missing.txt").string()), Error);
+}
+
+// The full hash is cached by every file's path, inode, size, mtime and ctime: a file under 2 s old
+// is hashed each time (a rewrite in the same clock tick keeps its times), a settled one is looked
+// up, and a rewrite of the same size (its mtime set back) is hashed again, by its new ctime.
+TEST(Shards, TheFullHashIsCachedBySizeAndTimesAndARewriteIsHashedAgain) {
+  TempDir dir("hash_cache");
+  const char* was = std::getenv("FSDP_CACHE_DIR");
+  const std::string before = was ? was : "";
+  ::setenv("FSDP_CACHE_DIR", (dir.path / "cache").c_str(), 1);
+  const std::string f = (dir.path / "text.txt").string();
+  std::ofstream(f) << std::string(100000, 'a');
+  const DataIdentity fresh = data_identity(f);
+  EXPECT_FALSE(std::filesystem::exists(dir.path / "cache" / "data_hashes.json"));  // too fresh
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));  // only ever makes it older
+  EXPECT_EQ(data_identity(f).str(), fresh.str());
+  const std::string cache = (dir.path / "cache" / "data_hashes.json").string();
+  ASSERT_TRUE(std::filesystem::exists(cache));
+  // The cache is what answers now: an entry edited by hand is believed while the file is unchanged.
+  std::string text((std::istreambuf_iterator<char>(std::ifstream(cache).rdbuf())), {});
+  const std::string want = fmt::format("{:016x}", fresh.hash);
+  ASSERT_NE(text.find(want), std::string::npos) << text;
+  text.replace(text.find(want), want.size(), "00000000000000ab");
+  std::ofstream(cache) << text;
+  EXPECT_EQ(data_identity(f).hash, 0xabu);
+  // Another byte at the same size, with the old mtime put back: the ctime moved, so it is hashed.
+  struct stat st {};
+  ASSERT_EQ(::stat(f.c_str(), &st), 0);
+  std::ofstream(f) << std::string(99999, 'a') << 'b';
+  const struct timespec times[2] = {st.st_atim, st.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, f.c_str(), times, 0), 0);
+  const DataIdentity changed = data_identity(f);
+  EXPECT_NE(changed.hash, 0xabu);
+  EXPECT_NE(changed.hash, fresh.hash);
+  EXPECT_EQ(changed.bytes, fresh.bytes);
+  if (was) ::setenv("FSDP_CACHE_DIR", before.c_str(), 1);
+  else ::unsetenv("FSDP_CACHE_DIR");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <string_view>
 
 #include "fsdp/core/error.h"
@@ -49,8 +50,8 @@ const std::vector<EnvKnob>& env_knobs() {
        "set by the binaries, not by hand: the generic kernels OpenBLAS chose before they "
        "re-executed with better ones"},
       {"FSDP_CACHE_DIR", "",
-       "where measured machine ceilings are cached (default $XDG_CACHE_HOME/fsdp or "
-       "~/.cache/fsdp)"},
+       "where measured machine ceilings and data hashes are cached (default "
+       "$XDG_CACHE_HOME/fsdp or ~/.cache/fsdp)"},
       {"FSDP_CKPT_SLOW_WRITE_MS", "0",
        "tests only: pause this long while writing each checkpoint shard", EnvKind::number, 0, 1e7},
       {"FSDP_CKPT_HOLD_WRITE", "",
@@ -169,6 +170,15 @@ double env_double(const char* name) {
 void validate_env() {
   for (const EnvKnob& k : env_knobs())
     if (const char* v = std::getenv(k.name)) checked(k, v);
+}
+
+std::string cache_dir() {
+  std::string d = env_str("FSDP_CACHE_DIR");
+  if (!d.empty()) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME")) return (std::filesystem::path(x) / "fsdp").string();
+  if (const char* h = std::getenv("HOME"))
+    return (std::filesystem::path(h) / ".cache" / "fsdp").string();
+  return (std::filesystem::temp_directory_path() / "fsdp-cache").string();
 }
 
 }  // namespace fsdp

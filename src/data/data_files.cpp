@@ -5,17 +5,25 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <fmt/core.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
 #include <system_error>
+#include <vector>
 
+#include "fsdp/core/env.h"
 #include "fsdp/core/error.h"
 #include "fsdp/core/file.h"
 #include "fsdp/data/token_sources.h"
@@ -79,11 +87,91 @@ std::string DataIdentity::str() const {
                      full ? "content" : "sample", hash);
 }
 
+namespace {
+
+// The full hash's cache: data_hashes.json in cache_dir(), an object from a key of every file's
+// path, device, inode, size, mtime and ctime (in ns) to the identity. A file whose mtime or ctime
+// is under kSettleNs old is neither cached nor looked up (a rewrite within the same clock tick
+// keeps both times: git's "racy" case); any later write moves the ctime past a cached entry's.
+// A cache that cannot be read or written is ignored: the hash is computed.
+constexpr int64_t kSettleNs = 2'000'000'000;
+constexpr size_t kCacheEntries = 256;
+
+std::string hash_cache_path() {
+  return (std::filesystem::path(cache_dir()) / "data_hashes.json").string();
+}
+
+// The key, or "" when a file is too fresh to cache.
+std::string hash_cache_key(const std::vector<std::string>& files) {
+  struct timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  const int64_t now_ns = int64_t(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+  std::string key;
+  for (const std::string& f : files) {
+    struct stat st {};
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(f, ec);
+    if (ec || ::stat(f.c_str(), &st) != 0) return "";
+    const int64_t m = int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+    const int64_t c = int64_t(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
+    if (now_ns - std::max(m, c) < kSettleNs) return "";
+    key += fmt::format("{}|{}|{}|{}|{}|{};", abs.string(), uint64_t(st.st_dev), uint64_t(st.st_ino),
+                       int64_t(st.st_size), m, c);
+  }
+  return key;
+}
+
+nlohmann::json read_hash_cache() {
+  std::ifstream f(hash_cache_path());
+  if (!f.good()) return nlohmann::json::object();
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  return j.is_object() ? j : nlohmann::json::object();
+}
+
+std::optional<DataIdentity> cached_identity(const std::string& key) {
+  if (key.empty()) return std::nullopt;
+  const nlohmann::json j = read_hash_cache();
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_object()) return std::nullopt;
+  const nlohmann::json& e = *it;
+  if (!e.contains("files") || !e["files"].is_number_integer() || !e.contains("bytes") ||
+      !e["bytes"].is_number_integer() || !e.contains("hash") || !e["hash"].is_string())
+    return std::nullopt;
+  DataIdentity id;
+  id.files = e["files"].get<int64_t>();
+  id.bytes = e["bytes"].get<int64_t>();
+  const std::string h = e["hash"].get<std::string>();
+  if (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
+    return std::nullopt;
+  id.hash = std::stoull(h, nullptr, 16);
+  id.full = true;
+  return id;
+}
+
+void cache_identity(const std::string& key, const DataIdentity& id) {
+  if (key.empty()) return;
+  try {
+    nlohmann::json j = read_hash_cache();
+    while (j.size() >= kCacheEntries) j.erase(j.begin());
+    j[key] = {{"files", id.files}, {"bytes", id.bytes}, {"hash", fmt::format("{:016x}", id.hash)}};
+    std::error_code ec;
+    std::filesystem::create_directories(cache_dir(), ec);
+    write_file_atomic(hash_cache_path(), j.dump(1) + "\n", "[data]", /*durable=*/false);
+  } catch (const std::exception&) {  // a cache that cannot be written: the next run hashes again
+  }
+}
+
+}  // namespace
+
 DataIdentity data_identity(const std::string& spec, bool full) {
   const bool shards = names_shards(spec);
   std::vector<std::string> files = {spec};
-  if (shards) files = shard_files(spec);
-  else check_regular_file(spec);
+  if (shards)
+    files = shard_files(spec);
+  else
+    check_regular_file(spec);
+  const std::string key = full ? hash_cache_key(files) : "";
+  if (std::optional<DataIdentity> hit = cached_identity(key)) return *hit;
   constexpr int64_t kSample = 4096, kSamples = 16;
   DataIdentity id;
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, 64-bit
@@ -136,6 +224,7 @@ DataIdentity data_identity(const std::string& spec, bool full) {
   }
   id.hash = h;
   id.full = full;
+  if (full) cache_identity(key, id);
   return id;
 }
 

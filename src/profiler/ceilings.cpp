@@ -43,13 +43,7 @@ std::string cpu_model() {
   return "unknown";
 }
 
-std::filesystem::path cache_dir() {
-  std::string d = env_str("FSDP_CACHE_DIR");
-  if (!d.empty()) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME")) return std::filesystem::path(x) / "fsdp";
-  if (const char* h = std::getenv("HOME")) return std::filesystem::path(h) / ".cache" / "fsdp";
-  return std::filesystem::temp_directory_path() / "fsdp-cache";
-}
+std::filesystem::path cache_dir() { return fsdp::cache_dir(); }
 
 bool valid_peak(const json& v) {
   return v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0;

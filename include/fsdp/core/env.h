@@ -32,4 +32,8 @@ double env_double(const char* name);
 // the variable, the value and what it must be. fsdp-train and init_process_group call it first.
 void validate_env();
 
+// Where measured values are cached (GEMM peaks, data hashes): FSDP_CACHE_DIR, else
+// $XDG_CACHE_HOME/fsdp, ~/.cache/fsdp, or the temporary folder's fsdp-cache.
+std::string cache_dir();
+
 }  // namespace fsdp
