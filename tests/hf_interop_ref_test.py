@@ -11,7 +11,11 @@
       Qwen2ForCausalLM with no missing, unexpected or mismatched keys, to the checkpoint's logits;
   (b) SmolLM2-135M-Instruct fine-tuned for one step by fsdp-train --init-from its GGUF, exported
       by fsdp-export: transformers loads the folder with no missing, unexpected or mismatched
-      keys and answers the chat prompt greedily with fsdp-generate's answer from the checkpoint.
+      keys and answers the chat prompt greedily with fsdp-generate's answer from the checkpoint;
+  (c) a folder in transformers 5's own format: a small Llama (rope theta 5e5, GQA) and SmolLM2's
+      tokenizer saved by save_pretrained, so config.json holds rope_parameters (no top-level
+      rope_theta) and the template is chat_template.jinja: fsdp-generate's logits on it equal
+      transformers' within 1e-4, and --chat answers greedily as transformers' generate does.
 
 PyTorch and transformers come from FSDP_TORCH_PYTHON (bench/setup_torch_ref.sh makes one), else
 this interpreter; where they do not import, the test prints "skipped: ..." and exits 0 (CI does
@@ -137,6 +141,7 @@ if any(keys.values()) or info.get("error_msgs"):
 tok = AutoTokenizer.from_pretrained(hf)
 q = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                             add_generation_prompt=True, return_tensors="pt")
+q = q if torch.is_tensor(q) else q["input_ids"]  # transformers 5 returns a BatchEncoding
 with torch.no_grad():
     out = model.generate(q, attention_mask=torch.ones_like(q), max_new_tokens=30, do_sample=False,
                          pad_token_id=tok.eos_token_id)
@@ -146,4 +151,55 @@ ours = run(gen, "--ckpt", ck, "--chat", "What is the capital of France?", "--tok
 print(f"(b) greedy chat: transformers {theirs!r}, fsdp-generate {ours!r}")
 if theirs != ours:
     fail(f"the chat answers differ: transformers {theirs!r}, fsdp-generate {ours!r}")
-print("4 passed, 0 failed")
+
+# (c) transformers 5's folder format, as save_pretrained writes it.
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM
+torch.manual_seed(1)
+lcfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                   rope_theta=5e5, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                   bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+llama = LlamaForCausalLM(lcfg).eval()
+with torch.no_grad():  # weights of some scale, and the special tokens' rows far below the others
+    for n, p in llama.named_parameters():
+        if p.dim() == 2:
+            p.normal_(0.0, 0.3)
+    emb = llama.get_input_embeddings().weight
+    for i in tok.all_special_ids:
+        emb[i] = -emb[i].sign()  # tied: a logit of -sum|h| for EOS / im_end, never the greedy pick
+ldir = os.path.join(work, "llama-t5")
+llama.save_pretrained(ldir, safe_serialization=True)
+tok.save_pretrained(ldir)
+saved = json.load(open(os.path.join(ldir, "config.json")))
+fmt5 = ("rope_parameters" in saved and "rope_theta" not in saved
+        and os.path.exists(os.path.join(ldir, "chat_template.jinja")))
+print(f"(c) transformers {transformers.__version__} saved config.json with "
+      f"rope_parameters {saved.get('rope_parameters')}, top-level rope_theta {saved.get('rope_theta')}, "
+      f"chat_template.jinja {os.path.exists(os.path.join(ldir, 'chat_template.jinja'))}")
+if not fmt5 and int(transformers.__version__.split(".")[0]) >= 5:
+    fail("transformers 5 did not write its own format (rope_parameters, chat_template.jinja)")
+prompt = "Rotary positions at theta five hundred thousand."
+j = json.loads(run(gen, "--model", ldir, "--prompt", prompt, "--print-logits", "--threads", "2"))
+lids = j.get("ids", j.get("prompt_ids"))
+if lids != tok(prompt, add_special_tokens=False)["input_ids"] and lids[1:] != tok(prompt, add_special_tokens=False)["input_ids"]:
+    fail(f"the prompt's ids differ: fsdp-generate {lids}, transformers {tok(prompt)['input_ids']}")
+with torch.no_grad():
+    ref = llama(torch.tensor([lids])).logits[0]
+diff = (torch.tensor(j["logits"]) - ref).abs().max().item()
+print(f"(c) transformers-5 llama folder: {len(lids)} tokens, max |logit diff| {diff:.2e}")
+if not diff < 1e-4:
+    fail(f"the transformers-5 folder's logits differ from transformers' by {diff}")
+q = tok.apply_chat_template([{"role": "user", "content": "Hello there"}], add_generation_prompt=True,
+                            return_tensors="pt")
+q = q if torch.is_tensor(q) else q["input_ids"]
+with torch.no_grad():
+    out = llama.generate(q, attention_mask=torch.ones_like(q), max_new_tokens=8, do_sample=False,
+                         pad_token_id=tok.eos_token_id)
+theirs = tok.decode(out[0][q.shape[1]:], skip_special_tokens=True).strip()
+ours = run(gen, "--model", ldir, "--chat", "Hello there", "--tokens", "8", "--temperature", "0",
+           "--threads", "2").strip()
+print(f"(c) greedy chat on the transformers-5 folder: transformers {theirs!r}, fsdp-generate {ours!r}")
+if not theirs or theirs != ours:
+    fail(f"the chat answers differ (or are empty): transformers {theirs!r}, fsdp-generate {ours!r}")
+print("6 passed, 0 failed")
