@@ -9,7 +9,8 @@
 #   is the library's error, not a crash; a .bin with a bad magic is refused; --resume never
 #   guesses; outputs that cannot be written are refused before the first step; bad flags; one job
 #   and one run per --ckpt-dir (a second job and a fresh run refused by name, --overwrite, the
-#   lock released by kill -9).
+#   lock released by kill -9); a flood on the store's port leaves rank 0's memory and the job's
+#   losses as they were.
 #   reliability_test.sh FSDP_TRAIN FSDPRUN
 set -uo pipefail
 train=$1
@@ -494,4 +495,40 @@ kill -9 $job
 wait $job 2> /dev/null
 "$train" "${small[@]}" --steps 1 --ckpt-dir "$work/k9" > "$work/k9b.out" 2>&1 && ok \
   || bad "a start after kill -9 of the lock's holder: $(tail -2 "$work/k9b.out")"
+
+# 22. A flood of 5,000 connect-and-close connections on the store's port, while the job is held
+# in its first checkpoint write (FSDP_CKPT_HOLD_WRITE, so the flood always meets a running job):
+# rank 0's RSS grows by under 20 MB (a finished thread per connection took 14,717 of them to
+# 3 GB), and the job's losses are those of the same job without the flood. (store_guard_test
+# floods a store with 20,000; here loopback's connects sometimes crawl, at 6 ms each.)
+losses_of() { python3 -c "import json,sys; print([json.loads(l)['loss'] for l in open(sys.argv[1]) if l.strip()])" "$1"; }
+python3 "$fsdprun" --standalone --nproc_per_node 2 "$train" "${small[@]}" --steps 3 --ckpt-dir "$work/calm" \
+  --ckpt-every 2 --log-file "$work/calm.jsonl" > "$work/calm.out" 2>&1 || bad "the job without a flood: $(tail -2 "$work/calm.out")"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+FSDP_CKPT_HOLD_WRITE="$work/hold" python3 "$fsdprun" --nproc_per_node 2 --master_port "$port" "$train" "${small[@]}" \
+  --steps 3 --ckpt-dir "$work/flood" --ckpt-every 2 --log-file "$work/flood.jsonl" > "$work/flood.out" 2>&1 &
+job=$!
+for _ in $(seq 600); do [ -s "$work/hold.held.0" ] && [ -s "$work/hold.held.1" ] && break; kill -0 $job 2> /dev/null || break; sleep 0.1; done
+rank0=$(cat "$work/hold.held.0" 2> /dev/null)
+rss() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+if [ -n "$rank0" ] && rss0=$(rss "$rank0"); then
+  python3 - "$port" << 'PY'
+import socket, struct, sys
+port = int(sys.argv[1])
+for _ in range(5000):
+    s = socket.create_connection(("127.0.0.1", port), 5)
+    # A reset on close: no TIME_WAIT left on loopback's ports.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+PY
+  sleep 1  # the last connections' close, seen by the store's poll loop
+  rss1=$(rss "$rank0")
+  [ $((rss1 - rss0)) -lt 20480 ] && ok || bad "5000 connections took rank 0 from $rss0 to $rss1 kB"
+else
+  bad "the job never reached its held checkpoint write: $(tail -3 "$work/flood.out")"
+fi
+touch "$work/hold"
+wait $job && [ "$(losses_of "$work/flood.jsonl")" = "$(losses_of "$work/calm.jsonl")" ] && ok \
+  || bad "the job under a flood: rc $?, losses $(losses_of "$work/flood.jsonl") vs $(losses_of "$work/calm.jsonl"): $(tail -2 "$work/flood.out")"
+echo "store flood: rank 0 VmRSS ${rss0:-?} -> ${rss1:-?} kB over 5000 connections"
 summary

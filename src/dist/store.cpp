@@ -350,7 +350,15 @@ class TCPStore::Server {
           Pending p{};
           p.fd = fd;
           p.deadline = now + kHelloWithin;
-          pending.push_back(p);
+          // What has already arrived (a hello, or a stranger's close) is read at once, without
+          // another trip through poll.
+          const int state = advance(p);
+          if (state < 0)
+            ::close(fd);
+          else if (state > 0)
+            start_serving(fd);
+          else
+            pending.push_back(p);
         }
       }
     }
