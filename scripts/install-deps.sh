@@ -52,15 +52,17 @@ PY
 }
 
 # Python packages from PyPI, pinned, for the tests and scripts: Hugging Face tokenizers
-# (prepare_text.py --tokenizer bpe, tokenizer_test) and gguf (llama.cpp's reader, export tests).
+# (prepare_text.py --tokenizer bpe, tokenizer_test), gguf (llama.cpp's reader, export tests) and
+# tensorboard (its EventAccumulator reads fsdp-train --tensorboard's files: tensorboard_test).
 python_packages() {
-  local want=(tokenizers==0.23.3 gguf==0.19.0) need=()
-  python3 -c "import tokenizers, gguf" 2> /dev/null \
-    && [ "$(python3 -c 'import tokenizers; print(tokenizers.__version__)')" = 0.23.3 ] && return 0
+  local want=(tokenizers==0.23.3 gguf==0.19.0 tensorboard==2.21.0) need=()
+  python3 -c "import tokenizers, gguf, tensorboard" 2> /dev/null \
+    && [ "$(python3 -c 'import tokenizers; print(tokenizers.__version__)')" = 0.23.3 ] \
+    && [ "$(python3 -c 'import tensorboard; print(tensorboard.__version__)')" = 2.21.0 ] && return 0
   need=("${want[@]}")
   echo "install-deps: pip installing ${need[*]}"
   python3 -m pip install -q --disable-pip-version-check "${need[@]}" 2>&1 | grep -v "as the 'root' user" >&2 || true
-  python3 -c "import tokenizers, gguf" \
+  python3 -c "import tokenizers, gguf, tensorboard" \
     || { echo "install-deps: could not install ${need[*]} from PyPI" >&2; return 1; }
 }
 

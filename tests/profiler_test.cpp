@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -27,6 +28,7 @@
 #include "fsdp/ops/ops.h"
 #include "fsdp/profiler/ceilings.h"
 #include "fsdp/profiler/metrics.h"
+#include "fsdp/profiler/tensorboard.h"
 #include "test_util.h"
 
 namespace fsdp::profiler {
@@ -280,6 +282,17 @@ TEST_F(PeakCache, GarbageIsNamedAndNotUsed) {
       std::string::npos)
       << err;
   EXPECT_NE(err.find("measuring again"), std::string::npos) << err;
+}
+
+// TensorBoard's framing: CRC-32C's check value (RFC 3720's "123456789"), TFRecord's mask of it,
+// and the step line's durations. (tensorboard_test reads whole event files with TensorBoard.)
+TEST(TensorBoard, Crc32cCheckValueAndTheMask) {
+  EXPECT_EQ(profiler::crc32c("123456789", 9), 0xe3069283u);
+  const uint32_t c = profiler::crc32c("", 0);
+  EXPECT_EQ(profiler::masked_crc32c("", 0), ((c >> 15) | (c << 17)) + 0xa282ead8u);
+  EXPECT_EQ(profiler::short_duration(42.4), "42s");
+  EXPECT_EQ(profiler::short_duration(192), "3m12s");
+  EXPECT_EQ(profiler::short_duration(7500), "2h05m");
 }
 
 TEST(Profiler, ClassifyFollowsTheThresholds) {

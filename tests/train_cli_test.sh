@@ -13,7 +13,7 @@ cat /usr/share/common-licenses/* > "$work/text.txt" 2> /dev/null
 [ -s "$work/text.txt" ] || head -c 200000 /usr/share/doc/*/copyright > "$work/text.txt" 2>/dev/null
 
 small=(--preset tiny --arch llama --vocab 256 --dim 64 --layers 2 --heads 2 --seq 64 --batch 8 --threads 2)
-line_re='^step [0-9]+ \| loss [0-9]+\.[0-9]{4} \| [0-9]+ tok/s \| mfu [0-9]+\.[0-9]% \| peak mem [0-9]+\.[0-9]{2} GB \| lr [0-9]\.[0-9]e[-+][0-9]+ \| grad norm [0-9]+\.[0-9]{3}$'
+line_re='^step [0-9]+ \| loss [0-9]+\.[0-9]{4} \| [0-9]+ tok/s \| mfu [0-9]+\.[0-9]% \| peak mem [0-9]+\.[0-9]{2} GB \| lr [0-9]\.[0-9]e[-+][0-9]+ \| grad norm [0-9]+\.[0-9]{3} \| elapsed [0-9hms]+ \| eta [0-9hms]+$'
 
 # 1. Trains on text: 30 well-formed step lines and a clearly falling loss.
 if "$bin" "${small[@]}" --steps 30 --lr 3e-3 --data "$work/text.txt" --sample-tokens 20 > "$work/train.out" 2> "$work/train.err"; then

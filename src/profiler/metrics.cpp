@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "fsdp/core/allocator.h"
@@ -16,11 +18,21 @@
 
 namespace fsdp::profiler {
 
+std::string short_duration(double seconds) {
+  const auto s = int64_t(std::llround(std::max(0.0, seconds)));
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02d}s", s / 60, s % 60);
+  return fmt::format("{}h{:02d}m", s / 3600, (s % 3600) / 60);
+}
+
 std::string StepMetrics::line() const {
-  return fmt::format(
+  std::string out = fmt::format(
       "step {} | loss {:.4f} | {:.0f} tok/s | mfu {:.1f}% | peak mem {:.2f} GB | lr {:.1e} | "
       "grad norm {:.3f}",
       step, loss, tokens_per_s, 100.0 * mfu, peak_mem_bytes / 1e9, lr, grad_norm);
+  if (elapsed_seconds >= 0) out += fmt::format(" | elapsed {}", short_duration(elapsed_seconds));
+  if (eta_seconds >= 0) out += fmt::format(" | eta {}", short_duration(eta_seconds));
+  return out;
 }
 
 std::string StepMetrics::json() const {
@@ -32,6 +44,7 @@ std::string StepMetrics::json() const {
                    {"mfu", mfu},
                    {"peak_mem_gb", peak_mem_bytes / 1e9},
                    {"step_ms", step_seconds * 1e3}};
+  if (elapsed_seconds >= 0) j["elapsed_s"] = elapsed_seconds;
   if (val_loss) j["val_loss"] = *val_loss;
   if (host_syncs >= 0) j["host_syncs"] = host_syncs;
   return j.dump();

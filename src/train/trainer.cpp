@@ -32,6 +32,7 @@
 #include "fsdp/optim/clip.h"
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/metrics.h"
+#include "fsdp/profiler/tensorboard.h"
 #include "src/train/profile_window.h"
 #include "src/train/trainer_impl.h"
 
@@ -90,6 +91,7 @@ profiler::StepMetrics Trainer::Impl::step(int64_t step) {
              step, m.loss, m.grad_norm, opt->lr());
   opt->step();
   m.host_syncs = host_sync_count() - syncs0;
+  m.exposed_seconds = comm1.exposed_seconds - comm0.exposed_seconds;
   const double dt = seconds_since(t0);
   m.step_seconds = dt;
   // A stop signal ends a wait stuck on a peer, but only after a step in flight had its time.
@@ -160,12 +162,33 @@ void Trainer::Impl::finish_async_save() {
                step, seconds_since(tc));
 }
 
+// The step's scalars (and its validation loss) as TensorBoard events, flushed each step.
+void Trainer::Impl::write_tensorboard(const profiler::StepMetrics& m) {
+  const std::pair<const char*, double> scalars[] = {
+      {"loss", m.loss},          {"lr", m.lr},           {"grad_norm", m.grad_norm},
+      {"tok_s", m.tokens_per_s}, {"mfu", m.mfu},         {"peak_mem_gb", m.peak_mem_bytes / 1e9},
+      {"step_ms", m.step_seconds * 1e3}};
+  for (const auto& [tag, v] : scalars) tensorboard->scalar(tag, m.step, v);
+  if (size > 1) tensorboard->scalar("comm_exposed_ms", m.step, m.exposed_seconds * 1e3);
+  if (m.val_loss) tensorboard->scalar("val_loss", m.step, *m.val_loss);
+  tensorboard->flush();
+}
+
 void Trainer::Impl::fit() {
   ProfileWindow profile(o.profile.profile_steps, o.profile.profile_dir, rank, device);
   steps_done = start_step;
+  fit_start = std::chrono::steady_clock::now();
   for (int64_t s = start_step; s < o.schedule.steps; ++s) {
     profile.at_step(s);
     profiler::StepMetrics m = step(s);
+    // The ETA: the recent steps' mean (the first step's warm-up counts only until others come).
+    if (recent_steps.size() == 1 && s == start_step + 1) recent_steps.clear();
+    recent_steps.push_back(m.step_seconds);
+    if (recent_steps.size() > kEtaWindow) recent_steps.pop_front();
+    double mean = 0;
+    for (double d : recent_steps) mean += d / double(recent_steps.size());
+    m.elapsed_seconds = seconds_since(fit_start);
+    m.eta_seconds = mean * double(o.schedule.steps - s - 1);
     const uint64_t every = o.profile.log_every;
     if (main() && every > 0 && (uint64_t(s) % every == 0 || s + 1 == o.schedule.steps || m.stop)) {
       fmt::print("{}\n", m.line());
@@ -178,8 +201,10 @@ void Trainer::Impl::fit() {
     if (val && o.data.eval_every > 0 &&
         ((s + 1) % o.data.eval_every == 0 || s + 1 == o.schedule.steps)) {
       m.val_loss = evaluate();
+      if (!best_val_loss || *m.val_loss < *best_val_loss) best_val_loss = m.val_loss;
       if (main()) fmt::print("step {} | val loss {:.4f}\n", s, *m.val_loss);
     }
+    if (tensorboard) write_tensorboard(m);
     if (log.is_open()) {
       log << m.json() << "\n";
       log.flush();

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -24,6 +26,7 @@
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/ceilings.h"
 #include "fsdp/profiler/metrics.h"
+#include "fsdp/profiler/tensorboard.h"
 #include "fsdp/train/memory_plan.h"
 #include "fsdp/train/model_family.h"
 #include "fsdp/train/trainer.h"
@@ -58,6 +61,13 @@ struct Trainer::Impl {
   std::string config_json;
   int64_t start_step = 0, steps_done = 0;
   std::ofstream log;
+  std::unique_ptr<profiler::EventWriter> tensorboard;  // rank 0, with --tensorboard
+  // The run as the summary reports it: from fit()'s start, the steps' times for the ETA (the
+  // last kEtaWindow), and the best validation loss.
+  std::chrono::steady_clock::time_point fit_start;
+  std::deque<double> recent_steps;
+  static constexpr size_t kEtaWindow = 20;
+  std::optional<double> best_val_loss;
   // Communication: seconds in collectives on their threads, and seconds the
   // compute thread waited for them (exposed), summed over the timed steps.
   double comm_total = 0, exposed_total = 0, step_total = 0;
@@ -89,6 +99,7 @@ struct Trainer::Impl {
   profiler::StepMetrics step(int64_t step);
   double evaluate();
   void save(int64_t step);
+  void write_tensorboard(const profiler::StepMetrics& m);
   void finish_async_save();
   void fit();
 

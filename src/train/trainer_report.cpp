@@ -2,6 +2,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <memory>
@@ -118,6 +119,15 @@ void Trainer::Impl::print_summary() {
                1e3 * comm_total / n, 1e3 * exposed_total / n,
                comm_total > 0 ? 100.0 * std::min(1.0, exposed_total / comm_total) : 0.0);
   fmt::print("\n");
+  // The run: its wall time from the first step, the tokens it trained on, their mean rate.
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - fit_start).count();
+  const int64_t tokens =
+      (steps_done - start_step) * cfg.batch * size * cfg.seq * o.sharding.grad_accum;
+  fmt::print("run | wall {} ({:.1f} s) | {} steps | {} tokens | {:.0f} tok/s mean{}\n",
+             profiler::short_duration(wall), wall, steps_done - start_step, tokens,
+             wall > 0 ? double(tokens) / wall : 0.0,
+             best_val_loss ? fmt::format(" | best val loss {:.4f}", *best_val_loss) : "");
   if (peak > peak_measured)
     fmt::print(
         "peak | raised from {:.1f} to {:.1f} GFLOP/s (all ranks) by a step's observed "

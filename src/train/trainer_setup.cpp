@@ -40,6 +40,7 @@
 #include "fsdp/ops/ops.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/lr_schedule.h"
+#include "fsdp/profiler/tensorboard.h"
 #include "fsdp/train/memory_plan.h"
 #include "src/train/trainer_impl.h"
 
@@ -211,6 +212,12 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
     const int err = errno;
     FSDP_CHECK(log.good(), "[fsdp-train] cannot write --log-file '{}': {}", o.profile.log_file,
                std::strerror(err));
+  }
+  if (main() && !o.profile.tensorboard.empty()) {  // a new event file per start, as TensorBoard's
+    tensorboard = std::make_unique<profiler::EventWriter>(o.profile.tensorboard);
+    tensorboard->text("config", start_step,
+                      "```\n" + nlohmann::json::parse(config_json).dump(2) + "\n```");
+    tensorboard->flush();
   }
 }
 

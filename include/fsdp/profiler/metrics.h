@@ -26,11 +26,18 @@ struct StepMetrics {
   // failed; some rank's is still writing.
   bool ckpt_write_failed = false, ckpt_writing = false;
   int64_t host_syncs = -1;  // the step's host waits (core's host_sync_count), when counted
+  double exposed_seconds = 0;  // the step's wait for collectives on the compute thread
+  // The run's time so far and the time left (the mean of the recent steps times those left),
+  // when the trainer set them (< 0: not).
+  double elapsed_seconds = -1, eta_seconds = -1;
   // "step 3 | loss 7.1234 | 1234 tok/s | mfu 41.2% | peak mem 0.52 GB | lr 3.0e-04 | grad norm
-  // 1.234"
+  // 1.234 | elapsed 12s | eta 3m12s"
   std::string line() const;
   std::string json() const;  // {"step":3,"loss":...,"val_loss":... when set}
 };
+
+// A duration as the step line shows it: "42s", "3m12s", "2h05m".
+std::string short_duration(double seconds);
 
 struct StepInputs {
   int64_t step = 0;
