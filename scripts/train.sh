@@ -2,8 +2,8 @@
 # The main command: trains a tiny llama-architecture MiniLLM on this CPU on
 # real text (the license texts under /usr/share/common-licenses, read as
 # bytes) with 2 ranks under mpirun, saves sharded checkpoints, exports the
-# last one to safetensors (Hugging Face names) and GGUF, and samples text
-# from the export. Installs missing dependencies and builds first. Extra
+# last one to safetensors (Hugging Face names) and GGUF, samples text from
+# the export, and plots the loss into build/loss.png. Installs missing dependencies and builds first. Extra
 # arguments go to fsdp-train and override the defaults below (for example:
 # scripts/train.sh --steps 200); --resume continues the previous run.
 #
@@ -32,3 +32,4 @@ mpirun "${root[@]}" --oversubscribe --bind-to none -np 2 "$build/examples/fsdp-t
   --sample-tokens 0 "$@"
 "$build/examples/fsdp-export" --ckpt "$ckpt" --out "$build/export/model.safetensors" --gguf "$build/export/model.gguf"
 "$build/examples/fsdp-generate" --model "$build/export/model.safetensors" --prompt "The " --tokens 200
+python3 scripts/plot_loss.py "$build/train.jsonl" --out "$build/loss.png"  # the train and val curves
