@@ -15,6 +15,7 @@ cd .debs
 # replaces a newer copy of its own (libgomp1, libgcc-s1 and libstdc++6 are its own).
 # Open MPI is not staged (its tree is large): that build goes without the MPI backend.
 apt-get download -q libfmt-dev libfmt9 nlohmann-json3-dev libcli11-dev libgtest-dev googletest \
+  libtomlplusplus-dev libtomlplusplus3 \
   libopenblas-openmp-dev libopenblas0-openmp libopenblas-dev libopenblas0 libgfortran5 libquadmath0 \
   libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200 > /dev/null
 ls -1 *.deb | wc -l | xargs printf '%s packages staged in .debs/\n'

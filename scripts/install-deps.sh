@@ -13,7 +13,7 @@ set -euo pipefail
 packages=(
   cmake g++ ninja-build ccache pkg-config python3 iwyu
   libopenmpi-dev openmpi-bin libgloo-dev
-  libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev
+  libfmt-dev nlohmann-json3-dev libcli11-dev libgtest-dev libtomlplusplus-dev
   libopenblas-openmp-dev
   clang libomp-dev libclang-rt-dev
   slurm-wlm munge

@@ -31,6 +31,8 @@
 #include "fsdp/dist/init.h"
 #include "fsdp/dist/process_group.h"
 #include "fsdp/ops/blas.h"
+#include "fsdp/train/config_file.h"
+#include "fsdp/train/options.h"
 #include "fsdp/train/trainer.h"
 
 namespace {
@@ -102,20 +104,72 @@ void add_flags(CLI::App& app, fsdp::train::TrainOptions& o) {
 
 }  // namespace
 
+// The value of --config (as "--config FILE" or "--config=FILE"), looked for before the command
+// line is parsed: the file's flags go under the command line's.
+std::string config_arg(int argc, char** argv) {
+  std::string path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--config" && i + 1 < argc) path = argv[++i];
+    else if (a.starts_with("--config=")) path = std::string(a.substr(9));
+  }
+  return path;
+}
+
+// The options, in the order that overrides: the defaults, then (--resume --ckpt-dir D) the flags
+// the run in D was started with, then --config's file, then the command line. Returns the exit
+// code when the process should end here (--help, a parse error, --print-config), else -1.
+int read_options(int argc, char** argv, fsdp::train::TrainOptions& o) {
+  const std::string config = config_arg(argc, argv);
+  bool print_config = false;
+  auto layer = [&](fsdp::train::TrainOptions& into, bool quiet) -> int {
+    if (!config.empty()) fsdp::train::load_config_file(into, config);
+    CLI::App app{"fsdp-train: train the MiniLLM (the C++ form of the reference FSDP2 script)",
+                 "fsdp-train"};
+    app.get_formatter()->column_width(34);
+    app.option_defaults()->multi_option_policy(
+        CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides an earlier one
+    std::string unused;
+    app.add_option("--config", unused,
+                   "read the run's flags from this TOML file ([section] key = value, as "
+                   "--print-config writes; include = \"base.toml\"); the command line overrides it")
+        ->group("Config");
+    app.add_flag("--print-config", print_config,
+                 "print the resolved config as TOML (a --config file) and exit")
+        ->group("Config");
+    add_flags(app, into);
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      if (e.get_exit_code() == 0) return app.exit(e);  // --help
+      if (!quiet)
+        fmt::print(stderr, "fsdp-train: error: {}\nRun with --help for the flags.\n", e.what());
+      return 2;
+    }
+    return -1;
+  };
+  if (const int rc = layer(o, false); rc >= 0) return rc;
+  if (o.checkpoint.resume && !o.checkpoint.ckpt_dir.empty()) {
+    fsdp::train::TrainOptions run;
+    if (!fsdp::train::apply_checkpoint_flags(run, o.checkpoint.ckpt_dir).empty()) {
+      if (const int rc = layer(run, false); rc >= 0) return rc;
+      o = run;
+    }
+  }
+  if (print_config) {
+    fmt::print("{}", fsdp::train::config_toml(o));
+    return 0;
+  }
+  return -1;
+}
+
 int main(int argc, char** argv) {
   fsdp::ops::use_best_blas_kernel(argv);  // before anything else: it may re-execute
   fsdp::train::TrainOptions o;
-  CLI::App app{"fsdp-train: train the MiniLLM (the C++ form of the reference FSDP2 script)",
-               "fsdp-train"};
-  app.get_formatter()->column_width(34);
-  app.option_defaults()->multi_option_policy(
-      CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides an earlier one
-  add_flags(app, o);
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    fmt::print(stderr, "fsdp-train: error: {}\nRun with --help for the flags.\n", e.what());
+    if (const int rc = read_options(argc, argv, o); rc >= 0) return rc;
+  } catch (const std::exception& e) {  // a --config file or the checkpoint's flags
+    fmt::print(stderr, "fsdp-train: error: {}\n", fsdp::without_source_place(e.what()));
     return 2;
   }
   try {
