@@ -44,4 +44,5 @@ mpirun "${root[@]}" --oversubscribe --bind-to none -np 2 "$build/examples/fsdp-t
 "$build/examples/fsdp-export" --ckpt "$out/ckpt" --out "$out/export/model.safetensors" --gguf "$out/export/model.gguf"
 echo "== after: $question"
 "$build/examples/fsdp-generate" --model "$out/export" --chat "$question" --temperature 0 --tokens 64 2> /dev/null
-echo "== the fine-tuned model: $out/export (Hugging Face folder) and $out/export/model.gguf"
+python3 scripts/plot_loss.py "$out/train.jsonl" --out "$out/loss.png"  # the fine-tuning's loss curve
+echo "== the fine-tuned model: $out/export (Hugging Face folder) and $out/export/model.gguf; its loss: $out/loss.png"
