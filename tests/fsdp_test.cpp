@@ -191,6 +191,50 @@ TEST(Equivalence, Bf16ParamDtypeIsClose) {
   expect_equivalent({.dtype = DType::f32, .param_dtype = DType::bf16}, 2e-2, 5e-2);
 }
 
+// At one rank with bf16 parameters (another compute dtype than the master's), the shards are cast
+// straight into bf16 and the gradients added straight into them: no all-gather, no
+// reduce-scatter, no copies around them, and the same losses and parameters bit for bit as the
+// collectives' path (FSDP_ONE_RANK_CAST=0), with gradient accumulation too.
+TEST(OneRank, CastStraightIntoTheComputeDtypeIsBitIdenticalToTheCollectivesPath) {
+  if (world()->size() != 1) GTEST_SKIP() << "a one-rank shortcut";
+  for (int64_t accum : {1, 2}) {
+    const struct Run run{.dtype = DType::f32, .accum = accum, .param_dtype = DType::bf16};
+    ::setenv("FSDP_ONE_RANK_CAST", "0", 1);
+    const Result collectives = sharded(run);
+    ::setenv("FSDP_ONE_RANK_CAST", "1", 1);
+    const Result cast = sharded(run);
+    ASSERT_EQ(cast.losses, collectives.losses) << "accum " << accum;
+    for (size_t i = 0; i < cast.params.size(); ++i)
+      EXPECT_EQ(cast.params[i].second.to_f64_vector(), collectives.params[i].second.to_f64_vector())
+          << cast.params[i].first;
+  }
+  // The event log of a step: casts and gradient adds, no collective.
+  nn::MiniLLMConfig c = config(nn::Arch::llama);
+  auto mesh = dist::init_device_mesh({1});
+  nn::MiniLLM model(c);
+  FullyShardOptions fo{.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = DType::f32},
+                       .init_dtype = DType::f32,
+                       .seed = kSeed};
+  for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, fo);
+  FSDPModule& root = fully_shard(model, mesh, fo);
+  data::RandomTokenSource src(c.vocab, kSeed);
+  root.set_event_log(true);
+  auto b = src.batch(0, 2, 0, 2, c.seq);
+  Tensor logits = model.forward(b.inputs).view({2 * c.seq, c.vocab});
+  auto x = ops::cross_entropy_forward(logits, b.targets);
+  model.backward(ops::cross_entropy_backward(logits, b.targets, x.lse).view({2, c.seq, c.vocab}));
+  const std::vector<std::string> log = root.take_event_log();
+  int casts = 0, adds = 0;
+  for (const std::string& e : log) {
+    EXPECT_EQ(e.rfind("ag_", 0), std::string::npos) << e;
+    EXPECT_EQ(e.rfind("rs_", 0), std::string::npos) << e;
+    casts += e.rfind("cast:", 0) == 0;
+    adds += e.rfind("grad_add:", 0) == 0;
+  }
+  EXPECT_GE(casts, int(model.layers().size()) + 1);
+  EXPECT_EQ(adds, int(model.layers().size()) + 1);
+}
+
 TEST(Sharding, SameSeedSameModelAtAnyWorldSize) {
   nn::MiniLLMConfig c = config(nn::Arch::llama);
   nn::MiniLLM plain(c);

@@ -60,6 +60,10 @@ const std::vector<EnvKnob>& env_knobs() {
       {"FSDP_CPU_CACHE_MB", "2048",
        "most MiB of freed large CPU blocks the allocator keeps for reuse", EnvKind::number, 0,
        1e9},
+      {"FSDP_ONE_RANK_CAST", "1",
+       "0: one rank with another compute or reduce dtype takes the collectives' path (tests "
+       "compare the two)",
+       EnvKind::flag},
       {"FSDP_CUDA_POISON", "0",
        "1: fill every CUDA block handed out with 0xFF (NaN), to catch unwritten outputs",
        EnvKind::flag},

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <utility>
 
+#include "fsdp/core/env.h"
 #include "fsdp/core/trace.h"
 #include "fsdp/nn/init.h"
 #include "src/fsdp/fsdp_state.h"
@@ -58,7 +59,8 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
     p.grad = Tensor();
   }
   direct_ = n_ == 1 && !replicate_group_ && param_dtype_ == master_ && reduce_dtype_ == master_;
-  if (!params_.empty() && !direct_) {
+  one_rank_ = n_ == 1 && !replicate_group_ && !direct_ && env_double("FSDP_ONE_RANK_CAST") != 0;
+  if (!params_.empty() && !direct_ && !one_rank_) {
     // The CPU form of FSDP2's all-gather and reduce-scatter streams: two more
     // communicators shared by every group on this mesh, each with its own
     // thread, so a reduce-scatter in flight never delays the next all-gather.
@@ -119,7 +121,7 @@ const char* sharded_state_name(ShardedState s) {
 
 void FSDPParamGroup::unshard_issue(FSDPCommContext& ctx) {
   // In flight or unsharded already (a prefetch reached it first), or one rank's direct views.
-  if (params_.empty() || state_ != ShardedState::sharded || direct_) return;
+  if (params_.empty() || state_ != ShardedState::sharded || direct_ || one_rank_) return;
   check_shapes_once();
   Tensor in = sharded_.to(param_dtype_);  // copy-in (no copy when the dtypes match)
   ag_out_ = Tensor::empty({int64_t(n_) * g_}, param_dtype_, sharded_.device());
@@ -134,6 +136,15 @@ void FSDPParamGroup::unshard_wait(FSDPCommContext& ctx) {
   if (direct_) {
     for (auto& fp : params_) fp.param->data = local_shard(fp).view(fp.param->shape);
     state_ = ShardedState::unsharded;
+    return;
+  }
+  if (one_rank_) {  // one cast of the whole shard; the parameters are views of it
+    unsharded_ = sharded_.to(param_dtype_);
+    for (auto& fp : params_)
+      fp.param->data =
+          unsharded_.slice(fp.shard_offset, fp.shard_offset + fp.numel()).view(fp.param->shape);
+    state_ = ShardedState::unsharded;
+    ctx.log("cast", label_);
     return;
   }
   if (state_ == ShardedState::sharded) unshard_issue(ctx);
@@ -175,6 +186,13 @@ void FSDPParamGroup::prepare_grads() {
           sharded_grad_.slice(fp.shard_offset, fp.shard_offset + fp.numel()).view(fp.param->shape);
     return;
   }
+  if (one_rank_) {  // in the reduce dtype, laid out as the shard
+    if (!grads_kept_) unsharded_grad_ = Tensor::zeros({g_}, reduce_dtype_, sharded_.device());
+    for (auto& fp : params_)
+      fp.param->grad = unsharded_grad_.slice(fp.shard_offset, fp.shard_offset + fp.numel())
+                           .view(fp.param->shape);
+    return;
+  }
   if (!grads_kept_) unsharded_grad_ = Tensor::zeros({u_}, reduce_dtype_, sharded_.device());
   for (auto& fp : params_)
     fp.param->grad = unsharded_grad_.slice(fp.unsharded_offset, fp.unsharded_offset + fp.numel())
@@ -190,6 +208,12 @@ void FSDPParamGroup::reduce_grads(FSDPCommContext& ctx) {
     return;
   }
   grads_kept_ = false;
+  if (one_rank_) {  // the mean over one rank is the gradient itself
+    add_into_sharded_grad(unsharded_grad_);
+    unsharded_grad_ = Tensor();
+    ctx.log("grad_add", label_);
+    return;
+  }
   trace::Scope prof(("FSDP::reduce_scatter " + label_).c_str(), trace::Kind::annotation);
   Tensor in = Tensor::zeros({int64_t(n_) * g_}, reduce_dtype_, sharded_.device());
   std::vector<ops::Segment> chunk_cat;  // rank k's rows of each gradient into block k

@@ -90,6 +90,10 @@ class FSDPParamGroup {
   int64_t g_ = 0, u_ = 0;  // padded shard and unsharded sizes, in elements
   Tensor sharded_, sharded_grad_;
   bool direct_ = false;  // one rank, same dtypes: parameters are views of `sharded`
+  // One rank with another compute or reduce dtype: no all-gather or reduce-scatter (nor their
+  // copy-in, copy-out and chunk-cat): the shards are cast straight into the compute dtype, the
+  // gradients are accumulated in the reduce dtype in the shards' layout and added into them.
+  bool one_rank_ = false;
   std::shared_ptr<dist::Work> ag_work_;
   Tensor ag_out_, unsharded_, unsharded_grad_;
   ShardedState state_ = ShardedState::sharded;
