@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <csignal>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
@@ -331,4 +332,20 @@ TEST(MappedFileDeathTest, ATruncatedSafetensorsUnderItsReaderIsANamedErrorNotABu
       ::testing::ExitedWithCode(1),
       "\\[safetensors\\] '.*model.safetensors' was truncated or rewritten while it was being "
       "read: offset [0-9]+ of the [0-9]+ bytes mapped, and the file now has 4096 bytes");
+}
+
+// A SIGBUS that is not a fault in a mapped file (here one sent by kill) still ends the process
+// as SIGBUS: the guard hands it to the disposition that was there before.
+TEST(MappedFileDeathTest, ASigbusOutsideTheMappedFilesIsNotSwallowed) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TempDir t;
+  const std::string path = (t.path / "model.safetensors").string();
+  checkpoint::save_safetensors(path, {{"w", Tensor::zeros({16}, DType::f32)}}, {});
+  EXPECT_EXIT(
+      {
+        const checkpoint::SafetensorsFile f = checkpoint::map_safetensors(path);  // the guard
+        ::raise(SIGBUS);
+        std::_Exit(0);
+      },
+      ::testing::KilledBySignal(SIGBUS), "");
 }

@@ -18,6 +18,7 @@
 #include <initializer_list>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -384,18 +385,26 @@ TEST(Shards, DataIdentityIsTheContentNotThePath) {
   EXPECT_THROW(data_identity((dir.path / "missing.txt").string()), Error);
 }
 
-// The full hash is cached by every file's path, inode, size, mtime and ctime: a file under 2 s old
-// is hashed each time (a rewrite in the same clock tick keeps its times), a settled one is looked
-// up, and a rewrite of the same size (its mtime set back) is hashed again, by its new ctime.
+// The full hash is cached by every file's path, inode, size, mtime and ctime: a settled file (2 s
+// old) is looked up, and a rewrite of the same size with its mtime set back has a new ctime, so
+// it is hashed again, once settled too. (A file under 2 s old is hashed every time: a rewrite in
+// the same clock tick keeps its times.)
 TEST(Shards, TheFullHashIsCachedBySizeAndTimesAndARewriteIsHashedAgain) {
   TempDir dir("hash_cache");
-  const char* was = std::getenv("FSDP_CACHE_DIR");
-  const std::string before = was ? was : "";
-  ::setenv("FSDP_CACHE_DIR", (dir.path / "cache").c_str(), 1);
+  struct CacheDir {  // FSDP_CACHE_DIR for this test, restored after it on every path
+    std::optional<std::string> was;
+    explicit CacheDir(const std::string& d) {
+      if (const char* w = std::getenv("FSDP_CACHE_DIR")) was = w;
+      ::setenv("FSDP_CACHE_DIR", d.c_str(), 1);
+    }
+    ~CacheDir() {
+      if (was) ::setenv("FSDP_CACHE_DIR", was->c_str(), 1);
+      else ::unsetenv("FSDP_CACHE_DIR");
+    }
+  } cache_dir((dir.path / "cache").string());
   const std::string f = (dir.path / "text.txt").string();
   std::ofstream(f) << std::string(100000, 'a');
   const DataIdentity fresh = data_identity(f);
-  EXPECT_FALSE(std::filesystem::exists(dir.path / "cache" / "data_hashes.json"));  // too fresh
   std::this_thread::sleep_for(std::chrono::milliseconds(2100));  // only ever makes it older
   EXPECT_EQ(data_identity(f).str(), fresh.str());
   const std::string cache = (dir.path / "cache" / "data_hashes.json").string();
@@ -407,18 +416,18 @@ TEST(Shards, TheFullHashIsCachedBySizeAndTimesAndARewriteIsHashedAgain) {
   text.replace(text.find(want), want.size(), "00000000000000ab");
   std::ofstream(cache) << text;
   EXPECT_EQ(data_identity(f).hash, 0xabu);
-  // Another byte at the same size, with the old mtime put back: the ctime moved, so it is hashed.
+  // Another byte at the same size, with the old mtime put back: only the ctime moved.
   struct stat st {};
   ASSERT_EQ(::stat(f.c_str(), &st), 0);
   std::ofstream(f) << std::string(99999, 'a') << 'b';
   const struct timespec times[2] = {st.st_atim, st.st_mtim};
   ASSERT_EQ(::utimensat(AT_FDCWD, f.c_str(), times, 0), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));  // settled: the cache is consulted
   const DataIdentity changed = data_identity(f);
-  EXPECT_NE(changed.hash, 0xabu);
+  EXPECT_NE(changed.hash, 0xabu) << "the rewrite was answered from the cache";
   EXPECT_NE(changed.hash, fresh.hash);
   EXPECT_EQ(changed.bytes, fresh.bytes);
-  if (was) ::setenv("FSDP_CACHE_DIR", before.c_str(), 1);
-  else ::unsetenv("FSDP_CACHE_DIR");
+  EXPECT_EQ(data_identity(f).str(), changed.str());  // now cached, under the new times
 }
 
 }  // namespace

@@ -167,7 +167,7 @@ with torch.no_grad():  # weights of some scale, and the special tokens' rows far
             p.normal_(0.0, 0.3)
     emb = llama.get_input_embeddings().weight
     for i in tok.all_special_ids:
-        emb[i] = -emb[i].sign()  # tied: a logit of -sum|h| for EOS / im_end, never the greedy pick
+        emb[i] = 0.0  # tied: a logit of 0 for EOS / im_end among others of scale ~ +-10
 ldir = os.path.join(work, "llama-t5")
 llama.save_pretrained(ldir, safe_serialization=True)
 tok.save_pretrained(ldir)
@@ -181,7 +181,7 @@ if not fmt5 and int(transformers.__version__.split(".")[0]) >= 5:
     fail("transformers 5 did not write its own format (rope_parameters, chat_template.jinja)")
 prompt = "Rotary positions at theta five hundred thousand."
 j = json.loads(run(gen, "--model", ldir, "--prompt", prompt, "--print-logits", "--threads", "2"))
-lids = j.get("ids", j.get("prompt_ids"))
+lids = j.get("ids", j.get("prompt_ids")) or []
 if lids != tok(prompt, add_special_tokens=False)["input_ids"] and lids[1:] != tok(prompt, add_special_tokens=False)["input_ids"]:
     fail(f"the prompt's ids differ: fsdp-generate {lids}, transformers {tok(prompt)['input_ids']}")
 with torch.no_grad():

@@ -512,15 +512,20 @@ for _ in $(seq 600); do [ -s "$work/hold.held.0" ] && [ -s "$work/hold.held.1" ]
 rank0=$(cat "$work/hold.held.0" 2> /dev/null)
 rss() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 if [ -n "$rank0" ] && rss0=$(rss "$rank0"); then
-  python3 - "$port" << 'PY'
+  made=$(python3 - "$port" << 'PY'
 import socket, struct, sys
 port = int(sys.argv[1])
+n = 0
 for _ in range(5000):
-    s = socket.create_connection(("127.0.0.1", port), 5)
+    s = socket.create_connection(("127.0.0.1", port), 30)
     # A reset on close: no TIME_WAIT left on loopback's ports.
     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     s.close()
+    n += 1
+print(n)
 PY
+)
+  [ "$made" = 5000 ] && ok || bad "the flood made ${made:-no} connections of 5000"
   sleep 1  # the last connections' close, seen by the store's poll loop
   rss1=$(rss "$rank0")
   [ $((rss1 - rss0)) -lt 20480 ] && ok || bad "5000 connections took rank 0 from $rss0 to $rss1 kB"

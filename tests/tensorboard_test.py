@@ -77,12 +77,29 @@ os.makedirs(bad)
 shutil.copy(files[0], bad)
 f = glob.glob(os.path.join(bad, "*"))[0]
 b = bytearray(open(f, "rb").read())
-b[len(b) - 40] ^= 0x10
+b[len(b) - 6] ^= 0x10  # inside the last record's float (its length field stays sound)
 open(f, "wb").write(bytes(b))
 n_good = sum(len(ea.Scalars(t)) for t in tags)
 eb = load(bad)
 n_bad = sum(len(eb.Scalars(t)) for t in eb.Tags()["scalars"])
 check("a flipped byte is caught by TensorBoard's CRC check", n_bad < n_good, f"{n_bad} of {n_good} scalars read")
+
+# A resumed run writes a new event file that starts a session at its first step: TensorBoard
+# drops the earlier session's events from that step on, so no step shows twice.
+one = ["mpirun", "--allow-run-as-root", "-np", "1", "-x", "OMP_NUM_THREADS=1"] + cmd[cmd.index("-x") + 2:]
+one = [a for a in one]
+rtb, ck = os.path.join(work, "rtb"), os.path.join(work, "ck")
+base = [a if a != tb else rtb for a in one if a not in ("--log-file", log)]
+base = base[:base.index("--steps")] + base[base.index("--steps") + 2:]
+r1 = subprocess.run(base + ["--steps", "4", "--ckpt-dir", ck, "--ckpt-every", "2"], capture_output=True, text=True, timeout=300)
+shutil.rmtree(os.path.join(ck, "step_00000004"), ignore_errors=True)  # as if it had died after step 3
+r2 = subprocess.run(base + ["--steps", "4", "--ckpt-dir", ck, "--ckpt-every", "2", "--resume"], capture_output=True, text=True, timeout=300)
+ok = r1.returncode == 0 and r2.returncode == 0
+er = load(rtb) if ok else None
+steps = [e.step for e in er.Scalars("loss")] if ok else []
+check("a resume's session replaces the steps it repeats", ok and steps == [0, 1, 2, 3]
+      and len(glob.glob(os.path.join(rtb, "events.out.tfevents.*"))) == 2,
+      f"steps {steps}; {r1.stderr[-300:]} {r2.stderr[-300:]}")
 
 # The step line's elapsed time and ETA; the run's summary line.
 lines = [l for l in r.stdout.splitlines() if l.startswith("step ") and "| loss " in l]

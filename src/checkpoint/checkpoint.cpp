@@ -84,25 +84,43 @@ void begin_save(const std::string& dir, int64_t step,
                "[checkpoint] extra file name '{}' must be a plain name other than "
                "metadata.json, complete.json and shard_*",
                name);
+  // Rank 0 makes the folders; its error, if any, is agreed by every rank (a throw before the
+  // barrier left the others waiting there until the collective time-out).
+  std::string error;
   if (!world || world->rank() == 0) {
-    const fs::path tmp = fs::path(dir) / (".tmp_" + step_name(step));
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    FSDP_CHECK(!ec, "[checkpoint] cannot create '{}': {}", dir, ec.message());
-    // An older checkpoint of the same step is replaced whole at the commit; a folder of that
-    // name without the project's mark is the user's, and stays.
-    const fs::path final_dir = fs::path(dir) / step_name(step);
-    const fs::file_status st = fs::symlink_status(final_dir, ec);
-    FSDP_CHECK(!fs::exists(st) || (fs::is_directory(st) && holds_project_mark(final_dir.string())),
-               "[checkpoint] {} exists and is not a checkpoint this project wrote (no {}): it "
-               "is left alone, and the checkpoint of step {} cannot be written there; move that "
-               "folder, or choose another --ckpt-dir",
-               final_dir.string(), detail::kCompleteFile, step);
-    fs::remove_all(tmp, ec);  // a crashed earlier attempt
-    fs::create_directories(tmp, ec);
-    FSDP_CHECK(!ec, "[checkpoint] cannot create '{}': {}", tmp.string(), ec.message());
+    try {
+      const fs::path tmp = fs::path(dir) / (".tmp_" + step_name(step));
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      FSDP_CHECK(!ec, "[checkpoint] cannot create '{}': {}", dir, ec.message());
+      // An older checkpoint of the same step is replaced whole at the commit; a folder of that
+      // name without the project's mark is the user's, and stays.
+      const fs::path final_dir = fs::path(dir) / step_name(step);
+      const fs::file_status st = fs::symlink_status(final_dir, ec);
+      FSDP_CHECK(!fs::exists(st) ||
+                     (fs::is_directory(st) && holds_project_mark(final_dir.string())),
+                 "[checkpoint] {} exists and is not a checkpoint this project wrote (no {}): it "
+                 "is left alone, and the checkpoint of step {} cannot be written there; move that "
+                 "folder, or choose another --ckpt-dir",
+                 final_dir.string(), detail::kCompleteFile, step);
+      fs::remove_all(tmp, ec);  // a crashed earlier attempt
+      fs::create_directories(tmp, ec);
+      FSDP_CHECK(!ec, "[checkpoint] cannot create '{}': {}", tmp.string(), ec.message());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
   }
-  barrier(world);
+  bool failed = !error.empty();
+  if (world && world->size() > 1) {
+    Tensor f = Tensor::full({1}, failed ? 1.0 : 0.0, DType::f32).to(world->device());
+    world->all_reduce(f, dist::ReduceOp::SUM)->wait();
+    failed = f.to(Device::cpu()).item() > 0;
+  }
+  if (!error.empty()) throw Error(error);
+  FSDP_CHECK(!failed,
+             "[checkpoint] rank 0 could not begin the checkpoint of step {} in {} (its error says "
+             "why)",
+             step, dir);
 }
 
 SaveSnapshot snapshot(const std::string& dir, int64_t step, FSDPModule& root,
@@ -271,11 +289,20 @@ void commit_save(const SaveSnapshot& s, const WriteResult& mine,
                       detail::complete_record(meta_bytes, s.run_id, s.step), "[checkpoint]");
     fsync_path(tmp, true);
     std::error_code ec;
-    fs::remove_all(final_dir, ec);  // an older checkpoint of the same step is replaced whole
+    // An older checkpoint of the same step is replaced whole: moved aside first (a crash while it
+    // is deleted leaves .old_step_N, never a half-deleted step_N without its mark), then removed.
+    const fs::path aside = dir / (".old_" + step_name(s.step));
+    fs::remove_all(aside, ec);
+    if (fs::exists(fs::symlink_status(final_dir, ec))) {
+      fs::rename(final_dir, aside, ec);
+      FSDP_CHECK(!ec, "[checkpoint] rename '{}' -> '{}' failed: {}", final_dir.string(),
+                 aside.string(), ec.message());
+    }
     fs::rename(tmp, final_dir, ec);
     FSDP_CHECK(!ec, "[checkpoint] rename '{}' -> '{}' failed: {}", tmp.string(), final_dir.string(),
                ec.message());
     fsync_path(dir, true);
+    fs::remove_all(aside, ec);
     if (on_commit) on_commit(s.dir);  // the caller's policy (the Manager's retention)
   }
   barrier(world);

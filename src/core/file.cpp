@@ -164,8 +164,11 @@ void put_u(uint64_t v) {
 }
 
 void on_sigbus(int sig, siginfo_t* info, void* ctx) {
+  (void)ctx;
   const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
-  for (const MappedSlot& s : g_mapped) {
+  // Only a fault's si_addr is an address (a kill(2)'s SIGBUS has si_code <= 0 and a pid there).
+  for (size_t i = 0; info->si_code > 0 && i < g_mapped.size(); ++i) {
+    const MappedSlot& s = g_mapped[i];
     const uintptr_t b = s.begin.load(std::memory_order_acquire);
     const uintptr_t e = s.end.load(std::memory_order_acquire);
     if (b == 0 || addr < b || addr >= e) continue;
@@ -188,18 +191,12 @@ void on_sigbus(int sig, siginfo_t* info, void* ctx) {
     put(". Leave a model or data file unchanged while a run reads it; stopping\n");
     ::_exit(1);
   }
-  // Not one of ours: the handler that was there before (a launcher's backtrace printer), or the
-  // default action, which the faulting instruction meets again when this returns.
-  if ((g_prev_bus.sa_flags & SA_SIGINFO) && g_prev_bus.sa_sigaction != nullptr) {
-    g_prev_bus.sa_sigaction(sig, info, ctx);
-    return;
-  }
-  if (g_prev_bus.sa_handler != SIG_DFL && g_prev_bus.sa_handler != SIG_IGN &&
-      g_prev_bus.sa_handler != nullptr) {
-    g_prev_bus.sa_handler(sig);
-    return;
-  }
-  ::signal(SIGBUS, SIG_DFL);
+  // Not one of ours: the disposition that was there before (a launcher's backtrace printer, with
+  // its own flags, or the default) takes the signal again. A fault re-executes under it when this
+  // returns; a signal sent by kill(2) is sent again.
+  ::sigaction(SIGBUS, &g_prev_bus, nullptr);
+  g_bus_installed.store(false);
+  if (info->si_code <= 0) ::raise(sig);
 }
 
 void install_bus_guard() {

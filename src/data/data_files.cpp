@@ -17,9 +17,11 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -101,37 +103,54 @@ std::string hash_cache_path() {
   return (std::filesystem::path(cache_dir()) / "data_hashes.json").string();
 }
 
-// The key, or "" when a file is too fresh to cache.
-std::string hash_cache_key(const std::vector<std::string>& files) {
+uint64_t fnv64(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  return h;
+}
+
+// An entry's name (of every file's path, device, inode, size and times, hashed, with the hash
+// scheme's version) and its files' (of the paths alone: a newer entry replaces the older one of
+// the same files). Empty when a file is too fresh to cache.
+struct CacheKey {
+  std::string id, paths;
+};
+
+CacheKey hash_cache_key(const std::vector<std::string>& files) {
   struct timespec now {};
   ::clock_gettime(CLOCK_REALTIME, &now);
   const int64_t now_ns = int64_t(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
-  std::string key;
+  std::string key, paths;
   for (const std::string& f : files) {
     struct stat st {};
     std::error_code ec;
     const std::filesystem::path abs = std::filesystem::absolute(f, ec);
-    if (ec || ::stat(f.c_str(), &st) != 0) return "";
+    if (ec || ::stat(f.c_str(), &st) != 0) return {};
     const int64_t m = int64_t(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
     const int64_t c = int64_t(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
-    if (now_ns - std::max(m, c) < kSettleNs) return "";
+    if (now_ns - std::max(m, c) < kSettleNs) return {};
     key += fmt::format("{}|{}|{}|{}|{}|{};", abs.string(), uint64_t(st.st_dev), uint64_t(st.st_ino),
                        int64_t(st.st_size), m, c);
+    paths += abs.string() + ";";
   }
-  return key;
+  return {fmt::format("content-v1-{:016x}", fnv64(key)), fmt::format("{:016x}", fnv64(paths))};
 }
 
 nlohmann::json read_hash_cache() {
-  std::ifstream f(hash_cache_path());
+  const std::string path = hash_cache_path();
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(std::filesystem::symlink_status(path, ec)))
+    return nlohmann::json::object();  // none yet, or not a file to read (a FIFO would block)
+  std::ifstream f(path);
   if (!f.good()) return nlohmann::json::object();
   nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
   return j.is_object() ? j : nlohmann::json::object();
 }
 
-std::optional<DataIdentity> cached_identity(const std::string& key) {
-  if (key.empty()) return std::nullopt;
+std::optional<DataIdentity> cached_identity(const CacheKey& key) {
+  if (key.id.empty()) return std::nullopt;
   const nlohmann::json j = read_hash_cache();
-  const auto it = j.find(key);
+  const auto it = j.find(key.id);
   if (it == j.end() || !it->is_object()) return std::nullopt;
   const nlohmann::json& e = *it;
   if (!e.contains("files") || !e["files"].is_number_integer() || !e.contains("bytes") ||
@@ -148,12 +167,24 @@ std::optional<DataIdentity> cached_identity(const std::string& key) {
   return id;
 }
 
-void cache_identity(const std::string& key, const DataIdentity& id) {
-  if (key.empty()) return;
+void cache_identity(const CacheKey& key, const DataIdentity& id) {
+  if (key.id.empty()) return;
   try {
     nlohmann::json j = read_hash_cache();
-    while (j.size() >= kCacheEntries) j.erase(j.begin());
-    j[key] = {{"files", id.files}, {"bytes", id.bytes}, {"hash", fmt::format("{:016x}", id.hash)}};
+    for (auto it = j.begin(); it != j.end();)  // the same files' older entry
+      it = it->is_object() && it->value("paths", "") == key.paths ? j.erase(it) : std::next(it);
+    while (j.size() >= kCacheEntries) {  // the least recently written goes
+      auto oldest = j.begin();
+      for (auto it = j.begin(); it != j.end(); ++it)
+        if (it->is_object() && it->value("used", int64_t(0)) < oldest->value("used", int64_t(0)))
+          oldest = it;
+      j.erase(oldest);
+    }
+    j[key.id] = {{"files", id.files},
+                 {"bytes", id.bytes},
+                 {"hash", fmt::format("{:016x}", id.hash)},
+                 {"paths", key.paths},
+                 {"used", int64_t(::time(nullptr))}};
     std::error_code ec;
     std::filesystem::create_directories(cache_dir(), ec);
     write_file_atomic(hash_cache_path(), j.dump(1) + "\n", "[data]", /*durable=*/false);
@@ -170,7 +201,7 @@ DataIdentity data_identity(const std::string& spec, bool full) {
     files = shard_files(spec);
   else
     check_regular_file(spec);
-  const std::string key = full ? hash_cache_key(files) : "";
+  const CacheKey key = full ? hash_cache_key(files) : CacheKey{};
   if (std::optional<DataIdentity> hit = cached_identity(key)) return *hit;
   constexpr int64_t kSample = 4096, kSamples = 16;
   DataIdentity id;

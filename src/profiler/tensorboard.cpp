@@ -1,6 +1,7 @@
 // TensorBoard event files (fsdp/profiler/tensorboard.h). The messages, with their field numbers
 // (tensorflow/core/util/event.proto, tensorflow/core/framework/summary.proto, tensor.proto):
-//   Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
+//   Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5;
+//             SessionLog session_log = 7; }     SessionLog { SessionStatus status = 1 (START 1) }
 //   Summary { repeated Value value = 1; }
 //   Value   { string tag = 1; float simple_value = 2; TensorProto tensor = 8;
 //             SummaryMetadata metadata = 9; }
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -91,11 +93,16 @@ EventWriter::EventWriter(const std::string& dir) {
   FSDP_CHECK(!ec, "[tensorboard] cannot create '{}': {}", dir, ec.message());
   char host[256] = "host";
   ::gethostname(host, sizeof host - 1);
-  const auto secs = std::chrono::duration_cast<std::chrono::seconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count();
+  // TensorBoard reads a folder's files in the order of their names: the start time, to the
+  // microsecond and of fixed width, comes first, so that a resumed run's file (whose session
+  // start replaces the steps it repeats) is read after the file it continues.
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  static std::atomic<int> count{0};  // two writers of one process at once: two names
   path_ = (std::filesystem::path(dir) /
-           fmt::format("events.out.tfevents.{}.{}.{}.fsdp", secs, host, ::getpid()))
+           fmt::format("events.out.tfevents.{:010d}.{:06d}.{}.{}.{}.fsdp", us / 1000000,
+                       us % 1000000, host, ::getpid(), count++))
               .string();
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   FSDP_CHECK(fd_ >= 0, "[tensorboard] cannot create '{}': {}", path_, std::strerror(errno));
@@ -123,6 +130,15 @@ void EventWriter::record(const std::string& e) {
   buffer_.append(e);
   const uint32_t dc = masked_crc32c(e.data(), e.size());
   buffer_.append(reinterpret_cast<const char*>(&dc), 4);
+}
+
+void EventWriter::session_start(int64_t step) {
+  std::string log;
+  key(log, 1, 0);
+  varint(log, 1);  // START
+  std::string e = event(step, nullptr, nullptr);
+  bytes_field(e, 7, log);
+  record(e);
 }
 
 void EventWriter::scalar(const std::string& tag, int64_t step, double value) {

@@ -178,14 +178,20 @@ void Trainer::Impl::fit() {
   ProfileWindow profile(o.profile.profile_steps, o.profile.profile_dir, rank, device);
   steps_done = start_step;
   fit_start = std::chrono::steady_clock::now();
+  auto iteration_start = fit_start;
   for (int64_t s = start_step; s < o.schedule.steps; ++s) {
     profile.at_step(s);
     profiler::StepMetrics m = step(s);
-    // The ETA: the recent steps' mean (the first step's warm-up counts only until others come).
-    if (recent_steps.size() == 1 && s == start_step + 1) recent_steps.clear();
-    recent_steps.push_back(m.step_seconds);
-    if (recent_steps.size() > kEtaWindow) recent_steps.pop_front();
-    double mean = 0;
+    // The ETA: the mean wall time of the recent iterations (the step with its validation, log and
+    // checkpoint), the first (a warm-up) dropped once others come; before any, this step's.
+    const auto now = std::chrono::steady_clock::now();
+    if (s > start_step) {
+      if (s == start_step + 2) recent_steps.pop_front();
+      recent_steps.push_back(std::chrono::duration<double>(now - iteration_start).count());
+      if (recent_steps.size() > kEtaWindow) recent_steps.pop_front();
+    }
+    iteration_start = now;
+    double mean = recent_steps.empty() ? m.step_seconds : 0;
     for (double d : recent_steps) mean += d / double(recent_steps.size());
     m.elapsed_seconds = seconds_since(fit_start);
     m.eta_seconds = mean * double(o.schedule.steps - s - 1);

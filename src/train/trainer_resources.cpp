@@ -72,13 +72,13 @@ void Trainer::Impl::check_memory_plan() {
   } else {
     try {
       plan = plan_memory(po);
-    } catch (const std::bad_alloc&) {
-      FSDP_FAIL(
+    } catch (const std::bad_alloc&) {  // agreed below, as the refusals are
+      error = fmt::format(
           "[fsdp-train] the memory plan of {} layers ({} parameters) ran out of memory itself: "
           "the model is far too large for this machine",
           cfg.layers, cfg.num_parameters());
     }
-    if (o.sharding.allow_oversubscribe_memory) return;
+    if (error.empty() && o.sharding.allow_oversubscribe_memory) return;
   }
   const int64_t more = plan.peak - held;  // what this rank will still take
   if (error.empty() && available >= 0 && more * local > available) {

@@ -215,6 +215,7 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
   }
   if (main() && !o.profile.tensorboard.empty()) {  // a new event file per start, as TensorBoard's
     tensorboard = std::make_unique<profiler::EventWriter>(o.profile.tensorboard);
+    tensorboard->session_start(start_step);
     tensorboard->text("config", start_step,
                       "```\n" + nlohmann::json::parse(config_json).dump(2) + "\n```");
     tensorboard->flush();

@@ -16,7 +16,7 @@ uint32_t masked_crc32c(const void* data, size_t n);
 
 class EventWriter {
  public:
-  // Creates dir (and its parents) and dir/events.out.tfevents.<seconds>.<host>.<pid>.fsdp, with
+  // Creates dir (and its parents) and in it events.out.tfevents.<s>.<us>.<host>.<pid>.<n>.fsdp, with
   // the file-version event first; throws naming the file when either cannot be made. A link at
   // the file's name is refused (opened O_NOFOLLOW | O_EXCL).
   explicit EventWriter(const std::string& dir);
@@ -24,6 +24,9 @@ class EventWriter {
   EventWriter(const EventWriter&) = delete;
   EventWriter& operator=(const EventWriter&) = delete;
 
+  // A session's start at `step` (TensorBoard's SessionLog START): a reader drops the events of
+  // an earlier session at this step and after (a resumed run's steps are not shown twice).
+  void session_start(int64_t step);
   void scalar(const std::string& tag, int64_t step, double value);  // stored as float32
   // A text summary (TensorBoard's text plugin: a string tensor), e.g. the run's config.
   void text(const std::string& tag, int64_t step, std::string_view text);
