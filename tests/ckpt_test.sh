@@ -60,11 +60,13 @@ close "$work/full.jsonl" "$work/r31.jsonl" && ok || bad "3 -> 1 resharded losses
 
 # 3. Bad checkpoints: each refused, naming the file and the problem.
 ck="$work/ck2/step_00000003"
-cp -r "$work/ck2" "$work/trunc" && truncate -s -100 "$work/trunc/step_00000003/shard_00001.safetensors"
+# (Each copies step 3 alone: the 3-rank resume above, which took the run's --ckpt-every 3 from
+# its checkpoint, also saved step 6.)
+mkdir "$work/trunc" && cp -r "$ck" "$work/trunc/" && truncate -s -100 "$work/trunc/step_00000003/shard_00001.safetensors"
 expect_fail "truncated shard" "shard_00001.safetensors: checksum" "$train" "${A[@]}" --batch 12 --steps 4 --ckpt-dir "$work/trunc" --resume
-cp -r "$work/ck2" "$work/flip" && printf '\x55' | dd of="$work/flip/step_00000003/shard_00000.safetensors" bs=1 seek=2000 conv=notrunc 2> /dev/null
+mkdir "$work/flip" && cp -r "$ck" "$work/flip/" && printf '\x55' | dd of="$work/flip/step_00000003/shard_00000.safetensors" bs=1 seek=2000 conv=notrunc 2> /dev/null
 expect_fail "corrupted shard" "shard_00000.safetensors: checksum" "$train" "${A[@]}" --batch 12 --steps 4 --ckpt-dir "$work/flip" --resume
-cp -r "$work/ck2" "$work/missing" && rm "$work/missing/step_00000003/shard_00001.safetensors"
+mkdir "$work/missing" && cp -r "$ck" "$work/missing/" && rm "$work/missing/step_00000003/shard_00001.safetensors"
 expect_fail "missing shard" "is missing shard_00001.safetensors (the checkpoint was written by 2 shards)" \
   "$train" "${A[@]}" --batch 12 --steps 4 --ckpt-dir "$work/missing" --resume
 expect_fail "config mismatch" "was saved with dim 48 but this run has dim 32" \

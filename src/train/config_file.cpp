@@ -5,9 +5,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <fstream>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -20,6 +24,10 @@
 #include "fsdp/core/error.h"
 #include "fsdp/core/file.h"
 
+// FSDP_HAVE_TOML is set on this file alone by CMake (1 where toml++ was found).
+#ifndef FSDP_HAVE_TOML
+#define FSDP_HAVE_TOML 0
+#endif
 #if FSDP_HAVE_TOML
 #include <toml++/toml.h>
 #endif

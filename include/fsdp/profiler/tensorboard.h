@@ -4,6 +4,7 @@
 // TensorBoard's own reader (EventAccumulator) reads them back: tests/tensorboard_test.py.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
