@@ -42,7 +42,7 @@ done
 
 small=(--preset tiny --arch llama --dim 32 --layers 2 --heads 4 --vocab 256 --seq 16 --batch 4 --threads 1
   --sample-tokens 0)
-losses() { grep -E '^(\[rank0\]:)?step [0-9]+ \|' "$1" | sed -E 's/^\[rank0\]://; s/\| [0-9]+ tok\/s \| mfu [0-9.]+% \| peak mem [0-9.]+ GB //'; }
+losses() { grep -E '^(\[rank0\]:)?step [0-9]+ \|' "$1" | sed -E 's/^\[rank0\]://; s/\| [0-9]+ tok\/s \| mfu [0-9.]+% \| peak mem [0-9.]+ GB //; s/ \| elapsed [0-9hms]+ \| eta [0-9hms]+$//'; }
 # node K ARGS...: fsdprun for node K in its namespace, in the background; its pid in $node_pid.
 node() {
   local k=$1

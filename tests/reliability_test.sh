@@ -378,9 +378,10 @@ tamper norecord 'os.remove(f"{d}/complete.json")'
 both norecord "step_00000002: no complete.json (an unfinished checkpoint, or its record was removed)"
 tamper garbled 'open(f"{d}/complete.json", "w").write("{\"metadata_checksum\": 12")'
 both garbled "step_00000002: complete.json is not a complete record (garbled)"
-# With an older, intact checkpoint beside it, a resume skips the damaged one aloud.
+# With an older, intact checkpoint beside it, a resume skips the damaged one aloud (and saves
+# nothing: --ckpt-every 0 over the run's own 1, so that the export below sees the same folder).
 cp -r "$work/seal/step_00000001" "$work/tamper_edited/"
-"${mpi[@]}" -np 2 "$train" "${small[@]}" --steps 3 --ckpt-dir "$work/tamper_edited" --resume > "$work/skip.out" 2>&1 \
+"${mpi[@]}" -np 2 "$train" "${small[@]}" --steps 3 --ckpt-dir "$work/tamper_edited" --resume --ckpt-every 0 > "$work/skip.out" 2>&1 \
   && grep -q "skipping .*tamper_edited/step_00000002" "$work/skip.out" && grep -q "step_00000001 (step 1) of run $run;" "$work/skip.out" \
   && ok || bad "a resume beside a damaged newer checkpoint: $(grep -E 'resume|error' "$work/skip.out" | head -3)"
 "$export_bin" --ckpt "$work/tamper_edited" --out "$work/skip.safetensors" > "$work/skip_export.out" 2>&1 \

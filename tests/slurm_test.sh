@@ -18,7 +18,7 @@ small=(--preset tiny --arch llama --dim 32 --layers 2 --heads 4 --vocab 256 --se
   --steps 4 --sample-tokens 0)
 
 # Losses and grad norms of the step lines (the timing fields differ run to run).
-losses() { grep -E '^step [0-9]+ \|' "$1" | sed -E 's/\| [0-9]+ tok\/s \| mfu [0-9.]+% \| peak mem [0-9.]+ GB //'; }
+losses() { grep -E '^step [0-9]+ \|' "$1" | sed -E 's/\| [0-9]+ tok\/s \| mfu [0-9.]+% \| peak mem [0-9.]+ GB //; s/ \| elapsed [0-9hms]+ \| eta [0-9hms]+$//'; }
 
 # 1. No way to meet: refused by name, before any wait.
 refuse() {  # refuse NAME NEEDLE ENV...
