@@ -139,13 +139,20 @@ print(f"(b) transformers loads the fine-tuned export: {keys}")
 if any(keys.values()) or info.get("error_msgs"):
     fail(f"loading the export: {info}")
 tok = AutoTokenizer.from_pretrained(hf)
-q = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                            add_generation_prompt=True, return_tensors="pt")
-q = q if torch.is_tensor(q) else q["input_ids"]  # transformers 5 returns a BatchEncoding
-with torch.no_grad():
-    out = model.generate(q, attention_mask=torch.ones_like(q), max_new_tokens=30, do_sample=False,
-                         pad_token_id=tok.eos_token_id)
-theirs = tok.decode(out[0][q.shape[1]:], skip_special_tokens=True).strip()
+
+
+def greedy_chat(model, tok, question, tokens):
+    """transformers' greedy answer to one user turn, through the tokenizer's chat template."""
+    q = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                return_tensors="pt")
+    q = q if torch.is_tensor(q) else q["input_ids"]  # transformers 5 returns a BatchEncoding
+    with torch.no_grad():
+        out = model.generate(q, attention_mask=torch.ones_like(q), max_new_tokens=tokens,
+                             do_sample=False, pad_token_id=tok.eos_token_id)
+    return tok.decode(out[0][q.shape[1]:], skip_special_tokens=True).strip()
+
+
+theirs = greedy_chat(model, tok, "What is the capital of France?", 30)
 ours = run(gen, "--ckpt", ck, "--chat", "What is the capital of France?", "--tokens", "30", "--temperature", "0",
            "--threads", "2").strip()
 print(f"(b) greedy chat: transformers {theirs!r}, fsdp-generate {ours!r}")
@@ -190,13 +197,7 @@ diff = (torch.tensor(j["logits"]) - ref).abs().max().item()
 print(f"(c) transformers-5 llama folder: {len(lids)} tokens, max |logit diff| {diff:.2e}")
 if not diff < 1e-4:
     fail(f"the transformers-5 folder's logits differ from transformers' by {diff}")
-q = tok.apply_chat_template([{"role": "user", "content": "Hello there"}], add_generation_prompt=True,
-                            return_tensors="pt")
-q = q if torch.is_tensor(q) else q["input_ids"]
-with torch.no_grad():
-    out = llama.generate(q, attention_mask=torch.ones_like(q), max_new_tokens=8, do_sample=False,
-                         pad_token_id=tok.eos_token_id)
-theirs = tok.decode(out[0][q.shape[1]:], skip_special_tokens=True).strip()
+theirs = greedy_chat(llama, tok, "Hello there", 8)
 ours = run(gen, "--model", ldir, "--chat", "Hello there", "--tokens", "8", "--temperature", "0",
            "--threads", "2").strip()
 print(f"(c) greedy chat on the transformers-5 folder: transformers {theirs!r}, fsdp-generate {ours!r}")

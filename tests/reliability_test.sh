@@ -334,21 +334,7 @@ run=$(sed -nE 's/.*"run_id": "([^"]+)".*/\1/p' "$work/seal/step_00000002/complet
 # (metadata.json's JSON, written back) and d (the folder).
 tamper() {
   rm -rf "$work/tamper_$1" && mkdir -p "$work/tamper_$1" && cp -r "$work/seal/step_00000002" "$work/tamper_$1/"
-  python3 - "$work/tamper_$1/step_00000002" "${3:-}" << PY
-import json, os, sys
-d, reseal = sys.argv[1], sys.argv[2] == "reseal"
-m = json.load(open(f"{d}/metadata.json"))
-$2
-text = json.dumps(m, indent=1) + "\n"
-open(f"{d}/metadata.json", "w").write(text)
-if reseal:
-    h = 0xcbf29ce484222325
-    for b in text.encode():
-        h = ((h ^ b) * 0x100000001b3) % (1 << 64)
-    c = json.load(open(f"{d}/complete.json"))
-    c["metadata_checksum"] = f"{h:016x}"
-    open(f"{d}/complete.json", "w").write(json.dumps(c))
-PY
+  python3 "$(dirname "$0")/edit_metadata.py" "$work/tamper_$1/step_00000002" "$2" "${3:-}"
 }
 # both NAME NEEDLE: --resume and fsdp-export of $work/tamper_NAME refuse, saying NEEDLE.
 both() {
