@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/dist/init.h"
+#include "fsdp/distributed/init.h"
 
 using namespace fsdp;
 using Clock = std::chrono::steady_clock;

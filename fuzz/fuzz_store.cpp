@@ -14,7 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "fsdp/dist/store.h"
+#include "fsdp/distributed/store.h"
 #include "fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

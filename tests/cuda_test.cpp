@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "fsdp/core/allocator.h"
-#include "fsdp/dist/init.h"
+#include "fsdp/distributed/init.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/ops/ops.h"

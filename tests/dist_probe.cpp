@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "fsdp/dist/init.h"
+#include "fsdp/distributed/init.h"
 
 int main() {
   using namespace fsdp;

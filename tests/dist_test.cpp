@@ -18,8 +18,8 @@
 #include <variant>
 #include <vector>
 
-#include "fsdp/dist/dtensor.h"
-#include "fsdp/dist/init.h"
+#include "fsdp/distributed/dtensor.h"
+#include "fsdp/distributed/init.h"
 #include "fsdp/ops/ops.h"
 #include "test_util.h"
 

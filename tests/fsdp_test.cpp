@@ -18,7 +18,7 @@
 
 #include "fsdp/core/allocator.h"
 #include "fsdp/data/token_sources.h"
-#include "fsdp/dist/init.h"
+#include "fsdp/distributed/init.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/fsdp/replicate.h"
 #include "fsdp/nn/layers.h"
@@ -26,7 +26,7 @@
 #include "fsdp/ops/ops.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/clip.h"
-#include "src/dist/device_host_group.h"
+#include "src/distributed/device_host_group.h"
 #include "src/fsdp/fsdp_state.h"
 #include "test_util.h"
 

@@ -1,7 +1,7 @@
 // The launcher's environment as init_process_group reads it (launch_env.h): Slurm's node and
 // task lists, each launcher's variables, which one wins, and the worlds of several ranks with no
 // way to meet, refused by name. Each test sets the variables it needs and clears the rest.
-#include "fsdp/dist/launch_env.h"
+#include "fsdp/distributed/launch_env.h"
 
 #include <gtest/gtest.h>
 

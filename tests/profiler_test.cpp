@@ -22,7 +22,7 @@
 #include <utility>
 
 #include "fsdp/core/allocator.h"
-#include "fsdp/dist/init.h"
+#include "fsdp/distributed/init.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/ops/blas.h"
 #include "fsdp/ops/ops.h"

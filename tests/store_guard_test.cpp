@@ -27,7 +27,7 @@
 #include <gtest/gtest.h>
 
 #include "fsdp/core/interrupt.h"
-#include "fsdp/dist/store.h"
+#include "fsdp/distributed/store.h"
 
 using fsdp::dist::TCPStore;
 using Clock = std::chrono::steady_clock;

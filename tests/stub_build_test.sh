@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The other half of the mirrors: a build with CUDA, MPI and Gloo all off still compiles (the
-# stubs of src/core/no_cuda.cpp, src/ops/no_cuda_ops.cpp and src/dist/stubs/ match their
+# stubs of src/core/no_cuda.cpp, src/ops/no_cuda_ops.cpp and src/distributed/stubs/ match their
 # interfaces), its core and ops tests pass, it trains, and asking it for a missing engine is
 # refused by name with a non-zero exit.
 set -uo pipefail

@@ -30,7 +30,7 @@
 #include "fsdp/core/device.h"
 #include "fsdp/core/dtype.h"
 #include "fsdp/core/error.h"
-#include "fsdp/dist/init.h"
+#include "fsdp/distributed/init.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/ceilings.h"

@@ -1,4 +1,5 @@
-// dtype casts, fills and FSDP's segment copies on the device (grid-stride).
+// Random fills and FSDP's segment copies on the device (grid-stride); the plain casts and
+// fills are core's (src/core/cuda/cast_fill.cu).
 #include <algorithm>
 #include <vector>
 
@@ -6,20 +7,6 @@
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace fsdp::kernels::cuda {
-
-template <class D, class S>
-__global__ void cast_kernel(D* __restrict__ dst, const S* __restrict__ src, int64_t n) {
-  GRID_STRIDE(i, n) dst[i] = convert<D>(src[i]);
-}
-
-// The value arrives as a double and is converted here, on the device: convert<> is a
-// __device__ function, and calling it in a launch's arguments (host code) compiles to
-// nvcc's host stand-in, which calls exit(1) without a word.
-template <class T>
-__global__ void fill_kernel(T* __restrict__ dst, double value, int64_t n) {
-  const T v = convert<T>(value);
-  GRID_STRIDE(i, n) dst[i] = v;
-}
 
 // A counter-based hash (splitmix64) of (seed, i) to [0, 1).
 template <class T>
@@ -48,46 +35,6 @@ __global__ void copy_segments_kernel(D* __restrict__ dst, const S* __restrict__ 
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     d[i] = convert<D>(s[i]);
-}
-
-void memcpy_sync(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) {
-  cudaMemcpyKind kind =
-      dst_dev.is_cpu() ? (src_dev.is_cpu() ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost)
-                       : (src_dev.is_cpu() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice);
-  // On the device's legacy stream, which the (blocking) compute stream of that device orders
-  // against: from any thread, the copy sees the work queued there before it.
-  if (!dst_dev.is_cpu() || !src_dev.is_cpu())
-    CUDA_CHECK(cudaSetDevice(dst_dev.is_cpu() ? src_dev.index : dst_dev.index));
-  CUDA_CHECK(cudaMemcpy(dst, src, nbytes, kind));
-}
-
-void cast(void* dst, DType dst_t, const void* src, DType src_t, int64_t n, int device, Stream s) {
-  if (n == 0) return;
-  CUDA_CHECK(cudaSetDevice(device));
-  if (dst_t == src_t) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * dtype_size(dst_t), cudaMemcpyDeviceToDevice,
-                               cudaStream_t(s)));
-    return;
-  }
-  dispatch_device(dst_t, [&](auto dv) {
-    using D = decltype(dv);
-    dispatch_device(src_t, [&](auto sv) {
-      using S = decltype(sv);
-      cast_kernel<D, S><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(
-          static_cast<D*>(dst), static_cast<const S*>(src), n);
-    });
-  });
-  CUDA_CHECK(cudaGetLastError());
-}
-
-void fill(void* dst, DType t, int64_t n, double value, int device, Stream s) {
-  if (n == 0) return;
-  CUDA_CHECK(cudaSetDevice(device));
-  dispatch_device(t, [&](auto tv) {
-    using T = decltype(tv);
-    fill_kernel<T><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(static_cast<T*>(dst), value, n);
-  });
-  CUDA_CHECK(cudaGetLastError());
 }
 
 void fill_uniform(void* dst, DType t, int64_t n, double lo, double hi, uint64_t seed, int device,

@@ -1,5 +1,6 @@
-// Shared by the .cu files: error checks, the dtype switches, f32 loads and
-// stores for every storage type, and warp/block reductions.
+// Shared by the .cu files: core's device dtypes (src/core/cuda/device_dtypes.cuh: error checks,
+// the dtype switches, f32 loads and stores, the grid-stride loop), warp/block reductions, atomics
+// and scratch memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,97 +13,17 @@
 #include "fsdp/core/device.h"
 #include "fsdp/core/dtype.h"
 #include "fsdp/core/error.h"
-
-#define CUDA_CHECK(expr)                                                                         \
-  do {                                                                                           \
-    cudaError_t err_ = (expr);                                                                   \
-    if (err_ != cudaSuccess) FSDP_FAIL("[cuda] {} failed: {}", #expr, cudaGetErrorString(err_)); \
-  } while (0)
+#include "src/core/cuda/device_dtypes.cuh"
 
 namespace fsdp::kernels::cuda {
 
-// Calls f with a value of the device type that matches t.
-template <class F>
-void dispatch_device(DType t, F&& f) {
-  switch (t) {
-    case DType::f32:
-      f(float{});
-      return;
-    case DType::f64:
-      f(double{});
-      return;
-    case DType::bf16:
-      f(__nv_bfloat16{});
-      return;
-    case DType::f16:
-      f(__half{});
-      return;
-    case DType::i32:
-      f(int32_t{});
-      return;
-    case DType::i64:
-      f(int64_t{});
-      return;
-  }
-}
-
-// The floating storage types the compute kernels take.
-template <class F>
-void dispatch_float(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::f32:
-      f(float{});
-      return;
-    case DType::bf16:
-      f(__nv_bfloat16{});
-      return;
-    case DType::f16:
-      f(__half{});
-      return;
-    default:
-      FSDP_FAIL("[{}] CUDA kernels take f32, bf16 or f16, got {}", op, dtype_name(t));
-  }
-}
-
-template <class F>
-void dispatch_index(DType t, const char* op, F&& f) {
-  if (t == DType::i32) return f(int32_t{});
-  if (t == DType::i64) return f(int64_t{});
-  FSDP_FAIL("[{}] token ids must be i32 or i64, got {}", op, dtype_name(t));
-}
-
-template <class T>
-__device__ __forceinline__ float to_f32(T v) {
-  return float(v);
-}
-template <>
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <>
-__device__ __forceinline__ float to_f32(__half v) {
-  return __half2float(v);
-}
-
-// Converts through double for the wide types and through float for the narrow ones.
-template <class D, class S>
-__device__ __forceinline__ D convert(S v) {
-  if constexpr (std::is_same_v<D, S>)
-    return v;
-  else if constexpr (std::is_same_v<D, __nv_bfloat16>)
-    return __float2bfloat16(to_f32(v));
-  else if constexpr (std::is_same_v<D, __half>)
-    return __float2half(to_f32(v));
-  else if constexpr (std::is_same_v<S, __nv_bfloat16> || std::is_same_v<S, __half>)
-    return D(to_f32(v));
-  else
-    return D(v);
-}
-
-template <class T>
-__device__ __forceinline__ T from_f32(float v) {
-  return convert<T>(v);
-}
+using gpu::convert;
+using gpu::dispatch_device;
+using gpu::dispatch_float;
+using gpu::dispatch_index;
+using gpu::from_f32;
+using gpu::grid_for;
+using gpu::to_f32;
 
 struct SumOp {
   static constexpr float identity = 0.f;
@@ -174,14 +95,5 @@ class Scratch {
   int device_;
   void* p_ = nullptr;
 };
-
-inline unsigned grid_for(int64_t n, int block, unsigned cap = 65535u) {
-  const int64_t g = (n + block - 1) / block;
-  return unsigned(g < 1 ? 1 : (g > cap ? cap : g));
-}
-
-#define GRID_STRIDE(i, n)                                                   \
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); \
-       i += int64_t(gridDim.x) * blockDim.x)
 
 }  // namespace fsdp::kernels::cuda

@@ -19,10 +19,7 @@ namespace fsdp::kernels::cuda {
 
 using Stream = void*;
 
-// cast.cu: copies, casts and FSDP's copy kernels.
-void memcpy_sync(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes);
-void cast(void* dst, DType dst_t, const void* src, DType src_t, int64_t n, int device, Stream s);
-void fill(void* dst, DType t, int64_t n, double value, int device, Stream s);
+// cast.cu: random fills and FSDP's copy kernels (plain casts and fills: core's gpu::cast, fill).
 // Uniform in [lo, hi), a counter-based hash of (seed, index): the same values on every call.
 void fill_uniform(void* dst, DType t, int64_t n, double lo, double hi, uint64_t seed, int device,
                   Stream s);

@@ -31,7 +31,7 @@
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/core/env.h"
 #include "fsdp/core/file.h"
-#include "fsdp/dist/placement.h"
+#include "fsdp/distributed/placement.h"
 #include "src/checkpoint/manifest.h"
 #include "src/checkpoint/save_parts.h"
 

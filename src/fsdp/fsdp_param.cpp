@@ -2,7 +2,7 @@
 
 #include <tuple>
 
-#include "fsdp/dist/placement.h"
+#include "fsdp/distributed/placement.h"
 
 namespace fsdp {
 

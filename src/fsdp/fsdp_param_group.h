@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/dist/device_mesh.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/device_mesh.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "src/fsdp/fsdp_param.h"
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/dist/placement.h"
+#include "fsdp/distributed/placement.h"
 #include "fsdp/nn/module.h"
 #include "src/train/step_replay.h"
 

@@ -20,7 +20,7 @@
 #include "fsdp/data/loader.h"
 #include "fsdp/data/token_sources.h"
 #include "fsdp/data/tokenizer.h"
-#include "fsdp/dist/device_mesh.h"
+#include "fsdp/distributed/device_mesh.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/optim/adamw.h"

@@ -2,8 +2,8 @@
 // steps, checking that the loss moved; then shards it with fully_shard (a
 // world of one), saves a sharded checkpoint and loads it into a fresh model.
 #include <fsdp/checkpoint/checkpoint.h>
-#include <fsdp/dist/device_mesh.h>
-#include <fsdp/dist/init.h>
+#include <fsdp/distributed/device_mesh.h>
+#include <fsdp/distributed/init.h>
 #include <fsdp/fsdp/fully_shard.h>
 #include <fsdp/nn/loss.h>
 #include <fsdp/nn/minillm.h>

@@ -32,7 +32,7 @@
 #include <utility>  // IWYU pragma: export (Extras::files holds pairs)
 #include <vector>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/optim/optimizer.h"
 

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "fsdp/checkpoint/checkpoint.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/optim/optimizer.h"
 

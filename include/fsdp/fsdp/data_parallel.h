@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/nn/module.h"
 #include "fsdp/nn/param_group.h"
 

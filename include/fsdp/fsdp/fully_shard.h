@@ -39,8 +39,8 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/dist/device_mesh.h"
-#include "fsdp/dist/dtensor.h"
+#include "fsdp/distributed/device_mesh.h"
+#include "fsdp/distributed/dtensor.h"
 #include "fsdp/fsdp/data_parallel.h"
 #include "fsdp/nn/module.h"
 #include "fsdp/nn/param_group.h"

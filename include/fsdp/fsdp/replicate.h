@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/dist/device_mesh.h"
+#include "fsdp/distributed/device_mesh.h"
 #include "fsdp/fsdp/data_parallel.h"
 #include "fsdp/nn/module.h"
 #include "fsdp/nn/param_group.h"

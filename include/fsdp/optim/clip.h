@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "fsdp/core/tensor.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/param_group.h"
 

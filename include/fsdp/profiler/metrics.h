@@ -11,7 +11,7 @@
 
 #include "fsdp/core/device.h"
 #include "fsdp/core/tensor.h"
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace fsdp::profiler {
 

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "fsdp/dist/device_mesh.h"
+#include "fsdp/distributed/device_mesh.h"
 #include "fsdp/fsdp/data_parallel.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/minillm.h"

@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/train/options.h"
 

@@ -4,7 +4,7 @@
 // device's compute stream (cuda_compute_stream), so a block freed and reused
 // is ordered on that stream; collectives on other streams keep
 // their tensors alive until the compute stream has waited for them (see
-// src/dist/nccl). Counters: allocated (current, peak), the "peak mem" of
+// src/distributed/nccl). Counters: allocated (current, peak), the "peak mem" of
 // fsdp-train, and reserved (allocated plus cached). FSDP_CUDA_POISON=1 fills
 // every block handed out with 0xFF bytes (NaN in every float type), so a
 // kernel that leaves an output element unwritten is caught by the tests.

@@ -1,5 +1,5 @@
 // core's CUDA runtime (src/core/gpu.h) in a CUDA build: device count, the
-// compute streams, copies and fills through kernels/cuda, NVTX ranges and the
+// compute streams (copies, casts and fills: cast_fill.cu), NVTX ranges and the
 // profiler's device timing with CUDA events.
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>  // header-only; a no-op unless Nsight is attached
@@ -14,7 +14,6 @@
 
 #include "fsdp/core/error.h"
 #include "fsdp/core/trace.h"
-#include "kernels/cuda/cuda_kernels.h"
 #include "src/core/gpu.h"
 
 namespace fsdp::gpu {
@@ -60,10 +59,6 @@ DeviceMemoryInfo memory_info(int device) {
   FSDP_CHECK(e == cudaSuccess, "[device] cuda:{}: cudaMemGetInfo failed: {}", device,
              cudaGetErrorString(e));
   return {int64_t(free), int64_t(total)};
-}
-
-void memcpy_sync(void* dst, Device dst_device, const void* src, Device src_device, int64_t bytes) {
-  kernels::cuda::memcpy_sync(dst, dst_device, src, src_device, bytes);
 }
 
 void* pinned_alloc(int64_t bytes) {
@@ -135,14 +130,6 @@ void download(const std::vector<HostCopy>& copies, int device) {
   if (done) cudaEventDestroy(done);
   FSDP_CHECK(e == cudaSuccess, "[download] copying {} bytes from cuda:{} to host memory failed: {}",
              total, device, cudaGetErrorString(e));
-}
-
-void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n, int device) {
-  kernels::cuda::cast(dst, dst_dtype, src, src_dtype, n, device, compute_stream(device));
-}
-
-void fill(void* dst, DType dtype, int64_t n, double value, int device) {
-  kernels::cuda::fill(dst, dtype, n, value, device, compute_stream(device));
 }
 
 void range_push(const char* name) { nvtxRangePushA(name); }

@@ -1,7 +1,7 @@
 // The CPU ProcessGroup: checks each call, then runs it on the group's
 // communication thread through a Transport (MPI, Gloo, or local for a world of
 // one). Also the local transport, which is what a collective means for one rank.
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 #include <algorithm>
 #include <atomic>
@@ -19,10 +19,10 @@
 
 #include "fsdp/core/env.h"
 #include "fsdp/core/trace.h"
-#include "fsdp/dist/init.h"
+#include "fsdp/distributed/init.h"
 #include "src/core/dispatch.h"
-#include "src/dist/transport.h"
-#include "src/dist/cpu_group.h"
+#include "src/distributed/transport.h"
+#include "src/distributed/cpu_group.h"
 
 namespace fsdp::dist {
 

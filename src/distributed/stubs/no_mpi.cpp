@@ -3,7 +3,7 @@
 #include <memory>
 
 #include "fsdp/core/error.h"
-#include "src/dist/transport.h"
+#include "src/distributed/transport.h"
 
 namespace fsdp::dist {
 

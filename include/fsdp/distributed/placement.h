@@ -9,7 +9,7 @@
 #include <utility>
 #include <variant>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace fsdp::dist {
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "fsdp/core/error.h"
-#include "src/dist/transport.h"
+#include "src/distributed/transport.h"
 
 namespace fsdp::dist {
 

@@ -14,8 +14,8 @@
 #include <optional>
 #include <vector>
 
-#include "fsdp/dist/device_mesh.h"
-#include "fsdp/dist/placement.h"
+#include "fsdp/distributed/device_mesh.h"
+#include "fsdp/distributed/placement.h"
 
 namespace fsdp::dist {
 

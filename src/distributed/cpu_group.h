@@ -19,9 +19,9 @@
 #include <thread>
 #include <vector>
 
-#include "fsdp/dist/process_group.h"
-#include "src/dist/transport.h"
-#include "src/dist/watchdog.h"
+#include "fsdp/distributed/process_group.h"
+#include "src/distributed/transport.h"
+#include "src/distributed/watchdog.h"
 
 namespace fsdp::dist {
 

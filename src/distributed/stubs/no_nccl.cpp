@@ -3,7 +3,7 @@
 #include <memory>
 
 #include "fsdp/core/error.h"
-#include "src/dist/nccl/nccl_group.h"
+#include "src/distributed/nccl/nccl_group.h"
 
 namespace fsdp::dist {
 

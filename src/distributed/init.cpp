@@ -1,5 +1,5 @@
 // Rendezvous and the world group.
-#include "fsdp/dist/init.h"
+#include "fsdp/distributed/init.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -24,12 +24,12 @@
 #include <vector>
 
 #include "fsdp/core/env.h"
-#include "fsdp/dist/launch_env.h"
-#include "src/dist/transport.h"
-#include "src/dist/cpu_group.h"
-#include "src/dist/device_host_group.h"
-#include "src/dist/nccl/nccl_group.h"
-#include "src/dist/watchdog.h"
+#include "fsdp/distributed/launch_env.h"
+#include "src/distributed/transport.h"
+#include "src/distributed/cpu_group.h"
+#include "src/distributed/device_host_group.h"
+#include "src/distributed/nccl/nccl_group.h"
+#include "src/distributed/watchdog.h"
 
 namespace fsdp::dist {
 

@@ -37,7 +37,7 @@ class Transport {
 };
 
 std::unique_ptr<Transport> make_local_transport();
-// The engines of optional libraries; in a build without one, src/dist/stubs/ throws naming it.
+// The engines of optional libraries; in a build without one, src/distributed/stubs/ throws naming it.
 std::unique_ptr<Transport> make_mpi_world_transport();  // MPI_COMM_WORLD, initialising MPI if needed
 void mpi_finalize();
 void mpi_abort(int code);

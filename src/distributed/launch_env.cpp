@@ -1,6 +1,6 @@
 // Reading the launcher's environment (see launch_env.h). Only strings and numbers: nothing here
 // opens a socket, so every refusal happens before any rank waits for another.
-#include "fsdp/dist/launch_env.h"
+#include "fsdp/distributed/launch_env.h"
 
 #include <charconv>
 #include <cstdint>

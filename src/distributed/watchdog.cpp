@@ -1,4 +1,4 @@
-#include "src/dist/watchdog.h"
+#include "src/distributed/watchdog.h"
 
 #include <fmt/core.h>
 
@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/dist/store.h"
+#include "fsdp/distributed/store.h"
 
 namespace fsdp::dist::watchdog {
 

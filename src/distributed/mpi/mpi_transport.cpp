@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "fsdp/core/error.h"
-#include "src/dist/transport.h"
+#include "src/distributed/transport.h"
 
 #define MPI_CHECK(expr)                                                         \
   do {                                                                          \

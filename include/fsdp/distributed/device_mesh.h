@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace fsdp::dist {
 

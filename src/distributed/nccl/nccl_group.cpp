@@ -4,7 +4,7 @@
 // on it, and records a completion event; Work::wait() makes the caller's
 // stream wait for that event, so the host never blocks. Each local rank uses
 // the GPU of its local rank.
-#include "src/dist/nccl/nccl_group.h"
+#include "src/distributed/nccl/nccl_group.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "fsdp/core/error.h"
-#include "src/dist/transport.h"
+#include "src/distributed/transport.h"
 
 #define NCCL_CHECK(expr)                                                                     \
   do {                                                                                       \

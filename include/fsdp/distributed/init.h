@@ -15,8 +15,8 @@
 #include <memory>
 #include <string>
 
-#include "fsdp/dist/process_group.h"
-#include "fsdp/dist/store.h"
+#include "fsdp/distributed/process_group.h"
+#include "fsdp/distributed/store.h"
 
 namespace fsdp::dist {
 

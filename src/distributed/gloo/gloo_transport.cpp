@@ -21,9 +21,9 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/dist/process_group.h"
-#include "fsdp/dist/store.h"
-#include "src/dist/transport.h"
+#include "fsdp/distributed/process_group.h"
+#include "fsdp/distributed/store.h"
+#include "src/distributed/transport.h"
 
 namespace fsdp::dist {
 

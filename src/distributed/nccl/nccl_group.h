@@ -1,10 +1,10 @@
-// The ProcessGroup for CUDA tensors, on NCCL. Private; src/dist/stubs/no_nccl.cpp in builds without
+// The ProcessGroup for CUDA tensors, on NCCL. Private; src/distributed/stubs/no_nccl.cpp in builds without
 // it.
 #pragma once
 
 #include <memory>
 
-#include "fsdp/dist/init.h"
+#include "fsdp/distributed/init.h"
 
 namespace fsdp::dist {
 

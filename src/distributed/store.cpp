@@ -10,7 +10,7 @@
 // or whose first bytes are not the magic; every length is bounded before it
 // is allocated, on both sides; every client wait has a deadline and polls the
 // stop flag.
-#include "fsdp/dist/store.h"
+#include "fsdp/distributed/store.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

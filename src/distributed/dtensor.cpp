@@ -1,7 +1,7 @@
 // DTensor placement changes, one mesh dim at a time. Sharded dims are moved
 // to the front, padded to the chunk size and sent as one flat buffer, since
 // the collectives work on dim 0 of contiguous tensors.
-#include "fsdp/dist/dtensor.h"
+#include "fsdp/distributed/dtensor.h"
 
 #include <cstddef>
 #include <utility>

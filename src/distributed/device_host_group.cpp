@@ -1,5 +1,5 @@
 // The device + host group: each collective goes to the half that owns its tensors.
-#include "src/dist/device_host_group.h"
+#include "src/distributed/device_host_group.h"
 
 #include <utility>
 

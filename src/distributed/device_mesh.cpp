@@ -1,11 +1,11 @@
 // DeviceMesh construction: one split of the world per mesh dim.
-#include "fsdp/dist/device_mesh.h"
+#include "fsdp/distributed/device_mesh.h"
 
 #include <algorithm>
 #include <variant>
 
-#include "fsdp/dist/init.h"
-#include "fsdp/dist/placement.h"
+#include "fsdp/distributed/init.h"
+#include "fsdp/distributed/placement.h"
 
 namespace fsdp::dist {
 

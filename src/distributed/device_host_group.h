@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-#include "fsdp/dist/process_group.h"
+#include "fsdp/distributed/process_group.h"
 
 namespace fsdp::dist {
 
