@@ -1,9 +1,7 @@
 // GGUF's llama metadata as fsdp.cpp's config, llama.cpp's tensor names as Hugging Face's, and
 // the "gpt2" tokenizer as a tokenizer.json. See include/fsdp/checkpoint/gguf.h.
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -13,6 +11,7 @@
 #include "fsdp/checkpoint/gguf.h"
 #include "fsdp/core/error.h"
 #include "fsdp/data/tokenizer.h"
+#include "src/checkpoint/param_names.h"
 
 namespace fsdp::checkpoint {
 
@@ -56,29 +55,7 @@ GgufLlamaConfig gguf_llama_config(const GgufFile& f) {
 }
 
 std::string hf_name_of_gguf(const std::string& name) {
-  static const std::map<std::string, std::string> top = {
-      {"token_embd.weight", "model.embed_tokens.weight"},
-      {"output_norm.weight", "model.norm.weight"},
-      {"output.weight", "lm_head.weight"}};
-  static const std::map<std::string, std::string> block = {
-      {"attn_norm.weight", "input_layernorm.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},
-      {"attn_q.weight", "self_attn.q_proj.weight"},
-      {"attn_k.weight", "self_attn.k_proj.weight"},
-      {"attn_v.weight", "self_attn.v_proj.weight"},
-      {"attn_output.weight", "self_attn.o_proj.weight"},
-      {"ffn_gate.weight", "mlp.gate_proj.weight"},
-      {"ffn_up.weight", "mlp.up_proj.weight"},
-      {"ffn_down.weight", "mlp.down_proj.weight"}};
-  if (auto it = top.find(name); it != top.end()) return it->second;
-  if (!name.starts_with("blk.")) return "";
-  const size_t dot = name.find('.', 4);
-  if (dot == std::string::npos || dot == 4) return "";
-  const std::string layer = name.substr(4, dot - 4);
-  if (!std::all_of(layer.begin(), layer.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
-    return "";
-  auto it = block.find(name.substr(dot + 1));
-  return it == block.end() ? "" : "model.layers." + layer + "." + it->second;
+  return detail::rename(name, detail::Naming::gguf, detail::Naming::hf);
 }
 
 // ---------------------------------------------------------------- tokenizer

@@ -100,33 +100,15 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
     auto add = [&](const std::string& n, const Tensor& x) {
       tensors.emplace_back(n, x.contiguous().to(is_vec ? DType::f32 : dtype));
     };
-    if (name == "embed.weight")
-      add("token_embd.weight", t);
-    else if (name == "norm.weight")
-      add("output_norm.weight", t);
-    else if (name == "head.weight")
-      add("output.weight", t);
-    else {
-      const std::string blk = "blk." + name.substr(7, name.find('.', 7) - 7) + ".";  // "layers.N."
-      if (is_in_proj(name) || is_in_proj_bias(name)) {
-        const std::string kind = is_in_proj(name) ? ".weight" : ".bias";
-        add(blk + "attn_q" + kind, qk(t.slice(rows[0].first, rows[0].second), cfg.heads));
-        add(blk + "attn_k" + kind, qk(t.slice(rows[1].first, rows[1].second), kv_heads));
-        add(blk + "attn_v" + kind, t.slice(rows[2].first, rows[2].second));
-      } else if (name.ends_with(".norm1.weight"))
-        add(blk + "attn_norm.weight", t);
-      else if (name.ends_with(".attn.out_proj.weight"))
-        add(blk + "attn_output.weight", t);
-      else if (name.ends_with(".norm2.weight"))
-        add(blk + "ffn_norm.weight", t);
-      else if (name.ends_with(".ffn.w1.weight"))
-        add(blk + "ffn_gate.weight", t);
-      else if (name.ends_with(".ffn.w3.weight"))
-        add(blk + "ffn_up.weight", t);
-      else if (name.ends_with(".ffn.w2.weight"))
-        add(blk + "ffn_down.weight", t);
-      else
-        FSDP_FAIL("[gguf] no llama.cpp name for parameter '{}'", name);
+    if (is_in_proj(name) || is_in_proj_bias(name)) {
+      const auto names = detail::in_proj_names(name, detail::Naming::gguf);
+      add(names[0], qk(t.slice(rows[0].first, rows[0].second), cfg.heads));
+      add(names[1], qk(t.slice(rows[1].first, rows[1].second), kv_heads));
+      add(names[2], t.slice(rows[2].first, rows[2].second));
+    } else {
+      const std::string n = detail::rename(name, detail::Naming::ours, detail::Naming::gguf);
+      FSDP_CHECK(!n.empty(), "[gguf] no llama.cpp name for parameter '{}'", name);
+      add(n, t);
     }
   }
   GgufWriter kv;

@@ -23,14 +23,6 @@ using json = nlohmann::json;
 using detail::is_in_proj;
 using detail::is_in_proj_bias;
 
-namespace {
-
-std::string layer_prefix(const std::string& n) {
-  return n.substr(0, n.find(".attn."));
-}  // "layers.3"
-
-}  // namespace
-
 std::array<std::pair<int64_t, int64_t>, 3> in_proj_rows(const nn::MiniLLMConfig& cfg) {
   const int64_t q = cfg.heads * cfg.resolved_head_dim(),
                 kv = cfg.resolved_kv_heads() * cfg.resolved_head_dim();
@@ -39,20 +31,8 @@ std::array<std::pair<int64_t, int64_t>, 3> in_proj_rows(const nn::MiniLLMConfig&
 
 std::string hf_name(const std::string& ours) {
   if (is_in_proj(ours) || is_in_proj_bias(ours)) return "";
-  static const std::vector<std::pair<std::string, std::string>> suffix = {
-      {".norm1.weight", ".input_layernorm.weight"},
-      {".attn.out_proj.weight", ".self_attn.o_proj.weight"},
-      {".norm2.weight", ".post_attention_layernorm.weight"},
-      {".ffn.w1.weight", ".mlp.gate_proj.weight"},
-      {".ffn.w3.weight", ".mlp.up_proj.weight"},
-      {".ffn.w2.weight", ".mlp.down_proj.weight"}};
-  if (ours == "embed.weight") return "model.embed_tokens.weight";
-  if (ours == "norm.weight") return "model.norm.weight";
-  if (ours == "head.weight") return "lm_head.weight";
-  for (auto& [a, b] : suffix)
-    if (ours.size() > a.size() && ours.compare(ours.size() - a.size(), a.size(), a) == 0)
-      return "model." + ours.substr(0, ours.size() - a.size()) + b;
-  return ours;
+  const std::string hf = detail::rename(ours, detail::Naming::ours, detail::Naming::hf);
+  return hf.empty() ? ours : hf;
 }
 
 namespace {
@@ -115,11 +95,9 @@ NamedTensors to_hf_llama(const nn::MiniLLMConfig& cfg, const NamedTensors& ours)
   const auto rows = in_proj_rows(cfg);
   for (auto& [name, t] : ours) {
     if (is_in_proj(name) || is_in_proj_bias(name)) {
-      const std::string base = "model." + layer_prefix(name) + ".self_attn.";
-      const char* kind = is_in_proj(name) ? ".weight" : ".bias";
-      const char* parts[3] = {"q_proj", "k_proj", "v_proj"};
-      for (int i = 0; i < 3; ++i)
-        out.emplace_back(base + parts[i] + kind, t.slice(rows[i].first, rows[i].second));
+      const auto names = detail::in_proj_names(name, detail::Naming::hf);
+      for (size_t i = 0; i < 3; ++i)
+        out.emplace_back(names[i], t.slice(rows[i].first, rows[i].second));
     } else {
       out.emplace_back(hf_name(name), t);
     }

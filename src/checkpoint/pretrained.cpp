@@ -29,6 +29,7 @@
 #include "fsdp/core/file.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "src/checkpoint/json_fields.h"
+#include "src/checkpoint/param_names.h"
 
 namespace fsdp::checkpoint {
 
@@ -56,25 +57,14 @@ std::string read_text(const fs::path& p) {
   return std::string((std::istreambuf_iterator<char>(f)), {});
 }
 
-bool is_in_proj(const std::string& n) { return n.ends_with(".attn.in_proj_weight"); }
-bool is_in_proj_bias(const std::string& n) { return n.ends_with(".attn.in_proj_bias"); }
-std::string layer_of(const std::string& n) {  // "layers.3.attn.in_proj_weight" -> "3"
-  return n.substr(7, n.find('.', 7) - 7);
-}
+using detail::is_in_proj;
+using detail::is_in_proj_bias;
 
-// Our parameter name -> llama.cpp's tensor name ("" for the packed in-projection).
+// Our parameter name -> llama.cpp's tensor name ("" for the packed in-projection and for a block
+// parameter llama.cpp does not name; a name outside the table stays as it is).
 std::string gguf_name(const std::string& ours) {
-  if (ours == "embed.weight") return "token_embd.weight";
-  if (ours == "norm.weight") return "output_norm.weight";
-  if (ours == "head.weight") return "output.weight";
-  static const std::vector<std::pair<std::string, std::string>> suffix = {
-      {".norm1.weight", "attn_norm.weight"}, {".attn.out_proj.weight", "attn_output.weight"},
-      {".norm2.weight", "ffn_norm.weight"},  {".ffn.w1.weight", "ffn_gate.weight"},
-      {".ffn.w3.weight", "ffn_up.weight"},   {".ffn.w2.weight", "ffn_down.weight"}};
-  if (!ours.starts_with("layers.")) return ours;
-  for (auto& [a, b] : suffix)
-    if (ours.ends_with(a)) return "blk." + layer_of(ours) + "." + b;
-  return "";
+  const std::string g = detail::rename(ours, detail::Naming::ours, detail::Naming::gguf);
+  return !g.empty() || ours.starts_with("layers.") ? g : ours;
 }
 
 // The id of token `text`, if the vocabulary has it.
@@ -464,11 +454,10 @@ std::vector<std::pair<Stored, int64_t>> parts_of(const PretrainedSource& s,
   if (s.gguf) {
     if (is_in_proj(name) || is_in_proj_bias(name)) {
       const auto rows = in_proj_rows(cfg);
-      const std::string kind = is_in_proj(name) ? ".weight" : ".bias";
-      const char* parts[3] = {"attn_q", "attn_k", "attn_v"};
+      const auto names = detail::in_proj_names(name, detail::Naming::gguf);
       std::vector<std::pair<Stored, int64_t>> out;
       for (size_t i = 0; i < 3; ++i) {
-        const std::string n = "blk." + layer_of(name) + "." + parts[i] + kind;
+        const std::string& n = names[i];
         auto st = stored(s, n);
         if (!st) missing(n);
         out.emplace_back(*st, rows[i].first);
@@ -484,13 +473,11 @@ std::vector<std::pair<Stored, int64_t>> parts_of(const PretrainedSource& s,
   if (cfg.arch != nn::Arch::llama) missing("");
   if (is_in_proj(name) || is_in_proj_bias(name)) {
     const auto rows = in_proj_rows(cfg);
-    const std::string base = "model.layers." + layer_of(name) + ".self_attn.";
-    const std::string kind = is_in_proj(name) ? ".weight" : ".bias";
-    const char* parts[3] = {"q_proj", "k_proj", "v_proj"};
+    const auto names = detail::in_proj_names(name, detail::Naming::hf);
     std::vector<std::pair<Stored, int64_t>> out;
     for (size_t i = 0; i < 3; ++i) {
-      auto st = stored(s, base + parts[i] + kind);
-      if (!st) missing(base + parts[i] + kind);
+      auto st = stored(s, names[i]);
+      if (!st) missing(names[i]);
       out.emplace_back(*st, rows[i].first);
     }
     return out;
