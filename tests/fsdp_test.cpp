@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "fsdp/core/allocator.h"
+#include "fsdp/data/loader.h"
 #include "fsdp/data/token_sources.h"
 #include "fsdp/distributed/init.h"
 #include "fsdp/fsdp/fully_shard.h"
@@ -26,6 +27,8 @@
 #include "fsdp/ops/ops.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/clip.h"
+#include "fsdp/profiler/metrics.h"
+#include "fsdp/train/step.h"
 #include "src/distributed/device_host_group.h"
 #include "src/fsdp/fsdp_state.h"
 #include "test_util.h"
@@ -101,9 +104,27 @@ Result reference(const Run& run) {
   return r;
 }
 
+// kSteps of train_step (fsdp-train's step) over each rank's rows of the global batches, without
+// clipping: the losses, the mean over ranks. Every step waits for the device once.
+std::vector<double> train_losses(nn::Module& model, DataParallelModule& parallel,
+                                 optim::Optimizer& opt, const nn::MiniLLMConfig& c, const Run& run) {
+  data::DataLoader loader(std::make_shared<data::RandomTokenSource>(c.vocab, kSeed), kGlobalRows,
+                          world()->rank(), world()->size(), c.seq);
+  const train::StepParts parts{
+      .model = model, .parallel = parallel, .optimizer = opt, .loader = loader, .group = *world()};
+  std::vector<double> losses;
+  for (int step = 0; step < kSteps; ++step) {
+    const profiler::StepMetrics m =
+        train::train_step(parts, step, {.grad_accum = run.accum, .grad_clip = 0});
+    EXPECT_EQ(m.host_syncs, 1) << "step " << step;
+    losses.push_back(m.loss);
+  }
+  return losses;
+}
+
 Result sharded(const Run& run) {
   nn::MiniLLMConfig c = config(run);
-  const int N = world()->size(), me = world()->rank();
+  const int N = world()->size();
   auto mesh = run.hsdp ? dist::init_device_mesh({run.hsdp, N / run.hsdp}, {"replicate", "shard"})
                        : dist::init_device_mesh({N}, {"shard"});
   nn::MiniLLM model(c);
@@ -116,26 +137,8 @@ Result sharded(const Run& run) {
     for (size_t i = 0; i < model.layers().size(); i += size_t(run.ac_every))
       model.layers()[i].set_activation_checkpoint(true);
   optim::AdamW opt(root.param_groups(0.01), {.lr = 1e-2});
-  data::RandomTokenSource src(c.vocab, kSeed);
-  const int64_t B = kGlobalRows / N;
   Result r;
-  for (int step = 0; step < kSteps; ++step) {
-    root.zero_grad();
-    double loss = 0;
-    for (int64_t m = 0; m < run.accum; ++m) {
-      root.set_requires_gradient_sync(m == run.accum - 1);
-      auto b = src.batch(step * run.accum + m, kGlobalRows, me * B, B, c.seq);
-      Tensor logits = model.forward(b.inputs).view({B * c.seq, c.vocab});
-      auto x = ops::cross_entropy_forward(logits, b.targets);
-      model.backward(ops::cross_entropy_backward(logits, b.targets, x.lse, 1.0 / double(run.accum))
-                         .view({B, c.seq, c.vocab}));
-      loss += x.loss / double(run.accum);
-    }
-    opt.step();
-    Tensor t = Tensor::full({1}, loss, DType::f64);
-    world()->all_reduce(t, dist::ReduceOp::AVG)->wait();
-    r.losses.push_back(t.item());
-  }
+  r.losses = train_losses(model, root, opt, c, run);
   for (auto& [n, d] : root.sharded_parameters()) r.params.emplace_back(n, d.full_tensor());
   return r;
 }
@@ -654,31 +657,13 @@ TEST(Layout, UnshardedParametersAndGradientsAre16ByteAligned) {
 // averaged by one all-reduce at the end of the backward (or of the last microbatch's).
 Result replicated(const Run& run) {
   nn::MiniLLMConfig c = config(run);
-  const int N = world()->size(), me = world()->rank();
+  const int N = world()->size();
   nn::MiniLLM model(c);
   ReplicateModule& root = replicate(model, dist::init_device_mesh({N}, {"replicate"}),
                                     {.init_dtype = run.dtype, .seed = kSeed});
   optim::AdamW opt(root.param_groups(0.01), {.lr = 1e-2});
-  data::RandomTokenSource src(c.vocab, kSeed);
-  const int64_t B = kGlobalRows / N;
   Result r;
-  for (int step = 0; step < kSteps; ++step) {
-    root.zero_grad();
-    double loss = 0;
-    for (int64_t m = 0; m < run.accum; ++m) {
-      root.set_requires_gradient_sync(m == run.accum - 1);
-      auto b = src.batch(step * run.accum + m, kGlobalRows, me * B, B, c.seq);
-      Tensor logits = model.forward(b.inputs).view({B * c.seq, c.vocab});
-      auto x = ops::cross_entropy_forward(logits, b.targets);
-      model.backward(ops::cross_entropy_backward(logits, b.targets, x.lse, 1.0 / double(run.accum))
-                         .view({B, c.seq, c.vocab}));
-      loss += x.loss / double(run.accum);
-    }
-    opt.step();
-    Tensor t = Tensor::full({1}, loss, DType::f64);
-    world()->all_reduce(t, dist::ReduceOp::AVG)->wait();
-    r.losses.push_back(t.item());
-  }
+  r.losses = train_losses(model, root, opt, c, run);
   for (auto& [n, p] : model.named_parameters()) r.params.emplace_back(n, p->data.clone());
   return r;
 }

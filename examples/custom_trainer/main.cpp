@@ -1,32 +1,24 @@
-// A sharded trainer from the library's parts: tiny llama, fully_shard, AdamW, warmup + cosine,
-// clipping, a checkpoint every 10 steps, resume (fsdp-train's checkpoint::Manager: the folder is
-// locked, the newest complete checkpoint is loaded). mpirun -np 2 custom_trainer CKPT_DIR [STOP_AT]
+// A sharded trainer from the library's parts (tiny llama, fully_shard, AdamW, warmup + cosine) and
+// fsdp-train's step; checkpoint::Manager saves and resumes. mpirun -np 2 custom_trainer DIR [STOP]
 #include <fmt/core.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <memory>
-#include <optional>
 #include <string>
 
-#include "fsdp/checkpoint/manager.h"
-#include "fsdp/data/loader.h"
-#include "fsdp/data/token_sources.h"
-#include "fsdp/distributed/device_mesh.h"
 #include "fsdp/distributed/init.h"
 #include "fsdp/fsdp/fully_shard.h"
-#include "fsdp/nn/loss.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/ops/blas.h"
 #include "fsdp/optim/adamw.h"
-#include "fsdp/optim/clip.h"
-#include "fsdp/optim/lr_schedule.h"
+#include "fsdp/train/step.h"  // with the parts' headers: loader, schedule, checkpoint::Manager
 using namespace fsdp;
 
 int main(int argc, char** argv) try {
   ops::use_best_blas_kernel(argv);  // OpenBLAS's best kernels for this CPU (may re-execute)
-  const std::string dir = argc > 1 ? argv[1] : "ckpt";
   const int64_t steps = 20, stop = argc > 2 ? std::stoll(argv[2]) : steps, seed = 1;
   auto world = dist::init_process_group();
   auto mesh = dist::init_device_mesh({world->size()});
@@ -41,25 +33,14 @@ int main(int argc, char** argv) try {
       {.lr = 1e-3, .warmup = 5, .decay = optim::Decay::cosine, .min_lr = 1e-4, .decay_end = steps});
   data::DataLoader data(std::make_shared<data::RandomTokenSource>(cfg.vocab, seed), cfg.batch,
                         world->rank(), world->size(), cfg.seq);  // each rank's rows of cfg.batch
-  // The run in dir, as fsdp-train keeps it (checkpoint::Manager): locked for this job, resumed
-  // from its newest complete checkpoint (newer incomplete ones skipped aloud), the newest 2 kept.
-  checkpoint::Manager ckpt({.dir = dir, .resume = true, .keep = 2}, world);
-  int64_t start = 0;
-  if (const auto loaded = ckpt.load(root, opt, cfg.to_json(), {"arch"})) {
-    start = loaded->step;
-    data.set_position(loaded->data_position);  // windows read: the next batch is the next unread
-  }
-  for (int64_t step = start; step < stop; ++step) {
-    opt.set_lr(lr.at(step));
-    model.zero_grad();
-    data::Batch b = data.next();
-    nn::LMLoss lm;
-    Tensor loss = lm.forward(model.forward(b.inputs), b.targets);  // on the model's device
-    model.backward(lm.backward());
-    const double norm = optim::clip_grad_norm(root, 1.0);
-    opt.step();
-    world->all_reduce(loss, dist::ReduceOp::AVG)->wait();  // the mean over ranks
-    if (!world->rank()) fmt::print("step {} | loss {} | norm {:.3f}\n", step, loss.item(), norm);
+  checkpoint::Manager ckpt({.dir = argc > 1 ? argv[1] : "ckpt", .resume = true, .keep = 2}, world);
+  const auto loaded = ckpt.load(root, opt, cfg.to_json(), {"arch"});  // the newest complete one
+  if (loaded) data.set_position(loaded->data_position);  // the next batch is the next unread
+  const train::StepParts parts{.model = model, .parallel = root, .optimizer = opt, .loader = data,
+                               .group = *world, .schedule = &lr, .checkpointer = &ckpt};
+  for (int64_t step = loaded ? loaded->step : 0; step < stop; ++step) {
+    const profiler::StepMetrics m = train::train_step(parts, step, {.grad_clip = 1.0});
+    if (!world->rank()) fmt::print("{} | host syncs {}\n", m.line(), m.host_syncs);
     if ((step + 1) % 10 == 0) ckpt.save(step + 1, root, opt, cfg.to_json(), {data.position()});
   }
   dist::destroy_process_group();

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -16,24 +15,21 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/interchange.h"
 #include "fsdp/checkpoint/manager.h"
 #include "fsdp/checkpoint/pretrained.h"
-#include "fsdp/core/host_sync.h"
 #include "fsdp/core/interrupt.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/token_sources.h"
 #include "fsdp/data/tokenizer.h"
-#include "fsdp/nn/loss.h"
 #include "fsdp/ops/ops.h"
 #include "fsdp/optim/adamw.h"
-#include "fsdp/optim/clip.h"
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/metrics.h"
 #include "fsdp/profiler/tensorboard.h"
+#include "fsdp/train/step.h"
 #include "src/train/profile_window.h"
 #include "src/train/trainer_impl.h"
 
@@ -47,63 +43,30 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-// One optimizer step of grad_accum microbatches; returns its metrics, agreed over ranks. The
-// host waits for the device once: the metrics' gather (loss, grad norm, peak memory and the stop
-// agreement in one collective), before the optimizer may apply a non-finite update. Batches
-// reach the device from pinned memory, each prefetched while the one before it runs.
+// One optimizer step of grad_accum microbatches (train_step, fsdp/train/step.h: one host sync);
+// its metrics, agreed over ranks, with the FLOP/s ceiling raised by the rates it saw.
 profiler::StepMetrics Trainer::Impl::step(int64_t step) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t syncs0 = host_sync_count();
-  opt->set_lr(schedule->at(step));
-  const DataParallelModule::CommStats comm0 = parallel->comm_stats();
-  parallel->zero_grad();
-  std::vector<Tensor> micro_losses;  // on the device until the step line reads them
-  for (int64_t micro = 0; micro < o.sharding.grad_accum; ++micro) {
-    // The gradients are reduced (reduce-scatter or all-reduce) in the last microbatch's backward.
-    parallel->set_requires_gradient_sync(micro == o.sharding.grad_accum - 1);
-    data::Batch b = loader->next();
-    nn::LMLoss loss;  // the loss stays on the device; dlogits overwrite the logits
-    micro_losses.push_back(loss.forward(model->forward(b.inputs), b.targets));
-    model->backward(loss.backward(1.0 / double(o.sharding.grad_accum)));
-    loader->prefetch();  // the next batch is made and copied while this one's kernels run
-  }
-  const DataParallelModule::CommStats comm1 = parallel->comm_stats();
-  const optim::GradNorm norm =
-      optim::clip_grad_norm_async(groups, o.optimizer.grad_clip, parallel->shard_group());
-  // The step's one host sync: the loss, the grad norm (already all-reduced), peak memory and
-  // the stop agreement (a signal reaches the ranks at different moments; all of them stop after
-  // the same step), gathered over the ranks before the optimizer may apply a non-finite update.
-  profiler::StepMetrics m =
-      profiler::gather_step_metrics(*pg, device,
-                                    {.step = step,
-                                     .losses = micro_losses,
-                                     .grad_norm_sq = norm.total_sq,
-                                     .stop = stop_signal() != 0,
-                                     .ckpt_write = ckpt ? ckpt->write_state() : 0,
-                                     .lr = opt->lr(),
-                                     .step_seconds = 1.0,
-                                     .tokens = cfg.batch * size * cfg.seq * o.sharding.grad_accum,
-                                     .flops_per_token = cfg.flops_per_token(),
-                                     .peak_flops = peak});
-  FSDP_CHECK(std::isfinite(m.loss) && std::isfinite(m.grad_norm),
-             "[fsdp-train] step {}: loss {} and grad norm {} before the optimizer step; the "
-             "weights were not updated and no checkpoint was written after the last good step. "
-             "Lower --lr ({}) or set --grad-clip, and check the data",
-             step, m.loss, m.grad_norm, opt->lr());
-  opt->step();
-  m.host_syncs = host_sync_count() - syncs0;
-  m.exposed_seconds = comm1.exposed_seconds - comm0.exposed_seconds;
-  const double dt = seconds_since(t0);
-  m.step_seconds = dt;
+  profiler::StepMetrics m = train_step(
+      {.model = *model,
+       .parallel = *parallel,
+       .optimizer = *opt,
+       .loader = *loader,
+       .group = *pg,
+       .schedule = schedule.get(),
+       .checkpointer = ckpt.get()},
+      step,
+      {.grad_accum = o.sharding.grad_accum,
+       .grad_clip = o.optimizer.grad_clip,
+       .flops_per_token = double(cfg.flops_per_token()),
+       .peak_flops = peak});
+  const double dt = m.step_seconds;
   // A stop signal ends a wait stuck on a peer, but only after a step in flight had its time.
   longest_step = std::max(longest_step, dt);
   set_stop_grace(std::chrono::milliseconds(int64_t(1000.0 * std::max(1.0, 2.0 * longest_step))));
-  m.tokens_per_s /= dt;  // gathered with a 1 s step
-  m.mfu /= dt;
   raise_peak(m);
   if (step > start_step || o.schedule.steps == start_step + 1) {  // the first step warms up
-    comm_total += comm1.comm_seconds - comm0.comm_seconds;
-    exposed_total += comm1.exposed_seconds - comm0.exposed_seconds;
+    comm_total += m.comm_seconds;
+    exposed_total += m.exposed_seconds;
     step_total += dt;
     ++steps_timed;
   }

@@ -26,7 +26,9 @@ struct StepMetrics {
   // failed; some rank's is still writing.
   bool ckpt_write_failed = false, ckpt_writing = false;
   int64_t host_syncs = -1;  // the step's host waits (core's host_sync_count), when counted
-  double exposed_seconds = 0;  // the step's wait for collectives on the compute thread
+  // This rank's seconds in the step's collectives on their threads, and the compute thread's wait
+  // for them (the communication compute did not hide).
+  double comm_seconds = 0, exposed_seconds = 0;
   // The run's time so far and the time left (the mean of the recent steps times those left),
   // when the trainer set them (< 0: not).
   double elapsed_seconds = -1, eta_seconds = -1;

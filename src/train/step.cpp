@@ -1,0 +1,75 @@
+// train_step (fsdp/train/step.h): one optimizer step from a trainer's parts, with one host sync.
+#include "fsdp/train/step.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "fsdp/core/error.h"
+#include "fsdp/core/host_sync.h"
+#include "fsdp/core/tensor.h"
+#include "fsdp/nn/loss.h"
+#include "fsdp/optim/clip.h"
+#include "fsdp/train/trainer.h"
+
+namespace fsdp::train {
+
+// Batches reach the device from pinned memory, each prefetched while the one before it runs.
+// The host waits for the device once: the metrics' gather (loss, grad norm, peak memory, the stop
+// agreement and the checkpoint writers' state in one collective), before the optimizer may apply
+// a non-finite update.
+profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOptions& o) {
+  FSDP_CHECK(o.grad_accum >= 1, "[train_step] grad_accum must be at least 1, got {}",
+             o.grad_accum);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t syncs0 = host_sync_count();
+  if (p.schedule) p.optimizer.set_lr(p.schedule->at(step));
+  const DataParallelModule::CommStats comm0 = p.parallel.comm_stats();
+  p.parallel.zero_grad();
+  std::vector<Tensor> micro_losses;  // on the device until the gather reads them
+  int64_t tokens = 0;
+  Device device = Device::cpu();
+  for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
+    // The gradients are reduced (reduce-scatter or all-reduce) in the last microbatch's backward.
+    p.parallel.set_requires_gradient_sync(micro == o.grad_accum - 1);
+    data::Batch b = p.loader.next();
+    device = b.inputs.device();
+    tokens += b.inputs.numel() * p.group.size();  // each rank holds as many rows
+    nn::LMLoss loss;  // the loss stays on the device; dlogits overwrite the logits
+    micro_losses.push_back(loss.forward(p.model.forward(b.inputs), b.targets));
+    p.model.backward(loss.backward(1.0 / double(o.grad_accum)));
+    p.loader.prefetch();  // the next batch is made and copied while this one's kernels run
+  }
+  const DataParallelModule::CommStats comm1 = p.parallel.comm_stats();
+  const optim::GradNorm norm = optim::clip_grad_norm_async(p.optimizer.param_groups(), o.grad_clip,
+                                                           p.parallel.shard_group());
+  // A stop signal reaches the ranks at different moments; all of them stop after the same step.
+  profiler::StepMetrics m =
+      profiler::gather_step_metrics(p.group, device,
+                                    {.step = step,
+                                     .losses = micro_losses,
+                                     .grad_norm_sq = norm.total_sq,
+                                     .stop = stop_signal() != 0,
+                                     .ckpt_write = p.checkpointer ? p.checkpointer->write_state() : 0,
+                                     .lr = p.optimizer.lr(),
+                                     .step_seconds = 1.0,  // the rates are divided below
+                                     .tokens = tokens,
+                                     .flops_per_token = o.flops_per_token,
+                                     .peak_flops = o.peak_flops});
+  FSDP_CHECK(std::isfinite(m.loss) && std::isfinite(m.grad_norm),
+             "[train_step] step {}: loss {} and grad norm {} before the optimizer step; the "
+             "weights were not updated and no checkpoint was written after the last good step. "
+             "Lower the learning rate ({}) or clip the gradients, and check the data",
+             step, m.loss, m.grad_norm, p.optimizer.lr());
+  p.optimizer.step();
+  m.host_syncs = host_sync_count() - syncs0;
+  m.comm_seconds = comm1.comm_seconds - comm0.comm_seconds;
+  m.exposed_seconds = comm1.exposed_seconds - comm0.exposed_seconds;
+  m.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  m.tokens_per_s /= m.step_seconds;
+  m.mfu /= m.step_seconds;
+  return m;
+}
+
+}  // namespace fsdp::train
