@@ -7,8 +7,8 @@ and to Hugging Face tokenizers, through tests/gguf_probe:
     over several row ranges (odd starts, the last rows, empty) are bit-equal to
     gguf.quants.dequantize of the same rows; in Hugging Face order, attn_q and attn_k are the
     file's rows with convert_hf_to_gguf.py's permutation undone (9 heads for q, 3 for k);
-  - small files written with GGUFWriter for the types that file lacks: F16, BF16, Q4_0 (with
-    gguf.quants.quantize), Q4_K and Q6_K (random blocks with finite scales: gguf-py cannot
+  - small files written with GGUFWriter for the types that file lacks: F16, BF16, Q4_0, Q5_0 and
+    Q5_1 (with gguf.quants.quantize), Q4_K and Q6_K (random blocks with finite scales: gguf-py cannot
     quantize K-quants), bit-equal too, also as f64; a v2 header and a 64-byte alignment; q/k
     written with convert_hf_to_gguf.py's permutation read back in Hugging Face order (qwen2's
     unpermuted, an unknown architecture's refused);
@@ -229,7 +229,8 @@ with tempfile.TemporaryDirectory() as tmp:
     w.add_array("test.ints", [1, -2, 3])
     f32 = {}
     for name, qtype, rows, ne0 in [("t.f16", Q.F16, 7, 96), ("t.bf16", Q.BF16, 5, 64), ("t.q4_0", Q.Q4_0, 9, 128),
-                                   ("t.q4_1", Q.Q4_1, 3, 64), ("t.q8_0", Q.Q8_0, 6, 96)]:
+                                   ("t.q4_1", Q.Q4_1, 3, 64), ("t.q5_0", Q.Q5_0, 5, 96),
+                                   ("t.q5_1", Q.Q5_1, 4, 64), ("t.q8_0", Q.Q8_0, 6, 96)]:
         x = rng.standard_normal((rows, ne0)).astype(np.float32)
         x[0, :4] = [0.0, -0.0, 1e-6, 65504.0] if qtype != Q.BF16 else [0.0, -0.0, 1e-30, 3e38]
         q = quantize(x, qtype)
@@ -259,7 +260,8 @@ with tempfile.TemporaryDirectory() as tmp:
         rows = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
         cases += [(t.name, 0, rows), (t.name, 1, rows), (t.name, rows // 2, rows // 2 + 1)]
     compare_rows(path, small, cases)
-    check({t.tensor_type.name for t in small.tensors} >= {"F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"},
+    check({t.tensor_type.name for t in small.tensors} >= {"F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K",
+                                                      "Q6_K"},
           "the small file lacks a type")
     # f64 holds the same values.
     a, b = read_rows(path, [("t.q6_k", 1, 4, "file", "f32"), ("t.q6_k", 1, 4, "file", "f64")])

@@ -2,7 +2,7 @@
 // reads. See include/fsdp/checkpoint/gguf.h.
 //
 // Exactness: the dequantizers do gguf-py's float operations in its order. The products of an f16
-// scale and a small integer (Q4_0, Q4_1, Q8_0, Q4_K) are exact in f32, so a fused multiply-add
+// scale and a small integer (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K) are exact in f32, so a fused multiply-add
 // (the library builds with -ffp-contract=fast) rounds the same as a multiply then an add; Q6_K
 // has no add, and its (d * scale) * q keeps gguf-py's association.
 #include <cstdint>
@@ -55,6 +55,10 @@ std::pair<uint32_t, uint32_t> ggml_block(uint32_t type) {
   return {it->second.block, it->second.bytes};
 }
 
+const char* ggml_readable_type_names() {
+  return "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K";
+}
+
 bool ggml_type_readable(uint32_t type) {
   switch (GgmlType(type)) {
     case GgmlType::F32:
@@ -62,6 +66,8 @@ bool ggml_type_readable(uint32_t type) {
     case GgmlType::BF16:
     case GgmlType::Q4_0:
     case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
     case GgmlType::Q8_0:
     case GgmlType::Q4_K:
     case GgmlType::Q6_K:
@@ -71,10 +77,8 @@ bool ggml_type_readable(uint32_t type) {
 }
 
 void dequantize_row(uint32_t type, const uint8_t* src, float* dst, int64_t n) {
-  FSDP_CHECK(ggml_type_readable(type),
-             "[gguf] cannot dequantize {}: fsdp.cpp reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K "
-             "and Q6_K",
-             ggml_type_name(type));
+  FSDP_CHECK(ggml_type_readable(type), "[gguf] cannot dequantize {}: fsdp.cpp reads {}",
+             ggml_type_name(type), ggml_readable_type_names());
   auto [block, bytes] = ggml_block(type);
   FSDP_CHECK(n >= 0 && n % block == 0, "[gguf] {} needs a multiple of {} elements, not {}",
              ggml_type_name(type), block, n);
@@ -112,6 +116,22 @@ void dequantize_row(uint32_t type, const uint8_t* src, float* dst, int64_t n) {
         for (int j = 0; j < 16; ++j) {
           dst[j] = d * float(q[j] & 0xF) + m;
           dst[j + 16] = d * float(q[j] >> 4) + m;
+        }
+      }
+      return;
+    case GgmlType::Q5_0:  // d, 32 high bits (u32), 16 bytes of low nibbles as Q4_0; y = d * (q - 16)
+    case GgmlType::Q5_1:  // d, m, 32 high bits, 16 bytes; y = d * q + m
+      for (int64_t b = 0; b < nb; ++b, src += bytes, dst += 32) {
+        const bool q5_1 = GgmlType(type) == GgmlType::Q5_1;
+        const float d = ggml::half(src), m = q5_1 ? ggml::half(src + 2) : 0.f;
+        const uint32_t qh = ggml::load<uint32_t>(src + (q5_1 ? 4 : 2));
+        const uint8_t* q = src + (q5_1 ? 8 : 6);
+        const int offset = q5_1 ? 0 : 16;
+        for (int j = 0; j < 16; ++j) {
+          const int lo = int((q[j] & 0xF) | (((qh >> j) & 1) << 4)) - offset;
+          const int hi = int((q[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - offset;
+          dst[j] = q5_1 ? d * float(lo) + m : d * float(lo);
+          dst[j + 16] = q5_1 ? d * float(hi) + m : d * float(hi);
         }
       }
       return;

@@ -405,9 +405,8 @@ Tensor GgufFile::read_rows(const std::string& name, int64_t row_begin, int64_t r
              "[gguf] {}: rows [{}, {}) of tensor '{}' are outside its {} rows", path_, row_begin,
              row_end, name, ti.rows());
   FSDP_CHECK(ggml_type_readable(ti.type),
-             "[gguf] {}: tensor '{}' is {}; fsdp.cpp dequantizes F32, F16, BF16, Q8_0, Q4_0, "
-             "Q4_1, Q4_K and Q6_K",
-             path_, name, ggml_type_name(ti.type));
+             "[gguf] {}: tensor '{}' is {}; fsdp.cpp dequantizes {}", path_, name,
+             ggml_type_name(ti.type), ggml_readable_type_names());
   // Hugging Face's order for q and k of llama: undo the permutation with the head count that
   // made it (n_head stays 0 where nothing was permuted).
   int64_t n_head = 0;

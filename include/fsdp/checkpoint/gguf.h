@@ -68,6 +68,8 @@ enum class GgmlType : uint32_t {
   F16 = 1,
   Q4_0 = 2,
   Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
   Q8_0 = 8,
   Q4_K = 12,
   Q6_K = 14,
@@ -79,6 +81,8 @@ std::string ggml_type_name(uint32_t type);
 std::pair<uint32_t, uint32_t> ggml_block(uint32_t type);
 // Whether read_rows() can dequantize this type.
 bool ggml_type_readable(uint32_t type);
+// The types ggml_type_readable() accepts, for messages: "F32, F16, ..., Q4_K and Q6_K".
+const char* ggml_readable_type_names();
 
 // The value types of GGUF metadata, as numbered in the file.
 enum class GgufType : uint32_t {
