@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "fsdp/core/allocator.h"
+#include "fsdp/core/ignore_index.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/token_sources.h"
 #include "fsdp/distributed/init.h"
@@ -53,7 +54,38 @@ struct Run {
   int64_t kv_heads = 0, head_dim = 0;
   bool tied = false, qkv_bias = false;
   int64_t ac_every = 0;  // activation checkpointing on blocks 0, N, 2N, ...; 0: off
+  bool masked = false;   // targets masked unevenly over the ranks (SkewedMaskSource)
 };
+
+// Random tokens whose first targets in each row are ignored (kIgnoreIndex), the more the later the
+// row sits in its global batch: rank 0's rows keep nearly all their targets, the last rank's few,
+// and the batch's last row none. The loss is then the mean over the global batch's targets, which
+// a mean of the ranks' means is not.
+class SkewedMaskSource final : public data::TokenSource {
+ public:
+  explicit SkewedMaskSource(int64_t vocab) : base_(vocab, kSeed) {}
+  data::Batch windows(int64_t first, int64_t rows, int64_t seq) const override {
+    data::Batch b = base_.windows(first, rows, seq);
+    b.targets = b.targets.contiguous().clone();
+    int32_t* t = b.targets.data<int32_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t q = (first + r) % kGlobalRows;
+      const int64_t ignored = q == kGlobalRows - 1 ? seq : q * seq / kGlobalRows;
+      for (int64_t j = 0; j < ignored; ++j) t[r * seq + j] = int32_t(kIgnoreIndex);
+    }
+    return b;
+  }
+  bool masks_targets() const override { return true; }
+  std::string describe() const override { return "random tokens, skewed target masks"; }
+
+ private:
+  data::RandomTokenSource base_;
+};
+
+std::shared_ptr<const data::TokenSource> source(const Run& run, int64_t vocab) {
+  if (run.masked) return std::make_shared<SkewedMaskSource>(vocab);
+  return std::make_shared<data::RandomTokenSource>(vocab, kSeed);
+}
 
 // Dims that do not divide by 3 or 4, so the shards are uneven.
 nn::MiniLLMConfig config(nn::Arch arch) {
@@ -87,16 +119,20 @@ Result reference(const Run& run) {
   nn::MiniLLM model(c);
   auto flat = nn::materialize(model, run.dtype, kSeed);
   optim::AdamW opt({{flat.params, flat.grads, 0.01}}, {.lr = 1e-2});
-  data::RandomTokenSource src(c.vocab, kSeed);
+  const auto src = source(run, c.vocab);
   const int64_t rows = kGlobalRows * run.accum;
   Result r;
   for (int step = 0; step < kSteps; ++step) {
     flat.grads.zero_();
-    auto b = src.batch(step, rows, 0, rows, c.seq);
+    auto b = src->batch(step, rows, 0, rows, c.seq);
+    // The mean over the batch's targets: all of its positions, or those a mask leaves.
+    double targets = 0;
+    for (int64_t i = 0; i < b.targets.numel(); ++i)
+      targets += b.targets.data<int32_t>()[i] != int32_t(kIgnoreIndex);
     Tensor logits = model.forward(b.inputs).view({rows * c.seq, c.vocab});
-    auto x = ops::cross_entropy_forward(logits, b.targets);
-    model.backward(
-        ops::cross_entropy_backward(logits, b.targets, x.lse).view({rows, c.seq, c.vocab}));
+    auto x = ops::cross_entropy_forward(logits, b.targets, true, targets);
+    model.backward(ops::cross_entropy_backward(logits, b.targets, x.lse, 1.0, targets)
+                       .view({rows, c.seq, c.vocab}));
     opt.step();
     r.losses.push_back(x.loss);
   }
@@ -108,8 +144,8 @@ Result reference(const Run& run) {
 // clipping: the losses, the mean over ranks. Every step waits for the device once.
 std::vector<double> train_losses(nn::Module& model, DataParallelModule& parallel,
                                  optim::Optimizer& opt, const nn::MiniLLMConfig& c, const Run& run) {
-  data::DataLoader loader(std::make_shared<data::RandomTokenSource>(c.vocab, kSeed), kGlobalRows,
-                          world()->rank(), world()->size(), c.seq);
+  data::DataLoader loader(source(run, c.vocab), kGlobalRows, world()->rank(), world()->size(),
+                          c.seq);
   const train::StepParts parts{
       .model = model, .parallel = parallel, .optimizer = opt, .loader = loader, .group = *world()};
   std::vector<double> losses;
@@ -164,6 +200,14 @@ TEST(Equivalence, NoReshardAfterForward) {
 }
 TEST(Equivalence, GradientAccumulationEqualsALargerBatch) {
   expect_equivalent({.accum = 2}, 1e-10, 1e-10);
+}
+// A loss mask (SFT's: only the replies are targets) that leaves the ranks very different numbers
+// of targets: the loss and gradients are those of one rank holding the whole batch, the sum over
+// every target divided by their count, with and without accumulation, in f64 and f32.
+TEST(Equivalence, MaskedTargetsAveragedOverTheGlobalBatch) {
+  expect_equivalent({.masked = true}, 1e-10, 1e-10);
+  expect_equivalent({.accum = 2, .masked = true}, 1e-10, 1e-10);
+  expect_equivalent({.dtype = DType::f32, .accum = 2, .masked = true}, 1e-5, 1e-4);
 }
 // Grouped-query attention (4 query heads over 2 kv heads, and over 1), head dim 6 (not dim 20 /
 // 4), q/k/v biases and the head tied to the embedding: one parameter, "embed.weight", in the root's

@@ -480,36 +480,50 @@ OpCase clip_case(const Shape& s, double max_norm) {
 
 // ---------------------------------------------------------------- loss
 
-// out[0] is the mean loss as one f64 where the logits live (read_loss off: no host read).
-OpCase cross_entropy_case(int64_t rows, int64_t vocab, double range, bool in_place_backward) {
+// out[0] is the mean loss as one f64 where the logits live (read_loss off: no host read). Masked:
+// every third row's target is kIgnoreIndex and the sum is divided by 7 rather than the rows (a
+// trainer's count of targets across ranks and microbatches).
+OpCase cross_entropy_case(int64_t rows, int64_t vocab, double range, bool in_place_backward,
+                          bool masked = false) {
+  const double divisor = masked ? 7.0 : 0.0;
+  // The targets as the case uses them: every third row ignored when masked.
+  auto targets = [masked](const Tensor& t) {
+    if (!masked) return t;
+    Tensor m = t.to(Device::cpu()).to(DType::i64).contiguous().clone();
+    for (int64_t r = 1; r < m.numel(); r += 3) m.data<int64_t>()[r] = kIgnoreIndex;
+    return m.to(t.dtype()).to(t.device());
+  };
   OpCase c{.op = "cross_entropy",
-           .what = fmt::format("cross_entropy {}x{}{}", rows, vocab,
-                               in_place_backward ? " (backward in place)" : ""),
+           .what = fmt::format("cross_entropy {}x{}{}{}", rows, vocab,
+                               in_place_backward ? " (backward in place)" : "",
+                               masked ? " (masked, divisor 7)" : ""),
            .covers = {"cross_entropy_forward", in_place_backward ? "cross_entropy_backward_"
                                                                  : "cross_entropy_backward"},
            .dtypes = kAll,
            .inputs = {{{rows, vocab}, -range, range, Grad::returned},
                       {{rows}, 0, 0, Grad::none, vocab}},
            .ref_tol = 1e-13};
-  c.forward = [](const Tensors& in, bool) {
-    auto x = ops::cross_entropy_forward(in[0], in[1], false);
+  c.forward = [=](const Tensors& in, bool) {
+    auto x = ops::cross_entropy_forward(in[0], targets(in[1]), false, divisor);
     return OpRun{{x.loss_tensor}, {x.lse}};
   };
   c.backward = [=](const BackwardArgs& a) {
     if (!in_place_backward)
-      return Tensors{ops::cross_entropy_backward(a.in[0], a.in[1], a.fwd.saved[0], a.dout_scalar)};
-    return Tensors{ops::cross_entropy_backward_(a.in[0].clone(), a.in[1], a.fwd.saved[0],
-                                                a.dout_scalar)};
+      return Tensors{ops::cross_entropy_backward(a.in[0], targets(a.in[1]), a.fwd.saved[0],
+                                                 a.dout_scalar, divisor)};
+    return Tensors{ops::cross_entropy_backward_(a.in[0].clone(), targets(a.in[1]), a.fwd.saved[0],
+                                                a.dout_scalar, divisor)};
   };
   c.reference = [=](const Tensors& in) {
-    auto L = f64(in[0]), Y = f64(in[1]);
+    auto L = f64(in[0]), Y = f64(targets(in[1]));
     double loss = 0;
     for (int64_t r = 0; r < rows; ++r) {
+      if (int64_t(Y[size_t(r)]) == kIgnoreIndex) continue;
       double z = 0;
       for (int64_t j = 0; j < vocab; ++j) z += std::exp(L[size_t(r * vocab + j)]);
       loss += std::log(z) - L[size_t(r * vocab + int64_t(Y[size_t(r)]))];
     }
-    return Tensors{from({loss / double(rows)}, {1})};
+    return Tensors{from({loss / (masked ? divisor : double(rows))}, {1})};
   };
   c.forward_cost = [](const Tensors& in, const OpRun&) {
     return cost::cross_entropy_forward(in[0], in[1]);
@@ -659,6 +673,7 @@ std::vector<OpCase> op_cases() {
   for (bool in_place : {false, true}) {
     v.push_back(cross_entropy_case(6, 7, 2, in_place));
     v.push_back(cross_entropy_case(70, 300, 3, in_place));
+    v.push_back(cross_entropy_case(9, 11, 2, in_place, /*masked=*/true));
   }
   for (bool cast : {false, true}) v.push_back(copy_segments_case(100, {{0, 10, 20}, {30, 70, 30}}, cast));
   v.push_back(adamw_case(10, 3, {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "fsdp/core/ignore_index.h"
 #include "fsdp/core/tensor.h"
 
 namespace fsdp::kernels::cpu {
@@ -85,12 +86,14 @@ template <class T>
 void attention_decode(const T* q, const T* k, const T* v, T* out, int64_t n, int64_t H, int64_t KV,
                       int64_t hd, int64_t past);
 
-// softmax_xent.cpp: mean cross-entropy over n rows of v logits.
+// softmax_xent.cpp: cross-entropy over n rows of v logits, summed over the rows whose target is
+// not kIgnoreIndex (fsdp/ops/ops.h) and divided by divisor.
 template <class T, class I>
-double softmax_xent_forward(const T* logits, const I* targets, T* lse, int64_t n, int64_t v);
+double softmax_xent_forward(const T* logits, const I* targets, T* lse, int64_t n, int64_t v,
+                            double divisor);
 template <class T, class I>
 void softmax_xent_backward(const T* logits, const I* targets, const T* lse, T* dlogits,
-                           double dloss, int64_t n, int64_t v);
+                           double dloss, double divisor, int64_t n, int64_t v);
 
 // adamw.cpp: one fused AdamW step over a flat buffer, PyTorch's semantics.
 struct AdamWArgs {

@@ -139,14 +139,16 @@ void cudnn_attention_backward(const void* dout, const void* qkv, const void* out
                               void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
                               int64_t hd, bool causal, void* workspace, int device, Stream s);
 
-// softmax_xent.cu: lse is f32 [n]; mean_loss (one f64 on the device) gets the mean loss, and
-// stays there: no sync. A target outside [0, v) makes the loss NaN.
+// softmax_xent.cu: lse is f32 [n]; mean_loss (one f64 on the device) gets the loss summed over
+// the rows whose target is not kIgnoreIndex, divided by divisor, and stays there: no sync. Any
+// other target outside [0, v) makes the loss NaN.
 void softmax_xent_forward(const void* logits, const void* targets, DType tt, float* lse,
-                          double* mean_loss, DType t, int64_t n, int64_t v, int device, Stream s);
-// dlogits may be logits (in place).
+                          double* mean_loss, DType t, int64_t n, int64_t v, double divisor,
+                          int device, Stream s);
+// dlogits = (softmax - onehot) * dloss / divisor, zero on an ignored row; may be logits (in place).
 void softmax_xent_backward(const void* logits, const void* targets, DType tt, const float* lse,
-                           void* dlogits, DType t, double dloss, int64_t n, int64_t v, int device,
-                           Stream s);
+                           void* dlogits, DType t, double dloss, double divisor, int64_t n,
+                           int64_t v, int device, Stream s);
 
 // adamw.cu: one fused step over flat f32 buffers (the master weights).
 void adamw(void* param, const void* grad, void* m, void* v, DType t, int64_t n, double lr,

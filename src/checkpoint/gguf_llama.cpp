@@ -1,5 +1,6 @@
 // GGUF's llama metadata as fsdp.cpp's config, llama.cpp's tensor names as Hugging Face's, and
 // the "gpt2" tokenizer as a tokenizer.json. See include/fsdp/checkpoint/gguf.h.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>

@@ -1,9 +1,12 @@
 // A rank's view of the training data.
 #include "fsdp/data/loader.h"
 
+#include <cstdint>
 #include <utility>
 
 #include "fsdp/core/error.h"
+#include "fsdp/core/ignore_index.h"
+#include "fsdp/core/tensor.h"
 
 namespace fsdp::data {
 
@@ -35,6 +38,18 @@ Batch DataLoader::next() {
 
 void DataLoader::prefetch() {
   if (!staged_) staged_ = make(position_);
+}
+
+int64_t DataLoader::count_targets(int64_t batches) const {
+  if (!source_->masks_targets()) return rows_ * seq_ * batches;
+  int64_t n = 0;
+  for (int64_t k = 0; k < batches; ++k) {
+    const Batch b = source_->windows(position_ + k * global_rows_ + row_begin_, rows_, seq_);
+    const Tensor t = b.targets.contiguous();
+    const int32_t* p = t.data<int32_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) n += p[i] != int32_t(kIgnoreIndex);
+  }
+  return n;
 }
 
 void DataLoader::set_position(int64_t windows) {

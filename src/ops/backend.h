@@ -10,7 +10,8 @@
 // - saved statistics (rmsnorm's rstd, attention's and cross-entropy's lse) are in the compute
 //   dtype: f64 for f64 inputs, f32 for f32, bf16 and f16;
 // - a backward returns its input's gradient and adds into the parameter gradients it is given;
-// - attention's kv_heads is resolved (never 0) and divides heads;
+// - attention's kv_heads is resolved (never 0) and divides heads; cross-entropy's divisor is
+//   resolved (the rows when the caller gave none) and a target of kIgnoreIndex adds nothing;
 // - nothing reads back to the host except what the op returns as a double.
 // Private to the library.
 #pragma once
@@ -56,11 +57,13 @@
   X(void, clip_scale_, (const Tensor& x, const Tensor& total_sq, double max_norm))               \
   X(void, scale_, (const Tensor& x, double s))                                                   \
   X(CrossEntropyOut, cross_entropy_forward,                                                      \
-    (const Tensor& logits, const Tensor& targets, bool read_loss))                               \
+    (const Tensor& logits, const Tensor& targets, bool read_loss, double divisor))                               \
   X(Tensor, cross_entropy_backward,                                                              \
-    (const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss))              \
+    (const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,               \
+     double divisor))                                                                            \
   X(Tensor, cross_entropy_backward_,                                                             \
-    (const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss))              \
+    (const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,               \
+     double divisor))                                                                            \
   X(void, copy_segments,                                                                         \
     (const Tensor& dst, const Tensor& src, const std::vector<Segment>& segments))                \
   X(void, adamw_,                                                                                \

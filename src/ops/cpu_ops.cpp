@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -50,11 +52,13 @@ class Accum {
 };
 
 template <class I>
-void check_ids(const char* op, const Tensor& ids, int64_t vocab, const char* what) {
+void check_ids(const char* op, const Tensor& ids, int64_t vocab, const char* what,
+               std::optional<int64_t> allowed = std::nullopt) {
   const I* p = ids.data<I>();
   for (int64_t i = 0; i < ids.numel(); ++i)
-    FSDP_CHECK(p[i] >= 0 && p[i] < vocab, "[{}] {} {} at position {} is outside [0, {})", op, what,
-               int64_t(p[i]), i, vocab);
+    FSDP_CHECK((p[i] >= 0 && p[i] < vocab) || (allowed && int64_t(p[i]) == *allowed),
+               "[{}] {} {} at position {} is outside [0, {}){}", op, what, int64_t(p[i]), i, vocab,
+               allowed ? fmt::format(" and is not {}", *allowed) : "");
 }
 
 struct QkvDims {
@@ -68,7 +72,7 @@ QkvDims dims_of(const Tensor& qkv, int64_t heads, int64_t kv_heads) {
 // dlogits = softmax(logits) - onehot(targets), times dloss / N, into `out` (which may be
 // `logits`: row by row, each element is read before it is written). Both in the compute dtype.
 void xent_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                   const Tensor& out, double dloss, DType ct) {
+                   const Tensor& out, double dloss, double divisor, DType ct) {
   const int64_t n = logits.size(0), v = logits.size(1);
   Tensor Tg = targets.contiguous(), LS = as_compute(lse, ct);
   dispatch_index(Tg.dtype(), "cross_entropy_backward", [&](auto iv) {
@@ -76,7 +80,7 @@ void xent_backward(const Tensor& logits, const Tensor& targets, const Tensor& ls
     dispatch_compute(ct, "cross_entropy_backward", [&](auto tv) {
       using T = decltype(tv);
       cpu::softmax_xent_backward<T, Ix>(logits.data<T>(), Tg.data<Ix>(), LS.data<T>(),
-                                        out.data<T>(), dloss, n, v);
+                                        out.data<T>(), dloss, divisor, n, v);
     });
   });
 }
@@ -346,34 +350,36 @@ void clip_scale_(const Tensor& x, const Tensor& total_sq, double max_norm) {
 }
 
 CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets,
-                                      bool /*read_loss: the loss is on the host already*/) {
+                                      bool /*read_loss: the loss is on the host already*/,
+                                      double divisor) {
   const int64_t n = logits.size(0), v = logits.size(1);
   const DType ct = compute_dtype(logits.dtype());
   Tensor L = as_compute(logits, ct), Tg = targets.contiguous(), lse = Tensor::empty({n}, ct);
   double loss = dispatch_index(Tg.dtype(), "cross_entropy", [&](auto iv) {
     using Ix = decltype(iv);
-    check_ids<Ix>("cross_entropy", Tg, v, "target");
+    check_ids<Ix>("cross_entropy", Tg, v, "target", kIgnoreIndex);
     return dispatch_compute(ct, "cross_entropy", [&](auto tv) {
       using T = decltype(tv);
-      return cpu::softmax_xent_forward<T, Ix>(L.data<T>(), Tg.data<Ix>(), lse.data<T>(), n, v);
+      return cpu::softmax_xent_forward<T, Ix>(L.data<T>(), Tg.data<Ix>(), lse.data<T>(), n, v,
+                                              divisor);
     });
   });
   return {loss, lse, Tensor::full({1}, loss, DType::f64)};
 }
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                              double dloss) {
+                              double dloss, double divisor) {
   const DType ct = compute_dtype(logits.dtype());
   Tensor L = as_compute(logits, ct), d = Tensor::empty(logits.shape(), ct);
-  xent_backward(L, targets, lse, d, dloss, ct);
+  xent_backward(L, targets, lse, d, dloss, divisor, ct);
   return as_storage(d, logits.dtype());
 }
 
 Tensor cross_entropy_backward_(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                               double dloss) {
+                               double dloss, double divisor) {
   const DType ct = compute_dtype(logits.dtype());
   Tensor work = as_compute(logits, ct);  // the logits themselves when they are f32/f64
-  xent_backward(work, targets, lse, work, dloss, ct);
+  xent_backward(work, targets, lse, work, dloss, divisor, ct);
   if (!work.shares_storage_with(logits)) logits.copy_(work);
   return logits;
 }

@@ -276,33 +276,35 @@ void scale_(const Tensor& x, double s) {
   kc::scale(x.raw_data(), x.dtype(), s, x.numel(), dev(x), cs(x));
 }
 
-CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets, bool read_loss) {
+CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets, bool read_loss,
+                                      double divisor) {
   Tensor L = dense(logits), Tg = dense(targets);
   const int64_t n = logits.size(0), v = logits.size(1);
   Tensor lse = Tensor::empty({n}, DType::f32, logits.device());
   Tensor loss = Tensor::empty({1}, DType::f64, logits.device());
   kc::softmax_xent_forward(L.raw_data(), Tg.raw_data(), Tg.dtype(), lse.data<float>(),
-                           loss.data<double>(), logits.dtype(), n, v, dev(logits), cs(logits));
+                           loss.data<double>(), logits.dtype(), n, v, divisor, dev(logits),
+                           cs(logits));
   return {read_loss ? loss.item() : std::numeric_limits<double>::quiet_NaN(), lse, loss};
 }
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                              double dloss) {
+                              double dloss, double divisor) {
   Tensor L = dense(logits), Tg = dense(targets), LS = dense(lse.to(DType::f32));
   const int64_t n = logits.size(0), v = logits.size(1);
   Tensor d = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
   kc::softmax_xent_backward(L.raw_data(), Tg.raw_data(), Tg.dtype(), LS.data<float>(), d.raw_data(),
-                            logits.dtype(), dloss, n, v, dev(logits), cs(logits));
+                            logits.dtype(), dloss, divisor, n, v, dev(logits), cs(logits));
   return d;
 }
 
 Tensor cross_entropy_backward_(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                               double dloss) {
+                               double dloss, double divisor) {
   // xent_bwd reads each logit once, then writes its gradient in the same place.
   Tensor Tg = dense(targets), LS = dense(lse.to(DType::f32));
   const int64_t n = logits.size(0), v = logits.size(1);
   kc::softmax_xent_backward(logits.raw_data(), Tg.raw_data(), Tg.dtype(), LS.data<float>(),
-                            logits.raw_data(), logits.dtype(), dloss, n, v, dev(logits),
+                            logits.raw_data(), logits.dtype(), dloss, divisor, n, v, dev(logits),
                             cs(logits));
   return logits;
 }

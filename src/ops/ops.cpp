@@ -360,7 +360,19 @@ void scale_(const Tensor& x, double s) {
 
 // ---------------------------------------------------------------- loss
 
-CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets, bool read_loss) {
+namespace {
+
+// The divisor of the summed loss: the caller's, or the rows (the mean) when it gave 0.
+double xent_divisor(const char* op, double divisor, int64_t rows) {
+  FSDP_CHECK(std::isfinite(divisor) && divisor >= 0,
+             "[{}] divisor must be finite and not negative (0: the rows), got {}", op, divisor);
+  return divisor == 0 ? double(rows) : divisor;
+}
+
+}  // namespace
+
+CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets, bool read_loss,
+                                      double divisor) {
   FSDP_OP_SCOPE("cross_entropy", logits, ({&logits, &targets}),
                 cost::cross_entropy_forward(logits, targets));
   FSDP_CHECK(logits.dim() == 2, "[cross_entropy] logits must be [N, V], got {}",
@@ -369,9 +381,10 @@ CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& target
   FSDP_CHECK(targets.numel() == n, "[cross_entropy] {} targets for {} rows of logits",
              targets.numel(), n);
   FSDP_CHECK(n > 0, "[cross_entropy] no rows");
+  divisor = xent_divisor("cross_entropy", divisor, n);
   if (on_cuda("cross_entropy", {&logits, &targets}))
-    return cuda_impl::cross_entropy_forward(logits, targets, read_loss);
-  return cpu_impl::cross_entropy_forward(logits, targets, read_loss);
+    return cuda_impl::cross_entropy_forward(logits, targets, read_loss, divisor);
+  return cpu_impl::cross_entropy_forward(logits, targets, read_loss, divisor);
 }
 
 namespace {
@@ -388,25 +401,27 @@ void check_xent_backward(const char* op, const Tensor& logits, const Tensor& tar
 }  // namespace
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                              double dloss) {
+                              double dloss, double divisor) {
   FSDP_OP_SCOPE("cross_entropy_backward", logits, ({&logits, &targets}),
                 cost::cross_entropy_backward(logits, targets));
   check_xent_backward("cross_entropy_backward", logits, targets, lse);
+  divisor = xent_divisor("cross_entropy_backward", divisor, logits.size(0));
   if (on_cuda("cross_entropy_backward", {&logits, &targets, &lse}))
-    return cuda_impl::cross_entropy_backward(logits, targets, lse, dloss);
-  return cpu_impl::cross_entropy_backward(logits, targets, lse, dloss);
+    return cuda_impl::cross_entropy_backward(logits, targets, lse, dloss, divisor);
+  return cpu_impl::cross_entropy_backward(logits, targets, lse, dloss, divisor);
 }
 
 Tensor cross_entropy_backward_(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                               double dloss) {
+                               double dloss, double divisor) {
   FSDP_OP_SCOPE("cross_entropy_backward_", logits, ({&logits, &targets}),
                 cost::cross_entropy_backward(logits, targets));
   check_xent_backward("cross_entropy_backward_", logits, targets, lse);
   FSDP_CHECK(logits.is_contiguous(), "[cross_entropy_backward_] logits {} must be contiguous",
              shape_str(logits.shape()));
+  divisor = xent_divisor("cross_entropy_backward_", divisor, logits.size(0));
   if (on_cuda("cross_entropy_backward_", {&logits, &targets, &lse}))
-    return cuda_impl::cross_entropy_backward_(logits, targets, lse, dloss);
-  return cpu_impl::cross_entropy_backward_(logits, targets, lse, dloss);
+    return cuda_impl::cross_entropy_backward_(logits, targets, lse, dloss, divisor);
+  return cpu_impl::cross_entropy_backward_(logits, targets, lse, dloss, divisor);
 }
 
 // ---------------------------------------------------------------- copies

@@ -27,6 +27,20 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
   if (p.schedule) p.optimizer.set_lr(p.schedule->at(step));
   const DataParallelModule::CommStats comm0 = p.parallel.comm_stats();
   p.parallel.zero_grad();
+  // A masked source's loss is the sum over the step's targets on every rank, divided by their
+  // count (not a mean of the ranks' or microbatches' means, which weighs a rank with few targets
+  // as much as one with many). The count is the host's (the batches are read there), summed by
+  // one host collective before the first microbatch: each microbatch divides by the count over
+  // world x grad_accum, since the gradients' reduction averages over ranks and the backward's
+  // 1 / grad_accum over microbatches. Unmasked, every position is a target: the mean over rows.
+  double divisor = 0;
+  if (p.loader.masks_targets()) {
+    Tensor count = Tensor::full({1}, double(p.loader.count_targets(o.grad_accum)), DType::f64);
+    p.group.all_reduce(count, dist::ReduceOp::SUM)->wait();
+    const double total = count.data<double>()[0];  // a host tensor: no device wait
+    // No target anywhere (every position ignored): a zero loss and zero gradients.
+    divisor = total > 0 ? total / double(int64_t(p.group.size()) * o.grad_accum) : 1.0;
+  }
   std::vector<Tensor> micro_losses;  // on the device until the gather reads them
   int64_t tokens = 0;
   Device device = Device::cpu();
@@ -37,7 +51,7 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
     device = b.inputs.device();
     tokens += b.inputs.numel() * p.group.size();  // each rank holds as many rows
     nn::LMLoss loss;  // the loss stays on the device; dlogits overwrite the logits
-    micro_losses.push_back(loss.forward(p.model.forward(b.inputs), b.targets));
+    micro_losses.push_back(loss.forward(p.model.forward(b.inputs), b.targets, divisor));
     p.model.backward(loss.backward(1.0 / double(o.grad_accum)));
     p.loader.prefetch();  // the next batch is made and copied while this one's kernels run
   }

@@ -37,6 +37,10 @@ class DataLoader {
   int64_t position() const { return position_; }  // windows handed out, all ranks
   void set_position(int64_t windows);             // drops a staged batch
   int64_t rows() const { return rows_; }          // per rank and batch
+  bool masks_targets() const { return source_->masks_targets(); }
+  // This rank's targets that are not kIgnoreIndex in the next `batches` batches from position()
+  // (read on the host, before they are made; rows() x seq x batches when the source masks none).
+  int64_t count_targets(int64_t batches) const;
   int64_t global_rows() const { return global_rows_; }
 
  private:

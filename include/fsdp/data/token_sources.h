@@ -26,7 +26,7 @@
 namespace fsdp::data {
 
 struct Batch {
-  Tensor inputs, targets;  // [rows, T] i32
+  Tensor inputs, targets;  // [rows, T] i32; a target of kIgnoreIndex is not trained on
 };
 
 class TokenSource {
@@ -40,6 +40,10 @@ class TokenSource {
     return windows(step * global_rows + row_begin, rows, seq);
   }
   virtual std::string describe() const = 0;
+  // Whether some targets may be kIgnoreIndex (fsdp/core/ignore_index.h: a loss mask, as chat
+  // data has on every turn but the assistant's). A trainer then averages the loss over the
+  // targets it counts (DataLoader::count_targets), not over every position.
+  virtual bool masks_targets() const { return false; }
 };
 
 // Window `index` of `windows` in the shuffled order of `epoch`: a bijection on [0, windows)

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/core/ignore_index.h"
 #include "fsdp/core/tensor.h"
 
 namespace fsdp::ops {
@@ -85,23 +86,28 @@ void scale_(const Tensor& x, double s);  // x *= s
 // device and is read there (clipping without a host round trip).
 void clip_scale_(const Tensor& x, const Tensor& total_sq, double max_norm);
 
-// Mean cross-entropy of logits [N, V] against targets [N] (i32/i64 in [0, V)).
+// Cross-entropy of logits [N, V] against targets [N] (i32/i64 in [0, V), or kIgnoreIndex): the
+// sum over the rows whose target is not ignored, divided by `divisor` (0: by N, the mean over
+// rows). An ignored row adds nothing to the loss and gets a zero gradient row. A trainer that
+// masks targets passes the number of targets it averages over, across ranks and microbatches
+// (train_step does), which PyTorch's ignore_index with reduction="sum" and one division gives.
 struct CrossEntropyOut {
   double loss;         // NaN when read_loss is false
   Tensor lse;          // [N]
-  Tensor loss_tensor;  // the mean loss as one f64 on the logits' device
+  Tensor loss_tensor;  // the loss as one f64 on the logits' device
 };
 // read_loss = false leaves the loss on the device (loss_tensor), so a CUDA step need not wait
 // for its forward to finish: read it once, when it is printed.
 CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& targets,
-                                      bool read_loss = true);
+                                      bool read_loss = true, double divisor = 0);
+// dlogits = (softmax - onehot) * dloss / divisor, zero on ignored rows.
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                              double dloss = 1.0);
+                              double dloss = 1.0, double divisor = 0);
 // The same, written over the logits (llm.c's trick: [N, V] logits are the largest activation of
 // a language model, and their gradient needs no second buffer). logits must be contiguous;
 // returns them, now holding dlogits.
 Tensor cross_entropy_backward_(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                               double dloss = 1.0);
+                               double dloss = 1.0, double divisor = 0);
 
 // FSDP's copy kernel: for each segment, dst[dst_offset, +count) = src[src_offset, +count)
 // on flat contiguous buffers, casting the dtype. One launch on CUDA for all
