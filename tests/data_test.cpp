@@ -25,6 +25,8 @@
 #include <vector>
 
 #include "fsdp/core/error.h"
+#include "fsdp/core/ignore_index.h"
+#include "fsdp/data/chat.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/token_sources.h"
 
@@ -428,6 +430,37 @@ TEST(Shards, TheFullHashIsCachedBySizeAndTimesAndARewriteIsHashedAgain) {
   EXPECT_NE(changed.hash, fresh.hash);
   EXPECT_EQ(changed.bytes, fresh.bytes);
   EXPECT_EQ(data_identity(f).str(), changed.str());  // now cached, under the new times
+}
+
+// Samples one per row (chat SFT): the inputs are the sample then padding, the targets the next
+// token where it is a label and fsdp::kIgnoreIndex elsewhere (the padding, the unlabeled tokens, the
+// tokens past the cut at seq + 1); rows wrap over the samples, and the shuffle visits each sample
+// once per epoch.
+TEST(Samples, RowsArePaddedCutAndMaskedWhereTheLabelsSay) {
+  const int32_t I = int32_t(fsdp::kIgnoreIndex);
+  std::vector<TokenizedSample> s = {{{5, 6, 7}, {0, 1, 1}},
+                                    {{1, 2, 3, 4, 5, 6, 7}, {0, 0, 1, 1, 0, 1, 1}},
+                                    {{9, 8}, {0, 0}}};
+  SampleSource src(s, "three samples", 0, 4);
+  EXPECT_EQ(src.targets(), 6);
+  EXPECT_EQ(src.longer_than(4), 1);  // 7 tokens > 5
+  EXPECT_TRUE(src.masks_targets());
+  Batch b = src.windows(0, 4, 4);
+  const std::vector<int32_t> in(b.inputs.data<int32_t>(), b.inputs.data<int32_t>() + 16),
+      tg(b.targets.data<int32_t>(), b.targets.data<int32_t>() + 16);
+  EXPECT_EQ(in, (std::vector<int32_t>{5, 6, 7, 0, 1, 2, 3, 4, 9, 8, 0, 0, 5, 6, 7, 0}));
+  EXPECT_EQ(tg, (std::vector<int32_t>{6, 7, I, I, I, 3, 4, I, I, I, I, I, 6, 7, I, I}));
+  DataLoader loader(std::make_shared<SampleSource>(s, "three", 0, 4), 4, 1, 2, 4);
+  EXPECT_EQ(loader.count_targets(1), 2);  // rows 2 and 3: none, then 6 and 7
+  src.set_shuffle(3);
+  std::set<int32_t> first;
+  const Batch e = src.windows(3, 3, 4);  // epoch 1
+  for (int r = 0; r < 3; ++r) first.insert(e.inputs.data<int32_t>()[r * 4]);
+  EXPECT_EQ(first, (std::set<int32_t>{5, 1, 9}));
+  auto [train, val] = src.split_tail(0.34);
+  EXPECT_EQ(train->size(), 2);
+  EXPECT_EQ(val->size(), 1);
+  EXPECT_EQ(val->windows(0, 1, 4).inputs.data<int32_t>()[0], 9);
 }
 
 }  // namespace

@@ -55,6 +55,7 @@ struct Run {
   bool tied = false, qkv_bias = false;
   int64_t ac_every = 0;  // activation checkpointing on blocks 0, N, 2N, ...; 0: off
   bool masked = false;   // targets masked unevenly over the ranks (SkewedMaskSource)
+  bool all_masked = false;  // every target masked
 };
 
 // Random tokens whose first targets in each row are ignored (kIgnoreIndex), the more the later the
@@ -63,14 +64,14 @@ struct Run {
 // a mean of the ranks' means is not.
 class SkewedMaskSource final : public data::TokenSource {
  public:
-  explicit SkewedMaskSource(int64_t vocab) : base_(vocab, kSeed) {}
+  SkewedMaskSource(int64_t vocab, bool all) : base_(vocab, kSeed), all_(all) {}
   data::Batch windows(int64_t first, int64_t rows, int64_t seq) const override {
     data::Batch b = base_.windows(first, rows, seq);
     b.targets = b.targets.contiguous().clone();
     int32_t* t = b.targets.data<int32_t>();
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t q = (first + r) % kGlobalRows;
-      const int64_t ignored = q == kGlobalRows - 1 ? seq : q * seq / kGlobalRows;
+      const int64_t ignored = all_ || q == kGlobalRows - 1 ? seq : q * seq / kGlobalRows;
       for (int64_t j = 0; j < ignored; ++j) t[r * seq + j] = int32_t(kIgnoreIndex);
     }
     return b;
@@ -80,10 +81,11 @@ class SkewedMaskSource final : public data::TokenSource {
 
  private:
   data::RandomTokenSource base_;
+  bool all_;
 };
 
 std::shared_ptr<const data::TokenSource> source(const Run& run, int64_t vocab) {
-  if (run.masked) return std::make_shared<SkewedMaskSource>(vocab);
+  if (run.masked || run.all_masked) return std::make_shared<SkewedMaskSource>(vocab, run.all_masked);
   return std::make_shared<data::RandomTokenSource>(vocab, kSeed);
 }
 
@@ -158,7 +160,7 @@ std::vector<double> train_losses(nn::Module& model, DataParallelModule& parallel
   return losses;
 }
 
-Result sharded(const Run& run) {
+Result sharded(const Run& run, bool train = true) {
   nn::MiniLLMConfig c = config(run);
   const int N = world()->size();
   auto mesh = run.hsdp ? dist::init_device_mesh({run.hsdp, N / run.hsdp}, {"replicate", "shard"})
@@ -174,7 +176,7 @@ Result sharded(const Run& run) {
       model.layers()[i].set_activation_checkpoint(true);
   optim::AdamW opt(root.param_groups(0.01), {.lr = 1e-2});
   Result r;
-  r.losses = train_losses(model, root, opt, c, run);
+  if (train) r.losses = train_losses(model, root, opt, c, run);
   for (auto& [n, d] : root.sharded_parameters()) r.params.emplace_back(n, d.full_tensor());
   return r;
 }
@@ -213,6 +215,17 @@ TEST(Equivalence, MaskedTargetsAveragedOverTheGlobalBatch) {
 // 4), q/k/v biases and the head tied to the embedding: one parameter, "embed.weight", in the root's
 // group, whose gradient sums the head's dW and the embedding's scatter-add before the
 // reduce-scatter; the same losses and parameters as one unsharded rank.
+// A global batch with no target at all (every position masked, as a chat cut before its first
+// reply can be) has nothing to learn from: its loss is zero and the optimizer does not step, so
+// AdamW's weight decay leaves the weights as they were.
+TEST(Equivalence, AllMaskedBatchesLeaveTheWeights) {
+  const Result got = sharded({.all_masked = true}), init = sharded({}, false);
+  for (double l : got.losses) EXPECT_EQ(l, 0.0);
+  ASSERT_EQ(got.params.size(), init.params.size());
+  for (size_t i = 0; i < init.params.size(); ++i)
+    EXPECT_EQ(test::rel_error(got.params[i].second, init.params[i].second), 0.0)
+        << init.params[i].first;
+}
 TEST(Equivalence, GroupedQueryTiedLlama) {
   expect_equivalent({.kv_heads = 2, .head_dim = 6, .tied = true, .qkv_bias = true}, 1e-10, 1e-10);
   expect_equivalent({.kv_heads = 1, .head_dim = 6, .tied = true}, 1e-10, 1e-10);

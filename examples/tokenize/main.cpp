@@ -4,6 +4,10 @@
 //   fsdp-tokenize --tokenizer bytes --decode < ids.txt            the text
 //   fsdp-tokenize --tokenizer T a.txt b.txt      one line of ids per file
 //   fsdp-tokenize --tokenizer T --decode a.ids   writes a.ids.txt
+//   fsdp-tokenize --tokenizer MODEL --chat chats.jsonl
+//       each {"messages": [...]} line rendered with MODEL's chat template (a GGUF file or a
+//       Hugging Face folder: its tokenizer and template) and tokenized as fsdp-train trains on
+//       it: one line {"ids": [...], "target": [0|1, ...]} per conversation (tests/chat_test.py)
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
@@ -19,20 +23,50 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/core/error.h"
+#include "fsdp/data/chat.h"
 #include "fsdp/data/tokenizer.h"
 
+namespace {
+
+// --chat: each conversation as fsdp-train sees it, ids and targets.
+void print_chats(const std::string& model, const std::string& jsonl) {
+  const fsdp::checkpoint::Pretrained pre = fsdp::checkpoint::load_pretrained(model);
+  FSDP_CHECK(pre.tokenizer, "[fsdp-tokenize] --chat: {} has no tokenizer", model);
+  FSDP_CHECK(!pre.chat_template.empty(), "[fsdp-tokenize] --chat: {} has no chat template", model);
+  const auto format = fsdp::data::ChatFormat::recognize(pre.chat_template);
+  for (const auto& chat : fsdp::data::read_chat_jsonl(jsonl)) {
+    const auto s = fsdp::data::tokenize_chat(*pre.tokenizer, fsdp::data::render(format, chat));
+    std::string ids, target;
+    for (size_t i = 0; i < s.ids.size(); ++i) {
+      ids += (i ? "," : "") + std::to_string(s.ids[i]);
+      target += (i ? "," : "") + std::to_string(int(s.target[i]));
+    }
+    fmt::print("{{\"ids\": [{}], \"target\": [{}]}}\n", ids, target);
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  std::string path = "bytes";
+  std::string path = "bytes", chat;
   bool decode = false;
   std::vector<std::string> files;
   CLI::App app{"fsdp-tokenize: encode stdin to ids, or decode ids to text", "fsdp-tokenize"};
   app.add_option("--tokenizer", path, "a tokenizer.json (byte-level BPE), or bytes")
       ->capture_default_str();
   app.add_flag("--decode", decode, "read ids (whitespace-separated), write the text");
+  app.add_option("--chat", chat,
+                 "a JSONL file of conversations: print each one's ids and targets, rendered with "
+                 "the chat template of --tokenizer (a model: GGUF file or Hugging Face folder)");
   app.add_option("files", files, "inputs (default: stdin); --decode writes FILE.txt for each");
   CLI11_PARSE(app, argc, argv);
   try {
+    if (!chat.empty()) {
+      print_chats(path, chat);
+      return 0;
+    }
     const auto tok =
         path == "bytes" ? fsdp::data::Tokenizer::bytes() : fsdp::data::Tokenizer::from_file(path);
     auto run = [&](const std::string& in, const std::string& name) {

@@ -27,6 +27,7 @@
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/core/error.h"
 #include "fsdp/core/file.h"
+#include "fsdp/data/chat.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "src/checkpoint/json_fields.h"
 #include "src/checkpoint/param_names.h"
@@ -607,39 +608,12 @@ std::optional<int32_t> end_of_turn_id(const data::Tokenizer& tok, const std::str
   return eos;
 }
 
-std::string render_chat(const std::string& raw_template, const std::string& user,
+std::string render_chat(const std::string& chat_template, const std::string& user,
                         const std::optional<std::string>& system) {
-  const std::string chat_template = without_jinja_comments(raw_template);
-  // ChatML: each turn is <|im_start|>{role}\n{content}<|im_end|>\n, and the generation prompt
-  // <|im_start|>assistant\n. A template is taken as ChatML when it writes those markers, the
-  // role and the content, and the generation prompt.
-  const bool chatml = chat_template.find("<|im_start|>") != std::string::npos &&
-                      chat_template.find("<|im_end|>") != std::string::npos &&
-                      chat_template.find("add_generation_prompt") != std::string::npos &&
-                      chat_template.find("<|im_start|>assistant") != std::string::npos &&
-                      chat_template.find("['role']") != std::string::npos &&
-                      chat_template.find("['content']") != std::string::npos;
-  FSDP_CHECK(chatml,
-             "[chat] the model's chat template is not ChatML (<|im_start|>role ... <|im_end|>), "
-             "the only form rendered here; refusing to guess. Its start: '{}'",
-             chat_template.substr(0, 120));
-  // The template's default system message: a literal "<|im_start|>system\n...<|im_end|>" with no
-  // expression inside (SmolLM2's "You are a helpful AI assistant named SmolLM, ...").
-  std::optional<std::string> sys = system;
-  if (!sys) {
-    const std::string open = "<|im_start|>system\n";
-    for (size_t at = chat_template.find(open); at != std::string::npos && !sys;
-         at = chat_template.find(open, at + 1)) {
-      const size_t b = at + open.size(), e = chat_template.find("<|im_end|>", b);
-      if (e == std::string::npos) break;
-      const std::string text = chat_template.substr(b, e - b);
-      if (text.find_first_of("'\"{}") == std::string::npos) sys = text;
-    }
-  }
-  std::string out;
-  if (sys) out += "<|im_start|>system\n" + *sys + "<|im_end|>\n";
-  out += "<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n";
-  return out;
+  data::Conversation chat;
+  if (system) chat.push_back({"system", *system});
+  chat.push_back({"user", user});
+  return data::render(data::ChatFormat::recognize(chat_template), chat, true).text;
 }
 
 }  // namespace fsdp::checkpoint

@@ -30,6 +30,10 @@ std::string StepMetrics::line() const {
       "step {} | loss {:.4f} | {:.0f} tok/s | mfu {:.1f}% | peak mem {:.2f} GB | lr {:.1e} | "
       "grad norm {:.3f}",
       step, loss, tokens_per_s, 100.0 * mfu, peak_mem_bytes / 1e9, lr, grad_norm);
+  if (targets == 0)
+    out += " | no targets (all masked): optimizer not stepped";
+  else if (targets > 0)
+    out += fmt::format(" | {} targets", targets);
   if (elapsed_seconds >= 0) out += fmt::format(" | elapsed {}", short_duration(elapsed_seconds));
   if (eta_seconds >= 0) out += fmt::format(" | eta {}", short_duration(eta_seconds));
   return out;
@@ -47,6 +51,7 @@ std::string StepMetrics::json() const {
   if (elapsed_seconds >= 0) j["elapsed_s"] = elapsed_seconds;
   if (val_loss) j["val_loss"] = *val_loss;
   if (host_syncs >= 0) j["host_syncs"] = host_syncs;
+  if (targets >= 0) j["targets"] = targets;
   return j.dump();
 }
 

@@ -35,11 +35,13 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
   // world x grad_accum, since the gradients' reduction averages over ranks and the backward's
   // 1 / grad_accum over microbatches. Unmasked, every position is a target: the mean over rows.
   double divisor = 0;
+  int64_t targets = -1;
   if (p.loader.masks_targets()) {
     Tensor count = Tensor::full({1}, double(p.loader.count_targets(o.grad_accum)), DType::f64);
     p.group.all_reduce(count, dist::ReduceOp::SUM)->wait();
     const double total = count.data<double>()[0];  // a host tensor: no device wait
-    // No target anywhere (every position ignored): a zero loss and zero gradients.
+    targets = int64_t(total);
+    // No target anywhere (every position ignored): a zero loss and zero gradients, and no step.
     divisor = total > 0 ? total / double(int64_t(p.group.size()) * o.grad_accum) : 1.0;
   }
   std::vector<Tensor> micro_losses;  // on the device until the gather reads them
@@ -77,7 +79,8 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
              "weights were not updated and no checkpoint was written after the last good step. "
              "Lower the learning rate ({}) or clip the gradients, and check the data",
              step, m.loss, m.grad_norm, p.optimizer.lr());
-  p.optimizer.step();
+  m.targets = targets;
+  if (targets != 0) p.optimizer.step();
   m.host_syncs = host_sync_count() - syncs0;
   m.comm_seconds = comm1.comm_seconds - comm0.comm_seconds;
   m.exposed_seconds = comm1.exposed_seconds - comm0.exposed_seconds;

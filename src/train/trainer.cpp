@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <csignal>
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include "fsdp/checkpoint/interchange.h"
 #include "fsdp/checkpoint/manager.h"
 #include "fsdp/checkpoint/pretrained.h"
+#include "fsdp/core/ignore_index.h"
 #include "fsdp/core/interrupt.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/token_sources.h"
@@ -77,6 +79,23 @@ profiler::StepMetrics Trainer::Impl::step(int64_t step) {
 // The mean loss of eval_batches validation batches, over all ranks.
 double Trainer::Impl::evaluate() {
   const int64_t B = cfg.batch, T = cfg.seq;
+  if (val->masks_targets()) {
+    // The summed loss over every rank's targets, divided by their count: a batch with few
+    // targets weighs as little as it holds (not a mean of the batches' means).
+    std::vector<double> sum_count(2, 0.0);
+    for (int64_t e = 0; e < o.data.eval_batches; ++e) {
+      data::Batch b = val->batch(e, B * size, rank * B, B, T);
+      const int32_t* t = b.targets.data<int32_t>();
+      for (int64_t i = 0; i < b.targets.numel(); ++i) sum_count[1] += t[i] != int32_t(kIgnoreIndex);
+      Tensor logits = model->forward(b.inputs.to(device)).view({B * T, cfg.vocab});
+      sum_count[0] += ops::cross_entropy_forward(logits, b.targets.to(device), true, 1.0).loss;
+    }
+    Tensor v = Tensor::from_vector(sum_count, {2}).to(device);
+    pg->all_reduce(v, dist::ReduceOp::SUM)->wait();
+    const Tensor h = v.to(Device::cpu());
+    const double count = h.data<double>()[1];
+    return count > 0 ? h.data<double>()[0] / count : std::nan("");
+  }
   double sum = 0;
   for (int64_t e = 0; e < o.data.eval_batches; ++e) {
     data::Batch b = val->batch(e, B * size, rank * B, B, T);

@@ -17,6 +17,7 @@
 
 #include "fsdp/checkpoint/manager.h"
 #include "fsdp/checkpoint/pretrained.h"
+#include "fsdp/data/chat.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/token_sources.h"
 #include "fsdp/data/tokenizer.h"
@@ -85,6 +86,7 @@ struct Trainer::Impl {
   Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGroup> group);
   void open_data();
   std::unique_ptr<data::TokenStream> open_stream(const std::string& spec);
+  std::unique_ptr<data::SampleSource> open_samples(const std::string& spec);
   void open_tokenizer();
   void build_model();
 

@@ -32,6 +32,7 @@
 #include "fsdp/core/file.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/token_sources.h"
+#include "fsdp/data/chat.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/distributed/device_mesh.h"
 #include "fsdp/distributed/init.h"
@@ -223,7 +224,18 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
 }
 
 void Trainer::Impl::open_data() {
-  if (!o.data.data.empty()) {
+  if (!o.data.data.empty() && data::is_jsonl(o.data.data)) {  // samples, one per row, masked
+    std::unique_ptr<data::SampleSource> samples = open_samples(o.data.data);
+    if (o.data.shuffle) samples->set_shuffle(o.run.seed);
+    if (o.data.eval_every > 0 && o.data.val_data.empty()) {
+      auto [train, tail] = samples->split_tail(o.data.val_fraction);
+      if (o.data.shuffle) train->set_shuffle(o.run.seed);
+      src = std::move(train);
+      val = std::move(tail);
+    } else {
+      src = std::move(samples);
+    }
+  } else if (!o.data.data.empty()) {
     std::unique_ptr<data::TokenStream> stream = open_stream(o.data.data);
     if (o.data.shuffle) stream->set_shuffle(o.run.seed, cfg.seq);
     if (o.data.eval_every > 0 && o.data.val_data.empty()) {
@@ -244,7 +256,16 @@ void Trainer::Impl::open_data() {
     if (o.data.eval_every > 0)
       val = std::make_shared<data::RandomTokenSource>(cfg.vocab, o.run.seed + 1);
   }
-  if (!o.data.val_data.empty()) val = open_stream(o.data.val_data);
+  if (!o.data.val_data.empty())
+    val = data::is_jsonl(o.data.val_data)
+              ? std::shared_ptr<data::TokenSource>(open_samples(o.data.val_data))
+              : std::shared_ptr<data::TokenSource>(open_stream(o.data.val_data));
+}
+
+// A JSONL file of chats (rendered with the --init-from model's template) or tokenized rows.
+std::unique_ptr<data::SampleSource> Trainer::Impl::open_samples(const std::string& spec) {
+  return data::open_jsonl_samples(spec, tokenizer ? &*tokenizer : nullptr,
+                                  pretrained ? pretrained->chat_template : "", cfg.vocab, cfg.seq);
 }
 
 // llm.c shards or bytes; a text file is encoded with the run's tokenizer when it is not bytes

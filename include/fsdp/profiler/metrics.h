@@ -26,6 +26,10 @@ struct StepMetrics {
   // failed; some rank's is still writing.
   bool ckpt_write_failed = false, ckpt_writing = false;
   int64_t host_syncs = -1;  // the step's host waits (core's host_sync_count), when counted
+  // The step's targets over all ranks, when the data masks some (-1: every position is one). At 0
+  // the optimizer does not step: there is nothing to learn from, and AdamW's moments and weight
+  // decay would still move the weights.
+  int64_t targets = -1;
   // This rank's seconds in the step's collectives on their threads, and the compute thread's wait
   // for them (the communication compute did not hide).
   double comm_seconds = 0, exposed_seconds = 0;

