@@ -6,10 +6,14 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string_view>
+#include <type_traits>
 
 #include "fsdp/core/error.h"
 #include "fsdp/core/ignore_index.h"

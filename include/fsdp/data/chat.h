@@ -26,6 +26,7 @@
 // resume at another world size goes on from the next unread one.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
