@@ -34,15 +34,26 @@
 # Runs compared across processes (multi-rank losses, resumes, generation) set
 # FSDP_GEMM_TUNE=1: tuning picks GEMM algorithms by timing, per process.
 # Commit OUT_DIR/summary.md as bench/results/gpu-<date>.md.
-# Knobs: FSDP_GPU_CHECK_BUDGET_S (520); FSDP_GPU_CHECK_PREBUILT=DIR uses an
-# existing build as it is (no configure, no build); FSDP_GPU_CHECK_STANDIN=DIR
+# Knobs: FSDP_GPU_CHECK_BUDGET_S (520); --prebuilt DIR or FSDP_GPU_CHECK_PREBUILT=DIR uses a
+# tree built before the machine started (scripts/gpu_prebuild.sh) as it is, where its programs
+# load, and else builds; FSDP_GPU_CHECK_STANDIN=DIR
 # (tests) puts DIR/bin first on PATH (cmake, python3, nvidia-smi,
 # compute-sanitizer) and uses DIR/build as the build; FSDP_GPU_CHECK_EST_PCT
 # (tests, 100) scales the stages' time estimates.
 # Packages missing there come from .debs/ (scripts/gpu_debs.sh stages the
 # Debian -dev packages and the cudnn-frontend headers; carry .debs).
 set -uo pipefail
-dest=${1:?usage: scripts/gpu_check.sh OUT_DIR}
+# --prebuilt DIR (or FSDP_GPU_CHECK_PREBUILT=DIR): a tree scripts/gpu_prebuild.sh made elsewhere,
+# carried here, used when its programs load (ldd finds every library, cuda_test lists its tests);
+# otherwise the check says why and builds here as without it.
+prebuilt=${FSDP_GPU_CHECK_PREBUILT:-}
+if [ "${1:-}" = --prebuilt ]; then
+  prebuilt=${2:?usage: scripts/gpu_check.sh [--prebuilt DIR] OUT_DIR}
+  shift 2
+fi
+[ -z "$prebuilt" ] || [ -d "$prebuilt" ] || { echo "gpu_check: --prebuilt $prebuilt is not a folder" >&2; exit 2; }
+[ -z "$prebuilt" ] || prebuilt=$(cd "$prebuilt" && pwd)
+dest=${1:?usage: scripts/gpu_check.sh [--prebuilt DIR] OUT_DIR}
 mkdir -p "$dest"
 dest=$(cd "$dest" && pwd)
 # The device machine returns at most 8 files from OUT_DIR, 2 levels deep, 64 MiB: OUT_DIR gets
@@ -279,8 +290,28 @@ log "cuDNN: ${cudnn_root:-$cuda_home}; NCCL: ${nccl_root:-$cuda_home or the syst
 
 build="build-gpu"
 [ -n "$standin" ] && build=$standin/build
-prebuilt=${FSDP_GPU_CHECK_PREBUILT:-}
-[ -n "$prebuilt" ] && build=$prebuilt
+# The prebuilt tree, where it loads here: each program the stages run is there, ldd finds every
+# library it needs on the path set above, and cuda_test starts (lists its tests).
+prebuilt_why=""
+prebuilt_loads() {
+  local t missing
+  for t in tests/cuda_test examples/fsdp-train examples/fsdp-generate bench/fsdp-bench-gpu \
+    bench/fsdp-bench-kernels; do
+    [ -x "$prebuilt/$t" ] || { prebuilt_why="$t is not there"; return 1; }
+    missing=$(ldd "$prebuilt/$t" 2> /dev/null | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
+    [ -z "$missing" ] || { prebuilt_why="$t needs ${missing% }, not found here"; return 1; }
+  done
+  timeout 30 "$prebuilt/tests/cuda_test" --gtest_list_tests > "$out/prebuilt_list.log" 2>&1 \
+    || { prebuilt_why="tests/cuda_test --gtest_list_tests failed: $(tail -1 "$out/prebuilt_list.log")"; return 1; }
+}
+if [ -n "$prebuilt" ]; then
+  if prebuilt_loads; then
+    build=$prebuilt
+    log "prebuilt: $prebuilt loads here"
+  else
+    log "prebuilt: $prebuilt will not load here ($prebuilt_why); building instead"
+  fi
+fi
 build_ok=0
 sanitizer=$(command -v compute-sanitizer || ls "$cuda_home/bin/compute-sanitizer" 2> /dev/null || true)
 train=("$build/examples/fsdp-train" --device cuda --param-dtype bf16 --reduce-dtype f32 --steps 20)
@@ -301,13 +332,15 @@ test_rc=1 train_rc=1
 } > "$summary"
 
 # ------------------------------------------------------------------ the stages
-if [ -n "$prebuilt" ]; then
+if [ -n "$prebuilt" ] && [ "$build" = "$prebuilt" ]; then
   begin build 0
   build_ok=1
   cat "$build/configure.log" > "$out/build.log" 2> /dev/null || : > "$out/build.log"
-  note "- prebuilt: $build, used as it is (FSDP_GPU_CHECK_PREBUILT)"
+  note "- prebuilt: $build, used as it is (--prebuilt: every program loads, cuda_test lists its tests)" \
+    "- $(grep -m1 -E '^-- fsdp:' "$out/build.log" | sed 's/^-- //')$(cat "$build/PREBUILT" 2> /dev/null | sed 's/^/; /')"
   end PASS
 elif begin build 60; then
+  [ -n "$prebuilt" ] && note "- prebuilt $prebuilt not used: $prebuilt_why; built here instead"
   # --device cuda runs --backend nccl by default: a build without NCCL would only refuse there, so
   # the check stops at the build, naming where CMake looked (its warning in build.log).
   nccl_in_build() {

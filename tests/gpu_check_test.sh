@@ -31,7 +31,7 @@ done
 export STANDIN_SLEEP=${STANDIN_SLEEP:-2}
 export STANDIN_HANG=${STANDIN_HANG-fsdp-train *--steps 20 --preset seed}
 out=$dir/out
-rm -rf "$out" "$out-term" "$out-nccl" "$out-calls"
+rm -rf "$out" "$out-term" "$out-nccl" "$out-calls" "$out-broken"
 
 t0=$(date +%s.%N)
 # The stand-ins first on PATH here too, so that a script that does not know
@@ -96,11 +96,38 @@ grep -qE '^## build: FAIL' "$out-nccl/summary.md" 2> /dev/null \
   && grep -qE '^## tests: SKIPPED \(no build' "$out-nccl/summary.md" && ok \
   || { bad "a build without NCCL is not refused with where CMake looked"; cat "$out-nccl/summary.md" 2> /dev/null | head -20; }
 
-# Who runs what, with no hang: the CPU-only ops_test not at all; the PyTorch reference without
-# the CUDA tree's library path that our binaries get (it runs on its wheels' own libraries).
+# Who runs what, with no hang, from a tree built before the machine started (--prebuilt, a copy
+# of the stand-in build elsewhere): no configure and no build there; the CPU-only ops_test not at
+# all; the PyTorch reference without the CUDA tree's library path that our binaries get (it runs
+# on its wheels' own libraries).
+cp -a "$dir/build" "$tmp/prebuilt"
+echo "-- fsdp: CUDA=ON cuDNN=ON NCCL=ON MPI=OFF Gloo=ON" > "$tmp/prebuilt/configure.log"
 STANDIN_HANG='' STANDIN_SLEEP=1 STANDIN_CALLS=$tmp/calls.txt PATH="$dir/bin:$PATH" FSDP_GPU_CHECK_STANDIN=$dir \
   FSDP_GPU_CHECK_BUDGET_S=26 FSDP_GPU_CHECK_EST_PCT=5 FSDP_GPU_CHECK_WORK=$tmp/work-calls \
-  timeout -k 5 60 bash "$script" "$out-calls" > "$tmp/calls.log" 2>&1
+  timeout -k 5 60 bash "$script" --prebuilt "$tmp/prebuilt" "$out-calls" > "$tmp/calls.log" 2>&1
+grep -qF -- "- prebuilt: $tmp/prebuilt, used as it is" "$out-calls/summary.md" 2> /dev/null \
+  && ! grep -q '^cmake' "$tmp/calls.txt" && grep -q "^fsdp-train .*$tmp/prebuilt\|^cuda_test" "$tmp/calls.txt" && ok \
+  || bad "--prebuilt: not used as it is, or cmake ran: $(grep -E 'prebuilt' "$out-calls/summary.md" 2> /dev/null)"
+tail -n "$(wc -l < "$out-calls/summary.md")" "$tmp/calls.log" | cmp -s - "$out-calls/summary.md" \
+  && [ "$(find "$out-calls" -type f | wc -l)" -le 7 ] && [ -z "$(find "$out-calls" -type f -size +16M)" ] && ok \
+  || bad "--prebuilt: stdout does not end with the summary, or OUT_DIR holds too much"
+# A prebuilt tree whose program needs a library this machine lacks (a real ELF linked against a
+# shared library that is then removed, as OpenBLAS's libgfortran5 was missing once): named, and
+# the check builds instead.
+cp -a "$dir/build" "$tmp/broken"
+mkdir -p "$tmp/fake"
+echo 'int fake(void) { return 1; }' | gcc -shared -fPIC -x c - -o "$tmp/fake/libfsdpfake.so"
+rm -f "$tmp/broken/examples/fsdp-train"
+echo 'int fake(void); int main(void) { return fake(); }' \
+  | gcc -x c - -o "$tmp/broken/examples/fsdp-train" -L"$tmp/fake" -lfsdpfake
+rm -rf "$tmp/fake"
+STANDIN_HANG='' STANDIN_SLEEP=1 STANDIN_CALLS=$tmp/calls-broken.txt PATH="$dir/bin:$PATH" FSDP_GPU_CHECK_STANDIN=$dir \
+  FSDP_GPU_CHECK_BUDGET_S=14 FSDP_GPU_CHECK_EST_PCT=5 FSDP_GPU_CHECK_WORK=$tmp/work-broken \
+  timeout -k 5 40 bash "$script" --prebuilt "$tmp/broken" "$out-broken" > "$tmp/broken.log" 2>&1
+grep -qF -- "- prebuilt $tmp/broken not used: examples/fsdp-train needs libfsdpfake.so, not found here; built here instead" \
+  "$out-broken/summary.md" 2> /dev/null && grep -qE '^## build: PASS' "$out-broken/summary.md" \
+  && grep -q '^cmake --build' "$tmp/calls-broken.txt" && ok \
+  || bad "a prebuilt tree that does not load is not named, or the check did not build: $(grep -E 'prebuilt|^## build' "$out-broken/summary.md" 2> /dev/null)"
 grep -q '^cuda_test' "$tmp/calls.txt" 2> /dev/null && ! grep -q '^ops_test' "$tmp/calls.txt" && ok \
   || bad "ops_test (CPU-only) ran on the device, or cuda_test did not: $(cut -c1-60 "$tmp/calls.txt" 2> /dev/null | tr '\n' ';')"
 grep -q 'torch_fsdp_ref.*LD_LIBRARY_PATH=<unset>$' "$tmp/calls.txt" 2> /dev/null && ok \
