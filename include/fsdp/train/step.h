@@ -50,9 +50,11 @@ struct StepOptions {
 // Collective: every rank of parts.group calls it with the same step. Zeroes the gradients, runs
 // grad_accum microbatches (forward, the language-model loss, backward; the gradients reduced in
 // the last one's backward; with a loader whose source masks targets, the loss is the sum over
-// the step's targets on every rank divided by their count, one host all-reduce of the counts), clips, gathers the metrics (the mean loss over ranks, the norm, the
-// largest peak memory, a stop signal on any rank, the checkpoint writers' state), then steps the
-// optimizer. Throws fsdp::Error, before the optimizer step, on a non-finite loss or norm.
+// the step's targets on every rank divided by their count, one host all-reduce of the counts),
+// clips, gathers the metrics (the mean loss over ranks, the norm, the largest peak memory, a stop
+// signal on any rank, the checkpoint writers' state), then steps the optimizer, unless the step
+// had no target on any rank (StepMetrics::targets 0: every rank agrees, from the same all-reduce).
+// Throws fsdp::Error, before the optimizer step, on a non-finite loss or norm.
 profiler::StepMetrics train_step(const StepParts& parts, int64_t step, const StepOptions& options = {});
 
 }  // namespace fsdp::train
