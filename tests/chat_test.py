@@ -11,7 +11,12 @@
       same losses bit for bit, at 1 rank and 2 (mpirun), with and without --grad-accum, and the
       1- and 2-rank runs agree (f32, 1e-5 relative); the step line counts the targets;
   (c) bad chat files are refused naming the file, the line and the field; a template that is not
-      ChatML is refused by name and the converter's rows are the way around it.
+      ChatML is refused by name and the converter's rows are the way around it;
+  (d) --pack: 16 samples of 25 tokens (the ends of real chats, replies in each), packed 4 to a
+      row of 96 positions, give the losses of the same samples one per row (--seq 24), at 1 rank
+      and 2 (f32, 1e-5 relative; at 1 rank they came out bit-equal, 2026-12-03): no sample sees
+      another and each one's positions start at 0; --pack on a token stream or a bidirectional
+      model is refused, and so is a resume of a packed run without --pack.
 usage: chat_test.py BINDIR SCRIPTS
 Skips (exit 0, "skipped: ...") without the wheel or transformers."""
 import importlib.util
@@ -206,6 +211,53 @@ with tempfile.TemporaryDirectory() as work:
     want = fast.apply_chat_template(small[0], tokenize=True)
     want = want["input_ids"] if hasattr(want, "keys") else want
     check(row0["input_ids"] == want, "chat_rows.py's ids are not apply_chat_template's for another template")
+
+    # (d) packed rows train on what the same samples train on one per row.
+    rows = [json.loads(line) for line in open(sr)]
+    # The last 25 tokens of each: the end of the last reply, so every sample holds targets.
+    rows = [{"input_ids": r["input_ids"][-25:], "labels": r["labels"][-25:]} for r in rows if len(r["input_ids"]) >= 25]
+    check(all(any(x != -100 for x in r["labels"][1:]) for r in rows), "a packing sample without targets")
+    check(len(rows) >= 8, f"only {len(rows)} rows of 25 tokens for the packing check")
+    rows = (rows * 2)[:16]
+    pr = os.path.join(work, "pack_rows.jsonl")
+    with open(pr, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    common = ["--steps", "2", "--lr", "1e-4", "--sample-tokens", "0", "--seed", "1"]
+
+    def train_rows(np_, seq, batch, extra=()):
+        log = os.path.join(work, f"pack_{np_}_{seq}.jsonl")
+        cmd = [os.path.join(bindir, "fsdp-train"), "--init-from", gguf_path, "--data", pr, "--seq", str(seq),
+               "--batch", str(batch // np_), "--threads", str(2 // np_), "--log-file", log, *common, *extra]
+        r = run((mpi if np_ > 1 else []) + cmd, env=env, timeout=500)
+        check(r.returncode == 0, f"fsdp-train --pack np{np_}: {r.stdout[-300:]} {r.stderr[-600:]}")
+        return [json.loads(line) for line in open(log)] if r.returncode == 0 else [], r.stdout
+
+    u1, _ = train_rows(1, 24, 8)
+    ck = os.path.join(work, "pack_ckpt")
+    p1, pout = train_rows(1, 96, 2, ["--pack", "--ckpt-dir", ck, "--ckpt-every", "2"])
+    p2, _ = train_rows(2, 96, 2, ["--pack"])
+    check(u1 and all(l > 0 for l in loss(u1)) and u1[0].get("targets", 0) > 0 and
+          p1 and p1[0].get("targets") == u1[0]["targets"],
+          f"packing: losses {loss(u1)}, targets {u1[0].get('targets') if u1 else None} / {p1[0].get('targets') if p1 else None}")
+    for name, other in (("packed np1", p1), ("packed np2", p2)):
+        check(u1 and other and all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(loss(u1), loss(other))),
+              f"one per row {loss(u1)} and {name} {loss(other)} differ by more than 1e-5")
+    check("16 samples packed into 4 rows of --seq 96" in pout and "0 longer than --seq split" in pout,
+          f"the data line does not describe the packing: {pout[:600]}")
+    print(f"chat_test: one per row {loss(u1)}, packed np1 {loss(p1)} np2 {loss(p2)}")
+    # Its position counts packed rows: a resume without --pack would read other samples. (A resume
+    # takes the run's own flags where none is given, so it is turned off by hand.)
+    r = run([os.path.join(bindir, "fsdp-train"), "--init-from", gguf_path, "--data", pr, "--seq", "96",
+             "--batch", "2", "--ckpt-dir", ck, "--resume", "--pack=false", "--steps", "3", "--sample-tokens", "0"],
+            env=env)
+    check(r.returncode != 0 and "was saved with --pack" in r.stderr, f"resume without --pack: {r.stderr[-300:]!r}")
+    txt = os.path.join(work, "text.txt")
+    open(txt, "w").write("plain text " * 100)
+    r = run([os.path.join(bindir, "fsdp-train"), "--data", txt, "--pack", "--steps", "1"])
+    check(r.returncode != 0 and "--pack packs the samples of a .jsonl" in r.stderr, f"--pack on text: {r.stderr[-200:]!r}")
+    r = run([os.path.join(bindir, "fsdp-train"), "--arch", "seed", "--data", pr, "--pack", "--steps", "1"])
+    check(r.returncode != 0 and "--pack needs causal attention" in r.stderr, f"--pack on arch seed: {r.stderr[-200:]!r}")
 
 print(f"chat_test: {len(fails)} failure(s)")
 sys.exit(1 if fails else 0)

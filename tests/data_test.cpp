@@ -22,13 +22,16 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "fsdp/core/error.h"
 #include "fsdp/core/ignore_index.h"
+#include "fsdp/core/tensor.h"
 #include "fsdp/data/chat.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/token_sources.h"
+#include "fsdp/ops/ops.h"
 
 namespace fsdp::data {
 namespace {
@@ -461,6 +464,51 @@ TEST(Samples, RowsArePaddedCutAndMaskedWhereTheLabelsSay) {
   EXPECT_EQ(train->size(), 2);
   EXPECT_EQ(val->size(), 1);
   EXPECT_EQ(val->windows(0, 1, 4).inputs.data<int32_t>()[0], 9);
+}
+
+// Packed rows: whole samples in order fill each row (a sample of n tokens takes n - 1 positions),
+// the rest is padding that is no target and a document of its own; a sample longer than the row
+// is split into pieces, each its own document; doc_start names each position's document start.
+// The shuffle visits every packed row once per epoch.
+TEST(Packing, WholeSamplesFillRowsAndEachPositionKnowsItsDocument) {
+  const int32_t I = int32_t(fsdp::kIgnoreIndex);
+  std::vector<TokenizedSample> s = {{{5, 6, 7}, {0, 1, 1}},
+                                    {{1, 2, 3}, {0, 0, 1}},
+                                    {{9}, {1}},  // one token: no position, skipped
+                                    {{1, 2, 3, 4, 5, 6, 7}, {0, 0, 1, 1, 0, 1, 1}},
+                                    {{8, 9}, {0, 1}}};
+  std::unique_ptr<PackedSource> p = SampleSource(s, "five samples", 0, 4).packed();
+  EXPECT_EQ(p->samples(), 4);
+  EXPECT_EQ(p->split(), 1);  // 6 positions > 4
+  EXPECT_TRUE(p->masks_targets());
+  // rows: [5 6 | 1 2], [1 2 3 4], [5 6 | 8 pad]
+  ASSERT_EQ(p->rows(), 3);
+  EXPECT_NEAR(p->fill(), 11.0 / 12.0, 1e-12);
+  Batch b = p->windows(0, 3, 4);
+  auto vec = [](const Tensor& t) {
+    return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+  };
+  EXPECT_EQ(vec(b.inputs), (std::vector<int32_t>{5, 6, 1, 2, 1, 2, 3, 4, 5, 6, 8, 0}));
+  EXPECT_EQ(vec(b.targets), (std::vector<int32_t>{6, 7, I, 3, I, 3, 4, I, 6, 7, 9, I}));
+  EXPECT_EQ(vec(b.doc_start), (std::vector<int32_t>{0, 0, 2, 2, 0, 0, 0, 0, 0, 0, 2, 3}));
+  EXPECT_NO_THROW(ops::check_doc_start(b.doc_start, 3, 4));
+  EXPECT_THROW(p->windows(0, 1, 5), Error);  // packed for 4 positions
+  DataLoader loader(std::shared_ptr<PackedSource>(std::move(p)), 2, 1, 2, 4);
+  EXPECT_EQ(loader.count_targets(1), 2);  // rank 1's row: the [1 2 3 4] piece, targets 3 and 4
+  std::unique_ptr<PackedSource> q = SampleSource(s, "five samples", 0, 4).packed();
+  q->set_shuffle(7);
+  std::set<int32_t> firsts;
+  const Batch e = q->windows(6, 3, 4);  // epoch 2
+  for (int r = 0; r < 3; ++r) firsts.insert(e.doc_start.data<int32_t>()[r * 4 + 3]);
+  EXPECT_EQ(firsts, (std::set<int32_t>{2, 0, 3}));
+  // A doc_start that breaks the rule is refused, naming the place.
+  Tensor bad = Tensor::from_vector(std::vector<int32_t>{0, 0, 1, 0}, {1, 4});
+  try {
+    ops::check_doc_start(bad, 1, 4);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("row 0 position 2: 1"), std::string::npos) << err.what();
+  }
 }
 
 }  // namespace

@@ -250,12 +250,41 @@ Qkv qkv_of(int64_t B, int64_t T, int64_t H, int64_t hd, int64_t KV = 0) {
   return {B, T, H, KV ? KV : H, hd};
 }
 
+// Packed rows: doc_start [B, T] of documents of the given lengths, taken in turn (the next row
+// goes on with the next length), the last one of each row cut at T.
+std::vector<int32_t> packed_rows(int64_t B, int64_t T, const std::vector<int64_t>& lengths) {
+  std::vector<int32_t> ds(size_t(B * T));
+  size_t next = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0, start = 0, left = 0; t < T; ++t, --left) {
+      if (left == 0) {
+        start = t;
+        left = lengths[next++ % lengths.size()];
+      }
+      ds[size_t(b * T + t)] = int32_t(start);
+    }
+  return ds;
+}
+// The case's doc_start on `device`; undefined for none.
+Tensor doc_start_on(const std::vector<int32_t>& ds, const Qkv& q, Device device) {
+  if (ds.empty()) return Tensor();
+  return Tensor::from_vector(ds, {q.B, q.T}).to(device);
+}
+std::string packed_str(const std::vector<int32_t>& ds, int64_t T) {
+  if (ds.empty()) return "";
+  int64_t docs = 0;
+  for (size_t i = 0; i < ds.size(); ++i) docs += ds[i] == int32_t(int64_t(i) % T);
+  return fmt::format(" packed ({} documents)", docs);
+}
+
 // The q and k heads rotate by position * theta^(-2i / hd) in pairs (i, i + hd/2); v does not.
-Tensor rope_reference(const Tensor& qkv, const Qkv& q, double theta, int64_t offset) {
+// Packed (ds): position t - ds[b, t].
+Tensor rope_reference(const Tensor& qkv, const Qkv& q, double theta, int64_t offset,
+                      const std::vector<int32_t>& ds) {
   auto X = f64(qkv);
   const int64_t w = (q.H + 2 * q.KV) * q.hd;
   for (int64_t bt = 0; bt < q.B * q.T; ++bt) {
-    const double pos = double(bt % q.T + offset);
+    const double pos = ds.empty() ? double(bt % q.T + offset) : double(bt % q.T - ds[size_t(bt)]);
     for (int64_t h = 0; h < q.H + q.KV; ++h)  // q heads, then k heads
       for (int64_t i = 0; i < q.hd / 2; ++i) {
         const double ang = pos * std::pow(theta, -2.0 * double(i) / double(q.hd));
@@ -269,31 +298,36 @@ Tensor rope_reference(const Tensor& qkv, const Qkv& q, double theta, int64_t off
   return from(X, qkv.shape());
 }
 
-OpCase rope_case(const Qkv& q, double theta, int64_t offset) {
+OpCase rope_case(const Qkv& q, double theta, int64_t offset, std::vector<int32_t> ds = {}) {
   OpCase c{.op = "rope",
-           .what = fmt::format("rope {} theta {:g} offset {}", q.str(), theta, offset),
+           .what = fmt::format("rope {} theta {:g} offset {}{}", q.str(), theta, offset,
+                               packed_str(ds, q.T)),
            .covers = {"rope_"},
            .dtypes = kAll,
            .inputs = {{q.shape(), -1, 1, Grad::returned}},
            .ref_tol = 1e-14};
   c.forward = [=](const Tensors& in, bool in_place) {
     Tensor y = in_place ? in[0] : in[0].clone();
-    ops::rope_(y, q.H, theta, false, offset, q.KV);
+    ops::rope_(y, q.H, theta, false, offset, q.KV, doc_start_on(ds, q, y.device()));
     return OpRun{{y}, {}};
   };
   c.backward = [=](const BackwardArgs& a) {  // the transpose rotation
     Tensor d = a.dout.clone();
-    ops::rope_(d, q.H, theta, true, offset, q.KV);
+    ops::rope_(d, q.H, theta, true, offset, q.KV, doc_start_on(ds, q, d.device()));
     return Tensors{d};
   };
-  c.reference = [=](const Tensors& in) { return Tensors{rope_reference(in[0], q, theta, offset)}; };
+  c.reference = [=](const Tensors& in) {
+    return Tensors{rope_reference(in[0], q, theta, offset, ds)};
+  };
   c.forward_cost = [](const Tensors& in, const OpRun&) { return cost::rope_(in[0]); };
   c.backward_cost = [](const BackwardArgs& a) { return cost::rope_(a.dout); };
   return c;
 }
 
 // softmax(q k^T / sqrt(hd)) v, each query head over its group's kv head, written out directly.
-Tensor attention_reference(const Tensor& qkv, const Qkv& q, bool causal) {
+// Packed (ds, causal): query i of row b sees keys ds[b, i] .. i.
+Tensor attention_reference(const Tensor& qkv, const Qkv& q, bool causal,
+                           const std::vector<int32_t>& ds) {
   auto P = f64(qkv);
   const int64_t w = (q.H + 2 * q.KV) * q.hd, T = q.T, hd = q.hd;
   std::vector<double> O(size_t(q.B * T * q.H * hd), 0.0), s(static_cast<size_t>(T));
@@ -301,9 +335,9 @@ Tensor attention_reference(const Tensor& qkv, const Qkv& q, bool causal) {
     for (int64_t h = 0; h < q.H; ++h) {
       const int64_t kh = q.H + h / (q.H / q.KV), vh = kh + q.KV;
       for (int64_t i = 0; i < T; ++i) {
-        const int64_t last = causal ? i : T - 1;
+        const int64_t last = causal ? i : T - 1, first = ds.empty() ? 0 : ds[size_t(b * T + i)];
         double m = -INFINITY;
-        for (int64_t j = 0; j <= last; ++j) {
+        for (int64_t j = first; j <= last; ++j) {
           double acc = 0;
           for (int64_t e = 0; e < hd; ++e)
             acc += P[size_t((b * T + i) * w + h * hd + e)] * P[size_t((b * T + j) * w + kh * hd + e)];
@@ -311,8 +345,8 @@ Tensor attention_reference(const Tensor& qkv, const Qkv& q, bool causal) {
           m = std::max(m, s[size_t(j)]);
         }
         double z = 0;
-        for (int64_t j = 0; j <= last; ++j) z += std::exp(s[size_t(j)] - m);
-        for (int64_t j = 0; j <= last; ++j) {
+        for (int64_t j = first; j <= last; ++j) z += std::exp(s[size_t(j)] - m);
+        for (int64_t j = first; j <= last; ++j) {
           const double pj = std::exp(s[size_t(j)] - m) / z;
           for (int64_t e = 0; e < hd; ++e)
             O[size_t((b * T + i) * q.H * hd + h * hd + e)] +=
@@ -323,23 +357,27 @@ Tensor attention_reference(const Tensor& qkv, const Qkv& q, bool causal) {
   return from(O, {q.B, T, q.H * hd});
 }
 
-OpCase attention_case(const Qkv& q, bool causal, int64_t fd_probes = 64, double ref_tol = 1e-12) {
+OpCase attention_case(const Qkv& q, bool causal, int64_t fd_probes = 64, double ref_tol = 1e-12,
+                      std::vector<int32_t> ds = {}) {
   OpCase c{.op = "attention",
-           .what = fmt::format("attention {}{}", q.str(), causal ? " causal" : ""),
+           .what = fmt::format("attention {}{}{}", q.str(), causal ? " causal" : "",
+                               packed_str(ds, q.T)),
            .covers = {"attention_forward", "attention_backward"},
            .dtypes = kAll,
            .inputs = {{q.shape(), -1, 1, Grad::returned}},
            .ref_tol = ref_tol,
            .fd_probes = fd_probes};
   c.forward = [=](const Tensors& in, bool) {
-    auto a = ops::attention_forward(in[0], q.H, causal, q.KV);
+    auto a = ops::attention_forward(in[0], q.H, causal, q.KV, doc_start_on(ds, q, in[0].device()));
     return OpRun{{a.out}, {a.lse}};
   };
   c.backward = [=](const BackwardArgs& a) {
     return Tensors{ops::attention_backward(a.dout, a.in[0], a.fwd.out[0], a.fwd.saved[0], q.H,
-                                           causal, q.KV)};
+                                           causal, q.KV, doc_start_on(ds, q, a.in[0].device()))};
   };
-  c.reference = [=](const Tensors& in) { return Tensors{attention_reference(in[0], q, causal)}; };
+  c.reference = [=](const Tensors& in) {
+    return Tensors{attention_reference(in[0], q, causal, ds)};
+  };
   c.forward_cost = [=](const Tensors& in, const OpRun&) {
     return cost::attention_forward(in[0], q.H, q.KV, causal);
   };
@@ -657,6 +695,16 @@ std::vector<OpCase> op_cases() {
     }
   }
   v.push_back(attention_case(qkv_of(2, 16, 4, 8), true, 32));
+  // Packed rows: documents of 1 to 150 positions, some across the CPU kernel's 128-row tile and
+  // the CUDA kernels' 8-query blocks and 16-key tiles; positions restart in each.
+  v.push_back(rope_case(qkv_of(2, 45, 4, 16, 2), 10000.0, 0, packed_rows(2, 45, {1, 20, 3, 30})));
+  v.push_back(attention_case(qkv_of(2, 5, 2, 4), true, 120, 1e-13, packed_rows(2, 5, {2, 3})));
+  v.push_back(
+      attention_case(qkv_of(2, 45, 4, 16, 2), true, 40, 1e-12, packed_rows(2, 45, {1, 20, 3, 30})));
+  v.push_back(attention_case(qkv_of(1, 300, 2, 8), true, 60, 1e-12,
+                             packed_rows(1, 300, {100, 7, 150, 43})));
+  v.push_back(
+      attention_case(qkv_of(2, 130, 4, 6, 1), true, 40, 1e-12, packed_rows(2, 130, {17, 64, 9})));
   v.push_back(decode_case(3, 4, 2, 2, 4));
   v.push_back(decode_case(3, 4, 4, 2, 6));
   v.push_back(decode_case(3, 37, 4, 1, 32));

@@ -2,11 +2,17 @@
 // each row holds the H query heads, then the KV key heads, then the KV value
 // heads, head by head (nn.MultiheadAttention's packed in-projection when
 // KV = H). Grouped-query attention: query head h reads kv head h / (H / KV), as
-// Hugging Face's repeat_kv. One (batch, head) pair per task; each task
+// Hugging Face's repeat_kv. One (row, head, chunk of the row) per task; each task
 // runs single-threaded BLAS over tiles of 128 query rows, so its scratch is
 // O(threads * 128 * T): never T x T. The forward keeps only the row
 // log-sum-exp; the backward recomputes the probabilities from it (the
 // flash-attention trade of a little compute for a lot of memory).
+//
+// Packed rows: with doc_start [B, T] (the first position of each token's document in its row),
+// a query sees only the keys of its own document, causally. The tiles then never cross a
+// document's start, and each tile's scores cover only its document's keys: the blocks outside
+// every document are skipped, not masked, so a row of 8 packed samples costs what 8 rows of one
+// sample cost.
 #include <omp.h>
 
 #include <algorithm>
@@ -43,49 +49,100 @@ std::vector<T> thread_scratch(const char* op, int64_t per_thread, int64_t T_) {
   }
 }
 
+// Calls f(i0, rows, j0) for the query tiles of rows [begin, end) of one row of the batch: at most
+// R rows each, every row of a tile in one document (ds: the row's doc_start, or null for one
+// document), j0 the first key the tile's rows may see.
+template <class F>
+void for_each_tile(const int32_t* ds, int64_t begin, int64_t end, int64_t R, F&& f) {
+  for (int64_t i0 = begin; i0 < end;) {
+    int64_t stop = std::min(end, i0 + R);
+    if (ds) {
+      int64_t e = i0 + 1;
+      while (e < stop && ds[e] == ds[i0]) ++e;
+      stop = e;
+    }
+    f(i0, stop - i0, ds ? int64_t(ds[i0]) : int64_t(0));
+    i0 = stop;
+  }
+}
+
+// The work of one (row, head) or (row, kv head) task: positions [begin, end) of row b.
+struct Chunk {
+  int64_t b, begin, end;
+};
+
+// The rows cut into chunks that need nothing from each other: packed rows at document starts,
+// whole documents of about R positions together (a longer one alone), since no query reads
+// another document's keys; a row of one document is one chunk (`split_plain`: tiles of R
+// positions, for the forward, whose query tiles never share an output). More chunks than rows
+// keep the threads busy when a rank's few packed rows hold many documents.
+std::vector<Chunk> chunks(const int32_t* doc_start, int64_t B, int64_t T_, int64_t R,
+                          bool split_plain) {
+  std::vector<Chunk> v;
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* ds = doc_start ? doc_start + b * T_ : nullptr;
+    if (!ds) {
+      for (int64_t t = 0; t < T_; t += split_plain ? R : T_)
+        v.push_back({b, t, split_plain ? std::min(T_, t + R) : T_});
+      continue;
+    }
+    for (int64_t c0 = 0; c0 < T_;) {
+      int64_t c1 = c0 + 1;  // past the documents that start before c0 + R
+      while (c1 < T_ && (ds[c1] != c1 || c1 < c0 + R)) ++c1;
+      v.push_back({b, c0, c1});
+      c0 = c1;
+    }
+  }
+  return v;
+}
+
 }  // namespace
 
-// Query rows in tiles of kRows: S = scale Q_tile K^T over the keys the tile may see (all, or up
-// to its last row when causal), a row softmax, then O_tile = P V.
+// Query rows in tiles of kRows: S = scale Q_tile K^T over the keys the tile may see (all, or from
+// its document's start up to its last row when causal), a row softmax, then O_tile = P V.
 template <class T>
 void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int64_t H, int64_t KV,
-                       int64_t hd, bool causal) {
+                       int64_t hd, bool causal, const int32_t* doc_start) {
   const int64_t d = H * hd, ld = (H + 2 * KV) * hd, R = std::min(kRows, T_), group = H / KV;
   const T scale = T(1) / std::sqrt(T(hd));
   std::vector<T> scratch = thread_scratch<T>("attention", R * T_, T_);
+  const std::vector<Chunk> work = chunks(doc_start, B, T_, R, true);
+  const int64_t tasks = int64_t(work.size()) * H;
 #pragma omp parallel
   {
     T* s = scratch.data() + size_t(omp_get_thread_num()) * size_t(R * T_);
-#pragma omp for collapse(2) schedule(dynamic)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h) {
-        const T* q = qkv + b * T_ * ld + h * hd;
-        const T* k = qkv + b * T_ * ld + d + (h / group) * hd;
-        const T* v = k + KV * hd;
-        for (int64_t i0 = 0; i0 < T_; i0 += R) {
-          const int64_t rows = std::min(R, T_ - i0), nk = causal ? i0 + rows : T_;
-          gemm<T>(false, true, rows, nk, hd, scale, q + i0 * ld, ld, k, ld, T(0), s, nk);
-          for (int64_t r = 0; r < rows; ++r) {
-            T* row = s + r * nk;
-            const int64_t n = causal ? i0 + r + 1 : T_;
-            T m = -std::numeric_limits<T>::infinity();
-            for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
-            T sum = 0;
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const Chunk& c = work[size_t(task / H)];
+      const int64_t b = c.b, h = task % H;
+      const T* q = qkv + b * T_ * ld + h * hd;
+      const T* k = qkv + b * T_ * ld + d + (h / group) * hd;
+      const T* v = k + KV * hd;
+      auto tile = [&](int64_t i0, int64_t rows, int64_t j0) {
+        const int64_t nk = (causal ? i0 + rows : T_) - j0;
+        gemm<T>(false, true, rows, nk, hd, scale, q + i0 * ld, ld, k + j0 * ld, ld, T(0), s, nk);
+        for (int64_t r = 0; r < rows; ++r) {
+          T* row = s + r * nk;
+          const int64_t n = causal ? i0 + r + 1 - j0 : nk;
+          T m = -std::numeric_limits<T>::infinity();
+          for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
+          T sum = 0;
 #pragma omp simd reduction(+ : sum)
-            for (int64_t j = 0; j < n; ++j) {
-              row[j] = vexp(row[j] - m);
-              sum += row[j];
-            }
-            const T inv = T(1) / sum;
-#pragma omp simd
-            for (int64_t j = 0; j < n; ++j) row[j] *= inv;
-            for (int64_t j = n; j < nk; ++j) row[j] = T(0);
-            lse[(b * H + h) * T_ + i0 + r] = m + std::log(sum);
+          for (int64_t j = 0; j < n; ++j) {
+            row[j] = vexp(row[j] - m);
+            sum += row[j];
           }
-          gemm<T>(false, false, rows, hd, nk, T(1), s, nk, v, ld, T(0),
-                  out + (b * T_ + i0) * d + h * hd, d);
+          const T inv = T(1) / sum;
+#pragma omp simd
+          for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+          for (int64_t j = n; j < nk; ++j) row[j] = T(0);
+          lse[(b * H + h) * T_ + i0 + r] = m + std::log(sum);
         }
-      }
+        gemm<T>(false, false, rows, hd, nk, T(1), s, nk, v + j0 * ld, ld, T(0),
+                out + (b * T_ + i0) * d + h * hd, d);
+      };
+      for_each_tile(doc_start ? doc_start + b * T_ : nullptr, c.begin, c.end, R, tile);
+    }
   }
 }
 
@@ -95,69 +152,78 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int6
 // without races.
 template <class T>
 void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv, int64_t B,
-                        int64_t T_, int64_t H, int64_t KV, int64_t hd, bool causal) {
+                        int64_t T_, int64_t H, int64_t KV, int64_t hd, bool causal,
+                        const int32_t* doc_start) {
   const int64_t d = H * hd, ld = (H + 2 * KV) * hd, R = std::min(kRows, T_), group = H / KV;
   const T scale = T(1) / std::sqrt(T(hd));
   std::vector<T> scratch = thread_scratch<T>("attention_backward", 2 * R * T_ + R, T_);
+  // Chunks of whole documents (a row of one: the row) own their keys' dK and dV: no races.
+  const std::vector<Chunk> work = chunks(doc_start, B, T_, R, false);
+  const int64_t tasks = int64_t(work.size()) * KV;
 #pragma omp parallel
   {
     T* p = scratch.data() + size_t(omp_get_thread_num()) * size_t(2 * R * T_ + R);
     T* dp = p + R * T_;
     T* rowdot = dp + R * T_;
-#pragma omp for collapse(2) schedule(dynamic)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t g = 0; g < KV; ++g) {
-        const T* k = qkv + b * T_ * ld + d + g * hd;
-        const T* v = k + KV * hd;
-        T* dk = dqkv + b * T_ * ld + d + g * hd;
-        T* dv = dk + KV * hd;
-        for (int64_t j = 0; j < T_; ++j)
-          for (int64_t c = 0; c < hd; ++c) dk[j * ld + c] = dv[j * ld + c] = T(0);
-        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-          const T* q = qkv + b * T_ * ld + h * hd;
-          const T* o = out + b * T_ * d + h * hd;
-          const T* dO = dout + b * T_ * d + h * hd;
-          const T* l = lse + (b * H + h) * T_;
-          T* dq = dqkv + b * T_ * ld + h * hd;
-          for (int64_t i0 = 0; i0 < T_; i0 += R) {
-            const int64_t rows = std::min(R, T_ - i0), nk = causal ? i0 + rows : T_;
-            // P = exp(scale * q k^T - lse), zero above the diagonal when causal.
-            gemm<T>(false, true, rows, nk, hd, scale, q + i0 * ld, ld, k, ld, T(0), p, nk);
-            for (int64_t r = 0; r < rows; ++r) {
-              const int64_t i = i0 + r, n = causal ? i + 1 : T_;
-              T* row = p + r * nk;
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const Chunk& c = work[size_t(task / KV)];
+      const int64_t b = c.b, g = task % KV;
+      const T* k = qkv + b * T_ * ld + d + g * hd;
+      const T* v = k + KV * hd;
+      T* dk = dqkv + b * T_ * ld + d + g * hd;
+      T* dv = dk + KV * hd;
+      for (int64_t j = c.begin; j < c.end; ++j)
+        for (int64_t e = 0; e < hd; ++e) dk[j * ld + e] = dv[j * ld + e] = T(0);
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const T* q = qkv + b * T_ * ld + h * hd;
+        const T* o = out + b * T_ * d + h * hd;
+        const T* dO = dout + b * T_ * d + h * hd;
+        const T* l = lse + (b * H + h) * T_;
+        T* dq = dqkv + b * T_ * ld + h * hd;
+        auto tile = [&](int64_t i0, int64_t rows, int64_t j0) {
+          const int64_t nk = (causal ? i0 + rows : T_) - j0;
+          const T* kt = k + j0 * ld;
+          const T* vt = v + j0 * ld;
+          // P = exp(scale * q k^T - lse), zero above the diagonal when causal.
+          gemm<T>(false, true, rows, nk, hd, scale, q + i0 * ld, ld, kt, ld, T(0), p, nk);
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t i = i0 + r, n = causal ? i + 1 - j0 : nk;
+            T* row = p + r * nk;
 #pragma omp simd
-              for (int64_t j = 0; j < n; ++j) row[j] = vexp(row[j] - l[i]);
-              for (int64_t j = n; j < nk; ++j) row[j] = T(0);
-              T acc = 0;
+            for (int64_t j = 0; j < n; ++j) row[j] = vexp(row[j] - l[i]);
+            for (int64_t j = n; j < nk; ++j) row[j] = T(0);
+            T acc = 0;
 #pragma omp simd reduction(+ : acc)
-              for (int64_t c = 0; c < hd; ++c) acc += dO[i * d + c] * o[i * d + c];
-              rowdot[r] = acc;
-            }
-            // dV += P^T dO ; dP = dO V^T
-            gemm<T>(true, false, nk, hd, rows, T(1), p, nk, dO + i0 * d, d, T(1), dv, ld);
-            gemm<T>(false, true, rows, nk, hd, T(1), dO + i0 * d, d, v, ld, T(0), dp, nk);
-            // dS = P * (dP - rowdot), kept in dp
-            for (int64_t r = 0; r < rows; ++r) {
-              T* dr = dp + r * nk;
-              const T* pr = p + r * nk;
-#pragma omp simd
-              for (int64_t j = 0; j < nk; ++j) dr[j] = pr[j] * (dr[j] - rowdot[r]);
-            }
-            // dQ = scale dS K ; dK += scale dS^T Q
-            gemm<T>(false, false, rows, hd, nk, scale, dp, nk, k, ld, T(0), dq + i0 * ld, ld);
-            gemm<T>(true, false, nk, hd, rows, scale, dp, nk, q + i0 * ld, ld, T(1), dk, ld);
+            for (int64_t e = 0; e < hd; ++e) acc += dO[i * d + e] * o[i * d + e];
+            rowdot[r] = acc;
           }
-        }
+          // dV += P^T dO ; dP = dO V^T
+          gemm<T>(true, false, nk, hd, rows, T(1), p, nk, dO + i0 * d, d, T(1), dv + j0 * ld, ld);
+          gemm<T>(false, true, rows, nk, hd, T(1), dO + i0 * d, d, vt, ld, T(0), dp, nk);
+          // dS = P * (dP - rowdot), kept in dp
+          for (int64_t r = 0; r < rows; ++r) {
+            T* dr = dp + r * nk;
+            const T* pr = p + r * nk;
+#pragma omp simd
+            for (int64_t j = 0; j < nk; ++j) dr[j] = pr[j] * (dr[j] - rowdot[r]);
+          }
+          // dQ = scale dS K ; dK += scale dS^T Q
+          gemm<T>(false, false, rows, hd, nk, scale, dp, nk, kt, ld, T(0), dq + i0 * ld, ld);
+          gemm<T>(true, false, nk, hd, rows, scale, dp, nk, q + i0 * ld, ld, T(1), dk + j0 * ld,
+                  ld);
+        };
+        for_each_tile(doc_start ? doc_start + b * T_ : nullptr, c.begin, c.end, R, tile);
       }
+    }
   }
 }
 
 #define FSDP_INSTANTIATE(T)                                                                \
   template void attention_forward<T>(const T*, T*, T*, int64_t, int64_t, int64_t, int64_t, \
-                                     int64_t, bool);                                       \
+                                     int64_t, bool, const int32_t*);                       \
   template void attention_backward<T>(const T*, const T*, const T*, const T*, T*, int64_t, \
-                                      int64_t, int64_t, int64_t, int64_t, bool);
+                                      int64_t, int64_t, int64_t, int64_t, bool, const int32_t*);
 FSDP_INSTANTIATE(float)
 FSDP_INSTANTIATE(double)
 #undef FSDP_INSTANTIATE

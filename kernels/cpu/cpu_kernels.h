@@ -62,22 +62,27 @@ void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx,
 
 // rope.cpp: rotates the q and k parts of a packed qkv [B, T, H + 2 KV, hd] (H query heads, KV
 // key heads, KV value heads) in place, half-split pairs (i, i + hd/2) as Hugging Face's
-// rotate_half does. inverse = true applies the transpose rotation (the backward).
+// rotate_half does. inverse = true applies the transpose rotation (the backward). Token t of row
+// b is at position t + offset, or with doc_start [B, T] (packed rows) t - doc_start[b, t]: each
+// document's positions start at 0.
 template <class T>
 void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t hd, double theta,
-              bool inverse, int64_t offset = 0);
+              bool inverse, int64_t offset = 0, const int32_t* doc_start = nullptr);
 
 // attention.cpp: out = softmax(q k^T / sqrt(hd) [+ causal mask]) v per (b, h) from a packed
 // qkv [B, T, (H + 2 KV) hd]; query head h reads kv head h / (H / KV) (grouped-query attention;
 // KV = H is multi-head). out is [B, T, H hd]. lse [B, H, T] keeps each row's log-sum-exp, so
 // the backward recomputes the probabilities instead of storing B*H*T*T of them; its dk and dv
-// sum over the query heads of each group.
+// sum over the query heads of each group. doc_start [B, T] (null: one document per row; causal
+// only) is the first position of each token's document in its row: query t sees keys
+// doc_start[b, t] .. t, and the tiles skip every key outside its document.
 template <class T>
 void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int64_t H, int64_t KV,
-                       int64_t hd, bool causal);
+                       int64_t hd, bool causal, const int32_t* doc_start = nullptr);
 template <class T>
 void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv, int64_t B,
-                        int64_t T_, int64_t H, int64_t KV, int64_t hd, bool causal);
+                        int64_t T_, int64_t H, int64_t KV, int64_t hd, bool causal,
+                        const int32_t* doc_start = nullptr);
 
 // attention.cpp: one decode step over a KV cache. q [n, H*hd] holds the queries at positions
 // past .. past+n-1, k and v [past+n, KV*hd] every key and value so far; query i attends to keys

@@ -13,9 +13,10 @@ namespace fsdp::kernels::cpu {
 
 template <class T>
 void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t hd, double theta,
-              bool inverse, int64_t offset) {
+              bool inverse, int64_t offset, const int32_t* doc_start) {
   const int64_t half = hd / 2, d = (H + 2 * KV) * hd;
-  // cos/sin per (t, i), computed in double once per call.
+  if (doc_start) offset = 0;  // positions t - doc_start[b, t] lie in [0, T)
+  // cos/sin per (position, i), computed in double once per call.
   std::vector<T> cs(size_t(T_ * half)), sn(size_t(T_ * half));
   for (int64_t t = 0; t < T_; ++t)
     for (int64_t i = 0; i < half; ++i) {
@@ -27,8 +28,9 @@ void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t hd, 
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T_; ++t) {
       T* row = qkv + (b * T_ + t) * d;
-      const T* c = cs.data() + t * half;
-      const T* s = sn.data() + t * half;
+      const int64_t pos = doc_start ? t - doc_start[b * T_ + t] : t;
+      const T* c = cs.data() + pos * half;
+      const T* s = sn.data() + pos * half;
       for (int64_t h = 0; h < H + KV; ++h) {  // the q heads, then the k heads (adjacent)
         T* x = row + h * hd;
 #pragma omp simd
@@ -42,8 +44,8 @@ void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t hd, 
 }
 
 template void rope_qkv<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool,
-                              int64_t);
+                              int64_t, const int32_t*);
 template void rope_qkv<double>(double*, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool,
-                               int64_t);
+                               int64_t, const int32_t*);
 
 }  // namespace fsdp::kernels::cpu

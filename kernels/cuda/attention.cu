@@ -9,7 +9,9 @@
 // 256, without the tensor-core tiling of FlashAttention-2. Grouped-query
 // attention: qkv rows hold H query heads, then KV key heads, then KV value
 // heads; query head h reads kv head h / (H / KV), and the dk/dv pass runs one
-// block per kv head, over the query heads of its group in turn.
+// block per kv head, over the query heads of its group in turn. Packed rows (doc_start, causal):
+// a query sees only its document's keys; the key tiles before a block's first document and the
+// query tiles after its last are skipped, the rest masked per pair.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -65,7 +67,7 @@ __device__ __forceinline__ void stage(float (*sa)[kMaxD], float (*sb)[kMaxD], in
 
 template <class T>
 __global__ void attn_fwd(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse,
-                         Dims d, bool causal, float scale) {
+                         Dims d, bool causal, const int32_t* __restrict__ doc_start, float scale) {
   __shared__ float sk[kTile][kMaxD], sv[kTile][kMaxD];
   const int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H, g = h / (d.H / d.KV);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -75,7 +77,12 @@ __global__ void attn_fwd(const T* __restrict__ qkv, T* __restrict__ out, float* 
   if (valid) load_row(q, qkv_row(qkv, d, b, i, 0, h), d.hd, lane, scale);
   float m = -INFINITY, l = 0.f;
   const int64_t end = causal ? min(d.T, (int64_t(blockIdx.y) + 1) * kWarps) : d.T;
-  for (int64_t j0 = 0; j0 < end; j0 += kTile) {
+  // Packed: the block's first query's document starts at or before every other's.
+  // (clamped: a doc_start the host did not check never reads before the row)
+  const int64_t first =
+      doc_start ? max(int64_t(0), int64_t(doc_start[b * d.T + int64_t(blockIdx.y) * kWarps])) : 0;
+  const int64_t own = doc_start && valid ? doc_start[b * d.T + i] : 0;
+  for (int64_t j0 = first / kTile * kTile; j0 < end; j0 += kTile) {
     __syncthreads();
     stage<T>(
         sk, sv, j0, d.T, d.hd, [&](int64_t j) { return qkv_row(qkv, d, b, j, 1, g); },
@@ -85,6 +92,7 @@ __global__ void attn_fwd(const T* __restrict__ qkv, T* __restrict__ out, float* 
     for (int jj = 0; jj < kTile; ++jj) {
       const int64_t j = j0 + jj;
       if (j >= d.T || (causal && j > i)) break;
+      if (j < own) continue;  // another document's key
       const float s = dot_row(q, sk[jj], d.hd, lane);
       const float m_new = fmaxf(m, s), corr = __expf(m - m_new), p = __expf(s - m_new);
       l = l * corr + p;
@@ -125,7 +133,8 @@ __global__ void attn_rowdot(const T* __restrict__ dout, const T* __restrict__ ou
 template <class T>
 __global__ void attn_bwd_dq(const T* __restrict__ dout, const T* __restrict__ qkv,
                             const float* __restrict__ lse, const float* __restrict__ D,
-                            T* __restrict__ dqkv, Dims d, bool causal, float scale) {
+                            T* __restrict__ dqkv, Dims d, bool causal,
+                            const int32_t* __restrict__ doc_start, float scale) {
   __shared__ float sk[kTile][kMaxD], sv[kTile][kMaxD];
   const int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H, g = h / (d.H / d.KV);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -140,7 +149,11 @@ __global__ void attn_bwd_dq(const T* __restrict__ dout, const T* __restrict__ qk
     Di = D[(b * d.H + h) * d.T + i];
   }
   const int64_t end = causal ? min(d.T, (int64_t(blockIdx.y) + 1) * kWarps) : d.T;
-  for (int64_t j0 = 0; j0 < end; j0 += kTile) {
+  // (clamped: a doc_start the host did not check never reads before the row)
+  const int64_t first =
+      doc_start ? max(int64_t(0), int64_t(doc_start[b * d.T + int64_t(blockIdx.y) * kWarps])) : 0;
+  const int64_t own = doc_start && valid ? doc_start[b * d.T + i] : 0;
+  for (int64_t j0 = first / kTile * kTile; j0 < end; j0 += kTile) {
     __syncthreads();
     stage<T>(
         sk, sv, j0, d.T, d.hd, [&](int64_t j) { return qkv_row(qkv, d, b, j, 1, g); },
@@ -150,6 +163,7 @@ __global__ void attn_bwd_dq(const T* __restrict__ dout, const T* __restrict__ qk
     for (int jj = 0; jj < kTile; ++jj) {
       const int64_t j = j0 + jj;
       if (j >= d.T || (causal && j > i)) break;
+      if (j < own) continue;
       const float p = __expf(dot_row(q, sk[jj], d.hd, lane) - li);
       const float ds = p * (dot_row(go, sv[jj], d.hd, lane) - Di);
 #pragma unroll
@@ -171,9 +185,11 @@ __global__ void attn_bwd_dq(const T* __restrict__ dout, const T* __restrict__ qk
 template <class T>
 __global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ qkv,
                               const float* __restrict__ lse, const float* __restrict__ D,
-                              T* __restrict__ dqkv, Dims d, bool causal, float scale) {
+                              T* __restrict__ dqkv, Dims d, bool causal,
+                              const int32_t* __restrict__ doc_start, float scale) {
   __shared__ float sq[kTile][kMaxD], sdo[kTile][kMaxD];
   __shared__ float slse[kTile], sD[kTile];
+  __shared__ int32_t sds[kTile];
   const int64_t b = blockIdx.x / d.KV, g = blockIdx.x % d.KV, group = d.H / d.KV;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t j = int64_t(blockIdx.y) * kWarps + warp;  // this warp's key row
@@ -184,8 +200,11 @@ __global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ 
     load_row(v, qkv_row(qkv, d, b, j, 2, g), d.hd, lane);
   }
   const int64_t begin = causal ? (int64_t(blockIdx.y) * kWarps) / kTile * kTile : 0;
+  // Packed: no query after the block's last key's document reads any of its keys.
+  const int64_t last_key = min(d.T - 1, (int64_t(blockIdx.y) + 1) * kWarps - 1);
   for (int64_t h = g * group; h < (g + 1) * group; ++h)  // the query heads that read this kv head
     for (int64_t i0 = begin; i0 < d.T; i0 += kTile) {
+      if (doc_start && doc_start[b * d.T + i0] > last_key) break;  // the same for the whole block
       __syncthreads();
       stage<T>(
           sq, sdo, i0, d.T, d.hd, [&](int64_t i) { return qkv_row(qkv, d, b, i, 0, h); },
@@ -194,6 +213,7 @@ __global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ 
         const int64_t i = i0 + threadIdx.x;
         slse[threadIdx.x] = i < d.T ? lse[(b * d.H + h) * d.T + i] : 0.f;
         sD[threadIdx.x] = i < d.T ? D[(b * d.H + h) * d.T + i] : 0.f;
+        sds[threadIdx.x] = doc_start && i < d.T ? doc_start[b * d.T + i] : 0;
       }
       __syncthreads();
       if (!valid) continue;
@@ -201,6 +221,7 @@ __global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ 
         const int64_t i = i0 + ii;
         if (i >= d.T) break;
         if (causal && i < j) continue;
+        if (sds[ii] > j) continue;  // a query of a later document
         const float p = __expf(dot_row(k, sq[ii], d.hd, lane) - slse[ii]);
         const float ds = p * (dot_row(v, sdo[ii], d.hd, lane) - sD[ii]);
 #pragma unroll
@@ -229,7 +250,8 @@ __global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ 
 }  // namespace
 
 void attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
-                       int64_t H, int64_t KV, int64_t hd, bool causal, int device, Stream s) {
+                       int64_t H, int64_t KV, int64_t hd, bool causal, const int32_t* doc_start,
+                       int device, Stream s) {
   FSDP_CHECK(hd <= kMaxD, "[attention] CUDA attention supports head dims up to {}, got {}", kMaxD,
              hd);
   if (B * T * H == 0) return;
@@ -238,15 +260,16 @@ void attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t 
   const dim3 grid(unsigned(B * H), unsigned((T + kWarps - 1) / kWarps));
   dispatch_float(t, "attention", [&](auto tv) {
     using TT = decltype(tv);
-    attn_fwd<TT><<<grid, 32 * kWarps, 0, cudaStream_t(s)>>>(
-        static_cast<const TT*>(qkv), static_cast<TT*>(out), lse, d, causal, 1.f / sqrtf(float(hd)));
+    attn_fwd<TT><<<grid, 32 * kWarps, 0, cudaStream_t(s)>>>(static_cast<const TT*>(qkv),
+                                                            static_cast<TT*>(out), lse, d, causal,
+                                                            doc_start, 1.f / sqrtf(float(hd)));
   });
   CUDA_CHECK(cudaGetLastError());
 }
 
 void attention_backward(const void* dout, const void* qkv, const void* out, const float* lse,
                         void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
-                        int64_t hd, bool causal, int device, Stream s) {
+                        int64_t hd, bool causal, const int32_t* doc_start, int device, Stream s) {
   FSDP_CHECK(hd <= kMaxD, "[attention_backward] CUDA attention supports head dims up to {}, got {}",
              kMaxD, hd);
   if (B * T * H == 0) return;
@@ -263,10 +286,10 @@ void attention_backward(const void* dout, const void* qkv, const void* out, cons
             static_cast<const TT*>(dout), static_cast<const TT*>(out), D, d);
     attn_bwd_dq<TT><<<grid, 32 * kWarps, 0, cudaStream_t(s)>>>(
         static_cast<const TT*>(dout), static_cast<const TT*>(qkv), lse, D, static_cast<TT*>(dqkv),
-        d, causal, scale);
+        d, causal, doc_start, scale);
     attn_bwd_dkdv<TT><<<dim3(unsigned(B * KV), grid.y), 32 * kWarps, 0, cudaStream_t(s)>>>(
         static_cast<const TT*>(dout), static_cast<const TT*>(qkv), lse, D, static_cast<TT*>(dqkv),
-        d, causal, scale);
+        d, causal, doc_start, scale);
   });
   CUDA_CHECK(cudaGetLastError());
 }

@@ -106,18 +106,23 @@ void rmsnorm_backward(const void* dy, const void* x, const void* w, const float*
 
 // rope.cu: in place on the q and k parts of qkv [B, T, H + 2 KV, hd] (H query heads, KV key
 // heads, KV value heads), half-split pairs. Positions are offset, offset + 1, ... (a KV-cache
-// decode continues where the cache ends).
+// decode continues where the cache ends), or with doc_start (device i32 [B, T], packed rows)
+// t - doc_start[b, t].
 void rope_qkv(void* qkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
-              double theta, bool inverse, int64_t offset, int device, Stream s);
+              double theta, bool inverse, int64_t offset, const int32_t* doc_start, int device,
+              Stream s);
 
 // attention.cu: flash-style; lse is f32 [B, H, T]; no T x T matrix is stored. qkv is
 // [B, T, (H + 2 KV) hd]; query head h reads kv head h / (H / KV) (grouped-query attention);
-// out and dout are [B, T, H hd]; dk and dv sum over the query heads of their group.
+// out and dout are [B, T, H hd]; dk and dv sum over the query heads of their group. doc_start
+// (device i32 [B, T], or null; causal only): query t sees keys doc_start[b, t] .. t, and the key
+// tiles before a block's first document are skipped.
 void attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
-                       int64_t H, int64_t KV, int64_t hd, bool causal, int device, Stream s);
+                       int64_t H, int64_t KV, int64_t hd, bool causal, const int32_t* doc_start,
+                       int device, Stream s);
 void attention_backward(const void* dout, const void* qkv, const void* out, const float* lse,
                         void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
-                        int64_t hd, bool causal, int device, Stream s);
+                        int64_t hd, bool causal, const int32_t* doc_start, int device, Stream s);
 
 // attention.cu: one decode step over a KV cache, as kernels/cpu's attention_decode (k and v
 // [past + n, KV hd]); one block per (query, head), the scores in shared memory (past + n floats).

@@ -1,6 +1,7 @@
 // Rotary embedding on the device, in place on q and k of a packed qkv
 // [B, T, H + 2 KV, hd] (the H query heads and the KV key heads are adjacent),
-// half-split pairs as in kernels/cpu/rope.cpp; inverse is the backward.
+// half-split pairs as in kernels/cpu/rope.cpp; inverse is the backward. Packed rows (doc_start)
+// restart the positions at each document.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_kernels.h"
 
@@ -8,7 +9,8 @@ namespace fsdp::kernels::cuda {
 
 template <class T>
 __global__ void rope_kernel(T* __restrict__ qkv, int64_t B, int64_t Tn, int64_t H, int64_t KV,
-                            int64_t hd, int64_t offset, float log_theta, float sign) {
+                            int64_t hd, int64_t offset, const int32_t* __restrict__ doc_start,
+                            float log_theta, float sign) {
   const int64_t half = hd / 2, n = B * Tn * (H + KV) * half;
   GRID_STRIDE(idx, n) {
     const int64_t i = idx % half;
@@ -16,7 +18,8 @@ __global__ void rope_kernel(T* __restrict__ qkv, int64_t B, int64_t Tn, int64_t 
     const int64_t bt = idx / (half * (H + KV));
     const int64_t t = bt % Tn;
     T* x = qkv + bt * (H + 2 * KV) * hd + h * hd;
-    const float ang = float(t + offset) * __expf(-2.f * float(i) / float(hd) * log_theta);
+    const int64_t pos = doc_start ? t - doc_start[bt] : t + offset;  // packed: from its document
+    const float ang = float(pos) * __expf(-2.f * float(i) / float(hd) * log_theta);
     float sn, cs;
     __sincosf(ang, &sn, &cs);
     sn *= sign;
@@ -27,14 +30,15 @@ __global__ void rope_kernel(T* __restrict__ qkv, int64_t B, int64_t Tn, int64_t 
 }
 
 void rope_qkv(void* qkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
-              double theta, bool inverse, int64_t offset, int device, Stream s) {
+              double theta, bool inverse, int64_t offset, const int32_t* doc_start, int device,
+              Stream s) {
   const int64_t n = B * T * (H + KV) * (hd / 2);
   if (n == 0) return;
   CUDA_CHECK(cudaSetDevice(device));
   dispatch_float(t, "rope", [&](auto tv) {
     using TT = decltype(tv);
     rope_kernel<TT><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(
-        static_cast<TT*>(qkv), B, T, H, KV, hd, offset, float(std::log(theta)),
+        static_cast<TT*>(qkv), B, T, H, KV, hd, offset, doc_start, float(std::log(theta)),
         inverse ? -1.f : 1.f);
   });
   CUDA_CHECK(cudaGetLastError());

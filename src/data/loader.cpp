@@ -7,12 +7,13 @@
 #include "fsdp/core/error.h"
 #include "fsdp/core/ignore_index.h"
 #include "fsdp/core/tensor.h"
+#include "fsdp/ops/ops.h"
 
 namespace fsdp::data {
 
 DataLoader::DataLoader(std::shared_ptr<const TokenSource> source, int64_t global_rows, int rank,
                        int world, int64_t seq, Device device)
-    : source_(std::move(source)), global_rows_(global_rows), seq_(seq), uploader_(device, 4) {
+    : source_(std::move(source)), global_rows_(global_rows), seq_(seq), uploader_(device, 6) {
   FSDP_CHECK(source_, "[DataLoader] no token source");
   FSDP_CHECK(world > 0 && rank >= 0 && rank < world, "[DataLoader] rank {} is not in [0, {})", rank,
              world);
@@ -26,7 +27,10 @@ DataLoader::DataLoader(std::shared_ptr<const TokenSource> source, int64_t global
 
 Batch DataLoader::make(int64_t position) {
   Batch b = source_->windows(position + row_begin_, rows_, seq_);
-  return {uploader_.upload(b.inputs), uploader_.upload(b.targets)};
+  // Packed rows: checked here, on the host, since the attention kernels trust a device copy.
+  if (b.doc_start.defined()) ops::check_doc_start(b.doc_start, rows_, seq_);
+  return {uploader_.upload(b.inputs), uploader_.upload(b.targets),
+          b.doc_start.defined() ? uploader_.upload(b.doc_start) : Tensor()};
 }
 
 Batch DataLoader::next() {

@@ -151,12 +151,21 @@ Tensor MultiheadAttention::forward_cached(const Tensor& x) {
 Tensor MultiheadAttention::forward_impl(const Tensor& x) {
   FSDP_CHECK(x.dim() == 3 && x.size(2) == dim_,
              "[MultiheadAttention] input must be [B, T, {}], got {}", dim_, shape_str(x.shape()));
-  if (kv_len_ >= 0) return forward_cached(x);
+  const Tensor& ds = batch_context().doc_start;
+  if (kv_len_ >= 0) {
+    FSDP_CHECK(!ds.defined(),
+               "[MultiheadAttention] a KV cache holds one document, not packed rows");
+    return forward_cached(x);
+  }
+  FSDP_CHECK(!ds.defined() || opt_.causal,
+             "[MultiheadAttention] packed rows need causal attention (arch llama); this model's "
+             "attention is bidirectional");
   x_ = x;
   Tensor qkv =
       ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());
-  if (opt_.rope_theta > 0) ops::rope_(qkv, heads_, opt_.rope_theta, false, 0, kv_heads_);
-  auto a = ops::attention_forward(qkv, heads_, opt_.causal, kv_heads_);
+  if (opt_.rope_theta > 0) ops::rope_(qkv, heads_, opt_.rope_theta, false, 0, kv_heads_, ds);
+  auto a = ops::attention_forward(qkv, heads_, opt_.causal, kv_heads_, ds);
+  doc_start_ = ds;
   qkv_ = qkv;
   out_ = a.out;
   lse_ = a.lse;
@@ -165,11 +174,13 @@ Tensor MultiheadAttention::forward_impl(const Tensor& x) {
 
 Tensor MultiheadAttention::backward_impl(const Tensor& dy) {
   Tensor dattn = out_proj_->backward(dy);
-  Tensor dqkv = ops::attention_backward(dattn, qkv_, out_, lse_, heads_, opt_.causal, kv_heads_);
-  if (opt_.rope_theta > 0) ops::rope_(dqkv, heads_, opt_.rope_theta, true, 0, kv_heads_);
+  Tensor dqkv =
+      ops::attention_backward(dattn, qkv_, out_, lse_, heads_, opt_.causal, kv_heads_, doc_start_);
+  if (opt_.rope_theta > 0)
+    ops::rope_(dqkv, heads_, opt_.rope_theta, true, 0, kv_heads_, doc_start_);
   Tensor dx = ops::linear_backward(dqkv, x_, in_proj_weight_->data, in_proj_weight_->grad,
                                    in_proj_bias_ ? in_proj_bias_->grad : Tensor());
-  x_ = qkv_ = out_ = lse_ = Tensor();
+  x_ = qkv_ = out_ = lse_ = doc_start_ = Tensor();
   return dx;
 }
 
@@ -242,7 +253,7 @@ Tensor TransformerBlock::backward_impl(const Tensor& dy) {
 void Linear::release_saved() { x_ = Tensor(); }
 void Embedding::release_saved() { ids_ = Tensor(); }
 void RMSNorm::release_saved() { x_ = rstd_ = Tensor(); }
-void MultiheadAttention::release_saved() { x_ = qkv_ = out_ = lse_ = Tensor(); }
+void MultiheadAttention::release_saved() { x_ = qkv_ = out_ = lse_ = doc_start_ = Tensor(); }
 void FeedForward::release_saved() { h_ = g_ = u_ = Tensor(); }
 
 }  // namespace fsdp::nn

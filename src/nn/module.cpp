@@ -139,4 +139,11 @@ Tensor ModuleList::backward_impl(const Tensor& dy) {
   return g;
 }
 
+BatchContextScope::BatchContextScope(Module& root, BatchContext context) : root_(root) {
+  FSDP_CHECK(root.parent() == nullptr,
+             "[BatchContextScope] {} is inside a tree; set the batch context on the top module",
+             root.path());
+  root_.set_batch_context(std::move(context));
+}
+
 }  // namespace fsdp::nn

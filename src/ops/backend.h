@@ -12,6 +12,8 @@
 // - a backward returns its input's gradient and adds into the parameter gradients it is given;
 // - attention's kv_heads is resolved (never 0) and divides heads; cross-entropy's divisor is
 //   resolved (the rows when the caller gave none) and a target of kIgnoreIndex adds nothing;
+// - a doc_start (packed rows) is undefined or a checked i32 [B, T] on the op's device, and comes
+//   with causal attention;
 // - nothing reads back to the host except what the op returns as a double.
 // Private to the library.
 #pragma once
@@ -42,12 +44,12 @@
   X(TensorPair, swiglu_backward, (const Tensor& dy, const Tensor& g, const Tensor& u))           \
   X(void, rope_,                                                                                 \
     (const Tensor& qkv, int64_t heads, int64_t kv_heads, double theta, bool inverse,             \
-     int64_t offset))                                                                            \
+     int64_t offset, const Tensor& doc_start))                                                   \
   X(AttentionOut, attention_forward,                                                             \
-    (const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal))                           \
+    (const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal, const Tensor& doc_start))  \
   X(Tensor, attention_backward,                                                                  \
     (const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t heads, \
-     int64_t kv_heads, bool causal))                                                             \
+     int64_t kv_heads, bool causal, const Tensor& doc_start))                                    \
   X(Tensor, attention_decode,                                                                    \
     (const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads, int64_t kv_heads,         \
      int64_t past))                                                                              \
@@ -57,7 +59,7 @@
   X(void, clip_scale_, (const Tensor& x, const Tensor& total_sq, double max_norm))               \
   X(void, scale_, (const Tensor& x, double s))                                                   \
   X(CrossEntropyOut, cross_entropy_forward,                                                      \
-    (const Tensor& logits, const Tensor& targets, bool read_loss, double divisor))                               \
+    (const Tensor& logits, const Tensor& targets, bool read_loss, double divisor))               \
   X(Tensor, cross_entropy_backward,                                                              \
     (const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,               \
      double divisor))                                                                            \

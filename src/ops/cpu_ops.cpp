@@ -251,34 +251,50 @@ TensorPair swiglu_backward(const Tensor& dy, const Tensor& g, const Tensor& u) {
   return {as_storage(dg, g.dtype()), as_storage(du, g.dtype())};
 }
 
+namespace {
+const int32_t* doc_start_ptr(const Tensor& ds, Tensor& keep) {
+  if (!ds.defined()) return nullptr;
+  keep = ds.contiguous();
+  return keep.data<int32_t>();
+}
+}  // namespace
+
 void rope_(const Tensor& qkv, int64_t heads, int64_t kv_heads, double theta, bool inverse,
-           int64_t offset) {
+           int64_t offset, const Tensor& doc_start) {
+  Tensor ds;
+  const int32_t* dsp = doc_start_ptr(doc_start, ds);
   const QkvDims d = dims_of(qkv, heads, kv_heads);
   const DType ct = compute_dtype(qkv.dtype());
   Accum Q(qkv, ct);  // in place; bf16/f16 round-trip through f32
   dispatch_compute(ct, "rope", [&](auto tv) {
     using T = decltype(tv);
-    cpu::rope_qkv<T>(Q.data<T>(), d.B, d.T, d.H, d.KV, d.hd, theta, inverse, offset);
+    cpu::rope_qkv<T>(Q.data<T>(), d.B, d.T, d.H, d.KV, d.hd, theta, inverse, offset, dsp);
   });
   Q.finish();
 }
 
-AttentionOut attention_forward(const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal) {
+AttentionOut attention_forward(const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal,
+                               const Tensor& doc_start) {
   const QkvDims d = dims_of(qkv, heads, kv_heads);
+  Tensor ds;
+  const int32_t* dsp = doc_start_ptr(doc_start, ds);
   const DType ct = compute_dtype(qkv.dtype());
   Tensor Q = as_compute(qkv, ct);
   Tensor out = Tensor::empty({d.B, d.T, d.H * d.hd}, ct), lse = Tensor::empty({d.B, d.H, d.T}, ct);
   dispatch_compute(ct, "attention", [&](auto tv) {
     using T = decltype(tv);
     cpu::attention_forward<T>(Q.data<T>(), out.data<T>(), lse.data<T>(), d.B, d.T, d.H, d.KV, d.hd,
-                              causal);
+                              causal, dsp);
   });
   return {as_storage(out, qkv.dtype()), lse};
 }
 
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, int64_t heads, int64_t kv_heads, bool causal) {
+                          const Tensor& lse, int64_t heads, int64_t kv_heads, bool causal,
+                          const Tensor& doc_start) {
   const QkvDims d = dims_of(qkv, heads, kv_heads);
+  Tensor ds;
+  const int32_t* dsp = doc_start_ptr(doc_start, ds);
   const DType ct = compute_dtype(qkv.dtype());
   Tensor DO = as_compute(dout, ct), Q = as_compute(qkv, ct), O = as_compute(out, ct),
          L = as_compute(lse, ct);
@@ -286,7 +302,7 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
   dispatch_compute(ct, "attention_backward", [&](auto tv) {
     using T = decltype(tv);
     cpu::attention_backward<T>(DO.data<T>(), Q.data<T>(), O.data<T>(), L.data<T>(), dqkv.data<T>(),
-                               d.B, d.T, d.H, d.KV, d.hd, causal);
+                               d.B, d.T, d.H, d.KV, d.hd, causal, dsp);
   });
   return as_storage(dqkv, qkv.dtype());
 }

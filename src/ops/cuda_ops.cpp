@@ -188,21 +188,36 @@ std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& g, con
   return {dg, du};
 }
 
+namespace {
+const int32_t* doc_start_ptr(const Tensor& ds, Tensor& keep) {
+  if (!ds.defined()) return nullptr;
+  keep = dense(ds);
+  return keep.data<int32_t>();
+}
+}  // namespace
+
 void rope_(const Tensor& qkv, int64_t heads, int64_t kv_heads, double theta, bool inverse,
-           int64_t offset) {
+           int64_t offset, const Tensor& doc_start) {
   FSDP_CHECK(qkv.is_contiguous(), "[rope] a CUDA qkv must be contiguous");
   const int64_t hd = qkv.size(2) / (heads + 2 * kv_heads);
+  Tensor ds;
   kc::rope_qkv(qkv.raw_data(), qkv.dtype(), qkv.size(0), qkv.size(1), heads, kv_heads, hd, theta,
-               inverse, offset, dev(qkv), cs(qkv));
+               inverse, offset, doc_start_ptr(doc_start, ds), dev(qkv), cs(qkv));
 }
 
-AttentionOut attention_forward(const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal) {
+// Packed rows run on our kernel: cuDNN's SDPA takes them only as ragged (THD) sequences, which
+// this layout is not (a later change may cut the rows into cuDNN's ragged offsets).
+AttentionOut attention_forward(const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal,
+                               const Tensor& doc_start) {
   Tensor Q = dense(qkv);
+  Tensor ds;
+  const int32_t* dsp = doc_start_ptr(doc_start, ds);
   const int64_t B = qkv.size(0), T = qkv.size(1), hd = qkv.size(2) / (heads + 2 * kv_heads);
   Tensor out = Tensor::empty({B, T, heads * hd}, qkv.dtype(), qkv.device());
   Tensor lse = Tensor::empty({B, heads, T}, DType::f32, qkv.device());
-  const int64_t ws = kc::cudnn_attention_workspace(false, qkv.dtype(), B, T, heads, kv_heads, hd,
-                                                   causal, dev(qkv));
+  const int64_t ws = dsp ? -1
+                         : kc::cudnn_attention_workspace(false, qkv.dtype(), B, T, heads, kv_heads,
+                                                         hd, causal, dev(qkv));
   if (ws >= 0) {
     Tensor w = workspace(ws, qkv.device());
     kc::cudnn_attention_forward(Q.raw_data(), out.raw_data(), lse.data<float>(), qkv.dtype(), B, T,
@@ -211,18 +226,22 @@ AttentionOut attention_forward(const Tensor& qkv, int64_t heads, int64_t kv_head
     return {out, lse};
   }
   kc::attention_forward(Q.raw_data(), out.raw_data(), lse.data<float>(), qkv.dtype(), B, T, heads,
-                        kv_heads, hd, causal, dev(qkv), cs(qkv));
+                        kv_heads, hd, causal, dsp, dev(qkv), cs(qkv));
   return {out, lse};
 }
 
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, int64_t heads, int64_t kv_heads, bool causal) {
+                          const Tensor& lse, int64_t heads, int64_t kv_heads, bool causal,
+                          const Tensor& doc_start) {
   Tensor DO = dense(dout.to(qkv.dtype())), Q = dense(qkv), O = dense(out),
          L = dense(lse.to(DType::f32));
+  Tensor ds;
+  const int32_t* dsp = doc_start_ptr(doc_start, ds);
   const int64_t B = qkv.size(0), T = qkv.size(1), hd = qkv.size(2) / (heads + 2 * kv_heads);
   Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
-  const int64_t ws =
-      kc::cudnn_attention_workspace(true, qkv.dtype(), B, T, heads, kv_heads, hd, causal, dev(qkv));
+  const int64_t ws = dsp ? -1
+                         : kc::cudnn_attention_workspace(true, qkv.dtype(), B, T, heads, kv_heads,
+                                                         hd, causal, dev(qkv));
   if (ws >= 0) {
     Tensor w = workspace(ws, qkv.device());
     kc::cudnn_attention_backward(DO.raw_data(), Q.raw_data(), O.raw_data(), L.data<float>(),
@@ -231,8 +250,8 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
     return dqkv;
   }
   kc::attention_backward(DO.raw_data(), Q.raw_data(), O.raw_data(), L.data<float>(),
-                         dqkv.raw_data(), qkv.dtype(), B, T, heads, kv_heads, hd, causal, dev(qkv),
-                         cs(qkv));
+                         dqkv.raw_data(), qkv.dtype(), B, T, heads, kv_heads, hd, causal, dsp,
+                         dev(qkv), cs(qkv));
   return dqkv;
 }
 

@@ -245,26 +245,62 @@ QkvDims qkv_dims(const char* op, const Tensor& qkv, int64_t heads, int64_t kv_he
 }
 }  // namespace
 
+void check_doc_start(const Tensor& ds, int64_t B, int64_t T) {
+  FSDP_CHECK(ds.dtype() == DType::i32 && ds.shape() == Shape({B, T}),
+             "[doc_start] must be i32 [{}, {}] (the batch's rows and positions), got {} {}", B, T,
+             dtype_name(ds.dtype()), shape_str(ds.shape()));
+  if (!ds.device().is_cpu()) return;
+  const Tensor c = ds.contiguous();
+  const int32_t* p = c.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t v = p[b * T + t];
+      FSDP_CHECK(v == t || (t > 0 && v == p[b * T + t - 1]),
+                 "[doc_start] row {} position {}: {} is neither {} (a document starts there) nor "
+                 "the position before's {} (documents are contiguous)",
+                 b, t, v, t, t > 0 ? std::to_string(p[b * T + t - 1]) : std::string("(none)"));
+    }
+}
+
+namespace {
+// A packed batch's doc_start against its qkv: checked, and on the qkv's device.
+void check_packed(const char* op, const Tensor& qkv, const Tensor& ds, bool causal) {
+  if (!ds.defined()) return;
+  FSDP_CHECK(causal, "[{}] packed rows (doc_start) need causal attention", op);
+  FSDP_CHECK(ds.device() == qkv.device(), "[{}] doc_start is on {}, qkv on {}", op,
+             ds.device().str(), qkv.device().str());
+  check_doc_start(ds, qkv.size(0), qkv.size(1));
+}
+}  // namespace
+
 void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset,
-           int64_t kv_heads) {
+           int64_t kv_heads, const Tensor& doc_start) {
   FSDP_OP_SCOPE(inverse ? "rope_backward" : "rope", qkv, ({&qkv}), cost::rope_(qkv));
   const QkvDims dims = qkv_dims("rope", qkv, heads, kv_heads);
   FSDP_CHECK(dims.hd % 2 == 0, "[rope] head dim {} must be even", dims.hd);
   FSDP_CHECK(offset >= 0, "[rope] position offset must be >= 0, got {}", offset);
-  if (on_cuda("rope", {&qkv})) return cuda_impl::rope_(qkv, heads, dims.KV, theta, inverse, offset);
-  return cpu_impl::rope_(qkv, heads, dims.KV, theta, inverse, offset);
+  FSDP_CHECK(!doc_start.defined() || offset == 0,
+             "[rope] packed rows (doc_start) start each document at position 0; offset {} given",
+             offset);
+  check_packed("rope", qkv, doc_start, true);
+  if (on_cuda("rope", {&qkv}))
+    return cuda_impl::rope_(qkv, heads, dims.KV, theta, inverse, offset, doc_start);
+  return cpu_impl::rope_(qkv, heads, dims.KV, theta, inverse, offset, doc_start);
 }
 
-AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal, int64_t kv_heads) {
+AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal, int64_t kv_heads,
+                               const Tensor& doc_start) {
   FSDP_OP_SCOPE("attention", qkv, ({&qkv}), cost::attention_forward(qkv, heads, kv_heads, causal));
   const QkvDims dims = qkv_dims("attention", qkv, heads, kv_heads);
+  check_packed("attention", qkv, doc_start, causal);
   if (on_cuda("attention", {&qkv}))
-    return cuda_impl::attention_forward(qkv, heads, dims.KV, causal);
-  return cpu_impl::attention_forward(qkv, heads, dims.KV, causal);
+    return cuda_impl::attention_forward(qkv, heads, dims.KV, causal, doc_start);
+  return cpu_impl::attention_forward(qkv, heads, dims.KV, causal, doc_start);
 }
 
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, int64_t heads, bool causal, int64_t kv_heads) {
+                          const Tensor& lse, int64_t heads, bool causal, int64_t kv_heads,
+                          const Tensor& doc_start) {
   FSDP_OP_SCOPE("attention_backward", qkv, ({&dout, &qkv, &out}),
                 cost::attention_backward(dout, qkv, out, heads, kv_heads, causal));
   const QkvDims dims = qkv_dims("attention_backward", qkv, heads, kv_heads);
@@ -274,9 +310,10 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
              shape_str(out.shape()), shape_str(qkv.shape()));
   FSDP_CHECK(lse.numel() == B * H * T_, "[attention_backward] lse has {} elements, expected {}",
              lse.numel(), B * H * T_);
+  check_packed("attention_backward", qkv, doc_start, causal);
   if (on_cuda("attention_backward", {&dout, &qkv, &out, &lse}))
-    return cuda_impl::attention_backward(dout, qkv, out, lse, heads, dims.KV, causal);
-  return cpu_impl::attention_backward(dout, qkv, out, lse, heads, dims.KV, causal);
+    return cuda_impl::attention_backward(dout, qkv, out, lse, heads, dims.KV, causal, doc_start);
+  return cpu_impl::attention_backward(dout, qkv, out, lse, heads, dims.KV, causal, doc_start);
 }
 
 Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,

@@ -54,6 +54,7 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
     device = b.inputs.device();
     tokens += b.inputs.numel() * p.group.size();  // each rank holds as many rows
     nn::LMLoss loss;  // the loss stays on the device; dlogits overwrite the logits
+    const nn::BatchContextScope context(p.model, {.doc_start = b.doc_start});  // packed rows
     micro_losses.push_back(loss.forward(p.model.forward(b.inputs), b.targets, divisor));
     p.model.backward(loss.backward(1.0 / double(o.grad_accum)));
     p.loader.prefetch();  // the next batch is made and copied while this one's kernels run

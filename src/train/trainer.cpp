@@ -3,8 +3,8 @@
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -27,6 +27,7 @@
 #include "fsdp/data/loader.h"
 #include "fsdp/data/token_sources.h"
 #include "fsdp/data/tokenizer.h"
+#include "fsdp/nn/module.h"
 #include "fsdp/ops/ops.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/lr_schedule.h"
@@ -87,6 +88,9 @@ double Trainer::Impl::evaluate() {
       data::Batch b = val->batch(e, B * size, rank * B, B, T);
       const int32_t* t = b.targets.data<int32_t>();
       for (int64_t i = 0; i < b.targets.numel(); ++i) sum_count[1] += t[i] != int32_t(kIgnoreIndex);
+      if (b.doc_start.defined()) ops::check_doc_start(b.doc_start, B, T);
+      const nn::BatchContextScope context(
+          *model, {.doc_start = b.doc_start.defined() ? b.doc_start.to(device) : Tensor()});
       Tensor logits = model->forward(b.inputs.to(device)).view({B * T, cfg.vocab});
       sum_count[0] += ops::cross_entropy_forward(logits, b.targets.to(device), true, 1.0).loss;
     }

@@ -49,8 +49,16 @@ void check_same_data(const nlohmann::json& saved, const nlohmann::json& now,
                path, value(saved, "data").dump(), saved["data_content"].dump(),
                value(now, "data").dump(), content.dump());
   }
+  // Packed or not: the position counts packed rows, or samples (older checkpoints: not packed).
+  FSDP_CHECK(saved.value("pack", false) == now.value("pack", false),
+             "[fsdp-train] --resume: {} was saved {} --pack; its position counts {}, so resume "
+             "{} --pack, or start a new --ckpt-dir",
+             path, saved.value("pack", false) ? "with" : "without",
+             saved.value("pack", false) ? "packed rows" : "samples or windows",
+             saved.value("pack", false) ? "with" : "without");
   const bool by_path = !saved.contains("data_content");
-  for (const char* key : {"seq", "data", "data_tokens", "tokenizer_hash"})
+  for (const char* key :
+       {"seq", "data", "data_tokens", "data_samples", "data_rows", "tokenizer_hash"})
     if (saved.contains(key) && (by_path || std::string_view(key) != "data"))
       FSDP_CHECK(saved[key] == value(now, key),
                  "[fsdp-train] --resume: {} was saved with {} {} but this run has {} {}: resume "

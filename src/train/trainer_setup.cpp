@@ -23,6 +23,7 @@
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -30,9 +31,9 @@
 #include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/core/allocator.h"
 #include "fsdp/core/file.h"
+#include "fsdp/data/chat.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/token_sources.h"
-#include "fsdp/data/chat.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/distributed/device_mesh.h"
 #include "fsdp/distributed/init.h"
@@ -200,6 +201,13 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
     run_config["data_content"] = data::data_identity(o.data.data).str();
     if (const auto* s = dynamic_cast<const data::TokenStream*>(src.get()))
       run_config["data_tokens"] = s->size();
+    // A checkpoint's position counts samples, or packed rows: a resume must read the same ones.
+    if (const auto* s = dynamic_cast<const data::SampleSource*>(src.get()))
+      run_config["data_samples"] = s->size();
+    if (const auto* s = dynamic_cast<const data::PackedSource*>(src.get())) {
+      run_config["pack"] = true;
+      run_config["data_rows"] = s->rows();
+    }
   }
   run_config["flags"] = nlohmann::json::parse(flags_json(o));  // what a resume reports as changed
   config_json = run_config.dump();
@@ -224,16 +232,27 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
 }
 
 void Trainer::Impl::open_data() {
+  FSDP_CHECK(!o.data.pack || data::is_jsonl(o.data.data),
+             "[fsdp-train] --pack packs the samples of a .jsonl --data (chats or tokenized rows); "
+             "{} is read as a stream of windows",
+             o.data.data.empty() ? std::string("random data") : o.data.data);
+  FSDP_CHECK(!o.data.pack || cfg.arch != nn::Arch::seed,
+             "[fsdp-train] --pack needs causal attention (--arch llama): arch seed attends in both "
+             "directions, across the samples of a row");
   if (!o.data.data.empty() && data::is_jsonl(o.data.data)) {  // samples, one per row, masked
     std::unique_ptr<data::SampleSource> samples = open_samples(o.data.data);
-    if (o.data.shuffle) samples->set_shuffle(o.run.seed);
-    if (o.data.eval_every > 0 && o.data.val_data.empty()) {
-      auto [train, tail] = samples->split_tail(o.data.val_fraction);
-      if (o.data.shuffle) train->set_shuffle(o.run.seed);
-      src = std::move(train);
-      val = std::move(tail);
+    std::unique_ptr<data::SampleSource> tail;
+    if (o.data.eval_every > 0 && o.data.val_data.empty())
+      std::tie(samples, tail) = samples->split_tail(o.data.val_fraction);
+    if (o.data.pack) {  // packed rows, shuffled as rows
+      std::unique_ptr<data::PackedSource> packed = samples->packed();
+      if (o.data.shuffle) packed->set_shuffle(o.run.seed);
+      src = std::move(packed);
+      if (tail) val = tail->packed();
     } else {
+      if (o.data.shuffle) samples->set_shuffle(o.run.seed);
       src = std::move(samples);
+      val = std::move(tail);
     }
   } else if (!o.data.data.empty()) {
     std::unique_ptr<data::TokenStream> stream = open_stream(o.data.data);
@@ -257,9 +276,11 @@ void Trainer::Impl::open_data() {
       val = std::make_shared<data::RandomTokenSource>(cfg.vocab, o.run.seed + 1);
   }
   if (!o.data.val_data.empty())
-    val = data::is_jsonl(o.data.val_data)
-              ? std::shared_ptr<data::TokenSource>(open_samples(o.data.val_data))
-              : std::shared_ptr<data::TokenSource>(open_stream(o.data.val_data));
+    val = !data::is_jsonl(o.data.val_data)
+              ? std::shared_ptr<data::TokenSource>(open_stream(o.data.val_data))
+          : o.data.pack
+              ? std::shared_ptr<data::TokenSource>(open_samples(o.data.val_data)->packed())
+              : std::shared_ptr<data::TokenSource>(open_samples(o.data.val_data));
 }
 
 // A JSONL file of chats (rendered with the --init-from model's template) or tokenized rows.

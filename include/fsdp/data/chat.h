@@ -77,6 +77,8 @@ struct TokenizedSample {
 };
 TokenizedSample tokenize_chat(const Tokenizer& tok, const RenderedChat& chat);
 
+class PackedSource;
+
 // Samples, one per row, with a loss mask (TokenSource::masks_targets).
 class SampleSource : public TokenSource {
  public:
@@ -93,6 +95,8 @@ class SampleSource : public TokenSource {
   // The last `fraction` of the samples (at least one) as a validation source; both unshuffled.
   std::pair<std::unique_ptr<SampleSource>, std::unique_ptr<SampleSource>> split_tail(
       double fraction) const;
+  // The same samples packed into rows of seq (below), unshuffled.
+  std::unique_ptr<PackedSource> packed() const;
 
  private:
   SampleSource(std::shared_ptr<const std::vector<TokenizedSample>> all, int64_t begin, int64_t end,
@@ -102,6 +106,45 @@ class SampleSource : public TokenSource {
   std::string description_;
   int32_t pad_ = 0;
   int64_t seq_ = 0;
+  bool shuffle_ = false;
+  uint64_t seed_ = 0;
+};
+
+// Samples packed into rows (--pack), as Hugging Face's DataCollatorWithFlattening and torchtune's
+// PackedDataset pack them: whole samples, in the file's order, fill a row of seq positions until
+// the next one does not fit, and the rest of the row is padding (never a target). A sample of n
+// tokens takes n - 1 positions (inputs ids[0, n-1), targets ids[1, n) where they are targets), just
+// what its unpacked row trains on. One longer than seq positions is split into pieces of seq, each
+// a document of its own (split() counts the samples split; the unpacked rows cut them instead).
+// Batch::doc_start gives each position its document's first position in the row (the padding is a
+// document of its own), so attention never crosses a sample and rotary positions restart in each.
+// The rows are made once, at construction; with the shuffle, row q of the run is packed row
+// shuffle_window(q mod R, R, seed, q / R) of the R rows, so each epoch visits every row once and
+// the position a checkpoint saves counts packed rows.
+class PackedSource : public TokenSource {
+ public:
+  Batch windows(int64_t first, int64_t rows, int64_t seq) const override;  // seq: the packing's
+  std::string describe() const override;
+  bool masks_targets() const override { return true; }
+  int64_t rows() const { return int64_t(row_begin_.size()) - 1; }  // packed rows per epoch
+  int64_t samples() const { return samples_packed_; }  // with at least one position (2 tokens)
+  int64_t split() const { return split_; }             // samples longer than seq positions
+  double fill() const;                                 // share of positions that hold a token
+  void set_shuffle(uint64_t seed);
+
+ private:
+  friend class SampleSource;
+  PackedSource(std::shared_ptr<const std::vector<TokenizedSample>> all, int64_t begin, int64_t end,
+               std::string description, int32_t pad, int64_t seq);
+  struct Piece {
+    int64_t sample, offset, length;  // positions [offset, offset + length) of the sample
+  };
+  std::shared_ptr<const std::vector<TokenizedSample>> all_;
+  std::vector<Piece> pieces_;       // row by row
+  std::vector<int64_t> row_begin_;  // row r holds pieces_[row_begin_[r], row_begin_[r + 1])
+  std::string description_;
+  int32_t pad_ = 0;
+  int64_t seq_ = 0, samples_packed_ = 0, split_ = 0, positions_ = 0;
   bool shuffle_ = false;
   uint64_t seed_ = 0;
 };

@@ -47,7 +47,7 @@ class DataLoader {
   Batch make(int64_t position);
   std::shared_ptr<const TokenSource> source_;
   int64_t global_rows_, rows_, row_begin_, seq_, position_ = 0;
-  Uploader uploader_;            // inputs and targets of two batches in flight: four slots
+  Uploader uploader_;            // inputs, targets, doc_start of two batches in flight: six slots
   std::optional<Batch> staged_;  // the batch at position_, prefetched
 };
 

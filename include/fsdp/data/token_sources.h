@@ -27,6 +27,9 @@ namespace fsdp::data {
 
 struct Batch {
   Tensor inputs, targets;  // [rows, T] i32; a target of kIgnoreIndex is not trained on
+  // Packed rows (PackedSource): [rows, T] i32, the position where each token's document begins
+  // (fsdp/ops/ops.h); undefined: one document per row.
+  Tensor doc_start;
 };
 
 class TokenSource {

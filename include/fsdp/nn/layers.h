@@ -72,6 +72,8 @@ struct AttentionOptions {
   bool qkv_bias = false;       // in_proj_bias without out_proj.bias (Qwen2)
 };
 
+// Packed rows (the batch context's doc_start; causal only): each document attends within itself
+// and its rotary positions start at 0.
 class MultiheadAttention : public Module {
  public:
   MultiheadAttention(int64_t dim, int64_t heads, AttentionOptions opt);
@@ -98,7 +100,7 @@ class MultiheadAttention : public Module {
   Parameter* in_proj_weight_;
   Parameter* in_proj_bias_ = nullptr;
   Linear* out_proj_;
-  Tensor x_, qkv_, out_, lse_;
+  Tensor x_, qkv_, out_, lse_, doc_start_;
 };
 
 class FeedForward : public Module {

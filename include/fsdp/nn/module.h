@@ -38,6 +38,14 @@ struct Parameter {
 
 class Module;
 
+// What a forward needs from the batch besides its input: where each row's documents begin (packed
+// rows; undefined: one document per row). It is set on the root for a batch's forward and backward
+// (BatchContextScope) and every module of the tree reads the root's (Module::batch_context), so a
+// module deep in the tree receives it without a change to any forward between.
+struct BatchContext {
+  Tensor doc_start;  // [B, T] i32 on the batch's device (fsdp/ops/ops.h's packed rows)
+};
+
 // Calls around a module's forward and backward. fully_shard installs one.
 class ModuleHooks {
  public:
@@ -66,6 +74,9 @@ class Module {
   const std::string& type_name() const { return type_name_; }
   // Dotted path from the top of the tree ("layers.3"); "" for the top.
   std::string path() const;
+  // The context of the batch in flight: the root's (empty when none is set).
+  const BatchContext& batch_context() const { return root()->context_; }
+  void set_batch_context(BatchContext context) { context_ = std::move(context); }
   const Module* root() const;
   Module* parent() const { return parent_; }
   void set_hooks(std::shared_ptr<ModuleHooks> hooks);
@@ -121,8 +132,23 @@ class Module {
   std::shared_ptr<ModuleHooks> hooks_;
   bool checkpoint_ = false;
   Tensor checkpoint_input_;  // the checkpointed forward's input, until the backward
+  BatchContext context_;     // read on the root only
   std::vector<std::unique_ptr<Parameter>> params_;
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+};
+
+// Sets a root's batch context for a scope (a batch's forward and backward), then clears it, so
+// a later forward (generation, evaluation of unpacked rows) never sees a stale one.
+class BatchContextScope {
+ public:
+  // Throws unless `root` is the top of its tree (the modules read the top's context).
+  BatchContextScope(Module& root, BatchContext context);
+  ~BatchContextScope() { root_.set_batch_context({}); }
+  BatchContextScope(const BatchContextScope&) = delete;
+  BatchContextScope& operator=(const BatchContextScope&) = delete;
+
+ private:
+  Module& root_;
 };
 
 // The flat buffers behind a materialised tree.

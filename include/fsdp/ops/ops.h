@@ -55,19 +55,32 @@ std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, 
 // is grouped-query attention (1: multi-query): query head h uses kv head h / (heads / kv_heads),
 // as Hugging Face's repeat_kv.
 
-// Rotary embedding, in place, on the q and k parts of a packed qkv.
-// inverse = true is the backward (the transpose rotation).
-void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset = 0,
-           int64_t kv_heads = 0);
+// Packed rows: doc_start [B, T] i32, on the tensors' device, gives each token the position in its
+// row where its document begins (doc_start[b, t] <= t, and either t or doc_start[b, t - 1]:
+// documents are contiguous). Undefined: one document per row. A packed row's documents never see
+// each other: attention is causal within each, and rotary positions restart at 0 in each.
+// check_doc_start() throws, naming the row and position, for a host tensor that breaks the
+// rule (the ops check host tensors; a device tensor is the caller's to check before upload).
+void check_doc_start(const Tensor& doc_start, int64_t B, int64_t T);
 
-// Scaled dot-product attention over a packed qkv -> [B, T, heads * hd].
+// Rotary embedding, in place, on the q and k parts of a packed qkv.
+// inverse = true is the backward (the transpose rotation). Token t is at position offset + t,
+// or with doc_start at t - doc_start[b, t] (offset must then be 0).
+void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset = 0,
+           int64_t kv_heads = 0, const Tensor& doc_start = Tensor());
+
+// Scaled dot-product attention over a packed qkv -> [B, T, heads * hd]. With doc_start (causal
+// only) each query sees the keys of its own document up to itself, and the kernels skip the
+// blocks outside every document.
 struct AttentionOut {
   Tensor out, lse;  // lse [B, H, T]: row log-sum-exp, saved for the backward
 };
-AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal, int64_t kv_heads = 0);
+AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal, int64_t kv_heads = 0,
+                               const Tensor& doc_start = Tensor());
 // dqkv in qkv's layout; the key and value gradients sum over the query heads of each group.
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, int64_t heads, bool causal, int64_t kv_heads = 0);
+                          const Tensor& lse, int64_t heads, bool causal, int64_t kv_heads = 0,
+                          const Tensor& doc_start = Tensor());
 
 // One step of generation over a KV cache: q [n, heads * hd] holds the queries of positions
 // past .. past+n-1 (rotary already applied), k and v [past+n, kv_heads * hd] every key and value
