@@ -59,11 +59,13 @@ echo "== asking $gguf before fine-tuning"
 mapfile -t before < <(ask "$gguf")
 root=()
 [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
+pack=()  # chats: whole conversations packed into each row, none attending to another
+[[ ${data[0]} == *.jsonl ]] && pack=(--pack)
 echo "== fine-tuning on ${data[0]}, 2 ranks"
 mpirun "${root[@]}" --oversubscribe --bind-to none -np 2 "$build/examples/fsdp-train" \
-  --init-from "$gguf" --data "${data[0]}" --seq 128 --batch 4 --steps 40 --shuffle \
-  --lr 1e-4 --warmup-steps 4 --lr-decay cosine --min-lr 1e-5 --wd-2d-only --grad-clip 1.0 \
-  --ckpt-dir "$out/ckpt" --ckpt-every 40 --keep 1 --log-file "$out/train.jsonl" --sample-tokens 0 "$@"
+  --init-from "$gguf" --data "${data[0]}" "${pack[@]}" --seq 128 --batch 2 --steps 50 --shuffle \
+  --lr 1.5e-4 --warmup-steps 4 --lr-decay cosine --min-lr 1e-5 --wd-2d-only --grad-clip 1.0 \
+  --ckpt-dir "$out/ckpt" --ckpt-every 50 --keep 1 --log-file "$out/train.jsonl" --sample-tokens 0 "$@"
 "$build/examples/fsdp-export" --ckpt "$out/ckpt" --out "$out/export/model.safetensors" --gguf "$out/export/model.gguf"
 echo "== asking the fine-tuned model"
 mapfile -t after < <(ask "$out/export")
