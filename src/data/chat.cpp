@@ -179,7 +179,7 @@ Batch SampleSource::windows(int64_t first, int64_t rows, int64_t seq) const {
                                                       : int32_t(kIgnoreIndex);
     }
   }
-  return {std::move(inputs), std::move(targets)};
+  return {std::move(inputs), std::move(targets), Tensor()};
 }
 
 int64_t SampleSource::targets() const {

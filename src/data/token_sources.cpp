@@ -78,7 +78,7 @@ std::vector<int32_t> TokenStream::read(int64_t begin, int64_t count) const {
 Batch TokenStream::windows(int64_t first, int64_t rows, int64_t seq) const {
   FSDP_CHECK(first >= 0 && rows >= 0 && seq > 0, "[data] windows({}, {}, seq {}) of {}", first,
              rows, seq, description_);
-  Batch b{Tensor::empty({rows, seq}, DType::i32), Tensor::empty({rows, seq}, DType::i32)};
+  Batch b{Tensor::empty({rows, seq}, DType::i32), Tensor::empty({rows, seq}, DType::i32), Tensor()};
   int32_t* in = b.inputs.data<int32_t>();
   int32_t* tg = b.targets.data<int32_t>();
   const int64_t windows = std::max<int64_t>(1, (size_ - 1) / seq);
@@ -152,7 +152,7 @@ ByteTextSource::ByteTextSource(const std::string& path, int64_t vocab, int64_t s
 }
 
 Batch RandomTokenSource::windows(int64_t first, int64_t rows, int64_t seq) const {
-  Batch b{Tensor::empty({rows, seq}, DType::i32), Tensor::empty({rows, seq}, DType::i32)};
+  Batch b{Tensor::empty({rows, seq}, DType::i32), Tensor::empty({rows, seq}, DType::i32), Tensor()};
   int32_t* in = b.inputs.data<int32_t>();
   int32_t* tg = b.targets.data<int32_t>();
   const uint64_t key = nn::name_hash("random-tokens") ^ (seed_ * 0x9e3779b97f4a7c15ull);
