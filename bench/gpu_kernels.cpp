@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
                             [&] {
                               kc::attention_forward(qkv.raw_data(), out.raw_data(),
                                                     lse.data<float>(), dt, B, T, H, H, hd, causal,
-                                                    nullptr, 0, stream());
+                                                    nullptr, 0, 0, stream());
                             },
                             2),
                         fwd_cost});
@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
                               kc::attention_backward(dout.raw_data(), qkv.raw_data(),
                                                      out.raw_data(), lse.data<float>(),
                                                      dqkv.raw_data(), dt, B, T, H, H, hd, causal,
-                                                     nullptr, 0, stream());
+                                                     nullptr, 0, 0, stream());
                             },
                             2),
                         bwd_cost});

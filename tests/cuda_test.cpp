@@ -334,14 +334,14 @@ TEST(Cuda, CudnnAttentionMatchesOurKernel) {
         Tensor ws = Tensor::empty({std::max<int64_t>(fw, bw) / 8 + 1}, DType::i64, kGpu);
         Tensor o1 = out(), l1 = lse(), o2 = out(), l2 = lse();
         kc::attention_forward(qkv.raw_data(), o1.raw_data(), l1.data<float>(), dt, c.B, c.T, c.H,
-                              c.KV, c.hd, causal, nullptr, 0, nullptr);
+                              c.KV, c.hd, causal, nullptr, 0, 0, nullptr);
         kc::cudnn_attention_forward(qkv.raw_data(), o2.raw_data(), l2.data<float>(), dt, c.B, c.T,
                                     c.H, c.KV, c.hd, causal, ws.raw_data(), 0, nullptr);
         EXPECT_LT(test::rel_error(o2.to(Device::cpu()), o1.to(Device::cpu())), 1e-2) << what;
         EXPECT_LT(test::rel_error(l2.to(Device::cpu()), l1.to(Device::cpu())), 1e-4) << what;
         Tensor g1 = grad(), g2 = grad(), g3 = grad();
         kc::attention_backward(dout.raw_data(), qkv.raw_data(), o1.raw_data(), l1.data<float>(),
-                               g1.raw_data(), dt, c.B, c.T, c.H, c.KV, c.hd, causal, nullptr, 0,
+                               g1.raw_data(), dt, c.B, c.T, c.H, c.KV, c.hd, causal, nullptr, 0, 0,
                                nullptr);
         kc::cudnn_attention_backward(dout.raw_data(), qkv.raw_data(), o2.raw_data(),
                                      l2.data<float>(), g2.raw_data(), dt, c.B, c.T, c.H, c.KV, c.hd,

@@ -325,9 +325,10 @@ OpCase rope_case(const Qkv& q, double theta, int64_t offset, std::vector<int32_t
 }
 
 // softmax(q k^T / sqrt(hd)) v, each query head over its group's kv head, written out directly.
-// Packed (ds, causal): query i of row b sees keys ds[b, i] .. i.
+// Packed (ds, causal): query i of row b sees keys ds[b, i] .. i; a window W, none before
+// i - W + 1.
 Tensor attention_reference(const Tensor& qkv, const Qkv& q, bool causal,
-                           const std::vector<int32_t>& ds) {
+                           const std::vector<int32_t>& ds, int64_t window) {
   auto P = f64(qkv);
   const int64_t w = (q.H + 2 * q.KV) * q.hd, T = q.T, hd = q.hd;
   std::vector<double> O(size_t(q.B * T * q.H * hd), 0.0), s(static_cast<size_t>(T));
@@ -335,7 +336,9 @@ Tensor attention_reference(const Tensor& qkv, const Qkv& q, bool causal,
     for (int64_t h = 0; h < q.H; ++h) {
       const int64_t kh = q.H + h / (q.H / q.KV), vh = kh + q.KV;
       for (int64_t i = 0; i < T; ++i) {
-        const int64_t last = causal ? i : T - 1, first = ds.empty() ? 0 : ds[size_t(b * T + i)];
+        const int64_t last = causal ? i : T - 1;
+        const int64_t first = std::max(ds.empty() ? int64_t(0) : int64_t(ds[size_t(b * T + i)]),
+                                       window > 0 ? i - window + 1 : int64_t(0));
         double m = -INFINITY;
         for (int64_t j = first; j <= last; ++j) {
           double acc = 0;
@@ -358,25 +361,28 @@ Tensor attention_reference(const Tensor& qkv, const Qkv& q, bool causal,
 }
 
 OpCase attention_case(const Qkv& q, bool causal, int64_t fd_probes = 64, double ref_tol = 1e-12,
-                      std::vector<int32_t> ds = {}) {
+                      std::vector<int32_t> ds = {}, int64_t window = 0) {
   OpCase c{.op = "attention",
-           .what = fmt::format("attention {}{}{}", q.str(), causal ? " causal" : "",
-                               packed_str(ds, q.T)),
+           .what = fmt::format("attention {}{}{}{}", q.str(), causal ? " causal" : "",
+                               packed_str(ds, q.T),
+                               window > 0 ? fmt::format(" window {}", window) : std::string()),
            .covers = {"attention_forward", "attention_backward"},
            .dtypes = kAll,
            .inputs = {{q.shape(), -1, 1, Grad::returned}},
            .ref_tol = ref_tol,
            .fd_probes = fd_probes};
   c.forward = [=](const Tensors& in, bool) {
-    auto a = ops::attention_forward(in[0], q.H, causal, q.KV, doc_start_on(ds, q, in[0].device()));
+    auto a = ops::attention_forward(in[0], q.H, causal, q.KV, doc_start_on(ds, q, in[0].device()),
+                                    window);
     return OpRun{{a.out}, {a.lse}};
   };
   c.backward = [=](const BackwardArgs& a) {
     return Tensors{ops::attention_backward(a.dout, a.in[0], a.fwd.out[0], a.fwd.saved[0], q.H,
-                                           causal, q.KV, doc_start_on(ds, q, a.in[0].device()))};
+                                           causal, q.KV, doc_start_on(ds, q, a.in[0].device()),
+                                           window)};
   };
   c.reference = [=](const Tensors& in) {
-    return Tensors{attention_reference(in[0], q, causal, ds)};
+    return Tensors{attention_reference(in[0], q, causal, ds, window)};
   };
   c.forward_cost = [=](const Tensors& in, const OpRun&) {
     return cost::attention_forward(in[0], q.H, q.KV, causal);
@@ -705,6 +711,14 @@ std::vector<OpCase> op_cases() {
                              packed_rows(1, 300, {100, 7, 150, 43})));
   v.push_back(
       attention_case(qkv_of(2, 130, 4, 6, 1), true, 40, 1e-12, packed_rows(2, 130, {17, 64, 9})));
+  // Sliding windows: 1 (each query alone), shorter than a tile and than the CUDA blocks, across
+  // the CPU's 128-row tiles (130 of 300), as long as the row (no window in effect), and with
+  // packed rows (the nearer of the document's start and the window's).
+  for (int64_t w : {1, 4, 45})
+    v.push_back(attention_case(qkv_of(2, 45, 4, 16, 2), true, 40, 1e-12, {}, w));
+  v.push_back(attention_case(qkv_of(1, 300, 2, 8), true, 60, 1e-12, {}, 130));
+  v.push_back(attention_case(qkv_of(2, 130, 4, 6, 1), true, 40, 1e-12,
+                             packed_rows(2, 130, {17, 64, 9}), 20));
   v.push_back(decode_case(3, 4, 2, 2, 4));
   v.push_back(decode_case(3, 4, 4, 2, 6));
   v.push_back(decode_case(3, 37, 4, 1, 32));

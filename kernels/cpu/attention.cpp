@@ -12,7 +12,9 @@
 // a query sees only the keys of its own document, causally. The tiles then never cross a
 // document's start, and each tile's scores cover only its document's keys: the blocks outside
 // every document are skipped, not masked, so a row of 8 packed samples costs what 8 rows of one
-// sample cost.
+// sample cost. A sliding window (window > 0, causal: Gemma 3's local layers, Mistral's) keeps
+// query t to keys t - window + 1 .. t; its tiles are at most a window of rows, and the keys before
+// a tile's window are skipped.
 #include <omp.h>
 
 #include <algorithm>
@@ -102,8 +104,9 @@ std::vector<Chunk> chunks(const int32_t* doc_start, int64_t B, int64_t T_, int64
 // its document's start up to its last row when causal), a row softmax, then O_tile = P V.
 template <class T>
 void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int64_t H, int64_t KV,
-                       int64_t hd, bool causal, const int32_t* doc_start) {
+                       int64_t hd, bool causal, const int32_t* doc_start, int64_t window) {
   const int64_t d = H * hd, ld = (H + 2 * KV) * hd, R = std::min(kRows, T_), group = H / KV;
+  const int64_t Rt = window > 0 ? std::min(R, window) : R;  // a window's tiles: 2 windows of keys
   const T scale = T(1) / std::sqrt(T(hd));
   std::vector<T> scratch = thread_scratch<T>("attention", R * T_, T_);
   const std::vector<Chunk> work = chunks(doc_start, B, T_, R, true);
@@ -119,29 +122,33 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int6
       const T* k = qkv + b * T_ * ld + d + (h / group) * hd;
       const T* v = k + KV * hd;
       auto tile = [&](int64_t i0, int64_t rows, int64_t j0) {
+        if (window > 0) j0 = std::max(j0, i0 - window + 1);  // keys before the window: skipped
         const int64_t nk = (causal ? i0 + rows : T_) - j0;
         gemm<T>(false, true, rows, nk, hd, scale, q + i0 * ld, ld, k + j0 * ld, ld, T(0), s, nk);
         for (int64_t r = 0; r < rows; ++r) {
           T* row = s + r * nk;
+          // Row r sees keys [lo, n) of the tile's: its document's and window's, up to itself.
           const int64_t n = causal ? i0 + r + 1 - j0 : nk;
+          const int64_t lo = window > 0 ? std::max<int64_t>(0, i0 + r - window + 1 - j0) : 0;
           T m = -std::numeric_limits<T>::infinity();
-          for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
+          for (int64_t j = lo; j < n; ++j) m = std::max(m, row[j]);
           T sum = 0;
 #pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j < n; ++j) {
+          for (int64_t j = lo; j < n; ++j) {
             row[j] = vexp(row[j] - m);
             sum += row[j];
           }
           const T inv = T(1) / sum;
 #pragma omp simd
-          for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+          for (int64_t j = lo; j < n; ++j) row[j] *= inv;
+          for (int64_t j = 0; j < lo; ++j) row[j] = T(0);
           for (int64_t j = n; j < nk; ++j) row[j] = T(0);
           lse[(b * H + h) * T_ + i0 + r] = m + std::log(sum);
         }
         gemm<T>(false, false, rows, hd, nk, T(1), s, nk, v + j0 * ld, ld, T(0),
                 out + (b * T_ + i0) * d + h * hd, d);
       };
-      for_each_tile(doc_start ? doc_start + b * T_ : nullptr, c.begin, c.end, R, tile);
+      for_each_tile(doc_start ? doc_start + b * T_ : nullptr, c.begin, c.end, Rt, tile);
     }
   }
 }
@@ -153,8 +160,9 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int6
 template <class T>
 void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv, int64_t B,
                         int64_t T_, int64_t H, int64_t KV, int64_t hd, bool causal,
-                        const int32_t* doc_start) {
+                        const int32_t* doc_start, int64_t window) {
   const int64_t d = H * hd, ld = (H + 2 * KV) * hd, R = std::min(kRows, T_), group = H / KV;
+  const int64_t Rt = window > 0 ? std::min(R, window) : R;
   const T scale = T(1) / std::sqrt(T(hd));
   std::vector<T> scratch = thread_scratch<T>("attention_backward", 2 * R * T_ + R, T_);
   // Chunks of whole documents (a row of one: the row) own their keys' dK and dV: no races.
@@ -182,16 +190,20 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
         const T* l = lse + (b * H + h) * T_;
         T* dq = dqkv + b * T_ * ld + h * hd;
         auto tile = [&](int64_t i0, int64_t rows, int64_t j0) {
+          if (window > 0) j0 = std::max(j0, i0 - window + 1);
           const int64_t nk = (causal ? i0 + rows : T_) - j0;
           const T* kt = k + j0 * ld;
           const T* vt = v + j0 * ld;
-          // P = exp(scale * q k^T - lse), zero above the diagonal when causal.
+          // P = exp(scale * q k^T - lse), zero above the diagonal when causal and before the
+          // window.
           gemm<T>(false, true, rows, nk, hd, scale, q + i0 * ld, ld, kt, ld, T(0), p, nk);
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t i = i0 + r, n = causal ? i + 1 - j0 : nk;
+            const int64_t lo = window > 0 ? std::max<int64_t>(0, i - window + 1 - j0) : 0;
             T* row = p + r * nk;
+            for (int64_t j = 0; j < lo; ++j) row[j] = T(0);
 #pragma omp simd
-            for (int64_t j = 0; j < n; ++j) row[j] = vexp(row[j] - l[i]);
+            for (int64_t j = lo; j < n; ++j) row[j] = vexp(row[j] - l[i]);
             for (int64_t j = n; j < nk; ++j) row[j] = T(0);
             T acc = 0;
 #pragma omp simd reduction(+ : acc)
@@ -213,17 +225,18 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
           gemm<T>(true, false, nk, hd, rows, scale, dp, nk, q + i0 * ld, ld, T(1), dk + j0 * ld,
                   ld);
         };
-        for_each_tile(doc_start ? doc_start + b * T_ : nullptr, c.begin, c.end, R, tile);
+        for_each_tile(doc_start ? doc_start + b * T_ : nullptr, c.begin, c.end, Rt, tile);
       }
     }
   }
 }
 
-#define FSDP_INSTANTIATE(T)                                                                \
-  template void attention_forward<T>(const T*, T*, T*, int64_t, int64_t, int64_t, int64_t, \
-                                     int64_t, bool, const int32_t*);                       \
-  template void attention_backward<T>(const T*, const T*, const T*, const T*, T*, int64_t, \
-                                      int64_t, int64_t, int64_t, int64_t, bool, const int32_t*);
+#define FSDP_INSTANTIATE(T)                                                                     \
+  template void attention_forward<T>(const T*, T*, T*, int64_t, int64_t, int64_t, int64_t,      \
+                                     int64_t, bool, const int32_t*, int64_t);                   \
+  template void attention_backward<T>(const T*, const T*, const T*, const T*, T*, int64_t,      \
+                                      int64_t, int64_t, int64_t, int64_t, bool, const int32_t*, \
+                                      int64_t);
 FSDP_INSTANTIATE(float)
 FSDP_INSTANTIATE(double)
 #undef FSDP_INSTANTIATE

@@ -75,14 +75,16 @@ void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t hd, 
 // the backward recomputes the probabilities instead of storing B*H*T*T of them; its dk and dv
 // sum over the query heads of each group. doc_start [B, T] (null: one document per row; causal
 // only) is the first position of each token's document in its row: query t sees keys
-// doc_start[b, t] .. t, and the tiles skip every key outside its document.
+// doc_start[b, t] .. t, and the tiles skip every key outside its document. window > 0 (causal
+// only): query t sees no key before t - window + 1 either.
 template <class T>
 void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int64_t H, int64_t KV,
-                       int64_t hd, bool causal, const int32_t* doc_start = nullptr);
+                       int64_t hd, bool causal, const int32_t* doc_start = nullptr,
+                       int64_t window = 0);
 template <class T>
 void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse, T* dqkv, int64_t B,
                         int64_t T_, int64_t H, int64_t KV, int64_t hd, bool causal,
-                        const int32_t* doc_start = nullptr);
+                        const int32_t* doc_start = nullptr, int64_t window = 0);
 
 // attention.cpp: one decode step over a KV cache. q [n, H*hd] holds the queries at positions
 // past .. past+n-1, k and v [past+n, KV*hd] every key and value so far; query i attends to keys

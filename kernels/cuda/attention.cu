@@ -67,7 +67,8 @@ __device__ __forceinline__ void stage(float (*sa)[kMaxD], float (*sb)[kMaxD], in
 
 template <class T>
 __global__ void attn_fwd(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse,
-                         Dims d, bool causal, const int32_t* __restrict__ doc_start, float scale) {
+                         Dims d, bool causal, const int32_t* __restrict__ doc_start, int64_t window,
+                         float scale) {
   __shared__ float sk[kTile][kMaxD], sv[kTile][kMaxD];
   const int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H, g = h / (d.H / d.KV);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -81,8 +82,13 @@ __global__ void attn_fwd(const T* __restrict__ qkv, T* __restrict__ out, float* 
   // (clamped: a doc_start the host did not check never reads before the row)
   const int64_t first =
       doc_start ? max(int64_t(0), int64_t(doc_start[b * d.T + int64_t(blockIdx.y) * kWarps])) : 0;
-  const int64_t own = doc_start && valid ? doc_start[b * d.T + i] : 0;
-  for (int64_t j0 = first / kTile * kTile; j0 < end; j0 += kTile) {
+  // The first key this query sees: its document's start, or its window's when that is later;
+  // the block starts at its first query's.
+  const int64_t own = max(doc_start && valid ? int64_t(doc_start[b * d.T + i]) : int64_t(0),
+                          window > 0 ? i - window + 1 : int64_t(0));
+  const int64_t from =
+      max(first, window > 0 ? int64_t(blockIdx.y) * kWarps - window + 1 : int64_t(0));
+  for (int64_t j0 = from / kTile * kTile; j0 < end; j0 += kTile) {
     __syncthreads();
     stage<T>(
         sk, sv, j0, d.T, d.hd, [&](int64_t j) { return qkv_row(qkv, d, b, j, 1, g); },
@@ -92,7 +98,7 @@ __global__ void attn_fwd(const T* __restrict__ qkv, T* __restrict__ out, float* 
     for (int jj = 0; jj < kTile; ++jj) {
       const int64_t j = j0 + jj;
       if (j >= d.T || (causal && j > i)) break;
-      if (j < own) continue;  // another document's key
+      if (j < own) continue;  // another document's key, or one before the window
       const float s = dot_row(q, sk[jj], d.hd, lane);
       const float m_new = fmaxf(m, s), corr = __expf(m - m_new), p = __expf(s - m_new);
       l = l * corr + p;
@@ -134,7 +140,7 @@ template <class T>
 __global__ void attn_bwd_dq(const T* __restrict__ dout, const T* __restrict__ qkv,
                             const float* __restrict__ lse, const float* __restrict__ D,
                             T* __restrict__ dqkv, Dims d, bool causal,
-                            const int32_t* __restrict__ doc_start, float scale) {
+                            const int32_t* __restrict__ doc_start, int64_t window, float scale) {
   __shared__ float sk[kTile][kMaxD], sv[kTile][kMaxD];
   const int64_t b = blockIdx.x / d.H, h = blockIdx.x % d.H, g = h / (d.H / d.KV);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -152,8 +158,13 @@ __global__ void attn_bwd_dq(const T* __restrict__ dout, const T* __restrict__ qk
   // (clamped: a doc_start the host did not check never reads before the row)
   const int64_t first =
       doc_start ? max(int64_t(0), int64_t(doc_start[b * d.T + int64_t(blockIdx.y) * kWarps])) : 0;
-  const int64_t own = doc_start && valid ? doc_start[b * d.T + i] : 0;
-  for (int64_t j0 = first / kTile * kTile; j0 < end; j0 += kTile) {
+  // The first key this query sees: its document's start, or its window's when that is later;
+  // the block starts at its first query's.
+  const int64_t own = max(doc_start && valid ? int64_t(doc_start[b * d.T + i]) : int64_t(0),
+                          window > 0 ? i - window + 1 : int64_t(0));
+  const int64_t from =
+      max(first, window > 0 ? int64_t(blockIdx.y) * kWarps - window + 1 : int64_t(0));
+  for (int64_t j0 = from / kTile * kTile; j0 < end; j0 += kTile) {
     __syncthreads();
     stage<T>(
         sk, sv, j0, d.T, d.hd, [&](int64_t j) { return qkv_row(qkv, d, b, j, 1, g); },
@@ -186,7 +197,7 @@ template <class T>
 __global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ qkv,
                               const float* __restrict__ lse, const float* __restrict__ D,
                               T* __restrict__ dqkv, Dims d, bool causal,
-                              const int32_t* __restrict__ doc_start, float scale) {
+                              const int32_t* __restrict__ doc_start, int64_t window, float scale) {
   __shared__ float sq[kTile][kMaxD], sdo[kTile][kMaxD];
   __shared__ float slse[kTile], sD[kTile];
   __shared__ int32_t sds[kTile];
@@ -205,6 +216,7 @@ __global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ 
   for (int64_t h = g * group; h < (g + 1) * group; ++h)  // the query heads that read this kv head
     for (int64_t i0 = begin; i0 < d.T; i0 += kTile) {
       if (doc_start && doc_start[b * d.T + i0] > last_key) break;  // the same for the whole block
+      if (window > 0 && i0 > last_key + window - 1) break;         // past every key's window
       __syncthreads();
       stage<T>(
           sq, sdo, i0, d.T, d.hd, [&](int64_t i) { return qkv_row(qkv, d, b, i, 0, h); },
@@ -221,7 +233,8 @@ __global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ 
         const int64_t i = i0 + ii;
         if (i >= d.T) break;
         if (causal && i < j) continue;
-        if (sds[ii] > j) continue;  // a query of a later document
+        if (sds[ii] > j) continue;                    // a query of a later document
+        if (window > 0 && i - j >= window) continue;  // this key is before its window
         const float p = __expf(dot_row(k, sq[ii], d.hd, lane) - slse[ii]);
         const float ds = p * (dot_row(v, sdo[ii], d.hd, lane) - sD[ii]);
 #pragma unroll
@@ -251,7 +264,7 @@ __global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ 
 
 void attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
                        int64_t H, int64_t KV, int64_t hd, bool causal, const int32_t* doc_start,
-                       int device, Stream s) {
+                       int64_t window, int device, Stream s) {
   FSDP_CHECK(hd <= kMaxD, "[attention] CUDA attention supports head dims up to {}, got {}", kMaxD,
              hd);
   if (B * T * H == 0) return;
@@ -260,16 +273,17 @@ void attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t 
   const dim3 grid(unsigned(B * H), unsigned((T + kWarps - 1) / kWarps));
   dispatch_float(t, "attention", [&](auto tv) {
     using TT = decltype(tv);
-    attn_fwd<TT><<<grid, 32 * kWarps, 0, cudaStream_t(s)>>>(static_cast<const TT*>(qkv),
-                                                            static_cast<TT*>(out), lse, d, causal,
-                                                            doc_start, 1.f / sqrtf(float(hd)));
+    attn_fwd<TT><<<grid, 32 * kWarps, 0, cudaStream_t(s)>>>(
+        static_cast<const TT*>(qkv), static_cast<TT*>(out), lse, d, causal, doc_start, window,
+        1.f / sqrtf(float(hd)));
   });
   CUDA_CHECK(cudaGetLastError());
 }
 
 void attention_backward(const void* dout, const void* qkv, const void* out, const float* lse,
                         void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
-                        int64_t hd, bool causal, const int32_t* doc_start, int device, Stream s) {
+                        int64_t hd, bool causal, const int32_t* doc_start, int64_t window,
+                        int device, Stream s) {
   FSDP_CHECK(hd <= kMaxD, "[attention_backward] CUDA attention supports head dims up to {}, got {}",
              kMaxD, hd);
   if (B * T * H == 0) return;
@@ -286,10 +300,10 @@ void attention_backward(const void* dout, const void* qkv, const void* out, cons
             static_cast<const TT*>(dout), static_cast<const TT*>(out), D, d);
     attn_bwd_dq<TT><<<grid, 32 * kWarps, 0, cudaStream_t(s)>>>(
         static_cast<const TT*>(dout), static_cast<const TT*>(qkv), lse, D, static_cast<TT*>(dqkv),
-        d, causal, doc_start, scale);
+        d, causal, doc_start, window, scale);
     attn_bwd_dkdv<TT><<<dim3(unsigned(B * KV), grid.y), 32 * kWarps, 0, cudaStream_t(s)>>>(
         static_cast<const TT*>(dout), static_cast<const TT*>(qkv), lse, D, static_cast<TT*>(dqkv),
-        d, causal, doc_start, scale);
+        d, causal, doc_start, window, scale);
   });
   CUDA_CHECK(cudaGetLastError());
 }

@@ -116,13 +116,15 @@ void rope_qkv(void* qkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV, i
 // [B, T, (H + 2 KV) hd]; query head h reads kv head h / (H / KV) (grouped-query attention);
 // out and dout are [B, T, H hd]; dk and dv sum over the query heads of their group. doc_start
 // (device i32 [B, T], or null; causal only): query t sees keys doc_start[b, t] .. t, and the key
-// tiles before a block's first document are skipped.
+// tiles before a block's first document are skipped. window > 0 (causal): query t sees no key
+// before t - window + 1, and the key tiles before a block's window are skipped too.
 void attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
                        int64_t H, int64_t KV, int64_t hd, bool causal, const int32_t* doc_start,
-                       int device, Stream s);
+                       int64_t window, int device, Stream s);
 void attention_backward(const void* dout, const void* qkv, const void* out, const float* lse,
                         void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
-                        int64_t hd, bool causal, const int32_t* doc_start, int device, Stream s);
+                        int64_t hd, bool causal, const int32_t* doc_start, int64_t window,
+                        int device, Stream s);
 
 // attention.cu: one decode step over a KV cache, as kernels/cpu's attention_decode (k and v
 // [past + n, KV hd]); one block per (query, head), the scores in shared memory (past + n floats).

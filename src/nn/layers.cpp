@@ -101,6 +101,9 @@ MultiheadAttention::MultiheadAttention(int64_t dim, int64_t heads, AttentionOpti
 
 void MultiheadAttention::start_kv_cache(int64_t capacity) {
   FSDP_CHECK(opt_.causal, "[MultiheadAttention] a KV cache needs causal attention (arch llama)");
+  FSDP_CHECK(opt_.window == 0,
+             "[MultiheadAttention] a KV cache over a sliding window ({}) is not implemented",
+             opt_.window);
   FSDP_CHECK(capacity > 0, "[MultiheadAttention] KV cache capacity must be positive, got {}",
              capacity);
   if (capacity != kv_cap_) k_cache_ = v_cache_ = Tensor();  // allocated at the next forward
@@ -164,7 +167,7 @@ Tensor MultiheadAttention::forward_impl(const Tensor& x) {
   Tensor qkv =
       ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());
   if (opt_.rope_theta > 0) ops::rope_(qkv, heads_, opt_.rope_theta, false, 0, kv_heads_, ds);
-  auto a = ops::attention_forward(qkv, heads_, opt_.causal, kv_heads_, ds);
+  auto a = ops::attention_forward(qkv, heads_, opt_.causal, kv_heads_, ds, opt_.window);
   doc_start_ = ds;
   qkv_ = qkv;
   out_ = a.out;
@@ -174,8 +177,8 @@ Tensor MultiheadAttention::forward_impl(const Tensor& x) {
 
 Tensor MultiheadAttention::backward_impl(const Tensor& dy) {
   Tensor dattn = out_proj_->backward(dy);
-  Tensor dqkv =
-      ops::attention_backward(dattn, qkv_, out_, lse_, heads_, opt_.causal, kv_heads_, doc_start_);
+  Tensor dqkv = ops::attention_backward(dattn, qkv_, out_, lse_, heads_, opt_.causal, kv_heads_,
+                                        doc_start_, opt_.window);
   if (opt_.rope_theta > 0)
     ops::rope_(dqkv, heads_, opt_.rope_theta, true, 0, kv_heads_, doc_start_);
   Tensor dx = ops::linear_backward(dqkv, x_, in_proj_weight_->data, in_proj_weight_->grad,

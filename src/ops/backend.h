@@ -13,7 +13,7 @@
 // - attention's kv_heads is resolved (never 0) and divides heads; cross-entropy's divisor is
 //   resolved (the rows when the caller gave none) and a target of kIgnoreIndex adds nothing;
 // - a doc_start (packed rows) is undefined or a checked i32 [B, T] on the op's device, and comes
-//   with causal attention;
+//   with causal attention; so does a sliding window (> 0);
 // - nothing reads back to the host except what the op returns as a double.
 // Private to the library.
 #pragma once
@@ -46,10 +46,11 @@
     (const Tensor& qkv, int64_t heads, int64_t kv_heads, double theta, bool inverse,             \
      int64_t offset, const Tensor& doc_start))                                                   \
   X(AttentionOut, attention_forward,                                                             \
-    (const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal, const Tensor& doc_start))  \
+    (const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal, const Tensor& doc_start,   \
+     int64_t window))                                                                            \
   X(Tensor, attention_backward,                                                                  \
     (const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t heads, \
-     int64_t kv_heads, bool causal, const Tensor& doc_start))                                    \
+     int64_t kv_heads, bool causal, const Tensor& doc_start, int64_t window))                    \
   X(Tensor, attention_decode,                                                                    \
     (const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads, int64_t kv_heads,         \
      int64_t past))                                                                              \

@@ -274,7 +274,7 @@ void rope_(const Tensor& qkv, int64_t heads, int64_t kv_heads, double theta, boo
 }
 
 AttentionOut attention_forward(const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal,
-                               const Tensor& doc_start) {
+                               const Tensor& doc_start, int64_t window) {
   const QkvDims d = dims_of(qkv, heads, kv_heads);
   Tensor ds;
   const int32_t* dsp = doc_start_ptr(doc_start, ds);
@@ -284,14 +284,14 @@ AttentionOut attention_forward(const Tensor& qkv, int64_t heads, int64_t kv_head
   dispatch_compute(ct, "attention", [&](auto tv) {
     using T = decltype(tv);
     cpu::attention_forward<T>(Q.data<T>(), out.data<T>(), lse.data<T>(), d.B, d.T, d.H, d.KV, d.hd,
-                              causal, dsp);
+                              causal, dsp, window);
   });
   return {as_storage(out, qkv.dtype()), lse};
 }
 
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, int64_t heads, int64_t kv_heads, bool causal,
-                          const Tensor& doc_start) {
+                          const Tensor& doc_start, int64_t window) {
   const QkvDims d = dims_of(qkv, heads, kv_heads);
   Tensor ds;
   const int32_t* dsp = doc_start_ptr(doc_start, ds);
@@ -302,7 +302,7 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
   dispatch_compute(ct, "attention_backward", [&](auto tv) {
     using T = decltype(tv);
     cpu::attention_backward<T>(DO.data<T>(), Q.data<T>(), O.data<T>(), L.data<T>(), dqkv.data<T>(),
-                               d.B, d.T, d.H, d.KV, d.hd, causal, dsp);
+                               d.B, d.T, d.H, d.KV, d.hd, causal, dsp, window);
   });
   return as_storage(dqkv, qkv.dtype());
 }

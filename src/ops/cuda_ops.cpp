@@ -205,17 +205,19 @@ void rope_(const Tensor& qkv, int64_t heads, int64_t kv_heads, double theta, boo
                inverse, offset, doc_start_ptr(doc_start, ds), dev(qkv), cs(qkv));
 }
 
-// Packed rows run on our kernel: cuDNN's SDPA takes them only as ragged (THD) sequences, which
-// this layout is not (a later change may cut the rows into cuDNN's ragged offsets).
+// Packed rows and sliding windows run on our kernel: cuDNN's SDPA takes packed rows only as
+// ragged (THD) sequences, which this layout is not, and its diagonal band (a window) is not wired
+// here yet.
 AttentionOut attention_forward(const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal,
-                               const Tensor& doc_start) {
+                               const Tensor& doc_start, int64_t window) {
   Tensor Q = dense(qkv);
   Tensor ds;
   const int32_t* dsp = doc_start_ptr(doc_start, ds);
   const int64_t B = qkv.size(0), T = qkv.size(1), hd = qkv.size(2) / (heads + 2 * kv_heads);
   Tensor out = Tensor::empty({B, T, heads * hd}, qkv.dtype(), qkv.device());
   Tensor lse = Tensor::empty({B, heads, T}, DType::f32, qkv.device());
-  const int64_t ws = dsp ? -1
+  const int64_t ws = dsp || window > 0
+                         ? -1
                          : kc::cudnn_attention_workspace(false, qkv.dtype(), B, T, heads, kv_heads,
                                                          hd, causal, dev(qkv));
   if (ws >= 0) {
@@ -226,20 +228,21 @@ AttentionOut attention_forward(const Tensor& qkv, int64_t heads, int64_t kv_head
     return {out, lse};
   }
   kc::attention_forward(Q.raw_data(), out.raw_data(), lse.data<float>(), qkv.dtype(), B, T, heads,
-                        kv_heads, hd, causal, dsp, dev(qkv), cs(qkv));
+                        kv_heads, hd, causal, dsp, window, dev(qkv), cs(qkv));
   return {out, lse};
 }
 
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, int64_t heads, int64_t kv_heads, bool causal,
-                          const Tensor& doc_start) {
+                          const Tensor& doc_start, int64_t window) {
   Tensor DO = dense(dout.to(qkv.dtype())), Q = dense(qkv), O = dense(out),
          L = dense(lse.to(DType::f32));
   Tensor ds;
   const int32_t* dsp = doc_start_ptr(doc_start, ds);
   const int64_t B = qkv.size(0), T = qkv.size(1), hd = qkv.size(2) / (heads + 2 * kv_heads);
   Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
-  const int64_t ws = dsp ? -1
+  const int64_t ws = dsp || window > 0
+                         ? -1
                          : kc::cudnn_attention_workspace(true, qkv.dtype(), B, T, heads, kv_heads,
                                                          hd, causal, dev(qkv));
   if (ws >= 0) {
@@ -251,7 +254,7 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
   }
   kc::attention_backward(DO.raw_data(), Q.raw_data(), O.raw_data(), L.data<float>(),
                          dqkv.raw_data(), qkv.dtype(), B, T, heads, kv_heads, hd, causal, dsp,
-                         dev(qkv), cs(qkv));
+                         window, dev(qkv), cs(qkv));
   return dqkv;
 }
 

@@ -271,6 +271,11 @@ void check_packed(const char* op, const Tensor& qkv, const Tensor& ds, bool caus
              ds.device().str(), qkv.device().str());
   check_doc_start(ds, qkv.size(0), qkv.size(1));
 }
+void check_window(const char* op, int64_t window, bool causal) {
+  FSDP_CHECK(window >= 0, "[{}] a sliding window must be >= 0 (0: none), got {}", op, window);
+  FSDP_CHECK(window == 0 || causal, "[{}] a sliding window ({}) needs causal attention", op,
+             window);
+}
 }  // namespace
 
 void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset,
@@ -289,18 +294,19 @@ void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t
 }
 
 AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal, int64_t kv_heads,
-                               const Tensor& doc_start) {
+                               const Tensor& doc_start, int64_t window) {
   FSDP_OP_SCOPE("attention", qkv, ({&qkv}), cost::attention_forward(qkv, heads, kv_heads, causal));
   const QkvDims dims = qkv_dims("attention", qkv, heads, kv_heads);
   check_packed("attention", qkv, doc_start, causal);
+  check_window("attention", window, causal);
   if (on_cuda("attention", {&qkv}))
-    return cuda_impl::attention_forward(qkv, heads, dims.KV, causal, doc_start);
-  return cpu_impl::attention_forward(qkv, heads, dims.KV, causal, doc_start);
+    return cuda_impl::attention_forward(qkv, heads, dims.KV, causal, doc_start, window);
+  return cpu_impl::attention_forward(qkv, heads, dims.KV, causal, doc_start, window);
 }
 
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, int64_t heads, bool causal, int64_t kv_heads,
-                          const Tensor& doc_start) {
+                          const Tensor& doc_start, int64_t window) {
   FSDP_OP_SCOPE("attention_backward", qkv, ({&dout, &qkv, &out}),
                 cost::attention_backward(dout, qkv, out, heads, kv_heads, causal));
   const QkvDims dims = qkv_dims("attention_backward", qkv, heads, kv_heads);
@@ -311,9 +317,12 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
   FSDP_CHECK(lse.numel() == B * H * T_, "[attention_backward] lse has {} elements, expected {}",
              lse.numel(), B * H * T_);
   check_packed("attention_backward", qkv, doc_start, causal);
+  check_window("attention_backward", window, causal);
   if (on_cuda("attention_backward", {&dout, &qkv, &out, &lse}))
-    return cuda_impl::attention_backward(dout, qkv, out, lse, heads, dims.KV, causal, doc_start);
-  return cpu_impl::attention_backward(dout, qkv, out, lse, heads, dims.KV, causal, doc_start);
+    return cuda_impl::attention_backward(dout, qkv, out, lse, heads, dims.KV, causal, doc_start,
+                                         window);
+  return cpu_impl::attention_backward(dout, qkv, out, lse, heads, dims.KV, causal, doc_start,
+                                      window);
 }
 
 Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,

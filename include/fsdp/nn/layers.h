@@ -70,6 +70,7 @@ struct AttentionOptions {
   int64_t kv_heads = 0;        // 0: heads (multi-head); fewer, dividing heads: grouped-query
   int64_t head_dim = 0;        // 0: dim / heads
   bool qkv_bias = false;       // in_proj_bias without out_proj.bias (Qwen2)
+  int64_t window = 0;          // > 0: a sliding window of this many keys (causal; 0: none)
 };
 
 // Packed rows (the batch context's doc_start; causal only): each document attends within itself

@@ -71,16 +71,18 @@ void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t
 
 // Scaled dot-product attention over a packed qkv -> [B, T, heads * hd]. With doc_start (causal
 // only) each query sees the keys of its own document up to itself, and the kernels skip the
-// blocks outside every document.
+// blocks outside every document. window > 0 (causal only; 0: none) is a sliding window, as
+// Hugging Face's sliding_window: query t sees keys t - window + 1 .. t, and the kernels skip the
+// blocks before it.
 struct AttentionOut {
   Tensor out, lse;  // lse [B, H, T]: row log-sum-exp, saved for the backward
 };
 AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal, int64_t kv_heads = 0,
-                               const Tensor& doc_start = Tensor());
+                               const Tensor& doc_start = Tensor(), int64_t window = 0);
 // dqkv in qkv's layout; the key and value gradients sum over the query heads of each group.
 Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, int64_t heads, bool causal, int64_t kv_heads = 0,
-                          const Tensor& doc_start = Tensor());
+                          const Tensor& doc_start = Tensor(), int64_t window = 0);
 
 // One step of generation over a KV cache: q [n, heads * hd] holds the queries of positions
 // past .. past+n-1 (rotary already applied), k and v [past+n, kv_heads * hd] every key and value
