@@ -393,16 +393,17 @@ OpCase attention_case(const Qkv& q, bool causal, int64_t fd_probes = 64, double 
   return c;
 }
 
-// n queries at positions past .. past + n - 1 over a cache of past + n keys and values.
-OpCase decode_case(int64_t n, int64_t past, int64_t H, int64_t KV, int64_t hd) {
+// n queries at positions past .. past + n - 1 over a cache of past + n keys and values; a window
+// > 0 keeps query past + i to keys from past + i - window + 1.
+OpCase decode_case(int64_t n, int64_t past, int64_t H, int64_t KV, int64_t hd, int64_t window = 0) {
   OpCase c{.op = "attention_decode",
-           .what = fmt::format("attention_decode {} queries h{} kv{} hd {} past {}", n, H, KV, hd,
-                               past),
+           .what = fmt::format("attention_decode {} queries h{} kv{} hd {} past {}{}", n, H, KV, hd,
+                               past, window > 0 ? fmt::format(" window {}", window) : ""),
            .covers = {"attention_decode"},
            .dtypes = kAll,
            .inputs = {{{n, H * hd}}, {{past + n, KV * hd}}, {{past + n, KV * hd}}}};
   c.forward = [=](const Tensors& in, bool) {
-    return OpRun{{ops::attention_decode(in[0], in[1], in[2], H, past)}, {}};
+    return OpRun{{ops::attention_decode(in[0], in[1], in[2], H, past, window)}, {}};
   };
   c.reference = [=](const Tensors& in) {
     auto Q = f64(in[0]), K = f64(in[1]), V = f64(in[2]);
@@ -410,16 +411,17 @@ OpCase decode_case(int64_t n, int64_t past, int64_t H, int64_t KV, int64_t hd) {
     for (int64_t i = 0; i < n; ++i)
       for (int64_t h = 0; h < H; ++h) {
         const int64_t kh = h / (H / KV), last = past + i;
+        const int64_t first = window > 0 ? std::max<int64_t>(0, last - window + 1) : 0;
         double m = -INFINITY, z = 0;
-        for (int64_t j = 0; j <= last; ++j) {
+        for (int64_t j = first; j <= last; ++j) {
           double acc = 0;
           for (int64_t e = 0; e < hd; ++e)
             acc += Q[size_t(i * H * hd + h * hd + e)] * K[size_t(j * KV * hd + kh * hd + e)];
           s[size_t(j)] = acc / std::sqrt(double(hd));
           m = std::max(m, s[size_t(j)]);
         }
-        for (int64_t j = 0; j <= last; ++j) z += std::exp(s[size_t(j)] - m);
-        for (int64_t j = 0; j <= last; ++j)
+        for (int64_t j = first; j <= last; ++j) z += std::exp(s[size_t(j)] - m);
+        for (int64_t j = first; j <= last; ++j)
           for (int64_t e = 0; e < hd; ++e)
             O[size_t(i * H * hd + h * hd + e)] +=
                 std::exp(s[size_t(j)] - m) / z * V[size_t(j * KV * hd + kh * hd + e)];
@@ -719,6 +721,7 @@ std::vector<OpCase> op_cases() {
   v.push_back(attention_case(qkv_of(1, 300, 2, 8), true, 60, 1e-12, {}, 130));
   v.push_back(attention_case(qkv_of(2, 130, 4, 6, 1), true, 40, 1e-12,
                              packed_rows(2, 130, {17, 64, 9}), 20));
+  v.push_back(decode_case(3, 37, 4, 1, 32, 5));  // a window shorter than the cache
   v.push_back(decode_case(3, 4, 2, 2, 4));
   v.push_back(decode_case(3, 4, 4, 2, 6));
   v.push_back(decode_case(3, 37, 4, 1, 32));

@@ -231,10 +231,20 @@ TEST(Attention, CausalOutputIgnoresTheFuture) {
   EXPECT_EQ(rel_error(out2.narrow(1, 0, 4), out1.narrow(1, 0, 4)), 0.0);
 }
 
-// A decode step over a cache equals the causal attention's rows for those positions.
+// A decode step over a cache equals the causal attention's rows for those positions, with and
+// without a sliding window.
 TEST(Attention, DecodeOverACacheEqualsCausalRows) {
   const int64_t T = 7, H = 2, d = 8, past = 4, n = T - past;
   Tensor qkv = random_tensor({1, T, 3 * d}, 55);
+  for (int64_t window : {3, 1}) {
+    Tensor full = ops::attention_forward(qkv, H, true, 0, Tensor(), window).out.view({T, d});
+    Tensor rows = qkv.view({T, 3 * d});
+    Tensor q = rows.narrow(0, past, n).narrow(1, 0, d).contiguous();
+    Tensor k = rows.narrow(1, d, d).contiguous(), v = rows.narrow(1, 2 * d, d).contiguous();
+    EXPECT_LT(rel_error(ops::attention_decode(q, k, v, H, past, window), full.narrow(0, past, n)),
+              1e-13)
+        << "window " << window;
+  }
   Tensor full = ops::attention_forward(qkv, H, true).out.view({T, d});
   Tensor rows = qkv.view({T, 3 * d});
   Tensor q = rows.narrow(0, past, n).narrow(1, 0, d).contiguous();

@@ -247,7 +247,7 @@ namespace fsdp::kernels::cpu {
 
 template <class T>
 void attention_decode(const T* q, const T* k, const T* v, T* out, int64_t n, int64_t H, int64_t KV,
-                      int64_t hd, int64_t past) {
+                      int64_t hd, int64_t past, int64_t window) {
   const int64_t d = H * hd, dkv = KV * hd, group = H / KV;
   const T scale = T(1) / std::sqrt(T(hd));
 #pragma omp parallel
@@ -258,8 +258,9 @@ void attention_decode(const T* q, const T* k, const T* v, T* out, int64_t n, int
       for (int64_t h = 0; h < H; ++h) {
         const T* qi = q + i * d + h * hd;
         const int64_t keys = past + i + 1;  // causal: up to this query's own position
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, keys - window) : 0;  // its window
         T mx = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < keys; ++j) {
+        for (int64_t j = lo; j < keys; ++j) {
           const T* kj = k + j * dkv + (h / group) * hd;
           T s = 0;
           for (int64_t c = 0; c < hd; ++c) s += qi[c] * kj[c];
@@ -267,10 +268,10 @@ void attention_decode(const T* q, const T* k, const T* v, T* out, int64_t n, int
           mx = std::max(mx, p[size_t(j)]);
         }
         T sum = 0;
-        for (int64_t j = 0; j < keys; ++j) sum += p[size_t(j)] = std::exp(p[size_t(j)] - mx);
+        for (int64_t j = lo; j < keys; ++j) sum += p[size_t(j)] = std::exp(p[size_t(j)] - mx);
         T* o = out + i * d + h * hd;
         for (int64_t c = 0; c < hd; ++c) o[c] = 0;
-        for (int64_t j = 0; j < keys; ++j) {
+        for (int64_t j = lo; j < keys; ++j) {
           const T w = p[size_t(j)] / sum;
           const T* vj = v + j * dkv + (h / group) * hd;
           for (int64_t c = 0; c < hd; ++c) o[c] += w * vj[c];
@@ -280,8 +281,8 @@ void attention_decode(const T* q, const T* k, const T* v, T* out, int64_t n, int
 }
 
 template void attention_decode<float>(const float*, const float*, const float*, float*, int64_t,
-                                      int64_t, int64_t, int64_t, int64_t);
+                                      int64_t, int64_t, int64_t, int64_t, int64_t);
 template void attention_decode<double>(const double*, const double*, const double*, double*,
-                                       int64_t, int64_t, int64_t, int64_t, int64_t);
+                                       int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
 
 }  // namespace fsdp::kernels::cpu

@@ -88,10 +88,11 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
 
 // attention.cpp: one decode step over a KV cache. q [n, H*hd] holds the queries at positions
 // past .. past+n-1, k and v [past+n, KV*hd] every key and value so far; query i attends to keys
-// 0 .. past+i, query head h to kv head h / (H / KV). out [n, H*hd].
+// 0 .. past+i (a window > 0: from past+i-window+1), query head h to kv head h / (H / KV).
+// out [n, H*hd].
 template <class T>
 void attention_decode(const T* q, const T* k, const T* v, T* out, int64_t n, int64_t H, int64_t KV,
-                      int64_t hd, int64_t past);
+                      int64_t hd, int64_t past, int64_t window = 0);
 
 // softmax_xent.cpp: cross-entropy over n rows of v logits, summed over the rows whose target is
 // not kIgnoreIndex (fsdp/ops/ops.h) and divided by divisor.

@@ -313,13 +313,15 @@ void attention_backward(const void* dout, const void* qkv, const void* out, cons
 template <class T>
 __global__ void attn_decode_kernel(const T* __restrict__ q, const T* __restrict__ k,
                                    const T* __restrict__ v, T* __restrict__ out, int64_t H,
-                                   int64_t KV, int64_t hd, int64_t past, float scale) {
+                                   int64_t KV, int64_t hd, int64_t past, int64_t window,
+                                   float scale) {
   extern __shared__ float p[];
   const int64_t i = blockIdx.x / H, h = blockIdx.x % H, d = H * hd, keys = past + i + 1;
   const int64_t dkv = KV * hd, g = h / (H / KV);
+  const int64_t lo = window > 0 ? max(int64_t(0), keys - window) : 0;  // the window's first key
   const T* qi = q + i * d + h * hd;
   float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) {
+  for (int64_t j = lo + threadIdx.x; j < keys; j += blockDim.x) {
     const T* kj = k + j * dkv + g * hd;
     float s = 0.f;
     for (int64_t c = 0; c < hd; ++c) s += to_f32(qi[c]) * to_f32(kj[c]);
@@ -328,17 +330,18 @@ __global__ void attn_decode_kernel(const T* __restrict__ q, const T* __restrict_
   }
   mx = block_max(mx);
   float sum = 0.f;
-  for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) sum += p[j] = __expf(p[j] - mx);
+  for (int64_t j = lo + threadIdx.x; j < keys; j += blockDim.x) sum += p[j] = __expf(p[j] - mx);
   sum = block_sum(sum);  // (its barriers also order the writes of p before the reads below)
   for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) {
     float o = 0.f;
-    for (int64_t j = 0; j < keys; ++j) o += p[j] * to_f32(v[j * dkv + g * hd + c]);
+    for (int64_t j = lo; j < keys; ++j) o += p[j] * to_f32(v[j * dkv + g * hd + c]);
     out[i * d + h * hd + c] = from_f32<T>(o / sum);
   }
 }
 
 void attention_decode(const void* q, const void* k, const void* v, void* out, DType t, int64_t n,
-                      int64_t H, int64_t KV, int64_t hd, int64_t past, int device, Stream s) {
+                      int64_t H, int64_t KV, int64_t hd, int64_t past, int64_t window, int device,
+                      Stream s) {
   if (n * H == 0) return;
   const size_t smem = size_t(past + n) * sizeof(float);
   FSDP_CHECK(smem <= 48 * 1024,
@@ -350,7 +353,7 @@ void attention_decode(const void* q, const void* k, const void* v, void* out, DT
     using TT = decltype(tv);
     attn_decode_kernel<TT><<<unsigned(n * H), 128, smem, cudaStream_t(s)>>>(
         static_cast<const TT*>(q), static_cast<const TT*>(k), static_cast<const TT*>(v),
-        static_cast<TT*>(out), H, KV, hd, past, scale);
+        static_cast<TT*>(out), H, KV, hd, past, window, scale);
   });
   CUDA_CHECK(cudaGetLastError());
 }

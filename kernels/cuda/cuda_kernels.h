@@ -128,8 +128,10 @@ void attention_backward(const void* dout, const void* qkv, const void* out, cons
 
 // attention.cu: one decode step over a KV cache, as kernels/cpu's attention_decode (k and v
 // [past + n, KV hd]); one block per (query, head), the scores in shared memory (past + n floats).
+// window > 0: query past + i reads keys from past + i - window + 1 only.
 void attention_decode(const void* q, const void* k, const void* v, void* out, DType t, int64_t n,
-                      int64_t H, int64_t KV, int64_t hd, int64_t past, int device, Stream s);
+                      int64_t H, int64_t KV, int64_t hd, int64_t past, int64_t window, int device,
+                      Stream s);
 // attention_cudnn.cpp (no_cudnn.cpp in builds without cuDNN, refusing every shape): cuDNN's fused
 // SDPA, bf16 and f16, same layouts (grouped-query included) and lse as above. The workspace query
 // builds and caches the plan for that shape; it returns the bytes of workspace the call needs, or

@@ -101,9 +101,6 @@ MultiheadAttention::MultiheadAttention(int64_t dim, int64_t heads, AttentionOpti
 
 void MultiheadAttention::start_kv_cache(int64_t capacity) {
   FSDP_CHECK(opt_.causal, "[MultiheadAttention] a KV cache needs causal attention (arch llama)");
-  FSDP_CHECK(opt_.window == 0,
-             "[MultiheadAttention] a KV cache over a sliding window ({}) is not implemented",
-             opt_.window);
   FSDP_CHECK(capacity > 0, "[MultiheadAttention] KV cache capacity must be positive, got {}",
              capacity);
   if (capacity != kv_cap_) k_cache_ = v_cache_ = Tensor();  // allocated at the next forward
@@ -144,9 +141,9 @@ Tensor MultiheadAttention::forward_cached(const Tensor& x) {
   ops::copy_segments(k_cache_, flat, k_rows);
   ops::copy_segments(v_cache_, flat, v_rows);
   const int64_t keys = kv_len_ + n;
-  Tensor out =
-      ops::attention_decode(q.view({n, dq}), k_cache_.slice(0, keys * dkv).view({keys, dkv}),
-                            v_cache_.slice(0, keys * dkv).view({keys, dkv}), heads_, kv_len_);
+  Tensor out = ops::attention_decode(
+      q.view({n, dq}), k_cache_.slice(0, keys * dkv).view({keys, dkv}),
+      v_cache_.slice(0, keys * dkv).view({keys, dkv}), heads_, kv_len_, opt_.window);
   kv_len_ = keys;
   return out_proj_->forward(out.view({1, n, dq}));
 }

@@ -53,7 +53,7 @@
      int64_t kv_heads, bool causal, const Tensor& doc_start, int64_t window))                    \
   X(Tensor, attention_decode,                                                                    \
     (const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads, int64_t kv_heads,         \
-     int64_t past))                                                                              \
+     int64_t past, int64_t window))                                                              \
   X(Tensor, add, (const Tensor& a, const Tensor& b))                                             \
   X(void, add_, (const Tensor& a, const Tensor& b))                                              \
   X(void, sum_squares_into, (const Tensor& x, const Tensor& acc))                                \

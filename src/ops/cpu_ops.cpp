@@ -308,14 +308,14 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
 }
 
 Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
-                        int64_t kv_heads, int64_t past) {
+                        int64_t kv_heads, int64_t past, int64_t window) {
   const DType ct = compute_dtype(q.dtype());
   Tensor Q = as_compute(q, ct), K = as_compute(k, ct), V = as_compute(v, ct);
   Tensor out = Tensor::empty(q.shape(), ct);
   dispatch_compute(ct, "attention_decode", [&](auto tv) {
     using T = decltype(tv);
     cpu::attention_decode<T>(Q.data<T>(), K.data<T>(), V.data<T>(), out.data<T>(), q.size(0), heads,
-                             kv_heads, q.size(1) / heads, past);
+                             kv_heads, q.size(1) / heads, past, window);
   });
   return as_storage(out, q.dtype());
 }

@@ -259,11 +259,11 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
 }
 
 Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
-                        int64_t kv_heads, int64_t past) {
+                        int64_t kv_heads, int64_t past, int64_t window) {
   Tensor Q = dense(q), K = dense(k), V = dense(v);
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
   kc::attention_decode(Q.raw_data(), K.raw_data(), V.raw_data(), out.raw_data(), q.dtype(),
-                       q.size(0), heads, kv_heads, q.size(1) / heads, past, dev(q), cs(q));
+                       q.size(0), heads, kv_heads, q.size(1) / heads, past, window, dev(q), cs(q));
   return out;
 }
 

@@ -326,7 +326,8 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
 }
 
 Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
-                        int64_t past) {
+                        int64_t past, int64_t window) {
+  check_window("attention_decode", window, true);
   FSDP_OP_SCOPE("attention_decode", q, ({&q, &k, &v}), cost::attention_decode(q, k, v));
   FSDP_CHECK(q.dim() == 2 && k.dim() == 2 && v.dim() == 2 && k.shape() == v.shape(),
              "[attention_decode] q [n, heads * hd], k and v [past + n, kv heads * hd]; got {}, "
@@ -348,8 +349,8 @@ Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64
   check_same_dtype("attention_decode", q, k, "q", "k");
   check_same_dtype("attention_decode", q, v, "q", "v");
   if (on_cuda("attention_decode", {&q, &k, &v}))
-    return cuda_impl::attention_decode(q, k, v, heads, kv_heads, past);
-  return cpu_impl::attention_decode(q, k, v, heads, kv_heads, past);
+    return cuda_impl::attention_decode(q, k, v, heads, kv_heads, past, window);
+  return cpu_impl::attention_decode(q, k, v, heads, kv_heads, past, window);
 }
 
 // ---------------------------------------------------------------- elementwise

@@ -87,9 +87,10 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
 // One step of generation over a KV cache: q [n, heads * hd] holds the queries of positions
 // past .. past+n-1 (rotary already applied), k and v [past+n, kv_heads * hd] every key and value
 // so far (these included; kv_heads = k's width / hd, dividing heads); each query attends causally.
-// Returns [n, heads * hd] in q's dtype. Inference only: there is no backward.
+// Returns [n, heads * hd] in q's dtype. Inference only: there is no backward. window > 0: a
+// sliding window, as attention_forward's (query past + i sees no key before past + i - window + 1).
 Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads,
-                        int64_t past);
+                        int64_t past, int64_t window = 0);
 
 Tensor add(const Tensor& a, const Tensor& b);
 void add_(const Tensor& a, const Tensor& b);  // a += b
