@@ -20,6 +20,7 @@
 #include "fsdp/core/allocator.h"
 #include "fsdp/core/ignore_index.h"
 #include "fsdp/data/chat.h"
+#include "fsdp/nn/layers.h"
 #include "fsdp/nn/loss.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/nn/sample.h"
@@ -151,6 +152,52 @@ TEST(Sample, SeededTopKAndGreedy) {
   EXPECT_EQ(greedy[0], int32_t(std::max_element(last, last + c.vocab) - last));
   EXPECT_THROW(nn::sample(model, {300}, {.tokens = 1}), Error);  // outside the vocab
   EXPECT_THROW(nn::sample(model, ctx, {.tokens = 1, .temperature = -1}), Error);
+}
+
+// A sliding-window attention layer (Gemma 3's local layers), in f64: its KV-cached decode, a
+// prefill of 4 positions then one at a time, gives the full forward's rows; the window (3 of 11
+// positions) changes the output, and its gradient matches finite differences.
+TEST(SlidingWindow, KvCacheEqualsTheFullForwardAndTheGradientIsRight) {
+  const int64_t dim = 16, T = 11;
+  auto layer = [&](int64_t window) {
+    auto m = std::make_unique<nn::MultiheadAttention>(dim, 4,
+                                                      nn::AttentionOptions{.bias = false,
+                                                                           .causal = true,
+                                                                           .rope_theta = 10000.0,
+                                                                           .xavier_in_proj = false,
+                                                                           .kv_heads = 2,
+                                                                           .window = window});
+    nn::materialize(*m, DType::f64, 21);
+    return m;
+  };
+  auto attn = layer(3), wide = layer(0);
+  Tensor x = test::random_tensor({1, T, dim}, 22).to(DType::f64);
+  Tensor full = attn->forward(x).view({T, dim});
+  EXPECT_GT(test::rel_error(wide->forward(x).view({T, dim}), full), 1e-3);  // the window matters
+  attn->start_kv_cache(T);
+  EXPECT_LT(test::rel_error(attn->forward(x.narrow(1, 0, 4).contiguous()).view({4, dim}),
+                            full.slice(0, 4)),
+            1e-12);
+  for (int64_t t = 4; t < T; ++t)
+    EXPECT_LT(test::rel_error(attn->forward(x.narrow(1, t, 1).contiguous()).view({1, dim}),
+                              full.slice(t, t + 1)),
+              1e-12)
+        << "position " << t;
+  attn->stop_kv_cache();
+  Tensor dy = test::random_tensor({1, T, dim}, 23).to(DType::f64);
+  auto loss = [&] {
+    Tensor y = attn->forward(x);
+    double acc = 0;
+    const std::vector<double> yv = y.to_f64_vector(), dv = dy.to_f64_vector();
+    for (size_t i = 0; i < yv.size(); ++i) acc += yv[i] * dv[i];
+    return acc;
+  };
+  attn->zero_grad();
+  attn->forward(x);
+  attn->backward(dy);
+  nn::Parameter& w = attn->parameter("in_proj_weight");
+  test::expect_grad_matches("in_proj_weight", loss, w.data, w.grad.clone(), 8, 1e-6, 1e-8);
+  EXPECT_THROW(nn::MultiheadAttention(dim, 4, {.causal = false, .window = 3}), Error);
 }
 
 // The KV cache against the full forward, in f64: a prefill of 3 positions, then one position at a

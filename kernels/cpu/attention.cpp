@@ -106,7 +106,10 @@ template <class T>
 void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int64_t H, int64_t KV,
                        int64_t hd, bool causal, const int32_t* doc_start, int64_t window) {
   const int64_t d = H * hd, ld = (H + 2 * KV) * hd, R = std::min(kRows, T_), group = H / KV;
-  const int64_t Rt = window > 0 ? std::min(R, window) : R;  // a window's tiles: 2 windows of keys
+  // A window's tiles are at most a window of rows (their keys: two windows), at least 32 (a GEMM
+  // of one row per head is all overhead; the rows' masks keep each to its window).
+  FSDP_CHECK(window == 0 || causal, "[attention] a sliding window needs causal attention");
+  const int64_t Rt = window > 0 ? std::min(R, std::max<int64_t>(window, 32)) : R;
   const T scale = T(1) / std::sqrt(T(hd));
   std::vector<T> scratch = thread_scratch<T>("attention", R * T_, T_);
   const std::vector<Chunk> work = chunks(doc_start, B, T_, R, true);
@@ -162,7 +165,8 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
                         int64_t T_, int64_t H, int64_t KV, int64_t hd, bool causal,
                         const int32_t* doc_start, int64_t window) {
   const int64_t d = H * hd, ld = (H + 2 * KV) * hd, R = std::min(kRows, T_), group = H / KV;
-  const int64_t Rt = window > 0 ? std::min(R, window) : R;
+  FSDP_CHECK(window == 0 || causal, "[attention_backward] a sliding window needs causal attention");
+  const int64_t Rt = window > 0 ? std::min(R, std::max<int64_t>(window, 32)) : R;
   const T scale = T(1) / std::sqrt(T(hd));
   std::vector<T> scratch = thread_scratch<T>("attention_backward", 2 * R * T_ + R, T_);
   // Chunks of whole documents (a row of one: the row) own their keys' dK and dV: no races.

@@ -265,6 +265,7 @@ __global__ void attn_bwd_dkdv(const T* __restrict__ dout, const T* __restrict__ 
 void attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
                        int64_t H, int64_t KV, int64_t hd, bool causal, const int32_t* doc_start,
                        int64_t window, int device, Stream s) {
+  FSDP_CHECK(window == 0 || causal, "[attention] a sliding window needs causal attention");
   FSDP_CHECK(hd <= kMaxD, "[attention] CUDA attention supports head dims up to {}, got {}", kMaxD,
              hd);
   if (B * T * H == 0) return;
@@ -284,6 +285,7 @@ void attention_backward(const void* dout, const void* qkv, const void* out, cons
                         void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
                         int64_t hd, bool causal, const int32_t* doc_start, int64_t window,
                         int device, Stream s) {
+  FSDP_CHECK(window == 0 || causal, "[attention_backward] a sliding window needs causal attention");
   FSDP_CHECK(hd <= kMaxD, "[attention_backward] CUDA attention supports head dims up to {}, got {}",
              kMaxD, hd);
   if (B * T * H == 0) return;
@@ -308,8 +310,9 @@ void attention_backward(const void* dout, const void* qkv, const void* out, cons
   CUDA_CHECK(cudaGetLastError());
 }
 
-// One block per (query i, head h): scores over keys 0 .. past+i in shared memory, the block's max
-// and sum, then each thread owns output columns and sums over the keys.
+// One block per (query i, head h): scores over keys lo .. past+i (lo: 0, or the window's first)
+// in shared memory, p[j - lo], the block's max and sum, then each thread owns output columns and
+// sums over the keys.
 template <class T>
 __global__ void attn_decode_kernel(const T* __restrict__ q, const T* __restrict__ k,
                                    const T* __restrict__ v, T* __restrict__ out, int64_t H,
@@ -325,16 +328,17 @@ __global__ void attn_decode_kernel(const T* __restrict__ q, const T* __restrict_
     const T* kj = k + j * dkv + g * hd;
     float s = 0.f;
     for (int64_t c = 0; c < hd; ++c) s += to_f32(qi[c]) * to_f32(kj[c]);
-    p[j] = s * scale;
-    mx = fmaxf(mx, p[j]);
+    p[j - lo] = s * scale;
+    mx = fmaxf(mx, p[j - lo]);
   }
   mx = block_max(mx);
   float sum = 0.f;
-  for (int64_t j = lo + threadIdx.x; j < keys; j += blockDim.x) sum += p[j] = __expf(p[j] - mx);
+  for (int64_t j = lo + threadIdx.x; j < keys; j += blockDim.x)
+    sum += p[j - lo] = __expf(p[j - lo] - mx);
   sum = block_sum(sum);  // (its barriers also order the writes of p before the reads below)
   for (int64_t c = threadIdx.x; c < hd; c += blockDim.x) {
     float o = 0.f;
-    for (int64_t j = lo; j < keys; ++j) o += p[j] * to_f32(v[j * dkv + g * hd + c]);
+    for (int64_t j = lo; j < keys; ++j) o += p[j - lo] * to_f32(v[j * dkv + g * hd + c]);
     out[i * d + h * hd + c] = from_f32<T>(o / sum);
   }
 }
@@ -343,10 +347,12 @@ void attention_decode(const void* q, const void* k, const void* v, void* out, DT
                       int64_t H, int64_t KV, int64_t hd, int64_t past, int64_t window, int device,
                       Stream s) {
   if (n * H == 0) return;
-  const size_t smem = size_t(past + n) * sizeof(float);
+  // Scores of the keys each query reads: all cached, or its window's (p[] is window-relative).
+  const int64_t read = window > 0 && window < past + n ? window : past + n;
+  const size_t smem = size_t(read) * sizeof(float);
   FSDP_CHECK(smem <= 48 * 1024,
-             "[attention_decode] {} cached positions exceed the 48 KiB of shared memory scores",
-             past + n);
+             "[attention_decode] {} keys per query exceed the 48 KiB of shared memory scores",
+             read);
   CUDA_CHECK(cudaSetDevice(device));
   const float scale = 1.f / sqrtf(float(hd));
   dispatch_float(t, "attention_decode", [&](auto tv) {

@@ -81,6 +81,9 @@ MultiheadAttention::MultiheadAttention(int64_t dim, int64_t heads, AttentionOpti
       opt_(opt) {
   FSDP_CHECK(heads > 0 && (opt.head_dim > 0 || dim % heads == 0),
              "[MultiheadAttention] dim {} is not divisible by heads {}", dim, heads);
+  FSDP_CHECK(opt.window >= 0 && (opt.window == 0 || opt.causal),
+             "[MultiheadAttention] a sliding window ({}) must be >= 0, and needs causal attention",
+             opt.window);
   FSDP_CHECK(opt.kv_heads >= 0 && opt.head_dim >= 0,
              "[MultiheadAttention] kv heads {} and head dim {} must be >= 0 (0: the default)",
              opt.kv_heads, opt.head_dim);
