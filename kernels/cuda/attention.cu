@@ -65,6 +65,22 @@ __device__ __forceinline__ void stage(float (*sa)[kMaxD], float (*sb)[kMaxD], in
   }
 }
 
+// The keys a query row of a block may see (packed rows: from its document's start; a window:
+// from t - window + 1): `own`, this warp's query's first key, and `block_from`, the first key of
+// any query in the block (its first query's; documents start in order). A doc_start the host did
+// not check is clamped, so it never reads before the row.
+struct KeyRange {
+  int64_t own, block_from;
+};
+__device__ __forceinline__ KeyRange key_range(const int32_t* __restrict__ doc_start, const Dims& d,
+                                              int64_t b, int64_t i, bool valid, int64_t window) {
+  const int64_t i0 = int64_t(blockIdx.y) * kWarps;  // the block's first query
+  const int64_t first = doc_start ? max(int64_t(0), int64_t(doc_start[b * d.T + i0])) : 0;
+  const int64_t own = max(doc_start && valid ? int64_t(doc_start[b * d.T + i]) : int64_t(0),
+                          window > 0 ? i - window + 1 : int64_t(0));
+  return {own, max(first, window > 0 ? i0 - window + 1 : int64_t(0))};
+}
+
 template <class T>
 __global__ void attn_fwd(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse,
                          Dims d, bool causal, const int32_t* __restrict__ doc_start, int64_t window,
@@ -78,17 +94,9 @@ __global__ void attn_fwd(const T* __restrict__ qkv, T* __restrict__ out, float* 
   if (valid) load_row(q, qkv_row(qkv, d, b, i, 0, h), d.hd, lane, scale);
   float m = -INFINITY, l = 0.f;
   const int64_t end = causal ? min(d.T, (int64_t(blockIdx.y) + 1) * kWarps) : d.T;
-  // Packed: the block's first query's document starts at or before every other's.
-  // (clamped: a doc_start the host did not check never reads before the row)
-  const int64_t first =
-      doc_start ? max(int64_t(0), int64_t(doc_start[b * d.T + int64_t(blockIdx.y) * kWarps])) : 0;
-  // The first key this query sees: its document's start, or its window's when that is later;
-  // the block starts at its first query's.
-  const int64_t own = max(doc_start && valid ? int64_t(doc_start[b * d.T + i]) : int64_t(0),
-                          window > 0 ? i - window + 1 : int64_t(0));
-  const int64_t from =
-      max(first, window > 0 ? int64_t(blockIdx.y) * kWarps - window + 1 : int64_t(0));
-  for (int64_t j0 = from / kTile * kTile; j0 < end; j0 += kTile) {
+  const KeyRange keys = key_range(doc_start, d, b, i, valid, window);
+  const int64_t own = keys.own;
+  for (int64_t j0 = keys.block_from / kTile * kTile; j0 < end; j0 += kTile) {
     __syncthreads();
     stage<T>(
         sk, sv, j0, d.T, d.hd, [&](int64_t j) { return qkv_row(qkv, d, b, j, 1, g); },
@@ -155,16 +163,9 @@ __global__ void attn_bwd_dq(const T* __restrict__ dout, const T* __restrict__ qk
     Di = D[(b * d.H + h) * d.T + i];
   }
   const int64_t end = causal ? min(d.T, (int64_t(blockIdx.y) + 1) * kWarps) : d.T;
-  // (clamped: a doc_start the host did not check never reads before the row)
-  const int64_t first =
-      doc_start ? max(int64_t(0), int64_t(doc_start[b * d.T + int64_t(blockIdx.y) * kWarps])) : 0;
-  // The first key this query sees: its document's start, or its window's when that is later;
-  // the block starts at its first query's.
-  const int64_t own = max(doc_start && valid ? int64_t(doc_start[b * d.T + i]) : int64_t(0),
-                          window > 0 ? i - window + 1 : int64_t(0));
-  const int64_t from =
-      max(first, window > 0 ? int64_t(blockIdx.y) * kWarps - window + 1 : int64_t(0));
-  for (int64_t j0 = from / kTile * kTile; j0 < end; j0 += kTile) {
+  const KeyRange keys = key_range(doc_start, d, b, i, valid, window);
+  const int64_t own = keys.own;
+  for (int64_t j0 = keys.block_from / kTile * kTile; j0 < end; j0 += kTile) {
     __syncthreads();
     stage<T>(
         sk, sv, j0, d.T, d.hd, [&](int64_t j) { return qkv_row(qkv, d, b, j, 1, g); },
