@@ -50,9 +50,10 @@ struct Run {
   int64_t hsdp = 0;  // replica groups
   int64_t accum = 1;
   std::optional<DType> param_dtype;
-  // llama's options: grouped-query attention, a head dim of its own, tied head, q/k/v biases
+  // llama's options: grouped-query attention, a head dim of its own, tied head, q/k/v biases,
+  // q/k norms (Qwen3)
   int64_t kv_heads = 0, head_dim = 0;
-  bool tied = false, qkv_bias = false;
+  bool tied = false, qkv_bias = false, qk_norm = false;
   int64_t ac_every = 0;  // activation checkpointing on blocks 0, N, 2N, ...; 0: off
   bool masked = false;   // targets masked unevenly over the ranks (SkewedMaskSource)
   bool all_masked = false;  // every target masked
@@ -107,6 +108,7 @@ nn::MiniLLMConfig config(const Run& run) {
   if (run.kv_heads) c.heads = 4, c.kv_heads = run.kv_heads, c.head_dim = run.head_dim;
   c.tie_embeddings = run.tied;
   c.qkv_bias = run.qkv_bias;
+  c.qk_norm = run.qk_norm;
   return c;
 }
 
@@ -229,6 +231,7 @@ TEST(Equivalence, AllMaskedBatchesLeaveTheWeights) {
 TEST(Equivalence, GroupedQueryTiedLlama) {
   expect_equivalent({.kv_heads = 2, .head_dim = 6, .tied = true, .qkv_bias = true}, 1e-10, 1e-10);
   expect_equivalent({.kv_heads = 1, .head_dim = 6, .tied = true}, 1e-10, 1e-10);
+  expect_equivalent({.kv_heads = 2, .head_dim = 6, .qk_norm = true}, 1e-10, 1e-10);
   nn::MiniLLM model(config(fsdp::Run{.kv_heads = 2, .head_dim = 6, .tied = true}));
   auto mesh = dist::init_device_mesh({world()->size()});
   for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh);

@@ -29,23 +29,10 @@ import subprocess
 import sys
 import tempfile
 
+from torch_ref import failer, skip, under_torch_python
 
-def skip(why):
-    print(f"skipped: {why}")
-    sys.exit(0)
-
-
-def fail(why):
-    print(f"hf_interop_ref_test: FAIL: {why}")
-    sys.exit(1)
-
-
-want = os.environ.get("FSDP_TORCH_PYTHON")
-if want and os.path.abspath(want) != os.path.abspath(sys.executable) and not os.environ.get("HF_INTEROP_REEXEC"):
-    if not os.access(want, os.X_OK):
-        skip(f"FSDP_TORCH_PYTHON={want} is not an executable interpreter")
-    os.environ["HF_INTEROP_REEXEC"] = "1"
-    os.execv(want, [want, os.path.abspath(__file__)] + sys.argv[1:])
+fail = failer("hf_interop_ref_test")
+under_torch_python(__file__)
 try:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM

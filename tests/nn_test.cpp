@@ -289,10 +289,14 @@ TEST(MiniLLM, MaterializeIsOneFlatBuffer) {
 void expect_whole_model_gradient(const nn::MiniLLMConfig& c) {
   nn::MiniLLM m(c);
   auto flat = nn::materialize(m, DType::f64, 11);
-  // Random small biases, so that their gradients are tested away from zero init.
-  for (auto& [n, p] : m.named_parameters())
+  // Random small biases and norm weights away from one, so that their gradients are tested away
+  // from their init.
+  for (auto& [n, p] : m.named_parameters()) {
     if (n.find("bias") != std::string::npos)
       nn::init_fill(nn::Init::uniform(-0.1, 0.1), 5, n, 0, p->data);
+    if (n.find("norm") != std::string::npos)
+      nn::init_fill(nn::Init::uniform(0.5, 1.5), 6, n, 0, p->data);
+  }
   Tensor tokens = test::random_ids({c.batch, c.seq}, c.vocab, 12);
   Tensor targets = test::random_ids({c.batch * c.seq}, c.vocab, 13);
   auto loss = [&] {
@@ -344,6 +348,25 @@ TEST(WholeModelGradient, GroupedQueryTiedAndBiasedLlama) {
       SCOPED_TRACE(fmt::format("kv_heads {} tied {}", kv, tied));
       expect_whole_model_gradient(gqa_config(kv, tied, kv == 2));
     }
+}
+
+// QK-norm (Qwen3): an RMSNorm over each head of q and of k before the rotary embedding, with
+// grouped-query attention and a head dim of its own; every gradient, the norms' weights among
+// them, matches finite differences in f64.
+TEST(WholeModelGradient, QkNormLlama) {
+  nn::MiniLLMConfig c = gqa_config(2, false, false);
+  c.qk_norm = true;
+  c.norm_eps = 1e-6;
+  nn::MiniLLM m(c);
+  int norms = 0;
+  for (auto& [n, p] : m.named_parameters())
+    if (n.find("attn.q_norm.weight") != std::string::npos ||
+        n.find("attn.k_norm.weight") != std::string::npos) {
+      EXPECT_EQ(p->shape, (std::vector<int64_t>{6})) << n;
+      ++norms;
+    }
+  EXPECT_EQ(norms, 2 * int(c.layers));
+  expect_whole_model_gradient(c);
 }
 
 // Packed rows (--pack) train on what the same samples train on unpacked, one per row: the loss
@@ -447,6 +470,8 @@ TEST(MiniLLM, ParameterCountFromTheShapeEqualsTheBuiltModel) {
   cfgs.push_back(c);
   c.kv_heads = 1, c.tie_embeddings = false, c.qkv_bias = false;
   cfgs.push_back(c);
+  c.kv_heads = 2, c.qk_norm = true;
+  cfgs.push_back(c);
   for (const nn::MiniLLMConfig& k : cfgs) {
     nn::MiniLLM m(k);
     EXPECT_EQ(k.num_parameters(), m.num_parameters()) << k.to_json();
@@ -467,8 +492,11 @@ TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {
   EXPECT_EQ(r.rope_theta, 100000.0);
   // Defaults are not written: a plain config reads and compares as before the options existed.
   const std::string plain = small_config(nn::Arch::llama).to_json();
-  for (const char* key : {"kv_heads", "head_dim", "tie_embeddings", "qkv_bias"})
+  for (const char* key : {"kv_heads", "head_dim", "tie_embeddings", "qkv_bias", "qk_norm"})
     EXPECT_EQ(plain.find(key), std::string::npos) << key;
+  nn::MiniLLMConfig qk = c;
+  qk.qk_norm = true;
+  EXPECT_TRUE(nn::MiniLLMConfig::from_json(qk.to_json()).qk_norm);
   const auto old = nn::MiniLLMConfig::from_json(
       R"({"arch":"llama","vocab":64,"dim":32,"layers":1,"heads":4,"ffn_hidden":128})");
   EXPECT_EQ(old.resolved_kv_heads(), 4);
@@ -496,6 +524,8 @@ TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {
   refused(bad, "kv_heads 1 is for arch llama");
   bad = small_config(nn::Arch::seed), bad.qkv_bias = true;
   refused(bad, "qkv_bias is for arch llama");
+  bad = small_config(nn::Arch::seed), bad.qk_norm = true;
+  refused(bad, "qk_norm is for arch llama");
   // A head dim of its own frees dim from heads: dim 8 with 3 heads of 4.
   nn::MiniLLMConfig decoupled = small_config(nn::Arch::llama);
   decoupled.heads = 3, decoupled.head_dim = 4;
@@ -511,14 +541,18 @@ TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {
 // q/k/v biases, a tied head and rope theta 1e5: prefill and one-at-a-time decode give the full
 // forward's logits.
 TEST(Sample, GroupedQueryKvCacheEqualsTheFullForward) {
-  for (int64_t kv : {2, 1}) {
-    nn::MiniLLMConfig c = gqa_config(kv, true, true);
+  for (int64_t kv : {2, 1, 3}) {  // 3: kv 2 with QK-norm (Qwen3)
+    nn::MiniLLMConfig c = gqa_config(kv == 1 ? 1 : 2, true, true);
+    c.qk_norm = kv == 3;
     c.vocab = 50, c.dim = 16, c.seq = 16;
     nn::MiniLLM model(c);
     nn::materialize(model, DType::f64, 9);
-    for (auto& [n, p] : model.named_parameters())
+    for (auto& [n, p] : model.named_parameters()) {
       if (n.find("bias") != std::string::npos)
         nn::init_fill(nn::Init::uniform(-0.5, 0.5), 5, n, 0, p->data);
+      if (n.find("_norm") != std::string::npos)
+        nn::init_fill(nn::Init::uniform(0.5, 1.5), 6, n, 0, p->data);
+    }
     const std::vector<int32_t> ids = {3, 14, 15, 9, 2, 6, 5, 35};
     Tensor full = model.forward(Tensor::from_vector(ids, {1, 8})).view({8, c.vocab});
     model.start_kv_cache(c.seq);

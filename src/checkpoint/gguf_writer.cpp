@@ -1,7 +1,7 @@
 // GGUF v3 for llama.cpp (write_gguf): our names -> llama.cpp's, q and k rows permuted from
-// Hugging Face's half-split rotary pairs to llama.cpp's neighbouring ones (not for qwen2, which is
-// half-split like ours), 1-D tensors kept F32, and the tokenizer as a "gpt2" vocabulary. The file
-// is written whole through write_file_atomic.
+// Hugging Face's half-split rotary pairs to llama.cpp's neighbouring ones (not for qwen2 and
+// qwen3, which are half-split like ours), 1-D tensors kept F32, and the tokenizer as a "gpt2"
+// vocabulary. The file is written whole through write_file_atomic.
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -85,16 +85,22 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
   FSDP_CHECK(cfg.arch == nn::Arch::llama,
              "[gguf] GGUF export is for the llama architecture, not {}", nn::arch_name(cfg.arch));
   constexpr size_t kAlign = 32;
-  // q/k/v biases are llama.cpp's qwen2 architecture, whose rotary embedding is half-split
-  // (NEOX) like ours: its q and k rows stay as they are. llama's pairs neighbours.
-  const bool qwen2 = cfg.qkv_bias;
-  const std::string arch = qwen2 ? "qwen2" : "llama";
+  // q/k/v biases are llama.cpp's qwen2 architecture and norms on q and k its qwen3, whose rotary
+  // embeddings are half-split (NEOX) like ours: their q and k rows stay as they are. llama's
+  // pairs neighbours. llama.cpp's qwen3 has no q/k/v biases.
+  FSDP_CHECK(!(cfg.qk_norm && cfg.qkv_bias),
+             "[gguf] a model with q/k norms and q/k/v biases has no llama.cpp architecture "
+             "(qwen3 has no biases)");
+  const bool half_split = cfg.qkv_bias || cfg.qk_norm;
+  const std::string arch = cfg.qk_norm ? "qwen3" : cfg.qkv_bias ? "qwen2" : "llama";
   // Tensors in llama.cpp's names; 1-D norms (and biases) stay F32 as llama.cpp's converter keeps
   // them. A tied model has no output.weight: llama.cpp then uses token_embd.weight.
   std::vector<std::pair<std::string, Tensor>> tensors;
   const auto rows = in_proj_rows(cfg);
   const int64_t kv_heads = cfg.resolved_kv_heads();
-  auto qk = [&](const Tensor& t, int64_t heads) { return qwen2 ? t : permute_for_gguf(t, heads); };
+  auto qk = [&](const Tensor& t, int64_t heads) {
+    return half_split ? t : permute_for_gguf(t, heads);
+  };
   for (auto& [name, t] : ours) {
     const bool is_vec = t.dim() == 1;
     auto add = [&](const std::string& n, const Tensor& x) {

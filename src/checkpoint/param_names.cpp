@@ -36,6 +36,8 @@ constexpr Row kBlock[] = {
     {"", "self_attn.q_proj.bias", "attn_q.bias"},
     {"", "self_attn.k_proj.bias", "attn_k.bias"},
     {"", "self_attn.v_proj.bias", "attn_v.bias"},
+    {"attn.q_norm.weight", "self_attn.q_norm.weight", "attn_q_norm.weight"},
+    {"attn.k_norm.weight", "self_attn.k_norm.weight", "attn_k_norm.weight"},
 };
 // The q, k and v rows (weights, then biases), which in_proj_names reads by position.
 constexpr size_t kQkvRows = 8;

@@ -278,6 +278,8 @@ nn::MiniLLMConfig config_from_family(const std::string& family, const std::strin
        [](const std::string& t, const std::string& w) { return config_from_hf_llama(t, w); }},
       {"qwen2",
        [](const std::string& t, const std::string& w) { return config_from_hf_llama(t, w); }},
+      {"qwen3",
+       [](const std::string& t, const std::string& w) { return config_from_hf_llama(t, w); }},
       {"minillm",
        [](const std::string& t, const std::string&) { return nn::MiniLLMConfig::from_json(t); }}};
   auto it = families.find(family);

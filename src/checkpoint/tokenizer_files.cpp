@@ -45,10 +45,19 @@ TokenizerMeta TokenizerMeta::from_json(const std::string& text, const std::strin
 std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype,
                                  const data::Tokenizer& tok, const TokenizerMeta& meta) {
   // q/k/v biases without an o_proj bias are Qwen2's attention (Llama's attention_bias puts one on
-  // o_proj too); the rest of Qwen2ForCausalLM is Llama's.
-  const bool qwen2 = cfg.qkv_bias;
-  json j = {{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-            {"model_type", qwen2 ? "qwen2" : "llama"},
+  // o_proj too); norms on q and k are Qwen3's (whose attention_bias would put one on o_proj too);
+  // the rest of both is Llama's.
+  FSDP_CHECK(!(cfg.qk_norm && cfg.qkv_bias),
+             "[hf] a model with q/k norms and q/k/v biases (no o_proj bias) is no Hugging Face "
+             "class: Qwen3's attention_bias puts a bias on o_proj too");
+  const bool qwen2 = cfg.qkv_bias, qwen3 = cfg.qk_norm;
+  json j = {{"architectures",
+             {qwen3   ? "Qwen3ForCausalLM"
+              : qwen2 ? "Qwen2ForCausalLM"
+                      : "LlamaForCausalLM"}},
+            {"model_type", qwen3   ? "qwen3"
+                           : qwen2 ? "qwen2"
+                                   : "llama"},
             {"hidden_size", cfg.dim},
             {"intermediate_size", cfg.resolved_ffn_hidden()},
             {"num_attention_heads", cfg.heads},
@@ -66,10 +75,8 @@ std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype,
             {"torch_dtype", dtype == DType::bf16  ? "bfloat16"
                             : dtype == DType::f16 ? "float16"
                                                   : "float32"}};
-  if (qwen2) {
-    j.erase("attention_bias");
-    j["use_sliding_window"] = false;
-  }
+  if (qwen2) j.erase("attention_bias");
+  if (qwen2 || qwen3) j["use_sliding_window"] = false;
   if (auto bos = meta.bos ? meta.bos : tok.bos_id()) j["bos_token_id"] = *bos;
   if (auto eos = meta.eos ? meta.eos : tok.eos_id()) j["eos_token_id"] = *eos;
   return j.dump(2);
@@ -92,9 +99,9 @@ nn::MiniLLMConfig config_from_hf_llama(const std::string& text, const std::strin
   };
   const json* mt = jf::member(j, "model_type");
   const std::string model_type = mt ? field("model_type").string(*mt) : "";
-  FSDP_CHECK(model_type == "llama" || model_type == "qwen2",
-             "[hf] {}: model_type '{}' is not supported; expected llama (LlamaForCausalLM) or "
-             "qwen2 (Qwen2ForCausalLM)",
+  FSDP_CHECK(model_type == "llama" || model_type == "qwen2" || model_type == "qwen3",
+             "[hf] {}: model_type '{}' is not supported; expected llama (LlamaForCausalLM), "
+             "qwen2 (Qwen2ForCausalLM) or qwen3 (Qwen3ForCausalLM)",
              where, model_type);
   auto num = [&](const char* key) -> int64_t {
     const json* v = jf::member(j, key);
@@ -132,19 +139,21 @@ nn::MiniLLMConfig config_from_hf_llama(const std::string& text, const std::strin
       c.rope_theta = v;
     }
   }
-  const bool qwen2 = model_type == "qwen2";
+  const bool qwen2 = model_type == "qwen2", qwen3 = model_type == "qwen3";
   c.kv_heads = jf::member(j, "num_key_value_heads") ? num("num_key_value_heads") : c.heads;
   FSDP_CHECK(c.kv_heads > 0 && c.heads % c.kv_heads == 0,
              "[hf] {}: num_attention_heads {} is not a multiple of num_key_value_heads {}", where,
              c.heads, c.kv_heads);
   if (jf::member(j, "head_dim")) c.head_dim = num("head_dim");
-  // Llama's attention_bias is on q, k, v and o; Qwen2's biases are on q, k and v only.
+  // Llama's and Qwen3's attention_bias is on q, k, v and o; Qwen2's biases are on q, k and v
+  // only, always. Qwen3 norms each head of q and k.
   FSDP_CHECK(!opt_bool("attention_bias", false),
              "[hf] {}: attention_bias true (a bias on o_proj too) is not supported", where);
   FSDP_CHECK(!opt_bool("mlp_bias", false), "[hf] {}: mlp_bias true is not supported", where);
-  FSDP_CHECK(!qwen2 || !opt_bool("use_sliding_window", false),
+  FSDP_CHECK(!(qwen2 || qwen3) || !opt_bool("use_sliding_window", false),
              "[hf] {}: use_sliding_window true (sliding-window attention) is not supported", where);
   c.qkv_bias = qwen2;
+  c.qk_norm = qwen3;
   FSDP_CHECK(!jf::member(j, "rope_scaling"), "[hf] {}: rope_scaling {} is not supported", where,
              j["rope_scaling"].dump());
   const json* act = jf::member(j, "hidden_act");

@@ -2,6 +2,7 @@
 #include "fsdp/nn/layers.h"
 
 #include <cmath>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -100,6 +101,52 @@ MultiheadAttention::MultiheadAttention(int64_t dim, int64_t heads, AttentionOpti
     in_proj_bias_ = &register_parameter("in_proj_bias", {rows}, Init::constant(0.0));
   out_proj_ = &register_module("out_proj", std::make_unique<Linear>(heads * hd_, dim, opt.bias));
   if (opt.bias) out_proj_->bias()->init = Init::constant(0.0);  // nn.MultiheadAttention zeroes it
+  if (opt.qk_norm) {
+    q_norm_ = &register_module("q_norm", std::make_unique<RMSNorm>(hd_, opt.norm_eps));
+    k_norm_ = &register_module("k_norm", std::make_unique<RMSNorm>(hd_, opt.norm_eps));
+  }
+}
+
+namespace {
+// The [n * width] rows of `part` (q: offset 0, width heads*hd; k: offset heads*hd, width
+// kv_heads*hd) inside n packed qkv rows of `stride`, as segments of a gather (to_part) or of the
+// scatter back.
+std::vector<ops::Segment> part_rows(int64_t n, int64_t stride, int64_t offset, int64_t width,
+                                    bool to_part) {
+  std::vector<ops::Segment> rows;
+  rows.reserve(size_t(n));
+  for (int64_t r = 0; r < n; ++r)
+    rows.push_back(to_part ? ops::Segment{r * width, r * stride + offset, width}
+                           : ops::Segment{r * stride + offset, r * width, width});
+  return rows;
+}
+}  // namespace
+
+void MultiheadAttention::qk_norm_forward(const Tensor& qkv, bool train) {
+  const int64_t dq = heads_ * hd_, dkv = kv_heads_ * hd_, w = dq + 2 * dkv, n = qkv.numel() / w;
+  Tensor flat = qkv.view({n * w});
+  auto norm_part = [&](RMSNorm& norm, int64_t offset, int64_t width) {
+    Tensor part = Tensor::empty({n * width}, qkv.dtype(), qkv.device());
+    ops::copy_segments(part, flat, part_rows(n, w, offset, width, true));
+    Tensor y = norm.forward(part.view({n * width / hd_, hd_}));
+    if (!train) norm.release_saved();
+    ops::copy_segments(flat, y.view({n * width}), part_rows(n, w, offset, width, false));
+  };
+  norm_part(*q_norm_, 0, dq);
+  norm_part(*k_norm_, dq, dkv);
+}
+
+void MultiheadAttention::qk_norm_backward(const Tensor& dqkv) {
+  const int64_t dq = heads_ * hd_, dkv = kv_heads_ * hd_, w = dq + 2 * dkv, n = dqkv.numel() / w;
+  Tensor flat = dqkv.view({n * w});
+  auto grad_part = [&](RMSNorm& norm, int64_t offset, int64_t width) {
+    Tensor part = Tensor::empty({n * width}, dqkv.dtype(), dqkv.device());
+    ops::copy_segments(part, flat, part_rows(n, w, offset, width, true));
+    Tensor dx = norm.backward(part.view({n * width / hd_, hd_}));
+    ops::copy_segments(flat, dx.view({n * width}), part_rows(n, w, offset, width, false));
+  };
+  grad_part(*q_norm_, 0, dq);
+  grad_part(*k_norm_, dq, dkv);
 }
 
 void MultiheadAttention::start_kv_cache(int64_t capacity) {
@@ -126,6 +173,7 @@ Tensor MultiheadAttention::forward_cached(const Tensor& x) {
              kv_cap_, kv_len_, n);
   Tensor qkv =
       ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());
+  if (opt_.qk_norm) qk_norm_forward(qkv, false);
   if (opt_.rope_theta > 0) ops::rope_(qkv, heads_, opt_.rope_theta, false, kv_len_, kv_heads_);
   if (!k_cache_.defined()) {  // sized by the kv heads
     k_cache_ = Tensor::empty({kv_cap_ * dkv}, qkv.dtype(), qkv.device());
@@ -166,6 +214,7 @@ Tensor MultiheadAttention::forward_impl(const Tensor& x) {
   x_ = x;
   Tensor qkv =
       ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());
+  if (opt_.qk_norm) qk_norm_forward(qkv, true);
   if (opt_.rope_theta > 0) ops::rope_(qkv, heads_, opt_.rope_theta, false, 0, kv_heads_, ds);
   auto a = ops::attention_forward(qkv, heads_, opt_.causal, kv_heads_, ds, opt_.window);
   doc_start_ = ds;
@@ -181,6 +230,7 @@ Tensor MultiheadAttention::backward_impl(const Tensor& dy) {
                                         doc_start_, opt_.window);
   if (opt_.rope_theta > 0)
     ops::rope_(dqkv, heads_, opt_.rope_theta, true, 0, kv_heads_, doc_start_);
+  if (opt_.qk_norm) qk_norm_backward(dqkv);
   Tensor dx = ops::linear_backward(dqkv, x_, in_proj_weight_->data, in_proj_weight_->grad,
                                    in_proj_bias_ ? in_proj_bias_->grad : Tensor());
   x_ = qkv_ = out_ = lse_ = doc_start_ = Tensor();

@@ -55,6 +55,7 @@ std::string MiniLLMConfig::to_json() const {
   if (head_dim > 0 && head_dim * heads != dim) j["head_dim"] = head_dim;
   if (tie_embeddings) j["tie_embeddings"] = true;
   if (qkv_bias) j["qkv_bias"] = true;
+  if (qk_norm) j["qk_norm"] = true;
   return j.dump();
 }
 
@@ -92,6 +93,7 @@ MiniLLMConfig MiniLLMConfig::from_json(const std::string& text) {
     };
     c.tie_embeddings = boolean("tie_embeddings");
     c.qkv_bias = boolean("qkv_bias");
+    c.qk_norm = boolean("qk_norm");
   } catch (const nlohmann::json::exception& e) {
     FSDP_FAIL("[MiniLLM] config {}: {}", text.size() > 200 ? text.substr(0, 200) + "..." : text,
               e.what());
@@ -135,6 +137,7 @@ void MiniLLMConfig::validate() const {
     FSDP_CHECK(!qkv_bias,
                "[MiniLLM] qkv_bias is for arch llama; seed's in-projection already "
                "has a bias");
+    FSDP_CHECK(!qk_norm, "[MiniLLM] qk_norm is for arch llama; seed has no norm on q and k");
   }
   FSDP_CHECK(seq > 0, "[MiniLLM] seq must be positive, got {}", seq);
   FSDP_CHECK(batch > 0, "[MiniLLM] batch must be positive, got {}", batch);
@@ -197,6 +200,7 @@ int64_t MiniLLMConfig::num_parameters() const {
   } else {
     block += d * (q + 2 * kv) + q * d + 3 * d * h;
     if (qkv_bias) block += q + 2 * kv;
+    if (qk_norm) block += 2 * hd;
   }
   LD n = LD(vocab) * d + LD(layers) * block;  // embedding, blocks
   if (arch == Arch::llama) n += d;            // final norm
@@ -221,7 +225,9 @@ MiniLLM::MiniLLM(const MiniLLMConfig& cfg) : Module("MiniLLM"), cfg_(cfg) {
             .xavier_in_proj = false,
             .kv_heads = cfg.kv_heads,
             .head_dim = cfg.head_dim,
-            .qkv_bias = cfg.qkv_bias};
+            .qkv_bias = cfg.qkv_bias,
+            .qk_norm = cfg.qk_norm,
+            .norm_eps = cfg.norm_eps};
     ffn_kind = FeedForward::Kind::swiglu;
   }
   embed_ = &register_module("embed", std::make_unique<Embedding>(cfg.vocab, cfg.dim));

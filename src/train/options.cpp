@@ -245,6 +245,7 @@ nn::MiniLLMConfig TrainOptions::model_config() const {
   if (m.rope_theta) cfg.rope_theta = *m.rope_theta;
   if (m.tie_embeddings) cfg.tie_embeddings = true;
   if (m.qkv_bias) cfg.qkv_bias = true;
+  if (m.qk_norm) cfg.qk_norm = true;
   cfg.validate();
   return cfg;
 }

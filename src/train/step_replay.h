@@ -35,6 +35,7 @@ struct Saved {
   H x = -1;  // the block's input: its norm1 keeps it (and the checkpoint, when recomputed)
   H y1 = -1, rstd1 = -1, qkv = -1, attn = -1, lse = -1, h = -1, rstd2 = -1, y2 = -1;
   H f1 = -1, f2 = -1, f3 = -1;  // seed: up's output and silu's; llama: gate, up, swiglu
+  H qn = -1, qr = -1, kn = -1, kr = -1;  // qk_norm: q's and k's gathered heads and their rstd
 };
 
 class StepReplay {
@@ -101,6 +102,8 @@ class StepReplay {
   H elementwise(int64_t inputs, int64_t elems, Term t);
   void add_inplace(int64_t elems);
   void rope(int64_t width);
+  void qk_norm(Saved& s);
+  void qk_norm_backward(Saved& s);
   int64_t attention_scratch(bool backward) const;
   H block_forward(H x, Saved& s, const std::string& where);
   void release(Saved& s);

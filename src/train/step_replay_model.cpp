@@ -70,6 +70,42 @@ void StepReplay::rope(int64_t width) {  // in place; the kernel's cos and sin ta
   r_.scratch(2 * c_.seq * (hd_ / 2) * comp_);
 }
 
+// MultiheadAttention::qk_norm_forward: q's heads, then k's, gathered out of the packed qkv (each
+// RMSNorm keeps its gathered input and its rstd), normalized, and scattered back.
+void StepReplay::qk_norm(Saved& s) {
+  auto part = [&](H& kept, H& rstd, int64_t heads) {
+    kept = r_.alloc(R_ * heads * hd_ * act_, kActivations);
+    Op op(*this);
+    op.in(R_ * heads * hd_);
+    r_.free(op.out(R_ * heads * hd_, kWork));
+    rstd = op.stat(R_ * heads, kActivations);
+  };
+  part(s.qn, s.qr, nh_);
+  part(s.kn, s.kr, kv_);
+}
+
+// MultiheadAttention::qk_norm_backward: each part's gradient gathered, through its RMSNorm's
+// backward, scattered back; the norms' saved input and rstd freed.
+void StepReplay::qk_norm_backward(Saved& s) {
+  auto part = [&](H& kept, H& rstd, int64_t heads) {
+    const int64_t n = R_ * heads * hd_;
+    const H g = r_.alloc(n * act_, kWork);
+    {
+      Op op(*this);
+      op.in(n);
+      op.in(n);
+      op.in(R_ * heads);
+      op.grad(hd_);
+      r_.free(op.out(n, kWork));
+    }
+    r_.free(g);
+    r_.free(std::exchange(kept, -1));
+    r_.free(std::exchange(rstd, -1));
+  };
+  part(s.qn, s.qr, nh_);
+  part(s.kn, s.kr, kv_);
+}
+
 // kernels/cpu/attention.cpp: kRows x T scores per thread (and as much again and a row in the
 // backward), outside the allocator.
 int64_t StepReplay::attention_scratch(bool backward) const {
@@ -85,6 +121,7 @@ H StepReplay::block_forward(H x, Saved& s, const std::string& where) {
   r_.at(where + ".attn");
   std::tie(s.y1, s.rstd1) = rmsnorm();
   s.qkv = linear(d_, w_);
+  if (c_.qk_norm) qk_norm(s);
   rope(w_);
   {
     Op op(*this);
@@ -114,8 +151,8 @@ H StepReplay::block_forward(H x, Saved& s, const std::string& where) {
 
 // Module::release_saved over the block, all but its input.
 void StepReplay::release(Saved& s) {
-  for (H* h : {&s.y1, &s.rstd1, &s.qkv, &s.attn, &s.lse, &s.h, &s.rstd2, &s.y2, &s.f1, &s.f2,
-               &s.f3})
+  for (H* h : {&s.y1, &s.rstd1, &s.qkv, &s.attn, &s.lse, &s.h, &s.rstd2, &s.y2, &s.f1, &s.f2, &s.f3,
+               &s.qn, &s.qr, &s.kn, &s.kr})
     r_.free(std::exchange(*h, -1));
 }
 
@@ -171,6 +208,7 @@ H StepReplay::block_backward(Saved& s, const std::string& where) {
     r_.scratch(attention_scratch(true));
   }
   rope(w_);
+  if (c_.qk_norm) qk_norm_backward(s);
   const H dxa = linear_backward(d_, w_);
   for (H* h : {&s.y1, &s.qkv, &s.attn, &s.lse}) r_.free(std::exchange(*h, -1));
   r_.free(dqkv);

@@ -45,10 +45,11 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
   row("vocab / dim / layers", fmt::format("{} / {} / {}", cfg.vocab, cfg.dim, cfg.layers));
   row("heads / ffn hidden", fmt::format("{} / {}", cfg.heads, cfg.resolved_ffn_hidden()));
   if (cfg.resolved_kv_heads() != cfg.heads || cfg.resolved_head_dim() * cfg.heads != cfg.dim ||
-      cfg.tie_embeddings || cfg.qkv_bias)
+      cfg.tie_embeddings || cfg.qkv_bias || cfg.qk_norm)
     row("kv heads / head dim",
-        fmt::format("{} / {}{}{}", cfg.resolved_kv_heads(), cfg.resolved_head_dim(),
-                    cfg.tie_embeddings ? ", tied head" : "", cfg.qkv_bias ? ", qkv bias" : ""));
+        fmt::format("{} / {}{}{}{}", cfg.resolved_kv_heads(), cfg.resolved_head_dim(),
+                    cfg.tie_embeddings ? ", tied head" : "", cfg.qkv_bias ? ", qkv bias" : "",
+                    cfg.qk_norm ? ", qk norm" : ""));
   row("seq x batch",
       fmt::format("{} x {} x {} ranks x {} accum = {} tokens/step", cfg.seq, cfg.batch, size,
                   o.sharding.grad_accum, cfg.seq * cfg.batch * size * o.sharding.grad_accum));

@@ -103,6 +103,8 @@ nn::MiniLLMConfig config_from_model(const TrainOptions& o, const checkpoint::Pre
              pre.path);
   FSDP_CHECK(!o.model.qkv_bias || c.qkv_bias,
              "[fsdp-train] --qkv-bias contradicts the model: {} has no q/k/v biases", pre.path);
+  FSDP_CHECK(!o.model.qk_norm || c.qk_norm,
+             "[fsdp-train] --qk-norm contradicts the model: {} has no q/k norms", pre.path);
   const nn::MiniLLMConfig preset = nn::MiniLLMConfig::preset(o.model.preset);
   c.seq = o.model.seq.value_or(preset.seq);
   c.batch = o.model.batch.value_or(preset.batch);

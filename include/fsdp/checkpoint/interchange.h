@@ -46,11 +46,12 @@ struct TokenizerMeta {
 // returns the full parameters in named_parameters() order, and the config.
 NamedTensors consolidate(const std::string& ckpt_path, nn::MiniLLMConfig* cfg);
 
-// A Hugging Face LlamaForCausalLM or Qwen2ForCausalLM config.json as our config (arch llama):
-// num_key_value_heads -> kv_heads, head_dim, rope_theta, tie_word_embeddings -> tie_embeddings,
-// qwen2 -> qkv_bias. Refuses, naming the field and its value, what the MiniLLM cannot hold
-// (attention_bias on o_proj, mlp_bias, rope scaling, sliding windows, another activation).
-// *tied is set from tie_word_embeddings too (the model then has no "head.weight").
+// A Hugging Face LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM config.json as our config
+// (arch llama): num_key_value_heads -> kv_heads, head_dim, rope_theta, tie_word_embeddings ->
+// tie_embeddings, qwen2 -> qkv_bias, qwen3 -> qk_norm. Refuses, naming the field and its value,
+// what the MiniLLM cannot hold (attention_bias on o_proj, mlp_bias, rope scaling, sliding windows,
+// another activation). *tied is set from tie_word_embeddings too (the model then has no
+// "head.weight").
 nn::MiniLLMConfig config_from_hf_llama(const std::string& config_json, const std::string& where,
                                        bool* tied = nullptr);
 
@@ -60,7 +61,8 @@ nn::MiniLLMConfig config_from_hf_llama(const std::string& config_json, const std
 std::array<std::pair<int64_t, int64_t>, 3> in_proj_rows(const nn::MiniLLMConfig& cfg);
 
 // Our names -> Hugging Face LlamaForCausalLM names (llama architecture; Qwen2ForCausalLM's with
-// qkv_bias, which are the same). A tied model has no lm_head.weight.
+// qkv_bias and Qwen3ForCausalLM's with qk_norm, which are the same plus q_norm and k_norm). A tied
+// model has no lm_head.weight.
 NamedTensors to_hf_llama(const nn::MiniLLMConfig& cfg, const NamedTensors& ours);
 std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype,
                                  const data::Tokenizer& tok = data::Tokenizer::bytes(),
@@ -76,10 +78,10 @@ std::string hf_name(const std::string& ours);
 // (Reading parameters from a file in our names, Hugging Face's or llama.cpp's, one rank's rows at a
 // time: load_pretrained in fsdp/checkpoint/pretrained.h.)
 
-// Writes a GGUF v3 file for llama.cpp (llama architecture, or qwen2 with qkv_bias; F32, F16 or
-// BF16 tensors; head_count_kv and key_length from kv_heads and head_dim; no output.weight when
-// the head is tied, so llama.cpp uses token_embd.weight) with the
-// tokenizer as a "gpt2" vocabulary of cfg.vocab tokens (ids past the tokenizer's are UNUSED).
+// Writes a GGUF v3 file for llama.cpp (llama architecture, qwen2 with qkv_bias, qwen3 with
+// qk_norm; F32, F16 or BF16 tensors; head_count_kv and key_length from kv_heads and head_dim; no
+// output.weight when the head is tied, so llama.cpp uses token_embd.weight) with the tokenizer
+// as a "gpt2" vocabulary of cfg.vocab tokens (ids past the tokenizer's are UNUSED).
 // A vocabulary without merges (the bytes) gets one that can never apply (a letter then a digit,
 // which GPT-2's split keeps apart), since llama.cpp refuses none; one without BOS and EOS gets
 // control tokens for them in unused ids where the model has two to spare.

@@ -3,9 +3,9 @@
 // safetensors file (fsdp-export's, with its config in the metadata; one of a Hugging Face
 // folder's, config.json beside it; or full weights in our own names, config from the caller) or a
 // llama.cpp GGUF file, and returns what a trainer or a generator needs from it: the model's
-// config (the family's: llama / qwen2 from config.json or GGUF metadata, minillm from our own
-// metadata), the tokenizer (tokenizer.json beside the weights, or the GGUF's), the chat template
-// and the special ids (BOS, EOS, end of turn).
+// config (the family's: llama / qwen2 / qwen3 from config.json or GGUF metadata, minillm from our
+// own metadata), the tokenizer (tokenizer.json beside the weights, or the GGUF's), the chat
+// template and the special ids (BOS, EOS, end of turn).
 //
 // Key decision: nothing is read at open. Files are memory-mapped and a parameter's rows are read
 // only when asked for: read_rows(name, a, b) gives rows [a, b) of dim 0 of OUR parameter `name`
@@ -44,7 +44,7 @@ struct PretrainedSource;  // the mapped files (src/checkpoint/pretrained.cpp)
 struct Pretrained {
   std::string path;
   std::string format;  // "gguf", "hf" (a Hugging Face folder or file), "safetensors" (ours)
-  std::string family;  // "llama", "qwen2" (config.json's model_type, GGUF's architecture),
+  std::string family;  // "llama", "qwen2", "qwen3" (config.json's model_type; GGUF's architecture),
                        // "minillm" (fsdp-export's metadata), "" (our names, config from flags)
   std::optional<nn::MiniLLMConfig> config;   // nullopt: the file does not say (our names)
   std::optional<data::Tokenizer> tokenizer;  // nullopt: none beside the weights
@@ -75,7 +75,7 @@ struct Pretrained {
 // MiniLLM cannot hold.
 Pretrained load_pretrained(const std::string& path);
 
-// The model config of a family (the small model-family table): "llama" and "qwen2" from a
+// The model config of a family (the small model-family table): "llama", "qwen2", "qwen3" from a
 // Hugging Face config.json, "minillm" from our own config JSON. Refuses another family by name.
 nn::MiniLLMConfig config_from_family(const std::string& family, const std::string& config_json,
                                      const std::string& where);

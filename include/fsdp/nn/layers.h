@@ -8,6 +8,7 @@
 //                     With kv_heads and head_dim (llama's grouped-query attention), the packed
 //                     in_proj_weight is [(heads + 2 kv_heads) hd, d]: the rows of q_proj, then
 //                     k_proj, then v_proj; in_proj_bias likewise; out_proj is [d, heads hd].
+//                     With qk_norm: q_norm.weight and k_norm.weight [hd] (RMSNorm, ones).
 //   FeedForward       seed: "0" Linear(d, 4d), SiLU, "2" Linear(4d, d), no bias
 //                     llama: w1 (gate), w3 (up), w2 (down), SwiGLU, no bias
 #pragma once
@@ -71,6 +72,10 @@ struct AttentionOptions {
   int64_t head_dim = 0;        // 0: dim / heads
   bool qkv_bias = false;       // in_proj_bias without out_proj.bias (Qwen2)
   int64_t window = 0;          // > 0: a sliding window of this many keys (causal; 0: none)
+  // QK-norm (Qwen3, Gemma 3): an RMSNorm over each head's dims of q and of k, before the rotary
+  // embedding; weights "q_norm.weight" and "k_norm.weight" [head_dim], with this epsilon.
+  bool qk_norm = false;
+  std::optional<double> norm_eps;
 };
 
 // Packed rows (the batch context's doc_start; causal only): each document attends within itself
@@ -94,6 +99,10 @@ class MultiheadAttention : public Module {
 
  private:
   Tensor forward_cached(const Tensor& x);
+  // QK-norm in place on the packed qkv [B, T, (heads + 2 kv_heads) hd]: q and k gathered per head,
+  // normalized by q_norm_ and k_norm_ (which save their inputs when `train`), scattered back.
+  void qk_norm_forward(const Tensor& qkv, bool train);
+  void qk_norm_backward(const Tensor& dqkv);
   int64_t dim_, heads_, kv_heads_, hd_;
   AttentionOptions opt_;
   Tensor k_cache_, v_cache_;
@@ -101,6 +110,8 @@ class MultiheadAttention : public Module {
   Parameter* in_proj_weight_;
   Parameter* in_proj_bias_ = nullptr;
   Linear* out_proj_;
+  RMSNorm* q_norm_ = nullptr;  // qk_norm only
+  RMSNorm* k_norm_ = nullptr;
   Tensor x_, qkv_, out_, lse_, doc_start_;
 };
 

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""The model families beyond Llama and Qwen2, against transformers on random weights (issue 31):
+
+    families_ref_test.py FSDP_BIN_DIR
+
+  (a) Qwen3 (Qwen3Config: QK-norm, grouped-query attention of 4 query heads over 2 kv heads, a
+      head dim of 32 stated apart from hidden 64 / 4 heads, rope theta 1e6, the head tied), saved
+      by save_pretrained with its q/k norm weights and every matrix away from their init:
+      fsdp-generate's f32 logits on a 96-token prompt equal transformers' within 1e-4, and 20
+      greedy tokens are transformers' generate(do_sample=False);
+  (b) that model fine-tuned 2 steps by fsdp-train --init-from its folder and exported by
+      fsdp-export: transformers loads the folder as a Qwen3ForCausalLM with no missing, unexpected
+      or mismatched keys, to the checkpoint's logits within 1e-4;
+  (c) an untied Qwen3 of 2 query heads over 1 kv head of 128 dims: its logits within 1e-4, and
+      fine-tuned, its Hugging Face export (with lm_head.weight) and its GGUF export (architecture
+      qwen3, read by transformers' own GGUF loader) give the checkpoint's logits.
+
+PyTorch and transformers come from FSDP_TORCH_PYTHON (bench/setup_torch_ref.sh makes one), else
+this interpreter; where they do not import, the test prints "skipped: ..." and exits 0 (CI does
+not install PyTorch). By hand:
+    FSDP_TORCH_PYTHON=/opt/torchref/bin/python ctest -R families_ref -V
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from torch_ref import failer, skip, under_torch_python
+
+fail = failer("families_ref_test")
+under_torch_python(__file__)
+try:
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+except ImportError as e:
+    skip(f"PyTorch and transformers (with Qwen3) do not import here ({e}); set FSDP_TORCH_PYTHON")
+
+bins = sys.argv[1]
+work = tempfile.mkdtemp()
+env = dict(os.environ, OMP_NUM_THREADS="2")
+gen = os.path.join(bins, "fsdp-generate")
+passed = 0
+
+
+def run(*args, raw=False):
+    p = subprocess.run(list(args), capture_output=True, env=env)
+    if p.returncode:
+        fail(f"{' '.join(args[:3])} ...: {p.stderr.decode(errors='replace').strip()[-600:]}")
+    return p.stdout if raw else p.stdout.decode(errors="replace")
+
+
+def check(ok, what):
+    global passed
+    if not ok:
+        fail(what)
+    passed += 1
+
+
+# 96 bytes: the bytes tokenizer gives 96 ids.
+prompt = "Queries and keys are normalized per head before their rotation; 96 bytes make the prompt longer."
+assert len(prompt.encode()) == 96, len(prompt.encode())
+
+
+def qwen3(tied, seed, heads=4, kv_heads=2, head_dim=32):
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                      max_position_embeddings=256, rope_theta=1e6, rms_norm_eps=1e-6,
+                      tie_word_embeddings=tied)
+    m = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)  # norms away from ones, so that a lost q/k norm shows
+            else:
+                p.normal_(0.0, 0.2)
+    return m
+
+
+def logits_of(*source):
+    j = json.loads(run(gen, *source, "--tokenizer", "bytes", "--prompt", prompt, "--print-logits",
+                       "--threads", "2"))
+    return j.get("ids", j.get("prompt_ids")), torch.tensor(j["logits"])
+
+
+# (a) transformers' Qwen3 read by fsdp-generate.
+model = qwen3(tied=True, seed=0)
+qdir = os.path.join(work, "qwen3")
+model.save_pretrained(qdir, safe_serialization=True)
+ids, ours = logits_of("--model", qdir)
+check(ids == list(prompt.encode()), f"the prompt's ids are not its 96 bytes: {ids}")
+with torch.no_grad():
+    ref = model(torch.tensor([ids])).logits[0]
+diff = (ours - ref).abs().max().item()
+print(f"(a) qwen3 QK-norm, GQA 4/2, head dim 32 of hidden 64, tied: {len(ids)} tokens, "
+      f"max |logit diff| {diff:.2e} (logits of scale {ref.abs().max().item():.1f})")
+check(diff < 1e-4, f"qwen3 logits differ from transformers' by {diff}")
+with torch.no_grad():
+    want_ids = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                              max_new_tokens=20, do_sample=False, pad_token_id=0)[0][len(ids):].tolist()
+text = run(gen, "--model", qdir, "--tokenizer", "bytes", "--prompt", prompt, "--tokens", "20",
+           "--temperature", "0", "--ignore-eos", "--threads", "2", raw=True)
+print(f"(a) greedy 20 tokens: transformers {want_ids}")
+check(bytes(want_ids) in text, f"greedy bytes differ: fsdp-generate {text!r}, transformers {bytes(want_ids)!r}")
+
+
+def finetune_and_export(src, name, gguf):
+    ck = os.path.join(work, name + "-ck")
+    run(os.path.join(bins, "fsdp-train"), "--init-from", src, "--data", "/usr/share/common-licenses/Apache-2.0",
+        "--tokenizer", "bytes", "--seq", "64", "--batch", "2", "--steps", "2", "--sample-tokens", "0",
+        "--ckpt-dir", ck, "--ckpt-every", "2", "--threads", "2")
+    hf = os.path.join(work, name + "-export")
+    run(os.path.join(bins, "fsdp-export"), "--ckpt", ck, "--out", os.path.join(hf, "model.safetensors"),
+        *(["--gguf", os.path.join(hf, "model.gguf")] if gguf else []))
+    loaded, info = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32, output_loading_info=True)
+    keys = {k: info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    print(f"({name}) transformers loads the fine-tuned export as {type(loaded).__name__}: {keys}")
+    check(not any(keys.values()) and not info.get("error_msgs") and type(loaded).__name__ == "Qwen3ForCausalLM",
+          f"loading the {name} export: {type(loaded).__name__} {info}")
+    _, from_ckpt = logits_of("--ckpt", ck)
+    with torch.no_grad():
+        ref = loaded.eval()(torch.tensor([list(prompt.encode())])).logits[0]
+    diff = (from_ckpt - ref).abs().max().item()
+    print(f"({name}) fine-tuned: max |logit diff| checkpoint vs export in transformers {diff:.2e}")
+    check(diff < 1e-4, f"the fine-tuned {name} export's logits differ by {diff}")
+    if gguf:
+        g = AutoModelForCausalLM.from_pretrained(hf, gguf_file="model.gguf", dtype=torch.float32)
+        with torch.no_grad():
+            ref = g.eval()(torch.tensor([list(prompt.encode())])).logits[0]
+        diff = (from_ckpt - ref).abs().max().item()
+        print(f"({name}) the GGUF export read by transformers' GGUF loader as {type(g).__name__} "
+              f"(architecture {g.config.model_type}): max |logit diff| {diff:.2e}")
+        check(type(g).__name__ == "Qwen3ForCausalLM" and diff < 1e-4,
+              f"the GGUF export: {type(g).__name__}, diff {diff}")
+    return from_ckpt
+
+
+# (b) fine-tuned, exported to Hugging Face.
+from_ckpt = finetune_and_export(qdir, "b", gguf=False)
+with torch.no_grad():
+    before = model(torch.tensor([list(prompt.encode())])).logits[0]
+moved = (from_ckpt - before).abs().max().item()
+print(f"(b) 2 AdamW steps moved the logits by up to {moved:.2e}")
+check(moved > 1e-3, "fine-tuning did not change the model")
+
+# (c) untied, 2 query heads over 1 kv head of 128 (transformers 4's GGUF loader takes Qwen3's
+# head dim to be 128, whatever the file's key_length says), exported to Hugging Face and GGUF.
+model = qwen3(tied=False, seed=1, heads=2, kv_heads=1, head_dim=128)
+udir = os.path.join(work, "qwen3-untied")
+model.save_pretrained(udir, safe_serialization=True)
+_, ours = logits_of("--model", udir)
+with torch.no_grad():
+    ref = model(torch.tensor([list(prompt.encode())])).logits[0]
+diff = (ours - ref).abs().max().item()
+print(f"(c) untied qwen3, MQA 2/1, head dim 128: max |logit diff| {diff:.2e}")
+check(diff < 1e-4, f"untied qwen3 logits differ by {diff}")
+finetune_and_export(udir, "c", gguf=True)
+print(f"{passed} passed, 0 failed")

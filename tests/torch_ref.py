@@ -1,0 +1,30 @@
+"""What the tests against PyTorch and transformers share (hf_interop_ref_test, families_ref_test):
+they run under FSDP_TORCH_PYTHON (bench/setup_torch_ref.sh makes one) when it is set, else under
+this interpreter, and skip, printing "skipped: ..." and exiting 0, where torch does not import
+(CI does not install PyTorch)."""
+import os
+import sys
+
+
+def skip(why):
+    print(f"skipped: {why}")
+    sys.exit(0)
+
+
+def failer(name):
+    """fail(why) for the test `name`: prints its FAIL line and exits 1."""
+    def fail(why):
+        print(f"{name}: FAIL: {why}")
+        sys.exit(1)
+    return fail
+
+
+def under_torch_python(script):
+    """Re-runs `script` under FSDP_TORCH_PYTHON when that is set and is not this interpreter (a
+    venv's python is a link to its base interpreter: the paths are compared, not their targets)."""
+    want = os.environ.get("FSDP_TORCH_PYTHON")
+    if want and os.path.abspath(want) != os.path.abspath(sys.executable) and not os.environ.get("FSDP_TORCH_REEXEC"):
+        if not os.access(want, os.X_OK):
+            skip(f"FSDP_TORCH_PYTHON={want} is not an executable interpreter")
+        os.environ["FSDP_TORCH_REEXEC"] = "1"
+        os.execv(want, [want, os.path.abspath(script)] + sys.argv[1:])
