@@ -178,6 +178,27 @@ with tempfile.TemporaryDirectory() as w:
     r = run(gen, "--model", f"{w}/scaled", "--tokens", "1", ok=False)
     check(r.returncode != 0 and b"rope_scaling" in r.stderr,
           f"rope scaling refused by name: {r.stderr.decode()[-300:]}")
+    # Llama 3's scaling is read; one without its original context, or with a factor below 1, is
+    # refused naming the field.
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
+    for tag, scaling, says in (("ok", llama3, None),
+                               ("no-context", {k: v for k, v in llama3.items() if k != "original_max_position_embeddings"},
+                                b"has no 'original_max_position_embeddings'"),
+                               ("factor", dict(llama3, factor=0.5), b"rope scaling factor 0.5 must be at least 1")):
+        os.makedirs(f"{w}/llama3-{tag}")
+        plain_cfg = {k: v for k, v in cfg.items() if k != "rope_parameters"}  # (it would disagree)
+        json.dump(dict(plain_cfg, rope_scaling=scaling), open(f"{w}/llama3-{tag}/config.json", "w"))
+        os.link(f"{w}/plain/model.safetensors", f"{w}/llama3-{tag}/model.safetensors")
+        r = run(gen, "--model", f"{w}/llama3-{tag}", "--prompt", "The software", "--print-logits", ok=False)
+        if says is None:
+            plain_logits = json.loads(run(gen, "--model", f"{w}/plain", "--prompt", "The software",
+                                          "--print-logits").stdout)["logits"]
+            check(r.returncode == 0 and json.loads(r.stdout)["logits"] != plain_logits,
+                  f"a llama3-scaled folder is read, to other logits than unscaled: {r.stderr.decode()[-300:]}")
+        else:
+            check(r.returncode != 0 and says in r.stderr and b"rope_scaling" in r.stderr,
+                  f"llama3 scaling ({tag}) refused by name: {r.stderr.decode()[-300:]}")
     os.makedirs(f"{w}/gqa")
     json.dump(dict(cfg, num_key_value_heads=2), open(f"{w}/gqa/config.json", "w"))
     os.link(f"{w}/plain/model.safetensors", f"{w}/gqa/model.safetensors")

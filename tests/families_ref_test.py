@@ -13,7 +13,14 @@
       or mismatched keys, to the checkpoint's logits within 1e-4;
   (c) an untied Qwen3 of 2 query heads over 1 kv head of 128 dims: its logits within 1e-4, and
       fine-tuned, its Hugging Face export (with lm_head.weight) and its GGUF export (architecture
-      qwen3, read by transformers' own GGUF loader) give the checkpoint's logits.
+      qwen3, read by transformers' own GGUF loader) give the checkpoint's logits;
+  (d) Llama 3's rope scaling (LlamaConfig with rope_scaling rope_type llama3, factor 32, low and
+      high frequency factors 1 and 4, an original context of 32 so that 96 tokens are past it, head
+      dim 64 of theta 5e5: kept, blended and divided frequencies all occur): fsdp-generate's logits
+      within 1e-4 of transformers' (and the same weights without the scaling differ by more than
+      1e-2, so the check is not vacuous); fine-tuned and exported, transformers loads the folder
+      (rope_scaling written back) to the checkpoint's logits, the GGUF holds rope_freqs.weight as
+      llama.cpp's converter computes it, and fsdp-generate reads that GGUF back to the same logits.
 
 PyTorch and transformers come from FSDP_TORCH_PYTHON (bench/setup_torch_ref.sh makes one), else
 this interpreter; where they do not import, the test prints "skipped: ..." and exits 0 (CI does
@@ -32,7 +39,7 @@ fail = failer("families_ref_test")
 under_torch_python(__file__)
 try:
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 except ImportError as e:
     skip(f"PyTorch and transformers (with Qwen3) do not import here ({e}); set FSDP_TORCH_PYTHON")
 
@@ -105,7 +112,7 @@ print(f"(a) greedy 20 tokens: transformers {want_ids}")
 check(bytes(want_ids) in text, f"greedy bytes differ: fsdp-generate {text!r}, transformers {bytes(want_ids)!r}")
 
 
-def finetune_and_export(src, name, gguf):
+def finetune_and_export(src, name, gguf, cls="Qwen3ForCausalLM"):
     ck = os.path.join(work, name + "-ck")
     run(os.path.join(bins, "fsdp-train"), "--init-from", src, "--data", "/usr/share/common-licenses/Apache-2.0",
         "--tokenizer", "bytes", "--seq", "64", "--batch", "2", "--steps", "2", "--sample-tokens", "0",
@@ -116,7 +123,7 @@ def finetune_and_export(src, name, gguf):
     loaded, info = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32, output_loading_info=True)
     keys = {k: info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     print(f"({name}) transformers loads the fine-tuned export as {type(loaded).__name__}: {keys}")
-    check(not any(keys.values()) and not info.get("error_msgs") and type(loaded).__name__ == "Qwen3ForCausalLM",
+    check(not any(keys.values()) and not info.get("error_msgs") and type(loaded).__name__ == cls,
           f"loading the {name} export: {type(loaded).__name__} {info}")
     _, from_ckpt = logits_of("--ckpt", ck)
     with torch.no_grad():
@@ -124,7 +131,7 @@ def finetune_and_export(src, name, gguf):
     diff = (from_ckpt - ref).abs().max().item()
     print(f"({name}) fine-tuned: max |logit diff| checkpoint vs export in transformers {diff:.2e}")
     check(diff < 1e-4, f"the fine-tuned {name} export's logits differ by {diff}")
-    if gguf:
+    if gguf == "transformers":
         g = AutoModelForCausalLM.from_pretrained(hf, gguf_file="model.gguf", dtype=torch.float32)
         with torch.no_grad():
             ref = g.eval()(torch.tensor([list(prompt.encode())])).logits[0]
@@ -133,11 +140,11 @@ def finetune_and_export(src, name, gguf):
               f"(architecture {g.config.model_type}): max |logit diff| {diff:.2e}")
         check(type(g).__name__ == "Qwen3ForCausalLM" and diff < 1e-4,
               f"the GGUF export: {type(g).__name__}, diff {diff}")
-    return from_ckpt
+    return from_ckpt, ck, hf
 
 
 # (b) fine-tuned, exported to Hugging Face.
-from_ckpt = finetune_and_export(qdir, "b", gguf=False)
+from_ckpt, _, _ = finetune_and_export(qdir, "b", gguf=None)
 with torch.no_grad():
     before = model(torch.tensor([list(prompt.encode())])).logits[0]
 moved = (from_ckpt - before).abs().max().item()
@@ -155,5 +162,65 @@ with torch.no_grad():
 diff = (ours - ref).abs().max().item()
 print(f"(c) untied qwen3, MQA 2/1, head dim 128: max |logit diff| {diff:.2e}")
 check(diff < 1e-4, f"untied qwen3 logits differ by {diff}")
-finetune_and_export(udir, "c", gguf=True)
+finetune_and_export(udir, "c", gguf="transformers")
+
+# (d) Llama 3's rope scaling.
+import math
+
+scaling = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+               original_max_position_embeddings=32)
+torch.manual_seed(2)
+lcfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                   num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
+                   rope_theta=5e5, rms_norm_eps=1e-5, tie_word_embeddings=True, rope_scaling=scaling)
+llama = LlamaForCausalLM(lcfg).eval()
+with torch.no_grad():
+    for n, p in llama.named_parameters():
+        if p.dim() == 2:
+            p.normal_(0.0, 0.2)
+ldir = os.path.join(work, "llama3")
+llama.save_pretrained(ldir, safe_serialization=True)
+saved = json.load(open(os.path.join(ldir, "config.json")))
+print(f"(d) config.json rope_scaling {saved.get('rope_scaling')}")
+_, ours = logits_of("--model", ldir)
+ids = torch.tensor([list(prompt.encode())])
+with torch.no_grad():
+    ref = llama(ids).logits[0]
+    plain_cfg = LlamaConfig(**{**lcfg.to_dict(), "rope_scaling": None})
+    plain = LlamaForCausalLM(plain_cfg).eval()
+    plain.load_state_dict(llama.state_dict())
+    unscaled = plain(ids).logits[0]
+diff = (ours - ref).abs().max().item()
+apart = (unscaled - ref).abs().max().item()
+print(f"(d) llama3 rope scaling x32 past an original context of 32: max |logit diff| {diff:.2e}; "
+      f"without the scaling the logits move by {apart:.2e}")
+check(diff < 1e-4, f"llama3-scaled logits differ from transformers' by {diff}")
+check(apart > 1e-2, f"the scaling hardly changes the logits ({apart}): the check would be vacuous")
+from_ckpt, ck, hf = finetune_and_export(ldir, "d", gguf="ours", cls="LlamaForCausalLM")
+exported = json.load(open(os.path.join(hf, "config.json")))
+check({k: exported.get("rope_scaling", {}).get(k) for k in scaling} == scaling,
+      f"the export's rope_scaling {exported.get('rope_scaling')} is not {scaling}")
+import gguf as gguf_py
+reader = gguf_py.GGUFReader(os.path.join(hf, "model.gguf"))
+freqs = [t for t in reader.tensors if t.name == "rope_freqs.weight"]
+want = []  # convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors, written out
+for i in range(0, 64, 2):
+    freq = 1.0 / (5e5 ** (i / 64))
+    wavelen = 2 * math.pi / freq
+    if wavelen < 32 / 4:
+        want.append(1.0)
+    elif wavelen > 32 / 1:
+        want.append(32.0)
+    else:
+        smooth = (32 / wavelen - 1) / (4 - 1)
+        want.append(1 / ((1 - smooth) / 32 + smooth))
+got = [float(x) for x in freqs[0].data] if freqs else []
+worst = max(abs(a - b) / b for a, b in zip(got, want)) if len(got) == len(want) else float("inf")
+print(f"(d) GGUF rope_freqs.weight: {len(got)} factors, {sum(1 for w in want if w == 1.0)} kept, "
+      f"{sum(1 for w in want if w == 32.0)} divided, max relative difference from the converter's {worst:.1e}")
+check(worst < 1e-6, f"rope_freqs.weight {got[:6]}... is not the converter's {want[:6]}...")
+_, from_gguf = logits_of("--model", os.path.join(hf, "model.gguf"))
+diff = (from_gguf - from_ckpt).abs().max().item()
+print(f"(d) fsdp-generate on the GGUF export: max |logit diff| to the checkpoint {diff:.2e}")
+check(diff < 1e-4, f"the GGUF export read back differs by {diff}")
 print(f"{passed} passed, 0 failed")

@@ -73,6 +73,11 @@ int info(const GgufFile& f) {
         {"heads", c.heads},           {"kv_heads", c.kv_heads}, {"head_dim", c.head_dim},
         {"ffn_hidden", c.ffn_hidden}, {"context", c.context},   {"rope_theta", c.rope_theta},
         {"norm_eps", c.norm_eps},     {"tied", c.tied}};
+    if (c.rope_scaling.enabled())
+      j["llama_config"]["rope_scaling"] = {{"factor", c.rope_scaling.factor},
+                                           {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                                           {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                                           {"original_context", c.rope_scaling.original_context}};
   }
   json names = json::object();
   for (const auto& t : f.tensors()) names[t.name] = fsdp::checkpoint::hf_name_of_gguf(t.name);

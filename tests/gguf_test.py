@@ -21,6 +21,7 @@ and to Hugging Face tokenizers, through tests/gguf_probe:
 usage: gguf_test.py GGUF_PROBE"""
 import importlib.util
 import json
+import math
 import os
 import struct
 import subprocess
@@ -293,6 +294,48 @@ with tempfile.TemporaryDirectory() as tmp:
             else:
                 check(r.returncode == 1 and "general.architecture is 'gemma'" in r.stderr,
                       f"gemma q in HF order not refused by name: {r.stderr}")
+
+    # Llama 3's rope scaling as llama.cpp's converter writes it, rope_freqs.weight: Llama 3.1's
+    # (factor 8, low/high 1/4, original 8192) and another's (factor 32 over an original 64) read
+    # back as those scalings; factors that no Llama 3 scaling gives, or of another length, refused.
+    def llama3_factors(factor, low, high, original, theta=5e5, hd=128):
+        out = []  # convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors, written out
+        for i in range(0, hd, 2):
+            wavelen = 2 * math.pi * theta ** (i / hd)
+            if wavelen < original / high:
+                out.append(1.0)
+            elif wavelen > original / low:
+                out.append(factor)
+            else:
+                smooth = (original / wavelen - low) / (high - low)
+                out.append(1 / ((1 - smooth) / factor + smooth))
+        return np.array(out, dtype=np.float32)
+
+    def llama_with_rope_freqs(name, factors):
+        p = os.path.join(tmp, name)
+        w = GGUFWriter(p, "llama")
+        for key, v in (("embedding_length", 256), ("block_count", 1), ("feed_forward_length", 512),
+                       ("attention.head_count", 2), ("attention.head_count_kv", 1)):
+            w.add_uint32(f"llama.{key}", v)
+        w.add_float32("llama.rope.freq_base", 5e5)
+        w.add_tensor("token_embd.weight", np.zeros((16, 256), dtype=np.float32))
+        w.add_tensor("rope_freqs.weight", factors)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return p
+
+    for factors, want in ((llama3_factors(8, 1, 4, 8192), dict(factor=8, low_freq_factor=1, high_freq_factor=4,
+                                                               original_context=8192)),
+                          (llama3_factors(32, 1, 4, 64), dict(factor=32, low_freq_factor=1, high_freq_factor=4,
+                                                              original_context=64))):
+        got = info(llama_with_rope_freqs("llama3.gguf", factors))["llama_config"].get("rope_scaling")
+        check(got == want, f"rope_freqs.weight read as {got}, not {want}")
+    for name, factors, says in (("odd", np.linspace(1, 3, 64, dtype=np.float32), "not Llama 3's rope scaling"),
+                                ("short", llama3_factors(8, 1, 4, 8192)[:32], "rope_freqs.weight has ne [32]")):
+        r = run("info", llama_with_rope_freqs(f"{name}.gguf", factors))
+        check(r.returncode == 1 and says in r.stderr, f"rope_freqs.weight ({name}) not refused by name: {r.stderr}")
 
     # A v2 header reads the same (v2 and v3 differ only in big-endian support).
     data = bytearray(open(path, "rb").read())

@@ -369,6 +369,17 @@ TEST(WholeModelGradient, QkNormLlama) {
   expect_whole_model_gradient(c);
 }
 
+// Llama 3's rope scaling, with an original context of 32 so that at head dim 16 and theta 1e5
+// frequency 0 is kept, 1 blended and the others divided: every gradient against f64 finite
+// differences.
+TEST(WholeModelGradient, Llama3RopeScaling) {
+  nn::MiniLLMConfig c = gqa_config(2, true, false);
+  c.head_dim = 16;
+  c.rope_scaling = {
+      .factor = 8.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_context = 32.0};
+  expect_whole_model_gradient(c);
+}
+
 // Packed rows (--pack) train on what the same samples train on unpacked, one per row: the loss
 // over all targets and every parameter's gradient agree in f64 (to rounding: the sums run in
 // another order, the rows' tokens being elsewhere), on grouped-query attention with rotary
@@ -497,6 +508,10 @@ TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {
   nn::MiniLLMConfig qk = c;
   qk.qk_norm = true;
   EXPECT_TRUE(nn::MiniLLMConfig::from_json(qk.to_json()).qk_norm);
+  qk.rope_scaling = {
+      .factor = 32.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_context = 8192.0};
+  EXPECT_EQ(nn::MiniLLMConfig::from_json(qk.to_json()).rope_scaling, qk.rope_scaling);
+  EXPECT_EQ(nn::MiniLLMConfig::from_json(qk.to_json()).to_json(), qk.to_json());
   const auto old = nn::MiniLLMConfig::from_json(
       R"({"arch":"llama","vocab":64,"dim":32,"layers":1,"heads":4,"ffn_hidden":128})");
   EXPECT_EQ(old.resolved_kv_heads(), 4);
@@ -526,6 +541,10 @@ TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {
   refused(bad, "qkv_bias is for arch llama");
   bad = small_config(nn::Arch::seed), bad.qk_norm = true;
   refused(bad, "qk_norm is for arch llama");
+  bad = c, bad.rope_scaling = {.factor = 0.5};
+  refused(bad, "rope scaling factor 0.5 must be at least 1");
+  bad = c, bad.rope_scaling = {.factor = 8.0, .low_freq_factor = 4.0, .high_freq_factor = 1.0};
+  refused(bad, "low below the high");
   // A head dim of its own frees dim from heads: dim 8 with 3 heads of 4.
   nn::MiniLLMConfig decoupled = small_config(nn::Arch::llama);
   decoupled.heads = 3, decoupled.head_dim = 4;
@@ -541,9 +560,10 @@ TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {
 // q/k/v biases, a tied head and rope theta 1e5: prefill and one-at-a-time decode give the full
 // forward's logits.
 TEST(Sample, GroupedQueryKvCacheEqualsTheFullForward) {
-  for (int64_t kv : {2, 1, 3}) {  // 3: kv 2 with QK-norm (Qwen3)
+  for (int64_t kv : {2, 1, 3, 4}) {  // 3: kv 2 with QK-norm (Qwen3); 4: with Llama 3's rope scaling
     nn::MiniLLMConfig c = gqa_config(kv == 1 ? 1 : 2, true, true);
     c.qk_norm = kv == 3;
+    if (kv == 4) c.rope_scaling = {.factor = 8.0, .original_context = 16.0};
     c.vocab = 50, c.dim = 16, c.seq = 16;
     nn::MiniLLM model(c);
     nn::materialize(model, DType::f64, 9);

@@ -12,12 +12,14 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <numbers>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "fsdp/nn/init.h"
 #include "fsdp/ops/ops.h"
+#include "fsdp/ops/rope.h"
 
 namespace fsdp::test {
 
@@ -277,9 +279,24 @@ std::string packed_str(const std::vector<int32_t>& ds, int64_t T) {
   return fmt::format(" packed ({} documents)", docs);
 }
 
-// The q and k heads rotate by position * theta^(-2i / hd) in pairs (i, i + hd/2); v does not.
+// Pair i's frequency theta^(-2i / hd), or Llama 3's: transformers' _compute_llama3_parameters
+// written out (low frequencies divided by the factor, high ones kept, a linear blend in 1 /
+// wavelength between).
+double rope_frequency_reference(const ops::Rope& r, int64_t i, int64_t hd) {
+  const double f = std::pow(r.theta, -2.0 * double(i) / double(hd));
+  const ops::RopeScaling& s = r.scaling;
+  if (!s.enabled()) return f;
+  const double wavelength = 2.0 * std::numbers::pi / f;
+  if (wavelength < s.original_context / s.high_freq_factor) return f;
+  if (wavelength > s.original_context / s.low_freq_factor) return f / s.factor;
+  const double smooth = (s.original_context / wavelength - s.low_freq_factor) /
+                        (s.high_freq_factor - s.low_freq_factor);
+  return (1.0 - smooth) * f / s.factor + smooth * f;
+}
+
+// The q and k heads rotate by position * frequency in pairs (i, i + hd/2); v does not.
 // Packed (ds): position t - ds[b, t].
-Tensor rope_reference(const Tensor& qkv, const Qkv& q, double theta, int64_t offset,
+Tensor rope_reference(const Tensor& qkv, const Qkv& q, const ops::Rope& rope, int64_t offset,
                       const std::vector<int32_t>& ds) {
   auto X = f64(qkv);
   const int64_t w = (q.H + 2 * q.KV) * q.hd;
@@ -287,7 +304,7 @@ Tensor rope_reference(const Tensor& qkv, const Qkv& q, double theta, int64_t off
     const double pos = ds.empty() ? double(bt % q.T + offset) : double(bt % q.T - ds[size_t(bt)]);
     for (int64_t h = 0; h < q.H + q.KV; ++h)  // q heads, then k heads
       for (int64_t i = 0; i < q.hd / 2; ++i) {
-        const double ang = pos * std::pow(theta, -2.0 * double(i) / double(q.hd));
+        const double ang = pos * rope_frequency_reference(rope, i, q.hd);
         double& e0 = X[size_t(bt * w + h * q.hd + i)];
         double& e1 = X[size_t(bt * w + h * q.hd + i + q.hd / 2)];
         const double c = std::cos(ang), s = std::sin(ang), a = e0, b = e1;
@@ -298,26 +315,31 @@ Tensor rope_reference(const Tensor& qkv, const Qkv& q, double theta, int64_t off
   return from(X, qkv.shape());
 }
 
-OpCase rope_case(const Qkv& q, double theta, int64_t offset, std::vector<int32_t> ds = {}) {
+OpCase rope_case(const Qkv& q, ops::Rope rope, int64_t offset, std::vector<int32_t> ds = {}) {
+  const ops::RopeScaling& s = rope.scaling;
   OpCase c{.op = "rope",
-           .what = fmt::format("rope {} theta {:g} offset {}{}", q.str(), theta, offset,
-                               packed_str(ds, q.T)),
+           .what = fmt::format(
+               "rope {} theta {:g}{} offset {}{}", q.str(), rope.theta,
+               s.enabled() ? fmt::format(" llama3 x{:g} ({:g}/{:g} of {:g})", s.factor,
+                                         s.low_freq_factor, s.high_freq_factor, s.original_context)
+                           : "",
+               offset, packed_str(ds, q.T)),
            .covers = {"rope_"},
            .dtypes = kAll,
            .inputs = {{q.shape(), -1, 1, Grad::returned}},
            .ref_tol = 1e-14};
   c.forward = [=](const Tensors& in, bool in_place) {
     Tensor y = in_place ? in[0] : in[0].clone();
-    ops::rope_(y, q.H, theta, false, offset, q.KV, doc_start_on(ds, q, y.device()));
+    ops::rope_(y, q.H, rope, false, offset, q.KV, doc_start_on(ds, q, y.device()));
     return OpRun{{y}, {}};
   };
   c.backward = [=](const BackwardArgs& a) {  // the transpose rotation
     Tensor d = a.dout.clone();
-    ops::rope_(d, q.H, theta, true, offset, q.KV, doc_start_on(ds, q, d.device()));
+    ops::rope_(d, q.H, rope, true, offset, q.KV, doc_start_on(ds, q, d.device()));
     return Tensors{d};
   };
   c.reference = [=](const Tensors& in) {
-    return Tensors{rope_reference(in[0], q, theta, offset, ds)};
+    return Tensors{rope_reference(in[0], q, rope, offset, ds)};
   };
   c.forward_cost = [](const Tensors& in, const OpRun&) { return cost::rope_(in[0]); };
   c.backward_cost = [](const BackwardArgs& a) { return cost::rope_(a.dout); };
@@ -688,6 +710,13 @@ std::vector<OpCase> op_cases() {
   v.push_back(rope_case(qkv_of(1, 5, 2, 64), 10000.0, 295));  // generation at an offset
   for (int64_t hd : {16, 64, 128}) v.push_back(rope_case(qkv_of(2, 45, 2, hd), 10000.0, 0));
   for (int64_t kv : {2, 1}) v.push_back(rope_case(qkv_of(2, 37, 4, 32, kv), 10000.0, 0));
+  // Llama 3's scaling: Llama 3.1's factors, and an original context of 64 so that the low, blended
+  // and kept frequencies all occur at head dim 64 (theta 5e5), at an offset and packed.
+  const ops::RopeScaling llama31{.factor = 8.0}, short_context{32.0, 1.0, 4.0, 64.0};
+  v.push_back(rope_case(qkv_of(2, 45, 2, 128, 1), {500000.0, llama31}, 0));
+  v.push_back(rope_case(qkv_of(2, 45, 4, 64, 2), {500000.0, short_context}, 7));
+  v.push_back(rope_case(qkv_of(2, 45, 4, 64, 2), {500000.0, short_context}, 0,
+                        packed_rows(2, 45, {1, 20, 3, 30})));
   for (bool causal : {false, true}) {
     // T 300 is longer than one tile of 128 query rows (the CPU kernel's scratch is 128 x T):
     // the tiles' seams, the causal key limit per tile and dK/dV across tiles.

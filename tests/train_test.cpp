@@ -229,6 +229,7 @@ TEST(ModelFamily, ArchReadsTheTableAndEachRowsKeysAreItsConfigs) {
     nn::MiniLLMConfig every = c;  // the JSON names an option only when it is not the default
     every.heads = 8, every.kv_heads = 2, every.head_dim = 16;
     every.tie_embeddings = every.qkv_bias = every.qk_norm = true;
+    every.rope_scaling.factor = 8.0;
     every.norm_eps = 1e-5;
     const nlohmann::json j = nlohmann::json::parse(every.to_json());
     for (std::string_view key : f.shape_keys) EXPECT_TRUE(j.contains(key)) << key;

@@ -62,11 +62,11 @@ void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx,
 
 // rope.cpp: rotates the q and k parts of a packed qkv [B, T, H + 2 KV, hd] (H query heads, KV
 // key heads, KV value heads) in place, half-split pairs (i, i + hd/2) as Hugging Face's
-// rotate_half does. inverse = true applies the transpose rotation (the backward). Token t of row
-// b is at position t + offset, or with doc_start [B, T] (packed rows) t - doc_start[b, t]: each
-// document's positions start at 0.
+// rotate_half does, pair i at position p by the angle p * freqs[i] (hd / 2 frequencies). inverse =
+// true applies the transpose rotation (the backward). Token t of row b is at position t + offset,
+// or with doc_start [B, T] (packed rows) t - doc_start[b, t]: each document's positions start at 0.
 template <class T>
-void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t hd, double theta,
+void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t hd, const double* freqs,
               bool inverse, int64_t offset = 0, const int32_t* doc_start = nullptr);
 
 // attention.cpp: out = softmax(q k^T / sqrt(hd) [+ causal mask]) v per (b, h) from a packed

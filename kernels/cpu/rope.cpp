@@ -1,7 +1,8 @@
 // Rotary position embedding on the q and k parts of a packed qkv buffer
 // [B, T, H + 2 KV, hd] (H query heads, then KV key heads, then KV value heads). Pairs are
-// half-split, (i, i + hd/2), with frequency theta^(-2i/hd), the convention of Hugging Face's llama
-// (rotate_half). The rotation is orthogonal, so the backward is the inverse rotation.
+// half-split, (i, i + hd/2), with frequency freqs[i] (theta^(-2i/hd), or Llama 3's scaled ones:
+// ops::rope_frequencies), the convention of Hugging Face's llama (rotate_half). The rotation is
+// orthogonal, so the backward is the inverse rotation.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -12,7 +13,7 @@
 namespace fsdp::kernels::cpu {
 
 template <class T>
-void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t hd, double theta,
+void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t hd, const double* freqs,
               bool inverse, int64_t offset, const int32_t* doc_start) {
   const int64_t half = hd / 2, d = (H + 2 * KV) * hd;
   if (doc_start) offset = 0;  // positions t - doc_start[b, t] lie in [0, T)
@@ -20,7 +21,7 @@ void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t hd, 
   std::vector<T> cs(size_t(T_ * half)), sn(size_t(T_ * half));
   for (int64_t t = 0; t < T_; ++t)
     for (int64_t i = 0; i < half; ++i) {
-      double ang = double(t + offset) * std::pow(theta, -2.0 * double(i) / double(hd));
+      const double ang = double(t + offset) * freqs[i];
       cs[t * half + i] = T(std::cos(ang));
       sn[t * half + i] = T(inverse ? -std::sin(ang) : std::sin(ang));
     }
@@ -43,9 +44,9 @@ void rope_qkv(T* qkv, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t hd, 
     }
 }
 
-template void rope_qkv<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool,
-                              int64_t, const int32_t*);
-template void rope_qkv<double>(double*, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool,
-                               int64_t, const int32_t*);
+template void rope_qkv<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t, const double*,
+                              bool, int64_t, const int32_t*);
+template void rope_qkv<double>(double*, int64_t, int64_t, int64_t, int64_t, int64_t, const double*,
+                               bool, int64_t, const int32_t*);
 
 }  // namespace fsdp::kernels::cpu

@@ -105,12 +105,14 @@ void rmsnorm_backward(const void* dy, const void* x, const void* w, const float*
                       int device, Stream s);
 
 // rope.cu: in place on the q and k parts of qkv [B, T, H + 2 KV, hd] (H query heads, KV key
-// heads, KV value heads), half-split pairs. Positions are offset, offset + 1, ... (a KV-cache
-// decode continues where the cache ends), or with doc_start (device i32 [B, T], packed rows)
-// t - doc_start[b, t].
+// heads, KV value heads), half-split pairs, pair i by position * freqs[i] (hd / 2 host values, at
+// most kMaxRopePairs: they travel as a kernel argument). Positions are offset, offset + 1, ... (a
+// KV-cache decode continues where the cache ends), or with doc_start (device i32 [B, T], packed
+// rows) t - doc_start[b, t].
+constexpr int64_t kMaxRopePairs = 256;
 void rope_qkv(void* qkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd,
-              double theta, bool inverse, int64_t offset, const int32_t* doc_start, int device,
-              Stream s);
+              const double* freqs, bool inverse, int64_t offset, const int32_t* doc_start,
+              int device, Stream s);
 
 // attention.cu: flash-style; lse is f32 [B, H, T]; no T x T matrix is stored. qkv is
 // [B, T, (H + 2 KV) hd]; query head h reads kv head h / (H / KV) (grouped-query attention);

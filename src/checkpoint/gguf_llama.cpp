@@ -1,9 +1,12 @@
 // GGUF's llama metadata as fsdp.cpp's config, llama.cpp's tensor names as Hugging Face's, and
 // the "gpt2" tokenizer as a tokenizer.json. See include/fsdp/checkpoint/gguf.h.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <numbers>
 #include <optional>
 #include <string>
 #include <utility>
@@ -12,6 +15,7 @@
 #include "fsdp/checkpoint/gguf.h"
 #include "fsdp/core/error.h"
 #include "fsdp/data/tokenizer.h"
+#include "fsdp/ops/rope.h"
 #include "src/checkpoint/param_names.h"
 
 namespace fsdp::checkpoint {
@@ -52,7 +56,77 @@ GgufLlamaConfig gguf_llama_config(const GgufFile& f) {
              "[gguf] {}: token_embd.weight has ne {} but dim {} and vocab {} need [{}, {}]",
              f.path(), shape_str(embd.ne), c.dim, c.vocab, c.dim, c.vocab);
   c.tied = !f.contains("output.weight");
+  if (f.contains("rope_freqs.weight")) {
+    const GgufTensorInfo& t = f.tensor("rope_freqs.weight");
+    FSDP_CHECK(t.ne == std::vector<int64_t>({c.head_dim / 2}),
+               "[gguf] {}: rope_freqs.weight has ne {}; a head dim of {} needs [{}]", f.path(),
+               shape_str(t.ne), c.head_dim, c.head_dim / 2);
+    c.rope_scaling = llama3_scaling_of_factors(
+        f.read("rope_freqs.weight", RowOrder::file, DType::f64).to_f64_vector(), c.rope_theta,
+        f.path() + ": rope_freqs.weight");
+  }
   return c;
+}
+
+std::vector<float> llama3_rope_factors(const ops::Rope& rope, int64_t head_dim) {
+  const std::vector<double> plain = ops::rope_frequencies(ops::Rope(rope.theta), head_dim),
+                            scaled = ops::rope_frequencies(rope, head_dim);
+  std::vector<float> factors(plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) factors[i] = float(plain[i] / scaled[i]);
+  return factors;
+}
+
+ops::RopeScaling llama3_scaling_of_factors(const std::vector<double>& factors, double theta,
+                                           const std::string& where) {
+  FSDP_CHECK(!factors.empty(), "[gguf] {}: no frequency factors", where);
+  const int64_t hd = 2 * int64_t(factors.size());
+  const double top = *std::max_element(factors.begin(), factors.end());
+  auto gives_them = [&](const ops::RopeScaling& s) {
+    if (s.enabled()) {
+      try {
+        ops::check_rope_scaling(s, where);
+      } catch (const Error&) {
+        return false;
+      }
+    }
+    const std::vector<float> want = llama3_rope_factors(ops::Rope(theta, s), hd);
+    for (size_t i = 0; i < factors.size(); ++i)
+      if (!(std::abs(factors[i] - double(want[i])) <= 1e-5 * std::abs(double(want[i]))))
+        return false;
+    return true;
+  };
+  if (gives_them({})) return {};  // all ones: no scaling
+  // Llama 3.1's (and 3.2's) constants, with the file's factor.
+  if (const ops::RopeScaling llama31{.factor = top}; gives_them(llama31)) return llama31;
+  // Otherwise the blended frequencies tell the ratios: 1/f_i = (1 - s)/F + s/1 gives each one's s,
+  // which is original / wavelength_i - low over high - low, affine in 1 / wavelength_i; with low 1
+  // its slope and intercept give high and original. The first and last blended ones fit it.
+  std::vector<std::pair<double, double>> blended;  // (1 / wavelength, s)
+  const std::vector<double> plain = ops::rope_frequencies(ops::Rope(theta), hd);
+  for (size_t i = 0; i < factors.size(); ++i)
+    if (factors[i] > 1.0 + 1e-5 && factors[i] < top * (1.0 - 1e-5))
+      blended.emplace_back(plain[i] / (2.0 * std::numbers::pi),
+                           (1.0 / factors[i] - 1.0 / top) / (1.0 - 1.0 / top));
+  if (blended.size() >= 2 && blended.front().first != blended.back().first) {
+    const auto [x0, s0] = blended.front();
+    const auto [x1, s1] = blended.back();
+    const double slope = (s1 - s0) / (x1 - x0), intercept = s0 - slope * x0;
+    if (intercept < 0) {
+      const double high = 1.0 - 1.0 / intercept, original = -slope / intercept;
+      ops::RopeScaling fit{.factor = top, .low_freq_factor = 1.0};
+      // Round to what a config would say (an integer context, a high factor of a few digits)
+      // when that still gives the factors.
+      fit.high_freq_factor = std::round(high * 1e4) / 1e4;
+      fit.original_context = std::round(original);
+      if (gives_them(fit)) return fit;
+      fit.high_freq_factor = high, fit.original_context = original;
+      if (gives_them(fit)) return fit;
+    }
+  }
+  FSDP_FAIL(
+      "[gguf] {}: the frequency factors ({} of them, {} .. {}) are not Llama 3's rope "
+      "scaling: no factor, low and high frequency factors and original context give them",
+      where, factors.size(), factors.front(), factors.back());
 }
 
 std::string hf_name_of_gguf(const std::string& name) {
@@ -112,13 +186,26 @@ GgufTokenizerInfo gguf_tokenizer_info(const GgufFile& f) {
                        {"normalized", types[i] == USER_DEFINED},
                        {"special", types[i] == CONTROL}});
   }
+  // A merge of letters with digits whose product is no token can never apply: every split below
+  // puts letters and digits in different pieces. fsdp-export writes one ("a 1") where the
+  // vocabulary has no merges, since llama.cpp refuses a "gpt2" vocabulary without any; it is
+  // dropped here (Hugging Face's BPE would refuse a merge that makes no token).
+  auto run_of = [](const std::string& s, bool digits) {
+    return !s.empty() && std::all_of(s.begin(), s.end(), [&](char ch) {
+      return digits ? (ch >= '0' && ch <= '9')
+                    : ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z'));
+    });
+  };
   json merges = json::array();
   if (f.has("tokenizer.ggml.merges"))
     for (const std::string& m : f.get_strings("tokenizer.ggml.merges")) {
       const size_t sp = m.find(' ');
       FSDP_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < m.size(),
                  "[gguf] {}: merge '{}' is not \"a b\"", f.path(), m);
-      merges.push_back(json::array({m.substr(0, sp), m.substr(sp + 1)}));
+      const std::string a = m.substr(0, sp), b = m.substr(sp + 1);
+      const bool never = !vocab.contains(a + b) && ((run_of(a, false) && run_of(b, true)) ||
+                                                    (run_of(a, true) && run_of(b, false)));
+      if (!never) merges.push_back(json::array({a, b}));
     }
   // llama.cpp's pre-tokenizer names: "gpt-2" is GPT-2's split alone; "smollm", "starcoder" and
   // "refact" split every number code point off first (Hugging Face: Digits(individual_digits)

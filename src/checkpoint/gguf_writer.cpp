@@ -12,8 +12,10 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/checkpoint/gguf.h"
 #include "fsdp/checkpoint/interchange.h"
 #include "fsdp/core/file.h"
+#include "fsdp/ops/rope.h"
 #include "src/checkpoint/param_names.h"
 
 namespace fsdp::checkpoint {
@@ -92,10 +94,19 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
              "[gguf] a model with q/k norms and q/k/v biases has no llama.cpp architecture "
              "(qwen3 has no biases)");
   const bool half_split = cfg.qkv_bias || cfg.qk_norm;
+  FSDP_CHECK(!half_split || !cfg.rope_scaling.enabled(),
+             "[gguf] llama.cpp's qwen2 and qwen3 take no Llama 3 rope scaling (rope_freqs)");
   const std::string arch = cfg.qk_norm ? "qwen3" : cfg.qkv_bias ? "qwen2" : "llama";
   // Tensors in llama.cpp's names; 1-D norms (and biases) stay F32 as llama.cpp's converter keeps
   // them. A tied model has no output.weight: llama.cpp then uses token_embd.weight.
   std::vector<std::pair<std::string, Tensor>> tensors;
+  // Llama 3's scaling as llama.cpp's converter writes it: the factor each frequency is divided by.
+  if (cfg.rope_scaling.enabled()) {
+    const std::vector<float> factors =
+        llama3_rope_factors({cfg.rope_theta, cfg.rope_scaling}, cfg.resolved_head_dim());
+    tensors.emplace_back("rope_freqs.weight",
+                         Tensor::from_vector(factors, {int64_t(factors.size())}));
+  }
   const auto rows = in_proj_rows(cfg);
   const int64_t kv_heads = cfg.resolved_kv_heads();
   auto qk = [&](const Tensor& t, int64_t heads) {

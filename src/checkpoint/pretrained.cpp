@@ -110,6 +110,7 @@ nn::MiniLLMConfig config_from_gguf(const GgufFile& f) {
   c.rope_theta = g.rope_theta;
   c.norm_eps = g.norm_eps;
   c.tie_embeddings = g.tied;
+  c.rope_scaling = g.rope_scaling;
   FSDP_CHECK(!f.contains("blk.0.attn_q.bias"),
              "[pretrained] {}: llama with q/k/v biases (blk.0.attn_q.bias) is not supported",
              f.path());

@@ -2,6 +2,7 @@
 // (LlamaForCausalLM or Qwen2ForCausalLM, both ways), tokenizer.json with tokenizer_config.json and
 // generation_config.json, and the checkpoint's tokenizer_meta.json (TokenizerMeta). Special ids
 // come from TokenizerMeta when a pretrained model gave them, else from the tokenizer's guesses.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "fsdp/checkpoint/interchange.h"
+#include "fsdp/ops/rope.h"
 #include "src/checkpoint/json_fields.h"
 
 namespace fsdp::checkpoint {
@@ -77,6 +79,18 @@ std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype,
                                                   : "float32"}};
   if (qwen2) j.erase("attention_bias");
   if (qwen2 || qwen3) j["use_sliding_window"] = false;
+  if (const ops::RopeScaling& s = cfg.rope_scaling; s.enabled()) {
+    const double ctx = s.original_context;
+    json scaling = {{"rope_type", "llama3"},
+                    {"factor", s.factor},
+                    {"low_freq_factor", s.low_freq_factor},
+                    {"high_freq_factor", s.high_freq_factor},
+                    {"original_max_position_embeddings",
+                     ctx == std::floor(ctx) && ctx < 9e15 ? json(int64_t(ctx)) : json(ctx)}};
+    j["rope_scaling"] = scaling;  // transformers 4
+    scaling["rope_theta"] = cfg.rope_theta;
+    j["rope_parameters"] = scaling;  // transformers 5
+  }
   if (auto bos = meta.bos ? meta.bos : tok.bos_id()) j["bos_token_id"] = *bos;
   if (auto eos = meta.eos ? meta.eos : tok.eos_id()) j["eos_token_id"] = *eos;
   return j.dump(2);
@@ -118,19 +132,44 @@ nn::MiniLLMConfig config_from_hf_llama(const std::string& text, const std::strin
   if (jf::member(j, "max_position_embeddings")) c.seq = num("max_position_embeddings");
   const json* eps = jf::member(j, "rms_norm_eps");
   c.norm_eps = eps ? field("rms_norm_eps").number(*eps) : 1e-6;
-  // transformers 4 writes rope_theta (and rope_scaling); transformers 5 writes
-  // rope_parameters {rope_theta, rope_type}. Only the default (unscaled) rope is supported.
+  // transformers 4 writes rope_theta and rope_scaling; transformers 5 writes rope_parameters
+  // {rope_theta, rope_type, and the scaling's keys}. The default (unscaled) rope and Llama 3's
+  // scaling are supported.
   const json* theta = jf::member(j, "rope_theta");
   c.rope_theta = theta ? field("rope_theta").number(*theta) : 10000.0;
+  // A rope_scaling or rope_parameters object as Llama 3's scaling (factor 0 for the default).
+  auto scaling_of = [&](const json& obj, const jf::Field& f) {
+    f.object(obj);
+    const json* type = jf::member(obj, "rope_type");
+    if (!type) type = jf::member(obj, "type");  // transformers' older key
+    const std::string kind = type ? f.at("rope_type").string(*type) : "default";
+    FSDP_CHECK(kind == "default" || kind == "llama3",
+               "[hf] {}: {} with rope_type '{}' ({}) is not supported; rope_type default "
+               "(unscaled RoPE) and llama3 are",
+               where, f.name, kind, obj.dump());
+    ops::RopeScaling s;
+    if (kind == "default") return s;
+    auto need = [&](const char* key) {
+      const json* v = jf::member(obj, key);
+      FSDP_CHECK(v, "[hf] {}: {} of rope_type llama3 has no '{}'", where, f.name, key);
+      return f.at(key).number(*v);
+    };
+    s = {.factor = need("factor"),
+         .low_freq_factor = need("low_freq_factor"),
+         .high_freq_factor = need("high_freq_factor"),
+         .original_context = need("original_max_position_embeddings")};
+    ops::check_rope_scaling(s, "[hf] " + where + ": " + f.name);
+    return s;
+  };
+  if (const json* rs = jf::member(j, "rope_scaling"))
+    c.rope_scaling = scaling_of(*rs, field("rope_scaling"));
   if (const json* rp = jf::member(j, "rope_parameters")) {
     const jf::Field f = field("rope_parameters");
-    f.object(*rp);
-    const json* type = jf::member(*rp, "rope_type");
-    const std::string kind = type ? f.at("rope_type").string(*type) : "default";
-    FSDP_CHECK(kind == "default",
-               "[hf] {}: rope_parameters with rope_type '{}' ({}) is not supported; only "
-               "rope_type default (unscaled RoPE)",
-               where, kind, rp->dump());
+    const ops::RopeScaling s = scaling_of(*rp, f);
+    FSDP_CHECK(!jf::member(j, "rope_scaling") || s == c.rope_scaling,
+               "[hf] {}: rope_scaling {} and rope_parameters {} disagree", where,
+               j["rope_scaling"].dump(), rp->dump());
+    c.rope_scaling = s;
     if (const json* t = jf::member(*rp, "rope_theta")) {
       const double v = f.at("rope_theta").number(*t);
       FSDP_CHECK(!theta || v == c.rope_theta,
@@ -154,8 +193,6 @@ nn::MiniLLMConfig config_from_hf_llama(const std::string& text, const std::strin
              "[hf] {}: use_sliding_window true (sliding-window attention) is not supported", where);
   c.qkv_bias = qwen2;
   c.qk_norm = qwen3;
-  FSDP_CHECK(!jf::member(j, "rope_scaling"), "[hf] {}: rope_scaling {} is not supported", where,
-             j["rope_scaling"].dump());
   const json* act = jf::member(j, "hidden_act");
   const std::string hidden_act = act ? field("hidden_act").string(*act) : "silu";
   FSDP_CHECK(hidden_act == "silu", "[hf] {}: hidden_act '{}' is not supported; expected silu",

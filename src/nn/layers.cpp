@@ -174,7 +174,8 @@ Tensor MultiheadAttention::forward_cached(const Tensor& x) {
   Tensor qkv =
       ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());
   if (opt_.qk_norm) qk_norm_forward(qkv, false);
-  if (opt_.rope_theta > 0) ops::rope_(qkv, heads_, opt_.rope_theta, false, kv_len_, kv_heads_);
+  if (opt_.rope_theta > 0)
+    ops::rope_(qkv, heads_, {opt_.rope_theta, opt_.rope_scaling}, false, kv_len_, kv_heads_);
   if (!k_cache_.defined()) {  // sized by the kv heads
     k_cache_ = Tensor::empty({kv_cap_ * dkv}, qkv.dtype(), qkv.device());
     v_cache_ = Tensor::empty({kv_cap_ * dkv}, qkv.dtype(), qkv.device());
@@ -215,7 +216,8 @@ Tensor MultiheadAttention::forward_impl(const Tensor& x) {
   Tensor qkv =
       ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());
   if (opt_.qk_norm) qk_norm_forward(qkv, true);
-  if (opt_.rope_theta > 0) ops::rope_(qkv, heads_, opt_.rope_theta, false, 0, kv_heads_, ds);
+  if (opt_.rope_theta > 0)
+    ops::rope_(qkv, heads_, {opt_.rope_theta, opt_.rope_scaling}, false, 0, kv_heads_, ds);
   auto a = ops::attention_forward(qkv, heads_, opt_.causal, kv_heads_, ds, opt_.window);
   doc_start_ = ds;
   qkv_ = qkv;
@@ -229,7 +231,7 @@ Tensor MultiheadAttention::backward_impl(const Tensor& dy) {
   Tensor dqkv = ops::attention_backward(dattn, qkv_, out_, lse_, heads_, opt_.causal, kv_heads_,
                                         doc_start_, opt_.window);
   if (opt_.rope_theta > 0)
-    ops::rope_(dqkv, heads_, opt_.rope_theta, true, 0, kv_heads_, doc_start_);
+    ops::rope_(dqkv, heads_, {opt_.rope_theta, opt_.rope_scaling}, true, 0, kv_heads_, doc_start_);
   if (opt_.qk_norm) qk_norm_backward(dqkv);
   Tensor dx = ops::linear_backward(dqkv, x_, in_proj_weight_->data, in_proj_weight_->grad,
                                    in_proj_bias_ ? in_proj_bias_->grad : Tensor());

@@ -56,6 +56,12 @@ std::string MiniLLMConfig::to_json() const {
   if (tie_embeddings) j["tie_embeddings"] = true;
   if (qkv_bias) j["qkv_bias"] = true;
   if (qk_norm) j["qk_norm"] = true;
+  if (rope_scaling.enabled())
+    j["rope_scaling"] = {{"type", "llama3"},
+                         {"factor", rope_scaling.factor},
+                         {"low_freq_factor", rope_scaling.low_freq_factor},
+                         {"high_freq_factor", rope_scaling.high_freq_factor},
+                         {"original_context", rope_scaling.original_context}};
   return j.dump();
 }
 
@@ -94,6 +100,22 @@ MiniLLMConfig MiniLLMConfig::from_json(const std::string& text) {
     c.tie_embeddings = boolean("tie_embeddings");
     c.qkv_bias = boolean("qkv_bias");
     c.qk_norm = boolean("qk_norm");
+    if (j.contains("rope_scaling")) {
+      const nlohmann::json& s = j["rope_scaling"];
+      FSDP_CHECK(s.is_object() && s.value("type", "") == "llama3",
+                 "[MiniLLM] config field 'rope_scaling' must be an object of type llama3, got {}",
+                 s.dump());
+      auto number = [&](const char* key) {
+        FSDP_CHECK(s.contains(key) && s[key].is_number(),
+                   "[MiniLLM] config field 'rope_scaling.{}' must be a number, got {}", key,
+                   s.contains(key) ? s[key].dump() : "nothing");
+        return s[key].get<double>();
+      };
+      c.rope_scaling = {.factor = number("factor"),
+                        .low_freq_factor = number("low_freq_factor"),
+                        .high_freq_factor = number("high_freq_factor"),
+                        .original_context = number("original_context")};
+    }
   } catch (const nlohmann::json::exception& e) {
     FSDP_FAIL("[MiniLLM] config {}: {}", text.size() > 200 ? text.substr(0, 200) + "..." : text,
               e.what());
@@ -138,6 +160,8 @@ void MiniLLMConfig::validate() const {
                "[MiniLLM] qkv_bias is for arch llama; seed's in-projection already "
                "has a bias");
     FSDP_CHECK(!qk_norm, "[MiniLLM] qk_norm is for arch llama; seed has no norm on q and k");
+    FSDP_CHECK(!rope_scaling.enabled(),
+               "[MiniLLM] rope_scaling is for arch llama; seed has no rotary embedding");
   }
   FSDP_CHECK(seq > 0, "[MiniLLM] seq must be positive, got {}", seq);
   FSDP_CHECK(batch > 0, "[MiniLLM] batch must be positive, got {}", batch);
@@ -177,6 +201,7 @@ void MiniLLMConfig::validate() const {
                head_dim > 0 ? std::string(" (head_dim)")
                             : fmt::format(" (dim {} / heads {})", dim, heads));
     FSDP_CHECK(rope_theta > 0, "[MiniLLM] rope theta must be positive, got {}", rope_theta);
+    ops::check_rope_scaling(rope_scaling, "[MiniLLM]");
   }
   if (norm_eps) FSDP_CHECK(*norm_eps >= 0, "[MiniLLM] norm eps must be >= 0, got {}", *norm_eps);
 }
@@ -222,6 +247,7 @@ MiniLLM::MiniLLM(const MiniLLMConfig& cfg) : Module("MiniLLM"), cfg_(cfg) {
     attn = {.bias = false,
             .causal = true,
             .rope_theta = cfg.rope_theta,
+            .rope_scaling = cfg.rope_scaling,
             .xavier_in_proj = false,
             .kv_heads = cfg.kv_heads,
             .head_dim = cfg.head_dim,

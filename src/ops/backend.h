@@ -43,8 +43,8 @@
   X(Tensor, swiglu_forward, (const Tensor& g, const Tensor& u))                                  \
   X(TensorPair, swiglu_backward, (const Tensor& dy, const Tensor& g, const Tensor& u))           \
   X(void, rope_,                                                                                 \
-    (const Tensor& qkv, int64_t heads, int64_t kv_heads, double theta, bool inverse,             \
-     int64_t offset, const Tensor& doc_start))                                                   \
+    (const Tensor& qkv, int64_t heads, int64_t kv_heads, const std::vector<double>& freqs,       \
+     bool inverse, int64_t offset, const Tensor& doc_start))                                     \
   X(AttentionOut, attention_forward,                                                             \
     (const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal, const Tensor& doc_start,   \
      int64_t window))                                                                            \

@@ -259,8 +259,8 @@ const int32_t* doc_start_ptr(const Tensor& ds, Tensor& keep) {
 }
 }  // namespace
 
-void rope_(const Tensor& qkv, int64_t heads, int64_t kv_heads, double theta, bool inverse,
-           int64_t offset, const Tensor& doc_start) {
+void rope_(const Tensor& qkv, int64_t heads, int64_t kv_heads, const std::vector<double>& freqs,
+           bool inverse, int64_t offset, const Tensor& doc_start) {
   Tensor ds;
   const int32_t* dsp = doc_start_ptr(doc_start, ds);
   const QkvDims d = dims_of(qkv, heads, kv_heads);
@@ -268,7 +268,7 @@ void rope_(const Tensor& qkv, int64_t heads, int64_t kv_heads, double theta, boo
   Accum Q(qkv, ct);  // in place; bf16/f16 round-trip through f32
   dispatch_compute(ct, "rope", [&](auto tv) {
     using T = decltype(tv);
-    cpu::rope_qkv<T>(Q.data<T>(), d.B, d.T, d.H, d.KV, d.hd, theta, inverse, offset, dsp);
+    cpu::rope_qkv<T>(Q.data<T>(), d.B, d.T, d.H, d.KV, d.hd, freqs.data(), inverse, offset, dsp);
   });
   Q.finish();
 }

@@ -196,13 +196,16 @@ const int32_t* doc_start_ptr(const Tensor& ds, Tensor& keep) {
 }
 }  // namespace
 
-void rope_(const Tensor& qkv, int64_t heads, int64_t kv_heads, double theta, bool inverse,
-           int64_t offset, const Tensor& doc_start) {
+void rope_(const Tensor& qkv, int64_t heads, int64_t kv_heads, const std::vector<double>& freqs,
+           bool inverse, int64_t offset, const Tensor& doc_start) {
   FSDP_CHECK(qkv.is_contiguous(), "[rope] a CUDA qkv must be contiguous");
   const int64_t hd = qkv.size(2) / (heads + 2 * kv_heads);
+  FSDP_CHECK(hd / 2 <= kc::kMaxRopePairs,
+             "[rope] CUDA's rotary embedding takes head dims up to {}, got {}",
+             2 * kc::kMaxRopePairs, hd);
   Tensor ds;
-  kc::rope_qkv(qkv.raw_data(), qkv.dtype(), qkv.size(0), qkv.size(1), heads, kv_heads, hd, theta,
-               inverse, offset, doc_start_ptr(doc_start, ds), dev(qkv), cs(qkv));
+  kc::rope_qkv(qkv.raw_data(), qkv.dtype(), qkv.size(0), qkv.size(1), heads, kv_heads, hd,
+               freqs.data(), inverse, offset, doc_start_ptr(doc_start, ds), dev(qkv), cs(qkv));
 }
 
 // Packed rows and sliding windows run on our kernel: cuDNN's SDPA takes packed rows only as

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <initializer_list>
+#include <numbers>
 #include <string>
 #include <string_view>
 
@@ -278,7 +280,44 @@ void check_window(const char* op, int64_t window, bool causal) {
 }
 }  // namespace
 
-void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset,
+void check_rope_scaling(const RopeScaling& s, const std::string& where) {
+  if (!s.enabled()) return;
+  auto finite_positive = [](double v) { return std::isfinite(v) && v > 0; };
+  FSDP_CHECK(std::isfinite(s.factor) && s.factor >= 1.0,
+             "{}: the llama3 rope scaling factor {} must be at least 1 (0: none)", where, s.factor);
+  FSDP_CHECK(finite_positive(s.low_freq_factor) && finite_positive(s.high_freq_factor) &&
+                 s.low_freq_factor < s.high_freq_factor,
+             "{}: the llama3 rope scaling's low_freq_factor {} and high_freq_factor {} must be "
+             "positive, the low below the high",
+             where, s.low_freq_factor, s.high_freq_factor);
+  FSDP_CHECK(finite_positive(s.original_context),
+             "{}: the llama3 rope scaling's original context {} must be positive", where,
+             s.original_context);
+}
+
+std::vector<double> rope_frequencies(const Rope& rope, int64_t hd) {
+  std::vector<double> f(size_t(std::max<int64_t>(hd / 2, 0)));
+  for (size_t i = 0; i < f.size(); ++i) f[i] = std::pow(rope.theta, -2.0 * double(i) / double(hd));
+  const RopeScaling& s = rope.scaling;
+  if (!s.enabled()) return f;
+  check_rope_scaling(s, "[rope]");
+  const double low_wavelength = s.original_context / s.low_freq_factor,
+               high_wavelength = s.original_context / s.high_freq_factor;
+  for (double& x : f) {
+    const double wavelength = 2.0 * std::numbers::pi / x;
+    if (wavelength < high_wavelength) continue;
+    if (wavelength > low_wavelength) {
+      x /= s.factor;
+      continue;
+    }
+    const double smooth = (s.original_context / wavelength - s.low_freq_factor) /
+                          (s.high_freq_factor - s.low_freq_factor);
+    x = (1.0 - smooth) * x / s.factor + smooth * x;
+  }
+  return f;
+}
+
+void rope_(const Tensor& qkv, int64_t heads, const Rope& rope, bool inverse, int64_t offset,
            int64_t kv_heads, const Tensor& doc_start) {
   FSDP_OP_SCOPE(inverse ? "rope_backward" : "rope", qkv, ({&qkv}), cost::rope_(qkv));
   const QkvDims dims = qkv_dims("rope", qkv, heads, kv_heads);
@@ -288,9 +327,12 @@ void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t
              "[rope] packed rows (doc_start) start each document at position 0; offset {} given",
              offset);
   check_packed("rope", qkv, doc_start, true);
+  FSDP_CHECK(std::isfinite(rope.theta) && rope.theta > 0, "[rope] theta {} must be positive",
+             rope.theta);
+  const std::vector<double> freqs = rope_frequencies(rope, dims.hd);
   if (on_cuda("rope", {&qkv}))
-    return cuda_impl::rope_(qkv, heads, dims.KV, theta, inverse, offset, doc_start);
-  return cpu_impl::rope_(qkv, heads, dims.KV, theta, inverse, offset, doc_start);
+    return cuda_impl::rope_(qkv, heads, dims.KV, freqs, inverse, offset, doc_start);
+  return cpu_impl::rope_(qkv, heads, dims.KV, freqs, inverse, offset, doc_start);
 }
 
 AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal, int64_t kv_heads,

@@ -22,6 +22,7 @@
 #include "fsdp/nn/sample.h"
 #include "fsdp/ops/attention_path.h"
 #include "fsdp/ops/blas.h"
+#include "fsdp/ops/rope.h"
 #include "fsdp/profiler/ceilings.h"
 #include "fsdp/train/memory_plan.h"
 #include "src/train/trainer_impl.h"
@@ -50,6 +51,9 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
         fmt::format("{} / {}{}{}{}", cfg.resolved_kv_heads(), cfg.resolved_head_dim(),
                     cfg.tie_embeddings ? ", tied head" : "", cfg.qkv_bias ? ", qkv bias" : "",
                     cfg.qk_norm ? ", qk norm" : ""));
+  if (const ops::RopeScaling& s = cfg.rope_scaling; s.enabled())
+    row("rope scaling", fmt::format("llama3 x{:g}, freq factors {:g}/{:g} of {:g}", s.factor,
+                                    s.low_freq_factor, s.high_freq_factor, s.original_context));
   row("seq x batch",
       fmt::format("{} x {} x {} ranks x {} accum = {} tokens/step", cfg.seq, cfg.batch, size,
                   o.sharding.grad_accum, cfg.seq * cfg.batch * size * o.sharding.grad_accum));

@@ -59,6 +59,7 @@
 #include "fsdp/core/dtype.h"
 #include "fsdp/core/tensor.h"
 #include "fsdp/data/tokenizer.h"
+#include "fsdp/ops/rope.h"
 
 namespace fsdp::checkpoint {
 
@@ -207,8 +208,21 @@ struct GgufLlamaConfig {
   double rope_theta = 10000.0;  // llama.rope.freq_base
   double norm_eps = 1e-5;       // llama.attention.layer_norm_rms_epsilon
   bool tied = false;            // no output.weight: the head is token_embd.weight
+  // Llama 3's scaling, from the per-frequency factors of rope_freqs.weight (llama.cpp's form of
+  // it; see llama3_scaling_of_factors); none without that tensor.
+  ops::RopeScaling rope_scaling;
 };
 GgufLlamaConfig gguf_llama_config(const GgufFile& f);
+
+// llama.cpp's rope_freqs.weight for Llama 3's scaling: factor_i = f_i / scaled f_i, by which
+// llama.cpp divides frequency i (1 for the kept ones, the scaling factor for the low ones).
+std::vector<float> llama3_rope_factors(const ops::Rope& rope, int64_t head_dim);
+// The scaling those factors are: the low and high frequency factors and the original context are
+// known only up to a common multiple (their ratios set the frequencies), so the low frequency
+// factor is taken to be 1 unless Llama 3.1's (1, 4, 8192) give them. Throws, naming `where` and
+// the tensor, for factors that no Llama 3 scaling gives (each is checked to 1e-5).
+ops::RopeScaling llama3_scaling_of_factors(const std::vector<double>& factors, double theta,
+                                           const std::string& where);
 
 // llama.cpp's tensor name -> Hugging Face LlamaForCausalLM's, "" for a name it does not know:
 // token_embd.weight -> model.embed_tokens.weight, output_norm.weight -> model.norm.weight,

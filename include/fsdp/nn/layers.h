@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "fsdp/nn/module.h"
+#include "fsdp/ops/rope.h"
 
 namespace fsdp::nn {
 
@@ -67,6 +68,7 @@ struct AttentionOptions {
   bool bias = true;            // in_proj_bias and out_proj.bias
   bool causal = false;         // mask out future positions
   double rope_theta = 0.0;     // > 0: rotary embedding on q and k (half-split pairs)
+  ops::RopeScaling rope_scaling;  // Llama 3's scaled frequencies (with rope_theta > 0)
   bool xavier_in_proj = true;  // nn.MultiheadAttention's init; false: Linear's init
   int64_t kv_heads = 0;        // 0: heads (multi-head); fewer, dividing heads: grouped-query
   int64_t head_dim = 0;        // 0: dim / heads

@@ -13,7 +13,8 @@
 //          own (head_dim), the head tied to the embedding (tie_embeddings: one
 //          parameter, "embed.weight", no "head.weight") and q/k/v biases
 //          (qkv_bias, Qwen2) and an RMSNorm over each head of q and k before the rotary
-//          embedding (qk_norm, Qwen3).
+//          embedding (qk_norm, Qwen3), and Llama 3's scaled rotary frequencies
+//          (rope_scaling: Llama 3.1, 3.2).
 //
 // Presets: "seed" (the reference size) and "tiny" (sized for a 2-core CPU).
 // Every field can be overridden after picking a preset; validate() refuses
@@ -46,13 +47,14 @@ struct MiniLLMConfig {
                                 // initialised N(0, 1/dim) so that the first logits are ~N(0, 1))
   bool qkv_bias = false;        // biases on q, k and v (Qwen2), in the packed in_proj_bias
   bool qk_norm = false;         // RMSNorm over each head's dims of q and k (Qwen3)
+  ops::RopeScaling rope_scaling;  // Llama 3's scaled rotary frequencies (factor 0: none)
 
   static MiniLLMConfig preset(const std::string& name);  // "seed" or "tiny"
   // The model's shape as a JSON object (arch, vocab, dim, layers, heads, ffn_hidden resolved,
-  // seq, rope_theta, norm_eps when set, and kv_heads, head_dim, tie_embeddings, qkv_bias, qk_norm
-  // when they differ from the default, so older configs read and compare unchanged): checkpoints
-  // and exports carry it, and from_json rebuilds the config, validated (absent keys are defaults).
-  // A missing or mistyped key is an error that names it.
+  // seq, rope_theta, norm_eps when set, and kv_heads, head_dim, tie_embeddings, qkv_bias, qk_norm,
+  // rope_scaling when they differ from the default, so older configs read and compare unchanged):
+  // checkpoints and exports carry it, and from_json rebuilds the config, validated (absent keys are
+  // defaults). A missing or mistyped key is an error that names it.
   std::string to_json() const;
   static MiniLLMConfig from_json(const std::string& json);
   int64_t resolved_ffn_hidden() const;

@@ -16,6 +16,7 @@
 
 #include "fsdp/core/ignore_index.h"
 #include "fsdp/core/tensor.h"
+#include "fsdp/ops/rope.h"
 
 namespace fsdp::ops {
 
@@ -63,10 +64,11 @@ std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, 
 // rule (the ops check host tensors; a device tensor is the caller's to check before upload).
 void check_doc_start(const Tensor& doc_start, int64_t B, int64_t T);
 
-// Rotary embedding, in place, on the q and k parts of a packed qkv.
+// Rotary embedding, in place, on the q and k parts of a packed qkv, at rope's frequencies (a
+// theta, or a theta with Llama 3's scaling: fsdp/ops/rope.h).
 // inverse = true is the backward (the transpose rotation). Token t is at position offset + t,
 // or with doc_start at t - doc_start[b, t] (offset must then be 0).
-void rope_(const Tensor& qkv, int64_t heads, double theta, bool inverse, int64_t offset = 0,
+void rope_(const Tensor& qkv, int64_t heads, const Rope& rope, bool inverse, int64_t offset = 0,
            int64_t kv_heads = 0, const Tensor& doc_start = Tensor());
 
 // Scaled dot-product attention over a packed qkv -> [B, T, heads * hd]. With doc_start (causal
