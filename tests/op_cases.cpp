@@ -151,21 +151,24 @@ OpCase embedding_case(const Shape& ids, int64_t vocab, int64_t dim) {
 
 // ---------------------------------------------------------------- rmsnorm
 
-OpCase rmsnorm_case(int64_t rows, int64_t dim, int64_t fd_probes = 64) {
+// w_offset 1: Gemma's (1 + w), its weights near 0.
+OpCase rmsnorm_case(int64_t rows, int64_t dim, int64_t fd_probes = 64, double w_offset = 0.0) {
   const double eps = 1e-5;
   OpCase c{.op = "rmsnorm",
-           .what = fmt::format("rmsnorm {}x{}", rows, dim),
+           .what = fmt::format("rmsnorm {}x{}{}", rows, dim,
+                               w_offset != 0.0 ? fmt::format(" (w + {:g})", w_offset) : ""),
            .covers = {"rmsnorm_forward", "rmsnorm_backward"},
            .dtypes = kAll,
            .inputs = {{{rows, dim}, -1, 1, Grad::returned},
-                      {{dim}, 0.5, 1.5, Grad::accumulated}},
+                      {{dim}, 0.5 - w_offset, 1.5 - w_offset, Grad::accumulated}},
            .fd_probes = fd_probes};
   c.forward = [=](const Tensors& in, bool) {
-    auto o = ops::rmsnorm_forward(in[0], in[1], eps);
+    auto o = ops::rmsnorm_forward(in[0], in[1], eps, w_offset);
     return OpRun{{o.y}, {o.rstd}};
   };
-  c.backward = [](const BackwardArgs& a) {
-    return Tensors{ops::rmsnorm_backward(a.dout, a.in[0], a.in[1], a.fwd.saved[0], a.acc[0])};
+  c.backward = [=](const BackwardArgs& a) {
+    return Tensors{
+        ops::rmsnorm_backward(a.dout, a.in[0], a.in[1], a.fwd.saved[0], a.acc[0], w_offset)};
   };
   c.reference = [=](const Tensors& in) {
     auto X = f64(in[0]), W = f64(in[1]);
@@ -173,7 +176,7 @@ OpCase rmsnorm_case(int64_t rows, int64_t dim, int64_t fd_probes = 64) {
       double ss = 0;
       for (int64_t j = 0; j < dim; ++j) ss += X[size_t(r * dim + j)] * X[size_t(r * dim + j)];
       const double rs = 1.0 / std::sqrt(ss / double(dim) + eps);
-      for (int64_t j = 0; j < dim; ++j) X[size_t(r * dim + j)] *= rs * W[size_t(j)];
+      for (int64_t j = 0; j < dim; ++j) X[size_t(r * dim + j)] *= rs * (W[size_t(j)] + w_offset);
     }
     return Tensors{from(X, {rows, dim})};
   };
@@ -209,23 +212,30 @@ OpCase silu_case(const Shape& s, double range) {
   return c;
 }
 
-OpCase swiglu_case(const Shape& s, double range) {
-  OpCase c{.op = "swiglu",
-           .what = fmt::format("swiglu {}", dims(s)),
+// gelu's tanh form (PyTorch's gelu(approximate="tanh"), Gemma's gelu_pytorch_tanh).
+double gelu_tanh(double x) {
+  return 0.5 * x *
+         (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
+}
+
+OpCase swiglu_case(const Shape& s, double range, ops::Gate act = ops::Gate::silu) {
+  const bool gelu = act == ops::Gate::gelu_tanh;
+  OpCase c{.op = gelu ? "geglu" : "swiglu",
+           .what = fmt::format("{} {}", gelu ? "geglu" : "swiglu", dims(s)),
            .covers = {"swiglu_forward", "swiglu_backward"},
            .dtypes = kAll,
            .inputs = {{s, -range, range, Grad::returned}, {s, -1, 1, Grad::returned}},
            .ref_tol = 1e-14};
-  c.forward = [](const Tensors& in, bool) {
-    return OpRun{{ops::swiglu_forward(in[0], in[1])}, {}};
+  c.forward = [=](const Tensors& in, bool) {
+    return OpRun{{ops::swiglu_forward(in[0], in[1], act)}, {}};
   };
-  c.backward = [](const BackwardArgs& a) {
-    auto [dg, du] = ops::swiglu_backward(a.dout, a.in[0], a.in[1]);
+  c.backward = [=](const BackwardArgs& a) {
+    auto [dg, du] = ops::swiglu_backward(a.dout, a.in[0], a.in[1], act);
     return Tensors{dg, du};
   };
   c.reference = [=](const Tensors& in) {
     auto G = f64(in[0]), U = f64(in[1]);
-    for (size_t i = 0; i < G.size(); ++i) G[i] = silu(G[i]) * U[i];
+    for (size_t i = 0; i < G.size(); ++i) G[i] = (gelu ? gelu_tanh(G[i]) : silu(G[i])) * U[i];
     return Tensors{from(G, s)};
   };
   c.forward_cost = [](const Tensors& in, const OpRun&) {
@@ -700,11 +710,14 @@ std::vector<OpCase> op_cases() {
   // than a block's threads.
   v.push_back(rmsnorm_case(3, 8));
   v.push_back(rmsnorm_case(37, 96));
+  v.push_back(rmsnorm_case(37, 96, 64, 1.0));
   v.push_back(rmsnorm_case(1500, 1000, 8));
   v.push_back(silu_case({4, 6}, 3));
   v.push_back(silu_case({1000}, 4));
   v.push_back(swiglu_case({4, 6}, 3));
   v.push_back(swiglu_case({1000}, 4));
+  v.push_back(swiglu_case({4, 6}, 3, ops::Gate::gelu_tanh));
+  v.push_back(swiglu_case({1000}, 5, ops::Gate::gelu_tanh));
   v.push_back(rope_case(qkv_of(1, 3, 2, 4), 10000.0, 0));
   v.push_back(rope_case(qkv_of(2, 5, 4, 6, 2), 100000.0, 3));
   v.push_back(rope_case(qkv_of(1, 5, 2, 64), 10000.0, 295));  // generation at an offset

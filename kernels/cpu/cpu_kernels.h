@@ -42,10 +42,12 @@ template <class T>
 void silu_forward(const T* x, T* y, int64_t n);
 template <class T>
 void silu_backward(const T* dy, const T* x, T* dx, int64_t n);
+// gelu: GeGLU, gelu's tanh form in place of silu.
 template <class T>
-void swiglu_forward(const T* gate, const T* up, T* y, int64_t n);
+void swiglu_forward(const T* gate, const T* up, T* y, int64_t n, bool gelu = false);
 template <class T>
-void swiglu_backward(const T* dy, const T* gate, const T* up, T* dgate, T* dup, int64_t n);
+void swiglu_backward(const T* dy, const T* gate, const T* up, T* dgate, T* dup, int64_t n,
+                     bool gelu = false);
 
 // embedding.cpp: ids are int32 or int64 (I).
 template <class T, class I>

@@ -83,10 +83,11 @@ double measure_copy_gbps(int64_t bytes, int device);
 void silu_forward(const void* x, void* y, DType t, int64_t n, int device, Stream s);
 void silu_backward(const void* dy, const void* x, void* dx, DType t, int64_t n, int device,
                    Stream s);
-void swiglu_forward(const void* g, const void* u, void* y, DType t, int64_t n, int device,
-                    Stream s);
+// gelu: GeGLU (gelu's tanh form) in place of SwiGLU's silu.
+void swiglu_forward(const void* g, const void* u, void* y, DType t, int64_t n, bool gelu,
+                    int device, Stream s);
 void swiglu_backward(const void* dy, const void* g, const void* u, void* dg, void* du, DType t,
-                     int64_t n, int device, Stream s);
+                     int64_t n, bool gelu, int device, Stream s);
 
 // embedding.cu: ids are i32 or i64.
 // An id outside [0, vocab) gives a NaN row (forward) and no update (backward).
@@ -95,14 +96,14 @@ void embedding_forward(const void* ids, DType idt, const void* w, void* y, DType
 void embedding_backward(const void* ids, DType idt, const void* dy, DType t, void* dw, DType dwt,
                         int64_t n, int64_t vocab, int64_t dim, int device, Stream s);
 
-// rmsnorm.cu: rstd is f32 [rows].
+// rmsnorm.cu: rstd is f32 [rows]; the weight is used as w + w_offset (Gemma: 1), in f32.
 void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, DType t, int64_t rows,
-                     int64_t dim, double eps, int device, Stream s);
+                     int64_t dim, double eps, float w_offset, int device, Stream s);
 // dw (optional, dwt) is added into; it needs `rmsnorm_backward_scratch` f32 of scratch.
 int64_t rmsnorm_backward_scratch(int64_t rows, int64_t dim, int device);
 void rmsnorm_backward(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
                       void* dw, DType dwt, float* scratch, DType t, int64_t rows, int64_t dim,
-                      int device, Stream s);
+                      float w_offset, int device, Stream s);
 
 // rope.cu: in place on the q and k parts of qkv [B, T, H + 2 KV, hd] (H query heads, KV key
 // heads, KV value heads), half-split pairs, pair i by position * freqs[i] (hd / 2 host values, at

@@ -14,7 +14,7 @@ namespace fsdp::kernels::cuda {
 
 template <class T>
 __global__ void rmsnorm_fwd(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
-                            float* __restrict__ rstd, int64_t dim, float eps) {
+                            float* __restrict__ rstd, int64_t dim, float eps, float w_offset) {
   const int64_t row = blockIdx.x;
   const T* xr = x + row * dim;
   float ss = 0.f;
@@ -26,7 +26,7 @@ __global__ void rmsnorm_fwd(const T* __restrict__ x, const T* __restrict__ w, T*
   const float rs = rsqrtf(ss / float(dim) + eps);
   if (threadIdx.x == 0) rstd[row] = rs;
   for (int64_t c = threadIdx.x; c < dim; c += blockDim.x)
-    y[row * dim + c] = from_f32<T>(to_f32(xr[c]) * rs * to_f32(w[c]));
+    y[row * dim + c] = from_f32<T>(to_f32(xr[c]) * rs * (to_f32(w[c]) + w_offset));
 }
 
 // dx of each row, and this block's share of dw. A block walks rows blockIdx.x, blockIdx.x +
@@ -37,7 +37,7 @@ template <class T>
 __global__ void rmsnorm_bwd(const T* __restrict__ dy, const T* __restrict__ x,
                             const T* __restrict__ w, const float* __restrict__ rstd,
                             T* __restrict__ dx, float* __restrict__ partial, int64_t rows,
-                            int64_t dim) {
+                            int64_t dim, float w_offset) {
   extern __shared__ float dw_acc[];  // [dim] when partial, else unused
   if (partial)
     for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) dw_acc[c] = 0.f;
@@ -47,12 +47,12 @@ __global__ void rmsnorm_bwd(const T* __restrict__ dy, const T* __restrict__ x,
     const float rs = rstd[row];
     float dot = 0.f;
     for (int64_t c = threadIdx.x; c < dim; c += blockDim.x)
-      dot += to_f32(dyr[c]) * to_f32(w[c]) * to_f32(xr[c]);
+      dot += to_f32(dyr[c]) * (to_f32(w[c]) + w_offset) * to_f32(xr[c]);
     dot = block_sum(dot);  // (its barriers also order this row's reads after the last row's)
     const float k = dot * rs * rs / float(dim);
     for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
       const float g = to_f32(dyr[c]), xv = to_f32(xr[c]);
-      dx[row * dim + c] = from_f32<T>(rs * (g * to_f32(w[c]) - xv * k));
+      dx[row * dim + c] = from_f32<T>(rs * (g * (to_f32(w[c]) + w_offset) - xv * k));
       if (partial) dw_acc[c] += g * xv * rs;
     }
   }
@@ -88,21 +88,21 @@ int64_t rmsnorm_backward_scratch(int64_t rows, int64_t dim, int device) {
 }
 
 void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, DType t, int64_t rows,
-                     int64_t dim, double eps, int device, Stream s) {
+                     int64_t dim, double eps, float w_offset, int device, Stream s) {
   if (rows == 0) return;
   CUDA_CHECK(cudaSetDevice(device));
   dispatch_float(t, "rmsnorm", [&](auto tv) {
     using T = decltype(tv);
     rmsnorm_fwd<T><<<unsigned(rows), 256, 0, cudaStream_t(s)>>>(
         static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), rstd, dim,
-        float(eps));
+        float(eps), w_offset);
   });
   CUDA_CHECK(cudaGetLastError());
 }
 
 void rmsnorm_backward(const void* dy, const void* x, const void* w, const float* rstd, void* dx,
                       void* dw, DType dwt, float* scratch, DType t, int64_t rows, int64_t dim,
-                      int device, Stream s) {
+                      float w_offset, int device, Stream s) {
   if (rows == 0) return;
   CUDA_CHECK(cudaSetDevice(device));
   FSDP_CHECK(!dw || dim <= kMaxDwDim, "[rmsnorm_backward] CUDA dw takes dims up to {}, got {}",
@@ -116,7 +116,7 @@ void rmsnorm_backward(const void* dy, const void* x, const void* w, const float*
                                       int(smem)));
     rmsnorm_bwd<T><<<unsigned(blocks), 256, smem, cudaStream_t(s)>>>(
         static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), rstd,
-        static_cast<T*>(dx), dw ? scratch : nullptr, rows, dim);
+        static_cast<T*>(dx), dw ? scratch : nullptr, rows, dim, w_offset);
   });
   CUDA_CHECK(cudaGetLastError());
   if (dw) {

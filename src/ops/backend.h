@@ -26,51 +26,52 @@
 #include "fsdp/ops/ops.h"
 
 // X(return type, name, (parameters))
-#define FSDP_BACKEND_OPS(X)                                                                      \
-  X(void, gemm,                                                                                  \
-    (const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha,          \
-     double beta))                                                                               \
-  X(Tensor, linear_forward, (const Tensor& x, const Tensor& w, const Tensor& b))                 \
-  X(Tensor, linear_backward,                                                                     \
-    (const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dw, const Tensor& db))    \
-  X(Tensor, embedding_forward, (const Tensor& ids, const Tensor& w))                             \
-  X(void, embedding_backward, (const Tensor& dy, const Tensor& ids, const Tensor& dw))           \
-  X(RMSNormOut, rmsnorm_forward, (const Tensor& x, const Tensor& w, double eps))                 \
-  X(Tensor, rmsnorm_backward,                                                                    \
-    (const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dw))  \
-  X(Tensor, silu_forward, (const Tensor& x))                                                     \
-  X(Tensor, silu_backward, (const Tensor& dy, const Tensor& x))                                  \
-  X(Tensor, swiglu_forward, (const Tensor& g, const Tensor& u))                                  \
-  X(TensorPair, swiglu_backward, (const Tensor& dy, const Tensor& g, const Tensor& u))           \
-  X(void, rope_,                                                                                 \
-    (const Tensor& qkv, int64_t heads, int64_t kv_heads, const std::vector<double>& freqs,       \
-     bool inverse, int64_t offset, const Tensor& doc_start))                                     \
-  X(AttentionOut, attention_forward,                                                             \
-    (const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal, const Tensor& doc_start,   \
-     int64_t window))                                                                            \
-  X(Tensor, attention_backward,                                                                  \
-    (const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t heads, \
-     int64_t kv_heads, bool causal, const Tensor& doc_start, int64_t window))                    \
-  X(Tensor, attention_decode,                                                                    \
-    (const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads, int64_t kv_heads,         \
-     int64_t past, int64_t window))                                                              \
-  X(Tensor, add, (const Tensor& a, const Tensor& b))                                             \
-  X(void, add_, (const Tensor& a, const Tensor& b))                                              \
-  X(void, sum_squares_into, (const Tensor& x, const Tensor& acc))                                \
-  X(void, clip_scale_, (const Tensor& x, const Tensor& total_sq, double max_norm))               \
-  X(void, scale_, (const Tensor& x, double s))                                                   \
-  X(CrossEntropyOut, cross_entropy_forward,                                                      \
-    (const Tensor& logits, const Tensor& targets, bool read_loss, double divisor))               \
-  X(Tensor, cross_entropy_backward,                                                              \
-    (const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,               \
-     double divisor))                                                                            \
-  X(Tensor, cross_entropy_backward_,                                                             \
-    (const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,               \
-     double divisor))                                                                            \
-  X(void, copy_segments,                                                                         \
-    (const Tensor& dst, const Tensor& src, const std::vector<Segment>& segments))                \
-  X(void, adamw_,                                                                                \
-    (const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWHyper& h,    \
+#define FSDP_BACKEND_OPS(X)                                                                       \
+  X(void, gemm,                                                                                   \
+    (const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha,           \
+     double beta))                                                                                \
+  X(Tensor, linear_forward, (const Tensor& x, const Tensor& w, const Tensor& b))                  \
+  X(Tensor, linear_backward,                                                                      \
+    (const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dw, const Tensor& db))     \
+  X(Tensor, embedding_forward, (const Tensor& ids, const Tensor& w))                              \
+  X(void, embedding_backward, (const Tensor& dy, const Tensor& ids, const Tensor& dw))            \
+  X(RMSNormOut, rmsnorm_forward, (const Tensor& x, const Tensor& w, double eps, double w_offset)) \
+  X(Tensor, rmsnorm_backward,                                                                     \
+    (const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dw,    \
+     double w_offset))                                                                            \
+  X(Tensor, silu_forward, (const Tensor& x))                                                      \
+  X(Tensor, silu_backward, (const Tensor& dy, const Tensor& x))                                   \
+  X(Tensor, swiglu_forward, (const Tensor& g, const Tensor& u, Gate act))                         \
+  X(TensorPair, swiglu_backward, (const Tensor& dy, const Tensor& g, const Tensor& u, Gate act))  \
+  X(void, rope_,                                                                                  \
+    (const Tensor& qkv, int64_t heads, int64_t kv_heads, const std::vector<double>& freqs,        \
+     bool inverse, int64_t offset, const Tensor& doc_start))                                      \
+  X(AttentionOut, attention_forward,                                                              \
+    (const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal, const Tensor& doc_start,    \
+     int64_t window))                                                                             \
+  X(Tensor, attention_backward,                                                                   \
+    (const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t heads,  \
+     int64_t kv_heads, bool causal, const Tensor& doc_start, int64_t window))                     \
+  X(Tensor, attention_decode,                                                                     \
+    (const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads, int64_t kv_heads,          \
+     int64_t past, int64_t window))                                                               \
+  X(Tensor, add, (const Tensor& a, const Tensor& b))                                              \
+  X(void, add_, (const Tensor& a, const Tensor& b))                                               \
+  X(void, sum_squares_into, (const Tensor& x, const Tensor& acc))                                 \
+  X(void, clip_scale_, (const Tensor& x, const Tensor& total_sq, double max_norm))                \
+  X(void, scale_, (const Tensor& x, double s))                                                    \
+  X(CrossEntropyOut, cross_entropy_forward,                                                       \
+    (const Tensor& logits, const Tensor& targets, bool read_loss, double divisor))                \
+  X(Tensor, cross_entropy_backward,                                                               \
+    (const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,                \
+     double divisor))                                                                             \
+  X(Tensor, cross_entropy_backward_,                                                              \
+    (const Tensor& logits, const Tensor& targets, const Tensor& lse, double dloss,                \
+     double divisor))                                                                             \
+  X(void, copy_segments,                                                                          \
+    (const Tensor& dst, const Tensor& src, const std::vector<Segment>& segments))                 \
+  X(void, adamw_,                                                                                 \
+    (const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWHyper& h,     \
      int64_t step))
 
 #define FSDP_DECLARE_BACKEND_OP(ret, name, params) ret name params;

@@ -174,10 +174,25 @@ void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dw) {
   DW.finish();
 }
 
-RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps) {
+namespace {
+// The weight in the compute dtype, plus w_offset (a copy: never the caller's weight).
+Tensor offset_weight(const Tensor& w, DType ct, double w_offset) {
+  Tensor W = as_compute(w, ct);
+  if (w_offset == 0.0) return W;
+  Tensor out = W.clone();
+  dispatch_compute(ct, "rmsnorm", [&](auto tv) {
+    using T = decltype(tv);
+    T* p = out.data<T>();
+    for (int64_t i = 0; i < out.numel(); ++i) p[i] += T(w_offset);
+  });
+  return out;
+}
+}  // namespace
+
+RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, double w_offset) {
   const int64_t dim = w.size(0), rows = x.numel() / std::max<int64_t>(dim, 1);
   const DType ct = compute_dtype(x.dtype());
-  Tensor X = as_compute(x, ct), W = as_compute(w, ct);
+  Tensor X = as_compute(x, ct), W = offset_weight(w, ct, w_offset);
   Tensor y = Tensor::empty(x.shape(), ct), rstd = Tensor::empty({rows}, ct);
   dispatch_compute(ct, "rmsnorm", [&](auto tv) {
     using T = decltype(tv);
@@ -187,10 +202,10 @@ RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps) {
 }
 
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                        const Tensor& dw) {
+                        const Tensor& dw, double w_offset) {
   const int64_t dim = w.size(0), rows = x.numel() / std::max<int64_t>(dim, 1);
   const DType ct = compute_dtype(x.dtype());
-  Tensor DY = as_compute(dy, ct), X = as_compute(x, ct), W = as_compute(w, ct),
+  Tensor DY = as_compute(dy, ct), X = as_compute(x, ct), W = offset_weight(w, ct, w_offset),
          R = as_compute(rstd, ct);
   Tensor dx = Tensor::empty(x.shape(), ct);
   Accum DW(dw, ct);
@@ -229,24 +244,25 @@ Tensor silu_backward(const Tensor& dy, const Tensor& x) {
   return as_storage(dx, x.dtype());
 }
 
-Tensor swiglu_forward(const Tensor& g, const Tensor& u) {
+Tensor swiglu_forward(const Tensor& g, const Tensor& u, Gate act) {
   const DType ct = compute_dtype(g.dtype());
   Tensor G = as_compute(g, ct), U = as_compute(u, ct), y = Tensor::empty(g.shape(), ct);
   dispatch_compute(ct, "swiglu", [&](auto tv) {
     using T = decltype(tv);
-    cpu::swiglu_forward<T>(G.data<T>(), U.data<T>(), y.data<T>(), y.numel());
+    cpu::swiglu_forward<T>(G.data<T>(), U.data<T>(), y.data<T>(), y.numel(),
+                           act == Gate::gelu_tanh);
   });
   return as_storage(y, g.dtype());
 }
 
-TensorPair swiglu_backward(const Tensor& dy, const Tensor& g, const Tensor& u) {
+TensorPair swiglu_backward(const Tensor& dy, const Tensor& g, const Tensor& u, Gate act) {
   const DType ct = compute_dtype(g.dtype());
   Tensor DY = as_compute(dy, ct), G = as_compute(g, ct), U = as_compute(u, ct);
   Tensor dg = Tensor::empty(g.shape(), ct), du = Tensor::empty(g.shape(), ct);
   dispatch_compute(ct, "swiglu_backward", [&](auto tv) {
     using T = decltype(tv);
     cpu::swiglu_backward<T>(DY.data<T>(), G.data<T>(), U.data<T>(), dg.data<T>(), du.data<T>(),
-                            dg.numel());
+                            dg.numel(), act == Gate::gelu_tanh);
   });
   return {as_storage(dg, g.dtype()), as_storage(du, g.dtype())};
 }

@@ -131,19 +131,19 @@ void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dw) {
                          dw.dtype(), I.numel(), dw.size(0), dw.size(1), dev(dw), cs(dw));
 }
 
-RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps) {
+RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, double w_offset) {
   same_dtype("rmsnorm", x, w);
   Tensor X = dense(x), W = dense(w);
   const int64_t dim = w.size(0), rows = x.numel() / std::max<int64_t>(dim, 1);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device()),
          rstd = Tensor::empty({rows}, DType::f32, x.device());
   kc::rmsnorm_forward(X.raw_data(), W.raw_data(), y.raw_data(), rstd.data<float>(), x.dtype(), rows,
-                      dim, eps, dev(x), cs(x));
+                      dim, eps, float(w_offset), dev(x), cs(x));
   return {y, rstd};
 }
 
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                        const Tensor& dw) {
+                        const Tensor& dw, double w_offset) {
   check_grad("rmsnorm_backward", dw);
   Tensor DY = dense(dy.to(x.dtype())), X = dense(x), W = dense(w), R = dense(rstd.to(DType::f32));
   const int64_t dim = w.size(0), rows = x.numel() / std::max<int64_t>(dim, 1);
@@ -151,10 +151,11 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
   Tensor scratch = dw.defined() ? Tensor::empty({kc::rmsnorm_backward_scratch(rows, dim, dev(x))},
                                                 DType::f32, x.device())
                                 : Tensor();
-  kc::rmsnorm_backward(
-      DY.raw_data(), X.raw_data(), W.raw_data(), R.data<float>(), dx.raw_data(),
-      dw.defined() ? dw.raw_data() : nullptr, dw.defined() ? dw.dtype() : DType::f32,
-      scratch.defined() ? scratch.data<float>() : nullptr, x.dtype(), rows, dim, dev(x), cs(x));
+  kc::rmsnorm_backward(DY.raw_data(), X.raw_data(), W.raw_data(), R.data<float>(), dx.raw_data(),
+                       dw.defined() ? dw.raw_data() : nullptr,
+                       dw.defined() ? dw.dtype() : DType::f32,
+                       scratch.defined() ? scratch.data<float>() : nullptr, x.dtype(), rows, dim,
+                       float(w_offset), dev(x), cs(x));
   return dx;
 }
 
@@ -172,19 +173,21 @@ Tensor silu_backward(const Tensor& dy, const Tensor& x) {
   return dx;
 }
 
-Tensor swiglu_forward(const Tensor& g, const Tensor& u) {
+Tensor swiglu_forward(const Tensor& g, const Tensor& u, Gate act) {
   same_dtype("swiglu", g, u);
   Tensor G = dense(g), U = dense(u), y = Tensor::empty(g.shape(), g.dtype(), g.device());
-  kc::swiglu_forward(G.raw_data(), U.raw_data(), y.raw_data(), g.dtype(), g.numel(), dev(g), cs(g));
+  kc::swiglu_forward(G.raw_data(), U.raw_data(), y.raw_data(), g.dtype(), g.numel(),
+                     act == Gate::gelu_tanh, dev(g), cs(g));
   return y;
 }
 
-std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& g, const Tensor& u) {
+std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& g, const Tensor& u,
+                                          Gate act) {
   Tensor DY = dense(dy.to(g.dtype())), G = dense(g), U = dense(u);
   Tensor dg = Tensor::empty(g.shape(), g.dtype(), g.device()),
          du = Tensor::empty(g.shape(), g.dtype(), g.device());
   kc::swiglu_backward(DY.raw_data(), G.raw_data(), U.raw_data(), dg.raw_data(), du.raw_data(),
-                      g.dtype(), g.numel(), dev(g), cs(g));
+                      g.dtype(), g.numel(), act == Gate::gelu_tanh, dev(g), cs(g));
   return {dg, du};
 }
 

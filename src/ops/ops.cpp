@@ -164,18 +164,18 @@ double default_rmsnorm_eps(DType dtype) {
   }
 }
 
-RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps) {
+RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, double w_offset) {
   FSDP_OP_SCOPE("rmsnorm", x, ({&x, &w}), cost::rmsnorm_forward(x, w));
   FSDP_CHECK(w.dim() == 1 && x.dim() >= 1 && x.size(-1) == w.size(0),
              "[rmsnorm] weight {} does not match the last dim of input {}", shape_str(w.shape()),
              shape_str(x.shape()));
   FSDP_CHECK(eps >= 0, "[rmsnorm] eps must be >= 0, got {}", eps);
-  if (on_cuda("rmsnorm", {&x, &w})) return cuda_impl::rmsnorm_forward(x, w, eps);
-  return cpu_impl::rmsnorm_forward(x, w, eps);
+  if (on_cuda("rmsnorm", {&x, &w})) return cuda_impl::rmsnorm_forward(x, w, eps, w_offset);
+  return cpu_impl::rmsnorm_forward(x, w, eps, w_offset);
 }
 
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                        const Tensor& dw) {
+                        const Tensor& dw, double w_offset) {
   FSDP_OP_SCOPE("rmsnorm_backward", x, ({&dy, &x, &w}), cost::rmsnorm_backward(dy, x, w));
   FSDP_CHECK(dy.shape() == x.shape(), "[rmsnorm_backward] dy {} vs x {}", shape_str(dy.shape()),
              shape_str(x.shape()));
@@ -183,8 +183,8 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
   FSDP_CHECK(rstd.numel() == rows, "[rmsnorm_backward] rstd has {} rows, expected {}", rstd.numel(),
              rows);
   if (on_cuda("rmsnorm_backward", {&dy, &x, &w, &rstd, &dw}))
-    return cuda_impl::rmsnorm_backward(dy, x, w, rstd, dw);
-  return cpu_impl::rmsnorm_backward(dy, x, w, rstd, dw);
+    return cuda_impl::rmsnorm_backward(dy, x, w, rstd, dw, w_offset);
+  return cpu_impl::rmsnorm_backward(dy, x, w, rstd, dw, w_offset);
 }
 
 // ---------------------------------------------------------------- activations
@@ -203,22 +203,23 @@ Tensor silu_backward(const Tensor& dy, const Tensor& x) {
   return cpu_impl::silu_backward(dy, x);
 }
 
-Tensor swiglu_forward(const Tensor& gate, const Tensor& up) {
-  FSDP_OP_SCOPE("swiglu", gate, ({&gate, &up}), cost::swiglu_forward(gate, up));
-  FSDP_CHECK(gate.shape() == up.shape(), "[swiglu] gate {} vs up {}", shape_str(gate.shape()),
+Tensor swiglu_forward(const Tensor& gate, const Tensor& up, Gate act) {
+  const char* op = act == Gate::silu ? "swiglu" : "geglu";
+  FSDP_OP_SCOPE(op, gate, ({&gate, &up}), cost::swiglu_forward(gate, up));
+  FSDP_CHECK(gate.shape() == up.shape(), "[{}] gate {} vs up {}", op, shape_str(gate.shape()),
              shape_str(up.shape()));
-  if (on_cuda("swiglu", {&gate, &up})) return cuda_impl::swiglu_forward(gate, up);
-  return cpu_impl::swiglu_forward(gate, up);
+  if (on_cuda(op, {&gate, &up})) return cuda_impl::swiglu_forward(gate, up, act);
+  return cpu_impl::swiglu_forward(gate, up, act);
 }
 
-std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up) {
-  FSDP_OP_SCOPE("swiglu_backward", gate, ({&dy, &gate, &up}), cost::swiglu_backward(dy, gate, up));
-  FSDP_CHECK(dy.shape() == gate.shape() && gate.shape() == up.shape(),
-             "[swiglu_backward] dy {} gate {} up {}", shape_str(dy.shape()),
-             shape_str(gate.shape()), shape_str(up.shape()));
-  if (on_cuda("swiglu_backward", {&dy, &gate, &up}))
-    return cuda_impl::swiglu_backward(dy, gate, up);
-  return cpu_impl::swiglu_backward(dy, gate, up);
+std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up,
+                                          Gate act) {
+  const char* op = act == Gate::silu ? "swiglu_backward" : "geglu_backward";
+  FSDP_OP_SCOPE(op, gate, ({&dy, &gate, &up}), cost::swiglu_backward(dy, gate, up));
+  FSDP_CHECK(dy.shape() == gate.shape() && gate.shape() == up.shape(), "[{}] dy {} gate {} up {}",
+             op, shape_str(dy.shape()), shape_str(gate.shape()), shape_str(up.shape()));
+  if (on_cuda(op, {&dy, &gate, &up})) return cuda_impl::swiglu_backward(dy, gate, up, act);
+  return cpu_impl::swiglu_backward(dy, gate, up, act);
 }
 
 // ---------------------------------------------------------------- attention

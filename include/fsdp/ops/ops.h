@@ -40,15 +40,21 @@ double default_rmsnorm_eps(DType dtype);
 struct RMSNormOut {
   Tensor y, rstd;  // rstd: one per row, saved for the backward
 };
-RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps);
+// y = x * rstd * (w + w_offset): w_offset 1 is Gemma's RMSNorm, (1 + w) with w initialised to 0,
+// the sum taken in the compute dtype (f32 for bf16 weights, as Gemma's f32 (1.0 + w.float())).
+// The weight's gradient is the same for either offset.
+RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, double w_offset = 0.0);
 Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                        const Tensor& dw);
+                        const Tensor& dw, double w_offset = 0.0);
 
 Tensor silu_forward(const Tensor& x);
 Tensor silu_backward(const Tensor& dy, const Tensor& x);
-// swiglu(gate, up) = silu(gate) * up, the llama FFN's gate.
-Tensor swiglu_forward(const Tensor& gate, const Tensor& up);
-std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up);
+// The gated FFN's activation: act(gate) * up, SwiGLU with silu (llama) or GeGLU with gelu's tanh
+// form, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (Gemma's gelu_pytorch_tanh).
+enum class Gate : uint8_t { silu, gelu_tanh };
+Tensor swiglu_forward(const Tensor& gate, const Tensor& up, Gate act = Gate::silu);
+std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, const Tensor& up,
+                                          Gate act = Gate::silu);
 
 // The packed qkv of attention: [B, T, (heads + 2 * kv_heads) * hd], each row the query heads,
 // then the key heads, then the value heads, head by head. kv_heads = 0 means kv_heads = heads
