@@ -114,6 +114,39 @@ TEST(ParamNames, EveryParameterRoundTripsThroughHuggingFaceAndGgufNames) {
     EXPECT_EQ(rename(bad, Naming::gguf, Naming::hf), "") << bad;
 }
 
+// Gemma's sandwich block: its pre-FFN norm (our norm2) is Hugging Face's pre_feedforward_layernorm
+// and its post_attention_layernorm the attention output's norm; every parameter (QK-norm's too)
+// round-trips through both namings with the sandwich table, and the llama table is unchanged.
+TEST(ParamNames, SandwichNormsHaveGemmasNames) {
+  using checkpoint::detail::Naming;
+  using checkpoint::detail::rename;
+  nn::MiniLLMConfig cfg = nn::MiniLLMConfig::preset("tiny");
+  cfg.arch = nn::Arch::llama, cfg.layers = 2, cfg.tie_embeddings = true;
+  cfg.qk_norm = cfg.norm_plus_one = cfg.sandwich_norms = cfg.geglu = cfg.embed_scale = true;
+  nn::MiniLLM model(cfg);
+  int checked = 0;
+  for (const auto& [name, param] : model.named_parameters()) {
+    if (checkpoint::detail::is_in_proj(name)) continue;
+    const std::string hf = rename(name, Naming::ours, Naming::hf, true);
+    const std::string gguf = rename(name, Naming::ours, Naming::gguf, true);
+    ASSERT_FALSE(hf.empty() || gguf.empty()) << name;
+    EXPECT_EQ(rename(hf, Naming::hf, Naming::ours, true), name);
+    EXPECT_EQ(rename(gguf, Naming::gguf, Naming::ours, true), name);
+    EXPECT_EQ(rename(gguf, Naming::gguf, Naming::hf, true), hf);
+    EXPECT_EQ(checkpoint::hf_name(name, true), hf);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 1 + 1 + 2 * 10);  // embed, norm; a block: 4 norms, 2 q/k norms, out, 3 FFN
+  EXPECT_EQ(rename("layers.1.norm2.weight", Naming::ours, Naming::hf, true),
+            "model.layers.1.pre_feedforward_layernorm.weight");
+  EXPECT_EQ(rename("layers.1.post_attn_norm.weight", Naming::ours, Naming::hf, true),
+            "model.layers.1.post_attention_layernorm.weight");
+  EXPECT_EQ(rename("layers.1.post_ffn_norm.weight", Naming::ours, Naming::gguf, true),
+            "blk.1.post_ffw_norm.weight");
+  EXPECT_EQ(rename("layers.1.norm2.weight", Naming::ours, Naming::hf),
+            "model.layers.1.post_attention_layernorm.weight");
+}
+
 TEST(Manager, LockRefusesASecondJobByNameAndIsReleasedWithTheManager) {
   TempDir t;
   auto first =

@@ -20,7 +20,13 @@
       within 1e-4 of transformers' (and the same weights without the scaling differ by more than
       1e-2, so the check is not vacuous); fine-tuned and exported, transformers loads the folder
       (rope_scaling written back) to the checkpoint's logits, the GGUF holds rope_freqs.weight as
-      llama.cpp's converter computes it, and fsdp-generate reads that GGUF back to the same logits.
+      llama.cpp's converter computes it, and fsdp-generate reads that GGUF back to the same logits;
+  (e) Gemma 3 (Gemma3TextConfig: QK-norm, (1 + w) and sandwich norms, GeGLU, the embedding scaled
+      by sqrt(hidden), local layers of a sliding window of 32 and rope base 1e4 beside global ones
+      of base 1e6, GQA 4/2 of head dim 32, tied): fsdp-generate's f32 logits on the 96-token prompt
+      (past the window) within 1e-4 of transformers', 20 greedy tokens equal; fine-tuned 2 steps
+      and exported, transformers loads it as Gemma3ForCausalLM with no missing or unexpected keys,
+      to the checkpoint's logits.
 
 PyTorch and transformers come from FSDP_TORCH_PYTHON (bench/setup_torch_ref.sh makes one), else
 this interpreter; where they do not import, the test prints "skipped: ..." and exits 0 (CI does
@@ -39,7 +45,8 @@ fail = failer("families_ref_test")
 under_torch_python(__file__)
 try:
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
+                              LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 except ImportError as e:
     skip(f"PyTorch and transformers (with Qwen3) do not import here ({e}); set FSDP_TORCH_PYTHON")
 
@@ -223,4 +230,42 @@ _, from_gguf = logits_of("--model", os.path.join(hf, "model.gguf"))
 diff = (from_gguf - from_ckpt).abs().max().item()
 print(f"(d) fsdp-generate on the GGUF export: max |logit diff| to the checkpoint {diff:.2e}")
 check(diff < 1e-4, f"the GGUF export read back differs by {diff}")
+
+# (e) Gemma 3 on random weights.
+torch.manual_seed(3)
+gcfg = Gemma3TextConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32,
+                        max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=1e6, rope_local_base_freq=1e4,
+                        sliding_window=32, layer_types=["sliding_attention", "full_attention"] * 2,
+                        tie_word_embeddings=True, attn_implementation="eager")
+gemma = Gemma3ForCausalLM(gcfg).eval()
+with torch.no_grad():
+    for n, p in gemma.named_parameters():
+        if p.dim() == 1:
+            p.uniform_(-0.5, 0.5)  # (1 + w) norms: away from their zero init
+        else:
+            p.normal_(0.0, 0.1)
+gdir = os.path.join(work, "gemma3")
+gemma.save_pretrained(gdir, safe_serialization=True)
+_, ours = logits_of("--model", gdir)
+with torch.no_grad():
+    ref = gemma(ids).logits[0]
+    full_cfg = Gemma3TextConfig(**{**gcfg.to_dict(), "layer_types": ["full_attention"] * 4})
+    full = Gemma3ForCausalLM(full_cfg).eval()
+    full.load_state_dict(gemma.state_dict())
+    unwindowed = full(ids).logits[0]
+diff = (ours - ref).abs().max().item()
+apart = (unwindowed - ref).abs().max().item()
+print(f"(e) gemma3, window 32 on 2 of 4 layers, 96 tokens: max |logit diff| {diff:.2e} (logits of scale "
+      f"{ref.abs().max().item():.1f}); with every layer global the logits move by {apart:.2e}")
+check(diff < 1e-4, f"gemma3 logits differ from transformers' by {diff}")
+check(apart > 1e-3, f"the window hardly changes the logits ({apart}): the check would be vacuous")
+with torch.no_grad():
+    want_ids = gemma.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
+                              pad_token_id=0)[0][ids.shape[1]:].tolist()
+text = run(gen, "--model", gdir, "--tokenizer", "bytes", "--prompt", prompt, "--tokens", "20",
+           "--temperature", "0", "--ignore-eos", "--threads", "2", raw=True)
+print(f"(e) greedy 20 tokens: transformers {want_ids}")
+check(bytes(want_ids) in text, f"gemma3 greedy bytes differ: fsdp-generate {text!r}, transformers {bytes(want_ids)!r}")
+finetune_and_export(gdir, "e", gguf=None, cls="Gemma3ForCausalLM")
 print(f"{passed} passed, 0 failed")

@@ -2,8 +2,8 @@
 # The memory plan against the measured peak: fsdp-train prints both in its summary line
 # ("peak rss R MB | plan P MB resident (measured/plan X), A MB allocated (Y)"). Each run's
 # measured peak resident set and the allocator's peak must lie within 10% of the plan, at the
-# tiny preset (np 1 and 2, checkpointing none, full and every:2; and np 1 with Qwen3's QK-norm,
-# none and full) and a 12-block, dim-512 model
+# tiny preset (np 1 and 2, checkpointing none, full and every:2; and np 1 with Qwen3's QK-norm and
+# with Gemma 3's shape, none and full) and a 12-block, dim-512 model
 # with the seed vocabulary (np 1, none and full); and checkpointing's drop in each peak (none to
 # full, none to every:2) within 10% of the plan's. Peaks are byte counts, not times: the test does
 # not depend on the machine's load.
@@ -80,6 +80,13 @@ qwen3=("${tiny[@]}" --arch llama --heads 4 --kv-heads 2 --head-dim 128 --qk-norm
 for ac in none full; do
   check "tiny qk-norm np1 $ac" "$bin" "${qwen3[@]}" --activation-checkpoint "$ac"
 done
+# Gemma 3's shape: on top, (1 + w) and sandwich norms (the outputs' norms keep their inputs),
+# GeGLU, the embedding scaled, windowed local layers.
+gemma3=("${qwen3[@]}" --norm-plus-one --sandwich-norms --geglu --embed-scale --sliding-window 64
+  --global-every 2 --tie-embeddings)
+for ac in none full; do
+  check "tiny gemma3 np1 $ac" "$bin" "${gemma3[@]}" --activation-checkpoint "$ac"
+done
 wide=(--preset seed --dim 512 --heads 8 --layers 12 --batch 2 --seq 512 --steps 2 --threads 1)
 for ac in none full; do
   check "L12 d512 vocab 32000 np1 $ac" "$bin" "${wide[@]}" --activation-checkpoint "$ac"
@@ -89,6 +96,7 @@ drop "tiny np1 none" "tiny np1 full"
 drop "tiny np1 none" "tiny np1 every:2"
 drop "tiny np2 none" "tiny np2 full"
 drop "tiny qk-norm np1 none" "tiny qk-norm np1 full"
+drop "tiny gemma3 np1 none" "tiny gemma3 np1 full"
 drop "L12 d512 vocab 32000 np1 none" "L12 d512 vocab 32000 np1 full"
 
 summary

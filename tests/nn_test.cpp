@@ -369,6 +369,57 @@ TEST(WholeModelGradient, QkNormLlama) {
   expect_whole_model_gradient(c);
 }
 
+// Gemma 3's block: (1 + w) norms everywhere (q/k norms too), norms on the attention's and the
+// FFN's outputs, GeGLU, the embedding scaled by sqrt(dim), and local layers (a window of 3 keys,
+// rope base 1e4) beside global ones (every second: full attention, base 1e5), tied: every
+// gradient against f64 finite differences; the KV-cached decode equals the full forward.
+nn::MiniLLMConfig gemma_config() {
+  nn::MiniLLMConfig c = gqa_config(2, true, false);
+  c.qk_norm = c.norm_plus_one = c.sandwich_norms = c.geglu = c.embed_scale = true;
+  c.sliding_window = 3, c.global_every = 2, c.rope_local_theta = 1e4;
+  c.norm_eps = 1e-6;
+  return c;
+}
+
+TEST(WholeModelGradient, Gemma3Block) {
+  const nn::MiniLLMConfig c = gemma_config();
+  ASSERT_GT(c.seq, c.sliding_window);
+  EXPECT_EQ(c.layer_window(0), 3);
+  EXPECT_EQ(c.layer_window(1), 0);
+  nn::MiniLLM m(c);
+  EXPECT_EQ(c.num_parameters(), m.num_parameters());
+  int sandwich = 0;
+  for (auto& [n, p] : m.named_parameters())
+    sandwich += n.find("post_attn_norm") != std::string::npos ||
+                n.find("post_ffn_norm") != std::string::npos;
+  EXPECT_EQ(sandwich, 2 * int(c.layers));
+  expect_whole_model_gradient(c);
+  EXPECT_EQ(nn::MiniLLMConfig::from_json(c.to_json()).to_json(), c.to_json());
+}
+
+TEST(Sample, Gemma3KvCacheEqualsTheFullForward) {
+  nn::MiniLLMConfig c = gemma_config();
+  c.vocab = 50, c.dim = 16, c.seq = 16;
+  nn::MiniLLM model(c);
+  nn::materialize(model, DType::f64, 9);
+  for (auto& [n, p] : model.named_parameters())
+    if (n.find("norm") != std::string::npos)
+      nn::init_fill(nn::Init::uniform(-0.5, 0.5), 6, n, 0, p->data);
+  const std::vector<int32_t> ids = {3, 14, 15, 9, 2, 6, 5, 35, 8, 9};
+  Tensor full = model.forward(Tensor::from_vector(ids, {1, 10})).view({10, c.vocab});
+  model.start_kv_cache(c.seq);
+  Tensor pre =
+      model.forward(Tensor::from_vector(std::vector<int32_t>(ids.begin(), ids.begin() + 2), {1, 2}))
+          .view({2, c.vocab});
+  EXPECT_LT(test::rel_error(pre, full.slice(0, 2)), 1e-12);
+  for (int64_t t = 2; t < 10; ++t) {
+    Tensor row = model.forward(Tensor::from_vector(std::vector<int32_t>{ids[size_t(t)]}, {1, 1}))
+                     .view({1, c.vocab});
+    EXPECT_LT(test::rel_error(row, full.slice(t, t + 1)), 1e-12) << "position " << t;
+  }
+  model.stop_kv_cache();
+}
+
 // Llama 3's rope scaling, with an original context of 32 so that at head dim 16 and theta 1e5
 // frequency 0 is kept, 1 blended and the others divided: every gradient against f64 finite
 // differences.

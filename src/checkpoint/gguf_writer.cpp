@@ -93,6 +93,10 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
   FSDP_CHECK(!(cfg.qk_norm && cfg.qkv_bias),
              "[gguf] a model with q/k norms and q/k/v biases has no llama.cpp architecture "
              "(qwen3 has no biases)");
+  FSDP_CHECK(!cfg.norm_plus_one && !cfg.sandwich_norms && !cfg.geglu && !cfg.embed_scale &&
+                 cfg.sliding_window == 0,
+             "[gguf] GGUF export of Gemma's options (llama.cpp's gemma3) is not written yet; "
+             "export to Hugging Face (--out) instead");
   const bool half_split = cfg.qkv_bias || cfg.qk_norm;
   FSDP_CHECK(!half_split || !cfg.rope_scaling.enabled(),
              "[gguf] llama.cpp's qwen2 and qwen3 take no Llama 3 rope scaling (rope_freqs)");
@@ -123,7 +127,8 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
       add(names[1], qk(t.slice(rows[1].first, rows[1].second), kv_heads));
       add(names[2], t.slice(rows[2].first, rows[2].second));
     } else {
-      const std::string n = detail::rename(name, detail::Naming::ours, detail::Naming::gguf);
+      const std::string n =
+          detail::rename(name, detail::Naming::ours, detail::Naming::gguf, cfg.sandwich_norms);
       FSDP_CHECK(!n.empty(), "[gguf] no llama.cpp name for parameter '{}'", name);
       add(n, t);
     }

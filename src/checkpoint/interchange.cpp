@@ -29,9 +29,9 @@ std::array<std::pair<int64_t, int64_t>, 3> in_proj_rows(const nn::MiniLLMConfig&
   return {{{0, q}, {q, q + kv}, {q + kv, q + 2 * kv}}};
 }
 
-std::string hf_name(const std::string& ours) {
+std::string hf_name(const std::string& ours, bool sandwich) {
   if (is_in_proj(ours) || is_in_proj_bias(ours)) return "";
-  const std::string hf = detail::rename(ours, detail::Naming::ours, detail::Naming::hf);
+  const std::string hf = detail::rename(ours, detail::Naming::ours, detail::Naming::hf, sandwich);
   return hf.empty() ? ours : hf;
 }
 
@@ -99,7 +99,7 @@ NamedTensors to_hf_llama(const nn::MiniLLMConfig& cfg, const NamedTensors& ours)
       for (size_t i = 0; i < 3; ++i)
         out.emplace_back(names[i], t.slice(rows[i].first, rows[i].second));
     } else {
-      out.emplace_back(hf_name(name), t);
+      out.emplace_back(hf_name(name, cfg.sandwich_norms), t);
     }
   }
   return out;

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -43,6 +44,12 @@ constexpr Row kBlock[] = {
 constexpr size_t kQkvRows = 8;
 static_assert(std::string_view(kBlock[kQkvRows][1]) == "self_attn.q_proj.weight" &&
               std::string_view(kBlock[kQkvRows + 5][2]) == "attn_v.bias");
+// A sandwich block's (Gemma's) norms, looked up before kBlock (whose norm2 row they replace).
+constexpr Row kSandwich[] = {
+    {"norm2.weight", "pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+    {"post_attn_norm.weight", "post_attention_layernorm.weight", "post_attention_norm.weight"},
+    {"post_ffn_norm.weight", "post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+};
 constexpr const char* kBlockPrefix[] = {"layers.", "model.layers.", "blk."};
 
 size_t at(Naming n) { return size_t(n); }
@@ -61,17 +68,22 @@ std::optional<std::array<std::string, 2>> split_block(const std::string& name, N
 
 }  // namespace
 
-std::string rename(const std::string& name, Naming from, Naming to) {
+std::string rename(const std::string& name, Naming from, Naming to, bool sandwich) {
   for (const Row& r : kTop)
     if (name == r[at(from)]) return r[at(to)];
   const auto parts = split_block(name, from);
   if (!parts) return "";
-  for (const Row& r : kBlock) {
-    if (*r[at(from)] == '\0' || (*parts)[1] != r[at(from)]) continue;
-    if (*r[at(to)] == '\0') return "";
-    return kBlockPrefix[at(to)] + (*parts)[0] + "." + r[at(to)];
-  }
-  return "";
+  auto in = [&](std::span<const Row> rows) -> std::optional<std::string> {
+    for (const Row& r : rows) {
+      if (*r[at(from)] == '\0' || (*parts)[1] != r[at(from)]) continue;
+      if (*r[at(to)] == '\0') return "";
+      return kBlockPrefix[at(to)] + (*parts)[0] + "." + r[at(to)];
+    }
+    return std::nullopt;
+  };
+  if (sandwich)
+    if (auto n = in(kSandwich)) return *n;
+  return in(kBlock).value_or("");
 }
 
 std::array<std::string, 3> in_proj_names(const std::string& ours, Naming to) {

@@ -21,8 +21,10 @@ enum class Naming { ours, hf, gguf };
 
 // `name` (in naming `from`) in naming `to`; "" when it has none there: a name `from` does not
 // have, one of HF's or GGUF's q, k or v asked for in ours, or our in-projection asked for in
-// another (its parts are in_proj_names).
-std::string rename(const std::string& name, Naming from, Naming to);
+// another (its parts are in_proj_names). sandwich: a block with norms on the attention's and the
+// FFN's outputs (Gemma), whose pre-FFN norm (our norm2) Hugging Face calls
+// pre_feedforward_layernorm, its post_attention_layernorm being the attention's output norm.
+std::string rename(const std::string& name, Naming from, Naming to, bool sandwich = false);
 // The q, k and v names, in `to`, of our in-projection `ours` (weight or bias) of block N.
 std::array<std::string, 3> in_proj_names(const std::string& ours, Naming to);
 

@@ -63,8 +63,8 @@ using detail::is_in_proj_bias;
 
 // Our parameter name -> llama.cpp's tensor name ("" for the packed in-projection and for a block
 // parameter llama.cpp does not name; a name outside the table stays as it is).
-std::string gguf_name(const std::string& ours) {
-  const std::string g = detail::rename(ours, detail::Naming::ours, detail::Naming::gguf);
+std::string gguf_name(const std::string& ours, bool sandwich) {
+  const std::string g = detail::rename(ours, detail::Naming::ours, detail::Naming::gguf, sandwich);
   return !g.empty() || ours.starts_with("layers.") ? g : ours;
 }
 
@@ -281,6 +281,7 @@ nn::MiniLLMConfig config_from_family(const std::string& family, const std::strin
        [](const std::string& t, const std::string& w) { return config_from_hf_llama(t, w); }},
       {"qwen3",
        [](const std::string& t, const std::string& w) { return config_from_hf_llama(t, w); }},
+      {"gemma3_text", config_from_hf_gemma3},
       {"minillm",
        [](const std::string& t, const std::string&) { return nn::MiniLLMConfig::from_json(t); }}};
   auto it = families.find(family);
@@ -468,7 +469,7 @@ std::vector<std::pair<Stored, int64_t>> parts_of(const PretrainedSource& s,
       }
       return out;
     }
-    const std::string n = gguf_name(name);
+    const std::string n = gguf_name(name, cfg.sandwich_norms);
     auto st = stored(s, n);
     if (!st) missing(n);
     return {{*st, 0}};
@@ -486,7 +487,7 @@ std::vector<std::pair<Stored, int64_t>> parts_of(const PretrainedSource& s,
     }
     return out;
   }
-  const std::string hf = hf_name(name);
+  const std::string hf = hf_name(name, cfg.sandwich_norms);
   auto st = stored(s, hf);
   if (!st) missing(hf);
   return {{*st, 0}};

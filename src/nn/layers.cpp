@@ -53,20 +53,21 @@ Tensor Embedding::backward_impl(const Tensor& dy) {
 
 // ---------------------------------------------------------------- RMSNorm
 
-RMSNorm::RMSNorm(int64_t dim, std::optional<double> eps) : Module("RMSNorm"), eps_(eps) {
-  weight_ = &register_parameter("weight", {dim}, Init::constant(1.0));
+RMSNorm::RMSNorm(int64_t dim, std::optional<double> eps, bool plus_one)
+    : Module("RMSNorm"), eps_(eps), offset_(plus_one ? 1.0 : 0.0) {
+  weight_ = &register_parameter("weight", {dim}, Init::constant(plus_one ? 0.0 : 1.0));
 }
 
 Tensor RMSNorm::forward_impl(const Tensor& x) {
-  auto r =
-      ops::rmsnorm_forward(x, weight_->data, eps_.value_or(ops::default_rmsnorm_eps(x.dtype())));
+  auto r = ops::rmsnorm_forward(x, weight_->data,
+                                eps_.value_or(ops::default_rmsnorm_eps(x.dtype())), offset_);
   x_ = x;
   rstd_ = r.rstd;
   return r.y;
 }
 
 Tensor RMSNorm::backward_impl(const Tensor& dy) {
-  Tensor dx = ops::rmsnorm_backward(dy, x_, weight_->data, rstd_, weight_->grad);
+  Tensor dx = ops::rmsnorm_backward(dy, x_, weight_->data, rstd_, weight_->grad, offset_);
   x_ = rstd_ = Tensor();
   return dx;
 }
@@ -102,8 +103,10 @@ MultiheadAttention::MultiheadAttention(int64_t dim, int64_t heads, AttentionOpti
   out_proj_ = &register_module("out_proj", std::make_unique<Linear>(heads * hd_, dim, opt.bias));
   if (opt.bias) out_proj_->bias()->init = Init::constant(0.0);  // nn.MultiheadAttention zeroes it
   if (opt.qk_norm) {
-    q_norm_ = &register_module("q_norm", std::make_unique<RMSNorm>(hd_, opt.norm_eps));
-    k_norm_ = &register_module("k_norm", std::make_unique<RMSNorm>(hd_, opt.norm_eps));
+    q_norm_ =
+        &register_module("q_norm", std::make_unique<RMSNorm>(hd_, opt.norm_eps, opt.norm_plus_one));
+    k_norm_ =
+        &register_module("k_norm", std::make_unique<RMSNorm>(hd_, opt.norm_eps, opt.norm_plus_one));
   }
 }
 
@@ -241,6 +244,12 @@ Tensor MultiheadAttention::backward_impl(const Tensor& dy) {
 
 // ---------------------------------------------------------------- feed-forward
 
+namespace {
+ops::Gate gate_of(FeedForward::Kind k) {
+  return k == FeedForward::Kind::geglu ? ops::Gate::gelu_tanh : ops::Gate::silu;
+}
+}  // namespace
+
 FeedForward::FeedForward(int64_t dim, int64_t hidden, Kind kind)
     : Module("FeedForward"), kind_(kind) {
   if (kind == Kind::silu_mlp) {
@@ -260,7 +269,7 @@ Tensor FeedForward::forward_impl(const Tensor& x) {
   }
   g_ = gate_->forward(x);
   u_ = up_->forward(x);
-  return down_->forward(ops::swiglu_forward(g_, u_));
+  return down_->forward(ops::swiglu_forward(g_, u_, gate_of(kind_)));
 }
 
 Tensor FeedForward::backward_impl(const Tensor& dy) {
@@ -270,7 +279,7 @@ Tensor FeedForward::backward_impl(const Tensor& dy) {
     h_ = Tensor();
     return dx;
   }
-  auto [dg, du] = ops::swiglu_backward(dh, g_, u_);
+  auto [dg, du] = ops::swiglu_backward(dh, g_, u_, gate_of(kind_));
   g_ = u_ = Tensor();
   Tensor dx = gate_->backward(dg);
   ops::add_(dx, up_->backward(du));
@@ -281,24 +290,33 @@ Tensor FeedForward::backward_impl(const Tensor& dy) {
 
 TransformerBlock::TransformerBlock(int64_t dim, int64_t heads, int64_t ffn_hidden,
                                    FeedForward::Kind ffn_kind, AttentionOptions attn,
-                                   std::optional<double> norm_eps)
+                                   NormOptions norms)
     : Module("TransformerBlock") {
-  norm1_ = &register_module("norm1", std::make_unique<RMSNorm>(dim, norm_eps));
+  auto norm = [&] { return std::make_unique<RMSNorm>(dim, norms.eps, norms.plus_one); };
+  norm1_ = &register_module("norm1", norm());
   attn_ = &register_module("attn", std::make_unique<MultiheadAttention>(dim, heads, attn));
-  norm2_ = &register_module("norm2", std::make_unique<RMSNorm>(dim, norm_eps));
+  if (norms.sandwich) post_attn_norm_ = &register_module("post_attn_norm", norm());
+  norm2_ = &register_module("norm2", norm());
   ffn_ = &register_module("ffn", std::make_unique<FeedForward>(dim, ffn_hidden, ffn_kind));
+  if (norms.sandwich) post_ffn_norm_ = &register_module("post_ffn_norm", norm());
 }
 
 Tensor TransformerBlock::forward_impl(const Tensor& x) {
-  Tensor h = ops::add(x, attn_->forward(norm1_->forward(x)));
-  return ops::add(h, ffn_->forward(norm2_->forward(h)));
+  Tensor a = attn_->forward(norm1_->forward(x));
+  if (post_attn_norm_) a = post_attn_norm_->forward(a);
+  Tensor h = ops::add(x, a);
+  Tensor f = ffn_->forward(norm2_->forward(h));
+  if (post_ffn_norm_) f = post_ffn_norm_->forward(f);
+  return ops::add(h, f);
 }
 
 Tensor TransformerBlock::backward_impl(const Tensor& dy) {
-  // dy flows straight through both residuals; each branch adds its part.
-  Tensor dh = norm2_->backward(ffn_->backward(dy));
+  // dy flows straight through both residuals; each branch adds its part. (The sandwich norms'
+  // gradients are temporaries: freed once their branch's backward returns.)
+  Tensor dh = norm2_->backward(ffn_->backward(post_ffn_norm_ ? post_ffn_norm_->backward(dy) : dy));
   ops::add_(dh, dy);
-  Tensor dx = norm1_->backward(attn_->backward(dh));
+  Tensor dx =
+      norm1_->backward(attn_->backward(post_attn_norm_ ? post_attn_norm_->backward(dh) : dh));
   ops::add_(dx, dh);
   return dx;
 }

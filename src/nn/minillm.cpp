@@ -56,6 +56,16 @@ std::string MiniLLMConfig::to_json() const {
   if (tie_embeddings) j["tie_embeddings"] = true;
   if (qkv_bias) j["qkv_bias"] = true;
   if (qk_norm) j["qk_norm"] = true;
+  for (const auto& [key, on] : {std::pair<const char*, bool>{"norm_plus_one", norm_plus_one},
+                                {"sandwich_norms", sandwich_norms},
+                                {"geglu", geglu},
+                                {"embed_scale", embed_scale}})
+    if (on) j[key] = true;
+  if (sliding_window > 0) {
+    j["sliding_window"] = sliding_window;
+    j["global_every"] = global_every;
+  }
+  if (rope_local_theta > 0) j["rope_local_theta"] = rope_local_theta;
   if (rope_scaling.enabled())
     j["rope_scaling"] = {{"type", "llama3"},
                          {"factor", rope_scaling.factor},
@@ -100,6 +110,18 @@ MiniLLMConfig MiniLLMConfig::from_json(const std::string& text) {
     c.tie_embeddings = boolean("tie_embeddings");
     c.qkv_bias = boolean("qkv_bias");
     c.qk_norm = boolean("qk_norm");
+    c.norm_plus_one = boolean("norm_plus_one");
+    c.sandwich_norms = boolean("sandwich_norms");
+    c.geglu = boolean("geglu");
+    c.embed_scale = boolean("embed_scale");
+    c.sliding_window = integer("sliding_window", 0, false);
+    c.global_every = integer("global_every", 0, false);
+    if (j.contains("rope_local_theta")) {
+      FSDP_CHECK(j["rope_local_theta"].is_number(),
+                 "[MiniLLM] config field 'rope_local_theta' must be a number, got {}",
+                 j["rope_local_theta"].dump());
+      c.rope_local_theta = j["rope_local_theta"].get<double>();
+    }
     if (j.contains("rope_scaling")) {
       const nlohmann::json& s = j["rope_scaling"];
       FSDP_CHECK(s.is_object() && s.value("type", "") == "llama3",
@@ -162,6 +184,10 @@ void MiniLLMConfig::validate() const {
     FSDP_CHECK(!qk_norm, "[MiniLLM] qk_norm is for arch llama; seed has no norm on q and k");
     FSDP_CHECK(!rope_scaling.enabled(),
                "[MiniLLM] rope_scaling is for arch llama; seed has no rotary embedding");
+    FSDP_CHECK(!norm_plus_one && !sandwich_norms && !geglu && !embed_scale && sliding_window == 0 &&
+                   rope_local_theta == 0,
+               "[MiniLLM] Gemma's options (norm_plus_one, sandwich_norms, geglu, embed_scale, "
+               "sliding_window, rope_local_theta) are for arch llama");
   }
   FSDP_CHECK(seq > 0, "[MiniLLM] seq must be positive, got {}", seq);
   FSDP_CHECK(batch > 0, "[MiniLLM] batch must be positive, got {}", batch);
@@ -202,6 +228,13 @@ void MiniLLMConfig::validate() const {
                             : fmt::format(" (dim {} / heads {})", dim, heads));
     FSDP_CHECK(rope_theta > 0, "[MiniLLM] rope theta must be positive, got {}", rope_theta);
     ops::check_rope_scaling(rope_scaling, "[MiniLLM]");
+    FSDP_CHECK(sliding_window >= 0 && global_every >= 0,
+               "[MiniLLM] sliding_window {} and global_every {} must be >= 0", sliding_window,
+               global_every);
+    FSDP_CHECK(sliding_window > 0 || global_every == 0,
+               "[MiniLLM] global_every {} needs a sliding_window", global_every);
+    FSDP_CHECK(rope_local_theta >= 0 && std::isfinite(rope_local_theta),
+               "[MiniLLM] rope_local_theta {} must be >= 0 (0: rope_theta)", rope_local_theta);
   }
   if (norm_eps) FSDP_CHECK(*norm_eps >= 0, "[MiniLLM] norm eps must be >= 0, got {}", *norm_eps);
 }
@@ -226,12 +259,21 @@ int64_t MiniLLMConfig::num_parameters() const {
     block += d * (q + 2 * kv) + q * d + 3 * d * h;
     if (qkv_bias) block += q + 2 * kv;
     if (qk_norm) block += 2 * hd;
+    if (sandwich_norms) block += 2 * d;
   }
   LD n = LD(vocab) * d + LD(layers) * block;  // embedding, blocks
   if (arch == Arch::llama) n += d;            // final norm
   if (!tie_embeddings) n += d * LD(vocab);    // head
   return n >= LD(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max()
                                                       : int64_t(n);
+}
+
+bool MiniLLMConfig::layer_global(int64_t i) const {
+  return sliding_window == 0 || (global_every > 0 && (i + 1) % global_every == 0);
+}
+
+int64_t MiniLLMConfig::layer_window(int64_t i) const {
+  return layer_global(i) ? 0 : sliding_window;
 }
 
 double MiniLLMConfig::flops_per_token() const {
@@ -253,20 +295,36 @@ MiniLLM::MiniLLM(const MiniLLMConfig& cfg) : Module("MiniLLM"), cfg_(cfg) {
             .head_dim = cfg.head_dim,
             .qkv_bias = cfg.qkv_bias,
             .qk_norm = cfg.qk_norm,
-            .norm_eps = cfg.norm_eps};
-    ffn_kind = FeedForward::Kind::swiglu;
+            .norm_eps = cfg.norm_eps,
+            .norm_plus_one = cfg.norm_plus_one};
+    ffn_kind = cfg.geglu ? FeedForward::Kind::geglu : FeedForward::Kind::swiglu;
   }
+  const NormOptions norms{
+      .eps = cfg.norm_eps, .plus_one = cfg.norm_plus_one, .sandwich = cfg.sandwich_norms};
   embed_ = &register_module("embed", std::make_unique<Embedding>(cfg.vocab, cfg.dim));
   layers_ = &register_module("layers", std::make_unique<ModuleList>());
-  for (int64_t i = 0; i < cfg.layers; ++i)
+  for (int64_t i = 0; i < cfg.layers; ++i) {
+    AttentionOptions a = attn;
+    if (cfg.arch == Arch::llama && !cfg.layer_global(i)) {  // local: windowed, its own base
+      a.window = cfg.sliding_window;
+      if (cfg.rope_local_theta > 0) a.rope_theta = cfg.rope_local_theta;
+      a.rope_scaling = {};
+    }
     layers_->append(std::make_unique<TransformerBlock>(
-        cfg.dim, cfg.heads, cfg.resolved_ffn_hidden(), ffn_kind, attn, cfg.norm_eps));
+        cfg.dim, cfg.heads, cfg.resolved_ffn_hidden(), ffn_kind, a, norms));
+  }
   if (cfg.arch == Arch::llama)
-    norm_ = &register_module("norm", std::make_unique<RMSNorm>(cfg.dim, cfg.norm_eps));
+    norm_ = &register_module("norm",
+                             std::make_unique<RMSNorm>(cfg.dim, cfg.norm_eps, cfg.norm_plus_one));
   if (!cfg.tie_embeddings)
     head_ = &register_module("head", std::make_unique<Linear>(cfg.dim, cfg.vocab, false));
   else  // the head's use sets the scale: N(0, 1/dim) starts the logits near unit variance
     embed_->weight().init = Init::normal(0.0, 1.0 / std::sqrt(double(cfg.dim)));
+}
+
+double MiniLLM::embed_scale(DType dtype) const {
+  // sqrt(dim) rounded to the activations' dtype, as Gemma's embed_scale.to(weight.dtype)
+  return Tensor::full({1}, std::sqrt(double(cfg_.dim)), dtype).to(DType::f64).to_f64_vector()[0];
 }
 
 void MiniLLM::start_kv_cache(int64_t capacity) {
@@ -289,7 +347,9 @@ int64_t MiniLLM::kv_length() {
 Tensor MiniLLM::forward_impl(const Tensor& tokens) {
   FSDP_CHECK(tokens.dim() == 2, "[MiniLLM] tokens must be [batch, seq], got {}",
              shape_str(tokens.shape()));
-  Tensor x = layers_->forward(embed_->forward(tokens));
+  Tensor e = embed_->forward(tokens);
+  if (cfg_.embed_scale) ops::scale_(e, embed_scale(e.dtype()));
+  Tensor x = layers_->forward(e);
   if (norm_) x = norm_->forward(x);
   if (head_) return head_->forward(x);
   head_x_ = x;  // tied: logits = x embed^T
@@ -306,7 +366,9 @@ Tensor MiniLLM::backward_impl(const Tensor& dlogits) {
     head_x_ = Tensor();
   }
   if (norm_) dx = norm_->backward(dx);
-  return embed_->backward(layers_->backward(dx));
+  Tensor de = layers_->backward(dx);
+  if (cfg_.embed_scale) ops::scale_(de, embed_scale(de.dtype()));
+  return embed_->backward(de);
 }
 
 }  // namespace fsdp::nn

@@ -246,6 +246,13 @@ nn::MiniLLMConfig TrainOptions::model_config() const {
   if (m.tie_embeddings) cfg.tie_embeddings = true;
   if (m.qkv_bias) cfg.qkv_bias = true;
   if (m.qk_norm) cfg.qk_norm = true;
+  if (m.norm_plus_one) cfg.norm_plus_one = true;
+  if (m.sandwich_norms) cfg.sandwich_norms = true;
+  if (m.geglu) cfg.geglu = true;
+  if (m.embed_scale) cfg.embed_scale = true;
+  if (m.sliding_window) cfg.sliding_window = *m.sliding_window;
+  if (m.global_every) cfg.global_every = *m.global_every;
+  if (m.rope_local_theta) cfg.rope_local_theta = *m.rope_local_theta;
   cfg.validate();
   return cfg;
 }

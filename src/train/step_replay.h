@@ -36,6 +36,8 @@ struct Saved {
   H y1 = -1, rstd1 = -1, qkv = -1, attn = -1, lse = -1, h = -1, rstd2 = -1, y2 = -1;
   H f1 = -1, f2 = -1, f3 = -1;  // seed: up's output and silu's; llama: gate, up, swiglu
   H qn = -1, qr = -1, kn = -1, kr = -1;  // qk_norm: q's and k's gathered heads and their rstd
+  H pa = -1, rpa = -1, pf = -1, rpf = -1;  // sandwich norms: the attention's and the FFN's
+                                           // outputs (their norms' inputs) and their rstd
 };
 
 class StepReplay {

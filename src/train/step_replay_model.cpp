@@ -130,9 +130,15 @@ H StepReplay::block_forward(H x, Saved& s, const std::string& where) {
     s.lse = op.stat(c_.batch * nh_ * c_.seq, kActivations);
     r_.scratch(attention_scratch(false));
   }
-  const H o = linear(q_, d_, kWork);
+  const bool sw = c_.sandwich_norms;  // the outputs' norms keep them (and their rstd)
+  const H o = linear(q_, d_, sw ? kActivations : kWork);
+  H yo = -1;
+  if (sw) {
+    std::tie(yo, s.rpa) = rmsnorm();
+    s.pa = o;
+  }
   s.h = elementwise(2, R_ * d_, kActivations);
-  r_.free(o);
+  r_.free(sw ? yo : o);
   r_.at(where + ".ffn");
   std::tie(s.y2, s.rstd2) = rmsnorm();
   if (c_.arch == nn::Arch::llama) {
@@ -143,22 +149,36 @@ H StepReplay::block_forward(H x, Saved& s, const std::string& where) {
     s.f1 = linear(d_, F_);
     s.f2 = elementwise(1, R_ * F_, kActivations);
   }
-  const H f = linear(F_, d_, kWork);
+  const H f = linear(F_, d_, sw ? kActivations : kWork);
+  H yf = -1;
+  if (sw) {
+    std::tie(yf, s.rpf) = rmsnorm();
+    s.pf = f;
+  }
   const H out = elementwise(2, R_ * d_, kActivations);
-  r_.free(f);
+  r_.free(sw ? yf : f);
   return out;
 }
 
 // Module::release_saved over the block, all but its input.
 void StepReplay::release(Saved& s) {
   for (H* h : {&s.y1, &s.rstd1, &s.qkv, &s.attn, &s.lse, &s.h, &s.rstd2, &s.y2, &s.f1, &s.f2, &s.f3,
-               &s.qn, &s.qr, &s.kn, &s.kr})
+               &s.qn, &s.qr, &s.kn, &s.kr, &s.pa, &s.rpa, &s.pf, &s.rpf})
     r_.free(std::exchange(*h, -1));
 }
 
 // TransformerBlock::backward_impl(dy): returns dx; frees what the block saved, its input too.
 H StepReplay::block_backward(Saved& s, const std::string& where) {
   r_.at(where + ".ffn");
+  // Sandwich norms: the output norm's backward first; its gradient lives through the branch.
+  auto post_norm_backward = [&](H& kept, H& rstd) {
+    if (!c_.sandwich_norms) return H(-1);
+    const H d = rmsnorm_backward();
+    r_.free(std::exchange(kept, -1));
+    r_.free(std::exchange(rstd, -1));
+    return d;
+  };
+  const H df = post_norm_backward(s.pf, s.rpf);
   H dxf;
   if (c_.arch == nn::Arch::llama) {
     const H dh = linear_backward(F_, d_);
@@ -194,8 +214,10 @@ H StepReplay::block_backward(Saved& s, const std::string& where) {
   r_.free(std::exchange(s.h, -1));
   r_.free(std::exchange(s.rstd2, -1));
   r_.free(dxf);
+  r_.free(df);
   add_inplace(R_ * d_);
   r_.at(where + ".attn");
+  const H da = post_norm_backward(s.pa, s.rpa);
   const H dattn = linear_backward(q_, d_);
   H dqkv;
   {
@@ -217,6 +239,7 @@ H StepReplay::block_backward(Saved& s, const std::string& where) {
   r_.free(std::exchange(s.x, -1));
   r_.free(std::exchange(s.rstd1, -1));
   r_.free(dxa);
+  r_.free(da);
   add_inplace(R_ * d_);
   r_.free(dh2);
   return dx;

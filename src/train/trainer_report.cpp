@@ -5,10 +5,12 @@
 #include <chrono>
 #include <csignal>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fsdp/checkpoint/pretrained.h"
@@ -51,6 +53,20 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
         fmt::format("{} / {}{}{}{}", cfg.resolved_kv_heads(), cfg.resolved_head_dim(),
                     cfg.tie_embeddings ? ", tied head" : "", cfg.qkv_bias ? ", qkv bias" : "",
                     cfg.qk_norm ? ", qk norm" : ""));
+  if (cfg.sliding_window > 0 || cfg.norm_plus_one || cfg.sandwich_norms || cfg.geglu ||
+      cfg.embed_scale) {
+    int64_t local = 0;
+    for (int64_t i = 0; i < cfg.layers; ++i) local += cfg.layer_window(i) > 0;
+    std::string what = cfg.sliding_window > 0 ? fmt::format("window {} on {}/{};",
+                                                            cfg.sliding_window, local, cfg.layers)
+                                              : "no window;";
+    for (const auto& [on, name] : {std::pair<bool, const char*>{cfg.norm_plus_one, "1+w"},
+                                   {cfg.sandwich_norms, "sandwich"},
+                                   {cfg.geglu, "geglu"},
+                                   {cfg.embed_scale, "emb-scale"}})
+      if (on) what += std::string(" ") + name;
+    row("local layers / norms", what);
+  }
   if (const ops::RopeScaling& s = cfg.rope_scaling; s.enabled())
     row("rope scaling", fmt::format("llama3 x{:g}, freq factors {:g}/{:g} of {:g}", s.factor,
                                     s.low_freq_factor, s.high_freq_factor, s.original_context));

@@ -105,6 +105,16 @@ nn::MiniLLMConfig config_from_model(const TrainOptions& o, const checkpoint::Pre
              "[fsdp-train] --qkv-bias contradicts the model: {} has no q/k/v biases", pre.path);
   FSDP_CHECK(!o.model.qk_norm || c.qk_norm,
              "[fsdp-train] --qk-norm contradicts the model: {} has no q/k norms", pre.path);
+  for (const auto& [flag, given, has] :
+       {std::tuple<const char*, bool, bool>{"--norm-plus-one", o.model.norm_plus_one,
+                                            c.norm_plus_one},
+        {"--sandwich-norms", o.model.sandwich_norms, c.sandwich_norms},
+        {"--geglu", o.model.geglu, c.geglu},
+        {"--embed-scale", o.model.embed_scale, c.embed_scale}})
+    FSDP_CHECK(!given || has, "[fsdp-train] {} contradicts the model: {} has none", flag, pre.path);
+  check("--sliding-window", o.model.sliding_window, c.sliding_window);
+  check("--global-every", o.model.global_every, c.global_every);
+  check("--rope-local-theta", o.model.rope_local_theta, c.rope_local_theta);
   const nn::MiniLLMConfig preset = nn::MiniLLMConfig::preset(o.model.preset);
   c.seq = o.model.seq.value_or(preset.seq);
   c.batch = o.model.batch.value_or(preset.batch);

@@ -54,6 +54,15 @@ NamedTensors consolidate(const std::string& ckpt_path, nn::MiniLLMConfig* cfg);
 // "head.weight").
 nn::MiniLLMConfig config_from_hf_llama(const std::string& config_json, const std::string& where,
                                        bool* tied = nullptr);
+// A Hugging Face Gemma3ForCausalLM config.json (model_type gemma3_text) as our config: arch llama
+// with QK-norm, (1 + w) and sandwich norms, GeGLU, the embedding scaled, head_dim, sliding_window
+// on the layers layer_types (or sliding_window_pattern) names sliding, rope_theta on the global
+// ones and rope_local_base_freq on the local ones, tied. Refuses by name what the model cannot
+// hold: a query_pre_attn_scalar other than head_dim, logit softcapping, rope scaling, biases, a
+// layer pattern that is not "every Nth global", another activation, bidirectional attention.
+nn::MiniLLMConfig config_from_hf_gemma3(const std::string& config_json, const std::string& where);
+// Whether cfg is Gemma 3's shape (its Hugging Face class is Gemma3ForCausalLM).
+bool is_gemma3(const nn::MiniLLMConfig& cfg);
 
 // The packed in-projection's rows, [begin, end) for q_proj, k_proj and v_proj in that order:
 // "layers.N.attn.in_proj_weight" is [(heads + 2 kv_heads) head_dim, dim] and
@@ -73,8 +82,8 @@ std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const nn::Mi
                                                                     const data::Tokenizer& tok,
                                                                     const TokenizerMeta& meta = {});
 // Our parameter name -> Hugging Face's ("" for the packed in-projection and its bias, which split
-// in three).
-std::string hf_name(const std::string& ours);
+// in three); sandwich: a Gemma block's norms.
+std::string hf_name(const std::string& ours, bool sandwich = false);
 // (Reading parameters from a file in our names, Hugging Face's or llama.cpp's, one rank's rows at a
 // time: load_pretrained in fsdp/checkpoint/pretrained.h.)
 

@@ -51,9 +51,10 @@ class Embedding : public Module {
   Tensor ids_;
 };
 
+// plus_one: Gemma's RMSNorm, y = norm(x) * (1 + w) with w initialised to 0.
 class RMSNorm : public Module {
  public:
-  explicit RMSNorm(int64_t dim, std::optional<double> eps = std::nullopt);
+  explicit RMSNorm(int64_t dim, std::optional<double> eps = std::nullopt, bool plus_one = false);
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
   void release_saved() override;
@@ -61,6 +62,7 @@ class RMSNorm : public Module {
  private:
   Parameter* weight_;
   std::optional<double> eps_;
+  double offset_;
   Tensor x_, rstd_;
 };
 
@@ -78,6 +80,7 @@ struct AttentionOptions {
   // embedding; weights "q_norm.weight" and "k_norm.weight" [head_dim], with this epsilon.
   bool qk_norm = false;
   std::optional<double> norm_eps;
+  bool norm_plus_one = false;  // the q/k norms are Gemma's (1 + w)
 };
 
 // Packed rows (the batch context's doc_start; causal only): each document attends within itself
@@ -119,7 +122,7 @@ class MultiheadAttention : public Module {
 
 class FeedForward : public Module {
  public:
-  enum class Kind : uint8_t { silu_mlp, swiglu };
+  enum class Kind : uint8_t { silu_mlp, swiglu, geglu };  // geglu: Gemma's, gelu's tanh form
   FeedForward(int64_t dim, int64_t hidden, Kind kind);
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
@@ -129,15 +132,22 @@ class FeedForward : public Module {
   Kind kind_;
   Linear* up_;              // "0" or "w3"
   Linear* down_;            // "2" or "w2"
-  Linear* gate_ = nullptr;  // "w1" (swiglu only)
+  Linear* gate_ = nullptr;  // "w1" (swiglu and geglu)
   Tensor h_, g_, u_;
 };
 
-// x + attn(norm1(x)), then x + ffn(norm2(x)): the pre-norm block of the reference script.
+// x + attn(norm1(x)), then x + ffn(norm2(x)): the pre-norm block of the reference script. With
+// sandwich norms (Gemma): x + post_attn_norm(attn(norm1(x))), then
+// x + post_ffn_norm(ffn(norm2(x))); with norm_plus_one every norm is (1 + w).
+struct NormOptions {
+  std::optional<double> eps;
+  bool plus_one = false;
+  bool sandwich = false;
+};
 class TransformerBlock : public Module {
  public:
   TransformerBlock(int64_t dim, int64_t heads, int64_t ffn_hidden, FeedForward::Kind ffn_kind,
-                   AttentionOptions attn, std::optional<double> norm_eps);
+                   AttentionOptions attn, NormOptions norms);
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
   MultiheadAttention& attn() { return *attn_; }
@@ -145,8 +155,10 @@ class TransformerBlock : public Module {
  private:
   RMSNorm* norm1_;
   MultiheadAttention* attn_;
+  RMSNorm* post_attn_norm_ = nullptr;  // sandwich only
   RMSNorm* norm2_;
   FeedForward* ffn_;
+  RMSNorm* post_ffn_norm_ = nullptr;  // sandwich only
 };
 
 }  // namespace fsdp::nn

@@ -48,6 +48,18 @@ struct MiniLLMConfig {
   bool qkv_bias = false;        // biases on q, k and v (Qwen2), in the packed in_proj_bias
   bool qk_norm = false;         // RMSNorm over each head's dims of q and k (Qwen3)
   ops::RopeScaling rope_scaling;  // Llama 3's scaled rotary frequencies (factor 0: none)
+  // Gemma 3's options (llama only):
+  bool norm_plus_one = false;   // every RMSNorm is (1 + w), its weight initialised to 0
+  bool sandwich_norms = false;  // norms on the attention's and the FFN's outputs too
+  bool geglu = false;           // the FFN's gate is gelu's tanh form, not silu
+  bool embed_scale = false;     // the embedding's output times sqrt(dim) (in the weights' dtype)
+  int64_t sliding_window = 0;   // > 0: the local layers attend to this many keys
+  int64_t global_every = 0;     // with a window: layers global_every-1, 2*global_every-1, ... are
+                                // global (full attention, rope_theta and rope_scaling); 0: none
+  double rope_local_theta = 0;  // the local layers' rope base (0: rope_theta); never scaled
+  // Layer i's attention: its window (0: full) and its rotary frequencies.
+  int64_t layer_window(int64_t i) const;
+  bool layer_global(int64_t i) const;
 
   static MiniLLMConfig preset(const std::string& name);  // "seed" or "tiny"
   // The model's shape as a JSON object (arch, vocab, dim, layers, heads, ffn_hidden resolved,
@@ -90,6 +102,7 @@ class MiniLLM : public Module {
   int64_t kv_length();
 
  private:
+  double embed_scale(DType dtype) const;
   MiniLLMConfig cfg_;
   Embedding* embed_;
   ModuleList* layers_;
