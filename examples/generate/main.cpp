@@ -128,6 +128,15 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer", tokenizer_path,
                  "a tokenizer.json, or bytes (default: the model's or the checkpoint's)");
   app.add_option("--prompt", prompt, "text to continue")->capture_default_str();
+  std::string prompt_ids;
+  std::vector<int64_t> logits_rows;
+  app.add_option("--logits-rows", logits_rows,
+                 "with --print-logits: only these rows (positions; negative from the end), for "
+                 "a large vocabulary")
+      ->delimiter(',');
+  app.add_option("--prompt-ids", prompt_ids,
+                 "the prompt as token ids (\"2,818,5279\"), no tokenizer needed: the new tokens' "
+                 "ids are printed as a JSON list");
   app.add_option("--chat", chat,
                  "a user message, rendered with the model's chat template (ChatML); stops at the "
                  "end of the turn");
@@ -170,6 +179,9 @@ int main(int argc, char** argv) {
       l.tokenizer = data::Tokenizer::bytes();
     else if (!tokenizer_path.empty())
       l.tokenizer = data::Tokenizer::from_file(tokenizer_path);
+    else if (!l.tokenizer && !l.pre.tokenizer_unread.empty() && prompt_ids.empty())
+      FSDP_FAIL("[fsdp-generate] {}; give --tokenizer FILE.json or --prompt-ids",
+                l.pre.tokenizer_unread);
     else if (!l.tokenizer)
       l.tokenizer = data::Tokenizer::bytes();
     const data::Tokenizer& tok = *l.tokenizer;
@@ -201,22 +213,56 @@ int main(int argc, char** argv) {
     } else {
       FSDP_CHECK(!system, "[fsdp-generate] --system needs --chat");
     }
-    std::vector<int32_t> ids = tok.encode(prompt);
+    std::vector<int32_t> ids;
+    if (!prompt_ids.empty()) {
+      FSDP_CHECK(!chat, "[fsdp-generate] give --chat or --prompt-ids, not both");
+      for (size_t at = 0; at <= prompt_ids.size();) {
+        const size_t comma = std::min(prompt_ids.find(',', at), prompt_ids.size());
+        const std::string item = prompt_ids.substr(at, comma - at);
+        size_t used = 0;
+        int64_t id = -1;
+        try {
+          id = std::stoll(item, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        FSDP_CHECK(used == item.size() && !item.empty() && id >= 0 && id < l.cfg.vocab,
+                   "[fsdp-generate] --prompt-ids: '{}' is not a token id of the model's vocab "
+                   "[0, {})",
+                   item, l.cfg.vocab);
+        ids.push_back(int32_t(id));
+        at = comma + 1;
+      }
+    } else {
+      ids = tok.encode(prompt);
+    }
     if (print_logits) {
       FSDP_CHECK(!ids.empty(), "[fsdp-generate] --print-logits needs a non-empty prompt");
       Tensor logits =
           l.model->forward(Tensor::from_vector(ids, {1, int64_t(ids.size())}).to(device))
               .to(Device::cpu())
               .to(DType::f64);
+      std::vector<int64_t> which;
+      for (int64_t r : logits_rows) {
+        const int64_t t = r < 0 ? int64_t(ids.size()) + r : r;
+        FSDP_CHECK(t >= 0 && t < int64_t(ids.size()),
+                   "[fsdp-generate] --logits-rows {} is outside the prompt's {} positions", r,
+                   ids.size());
+        which.push_back(t);
+      }
+      if (logits_rows.empty())
+        for (size_t t = 0; t < ids.size(); ++t) which.push_back(int64_t(t));
       nlohmann::json rows = nlohmann::json::array();
-      for (size_t t = 0; t < ids.size(); ++t) {
-        const double* r = logits.data<double>() + t * size_t(l.cfg.vocab);
+      for (int64_t t : which) {
+        const double* r = logits.data<double>() + size_t(t) * size_t(l.cfg.vocab);
         rows.push_back(std::vector<double>(r, r + l.cfg.vocab));
       }
-      fmt::print("{}\n", nlohmann::json({{"ids", ids}, {"logits", rows}}).dump());
+      fmt::print("{}\n", nlohmann::json({{"ids", ids}, {"rows", which}, {"logits", rows}}).dump());
       return 0;
     }
-    if (!chat) {  // a chat prints the answer alone
+    const bool as_ids = !prompt_ids.empty();
+    std::vector<int32_t> new_ids;
+    if (!chat && !as_ids) {  // a chat prints the answer alone
       std::fwrite(prompt.data(), 1, prompt.size(), stdout);
       std::fflush(stdout);
     }
@@ -226,18 +272,23 @@ int main(int argc, char** argv) {
                 .temperature = temperature,
                 .top_k = top_k,
                 .top_p = top_p,
-                .max_id = tok.size(),
+                .max_id = as_ids ? l.cfg.vocab : tok.size(),
                 .seed = seed,
                 .device = device,
                 .kv_cache = !no_cache,
                 .stop_id = ignore_eos ? std::nullopt : stop,
                 .on_token =
                     [&](int32_t id) {
+                      if (as_ids) {
+                        new_ids.push_back(id);
+                        return;
+                      }
                       const std::string piece = tok.decode({id});
                       std::fwrite(piece.data(), 1, piece.size(), stdout);
                       std::fflush(stdout);
                     }},
                &st);
+    if (as_ids) fmt::print("{}", nlohmann::json(new_ids).dump());
     std::fputc('\n', stdout);
     std::fflush(stdout);
     const double decode_rate = double(st.new_tokens) / std::max(st.decode_seconds, 1e-9);

@@ -393,7 +393,7 @@ const uint8_t* GgufFile::tensor_data(const std::string& name) const {
 namespace {
 // Architectures whose q/k llama.cpp's converter leaves in Hugging Face's order (their rope is
 // NEOX-style in llama.cpp too).
-const std::set<std::string> kNotPermuted = {"qwen2", "qwen3"};  // named in read_rows' error
+const std::set<std::string> kNotPermuted = {"qwen2", "qwen3", "gemma3"};  // read_rows' error
 }  // namespace
 
 Tensor GgufFile::read_rows(const std::string& name, int64_t row_begin, int64_t row_end,
@@ -415,7 +415,8 @@ Tensor GgufFile::read_rows(const std::string& name, int64_t row_begin, int64_t r
     const std::string& arch = get_string("general.architecture");
     FSDP_CHECK(arch == "llama" || kNotPermuted.count(arch),
                "[gguf] {}: general.architecture is '{}'; fsdp.cpp knows whether llama.cpp's "
-               "converter permuted the q/k rows of llama (it did), qwen2 and qwen3 (it did not), "
+               "converter permuted the q/k rows of llama (it did), qwen2, qwen3 and gemma3 (it did "
+               "not), "
                "so it cannot give tensor '{}' in Hugging Face's order",
                path_, arch, name);
     if (arch == "llama") {

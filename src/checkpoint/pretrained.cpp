@@ -93,9 +93,49 @@ void set_eot(Pretrained& p) {
   p.eot_id = p.tokenizer ? end_of_turn_id(*p.tokenizer, p.chat_template, p.eos_id) : p.eos_id;
 }
 
+// The model config of a gemma3 GGUF file (gemma3.* keys). llama.cpp's gemma3 takes what the file
+// does not say from its own constants, as this does: every 6th layer global (the others windowed
+// by gemma3.attention.sliding_window), the local layers' rope base 10000, queries scaled by
+// 1/sqrt(head dim). Refuses rope scaling (Gemma 3 1B and up scale the global layers' rope).
+nn::MiniLLMConfig config_from_gguf_gemma3(const GgufFile& f) {
+  nn::MiniLLMConfig c;
+  c.arch = nn::Arch::llama;
+  c.dim = f.get_int("gemma3.embedding_length");
+  c.layers = f.get_int("gemma3.block_count");
+  c.heads = f.get_int("gemma3.attention.head_count");
+  c.kv_heads = f.get_int("gemma3.attention.head_count_kv", c.heads);
+  c.ffn_hidden = f.get_int("gemma3.feed_forward_length");
+  c.head_dim = f.get_int("gemma3.attention.key_length", c.heads > 0 ? c.dim / c.heads : 0);
+  const int64_t value_length = f.get_int("gemma3.attention.value_length", c.head_dim);
+  FSDP_CHECK(value_length == c.head_dim,
+             "[gguf] {}: gemma3.attention.value_length {} differs from key_length {}", f.path(),
+             value_length, c.head_dim);
+  if (const int64_t ctx = f.get_int("gemma3.context_length", 0); ctx > 0) c.seq = ctx;
+  c.rope_theta = f.get_float("gemma3.rope.freq_base", 1e6);
+  c.rope_local_theta = 10000.0;
+  c.norm_eps = f.get_float("gemma3.attention.layer_norm_rms_epsilon", 1e-6);
+  c.sliding_window = f.get_int("gemma3.attention.sliding_window", 0);
+  c.global_every = c.sliding_window > 0 ? 6 : 0;
+  const std::string scaling = f.get_string("gemma3.rope.scaling.type", "none");
+  FSDP_CHECK(scaling == "none",
+             "[gguf] {}: gemma3.rope.scaling.type '{}' is not supported (the global layers' "
+             "rope scaled)",
+             f.path(), scaling);
+  c.qk_norm = c.norm_plus_one = c.sandwich_norms = c.geglu = c.embed_scale = true;
+  const GgufTensorInfo& embd = f.tensor("token_embd.weight");
+  FSDP_CHECK(embd.ne.size() == 2 && embd.ne[0] == c.dim,
+             "[gguf] {}: token_embd.weight has ne {}; dim {} needs [{}, vocab]", f.path(),
+             shape_str(embd.ne), c.dim, c.dim);
+  c.vocab = embd.ne[1];
+  c.tie_embeddings = !f.contains("output.weight");
+  c.validate();
+  return c;
+}
+
 // The model config of a llama GGUF file: gguf_llama_config's sizes (llama.* keys; GQA, the tie
 // when output.weight is absent; partial rope and rope scaling refused by name).
 nn::MiniLLMConfig config_from_gguf(const GgufFile& f) {
+  if (f.get_string("general.architecture", "") == "gemma3") return config_from_gguf_gemma3(f);
   const GgufLlamaConfig g = gguf_llama_config(f);
   nn::MiniLLMConfig c;
   c.arch = nn::Arch::llama;
@@ -124,7 +164,19 @@ void open_gguf(Pretrained& p, PretrainedSource& src) {
   p.format = "gguf";
   p.family = f.get_string("general.architecture", "");
   p.config = config_from_gguf(f);
-  if (f.has("tokenizer.ggml.model")) {
+  if (const std::string model = f.get_string("tokenizer.ggml.model", "");
+      !model.empty() && model != "gpt2") {
+    p.tokenizer_unread =
+        fmt::format("{}: its tokenizer (tokenizer.ggml.model '{}', SentencePiece) is not read yet",
+                    p.path, model);
+    p.bos_id = f.has("tokenizer.ggml.bos_token_id")
+                   ? std::optional<int32_t>(int32_t(f.get_int("tokenizer.ggml.bos_token_id")))
+                   : std::nullopt;
+    p.eos_id = f.has("tokenizer.ggml.eos_token_id")
+                   ? std::optional<int32_t>(int32_t(f.get_int("tokenizer.ggml.eos_token_id")))
+                   : std::nullopt;
+    p.eot_id = p.eos_id;
+  } else if (f.has("tokenizer.ggml.model")) {
     const GgufTokenizerInfo info = gguf_tokenizer_info(f);
     p.tokenizer = gguf_tokenizer(f);
     p.tokenizer_pre = info.pre;
@@ -421,8 +473,14 @@ struct Stored {
   Tensor rows(int64_t a, int64_t b) const {
     if (src->gguf) {
       if (shape.size() == 1) {
-        Tensor t = src->gguf->read(name, RowOrder::hf).slice(a, b);
+        Tensor t = src->gguf->read(name, RowOrder::hf).slice(a, b).contiguous();
         check_finite(src->path, name, t);
+        // llama.cpp's gemma converters store Gemma's (1 + w) norms as 1 + w; ours hold w.
+        if (name.ends_with("norm.weight") &&
+            src->gguf->get_string("general.architecture", "") == "gemma3") {
+          float* v = t.data<float>();
+          for (int64_t i = 0; i < t.numel(); ++i) v[i] -= 1.0f;
+        }
         return t;
       }
       Tensor t = src->gguf->read_rows(name, a, b, RowOrder::hf);

@@ -335,6 +335,12 @@ void Trainer::Impl::open_tokenizer() {
   }
   if (o.data.tokenizer == "auto" && o.data.data.empty() && cfg.vocab < 256)
     return;  // random ids below 256: no text, no tokenizer
+  // A model whose own tokenizer could not be read must be given one: the bytes would be a guess.
+  FSDP_CHECK(o.data.tokenizer != "auto" || path != "bytes" || o.data.data.empty() || !pretrained ||
+                 pretrained->tokenizer_unread.empty(),
+             "[fsdp-train] --init-from {}; give --tokenizer FILE.json (or a token .bin --data with "
+             "its own)",
+             pretrained ? pretrained->tokenizer_unread : "");
   model_tokenizer =
       o.data.tokenizer == "auto" && pretrained && pretrained->config && pretrained->tokenizer;
   if (model_tokenizer)

@@ -48,6 +48,10 @@ struct Pretrained {
                        // "minillm" (fsdp-export's metadata), "" (our names, config from flags)
   std::optional<nn::MiniLLMConfig> config;   // nullopt: the file does not say (our names)
   std::optional<data::Tokenizer> tokenizer;  // nullopt: none beside the weights
+  // Why the file's own tokenizer was not read ("" when it was, or when there is none): a GGUF's
+  // SentencePiece vocabulary (tokenizer.ggml.model "llama", Gemma's). A caller then needs a
+  // tokenizer given to it (or token ids), never the bytes in its place.
+  std::string tokenizer_unread;
   std::string tokenizer_pre;                 // GGUF's tokenizer.ggml.pre ("smollm"), or derived
   std::string chat_template;                 // "" when the model has none
   std::optional<int32_t> bos_id, eos_id;     // the model's own (not guessed from token names)

