@@ -26,7 +26,7 @@ __global__ void rope_kernel(T* __restrict__ qkv, int64_t B, int64_t Tn, int64_t 
     const int64_t pos = doc_start ? t - doc_start[bt] : t + offset;  // packed: from its document
     const float ang = float(pos) * freqs.f[i];
     float sn, cs;
-    __sincosf(ang, &sn, &cs);
+    sincosf(ang, &sn, &cs);  // not __sincosf: its error grows with the angle (long contexts)
     sn *= sign;
     const float x0 = to_f32(x[i]), x1 = to_f32(x[i + half]);
     x[i] = from_f32<T>(x0 * cs - x1 * sn);
