@@ -26,7 +26,11 @@
       of base 1e6, GQA 4/2 of head dim 32, tied): fsdp-generate's f32 logits on the 96-token prompt
       (past the window) within 1e-4 of transformers', 20 greedy tokens equal; fine-tuned 2 steps
       and exported, transformers loads it as Gemma3ForCausalLM with no missing or unexpected keys,
-      to the checkpoint's logits.
+      to the checkpoint's logits;
+  (f) Gemma 3 with llama.cpp's constants (6 layers, every 6th global, local rope base 1e4, head dim
+      256 = query_pre_attn_scalar): fine-tuned and exported to GGUF (architecture gemma3, norms
+      stored as 1 + w), transformers' own GGUF loader reads it as Gemma3ForCausalLM to the
+      checkpoint's logits, and so does fsdp-generate.
 
 PyTorch and transformers come from FSDP_TORCH_PYTHON (bench/setup_torch_ref.sh makes one), else
 this interpreter; where they do not import, the test prints "skipped: ..." and exits 0 (CI does
@@ -145,7 +149,7 @@ def finetune_and_export(src, name, gguf, cls="Qwen3ForCausalLM"):
         diff = (from_ckpt - ref).abs().max().item()
         print(f"({name}) the GGUF export read by transformers' GGUF loader as {type(g).__name__} "
               f"(architecture {g.config.model_type}): max |logit diff| {diff:.2e}")
-        check(type(g).__name__ == "Qwen3ForCausalLM" and diff < 1e-4,
+        check(type(g).__name__ == cls and diff < 1e-4,
               f"the GGUF export: {type(g).__name__}, diff {diff}")
     return from_ckpt, ck, hf
 
@@ -268,4 +272,24 @@ text = run(gen, "--model", gdir, "--tokenizer", "bytes", "--prompt", prompt, "--
 print(f"(e) greedy 20 tokens: transformers {want_ids}")
 check(bytes(want_ids) in text, f"gemma3 greedy bytes differ: fsdp-generate {text!r}, transformers {bytes(want_ids)!r}")
 finetune_and_export(gdir, "e", gguf=None, cls="Gemma3ForCausalLM")
+
+# (f) Gemma 3 to GGUF.
+torch.manual_seed(4)
+g6 = Gemma3ForCausalLM(Gemma3TextConfig(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=2,
+    num_key_value_heads=1, head_dim=256, max_position_embeddings=256, sliding_window=32,
+    tie_word_embeddings=True, attn_implementation="eager")).eval()
+with torch.no_grad():
+    for n, p in g6.named_parameters():
+        if p.dim() == 1:
+            p.uniform_(-0.5, 0.5)
+        else:
+            p.normal_(0.0, 0.1)
+g6dir = os.path.join(work, "gemma3-6")
+g6.save_pretrained(g6dir, safe_serialization=True)
+from_ckpt, ck, hf = finetune_and_export(g6dir, "f", gguf="transformers", cls="Gemma3ForCausalLM")
+_, from_gguf = logits_of("--model", os.path.join(hf, "model.gguf"))
+diff = (from_gguf - from_ckpt).abs().max().item()
+print(f"(f) fsdp-generate on the gemma3 GGUF export: max |logit diff| to the checkpoint {diff:.2e}")
+check(diff < 1e-4, f"the gemma3 GGUF export read back differs by {diff}")
 print(f"{passed} passed, 0 failed")

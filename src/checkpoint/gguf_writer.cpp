@@ -93,14 +93,27 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
   FSDP_CHECK(!(cfg.qk_norm && cfg.qkv_bias),
              "[gguf] a model with q/k norms and q/k/v biases has no llama.cpp architecture "
              "(qwen3 has no biases)");
-  FSDP_CHECK(!cfg.norm_plus_one && !cfg.sandwich_norms && !cfg.geglu && !cfg.embed_scale &&
-                 cfg.sliding_window == 0,
-             "[gguf] GGUF export of Gemma's options (llama.cpp's gemma3) is not written yet; "
-             "export to Hugging Face (--out) instead");
+  // Gemma 3 is llama.cpp's gemma3, which takes its window pattern (every 6th layer global), its
+  // local layers' rope base (10000) and its query scale (1/sqrt(head dim)) as constants: a model
+  // that differs would load as another model, so it is refused.
+  const bool gemma3 = is_gemma3(cfg);
+  FSDP_CHECK(gemma3 || (!cfg.norm_plus_one && !cfg.sandwich_norms && !cfg.geglu &&
+                        !cfg.embed_scale && cfg.sliding_window == 0),
+             "[gguf] a model with some of Gemma's options but not all (QK-norm, (1 + w) and "
+             "sandwich norms, GeGLU, the embedding scaled) has no llama.cpp architecture");
+  FSDP_CHECK(!gemma3 || ((cfg.sliding_window == 0 || cfg.global_every == 6) &&
+                         cfg.rope_local_theta == 10000.0 && !cfg.qkv_bias),
+             "[gguf] llama.cpp's gemma3 makes every 6th layer global with a local rope base of "
+             "10000; this model's global_every {} and rope_local_theta {} would load as another "
+             "model",
+             cfg.global_every, cfg.rope_local_theta);
   const bool half_split = cfg.qkv_bias || cfg.qk_norm;
   FSDP_CHECK(!half_split || !cfg.rope_scaling.enabled(),
              "[gguf] llama.cpp's qwen2 and qwen3 take no Llama 3 rope scaling (rope_freqs)");
-  const std::string arch = cfg.qk_norm ? "qwen3" : cfg.qkv_bias ? "qwen2" : "llama";
+  const std::string arch = gemma3         ? "gemma3"
+                           : cfg.qk_norm  ? "qwen3"
+                           : cfg.qkv_bias ? "qwen2"
+                                          : "llama";
   // Tensors in llama.cpp's names; 1-D norms (and biases) stay F32 as llama.cpp's converter keeps
   // them. A tied model has no output.weight: llama.cpp then uses token_embd.weight.
   std::vector<std::pair<std::string, Tensor>> tensors;
@@ -119,7 +132,14 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
   for (auto& [name, t] : ours) {
     const bool is_vec = t.dim() == 1;
     auto add = [&](const std::string& n, const Tensor& x) {
-      tensors.emplace_back(n, x.contiguous().to(is_vec ? DType::f32 : dtype));
+      Tensor out = x.contiguous().to(is_vec ? DType::f32 : dtype);
+      // llama.cpp's gemma converters store Gemma's (1 + w) norms as 1 + w.
+      if (gemma3 && is_vec && n.ends_with("norm.weight")) {
+        out = out.clone();
+        float* v = out.data<float>();
+        for (int64_t i = 0; i < out.numel(); ++i) v[i] += 1.0f;
+      }
+      tensors.emplace_back(n, out);
     };
     if (is_in_proj(name) || is_in_proj_bias(name)) {
       const auto names = detail::in_proj_names(name, detail::Naming::gguf);
@@ -152,6 +172,8 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
   kv.kv_f32(a + "attention.layer_norm_rms_epsilon",
             float(cfg.norm_eps.value_or(1.1920928955078125e-07)));
   kv.kv_f32(a + "rope.freq_base", float(cfg.rope_theta));
+  if (gemma3 && cfg.sliding_window > 0)
+    kv.kv_u32(a + "attention.sliding_window", uint32_t(cfg.sliding_window));
   // The tokenizer, as llama.cpp's "gpt2" (byte-level BPE) model with GPT-2's split.
   FSDP_CHECK(tok.size() <= cfg.vocab, "[gguf] the tokenizer has {} ids but the model only {}",
              tok.size(), cfg.vocab);
