@@ -395,6 +395,12 @@ TEST(WholeModelGradient, Gemma3Block) {
   EXPECT_EQ(sandwich, 2 * int(c.layers));
   expect_whole_model_gradient(c);
   EXPECT_EQ(nn::MiniLLMConfig::from_json(c.to_json()).to_json(), c.to_json());
+  // FLOPs: the local layers' attention runs over their window of 3 keys, not the whole row.
+  nn::MiniLLMConfig full = c;
+  full.sliding_window = full.global_every = 0;
+  const double attn_per_key = 12.0 * double(c.heads * c.resolved_head_dim());
+  EXPECT_DOUBLE_EQ(full.flops_per_token() - c.flops_per_token(),
+                   attn_per_key * double(c.seq - 3) * double(c.layers / 2));
 }
 
 TEST(Sample, Gemma3KvCacheEqualsTheFullForward) {

@@ -277,8 +277,10 @@ int64_t MiniLLMConfig::layer_window(int64_t i) const {
 }
 
 double MiniLLMConfig::flops_per_token() const {
-  return 6.0 * double(matmul_params()) +
-         12.0 * double(layers) * double(heads * resolved_head_dim()) * double(seq);
+  double keys = 0;  // the keys each query's scores and weighted sum run over, summed over layers
+  for (int64_t i = 0; i < layers; ++i)
+    keys += double(layer_window(i) > 0 ? std::min(layer_window(i), seq) : seq);
+  return 6.0 * double(matmul_params()) + 12.0 * double(heads * resolved_head_dim()) * keys;
 }
 
 MiniLLM::MiniLLM(const MiniLLMConfig& cfg) : Module("MiniLLM"), cfg_(cfg) {

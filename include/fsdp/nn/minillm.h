@@ -80,7 +80,8 @@ struct MiniLLMConfig {
   // num_parameters()): the size checked against memory and against a file's tensors before any
   // module exists. Saturates at INT64_MAX rather than overflowing.
   int64_t num_parameters() const;
-  // Training FLOPs per token: 6 * matmul_params + 12 * layers * heads * head_dim * seq.
+  // Training FLOPs per token: 6 * matmul_params + 12 * heads * head_dim * seq per layer, a
+  // windowed layer counting min(window, seq) keys in place of seq (its kernels skip the rest).
   double flops_per_token() const;
 };
 
