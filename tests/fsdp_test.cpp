@@ -57,6 +57,7 @@ struct Run {
   int64_t ac_every = 0;  // activation checkpointing on blocks 0, N, 2N, ...; 0: off
   bool masked = false;   // targets masked unevenly over the ranks (SkewedMaskSource)
   bool all_masked = false;  // every target masked
+  nn::LoraConfig lora;      // adapters; the base frozen
 };
 
 // Random tokens whose first targets in each row are ignored (kIgnoreIndex), the more the later the
@@ -109,6 +110,7 @@ nn::MiniLLMConfig config(const Run& run) {
   c.tie_embeddings = run.tied;
   c.qkv_bias = run.qkv_bias;
   c.qk_norm = run.qk_norm;
+  c.lora = run.lora;
   return c;
 }
 
@@ -122,7 +124,13 @@ Result reference(const Run& run) {
   nn::MiniLLMConfig c = config(run);
   nn::MiniLLM model(c);
   auto flat = nn::materialize(model, run.dtype, kSeed);
-  optim::AdamW opt({{flat.params, flat.grads, 0.01}}, {.lr = 1e-2});
+  std::vector<nn::ParamGroup> groups = {{flat.params, flat.grads, 0.01}};
+  if (c.lora.enabled()) {  // only the adapters step (the frozen base has no gradient view)
+    groups.clear();
+    for (auto& [n, p] : model.named_parameters())
+      if (p->requires_grad) groups.push_back({p->data.view({-1}), p->grad.view({-1}), 0.01});
+  }
+  optim::AdamW opt(groups, {.lr = 1e-2});
   const auto src = source(run, c.vocab);
   const int64_t rows = kGlobalRows * run.accum;
   Result r;
@@ -244,6 +252,72 @@ TEST(Equivalence, GroupedQueryTiedLlama) {
   EXPECT_EQ(embeds, 1);
   EXPECT_EQ(root.param_groups(0.0).size(), model.layers().size() + 1);
 }
+// One forward and backward of two rows of random tokens, with the root's event log on: its events.
+std::vector<std::string> logged_step(nn::MiniLLM& model, FSDPModule& root,
+                                     const nn::MiniLLMConfig& c) {
+  data::RandomTokenSource src(c.vocab, kSeed);
+  root.set_event_log(true);
+  auto b = src.batch(0, 2, 0, 2, c.seq);
+  Tensor logits = model.forward(b.inputs).view({2 * c.seq, c.vocab});
+  auto x = ops::cross_entropy_forward(logits, b.targets);
+  model.backward(ops::cross_entropy_backward(logits, b.targets, x.lse).view({2, c.seq, c.vocab}));
+  return root.take_event_log();
+}
+
+// LoRA: adapters on every projection, the base frozen: the losses and every parameter equal one
+// unsharded rank's (whose optimizer steps the adapters alone), with accumulation and HSDP; the
+// frozen groups have no gradient buffer (param_groups' grads undefined), the optimizer keeps no
+// state for them, and the backward reduces only the adapters: each block's reduce-scatter is its
+// trainable group's, never the frozen one's. The base's values stay their initial ones.
+TEST(Equivalence, LoraAdaptersOnAFrozenShardedBase) {
+  const nn::LoraConfig lora{
+      .rank = 2, .alpha = 4.0, .targets = nn::parse_lora_targets("q,k,v,o,gate,up,down")};
+  expect_equivalent({.lora = lora}, 1e-10, 1e-10);
+  expect_equivalent({.accum = 2, .masked = true, .lora = lora}, 1e-10, 1e-10);
+  expect_equivalent({.kv_heads = 2, .head_dim = 6, .tied = true, .lora = lora}, 1e-10, 1e-10);
+  const nn::LoraConfig qv{.rank = 3, .alpha = 3.0, .targets = nn::parse_lora_targets("q,v")};
+  expect_equivalent({.dtype = DType::f32, .lora = qv}, 1e-5, 1e-4);
+  if (world()->size() == 4) expect_equivalent({.hsdp = 2, .lora = lora}, 1e-10, 1e-10);
+  const Result init = sharded({.lora = lora}, false), got = sharded({.lora = lora});
+  for (size_t i = 0; i < init.params.size(); ++i) {
+    const bool adapter = nn::is_lora_parameter(init.params[i].first);
+    const double moved = test::rel_error(got.params[i].second, init.params[i].second);
+    if (adapter && init.params[i].first.ends_with("lora_B")) EXPECT_GT(moved, 0.0);
+    if (!adapter) EXPECT_EQ(moved, 0.0) << init.params[i].first;
+  }
+
+  nn::MiniLLMConfig c = config(fsdp::Run{.lora = lora});
+  nn::MiniLLM model(c);
+  auto mesh = dist::init_device_mesh({world()->size()});
+  const FullyShardOptions fo{.init_dtype = DType::f64, .seed = kSeed};
+  for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, fo);
+  FSDPModule& root = fully_shard(model, mesh, fo);
+  const std::vector<nn::ParamGroup> groups = root.param_groups(0.0);
+  int frozen = 0;
+  for (const nn::ParamGroup& g : groups) frozen += !g.grads.defined();
+  EXPECT_EQ(frozen, int(model.layers().size()) + 1);        // every block's base, and the root's
+  EXPECT_EQ(groups.size(), 2 * model.layers().size() + 1);  // the root adapts nothing
+  optim::AdamW opt(groups, {.lr = 1e-2});
+  for (const nn::ParamGroup& g : groups) EXPECT_EQ(opt.state(g.params).empty(), !g.grads.defined());
+  int64_t adapter_elems = 0;
+  for (const nn::ParamGroup& g : groups)
+    if (g.grads.defined()) adapter_elems += g.params.numel();
+  EXPECT_EQ(opt.state_bytes(), 2 * adapter_elems * int64_t(sizeof(double)));
+  const std::vector<std::string> log = logged_step(model, root, c);
+  int rs = 0, frozen_gathers = 0;
+  for (const std::string& e : log) {
+    if (e.rfind("rs_issue:", 0) == 0 || e.rfind("grad_add:", 0) == 0) {
+      EXPECT_EQ(e.find("(frozen)"), std::string::npos) << e;
+      EXPECT_NE(e, "rs_issue:<root>") << "the root holds no adapter";
+      ++rs;
+    }
+    frozen_gathers += e.rfind("ag_issue:", 0) == 0 && e.find("(frozen)") != std::string::npos;
+  }
+  if (world()->size() > 1) {
+    EXPECT_EQ(rs, int(model.layers().size()));
+    EXPECT_GE(frozen_gathers, int(model.layers().size()) + 1);
+  }
+}
 TEST(Equivalence, Hsdp2x2) {
   if (world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";
   expect_equivalent({.hsdp = 2}, 1e-10, 1e-10);
@@ -280,13 +354,7 @@ TEST(OneRank, CastStraightIntoTheComputeDtypeIsBitIdenticalToTheCollectivesPath)
                        .seed = kSeed};
   for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, fo);
   FSDPModule& root = fully_shard(model, mesh, fo);
-  data::RandomTokenSource src(c.vocab, kSeed);
-  root.set_event_log(true);
-  auto b = src.batch(0, 2, 0, 2, c.seq);
-  Tensor logits = model.forward(b.inputs).view({2 * c.seq, c.vocab});
-  auto x = ops::cross_entropy_forward(logits, b.targets);
-  model.backward(ops::cross_entropy_backward(logits, b.targets, x.lse).view({2, c.seq, c.vocab}));
-  const std::vector<std::string> log = root.take_event_log();
+  const std::vector<std::string> log = logged_step(model, root, c);
   int casts = 0, adds = 0;
   for (const std::string& e : log) {
     EXPECT_EQ(e.rfind("ag_", 0), std::string::npos) << e;

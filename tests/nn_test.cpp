@@ -296,6 +296,8 @@ void expect_whole_model_gradient(const nn::MiniLLMConfig& c) {
       nn::init_fill(nn::Init::uniform(-0.1, 0.1), 5, n, 0, p->data);
     if (n.find("norm") != std::string::npos)
       nn::init_fill(nn::Init::uniform(0.5, 1.5), 6, n, 0, p->data);
+    if (n.ends_with("lora_B"))  // away from its zero init, so that lora_A's gradient is not 0
+      nn::init_fill(nn::Init::uniform(-0.5, 0.5), 7, n, 0, p->data);
   }
   Tensor tokens = test::random_ids({c.batch, c.seq}, c.vocab, 12);
   Tensor targets = test::random_ids({c.batch * c.seq}, c.vocab, 13);
@@ -310,6 +312,11 @@ void expect_whole_model_gradient(const nn::MiniLLMConfig& c) {
   Tensor grads = flat.grads.clone();
   int params = 0;
   for (auto& [n, p] : m.named_parameters()) {
+    if (!p->requires_grad) {  // frozen (LoRA's base): no gradient view, and none was added
+      EXPECT_FALSE(p->grad.defined()) << n;
+      ++params;
+      continue;
+    }
     // grads of this parameter, as laid out in the flat buffer
     int64_t off = (static_cast<const char*>(p->grad.raw_data()) -
                    static_cast<const char*>(flat.grads.raw_data())) /
@@ -435,6 +442,43 @@ TEST(WholeModelGradient, Llama3RopeScaling) {
   c.rope_scaling = {
       .factor = 8.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_context = 32.0};
   expect_whole_model_gradient(c);
+}
+
+// LoRA: adapters on every projection (the packed in-projection's q, k and v each with its own
+// pair), and on q and v alone (B's rows skip k's), and on the seed architecture's packed
+// in-projection, out-projection and FFN: the adapters' gradients against f64 finite differences,
+// and the base frozen (no gradient at all, so no weight-gradient GEMM ran for it). A fresh
+// adapter (B zero) leaves the base model's logits exactly as they were.
+TEST(WholeModelGradient, LoraAdapters) {
+  for (const char* targets : {"q,k,v,o,gate,up,down", "q,v"}) {
+    SCOPED_TRACE(targets);
+    nn::MiniLLMConfig c = gqa_config(2, false, true);
+    c.lora = {.rank = 2, .alpha = 3.0, .targets = nn::parse_lora_targets(targets)};
+    nn::MiniLLM m(c);
+    EXPECT_EQ(c.num_parameters(), m.num_parameters());
+    int64_t adapters = 0;
+    for (auto& [n, p] : m.named_parameters()) {
+      EXPECT_EQ(p->requires_grad, nn::is_lora_parameter(n)) << n;
+      if (p->requires_grad) adapters += shape_numel(p->shape);
+    }
+    EXPECT_EQ(adapters, c.lora_parameters());
+    expect_whole_model_gradient(c);
+  }
+  nn::MiniLLMConfig seed = small_config(nn::Arch::seed);
+  seed.lora = {.rank = 3, .alpha = 6.0, .targets = nn::parse_lora_targets("q,k,o,up,down")};
+  expect_whole_model_gradient(seed);
+  EXPECT_EQ(nn::MiniLLMConfig::from_json(seed.to_json()).to_json(), seed.to_json());
+  seed.lora.targets = nn::parse_lora_targets("gate");
+  EXPECT_THROW(seed.validate(), Error);  // seed's FFN has no gate
+  EXPECT_THROW(nn::parse_lora_targets("q,qkv"), Error);
+
+  nn::MiniLLMConfig plain = gqa_config(2, true, false), adapted = plain;
+  adapted.lora = {.rank = 4, .alpha = 8.0, .targets = nn::parse_lora_targets("q,v,down")};
+  nn::MiniLLM a(plain), b(adapted);
+  nn::materialize(a, DType::f64, 4);
+  nn::materialize(b, DType::f64, 4);  // every base parameter is initialised by its name alike
+  Tensor tokens = test::random_ids({plain.batch, plain.seq}, plain.vocab, 2);
+  EXPECT_EQ(a.forward(tokens).to_f64_vector(), b.forward(tokens).to_f64_vector());
 }
 
 // Packed rows (--pack) train on what the same samples train on unpacked, one per row: the loss

@@ -9,12 +9,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -27,11 +29,13 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/checkpoint/interchange.h"
 #include "fsdp/core/device.h"
 #include "fsdp/core/dtype.h"
 #include "fsdp/core/error.h"
 #include "fsdp/distributed/init.h"
 #include "fsdp/nn/minillm.h"
+#include "fsdp/ops/ops.h"
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/ceilings.h"
 #include "fsdp/train/model_family.h"
@@ -231,6 +235,7 @@ TEST(ModelFamily, ArchReadsTheTableAndEachRowsKeysAreItsConfigs) {
     every.tie_embeddings = every.qkv_bias = every.qk_norm = true;
     every.rope_scaling.factor = 8.0;
     every.norm_eps = 1e-5;
+    every.lora = {.rank = 4, .alpha = 8, .targets = nn::parse_lora_targets("q,v")};
     const nlohmann::json j = nlohmann::json::parse(every.to_json());
     for (std::string_view key : f.shape_keys) EXPECT_TRUE(j.contains(key)) << key;
     const std::vector<profiler::GemmShape> shapes = f.gemm_shapes(c);
@@ -252,24 +257,25 @@ std::vector<double> logged_losses(const fs::path& file) {
   return losses;
 }
 
-TEST(Trainer, AResumedRunGivesTheUninterruptedRunsLossesExactly) {
-  TempDir tmp;
-  auto pg = dist::init_process_group();
+// A llama of 2 blocks of width 32, grouped-query, on rows of 16.
+const std::vector<std::pair<const char*, const char*>> kSmallLlama = {
+    {"--arch", "llama"}, {"--vocab", "64"}, {"--seq", "16"},     {"--dim", "32"},
+    {"--layers", "2"},   {"--heads", "4"},  {"--kv-heads", "2"}, {"--batch", "2"}};
+
+// Trains 6 steps whole, and 4 then 2 more resumed from the checkpoint of step 4 (in tmp/ck):
+// the same losses, bit for bit. `more` are flags beside the small llama's.
+void expect_resume_equals_uninterrupted(
+    const TempDir& tmp, const std::shared_ptr<dist::ProcessGroup>& pg,
+    const std::vector<std::pair<const char*, const char*>>& more) {
   TrainOptions o;
+  for (const auto& [flag, value] : kSmallLlama) set_flag(o, flag, value);
   const std::vector<std::pair<const char*, const char*>> flags = {
-      {"--arch", "llama"},
-      {"--vocab", "64"},
-      {"--dim", "32"},
-      {"--layers", "2"},
-      {"--heads", "4"},
-      {"--kv-heads", "2"},
-      {"--seq", "16"},
-      {"--batch", "2"},
       {"--lr", "1e-2"},
       {"--lr-decay", "cosine"},
       {"--warmup-steps", "2"},
       {"--decay-steps", "6"}};  // the schedule of all 6 steps, in the run stopped at 4 too
   for (const auto& [flag, value] : flags) set_flag(o, flag, value);
+  for (const auto& [flag, value] : more) set_flag(o, flag, value);
   o.schedule.steps = 6;
   o.sample.sample_tokens = 0;
   o.profile.log_every = 0;  // no step lines; the log has every step
@@ -308,5 +314,89 @@ TEST(Trainer, AResumedRunGivesTheUninterruptedRunsLossesExactly) {
   ASSERT_EQ(a.size(), 6u);
   ASSERT_EQ(b.size(), 6u);
   for (size_t s = 0; s < a.size(); ++s) EXPECT_EQ(a[s], b[s]) << "step " << s;
+}
+
+TEST(Trainer, AResumedRunGivesTheUninterruptedRunsLossesExactly) {
+  TempDir tmp;
+  auto pg = dist::init_process_group();
+  expect_resume_equals_uninterrupted(tmp, pg, {});
+  dist::destroy_process_group();
+}
+
+// LoRA (--lora-rank): a resumed run equals the uninterrupted one; its checkpoint holds the
+// adapters alone (and their AdamW state) and names the frozen base, here the seed's
+// initialisation, by content: a resume whose base differs (another seed) or that drops the
+// adapters is refused by name. The consolidated base is the seed's initialisation, and the merged
+// model its weights plus (alpha / rank) B A.
+TEST(Trainer, LoraResumesExactlyAndItsCheckpointHoldsTheAdaptersAlone) {
+  TempDir tmp;
+  auto pg = dist::init_process_group();
+  expect_resume_equals_uninterrupted(
+      tmp, pg, {{"--lora-rank", "4"}, {"--lora-alpha", "8"}, {"--lora-targets", "q,v,o,down"}});
+  const std::string step = (tmp.path / "ck" / "step_00000006").string();
+  const nlohmann::json meta =
+      nlohmann::json::parse(std::ifstream(fs::path(step) / "metadata.json"));
+  int adapters = 0;
+  for (const auto& [name, t] : meta.at("tensors").items()) {
+    EXPECT_TRUE(nn::is_lora_parameter(name)) << name;
+    ++adapters;
+  }
+  EXPECT_EQ(adapters, 2 * 3 * 2);  // 2 layers: the in-projection's pair, o's and down's
+  EXPECT_EQ(meta.at("frozen").size(), 3u + 2u * 7u);  // embed, norm, head; 7 weights a block
+  EXPECT_EQ(meta.at("config").at("base_content"), "initialised from seed 1337");
+  nn::MiniLLMConfig cfg;
+  const checkpoint::NamedTensors unmerged = checkpoint::consolidate(step, &cfg, false);
+  EXPECT_EQ(cfg.lora.rank, 4);
+  nn::MiniLLM fresh(cfg);
+  nn::materialize(fresh, DType::f32, 1337);
+  for (const auto& [name, t] : unmerged)
+    if (!nn::is_lora_parameter(name))
+      EXPECT_EQ(t.to_f64_vector(), fresh.parameter(name).data.to_f64_vector()) << name;
+  nn::MiniLLMConfig merged_cfg;
+  const checkpoint::NamedTensors merged = checkpoint::consolidate(step, &merged_cfg);
+  EXPECT_FALSE(merged_cfg.lora.enabled());
+  const checkpoint::NamedTensors want = checkpoint::merge_lora(cfg, unmerged);
+  ASSERT_EQ(merged.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(merged[i].first, want[i].first);
+    EXPECT_EQ(merged[i].second.to_f64_vector(), want[i].second.to_f64_vector()) << want[i].first;
+  }
+  std::map<std::string, Tensor> by_name(unmerged.begin(), unmerged.end());
+  const std::vector<double> w = by_name.at("layers.1.ffn.w2.weight").to_f64_vector();
+  const Tensor ba = ops::matmul(by_name.at("layers.1.ffn.w2.lora_B").to(DType::f64),
+                                by_name.at("layers.1.ffn.w2.lora_A").to(DType::f64));
+  const std::vector<double> delta = ba.to_f64_vector();           // B A, scaled by alpha / rank = 2
+  EXPECT_GT(*std::max_element(delta.begin(), delta.end()), 0.0);  // the adapter trained
+  int checked = 0;
+  for (const auto& [name, t] : merged)
+    if (name == "layers.1.ffn.w2.weight") {
+      const std::vector<double> m = t.to_f64_vector();
+      ASSERT_EQ(m.size(), w.size());
+      for (size_t i = 0; i < m.size(); ++i) EXPECT_NEAR(m[i], w[i] + 2.0 * delta[i], 1e-6) << i;
+      ++checked;
+    }
+  EXPECT_EQ(checked, 1);
+
+  auto refused = [&](const std::vector<std::pair<const char*, const char*>>& more,
+                     const char* what) {
+    TrainOptions o;
+    for (const auto& [flag, value] : kSmallLlama) set_flag(o, flag, value);
+    for (const auto& [flag, value] : more) set_flag(o, flag, value);
+    o.schedule.steps = 8;
+    o.sample.sample_tokens = 0;
+    o.checkpoint = {.ckpt_dir = (tmp.path / "ck").string(), .resume = true};
+    try {
+      Trainer t(o, pg);
+      ADD_FAILURE() << "not refused: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused({{"--lora-rank", "4"},
+           {"--lora-alpha", "8"},
+           {"--lora-targets", "q,v,o,down"},
+           {"--seed", "5"}},
+          "base_content");
+  refused({}, "lora");
   dist::destroy_process_group();
 }

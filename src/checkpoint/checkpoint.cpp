@@ -144,12 +144,15 @@ SaveSnapshot snapshot(const std::string& dir, int64_t step, FSDPModule& root,
     // Each flat buffer is staged once; the parameters' rows are views of the staged copies.
     std::vector<Tensor> params;
     std::vector<std::vector<std::pair<std::string, Tensor>>> states;
-    for (auto& g : groups) {
-      params.push_back(stage(g.params));
+    for (auto& g : groups) {  // a frozen group (no gradient) is not saved
+      params.push_back(g.grads.defined() ? stage(g.params) : Tensor());
       states.emplace_back();
-      for (const auto& [state, flat] : opt.state(g.params)) states.back().emplace_back(state, stage(flat));
+      if (g.grads.defined())
+        for (const auto& [state, flat] : opt.state(g.params))
+          states.back().emplace_back(state, stage(flat));
     }
     for (const auto& in : infos) {
+      if (!groups[in.group].grads.defined()) continue;
       s.tensors.emplace_back("param/" + in.name, rows_view(params[size_t(in.group)], in.offset,
                                                            in.local_rows, in.global_shape));
       for (const auto& [state, flat] : states[size_t(in.group)])
@@ -169,7 +172,12 @@ SaveSnapshot snapshot(const std::string& dir, int64_t step, FSDPModule& root,
     meta["shards"] = shards;
     meta["config"] = json::parse(config_json);
     json tensors = json::object();
+    json frozen = json::array();
     for (const auto& in : infos) {
+      if (!groups[in.group].grads.defined()) {
+        frozen.push_back(in.name);
+        continue;
+      }
       json chunks = json::array();
       for (int c = 0; c < shards; ++c) {
         auto [b, len] = dist::chunk_range(in.global_shape[0], shards, c);
@@ -181,6 +189,7 @@ SaveSnapshot snapshot(const std::string& dir, int64_t step, FSDPModule& root,
                           {"chunks", chunks}};
     }
     meta["tensors"] = tensors;
+    if (!frozen.empty()) meta["frozen"] = frozen;
     s.extra_files = extras.files;
   }
   return s;
@@ -399,6 +408,10 @@ Loaded load_unchecked(const std::string& path, FSDPModule& root, optim::Optimize
     if (!idx) idx = detail::open_shard(m, s);
     return *idx;
   };
+  // Frozen parameters (a LoRA base) are not in checkpoints: the run built them as it did before
+  // (its --init-from, checked by content, or its seed).
+  std::erase_if(infos,
+                [&](const FSDPModule::ShardInfo& in) { return !groups[in.group].grads.defined(); });
   for (const auto& in : infos) {
     const auto t = m.tensors.find(in.name);
     FSDP_CHECK(t != m.tensors.end(), "[checkpoint] {} has no tensor '{}'", path, in.name);

@@ -28,6 +28,7 @@
 #include "fsdp/core/error.h"
 #include "fsdp/core/file.h"
 #include "fsdp/data/chat.h"
+#include "fsdp/data/token_sources.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "src/checkpoint/json_fields.h"
 #include "src/checkpoint/param_names.h"
@@ -622,8 +623,10 @@ Tensor Pretrained::read(const nn::MiniLLMConfig& cfg, const std::string& name) c
 
 void Pretrained::load_into(nn::MiniLLM& model, FSDPModule* root) const {
   const nn::MiniLLMConfig& cfg = model.config();
+  // A LoRA run's adapters are not the model's: they keep their initial values (B zero).
   if (!root) {
     for (auto& [name, p] : model.named_parameters()) {
+      if (nn::is_lora_parameter(name)) continue;
       auto parts = parts_of(*source, cfg, name);
       check_shape(*source, cfg, name, parts, p->shape);
       FSDP_CHECK(p->data.defined(), "[pretrained] load_into: '{}' has no storage", name);
@@ -635,6 +638,7 @@ void Pretrained::load_into(nn::MiniLLM& model, FSDPModule* root) const {
   // shard buffers that the optimizer steps.
   auto groups = root->param_groups(0);
   for (const auto& in : root->shard_infos()) {
+    if (nn::is_lora_parameter(in.name)) continue;
     auto parts = parts_of(*source, cfg, in.name);
     check_shape(*source, cfg, in.name, parts, in.global_shape);
     if (in.local_rows == 0) continue;
@@ -645,6 +649,20 @@ void Pretrained::load_into(nn::MiniLLM& model, FSDPModule* root) const {
         groups[in.group].params.slice(in.offset, in.offset + in.local_rows * row).view(local);
     fill_rows(parts, in.local_begin, in.local_begin + in.local_rows, dst);
   }
+}
+
+std::string model_identity(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(path)) return data::data_identity(path).str();
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(path))
+    if (e.is_regular_file()) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  std::string out;
+  for (const std::string& n : names)
+    out += (out.empty() ? "" : "; ") + n + ": " +
+           data::data_identity((fs::path(path) / n).string()).str();
+  return out;
 }
 
 namespace {

@@ -12,8 +12,11 @@ namespace fsdp {
 
 FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
                                std::shared_ptr<dist::DeviceMesh> mesh, const FullyShardOptions& opt,
-                               std::string label)
-    : params_(std::move(params)), mesh_(std::move(mesh)), label_(std::move(label)) {
+                               std::string label, bool frozen)
+    : params_(std::move(params)),
+      mesh_(std::move(mesh)),
+      label_(std::move(label)),
+      frozen_(frozen) {
   const int shard_dim = mesh_->ndim() - 1;
   shard_group_ = mesh_->group(shard_dim);
   if (mesh_->ndim() == 2) replicate_group_ = mesh_->group(0);
@@ -44,7 +47,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
 
   for (auto& fp : params_) fp.place(n_, rank_, g_, u_);
   sharded_ = Tensor::zeros({g_}, master_, dev);  // padding stays zero
-  sharded_grad_ = Tensor::zeros({g_}, master_, dev);
+  if (!frozen_) sharded_grad_ = Tensor::zeros({g_}, master_, dev);
   for (auto& fp : params_) {
     nn::Parameter& p = *fp.param;
     Tensor local = local_shard(fp);
@@ -179,7 +182,7 @@ void FSDPParamGroup::reshard(FSDPCommContext& ctx) {
 }
 
 void FSDPParamGroup::prepare_grads() {
-  if (params_.empty()) return;
+  if (params_.empty() || frozen_) return;  // a frozen parameter's grad stays undefined
   if (direct_) {
     for (auto& fp : params_)
       fp.param->grad =
@@ -202,7 +205,7 @@ void FSDPParamGroup::prepare_grads() {
 void FSDPParamGroup::reduce_grads(FSDPCommContext& ctx) {
   if (params_.empty()) return;
   for (auto& fp : params_) fp.param->grad = Tensor();
-  if (direct_) return;
+  if (direct_ || frozen_) return;
   if (!requires_sync_) {  // accumulate over microbatches; reduce on the one that syncs
     grads_kept_ = true;
     return;

@@ -44,14 +44,17 @@ class FSDPParamGroup {
  public:
   // Lays out `params` over the mesh's shard dim and fills this rank's shards: from the
   // parameters' values where they have them, else from their initialisers (opt.seed).
+  // frozen: parameters without gradients (requires_grad false): no gradient buffers, and the
+  // backward neither points them at one nor reduces anything.
   FSDPParamGroup(std::vector<FSDPParam> params, std::shared_ptr<dist::DeviceMesh> mesh,
-                 const FullyShardOptions& opt, std::string label);
+                 const FullyShardOptions& opt, std::string label, bool frozen = false);
 
   const std::string& label() const { return label_; }
   bool empty() const { return params_.empty(); }
+  bool frozen() const { return frozen_; }
   const std::vector<FSDPParam>& params() const { return params_; }
   const Tensor& sharded() const { return sharded_; }
-  const Tensor& sharded_grad() const { return sharded_grad_; }
+  const Tensor& sharded_grad() const { return sharded_grad_; }  // undefined when frozen
   DType param_dtype() const { return param_dtype_; }
   int shard_count() const { return n_; }
   // The unpadded local shard of one of this group's parameters, a view of sharded().
@@ -89,6 +92,7 @@ class FSDPParamGroup {
   DType master_ = DType::f32, param_dtype_ = DType::f32, reduce_dtype_ = DType::f32;
   int64_t g_ = 0, u_ = 0;  // padded shard and unsharded sizes, in elements
   Tensor sharded_, sharded_grad_;
+  bool frozen_ = false;
   bool direct_ = false;  // one rank, same dtypes: parameters are views of `sharded`
   // One rank with another compute or reduce dtype: no all-gather or reduce-scatter (nor their
   // copy-in, copy-out and chunk-cat): the shards are cast straight into the compute dtype, the

@@ -106,8 +106,25 @@ FSDPState::FSDPState(nn::Module& m, std::shared_ptr<dist::DeviceMesh> mesh_,
     : module(&m),
       mesh(mesh_),
       opt(opt_),
-      group(std::move(params), std::move(mesh_), opt_, label_of(m)),
-      reshard_after_forward(opt_.reshard_after_forward) {}
+      label(label_of(m)),
+      reshard_after_forward(opt_.reshard_after_forward) {
+  std::vector<FSDPParam> trainable, frozen;
+  for (FSDPParam& fp : params)
+    (fp.param->requires_grad ? trainable : frozen).push_back(std::move(fp));
+  groups.reserve(2);
+  groups.emplace_back(std::move(trainable), mesh, opt, label, false);
+  if (!frozen.empty()) groups.emplace_back(std::move(frozen), mesh, opt, label + " (frozen)", true);
+}
+
+void FSDPState::unshard_issue(FSDPCommContext& c) {
+  for (FSDPParamGroup& g : groups) g.unshard_issue(c);
+}
+void FSDPState::unshard_wait(FSDPCommContext& c) {
+  for (FSDPParamGroup& g : groups) g.unshard_wait(c);
+}
+void FSDPState::reshard(FSDPCommContext& c) {
+  for (FSDPParamGroup& g : groups) g.reshard(c);
+}
 
 FSDPCommContext& FSDPState::comm() {
   if (!root) lazy_init_root();
@@ -163,12 +180,13 @@ Tensor FSDPState::pre_forward(const Tensor& x) {
     r.post_fwd_order.clear();
   }
   r.fwd_order.push_back(this);
-  group.unshard_issue(r.comm);
-  for (FSDPState* t : forward_prefetch_targets()) t->group.unshard_issue(r.comm);
-  group.unshard_wait(r.comm);
-  r.comm.log("fwd_begin", group.label());
-  if (opt.mp_policy.param_dtype && is_floating(x.dtype()) && x.dtype() != group.param_dtype())
-    return x.to(group.param_dtype());
+  unshard_issue(r.comm);
+  for (FSDPState* t : forward_prefetch_targets()) t->unshard_issue(r.comm);
+  unshard_wait(r.comm);
+  r.comm.log("fwd_begin", label);
+  if (opt.mp_policy.param_dtype && is_floating(x.dtype()) &&
+      x.dtype() != *opt.mp_policy.param_dtype)
+    return x.to(*opt.mp_policy.param_dtype);
   return x;
 }
 
@@ -176,9 +194,9 @@ Tensor FSDPState::post_forward(const Tensor& y) {
   expect_state(*this, TrainingState::forward, "post-forward");
   training_state = TrainingState::idle;
   FSDPRootContext& r = *root->root_ctx;
-  r.comm.log("fwd_end", group.label());
+  r.comm.log("fwd_end", label);
   r.post_fwd_order.push_back(this);
-  if (!is_root() && reshard_after_forward) group.reshard(r.comm);
+  if (!is_root() && reshard_after_forward) reshard(r.comm);
   if (opt.mp_policy.output_dtype && is_floating(y.dtype()))
     return y.to(*opt.mp_policy.output_dtype);
   return y;
@@ -189,20 +207,20 @@ void FSDPState::pre_backward() {
     expect_state(*this, TrainingState::idle, "pre-backward");
   training_state = TrainingState::pre_backward;
   FSDPCommContext& c = comm();
-  group.unshard_issue(c);
-  for (FSDPState* t : backward_prefetch_targets()) t->group.unshard_issue(c);
-  group.unshard_wait(c);
-  group.prepare_grads();
-  c.log("bwd_begin", group.label());
+  unshard_issue(c);
+  for (FSDPState* t : backward_prefetch_targets()) t->unshard_issue(c);
+  unshard_wait(c);
+  for (FSDPParamGroup& g : groups) g.prepare_grads();
+  c.log("bwd_begin", label);
 }
 
 void FSDPState::post_backward() {
   expect_state(*this, TrainingState::pre_backward, "post-backward");
   training_state = TrainingState::idle;
   FSDPCommContext& c = comm();
-  c.log("bwd_end", group.label());
-  group.reduce_grads(c);
-  if (reshard_after_backward) group.reshard(c);
+  c.log("bwd_end", label);
+  for (FSDPParamGroup& g : groups) g.reduce_grads(c);
+  if (reshard_after_backward) reshard(c);
   if (is_root()) c.finish_backward();
 }
 

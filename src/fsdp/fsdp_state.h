@@ -95,7 +95,11 @@ struct FSDPState {
   nn::Module* module;
   std::shared_ptr<dist::DeviceMesh> mesh;
   FullyShardOptions opt;
-  FSDPParamGroup group;
+  std::string label;  // the module's path ("<root>" for the top)
+  // The module's parameter groups: the trainable one (always, perhaps empty), then the frozen
+  // parameters' (requires_grad false, a LoRA base) where there are any: gathered like the other,
+  // never given gradients, never reduced. Fixed at construction (FSDPCommContext points at them).
+  std::vector<FSDPParamGroup> groups;
   bool reshard_after_forward, reshard_after_backward = true;
   bool explicit_fwd = false, explicit_bwd = false;
   std::vector<FSDPState*> fwd_prefetch, bwd_prefetch;
@@ -108,6 +112,12 @@ struct FSDPState {
   // Makes this the root of every state in its subtree.
   void lazy_init_root();
   bool is_root() const { return root == this; }
+
+  // Every group of this state: issue its all-gather, wait for it, free it.
+  void unshard_issue(FSDPCommContext& c);
+  void unshard_wait(FSDPCommContext& c);
+  void reshard(FSDPCommContext& c);
+  FSDPParamGroup& trainable() { return groups.front(); }
 
   Tensor pre_forward(const Tensor& x);
   Tensor post_forward(const Tensor& y);

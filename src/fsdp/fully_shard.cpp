@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <tuple>
 
 #include "src/fsdp/fsdp_state.h"
 
@@ -45,16 +46,17 @@ FSDPModule::FSDPModule(std::unique_ptr<FSDPState> state)
 FSDPModule::~FSDPModule() = default;
 
 std::shared_ptr<UnshardHandle> FSDPModule::unshard(bool async) {
-  impl_->group.unshard_issue(impl_->comm());
-  if (!async) impl_->group.unshard_wait(impl_->comm());
+  impl_->unshard_issue(impl_->comm());
+  if (!async) impl_->unshard_wait(impl_->comm());
   FSDPState* s = impl_.get();
-  return std::make_shared<UnshardHandle>([s] { s->group.unshard_wait(s->comm()); });
+  return std::make_shared<UnshardHandle>([s] { s->unshard_wait(s->comm()); });
 }
 
-void FSDPModule::reshard() { impl_->group.reshard(impl_->comm()); }
+void FSDPModule::reshard() { impl_->reshard(impl_->comm()); }
 
 void FSDPModule::set_requires_gradient_sync(bool sync) {
-  for (FSDPState* s : subtree_states(*impl_->module)) s->group.set_requires_sync(sync);
+  for (FSDPState* s : subtree_states(*impl_->module))
+    for (FSDPParamGroup& g : s->groups) g.set_requires_sync(sync);
 }
 void FSDPModule::set_reshard_after_backward(bool reshard) {
   impl_->reshard_after_backward = reshard;
@@ -75,42 +77,45 @@ void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule*>
 
 std::vector<nn::ParamGroup> FSDPModule::param_groups(double weight_decay, bool decay_1d) {
   std::vector<nn::ParamGroup> out;
-  for (FSDPState* s : subtree_states(*impl_->module)) {
-    if (s->group.empty()) continue;
-    nn::ParamGroup g{s->group.sharded(), s->group.sharded_grad(), weight_decay};
-    if (!decay_1d)
-      for (auto& fp : s->group.params())
-        if (fp.param->shape.size() == 1)
-          g.no_decay.emplace_back(fp.shard_offset, fp.padded_rows * fp.row);
-    out.push_back(std::move(g));
-  }
+  for (FSDPState* s : subtree_states(*impl_->module))
+    for (FSDPParamGroup& group : s->groups) {
+      if (group.empty()) continue;
+      nn::ParamGroup g{group.sharded(), group.sharded_grad(), weight_decay};
+      if (!decay_1d)
+        for (auto& fp : group.params())
+          if (fp.param->shape.size() == 1)
+            g.no_decay.emplace_back(fp.shard_offset, fp.padded_rows * fp.row);
+      out.push_back(std::move(g));
+    }
   return out;
 }
 
 void FSDPModule::zero_grad() {
-  for (FSDPState* s : subtree_states(*impl_->module)) s->group.zero_grad();
+  for (FSDPState* s : subtree_states(*impl_->module))
+    for (FSDPParamGroup& g : s->groups) g.zero_grad();
 }
 
 std::vector<std::pair<std::string, dist::DTensor>> FSDPModule::sharded_parameters() {
   // In named_parameters() order, the order of PyTorch's state_dict.
-  std::map<const nn::Parameter*, std::pair<FSDPState*, const FSDPParam*>> where;
+  std::map<const nn::Parameter*, std::tuple<FSDPState*, const FSDPParamGroup*, const FSDPParam*>>
+      where;
   for (FSDPState* s : subtree_states(*impl_->module))
-    for (auto& fp : s->group.params()) where[fp.param] = {s, &fp};
+    for (const FSDPParamGroup& g : s->groups)
+      for (auto& fp : g.params()) where[fp.param] = {s, &g, &fp};
   std::vector<std::pair<std::string, dist::DTensor>> out;
   const std::string prefix = impl_->module->path();
   for (auto& [rel, p] : impl_->module->named_parameters()) {
     auto it = where.find(p);
     FSDP_CHECK(it != where.end(), "[fully_shard] parameter '{}' is not sharded",
                join_name(prefix, rel));
-    auto [s, fp] = it->second;
+    auto [s, g, fp] = it->second;
     Shape local_shape = p->shape;
     local_shape[0] = fp->local_rows;
     std::vector<dist::Placement> placements;
     if (s->mesh->ndim() == 2) placements.push_back(dist::Replicate{});
     placements.push_back(dist::Shard{0});
-    out.emplace_back(fp->name,
-                     dist::DTensor::from_local(s->group.local_shard(*fp).view(local_shape), s->mesh,
-                                               placements, p->shape));
+    out.emplace_back(fp->name, dist::DTensor::from_local(g->local_shard(*fp).view(local_shape),
+                                                         s->mesh, placements, p->shape));
   }
   return out;
 }
@@ -118,11 +123,12 @@ std::vector<std::pair<std::string, dist::DTensor>> FSDPModule::sharded_parameter
 std::vector<FSDPModule::ShardInfo> FSDPModule::shard_infos() {
   std::map<const nn::Parameter*, std::pair<size_t, const FSDPParam*>> where;
   size_t group = 0;
-  for (FSDPState* s : subtree_states(*impl_->module)) {
-    if (s->group.empty()) continue;
-    for (auto& fp : s->group.params()) where[fp.param] = {group, &fp};
-    ++group;
-  }
+  for (FSDPState* s : subtree_states(*impl_->module))
+    for (const FSDPParamGroup& g : s->groups) {
+      if (g.empty()) continue;
+      for (auto& fp : g.params()) where[fp.param] = {group, &fp};
+      ++group;
+    }
   std::vector<ShardInfo> out;
   for (auto& [rel, p] : impl_->module->named_parameters()) {
     auto it = where.find(p);
@@ -138,7 +144,7 @@ std::shared_ptr<dist::ProcessGroup> FSDPModule::shard_group() const {
   return impl_->mesh->group(impl_->mesh->ndim() - 1);
 }
 
-int FSDPModule::shard_count() const { return impl_->group.shard_count(); }
+int FSDPModule::shard_count() const { return impl_->trainable().shard_count(); }
 bool FSDPModule::first_replica() const {
   return impl_->mesh->ndim() == 1 || impl_->mesh->local_rank(0) == 0;
 }
@@ -147,11 +153,12 @@ FSDPModule::CommStats FSDPModule::comm_stats() const {
   CommStats st;
   std::vector<const dist::ProcessGroup*> seen;
   for (FSDPState* s : subtree_states(*impl_->module))
-    for (const dist::ProcessGroup* g : s->group.comm_groups())
-      if (g && std::find(seen.begin(), seen.end(), g) == seen.end()) {
-        seen.push_back(g);
-        st.comm_seconds += g->comm_seconds();
-      }
+    for (const FSDPParamGroup& group : s->groups)
+      for (const dist::ProcessGroup* g : group.comm_groups())
+        if (g && std::find(seen.begin(), seen.end(), g) == seen.end()) {
+          seen.push_back(g);
+          st.comm_seconds += g->comm_seconds();
+        }
   const FSDPState* root = impl_->root ? impl_->root : impl_.get();
   if (root->root_ctx) st.exposed_seconds = root->root_ctx->comm.exposed_seconds();
   return st;
@@ -160,8 +167,10 @@ FSDPModule::CommStats FSDPModule::comm_stats() const {
 int64_t FSDPModule::sharded_bytes() const {
   int64_t b = 0;
   for (FSDPState* s : subtree_states(*impl_->module))
-    if (s->group.sharded().defined())
-      b += int64_t(s->group.sharded().nbytes() + s->group.sharded_grad().nbytes());
+    for (const FSDPParamGroup& g : s->groups) {
+      if (g.sharded().defined()) b += int64_t(g.sharded().nbytes());
+      if (g.sharded_grad().defined()) b += int64_t(g.sharded_grad().nbytes());
+    }
   return b;
 }
 

@@ -71,6 +71,12 @@ ReplicateModule& replicate(nn::Module& module, std::shared_ptr<dist::DeviceMesh>
                "replicated or sharded",
                where, m.path());
   });
+  for (auto& [name, p] : module.named_parameters())
+    FSDP_CHECK(p->requires_grad,
+               "[replicate] {}: parameter '{}' is frozen (requires_grad false, a LoRA base); "
+               "replicate steps every parameter of one flat buffer: shard the model with "
+               "fully_shard, which keeps frozen parameters apart",
+               where, name);
   auto state = std::make_shared<ReplicateModule>(module, std::move(mesh), options);
   module.set_hooks(state);
   return *state;

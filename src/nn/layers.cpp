@@ -1,6 +1,7 @@
 // Forward and backward of the MiniLLM's building blocks, on top of fsdp::ops.
 #include "fsdp/nn/layers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <memory>
@@ -11,23 +12,146 @@
 
 namespace fsdp::nn {
 
+// ---------------------------------------------------------------- LoRA
+
+namespace {
+constexpr std::pair<const char*, LoraTarget> kLoraTargets[] = {
+    {"q", LoraTarget::q},      {"k", LoraTarget::k},       {"v", LoraTarget::v},
+    {"o", LoraTarget::o},      {"gate", LoraTarget::gate}, {"up", LoraTarget::up},
+    {"down", LoraTarget::down}};
+}  // namespace
+
+uint32_t parse_lora_targets(const std::string& list) {
+  uint32_t bits = 0;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string name = list.substr(at, comma - at);
+    bool known = false;
+    for (const auto& [n, bit] : kLoraTargets)
+      if (name == n) {
+        bits |= bit;
+        known = true;
+      }
+    FSDP_CHECK(known,
+               "[LoRA] unknown target '{}' in '{}'; expected a comma-separated list of q, "
+               "k, v, o, gate, up, down",
+               name, list);
+    at = comma + 1;
+  }
+  return bits;
+}
+
+std::string lora_target_names(uint32_t targets) {
+  std::string out;
+  for (const auto& [n, bit] : kLoraTargets)
+    if (targets & bit) out += (out.empty() ? "" : ",") + std::string(n);
+  return out;
+}
+
+LoraAdapter::LoraAdapter(Parameter& a, Parameter& b, int64_t out,
+                         std::vector<std::pair<int64_t, int64_t>> parts, double scale)
+    : a_(&a), b_(&b), out_(out), rank_(b.shape.at(1)), scale_(scale) {
+  const auto p = int64_t(parts.size());
+  FSDP_CHECK(p > 0 && a.shape.at(0) == p * rank_,
+             "[LoRA] lora_A has {} rows for {} parts of rank {}", a.shape.at(0), p, rank_);
+  whole_ = p == 1 && parts[0] == std::pair<int64_t, int64_t>{0, out};
+  int64_t b_row = 0;
+  for (int64_t j = 0; j < p; ++j) {
+    const auto [begin, end] = parts[size_t(j)];
+    for (int64_t r = begin; r < end; ++r, ++b_row)
+      b_rows_.push_back({r * p * rank_ + j * rank_, b_row * rank_, rank_});
+  }
+  FSDP_CHECK(b_row == b.shape.at(0), "[LoRA] lora_B has {} rows but its parts cover {}",
+             b.shape.at(0), b_row);
+}
+
+Tensor LoraAdapter::full_b(const Tensor& b) const {
+  if (whole_) return b;
+  const int64_t width = a_->shape[0];
+  Tensor full = Tensor::zeros({out_ * width}, b.dtype(), b.device());
+  ops::copy_segments(full, b.view({-1}), b_rows_);
+  return full.view({out_, width});
+}
+
+void LoraAdapter::forward(const Tensor& x, const Tensor& y, bool save) {
+  // xa = scale x A^T, then y += xa full_b^T: the scale is applied once, on the narrow side.
+  Tensor xa = ops::linear_forward(x, a_->data, Tensor());
+  ops::scale_(xa, scale_);
+  const int64_t rows = xa.numel() / a_->shape[0];
+  ops::gemm(xa.view({rows, a_->shape[0]}), false, full_b(b_->data), true, y.view({rows, out_}), 1.0,
+            1.0);
+  if (save) xa_ = xa;
+}
+
+void LoraAdapter::backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  // dB += dy^T xa (the scale is in xa) and dxa = dy full_b; then dA += scale dxa^T x and
+  // dx += scale dxa A.
+  Tensor dxa;
+  if (whole_) {
+    dxa = ops::linear_backward(dy, xa_, b_->data, b_->grad, Tensor());
+  } else {
+    Tensor dfull;
+    if (b_->grad.defined())
+      dfull = Tensor::zeros({out_, a_->shape[0]}, b_->grad.dtype(), b_->grad.device());
+    dxa = ops::linear_backward(dy, xa_, full_b(b_->data), dfull, Tensor());
+    if (dfull.defined()) {  // B's rows back out of the block-diagonal form
+      std::vector<ops::Segment> back;
+      back.reserve(b_rows_.size());
+      for (const ops::Segment& s : b_rows_) back.push_back({s.src_offset, s.dst_offset, s.count});
+      Tensor db = Tensor::empty({b_->grad.numel()}, b_->grad.dtype(), b_->grad.device());
+      ops::copy_segments(db, dfull.view({-1}), back);
+      ops::add_(b_->grad, db.view(b_->grad.shape()));
+    }
+  }
+  xa_ = Tensor();
+  ops::scale_(dxa, scale_);
+  ops::add_(dx, ops::linear_backward(dxa, x, a_->data, a_->grad, Tensor()));
+}
+
+namespace {
+// Registers lora_A and lora_B on `owner`'s behalf (through `reg`) and returns their adapter.
+template <class Reg>
+LoraAdapter make_lora(Reg&& reg, int64_t in, int64_t out,
+                      std::vector<std::pair<int64_t, int64_t>> parts, const LoraConfig& lora) {
+  FSDP_CHECK(lora.rank > 0 && lora.alpha > 0 && std::isfinite(lora.alpha),
+             "[LoRA] rank {} and alpha {} must be positive", lora.rank, lora.alpha);
+  int64_t rows = 0;
+  for (const auto& [b, e] : parts) rows += e - b;
+  const double bound = 1.0 / std::sqrt(double(in));
+  Parameter& a =
+      reg("lora_A", Shape{int64_t(parts.size()) * lora.rank, in}, Init::uniform(-bound, bound));
+  Parameter& b = reg("lora_B", Shape{rows, lora.rank}, Init::constant(0.0));
+  return LoraAdapter(a, b, out, std::move(parts), lora.scale());
+}
+}  // namespace
+
 // ---------------------------------------------------------------- Linear
 
-Linear::Linear(int64_t in, int64_t out, bool bias) : Module("Linear") {
+Linear::Linear(int64_t in, int64_t out, bool bias, LoraConfig lora) : Module("Linear") {
   FSDP_CHECK(in > 0 && out > 0, "[Linear] sizes must be positive, got in {} out {}", in, out);
   const double bound = 1.0 / std::sqrt(double(in));
   weight_ = &register_parameter("weight", {out, in}, Init::uniform(-bound, bound));
   if (bias) bias_ = &register_parameter("bias", {out}, Init::uniform(-bound, bound));
+  if (lora.rank > 0)
+    lora_.emplace(make_lora(
+        [&](std::string n, Shape s, Init i) -> Parameter& {
+          return register_parameter(std::move(n), std::move(s), i);
+        },
+        in, out, {{0, out}}, lora));
 }
 
 Tensor Linear::forward_impl(const Tensor& x) {
   x_ = x;
-  return ops::linear_forward(x, weight_->data, bias_ ? bias_->data : Tensor());
+  Tensor y = ops::linear_forward(x, weight_->data, bias_ ? bias_->data : Tensor());
+  if (lora_) lora_->forward(x, y, true);
+  return y;
 }
 
 Tensor Linear::backward_impl(const Tensor& dy) {
   Tensor dx =
       ops::linear_backward(dy, x_, weight_->data, weight_->grad, bias_ ? bias_->grad : Tensor());
+  if (lora_) lora_->backward(dy, x_, dx);
   x_ = Tensor();
   return dx;
 }
@@ -46,7 +170,7 @@ Tensor Embedding::forward_impl(const Tensor& ids) {
 }
 
 Tensor Embedding::backward_impl(const Tensor& dy) {
-  ops::embedding_backward(dy, ids_, weight_->grad);
+  if (weight_->grad.defined()) ops::embedding_backward(dy, ids_, weight_->grad);
   ids_ = Tensor();
   return Tensor();
 }
@@ -100,7 +224,9 @@ MultiheadAttention::MultiheadAttention(int64_t dim, int64_t heads, AttentionOpti
       &register_parameter("in_proj_weight", {rows, dim}, Init::uniform(-bound, bound));
   if (opt.bias || opt.qkv_bias)
     in_proj_bias_ = &register_parameter("in_proj_bias", {rows}, Init::constant(0.0));
-  out_proj_ = &register_module("out_proj", std::make_unique<Linear>(heads * hd_, dim, opt.bias));
+  out_proj_ = &register_module(
+      "out_proj", std::make_unique<Linear>(heads * hd_, dim, opt.bias,
+                                           opt.lora.on(LoraTarget::o) ? opt.lora : LoraConfig{}));
   if (opt.bias) out_proj_->bias()->init = Init::constant(0.0);  // nn.MultiheadAttention zeroes it
   if (opt.qk_norm) {
     q_norm_ =
@@ -108,6 +234,18 @@ MultiheadAttention::MultiheadAttention(int64_t dim, int64_t heads, AttentionOpti
     k_norm_ =
         &register_module("k_norm", std::make_unique<RMSNorm>(hd_, opt.norm_eps, opt.norm_plus_one));
   }
+  // q, k and v's rows of the packed in-projection, each adapted on its own where targeted.
+  std::vector<std::pair<int64_t, int64_t>> parts;
+  const int64_t dq = heads * hd_, dkv = kv_heads_ * hd_;
+  if (opt.lora.on(LoraTarget::q)) parts.emplace_back(0, dq);
+  if (opt.lora.on(LoraTarget::k)) parts.emplace_back(dq, dq + dkv);
+  if (opt.lora.on(LoraTarget::v)) parts.emplace_back(dq + dkv, dq + 2 * dkv);
+  if (!parts.empty())
+    lora_.emplace(make_lora(
+        [&](std::string n, Shape s, Init i) -> Parameter& {
+          return register_parameter(std::move(n), std::move(s), i);
+        },
+        dim, rows, std::move(parts), opt.lora));
 }
 
 namespace {
@@ -176,6 +314,7 @@ Tensor MultiheadAttention::forward_cached(const Tensor& x) {
              kv_cap_, kv_len_, n);
   Tensor qkv =
       ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());
+  if (lora_) lora_->forward(x, qkv, false);
   if (opt_.qk_norm) qk_norm_forward(qkv, false);
   if (opt_.rope_theta > 0)
     ops::rope_(qkv, heads_, {opt_.rope_theta, opt_.rope_scaling}, false, kv_len_, kv_heads_);
@@ -218,6 +357,7 @@ Tensor MultiheadAttention::forward_impl(const Tensor& x) {
   x_ = x;
   Tensor qkv =
       ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());
+  if (lora_) lora_->forward(x, qkv, true);
   if (opt_.qk_norm) qk_norm_forward(qkv, true);
   if (opt_.rope_theta > 0)
     ops::rope_(qkv, heads_, {opt_.rope_theta, opt_.rope_scaling}, false, 0, kv_heads_, ds);
@@ -238,6 +378,7 @@ Tensor MultiheadAttention::backward_impl(const Tensor& dy) {
   if (opt_.qk_norm) qk_norm_backward(dqkv);
   Tensor dx = ops::linear_backward(dqkv, x_, in_proj_weight_->data, in_proj_weight_->grad,
                                    in_proj_bias_ ? in_proj_bias_->grad : Tensor());
+  if (lora_) lora_->backward(dqkv, x_, dx);
   x_ = qkv_ = out_ = lse_ = doc_start_ = Tensor();
   return dx;
 }
@@ -250,15 +391,23 @@ ops::Gate gate_of(FeedForward::Kind k) {
 }
 }  // namespace
 
-FeedForward::FeedForward(int64_t dim, int64_t hidden, Kind kind)
+FeedForward::FeedForward(int64_t dim, int64_t hidden, Kind kind, LoraConfig lora)
     : Module("FeedForward"), kind_(kind) {
+  auto adapt = [&](LoraTarget t) { return lora.on(t) ? lora : LoraConfig{}; };
   if (kind == Kind::silu_mlp) {
-    up_ = &register_module("0", std::make_unique<Linear>(dim, hidden, false));
-    down_ = &register_module("2", std::make_unique<Linear>(hidden, dim, false));
+    FSDP_CHECK(!lora.on(LoraTarget::gate),
+               "[LoRA] target gate: this FFN (Linear-SiLU-Linear) has no gate projection");
+    up_ =
+        &register_module("0", std::make_unique<Linear>(dim, hidden, false, adapt(LoraTarget::up)));
+    down_ = &register_module("2",
+                             std::make_unique<Linear>(hidden, dim, false, adapt(LoraTarget::down)));
   } else {
-    gate_ = &register_module("w1", std::make_unique<Linear>(dim, hidden, false));
-    down_ = &register_module("w2", std::make_unique<Linear>(hidden, dim, false));
-    up_ = &register_module("w3", std::make_unique<Linear>(dim, hidden, false));
+    gate_ = &register_module("w1",
+                             std::make_unique<Linear>(dim, hidden, false, adapt(LoraTarget::gate)));
+    down_ = &register_module("w2",
+                             std::make_unique<Linear>(hidden, dim, false, adapt(LoraTarget::down)));
+    up_ =
+        &register_module("w3", std::make_unique<Linear>(dim, hidden, false, adapt(LoraTarget::up)));
   }
 }
 
@@ -297,7 +446,8 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t heads, int64_t ffn_hidde
   attn_ = &register_module("attn", std::make_unique<MultiheadAttention>(dim, heads, attn));
   if (norms.sandwich) post_attn_norm_ = &register_module("post_attn_norm", norm());
   norm2_ = &register_module("norm2", norm());
-  ffn_ = &register_module("ffn", std::make_unique<FeedForward>(dim, ffn_hidden, ffn_kind));
+  ffn_ =
+      &register_module("ffn", std::make_unique<FeedForward>(dim, ffn_hidden, ffn_kind, attn.lora));
   if (norms.sandwich) post_ffn_norm_ = &register_module("post_ffn_norm", norm());
 }
 
@@ -323,10 +473,16 @@ Tensor TransformerBlock::backward_impl(const Tensor& dy) {
 
 // What each module saved for its backward, dropped (activation checkpointing keeps only a
 // checkpointed block's input and recomputes the rest). The KV cache is not an activation.
-void Linear::release_saved() { x_ = Tensor(); }
+void Linear::release_saved() {
+  x_ = Tensor();
+  if (lora_) lora_->release();
+}
 void Embedding::release_saved() { ids_ = Tensor(); }
 void RMSNorm::release_saved() { x_ = rstd_ = Tensor(); }
-void MultiheadAttention::release_saved() { x_ = qkv_ = out_ = lse_ = doc_start_ = Tensor(); }
+void MultiheadAttention::release_saved() {
+  x_ = qkv_ = out_ = lse_ = doc_start_ = Tensor();
+  if (lora_) lora_->release();
+}
 void FeedForward::release_saved() { h_ = g_ = u_ = Tensor(); }
 
 }  // namespace fsdp::nn

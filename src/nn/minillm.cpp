@@ -66,6 +66,9 @@ std::string MiniLLMConfig::to_json() const {
     j["global_every"] = global_every;
   }
   if (rope_local_theta > 0) j["rope_local_theta"] = rope_local_theta;
+  if (lora.rank > 0)
+    j["lora"] = {
+        {"rank", lora.rank}, {"alpha", lora.alpha}, {"targets", lora_target_names(lora.targets)}};
   if (rope_scaling.enabled())
     j["rope_scaling"] = {{"type", "llama3"},
                          {"factor", rope_scaling.factor},
@@ -121,6 +124,18 @@ MiniLLMConfig MiniLLMConfig::from_json(const std::string& text) {
                  "[MiniLLM] config field 'rope_local_theta' must be a number, got {}",
                  j["rope_local_theta"].dump());
       c.rope_local_theta = j["rope_local_theta"].get<double>();
+    }
+    if (j.contains("lora")) {
+      const nlohmann::json& l = j["lora"];
+      FSDP_CHECK(l.is_object() && l.contains("rank") && l["rank"].is_number_integer() &&
+                     l.contains("alpha") && l["alpha"].is_number() && l.contains("targets") &&
+                     l["targets"].is_string(),
+                 "[MiniLLM] config field 'lora' must be an object of an integer rank, a number "
+                 "alpha and a string of targets, got {}",
+                 l.dump());
+      c.lora = {.rank = l["rank"].get<int64_t>(),
+                .alpha = l["alpha"].get<double>(),
+                .targets = parse_lora_targets(l["targets"].get<std::string>())};
     }
     if (j.contains("rope_scaling")) {
       const nlohmann::json& s = j["rope_scaling"];
@@ -237,6 +252,15 @@ void MiniLLMConfig::validate() const {
                "[MiniLLM] rope_local_theta {} must be >= 0 (0: rope_theta)", rope_local_theta);
   }
   if (norm_eps) FSDP_CHECK(*norm_eps >= 0, "[MiniLLM] norm eps must be >= 0, got {}", *norm_eps);
+  if (lora.rank != 0 || lora.targets != 0) {
+    FSDP_CHECK(lora.rank > 0 && lora.rank <= (int64_t(1) << 20) && lora.alpha > 0 &&
+                   std::isfinite(lora.alpha) && lora.targets != 0,
+               "[MiniLLM] LoRA needs a rank in [1, 2^20], a positive alpha and at least one "
+               "target; got rank {}, alpha {}, targets '{}'",
+               lora.rank, lora.alpha, lora_target_names(lora.targets));
+    FSDP_CHECK(arch == Arch::llama || !lora.on(LoraTarget::gate),
+               "[MiniLLM] LoRA target gate: arch seed's FFN has no gate projection");
+  }
 }
 
 int64_t MiniLLMConfig::matmul_params() const {
@@ -264,8 +288,29 @@ int64_t MiniLLMConfig::num_parameters() const {
   LD n = LD(vocab) * d + LD(layers) * block;  // embedding, blocks
   if (arch == Arch::llama) n += d;            // final norm
   if (!tie_embeddings) n += d * LD(vocab);    // head
+  n += LD(lora_parameters());                 // validated: small beside the blocks
   return n >= LD(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max()
                                                       : int64_t(n);
+}
+
+int64_t MiniLLMConfig::lora_parameters() const {
+  if (!lora.enabled()) return 0;
+  const int64_t d = dim, h = resolved_ffn_hidden(), hd = resolved_head_dim();
+  const int64_t q = heads * hd, kv = resolved_kv_heads() * hd, r = lora.rank;
+  int64_t block = 0;
+  int64_t parts = 0, rows = 0;  // the in-projection's packed pair
+  for (const auto& [t, n] :
+       {std::pair<LoraTarget, int64_t>{LoraTarget::q, q}, {LoraTarget::k, kv}, {LoraTarget::v, kv}})
+    if (lora.on(t)) {
+      ++parts;
+      rows += n;
+    }
+  block += parts * r * d + rows * r;
+  if (lora.on(LoraTarget::o)) block += r * q + d * r;
+  for (LoraTarget t : {LoraTarget::gate, LoraTarget::up})
+    if (lora.on(t)) block += r * d + h * r;
+  if (lora.on(LoraTarget::down)) block += r * h + d * r;
+  return layers * block;
 }
 
 bool MiniLLMConfig::layer_global(int64_t i) const {
@@ -280,7 +325,10 @@ double MiniLLMConfig::flops_per_token() const {
   double keys = 0;  // the keys each query's scores and weighted sum run over, summed over layers
   for (int64_t i = 0; i < layers; ++i)
     keys += double(layer_window(i) > 0 ? std::min(layer_window(i), seq) : seq);
-  return 6.0 * double(matmul_params()) + 12.0 * double(heads * resolved_head_dim()) * keys;
+  const double attention = 12.0 * double(heads * resolved_head_dim()) * keys;
+  if (lora.enabled())  // frozen weights: forward and input gradient only
+    return 4.0 * double(matmul_params()) + 6.0 * double(lora_parameters()) + attention;
+  return 6.0 * double(matmul_params()) + attention;
 }
 
 MiniLLM::MiniLLM(const MiniLLMConfig& cfg) : Module("MiniLLM"), cfg_(cfg) {
@@ -301,6 +349,7 @@ MiniLLM::MiniLLM(const MiniLLMConfig& cfg) : Module("MiniLLM"), cfg_(cfg) {
             .norm_plus_one = cfg.norm_plus_one};
     ffn_kind = cfg.geglu ? FeedForward::Kind::geglu : FeedForward::Kind::swiglu;
   }
+  attn.lora = cfg.lora;
   const NormOptions norms{
       .eps = cfg.norm_eps, .plus_one = cfg.norm_plus_one, .sandwich = cfg.sandwich_norms};
   embed_ = &register_module("embed", std::make_unique<Embedding>(cfg.vocab, cfg.dim));
@@ -322,6 +371,12 @@ MiniLLM::MiniLLM(const MiniLLMConfig& cfg) : Module("MiniLLM"), cfg_(cfg) {
     head_ = &register_module("head", std::make_unique<Linear>(cfg.dim, cfg.vocab, false));
   else  // the head's use sets the scale: N(0, 1/dim) starts the logits near unit variance
     embed_->weight().init = Init::normal(0.0, 1.0 / std::sqrt(double(cfg.dim)));
+  if (cfg.lora.enabled())  // only the adapters train
+    for (auto& [name, p] : named_parameters()) p->requires_grad = is_lora_parameter(name);
+}
+
+bool is_lora_parameter(const std::string& name) {
+  return name.ends_with("lora_A") || name.ends_with("lora_B");
 }
 
 double MiniLLM::embed_scale(DType dtype) const {

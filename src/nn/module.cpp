@@ -120,7 +120,8 @@ FlatParameters materialize(Module& root, DType dtype, uint64_t seed, Device devi
     const int64_t n = shape_numel(p->shape);
     off = start(off);
     p->data = flat.params.slice(off, off + n).view(p->shape);
-    p->grad = flat.grads.slice(off, off + n).view(p->shape);
+    // A frozen parameter gets no gradient view: its stretch of `grads` stays zero.
+    p->grad = p->requires_grad ? flat.grads.slice(off, off + n).view(p->shape) : Tensor();
     init_fill(p->init, seed, name, 0, p->data);
     off += n;
   }

@@ -11,6 +11,11 @@ namespace fsdp::optim {
 AdamW::AdamW(std::vector<ParamGroup> groups, ops::AdamWHyper hyper)
     : Optimizer(std::move(groups)), hyper_(hyper) {
   for (const ParamGroup& g : groups_) {
+    if (!g.grads.defined()) {  // frozen: never stepped, no state
+      exp_avg_.emplace_back();
+      exp_avg_sq_.emplace_back();
+      continue;
+    }
     FSDP_CHECK(g.params.dim() == 1 && g.grads.shape() == g.params.shape() &&
                    g.params.is_contiguous() && g.grads.is_contiguous(),
                "[AdamW] a group needs 1-D contiguous params and grads of one length; got {} and {}",
@@ -25,6 +30,7 @@ void AdamW::step() {
   ++step_;
   for (size_t i = 0; i < groups_.size(); ++i) {
     const ParamGroup& g = groups_[i];
+    if (!g.grads.defined()) continue;  // frozen
     ops::AdamWHyper h = hyper_;
     h.weight_decay = g.weight_decay;
     if (g.no_decay.empty()) {
@@ -51,13 +57,14 @@ void AdamW::step() {
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state(const Tensor& params) const {
   const size_t i = group_of(params);
+  if (!exp_avg_[i].defined()) return {};  // a frozen group has none
   return {{"exp_avg", exp_avg_[i]}, {"exp_avg_sq", exp_avg_sq_[i]}};
 }
 
 int64_t AdamW::state_bytes() const {
   int64_t b = 0;
   for (size_t i = 0; i < exp_avg_.size(); ++i)
-    b += int64_t(exp_avg_[i].nbytes() + exp_avg_sq_[i].nbytes());
+    if (exp_avg_[i].defined()) b += int64_t(exp_avg_[i].nbytes() + exp_avg_sq_[i].nbytes());
   return b;
 }
 

@@ -9,13 +9,16 @@ namespace fsdp::optim {
 
 GradNorm clip_grad_norm_async(const std::vector<nn::ParamGroup>& groups, double max_norm,
                               const std::shared_ptr<dist::ProcessGroup>& shard_group) {
-  const Device device = groups.empty() ? Device::cpu() : groups.front().grads.device();
+  // Frozen groups (no gradient: a LoRA base) are not part of the norm.
+  const Device device = groups.empty() ? Device::cpu() : groups.front().params.device();
   Tensor total = Tensor::zeros({1}, DType::f64, device);
-  for (const auto& g : groups) ops::sum_squares_into(g.grads, total);
+  for (const auto& g : groups)
+    if (g.grads.defined()) ops::sum_squares_into(g.grads, total);
   if (shard_group && shard_group->size() > 1)
     shard_group->all_reduce(total, dist::ReduceOp::SUM)->wait();  // on CUDA: a stream wait
   if (max_norm > 0)
-    for (const auto& g : groups) ops::clip_scale_(g.grads, total, max_norm);
+    for (const auto& g : groups)
+      if (g.grads.defined()) ops::clip_scale_(g.grads, total, max_norm);
   return {total};
 }
 

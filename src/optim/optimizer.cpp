@@ -8,7 +8,8 @@
 namespace fsdp::optim {
 
 void Optimizer::zero_grad() {
-  for (const ParamGroup& g : groups_) g.grads.zero_();
+  for (const ParamGroup& g : groups_)
+    if (g.grads.defined()) g.grads.zero_();
 }
 
 size_t Optimizer::group_of(const Tensor& params) const {

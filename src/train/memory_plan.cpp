@@ -16,15 +16,21 @@ MemoryPlan StepReplay::run() {
   // Persistent: each group's sharded parameters and gradients (fully_shard), or the flat
   // buffers (--shard none), and AdamW's two moments of the same shape.
   r_.at("setup");
+  // A frozen group (LoRA's base) has its parameters only: no gradients, no AdamW state.
   for (int k = 0; k < 4; ++k)
-    if (o_.fully_shard)
+    if (o_.fully_shard) {
       for (const Group& g : groups_) r_.alloc(g.G * master_, kPersistent);
-    else
+      if (k == 0)
+        for (const Group& f : frozen_) r_.alloc(f.G * master_, kPersistent);
+    } else {
       r_.alloc(flat_ * master_, kPersistent);
-  int64_t elems = o_.fully_shard ? 0 : flat_;
-  if (o_.fully_shard)
-    for (const Group& g : groups_) elems += g.G;
-  persistent_ = 4 * elems * master_;
+    }
+  int64_t elems = o_.fully_shard ? 0 : 4 * flat_;
+  if (o_.fully_shard) {
+    for (const Group& g : groups_) elems += 4 * g.G;
+    for (const Group& f : frozen_) elems += f.G;
+  }
+  persistent_ = elems * master_;
   // Two steps: the second starts with the first's staged batch and its blocks cached.
   H staged = -1;
   for (int step = 0; step < 2; ++step)

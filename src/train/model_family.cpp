@@ -35,9 +35,11 @@ Parallelized parallelize_minillm(nn::MiniLLM& model, const Parallelism& p) {
 
 // Every config value that changes the function, not just the shapes: a resume with another rope
 // theta or norm epsilon would go on training a different model from the checkpoint's weights.
-constexpr std::array<std::string_view, 14> kMiniLLMShapeKeys = {
-    "arch",     "vocab",          "dim",      "layers",  "heads",      "ffn_hidden",   "kv_heads",
-    "head_dim", "tie_embeddings", "qkv_bias", "qk_norm", "rope_theta", "rope_scaling", "norm_eps"};
+// (A LoRA run's adapters, "lora", are part of the model: a resume must have the same ones.)
+constexpr std::array<std::string_view, 15> kMiniLLMShapeKeys = {
+    "arch",       "vocab",      "dim",          "layers",         "heads",
+    "ffn_hidden", "kv_heads",   "head_dim",     "tie_embeddings", "qkv_bias",
+    "qk_norm",    "rope_theta", "rope_scaling", "norm_eps",       "lora"};
 
 std::vector<profiler::GemmShape> minillm_gemm_shapes(const nn::MiniLLMConfig& c) {
   const int64_t rows = c.batch * c.seq, d = c.dim, hd = c.resolved_head_dim();

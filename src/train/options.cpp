@@ -253,8 +253,22 @@ nn::MiniLLMConfig TrainOptions::model_config() const {
   if (m.sliding_window) cfg.sliding_window = *m.sliding_window;
   if (m.global_every) cfg.global_every = *m.global_every;
   if (m.rope_local_theta) cfg.rope_local_theta = *m.rope_local_theta;
+  cfg.lora = lora_config();
   cfg.validate();
   return cfg;
+}
+
+nn::LoraConfig TrainOptions::lora_config() const {
+  const ModelOptions& m = model;
+  FSDP_CHECK(m.lora_rank >= 0, "[fsdp-train] --lora-rank must be >= 0 (0: no LoRA), got {}",
+             m.lora_rank);
+  FSDP_CHECK(m.lora_rank > 0 || !m.lora_alpha, "[fsdp-train] --lora-alpha {} needs --lora-rank",
+             m.lora_alpha.value_or(0));
+  if (m.lora_rank == 0) return {};
+  const double alpha = m.lora_alpha.value_or(double(m.lora_rank));
+  FSDP_CHECK(alpha > 0 && std::isfinite(alpha),
+             "[fsdp-train] --lora-alpha must be a positive number, got {}", alpha);
+  return {.rank = m.lora_rank, .alpha = alpha, .targets = nn::parse_lora_targets(m.lora_targets)};
 }
 
 void TrainOptions::validate() const {
@@ -273,6 +287,10 @@ void TrainOptions::validate() const {
                  run.backend == "gloo" || run.backend == "local",
              "[fsdp-train] --backend must be nccl, mpi, gloo or local, got '{}'", run.backend);
   FSDP_CHECK(sh.grad_accum >= 1, "[fsdp-train] --grad-accum must be >= 1, got {}", sh.grad_accum);
+  FSDP_CHECK(model.lora_rank == 0 || full,
+             "[fsdp-train] --lora-rank {} needs --shard full: the frozen base is kept apart from "
+             "the adapters by fully_shard (replicate steps one flat buffer of every parameter)",
+             model.lora_rank);
   FSDP_CHECK(op.grad_clip >= 0, "[fsdp-train] --clip must be >= 0 (0 = off), got {}", op.grad_clip);
   FSDP_CHECK(sh.dtype == DType::f32 || sh.dtype == DType::f64,
              "[fsdp-train] --dtype {} is not a CPU training dtype; use f32 or f64 for the (master) "

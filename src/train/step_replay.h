@@ -91,6 +91,7 @@ class StepReplay {
   void complete_oldest();
   void add_into_sharded(const Pending& p);
   void finish_backward();
+  void issue_all(int64_t i);
   void pre_forward(int64_t i);
   void post_forward(int64_t i);
   void pre_backward(int64_t i);
@@ -121,6 +122,9 @@ class StepReplay {
   int64_t master_ = 4, act_ = 4, red_ = 4, comp_ = 4, stat_ = 4, grad_ = 4;
   bool narrow_ = false, gathered_ = false, sync_ = true;
   std::vector<Group> groups_;  // blocks 0..L-1, then the root
+  // Their frozen parameters' groups (LoRA's base; empty without LoRA), gathered beside them and
+  // never given gradients (FSDPState's second group).
+  std::vector<Group> frozen_;
   int64_t flat_ = 0, persistent_ = 0;
   std::vector<Pending> rs_, replica_;
   std::map<H, H> batches_;

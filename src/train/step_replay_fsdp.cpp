@@ -62,14 +62,17 @@ void StepReplay::layout() {
     flat_ = up(flat_) + rows * row;  // nn::materialize's flat buffer, for --shard none
   };
   for (int64_t i = 0; i < L_; ++i) {
-    Group g{.label = fmt::format("layers.{}", i)};
-    for (auto& [name, p] : model.layers()[size_t(i)].named_parameters()) place(g, *p);
+    Group g{.label = fmt::format("layers.{}", i)}, f{.label = g.label + " (frozen)"};
+    for (auto& [name, p] : model.layers()[size_t(i)].named_parameters())
+      place(p->requires_grad ? g : f, *p);
     groups_.push_back(g);
+    frozen_.push_back(f);
   }
-  Group root{.label = "root"};
+  Group root{.label = "root"}, frozen_root{.label = "root (frozen)"};
   for (auto& [name, p] : model.named_parameters())
-    if (name.rfind("layers.", 0) != 0) place(root, *p);
+    if (name.rfind("layers.", 0) != 0) place(p->requires_grad ? root : frozen_root, *p);
   groups_.push_back(root);
+  frozen_.push_back(frozen_root);
 }
 
 H StepReplay::alloc_batch() {
@@ -85,14 +88,14 @@ void StepReplay::free_batch(H in) {
 }
 
 void StepReplay::issue(Group& g) {  // FSDPParamGroup::unshard_issue
-  if (!gathered_ || g.state != Group::sharded) return;
+  if (!gathered_ || g.U == 0 || g.state != Group::sharded) return;
   if (act_ != master_) g.ag_in = r_.alloc(g.G * act_, kParams);  // the copy-in
   g.ag_out = r_.alloc(o_.shards * g.G * act_, kParams);
   g.state = Group::issued;
 }
 
 void StepReplay::wait(Group& g) {  // unshard_wait: copy-out into the unsharded buffer
-  if (!gathered_ || g.state == Group::unsharded) return;
+  if (!gathered_ || g.U == 0 || g.state == Group::unsharded) return;
   issue(g);
   g.params = r_.alloc(g.U * act_, kParams);
   r_.free(std::exchange(g.ag_out, -1));
@@ -107,13 +110,13 @@ void StepReplay::reshard(Group& g) {
 }
 
 void StepReplay::prepare_grads(Group& g) {
-  if (gathered_ && !g.grads_kept) g.grads = r_.alloc(g.U * red_, kGrads);
+  if (gathered_ && g.U > 0 && !g.grads_kept) g.grads = r_.alloc(g.U * red_, kGrads);
 }
 
 // reduce_grads: chunk-cat into the reduce-scatter's input, its output, and at most one
 // reduce-scatter left in flight while the next block computes (FSDPCommContext).
 void StepReplay::reduce_grads(Group& g) {
-  if (!gathered_) return;
+  if (!gathered_ || g.U == 0) return;
   if (!sync_) {
     g.grads_kept = true;
     return;
@@ -153,22 +156,31 @@ void StepReplay::finish_backward() {
 }
 
 // FSDPState's hooks around a block (or the root).
+// FSDPState's groups in its order: the trainable one, then the frozen one.
+void StepReplay::issue_all(int64_t i) {
+  issue(groups_[size_t(i)]);
+  issue(frozen_[size_t(i)]);
+}
+
 void StepReplay::pre_forward(int64_t i) {
-  Group& g = groups_[size_t(i)];
-  issue(g);
-  if (i + 1 < L_) issue(groups_[size_t(i + 1)]);  // the next block: prefetch
-  wait(g);
+  issue_all(i);
+  if (i + 1 < L_) issue_all(i + 1);  // the next block: prefetch
+  wait(groups_[size_t(i)]);
+  wait(frozen_[size_t(i)]);
 }
 
 void StepReplay::post_forward(int64_t i) {
-  if (o_.reshard_after_forward) reshard(groups_[size_t(i)]);
+  if (!o_.reshard_after_forward) return;
+  reshard(groups_[size_t(i)]);
+  reshard(frozen_[size_t(i)]);
 }
 
 void StepReplay::pre_backward(int64_t i) {
   Group& g = groups_[size_t(i)];
-  issue(g);
-  if (i > 0) issue(groups_[size_t(i - 1)]);  // the block before it: prefetch
+  issue_all(i);
+  if (i > 0) issue_all(i - 1);  // the block before it: prefetch
   wait(g);
+  wait(frozen_[size_t(i)]);
   prepare_grads(g);
 }
 
@@ -176,6 +188,7 @@ void StepReplay::post_backward(int64_t i) {
   Group& g = groups_[size_t(i)];
   reduce_grads(g);
   reshard(g);
+  reshard(frozen_[size_t(i)]);
 }
 
 }  // namespace fsdp::train::replay

@@ -254,10 +254,13 @@ bool StepReplay::checkpointed(int64_t i) const {
 void StepReplay::microbatch() {
   Group& rg = root();
   // Root pre-forward: its all-gather, the first block's prefetched, then its wait.
+  Group& rf = frozen_.back();
   r_.at("forward of the embedding");
   issue(rg);
-  issue(groups_[0]);
+  issue(rf);
+  issue_all(0);
   wait(rg);
+  wait(rf);
   H x;
   {
     Op op(*this);
@@ -294,7 +297,7 @@ void StepReplay::microbatch() {
   // Root pre-backward: nothing to gather (the root stays unsharded), the last block prefetched,
   // the root's gradient buffer.
   r_.at("backward of the head");
-  issue(groups_[size_t(L_ - 1)]);
+  issue_all(L_ - 1);
   prepare_grads(rg);
   H top = linear_backward(d_, V_);  // head (or tied: the embedding's weight)
   r_.free(xn);
@@ -328,6 +331,7 @@ void StepReplay::microbatch() {
   r_.at("end of the backward");
   reduce_grads(rg);
   reshard(rg);
+  reshard(rf);
   finish_backward();
   r_.free(logits);
 }

@@ -75,6 +75,11 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
                   o.sharding.grad_accum, cfg.seq * cfg.batch * size * o.sharding.grad_accum));
   const int64_t nparams = model->num_parameters();
   row("parameters", fmt::format("{} ({:.2f} M)", nparams, double(nparams) / 1e6));
+  if (cfg.lora.enabled())
+    row("LoRA",
+        fmt::format("rank {} alpha {} on {}: {} trained ({:.2f}%), the rest frozen", cfg.lora.rank,
+                    cfg.lora.alpha, nn::lora_target_names(cfg.lora.targets), cfg.lora_parameters(),
+                    100.0 * double(cfg.lora_parameters()) / double(std::max<int64_t>(1, nparams))));
   row("dtype", std::string(dtype_name(dtype)) + dtypes);
   row("optimizer", fmt::format("AdamW lr {:g} betas ({:g}, {:g}) wd {:g}", o.optimizer.lr,
                                o.optimizer.beta1, o.optimizer.beta2, o.optimizer.weight_decay));

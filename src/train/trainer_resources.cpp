@@ -55,7 +55,10 @@ void Trainer::Impl::check_memory_plan() {
           : std::pair{cuda_memory_info(device.index).free, fmt::format("free on {}", device.str())};
   // The persistent bytes alone, by arithmetic (a crafted --layers 1e8 would take the replay
   // itself out of memory): a model that cannot fit by them is refused before the replay.
-  const long double lower = 4.0L * (long double)cfg.num_parameters() *
+  // (LoRA: the frozen base holds its parameters only; the adapters the four copies.)
+  const long double trained =
+      cfg.lora.enabled() ? (long double)cfg.lora_parameters() : (long double)cfg.num_parameters();
+  const long double lower = ((long double)cfg.num_parameters() + 3.0L * trained) *
                             (long double)dtype_size(dtype) /
                             (long double)std::max<int64_t>(1, po.shards);
   std::string error;

@@ -122,6 +122,7 @@ int64_t windows_read(const checkpoint::Loaded& loaded, const nlohmann::json& sav
 void Trainer::Impl::resume() {
   std::vector<std::string> model_keys(family->shape_keys.begin(), family->shape_keys.end());
   model_keys.emplace_back("dtype");
+  model_keys.emplace_back("base_content");  // LoRA: the frozen base the adapters were trained on
   const std::optional<checkpoint::Loaded> found = ckpt->load(*root, *opt, config_json, model_keys);
   if (!found) return;
   const checkpoint::Loaded& loaded = *found;

@@ -118,6 +118,7 @@ nn::MiniLLMConfig config_from_model(const TrainOptions& o, const checkpoint::Pre
   const nn::MiniLLMConfig preset = nn::MiniLLMConfig::preset(o.model.preset);
   c.seq = o.model.seq.value_or(preset.seq);
   c.batch = o.model.batch.value_or(preset.batch);
+  c.lora = o.lora_config();  // the run's adapters on the model's weights
   c.validate();
   return c;
 }
@@ -220,6 +221,12 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
       run_config["pack"] = true;
       run_config["data_rows"] = s->rows();
     }
+  }
+  if (cfg.lora.enabled()) {  // the frozen base, which checkpoints leave out: by path and content
+    run_config["base"] = o.model.init_from;
+    run_config["base_content"] = o.model.init_from.empty()
+                                     ? fmt::format("initialised from seed {}", o.run.seed)
+                                     : checkpoint::model_identity(o.model.init_from);
   }
   run_config["flags"] = nlohmann::json::parse(flags_json(o));  // what a resume reports as changed
   config_json = run_config.dump();

@@ -44,7 +44,22 @@ struct TokenizerMeta {
 
 // Reads every shard of a checkpoint directory (checking checksums) and
 // returns the full parameters in named_parameters() order, and the config.
-NamedTensors consolidate(const std::string& ckpt_path, nn::MiniLLMConfig* cfg);
+// A LoRA checkpoint (adapters only) gets its base as the run built it: the --init-from model its
+// config names, refused when its content changed since, or the run's seed's initialisation. With
+// merge (the default) the adapters are folded into the base weights (merge_lora) and *cfg has no
+// LoRA: the model every export and fsdp-generate take; without, the adapters stay beside the base.
+NamedTensors consolidate(const std::string& ckpt_path, nn::MiniLLMConfig* cfg, bool merge = true);
+// W + (alpha / rank) B A for every adapted weight of a LoRA model's tensors (cfg.lora), computed
+// in f64 and stored in the weight's dtype; the adapters themselves dropped.
+NamedTensors merge_lora(const nn::MiniLLMConfig& cfg, const NamedTensors& with_adapters);
+// A LoRA model's adapters in PEFT's format (llama architecture): adapter_model.safetensors's
+// tensors ("base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight" [r, in], lora_B
+// [out, r]; the packed in-projection's pair split into q_proj's, k_proj's and v_proj's), and its
+// adapter_config.json (r, lora_alpha, target_modules; base: base_model_name_or_path).
+NamedTensors to_peft(const nn::MiniLLMConfig& cfg, const NamedTensors& with_adapters);
+// The base a LoRA checkpoint names (the run's --init-from; "" for a base from its seed).
+std::string lora_base_path(const std::string& ckpt_path);
+std::string peft_adapter_config_json(const nn::MiniLLMConfig& cfg, const std::string& base);
 
 // A Hugging Face LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM config.json as our config
 // (arch llama): num_key_value_heads -> kv_heads, head_dim, rope_theta, tie_word_embeddings ->

@@ -79,6 +79,11 @@ struct Pretrained {
 // MiniLLM cannot hold.
 Pretrained load_pretrained(const std::string& path);
 
+// What the pretrained model at `path` is by content (data::data_identity of the file, or of each
+// regular file of a folder, by name): a LoRA run's checkpoints leave the base out and name it by
+// this, and a resume or an export refuses a base whose content differs.
+std::string model_identity(const std::string& path);
+
 // The model config of a family (the small model-family table): "llama", "qwen2", "qwen3" from a
 // Hugging Face config.json, "minillm" from our own config JSON. Refuses another family by name.
 nn::MiniLLMConfig config_from_family(const std::string& family, const std::string& config_json,

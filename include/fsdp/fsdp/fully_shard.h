@@ -83,7 +83,9 @@ class FSDPModule : public DataParallelModule {
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule*>& modules);
 
   // The sharded parameters and gradients of every FSDP module under this one,
-  // one flat buffer pair per group, for the optimizer.
+  // one flat buffer pair per group, for the optimizer. A module's frozen parameters
+  // (requires_grad false: a LoRA base) form a group of their own, gathered like the others but
+  // never reduced, whose `grads` is undefined (AdamW keeps no state for it, clipping skips it).
   // decay_1d = false: 1-D parameters (norms, biases) get no weight decay.
   std::vector<nn::ParamGroup> param_groups(double weight_decay, bool decay_1d = true) override;
   // Clears the sharded gradients of every FSDP module under this one (module().zero_grad()

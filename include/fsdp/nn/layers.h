@@ -11,19 +11,69 @@
 //                     With qk_norm: q_norm.weight and k_norm.weight [hd] (RMSNorm, ones).
 //   FeedForward       seed: "0" Linear(d, 4d), SiLU, "2" Linear(4d, d), no bias
 //                     llama: w1 (gate), w3 (up), w2 (down), SwiGLU, no bias
+//   LoRA adapters     lora_A [parts * rank, in]   U(-1/sqrt(in), 1/sqrt(in)) (PEFT's
+//                                                 kaiming_uniform(a = sqrt(5)))
+//                     lora_B [adapted rows, rank] zeros (a fresh adapter changes nothing)
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "fsdp/nn/module.h"
+#include "fsdp/ops/ops.h"
 #include "fsdp/ops/rope.h"
 
 namespace fsdp::nn {
 
+// LoRA (Hu et al. 2021, as PEFT's LoraLayer computes it): a projection y = W x + b gains
+// (alpha / rank) B A x, with A [rank, in] and B [out, rank] the only parameters trained. The
+// projections a model adapts are named by `targets` (LoraTarget bits); a module given a config
+// adapts what its targets name.
+enum LoraTarget : uint32_t { q = 1, k = 2, v = 4, o = 8, gate = 16, up = 32, down = 64 };
+struct LoraConfig {
+  int64_t rank = 0;  // 0: no adapters
+  double alpha = 0;  // the adapter's output is scaled by alpha / rank
+  uint32_t targets = 0;
+  bool on(LoraTarget t) const { return rank > 0 && (targets & t) != 0; }
+  bool enabled() const { return rank > 0 && targets != 0; }
+  double scale() const { return alpha / double(rank); }
+  bool operator==(const LoraConfig&) const = default;
+};
+// "q,k,v,o,gate,up,down" <-> bits; an unknown name is refused by name.
+uint32_t parse_lora_targets(const std::string& list);
+std::string lora_target_names(uint32_t targets);
+
+// One adapter pair on a projection of `out` rows: `parts` are the row ranges [begin, end) it
+// adapts, each with its own rank-r pair (the packed in-projection's q, k and v); A's rows and B's
+// rows are the parts' in order. forward adds into the projection's output; backward adds into
+// A's and B's gradients and into dx.
+class LoraAdapter {
+ public:
+  LoraAdapter(Parameter& a, Parameter& b, int64_t out,
+              std::vector<std::pair<int64_t, int64_t>> parts, double scale);
+  void forward(const Tensor& x, const Tensor& y, bool save);
+  void backward(const Tensor& dy, const Tensor& x, const Tensor& dx);
+  void release() { xa_ = Tensor(); }
+
+ private:
+  // B laid out over the projection's rows: [out, parts * rank], zero off its parts' blocks.
+  Tensor full_b(const Tensor& b) const;
+  Parameter* a_;
+  Parameter* b_;
+  int64_t out_, rank_;
+  double scale_;
+  bool whole_;                        // one part covering every row: B is its own full form
+  std::vector<ops::Segment> b_rows_;  // B's rows -> full_b's
+  Tensor xa_;                         // scale * x A^T, saved for the backward
+};
+
 class Linear : public Module {
  public:
-  Linear(int64_t in, int64_t out, bool bias);
+  // lora.rank > 0: the projection is adapted (lora_A, lora_B), whatever lora.targets says.
+  Linear(int64_t in, int64_t out, bool bias, LoraConfig lora = {});
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
   void release_saved() override;
@@ -33,6 +83,7 @@ class Linear : public Module {
  private:
   Parameter* weight_;
   Parameter* bias_ = nullptr;
+  std::optional<LoraAdapter> lora_;
   Tensor x_;
 };
 
@@ -81,6 +132,9 @@ struct AttentionOptions {
   bool qk_norm = false;
   std::optional<double> norm_eps;
   bool norm_plus_one = false;  // the q/k norms are Gemma's (1 + w)
+  // Adapters on q, k and v (one packed pair over the in-projection's rows: lora_A, lora_B) and
+  // on out_proj, as lora.targets names them.
+  LoraConfig lora;
 };
 
 // Packed rows (the batch context's doc_start; causal only): each document attends within itself
@@ -117,13 +171,15 @@ class MultiheadAttention : public Module {
   Linear* out_proj_;
   RMSNorm* q_norm_ = nullptr;  // qk_norm only
   RMSNorm* k_norm_ = nullptr;
+  std::optional<LoraAdapter> lora_;  // on the in-projection's q, k, v rows
   Tensor x_, qkv_, out_, lse_, doc_start_;
 };
 
 class FeedForward : public Module {
  public:
   enum class Kind : uint8_t { silu_mlp, swiglu, geglu };  // geglu: Gemma's, gelu's tanh form
-  FeedForward(int64_t dim, int64_t hidden, Kind kind);
+  // lora: adapters on the gate, up and down projections its targets name.
+  FeedForward(int64_t dim, int64_t hidden, Kind kind, LoraConfig lora = {});
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
   void release_saved() override;
@@ -147,7 +203,7 @@ struct NormOptions {
 class TransformerBlock : public Module {
  public:
   TransformerBlock(int64_t dim, int64_t heads, int64_t ffn_hidden, FeedForward::Kind ffn_kind,
-                   AttentionOptions attn, NormOptions norms);
+                   AttentionOptions attn, NormOptions norms);  // attn.lora adapts the FFN too
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
   MultiheadAttention& attn() { return *attn_; }

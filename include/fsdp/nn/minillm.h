@@ -57,6 +57,9 @@ struct MiniLLMConfig {
   int64_t global_every = 0;     // with a window: layers global_every-1, 2*global_every-1, ... are
                                 // global (full attention, rope_theta and rope_scaling); 0: none
   double rope_local_theta = 0;  // the local layers' rope base (0: rope_theta); never scaled
+  // LoRA adapters on the projections lora.targets names, in every block; with them every other
+  // parameter is frozen (requires_grad false): only the adapters train.
+  LoraConfig lora;
   // Layer i's attention: its window (0: full) and its rotary frequencies.
   int64_t layer_window(int64_t i) const;
   bool layer_global(int64_t i) const;
@@ -82,8 +85,14 @@ struct MiniLLMConfig {
   int64_t num_parameters() const;
   // Training FLOPs per token: 6 * matmul_params + 12 * heads * head_dim * seq per layer, a
   // windowed layer counting min(window, seq) keys in place of seq (its kernels skip the rest).
+  // With LoRA the frozen weights count 4 (no weight gradient), the adapters 6.
   double flops_per_token() const;
+  // The adapters' element count (0 without LoRA), within num_parameters().
+  int64_t lora_parameters() const;
 };
+
+// Whether a parameter name is a LoRA adapter's ("layers.0.attn.lora_A", "...ffn.w2.lora_B").
+bool is_lora_parameter(const std::string& name);
 
 class MiniLLM : public Module {
  public:

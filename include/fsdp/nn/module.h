@@ -33,7 +33,10 @@ struct Parameter {
   std::string local_name;  // "weight"; the dotted path comes from the tree
   Shape shape;
   Init init;
-  Tensor data, grad;  // defined after materialize()
+  Tensor data, grad;  // defined after materialize(); grad stays undefined when frozen
+  // false: frozen (a LoRA base): no gradient buffer, no reduce-scatter, no optimizer state; a
+  // layer's backward skips the weight gradient it would add into (grad undefined).
+  bool requires_grad = true;
 };
 
 class Module;

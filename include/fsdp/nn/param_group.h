@@ -13,7 +13,7 @@
 namespace fsdp::nn {
 
 struct ParamGroup {
-  Tensor params, grads;
+  Tensor params, grads;  // grads undefined: a frozen group (no gradient, never stepped)
   double weight_decay = 0.01;
   // [offset, offset + count) ranges that get no weight decay (1-D parameters
   // under --wd-2d-only); empty: the whole buffer decays.

@@ -53,6 +53,8 @@ struct TrainOptions {
 
   // The preset with its overrides applied, validated.
   nn::MiniLLMConfig model_config() const;
+  // --lora-rank, --lora-alpha and --lora-targets, checked (rank 0: none).
+  nn::LoraConfig lora_config() const;
   // Throws, naming the flag and the value, on any option out of range or inconsistent with
   // another (the model's own checks are model_config's).
   void validate() const;
