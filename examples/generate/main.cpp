@@ -149,7 +149,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seed", seed, "sampling seed")->capture_default_str();
   app.add_option("--device", device_name, "cpu or cuda")->capture_default_str();
-  app.add_option("--dtype", dtype_name_s, "compute dtype: f32 (CPU), or bf16 / f16 on CUDA")
+  app.add_option("--dtype", dtype_name_s,
+                 "compute dtype: f32 (CPU; f64 for reference checks), or bf16 / f16 on CUDA")
       ->capture_default_str();
   app.add_option("--threads", threads, "OpenMP threads (0: all cores)")->capture_default_str();
   app.add_flag("--no-kv-cache", no_cache, "recompute the whole window for every token");
@@ -169,8 +170,9 @@ int main(int argc, char** argv) {
                "without CUDA)",
                device_name);
     const DType compute = parse_dtype(dtype_name_s);
-    FSDP_CHECK(compute == DType::f32 || (device.is_cuda() && is_floating(compute)),
-               "[fsdp-generate] --dtype {} on {}: the CPU computes in f32", dtype_name_s,
+    FSDP_CHECK(compute == DType::f32 || (device.is_cpu() && compute == DType::f64) ||
+                   (device.is_cuda() && is_floating(compute)),
+               "[fsdp-generate] --dtype {} on {}: the CPU computes in f32 (or f64)", dtype_name_s,
                device.str());
     if (threads > 0) omp_set_num_threads(threads);
     Loaded l = model_path.empty() ? load_checkpoint(ckpt, compute, device)
