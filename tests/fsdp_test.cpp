@@ -58,6 +58,7 @@ struct Run {
   bool masked = false;   // targets masked unevenly over the ranks (SkewedMaskSource)
   bool all_masked = false;  // every target masked
   nn::LoraConfig lora;      // adapters; the base frozen
+  std::optional<DType> frozen_dtype;  // the base's sharded dtype (computed in it; adapters f32)
 };
 
 // Random tokens whose first targets in each row are ignored (kIgnoreIndex), the more the later the
@@ -179,6 +180,10 @@ Result sharded(const Run& run, bool train = true) {
   FullyShardOptions fo{
       .reshard_after_forward = run.reshard_after_forward, .init_dtype = run.dtype, .seed = kSeed};
   if (run.param_dtype) fo.mp_policy = {.param_dtype = run.param_dtype, .reduce_dtype = DType::f32};
+  if (run.frozen_dtype) {
+    fo.frozen_dtype = run.frozen_dtype;
+    fo.mp_policy = {.param_dtype = run.frozen_dtype, .reduce_dtype = DType::f32};
+  }
   for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, fo);
   FSDPModule& root = fully_shard(model, mesh, fo);
   if (run.ac_every > 0)
@@ -317,6 +322,41 @@ TEST(Equivalence, LoraAdaptersOnAFrozenShardedBase) {
     EXPECT_EQ(rs, int(model.layers().size()));
     EXPECT_GE(frozen_gathers, int(model.layers().size()) + 1);
   }
+}
+// A bf16 base beside f32 adapters (fsdp-train --dtype bf16 --lora-rank): the frozen groups are
+// sharded in bf16 and gathered without a cast, the adapters keep f32 masters and AdamW state
+// (computed in bf16, reduced in f32). The losses and adapters are those of an f32 base gathered
+// into bf16 (the same bf16 values at use: the base's init rounded once or through f32 may differ
+// in a last bit), and follow the f32 run as bf16 compute does.
+TEST(Equivalence, LoraOnABf16Base) {
+  const nn::LoraConfig lora{.rank = 2, .alpha = 4.0, .targets = nn::parse_lora_targets("q,v,down")};
+  const Result half = sharded({.dtype = DType::f32, .lora = lora, .frozen_dtype = DType::bf16});
+  const Result cast = sharded({.dtype = DType::f32, .param_dtype = DType::bf16, .lora = lora});
+  const Result full = reference({.dtype = DType::f32, .lora = lora});
+  ASSERT_EQ(half.losses.size(), cast.losses.size());
+  for (size_t s = 0; s < half.losses.size(); ++s) {
+    EXPECT_NEAR(half.losses[s], cast.losses[s], 1e-6 * cast.losses[s]) << "step " << s;
+    EXPECT_NEAR(half.losses[s], full.losses[s], 2e-2 * full.losses[s]) << "step " << s;
+  }
+  for (size_t i = 0; i < half.params.size(); ++i)
+    if (nn::is_lora_parameter(half.params[i].first))
+      EXPECT_LT(test::rel_error(half.params[i].second, cast.params[i].second), 1e-4)
+          << half.params[i].first;
+  nn::MiniLLMConfig c = config(fsdp::Run{.lora = lora});
+  nn::MiniLLM model(c);
+  auto mesh = dist::init_device_mesh({world()->size()});
+  const FullyShardOptions fo{.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = DType::f32},
+                             .init_dtype = DType::f32,
+                             .seed = kSeed,
+                             .frozen_dtype = DType::bf16};
+  for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, fo);
+  FSDPModule& root = fully_shard(model, mesh, fo);
+  for (const nn::ParamGroup& g : root.param_groups(0.0))
+    EXPECT_EQ(g.params.dtype(), g.grads.defined() ? DType::f32 : DType::bf16);
+  int gathers = 0;
+  for (const std::string& e : logged_step(model, root, c))
+    gathers += e.rfind("ag_issue:", 0) == 0 && e.find("(frozen)") != std::string::npos;
+  if (world()->size() == 1) EXPECT_EQ(gathers, 0);  // its shards are its parameters
 }
 TEST(Equivalence, Hsdp2x2) {
   if (world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";

@@ -2,8 +2,8 @@
 # The memory plan against the measured peak: fsdp-train prints both in its summary line
 # ("peak rss R MB | plan P MB resident (measured/plan X), A MB allocated (Y)"). Each run's
 # measured peak resident set and the allocator's peak must lie within 10% of the plan, at the
-# tiny preset (np 1 and 2, checkpointing none, full and every:2; and np 1 with Qwen3's QK-norm and
-# with Gemma 3's shape, none and full) and a 12-block, dim-512 model
+# tiny preset (np 1 and 2, checkpointing none, full and every:2; np 1 with Qwen3's QK-norm and
+# with Gemma 3's shape, none and full; LoRA at np 2, on an f32 and a bf16 base) and a 12-block, dim-512 model
 # with the seed vocabulary (np 1, none and full); and checkpointing's drop in each peak (none to
 # full, none to every:2) within 10% of the plan's. Peaks are byte counts, not times: the test does
 # not depend on the machine's load.
@@ -87,6 +87,11 @@ gemma3=("${qwen3[@]}" --norm-plus-one --sandwich-norms --geglu --embed-scale --s
 for ac in none full; do
   check "tiny gemma3 np1 $ac" "$bin" "${gemma3[@]}" --activation-checkpoint "$ac"
 done
+# LoRA: the base frozen (its parameters once, no gradients or AdamW state, no reduce-scatter), in
+# f32 and as a bf16 base beside f32 adapters, at np 2.
+lora=(--preset tiny --arch llama --steps 2 --threads 1 --lora-rank 8)
+check "tiny lora np2" "${mpi[@]}" -np 2 "$bin" "${lora[@]}"
+check "tiny lora bf16 base np2" "${mpi[@]}" -np 2 "$bin" "${lora[@]}" --dtype bf16
 wide=(--preset seed --dim 512 --heads 8 --layers 12 --batch 2 --seq 512 --steps 2 --threads 1)
 for ac in none full; do
   check "L12 d512 vocab 32000 np1 $ac" "$bin" "${wide[@]}" --activation-checkpoint "$ac"

@@ -199,6 +199,30 @@ TEST(Options, ValidateNamesTheFlagsOfTheRuleItRefuses) {
               o.sharding.dtype = DType::bf16;
             }).find("--dtype bf16 is not a CPU training dtype"),
             std::string::npos);
+  // LoRA: a bf16 base beside f32 adapters; replicate cannot keep a frozen base apart.
+  EXPECT_EQ(refused([](TrainOptions& o) {
+              o.sharding.dtype = DType::bf16;
+              o.model.lora_rank = 4;
+            }),
+            "");
+  EXPECT_NE(refused([](TrainOptions& o) {
+              o.model.lora_rank = 4;
+              o.sharding.shard = ShardMode::none;
+            }).find("--lora-rank 4 needs --shard full"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              TrainOptions o;
+              o.model.lora_rank = -1;
+              (void)o.lora_config();
+            }).find("--lora-rank must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              TrainOptions o;
+              o.model.lora_rank = 4;
+              o.model.lora_targets = "q,proj";
+              (void)o.lora_config();
+            }).find("unknown target 'proj'"),
+            std::string::npos);
 }
 
 TEST(Options, ModelConfigIsThePresetWithTheOverrides) {

@@ -61,7 +61,9 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
     p.data = Tensor();  // nothing unsharded until the first unshard
     p.grad = Tensor();
   }
-  direct_ = n_ == 1 && !replicate_group_ && param_dtype_ == master_ && reduce_dtype_ == master_;
+  // (A frozen group reduces nothing: its reduce dtype does not matter.)
+  direct_ = n_ == 1 && !replicate_group_ && param_dtype_ == master_ &&
+            (frozen_ || reduce_dtype_ == master_);
   one_rank_ = n_ == 1 && !replicate_group_ && !direct_ && env_double("FSDP_ONE_RANK_CAST") != 0;
   if (!params_.empty() && !direct_ && !one_rank_) {
     // The CPU form of FSDP2's all-gather and reduce-scatter streams: two more

@@ -113,7 +113,11 @@ FSDPState::FSDPState(nn::Module& m, std::shared_ptr<dist::DeviceMesh> mesh_,
     (fp.param->requires_grad ? trainable : frozen).push_back(std::move(fp));
   groups.reserve(2);
   groups.emplace_back(std::move(trainable), mesh, opt, label, false);
-  if (!frozen.empty()) groups.emplace_back(std::move(frozen), mesh, opt, label + " (frozen)", true);
+  if (!frozen.empty()) {
+    FullyShardOptions fo = opt;
+    fo.init_dtype = opt.frozen_dtype.value_or(opt.init_dtype);
+    groups.emplace_back(std::move(frozen), mesh, fo, label + " (frozen)", true);
+  }
 }
 
 void FSDPState::unshard_issue(FSDPCommContext& c) {

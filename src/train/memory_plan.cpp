@@ -21,16 +21,15 @@ MemoryPlan StepReplay::run() {
     if (o_.fully_shard) {
       for (const Group& g : groups_) r_.alloc(g.G * master_, kPersistent);
       if (k == 0)
-        for (const Group& f : frozen_) r_.alloc(f.G * master_, kPersistent);
+        for (const Group& f : frozen_) r_.alloc(f.G * f.master, kPersistent);
     } else {
       r_.alloc(flat_ * master_, kPersistent);
     }
-  int64_t elems = o_.fully_shard ? 0 : 4 * flat_;
+  persistent_ = (o_.fully_shard ? 0 : 4 * flat_) * master_;
   if (o_.fully_shard) {
-    for (const Group& g : groups_) elems += 4 * g.G;
-    for (const Group& f : frozen_) elems += f.G;
+    for (const Group& g : groups_) persistent_ += 4 * g.G * g.master;
+    for (const Group& f : frozen_) persistent_ += f.G * f.master;
   }
-  persistent_ = elems * master_;
   // Two steps: the second starts with the first's staged batch and its blocks cached.
   H staged = -1;
   for (int step = 0; step < 2; ++step)

@@ -292,9 +292,11 @@ void TrainOptions::validate() const {
              "the adapters by fully_shard (replicate steps one flat buffer of every parameter)",
              model.lora_rank);
   FSDP_CHECK(op.grad_clip >= 0, "[fsdp-train] --clip must be >= 0 (0 = off), got {}", op.grad_clip);
-  FSDP_CHECK(sh.dtype == DType::f32 || sh.dtype == DType::f64,
+  FSDP_CHECK(sh.dtype == DType::f32 || sh.dtype == DType::f64 ||
+                 (model.lora_rank > 0 && (sh.dtype == DType::bf16 || sh.dtype == DType::f16)),
              "[fsdp-train] --dtype {} is not a CPU training dtype; use f32 or f64 for the (master) "
-             "parameters and --param-dtype bf16 for bf16 compute",
+             "parameters and --param-dtype bf16 for bf16 compute (with --lora-rank, bf16 or f16 "
+             "is the frozen base's dtype, beside f32 adapters)",
              dtype_name(sh.dtype));
   FSDP_CHECK(full || (!sh.param_dtype && !sh.reduce_dtype),
              "[fsdp-train] --param-dtype and --reduce-dtype need --shard full (they are "

@@ -25,6 +25,8 @@ using H = AllocatorReplay::H;
 struct Group {
   std::string label;
   int64_t G = 0, U = 0;
+  int64_t master = 4;   // bytes of its sharded dtype
+  bool direct = false;  // its parameters are its shards (one rank, no dtype change): no gather
   enum { sharded, issued, unsharded } state = sharded;
   H ag_in = -1, ag_out = -1, params = -1, grads = -1;
   bool grads_kept = false;
@@ -121,6 +123,8 @@ class StepReplay {
   int64_t R_, d_, F_, hd_, nh_, kv_, V_, L_, q_ = 0, w_ = 0;
   int64_t master_ = 4, act_ = 4, red_ = 4, comp_ = 4, stat_ = 4, grad_ = 4;
   bool narrow_ = false, gathered_ = false, sync_ = true;
+  int64_t frozen_master_ = 4;
+  bool frozen_direct_ = false;
   std::vector<Group> groups_;  // blocks 0..L-1, then the root
   // Their frozen parameters' groups (LoRA's base; empty without LoRA), gathered beside them and
   // never given gradients (FSDPState's second group).

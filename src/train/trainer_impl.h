@@ -41,6 +41,8 @@ struct Trainer::Impl {
   nn::MiniLLMConfig cfg;
   const ModelFamily* family;  // how the model is built and parallelized (model_family.h)
   DType dtype;
+  // LoRA on a bf16 or f16 --dtype: the frozen base's dtype (the adapters' masters are f32).
+  std::optional<DType> frozen_dtype;
   std::shared_ptr<dist::ProcessGroup> pg;
   std::shared_ptr<dist::DeviceMesh> mesh;
   int rank = 0, size = 1, threads = 1;

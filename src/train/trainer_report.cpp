@@ -80,7 +80,9 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
         fmt::format("rank {} alpha {} on {}: {} trained ({:.2f}%), the rest frozen", cfg.lora.rank,
                     cfg.lora.alpha, nn::lora_target_names(cfg.lora.targets), cfg.lora_parameters(),
                     100.0 * double(cfg.lora_parameters()) / double(std::max<int64_t>(1, nparams))));
-  row("dtype", std::string(dtype_name(dtype)) + dtypes);
+  row("dtype", frozen_dtype ? fmt::format("{} base (frozen), f32 adapter{}",
+                                          dtype_name(*frozen_dtype), dtypes)
+                            : std::string(dtype_name(dtype)) + dtypes);
   row("optimizer", fmt::format("AdamW lr {:g} betas ({:g}, {:g}) wd {:g}", o.optimizer.lr,
                                o.optimizer.beta1, o.optimizer.beta2, o.optimizer.weight_decay));
   row("steps / seed", fmt::format("{} / {}", o.schedule.steps, o.run.seed));

@@ -43,6 +43,7 @@ void Trainer::Impl::check_memory_plan() {
       .dtype = dtype,
       .param_dtype = mp.param_dtype,
       .reduce_dtype = mp.reduce_dtype,
+      .frozen_dtype = frozen_dtype,
       .grad_accum = o.sharding.grad_accum,
       .checkpoint_every = o.sharding.activation_checkpoint.every,
       .threads = threads,
@@ -58,8 +59,9 @@ void Trainer::Impl::check_memory_plan() {
   // (LoRA: the frozen base holds its parameters only; the adapters the four copies.)
   const long double trained =
       cfg.lora.enabled() ? (long double)cfg.lora_parameters() : (long double)cfg.num_parameters();
-  const long double lower = ((long double)cfg.num_parameters() + 3.0L * trained) *
-                            (long double)dtype_size(dtype) /
+  const long double lower = (((long double)cfg.num_parameters() - trained) *
+                                 (long double)dtype_size(frozen_dtype.value_or(dtype)) +
+                             4.0L * trained * (long double)dtype_size(dtype)) /
                             (long double)std::max<int64_t>(1, po.shards);
   std::string error;
   if (!o.sharding.allow_oversubscribe_memory && available >= 0 &&

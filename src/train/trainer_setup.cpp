@@ -172,6 +172,14 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
              dtype_name(dtype));
   mp.param_dtype = o.sharding.param_dtype;
   mp.reduce_dtype = o.sharding.reduce_dtype;
+  if (cfg.lora.enabled() && dtype_size(dtype) == 2) {
+    // A half-precision base beside f32 adapters: the base is stored, gathered and computed in
+    // --dtype; the adapters keep f32 masters, AdamW state and gradients (computed in --dtype).
+    frozen_dtype = dtype;
+    dtype = DType::f32;
+    if (!mp.param_dtype) mp.param_dtype = frozen_dtype;
+    if (!mp.reduce_dtype) mp.reduce_dtype = DType::f32;
+  }
   // Mesh: all ranks shard, or hsdp replica groups of size/hsdp ranks each.
   if (o.sharding.hsdp > 0) {
     FSDP_CHECK(size % o.sharding.hsdp == 0,
@@ -205,7 +213,7 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
                      {"seq", cfg.seq},
                      {"world_size", size},
                      {"seed", o.run.seed},
-                     {"dtype", std::string(dtype_name(dtype))},
+                     {"dtype", std::string(dtype_name(o.sharding.dtype))},
                      {"lr", o.optimizer.lr},
                      {"data", o.data.data},
                      {"tokenizer", tokenizer ? tokenizer->describe() : "none"},
@@ -366,7 +374,8 @@ void Trainer::Impl::build_model() {
                .fsdp = {.reshard_after_forward = o.sharding.reshard_after_forward,
                         .mp_policy = mp,
                         .init_dtype = dtype,
-                        .seed = o.run.seed},
+                        .seed = o.run.seed,
+                        .frozen_dtype = frozen_dtype},
                .activation_checkpoint = o.sharding.activation_checkpoint});
   parallel = p.parallel;
   root = p.root;

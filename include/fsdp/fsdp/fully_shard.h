@@ -60,6 +60,9 @@ struct FullyShardOptions {
   MixedPrecisionPolicy mp_policy;
   DType init_dtype = DType::f32;  // dtype of the sharded (master) parameters created here
   uint64_t seed = 0;              // initialisation seed of the parameters created here
+  // The sharded dtype of the frozen parameters created here (requires_grad false: a LoRA base in
+  // bf16 beside f32 adapters); unset: init_dtype. Give mp_policy.param_dtype alike.
+  std::optional<DType> frozen_dtype;
 };
 
 struct FSDPState;  // the runtime (src/fsdp/fsdp_state.h)

@@ -37,6 +37,7 @@ struct MemoryPlanOptions {
   bool reshard_after_forward = true;
   DType dtype = DType::f32;  // master parameters, their gradients and AdamW's two moments
   std::optional<DType> param_dtype, reduce_dtype;  // fully_shard's MixedPrecisionPolicy
+  std::optional<DType> frozen_dtype;  // the frozen parameters' (a LoRA base): unset, dtype's
   int64_t grad_accum = 1;
   int64_t checkpoint_every = 0;  // checkpoint_every_blocks(): 0 none, 1 full, N blocks 0, N, ...
   int threads = 1;               // CPU attention scratch is per thread
