@@ -3,6 +3,7 @@
 # tests/pretrained_ref_test.py: a virtual environment of its own (never the system Python the
 # tests use, never committed), from PyPI only:
 #   bench/setup_torch_ref.sh [VENV]        # default $TORCH_REF_VENV or /opt/torchref
+#   WITH_LLAMA_CPP=1 bench/setup_torch_ref.sh   # and llama-cpp-python (compiles llama.cpp)
 # then FSDP_TORCH_PYTHON=VENV/bin/python ctest -R pretrained_ref (or bench/finetune.sh).
 # Not part of CI, which never depends on it.
 #
@@ -43,4 +44,9 @@ print(f"setup_torch_ref: torch {torch.__version__} (CUDA build {torch.version.cu
       f"{torch.get_num_threads()} threads), transformers {transformers.__version__}, "
       f"gguf {m.version('gguf')}, peft {m.version('peft')}, model {model}")
 EOF
+# llama.cpp through its Python binding, for tests/lora_ref_test.py's --lora check: an sdist that
+# compiles llama.cpp (about 15 minutes on 2 cores), so only when asked.
+if [ -n "${WITH_LLAMA_CPP:-}" ] && ! "$venv/bin/python" -c "import llama_cpp" 2> /dev/null; then
+  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$venv/bin/python" -m pip install "llama-cpp-python==0.3.36"
+fi
 echo "setup_torch_ref: FSDP_TORCH_PYTHON=$venv/bin/python"

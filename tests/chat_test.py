@@ -19,7 +19,7 @@
       model is refused, and so is a resume of a packed run without --pack;
   (e) LoRA (--lora-rank 4 on q, v and down): the packed rows' losses at 1 rank and 2 agree (1e-5
       relative) and move; the checkpoint holds the adapters alone; fsdp-export --peft writes the
-      adapter in PEFT's names, and the merged export gives fsdp-generate the checkpoint's own
+      adapter in PEFT's names, --gguf-lora in llama.cpp's (read by gguf-py), and the merged export gives fsdp-generate the checkpoint's own
       logits bit for bit; once the base file's bytes change, the export is refused by name.
 usage: chat_test.py BINDIR SCRIPTS
 Skips (exit 0, "skipped: ...") without the wheel or transformers."""
@@ -291,8 +291,25 @@ with tempfile.TemporaryDirectory() as work:
           f"LoRA checkpoint tensors: {len(names)}, e.g. {names[:3]}")
     peft = os.path.join(work, "peft")
     merged = os.path.join(work, "lora_merged", "model.safetensors")
-    r = run([os.path.join(bindir, "fsdp-export"), "--ckpt", lck, "--peft", peft, "--out", merged])
+    lgguf = os.path.join(work, "lora_adapter.gguf")
+    r = run([os.path.join(bindir, "fsdp-export"), "--ckpt", lck, "--peft", peft, "--out", merged,
+             "--gguf-lora", lgguf])
     check(r.returncode == 0, f"fsdp-export --peft: {r.stderr[-400:]}")
+    try:
+        import gguf
+    except ImportError:
+        gguf = None
+    if gguf and r.returncode == 0:  # llama.cpp's layout, read by its own Python reader
+        g = gguf.GGUFReader(lgguf)
+        field = lambda k: g.fields[k].contents()
+        shapes = {t.name: [int(x) for x in t.shape] for t in g.tensors}  # ggml's ne order
+        check(field("general.type") == "adapter" and field("adapter.type") == "lora" and
+              field("adapter.lora.alpha") == 8.0 and field("general.architecture") == "llama",
+              "the GGUF adapter's keys")
+        check(len(shapes) == 30 * 3 * 2 and shapes.get("blk.0.attn_q.weight.lora_a") == [576, 4] and
+              shapes.get("blk.0.attn_q.weight.lora_b") == [4, 576] and
+              shapes.get("blk.29.ffn_down.weight.lora_a") == [1536, 4],
+              f"the GGUF adapter's tensors: {list(shapes.items())[:4]}")
     cfg = json.load(open(os.path.join(peft, "adapter_config.json"))) if r.returncode == 0 else {}
     check(cfg.get("r") == 4 and cfg.get("lora_alpha") == 8 and
           sorted(cfg.get("target_modules", [])) == ["down_proj", "q_proj", "v_proj"],

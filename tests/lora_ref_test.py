@@ -11,6 +11,10 @@ fine-tuned with adapters, and the exports read by PEFT and transformers:
     unexpected key and no adapter weight left missing; its logits on a 64-token prompt equal
     fsdp-generate's on our merged export within 1e-4 (and differ from the base's: the adapter
     learned something), and PEFT's merge_and_unload equals transformers loading our merged folder;
+  - llama.cpp (llama-cpp-python, where it is installed; else said and skipped) applies our GGUF
+    LoRA adapter (fsdp-export --gguf-lora) to our f32 GGUF of the base (a LoRA step at lr 0: B
+    stays zero) with the logits it gives our merged GGUF, and greedy-decodes what fsdp-generate
+    decodes from the merged export;
   - the checkpoint holds the adapters only (no base tensor): per block the in-projection's packed
     pair and o, gate, up and down's.
 
@@ -128,4 +132,47 @@ print(f"PEFT's merge_and_unload vs transformers on our merged folder, f64: {d2:.
       f"{bad or 'clean'}")
 check(not bad, f"transformers loading our merged folder: {bad}")
 check(d2 < 1e-4, f"merged models differ by {d2}")
+try:
+    import llama_cpp
+except ImportError:
+    llama_cpp = None
+    print("llama.cpp part skipped: llama-cpp-python is not installed in FSDP_TORCH_PYTHON's environment")
+if llama_cpp:
+    import numpy as np
+    ck0 = os.path.join(work, "ckpt0")
+    run(*mpirun, os.path.join(bins, "fsdp-train"), "--init-from", gguf, "--data", chats, "--pack",
+        "--seq", "128", "--batch", "2", "--steps", "1", "--lr", "0", "--lora-rank", "8",
+        "--lora-alpha", "16", "--ckpt-dir", ck0, "--ckpt-every", "1", "--sample-tokens", "0")
+    base_gguf, adapter, merged_gguf = (os.path.join(work, f) for f in ("base.gguf", "adapter.gguf", "merged.gguf"))
+    run(os.path.join(bins, "fsdp-export"), "--ckpt", ck0, "--gguf", base_gguf)
+    run(os.path.join(bins, "fsdp-export"), "--ckpt", ckpt, "--gguf-lora", adapter, "--gguf", merged_gguf)
+
+    def llama(path, lora=None):
+        # f32 K/V cache (llama.cpp's default is f16, ~1e-2 on these logits): the adapter's own effect
+        return llama_cpp.Llama(model_path=path, lora_path=lora, n_ctx=128, n_threads=2, logits_all=True,
+                               type_k=0, type_v=0, verbose=False)
+
+    scores = []
+    for path, lora in ((base_gguf, adapter), (merged_gguf, None)):
+        m = llama(path, lora)
+        m.eval(ids)
+        scores.append(np.array(m.scores[:len(ids)]))
+    d_ll = np.abs(scores[0] - scores[1]).max()
+    d_ours = np.abs(scores[0] - ours("f32").numpy()).max()
+    print(f"llama.cpp: our base GGUF with our --lora adapter vs our merged GGUF: max |logit diff| {d_ll:.2e}; "
+          f"vs fsdp-generate on the merged export {d_ours:.2e}; argmax equal "
+          f"{bool((scores[0].argmax(-1) == scores[1].argmax(-1)).all())}")
+    check(d_ll < 1e-3 and d_ours < 1e-3, f"llama.cpp with our adapter is {d_ll} from the merged model, {d_ours} from ours")
+    m = llama(base_gguf, adapter)
+    prompt = ids[:16]
+    want = json.loads(run(os.path.join(bins, "fsdp-generate"), "--model", merged, "--prompt-ids",
+                          ",".join(map(str, prompt)), "--tokens", "20", "--temperature", "0", "--ignore-eos",
+                          "--threads", "2").strip().splitlines()[-1])
+    got = []
+    for t in m.generate(prompt, temp=0.0, top_k=1, reset=True):
+        got.append(int(t))
+        if len(got) == 20:
+            break
+    print(f"greedy: llama.cpp base + --lora {got}\n        fsdp-generate merged  {want}")
+    check(got == want, "llama.cpp with our adapter decodes other tokens than fsdp-generate")
 print(f"{checks.passed} passed, 0 failed")

@@ -5,6 +5,7 @@
 //       config.json beside the file (--names ours keeps ours)
 //   fsdp-export --ckpt D --gguf model.gguf [--dtype ...]   GGUF v3 for llama.cpp
 //   fsdp-export --ckpt D --peft DIR    a LoRA run's adapter alone, in PEFT's format
+//   fsdp-export --ckpt D --gguf-lora adapter.gguf   the same for llama.cpp's --lora
 // A LoRA checkpoint holds the adapters only: --out and --gguf write its base (the run's
 // --init-from, checked by content) with the adapters merged into it.
 // D is a checkpoint directory (step_NNNNNNNN) or a --ckpt-dir, whose newest is taken.
@@ -37,7 +38,7 @@
 
 int main(int argc, char** argv) {
   using namespace fsdp;
-  std::string ckpt, out, gguf, peft, dtype_s = "f32", names = "auto", tokenizer;
+  std::string ckpt, out, gguf, peft, gguf_lora, dtype_s = "f32", names = "auto", tokenizer;
   CLI::App app{"fsdp-export: consolidate a sharded checkpoint into safetensors or GGUF",
                "fsdp-export"};
   app.add_option("--ckpt", ckpt, "checkpoint directory, or a --ckpt-dir (its newest checkpoint)")
@@ -47,6 +48,8 @@ int main(int argc, char** argv) {
   app.add_option("--peft", peft,
                  "folder for a LoRA run's adapter in PEFT's format (adapter_model.safetensors, "
                  "adapter_config.json)");
+  app.add_option("--gguf-lora", gguf_lora,
+                 "GGUF LoRA adapter for llama.cpp's --lora (a LoRA run's adapter alone)");
   app.add_option("--dtype", dtype_s, "tensor dtype: f32, bf16 or f16")->capture_default_str();
   app.add_option("--names", names,
                  "safetensors names: auto (PyTorch for seed, Hugging Face for llama) or ours")
@@ -55,8 +58,9 @@ int main(int argc, char** argv) {
                  "a tokenizer.json, or bytes (default: the one saved in the checkpoint)");
   CLI11_PARSE(app, argc, argv);
   try {
-    FSDP_CHECK(!out.empty() || !gguf.empty() || !peft.empty(),
-               "[fsdp-export] give --out FILE.safetensors, --gguf FILE.gguf or --peft DIR");
+    FSDP_CHECK(!out.empty() || !gguf.empty() || !peft.empty() || !gguf_lora.empty(),
+               "[fsdp-export] give --out FILE.safetensors, --gguf FILE.gguf, --peft DIR or "
+               "--gguf-lora FILE.gguf");
     FSDP_CHECK(names == "auto" || names == "ours",
                "[fsdp-export] --names must be auto or ours, got '{}'", names);
     const DType dtype = parse_dtype(dtype_s);
@@ -82,21 +86,31 @@ int main(int argc, char** argv) {
     for (const std::string& f : {out, gguf})
       if (!f.empty() && std::filesystem::path(f).has_parent_path())
         std::filesystem::create_directories(std::filesystem::path(f).parent_path());
-    if (!peft.empty()) {  // the adapters alone, before any base is merged
+    if (!peft.empty() || !gguf_lora.empty()) {  // the adapters alone, before any base is merged
       nn::MiniLLMConfig lora_cfg;
       const auto adapters = checkpoint::consolidate(path, &lora_cfg, false);
-      auto named = checkpoint::to_peft(lora_cfg, adapters);
-      for (auto& [n, t] : named) t = t.contiguous().to(dtype);
-      std::filesystem::create_directories(peft);
-      checkpoint::save_safetensors(
-          (std::filesystem::path(peft) / "adapter_model.safetensors").string(), named,
-          {{"format", "pt"}});
-      write_file_atomic(
-          (std::filesystem::path(peft) / "adapter_config.json").string(),
-          checkpoint::peft_adapter_config_json(lora_cfg, checkpoint::lora_base_path(path)) + "\n",
-          "[fsdp-export]");
-      fmt::print("export: wrote {} (PEFT LoRA adapter: {} tensors, rank {}, alpha {})\n", peft,
-                 named.size(), lora_cfg.lora.rank, lora_cfg.lora.alpha);
+      if (!peft.empty()) {
+        auto named = checkpoint::to_peft(lora_cfg, adapters);
+        for (auto& [n, t] : named) t = t.contiguous().to(dtype);
+        std::filesystem::create_directories(peft);
+        checkpoint::save_safetensors(
+            (std::filesystem::path(peft) / "adapter_model.safetensors").string(), named,
+            {{"format", "pt"}});
+        write_file_atomic(
+            (std::filesystem::path(peft) / "adapter_config.json").string(),
+            checkpoint::peft_adapter_config_json(lora_cfg, checkpoint::lora_base_path(path)) + "\n",
+            "[fsdp-export]");
+        fmt::print("export: wrote {} (PEFT LoRA adapter: {} tensors, rank {}, alpha {})\n", peft,
+                   named.size(), lora_cfg.lora.rank, lora_cfg.lora.alpha);
+      }
+      if (!gguf_lora.empty()) {
+        if (std::filesystem::path(gguf_lora).has_parent_path())
+          std::filesystem::create_directories(std::filesystem::path(gguf_lora).parent_path());
+        checkpoint::write_gguf_lora(gguf_lora, lora_cfg, adapters);
+        fmt::print(
+            "export: wrote {} (GGUF LoRA adapter for llama.cpp's --lora, rank {}, alpha {})\n",
+            gguf_lora, lora_cfg.lora.rank, lora_cfg.lora.alpha);
+      }
       if (out.empty() && gguf.empty()) return 0;
     }
     nn::MiniLLMConfig cfg;

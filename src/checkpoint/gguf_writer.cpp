@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,6 +25,8 @@ using detail::is_in_proj;
 using detail::is_in_proj_bias;
 
 namespace {
+
+constexpr size_t kAlign = 32;
 
 enum GgufType : uint32_t { U32 = 4, I32 = 5, F32 = 6, BOOL = 7, STR = 8, ARR = 9 };
 
@@ -80,13 +83,15 @@ Tensor permute_for_gguf(const Tensor& w, int64_t heads) {
   return w.contiguous().view({heads, 2, hd / 2, cols}).transpose(1, 2).contiguous().view(w.shape());
 }
 
-}  // namespace
-
-void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const NamedTensors& ours,
-                DType dtype, const data::Tokenizer& tok, const TokenizerMeta& meta) {
+// llama.cpp's architecture for cfg, refusing a model it would load as another one.
+struct GgufArch {
+  std::string name;
+  bool half_split = false;  // qwen2, qwen3: q and k rows stay as they are
+  bool gemma3 = false;
+};
+GgufArch gguf_arch(const nn::MiniLLMConfig& cfg) {
   FSDP_CHECK(cfg.arch == nn::Arch::llama,
              "[gguf] GGUF export is for the llama architecture, not {}", nn::arch_name(cfg.arch));
-  constexpr size_t kAlign = 32;
   // q/k/v biases are llama.cpp's qwen2 architecture and norms on q and k its qwen3, whose rotary
   // embeddings are half-split (NEOX) like ours: their q and k rows stay as they are. llama's
   // pairs neighbours. llama.cpp's qwen3 has no q/k/v biases.
@@ -114,6 +119,44 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
                            : cfg.qk_norm  ? "qwen3"
                            : cfg.qkv_bias ? "qwen2"
                                           : "llama";
+  return {arch, half_split, gemma3};
+}
+
+// Writes the header, the tensors' table and their data, each aligned, through write_file_atomic.
+void write_file(const std::string& path, const GgufWriter& kv,
+                const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  GgufWriter w;
+  w.raw("GGUF", 4);
+  w.u32(3);
+  w.u64(tensors.size());
+  w.u64(kv.n_kv);
+  w.raw(kv.buf.data(), kv.buf.size());
+  uint64_t offset = 0;
+  for (auto& [name, t] : tensors) {
+    w.str(name);
+    w.u32(uint32_t(t.dim()));
+    for (int i = t.dim() - 1; i >= 0; --i)
+      w.u64(uint64_t(t.size(i)));  // ne[0] is the innermost dim
+    w.u32(ggml_type(t.dtype()));
+    w.u64(offset);
+    offset += (t.nbytes() + kAlign - 1) / kAlign * kAlign;
+  }
+  w.pad(kAlign);
+  for (auto& [name, t] : tensors) {
+    w.raw(t.raw_data(), t.nbytes());
+    w.pad(kAlign);
+  }
+  write_file_atomic(path, std::string_view(w.buf.data(), w.buf.size()), "[gguf]");
+}
+
+}  // namespace
+
+void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const NamedTensors& ours,
+                DType dtype, const data::Tokenizer& tok, const TokenizerMeta& meta) {
+  // (Named, not structured bindings: lambdas below capture them.)
+  const GgufArch ga = gguf_arch(cfg);
+  const std::string& arch = ga.name;
+  const bool half_split = ga.half_split, gemma3 = ga.gemma3;
   // Tensors in llama.cpp's names; 1-D norms (and biases) stay F32 as llama.cpp's converter keeps
   // them. A tied model has no output.weight: llama.cpp then uses token_embd.weight.
   std::vector<std::pair<std::string, Tensor>> tensors;
@@ -208,28 +251,59 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
   kv.kv_bool("tokenizer.ggml.add_eos_token", false);
   if (!meta.chat_template.empty()) kv.kv_str("tokenizer.chat_template", meta.chat_template);
 
-  GgufWriter w;
-  w.raw("GGUF", 4);
-  w.u32(3);
-  w.u64(tensors.size());
-  w.u64(kv.n_kv);
-  w.raw(kv.buf.data(), kv.buf.size());
-  uint64_t offset = 0;
-  for (auto& [name, t] : tensors) {
-    w.str(name);
-    w.u32(uint32_t(t.dim()));
-    for (int i = t.dim() - 1; i >= 0; --i)
-      w.u64(uint64_t(t.size(i)));  // ne[0] is the innermost dim
-    w.u32(ggml_type(t.dtype()));
-    w.u64(offset);
-    offset += (t.nbytes() + kAlign - 1) / kAlign * kAlign;
+  write_file(path, kv, tensors);
+}
+
+void write_gguf_lora(const std::string& path, const nn::MiniLLMConfig& cfg,
+                     const NamedTensors& with_adapters) {
+  FSDP_CHECK(cfg.lora.enabled(), "[gguf] a LoRA adapter GGUF needs a model with LoRA adapters");
+  const GgufArch ga = gguf_arch(cfg);
+  const std::string& arch = ga.name;
+  const bool half_split = ga.half_split;
+  // llama.cpp's convert_lora_to_gguf layout: for each adapted weight W of the base ("blk.0.attn_q.
+  // weight"), "<W>.lora_a" [rank, in] and "<W>.lora_b" [out, rank], B's rows permuted as W's are.
+  std::map<std::string, Tensor> by_name(with_adapters.begin(), with_adapters.end());
+  const auto rows = in_proj_rows(cfg);
+  const int64_t r = cfg.lora.rank, kv_heads = cfg.resolved_kv_heads();
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  auto add = [&](const std::string& weight, const Tensor& a, const Tensor& b) {
+    tensors.emplace_back(weight + ".lora_a", a.contiguous().to(DType::f32));
+    tensors.emplace_back(weight + ".lora_b", b.contiguous().to(DType::f32));
+  };
+  for (const auto& [name, a] : with_adapters) {
+    if (!name.ends_with(".lora_A")) continue;
+    const std::string owner = name.substr(0, name.size() - 7);
+    const Tensor& b = by_name.at(owner + ".lora_B");
+    if (!owner.ends_with(".attn")) {
+      const std::string w = detail::rename(owner + ".weight", detail::Naming::ours,
+                                           detail::Naming::gguf, cfg.sandwich_norms);
+      FSDP_CHECK(!w.empty(), "[gguf] no llama.cpp name for the adapted weight of '{}'", owner);
+      add(w, a, b);
+      continue;
+    }
+    const auto names = detail::in_proj_names(owner + ".in_proj_weight", detail::Naming::gguf);
+    const std::array<nn::LoraTarget, 3> parts = {nn::LoraTarget::q, nn::LoraTarget::k,
+                                                 nn::LoraTarget::v};
+    const std::array<int64_t, 3> heads = {cfg.heads, kv_heads, 0};
+    int64_t j = 0, b_row = 0;
+    for (size_t i = 0; i < 3; ++i) {
+      if (!cfg.lora.on(parts[i])) continue;
+      const int64_t n = rows[i].second - rows[i].first;
+      Tensor bi = b.narrow(0, b_row, n);
+      if (i < 2 && !half_split) bi = permute_for_gguf(bi, heads[i]);
+      add(names[i], a.narrow(0, j * r, r), bi);
+      ++j;
+      b_row += n;
+    }
   }
-  w.pad(kAlign);
-  for (auto& [name, t] : tensors) {
-    w.raw(t.raw_data(), t.nbytes());
-    w.pad(kAlign);
-  }
-  write_file_atomic(path, std::string_view(w.buf.data(), w.buf.size()), "[gguf]");
+  GgufWriter kv;
+  kv.kv_str("general.architecture", arch);
+  kv.kv_str("general.type", "adapter");
+  kv.kv_str("general.name", "fsdp.cpp LoRA adapter");
+  kv.kv_u32("general.alignment", kAlign);
+  kv.kv_str("adapter.type", "lora");
+  kv.kv_f32("adapter.lora.alpha", float(cfg.lora.alpha));
+  write_file(path, kv, tensors);
 }
 
 }  // namespace fsdp::checkpoint

@@ -112,5 +112,11 @@ std::string hf_name(const std::string& ours, bool sandwich = false);
 void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const NamedTensors& ours,
                 DType dtype, const data::Tokenizer& tok = data::Tokenizer::bytes(),
                 const TokenizerMeta& meta = {});
+// A LoRA model's adapters as a GGUF LoRA adapter for llama.cpp's --lora (general.type adapter,
+// adapter.type lora, adapter.lora.alpha; "<base weight>.lora_a" [rank, in] and ".lora_b" [out,
+// rank] in f32, B's q and k rows permuted as the base's are), for the GGUF write_gguf makes of the
+// base: `with_adapters` holds the adapters (consolidate without merging).
+void write_gguf_lora(const std::string& path, const nn::MiniLLMConfig& cfg,
+                     const NamedTensors& with_adapters);
 
 }  // namespace fsdp::checkpoint
