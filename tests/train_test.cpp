@@ -213,16 +213,21 @@ TEST(Options, ValidateNamesTheFlagsOfTheRuleItRefuses) {
   EXPECT_NE(error_of([] {
               TrainOptions o;
               o.model.lora_rank = -1;
-              (void)o.lora_config();
+              (void)o.lora_config(nn::Arch::llama);
             }).find("--lora-rank must be >= 0"),
             std::string::npos);
   EXPECT_NE(error_of([] {
               TrainOptions o;
               o.model.lora_rank = 4;
               o.model.lora_targets = "q,proj";
-              (void)o.lora_config();
+              (void)o.lora_config(nn::Arch::llama);
             }).find("unknown target 'proj'"),
             std::string::npos);
+  TrainOptions all;  // --lora-targets all: every projection the architecture has
+  all.model.lora_rank = 4;
+  EXPECT_EQ(all.lora_config(nn::Arch::llama).targets,
+            nn::parse_lora_targets("q,k,v,o,gate,up,down"));
+  EXPECT_EQ(all.lora_config(nn::Arch::seed).targets, nn::parse_lora_targets("q,k,v,o,up,down"));
 }
 
 TEST(Options, ModelConfigIsThePresetWithTheOverrides) {
@@ -422,5 +427,34 @@ TEST(Trainer, LoraResumesExactlyAndItsCheckpointHoldsTheAdaptersAlone) {
            {"--seed", "5"}},
           "base_content");
   refused({}, "lora");
+
+  // A bf16 base (--dtype bf16): the consolidated base is the bf16 one the adapters trained on.
+  TrainOptions half;
+  for (const auto& [flag, value] : kSmallLlama) set_flag(half, flag, value);
+  for (const auto& [flag, value] : std::vector<std::pair<const char*, const char*>>{
+           {"--lora-rank", "4"}, {"--dtype", "bf16"}, {"--lr", "1e-2"}})
+    set_flag(half, flag, value);
+  half.schedule.steps = 2;
+  half.sample.sample_tokens = 0;
+  half.checkpoint = {.ckpt_dir = (tmp.path / "half").string(), .ckpt_every = 2};
+  {
+    Trainer t(half, pg);
+    t.fit();
+  }
+  nn::MiniLLMConfig hc;
+  const checkpoint::NamedTensors hb =
+      checkpoint::consolidate((tmp.path / "half" / "step_00000002").string(), &hc, false);
+  nn::MiniLLM fresh_half(hc);
+  nn::materialize(fresh_half, DType::bf16, 1337);
+  int half_checked = 0;
+  for (const auto& [name, t] : hb)
+    if (!nn::is_lora_parameter(name)) {
+      EXPECT_EQ(t.dtype(), DType::bf16) << name;
+      EXPECT_EQ(t.to_f64_vector(), fresh_half.parameter(name).data.to_f64_vector()) << name;
+      ++half_checked;
+    } else {
+      EXPECT_EQ(t.dtype(), DType::f32) << name;  // the adapters' masters
+    }
+  EXPECT_EQ(half_checked, 17);
   dist::destroy_process_group();
 }

@@ -41,15 +41,31 @@ std::string hf_name(const std::string& ours, bool sandwich) {
 }
 
 namespace {
-// The frozen base of a LoRA checkpoint, into `model`'s own storage: the --init-from model its
-// config names (checked by content), or the initialisation of the run's seed.
+// The frozen base of a LoRA checkpoint, into `model`'s own storage, as the run built it: in the
+// run's --dtype (a bf16 base is rounded to bf16, as its shards were), from the --init-from model
+// its config names (checked by content) or from the initialisation of the run's seed (checked
+// against what the config says the base is).
 nn::FlatParameters lora_base(const detail::Manifest& m, const std::string& ckpt_path,
                              nn::MiniLLM& model) {
   const json& run = m.meta.at("config");
   const std::string path = run.value("base", "");
   const std::string content = run.value("base_content", "");
-  nn::FlatParameters flat = nn::materialize(model, DType::f32, run.value("seed", uint64_t(0)));
-  if (path.empty()) return flat;
+  FSDP_CHECK(run.contains("seed") && run["seed"].is_number_unsigned() && run.contains("dtype") &&
+                 run["dtype"].is_string() && !content.empty(),
+             "[checkpoint] {}/metadata.json: a LoRA checkpoint's config needs its seed, dtype and "
+             "base_content (what its frozen base is); they are missing or mistyped",
+             ckpt_path);
+  const uint64_t seed = run["seed"].get<uint64_t>();
+  const DType dtype = parse_dtype(run["dtype"].get<std::string>());
+  nn::FlatParameters flat = nn::materialize(model, dtype, seed);
+  if (path.empty()) {
+    const std::string want = fmt::format("initialised from seed {}", seed);
+    FSDP_CHECK(content == want,
+               "[checkpoint] {}/metadata.json names no base path, but its base is '{}', not '{}': "
+               "the adapters would be applied to another model",
+               ckpt_path, content, want);
+    return flat;
+  }
   std::string now;
   try {
     now = model_identity(path);
@@ -82,10 +98,11 @@ NamedTensors consolidate_unchecked(const std::string& ckpt_path, nn::MiniLLMConf
   const bool lora = cfg.lora.enabled();  // its checkpoints hold the adapters, not the base
   FSDP_CHECK(listed == (long double)(lora ? cfg.lora_parameters() : cfg.num_parameters()),
              "[checkpoint] {}/metadata.json: its config (layers {}, dim {}, vocab {}, ffn_hidden "
-             "{}) makes a model of {} parameters but its tensors hold {:.0f}: the config and the "
-             "tensors disagree (was metadata.json edited?)",
+             "{}) makes a model of {} {}parameters but its tensors hold {:.0f}: the config and "
+             "the tensors disagree (was metadata.json edited?)",
              ckpt_path, cfg.layers, cfg.dim, cfg.vocab, cfg.resolved_ffn_hidden(),
-             cfg.num_parameters(), double(listed));
+             lora ? cfg.lora_parameters() : cfg.num_parameters(), lora ? "adapter " : "",
+             double(listed));
   nn::MiniLLM model(cfg);
   std::optional<nn::FlatParameters> base;  // LoRA: the base, built as the run built it
   if (lora) base = lora_base(m, ckpt_path, model);
@@ -158,7 +175,10 @@ NamedTensors merge_lora(const nn::MiniLLMConfig& cfg, const NamedTensors& with_a
   for (const auto& [name, t] : with_adapters) {
     if (nn::is_lora_parameter(name)) continue;
     const auto it = merged.find(name);
-    out.emplace_back(name, it == merged.end() ? t : it->second.to(t.dtype()));
+    // (A half-precision base's merged weights are f32: W + s B A rounded to bf16 again would lose
+    // most of the adapter's change.)
+    const DType dt = dtype_size(t.dtype()) == 2 ? DType::f32 : t.dtype();
+    out.emplace_back(name, it == merged.end() ? t : it->second.to(dt));
   }
   return out;
 }

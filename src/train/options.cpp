@@ -253,12 +253,12 @@ nn::MiniLLMConfig TrainOptions::model_config() const {
   if (m.sliding_window) cfg.sliding_window = *m.sliding_window;
   if (m.global_every) cfg.global_every = *m.global_every;
   if (m.rope_local_theta) cfg.rope_local_theta = *m.rope_local_theta;
-  cfg.lora = lora_config();
+  cfg.lora = lora_config(cfg.arch);
   cfg.validate();
   return cfg;
 }
 
-nn::LoraConfig TrainOptions::lora_config() const {
+nn::LoraConfig TrainOptions::lora_config(nn::Arch arch) const {
   const ModelOptions& m = model;
   FSDP_CHECK(m.lora_rank >= 0, "[fsdp-train] --lora-rank must be >= 0 (0: no LoRA), got {}",
              m.lora_rank);
@@ -268,7 +268,10 @@ nn::LoraConfig TrainOptions::lora_config() const {
   const double alpha = m.lora_alpha.value_or(double(m.lora_rank));
   FSDP_CHECK(alpha > 0 && std::isfinite(alpha),
              "[fsdp-train] --lora-alpha must be a positive number, got {}", alpha);
-  return {.rank = m.lora_rank, .alpha = alpha, .targets = nn::parse_lora_targets(m.lora_targets)};
+  uint32_t targets =
+      nn::parse_lora_targets(m.lora_targets == "all" ? "q,k,v,o,gate,up,down" : m.lora_targets);
+  if (m.lora_targets == "all" && arch == nn::Arch::seed) targets &= ~uint32_t(nn::LoraTarget::gate);
+  return {.rank = m.lora_rank, .alpha = alpha, .targets = targets};
 }
 
 void TrainOptions::validate() const {

@@ -67,14 +67,14 @@ void StepReplay::layout() {
     flat_ = up(flat_) + rows * row;  // nn::materialize's flat buffer, for --shard none
   };
   for (int64_t i = 0; i < L_; ++i) {
-    Group g{.label = fmt::format("layers.{}", i), .master = master_},
+    Group g{.label = fmt::format("layers.{}", i), .master = master_, .direct = !gathered_},
         f{.label = g.label + " (frozen)", .master = frozen_master_, .direct = frozen_direct_};
     for (auto& [name, p] : model.layers()[size_t(i)].named_parameters())
       place(p->requires_grad ? g : f, *p);
     groups_.push_back(g);
     frozen_.push_back(f);
   }
-  Group root{.label = "root", .master = master_},
+  Group root{.label = "root", .master = master_, .direct = !gathered_},
       frozen_root{.label = "root (frozen)", .master = frozen_master_, .direct = frozen_direct_};
   for (auto& [name, p] : model.named_parameters())
     if (name.rfind("layers.", 0) != 0) place(p->requires_grad ? root : frozen_root, *p);
@@ -95,14 +95,14 @@ void StepReplay::free_batch(H in) {
 }
 
 void StepReplay::issue(Group& g) {  // FSDPParamGroup::unshard_issue
-  if (!gathered_ || g.direct || g.U == 0 || g.state != Group::sharded) return;
+  if (g.direct || g.U == 0 || g.state != Group::sharded) return;
   if (act_ != g.master) g.ag_in = r_.alloc(g.G * act_, kParams);  // the copy-in
   g.ag_out = r_.alloc(o_.shards * g.G * act_, kParams);
   g.state = Group::issued;
 }
 
 void StepReplay::wait(Group& g) {  // unshard_wait: copy-out into the unsharded buffer
-  if (!gathered_ || g.direct || g.U == 0 || g.state == Group::unsharded) return;
+  if (g.direct || g.U == 0 || g.state == Group::unsharded) return;
   issue(g);
   g.params = r_.alloc(g.U * act_, kParams);
   r_.free(std::exchange(g.ag_out, -1));
@@ -111,7 +111,7 @@ void StepReplay::wait(Group& g) {  // unshard_wait: copy-out into the unsharded 
 }
 
 void StepReplay::reshard(Group& g) {
-  if (!gathered_ || g.direct || g.state != Group::unsharded) return;
+  if (g.direct || g.state != Group::unsharded) return;
   r_.free(std::exchange(g.params, -1));
   g.state = Group::sharded;
 }

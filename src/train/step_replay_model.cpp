@@ -24,13 +24,13 @@ H StepReplay::linear(int64_t in, int64_t out, Term t) {
   return op.out(R_ * out, t);
 }
 
-// linear_backward: dx, and dW added into the gradient buffer.
+// linear_backward: dx, and dW added into the gradient buffer (none for a frozen LoRA base).
 H StepReplay::linear_backward(int64_t in, int64_t out, Term t) {
   Op op(*this);
   op.in(R_ * out);
   op.in(R_ * in);
   op.in(out * in);
-  op.grad(out * in);
+  if (!c_.lora.enabled()) op.grad(out * in);
   return op.out(R_ * in, t);
 }
 
@@ -321,7 +321,7 @@ void StepReplay::microbatch() {
     g = dx;
   }
   r_.at("backward of the embedding");
-  {
+  if (!c_.lora.enabled()) {  // a frozen embedding adds no gradient
     Op op(*this);
     op.in(R_ * d_);
     op.grad(V_ * d_);

@@ -118,7 +118,7 @@ nn::MiniLLMConfig config_from_model(const TrainOptions& o, const checkpoint::Pre
   const nn::MiniLLMConfig preset = nn::MiniLLMConfig::preset(o.model.preset);
   c.seq = o.model.seq.value_or(preset.seq);
   c.batch = o.model.batch.value_or(preset.batch);
-  c.lora = o.lora_config();  // the run's adapters on the model's weights
+  c.lora = o.lora_config(c.arch);  // the run's adapters on the model's weights
   c.validate();
   return c;
 }

@@ -50,7 +50,7 @@ struct TokenizerMeta {
 // LoRA: the model every export and fsdp-generate take; without, the adapters stay beside the base.
 NamedTensors consolidate(const std::string& ckpt_path, nn::MiniLLMConfig* cfg, bool merge = true);
 // W + (alpha / rank) B A for every adapted weight of a LoRA model's tensors (cfg.lora), computed
-// in f64 and stored in the weight's dtype; the adapters themselves dropped.
+// in f64 and stored in the weight's dtype (f32 for a bf16 or f16 weight); the adapters dropped.
 NamedTensors merge_lora(const nn::MiniLLMConfig& cfg, const NamedTensors& with_adapters);
 // A LoRA model's adapters in PEFT's format (llama architecture): adapter_model.safetensors's
 // tensors ("base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight" [r, in], lora_B

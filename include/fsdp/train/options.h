@@ -53,8 +53,9 @@ struct TrainOptions {
 
   // The preset with its overrides applied, validated.
   nn::MiniLLMConfig model_config() const;
-  // --lora-rank, --lora-alpha and --lora-targets, checked (rank 0: none).
-  nn::LoraConfig lora_config() const;
+  // --lora-rank, --lora-alpha and --lora-targets for a model of `arch`, checked (rank 0: none;
+  // targets "all": every projection the architecture has).
+  nn::LoraConfig lora_config(nn::Arch arch) const;
   // Throws, naming the flag and the value, on any option out of range or inconsistent with
   // another (the model's own checks are model_config's).
   void validate() const;
