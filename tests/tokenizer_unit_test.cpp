@@ -3,6 +3,7 @@
 // merges say what each string encodes to), added and special tokens, the Digits pre-tokenizer,
 // hashes, and the refusals of files it cannot read. tokenizer_test.py compares the same code with
 // Hugging Face tokenizers on a trained vocabulary.
+#include <fmt/core.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -400,6 +401,90 @@ TEST_F(TokenizerFiles, BadFilesAreRefusedNamingThePathAndTheValue) {
   // from_json names what it is given as the source.
   err = error_of([] { Tokenizer::from_json("[1, 2]", "checkpoint 7's tokenizer"); });
   EXPECT_MENTIONS(err, "checkpoint 7's tokenizer");
+}
+
+// SentencePiece-style BPE (byte_fallback): Gemma's shape, then Llama 2's and Metaspace's prefixes.
+// Vocabulary: <unk> <s> </s>, the 256 <0xXX> byte tokens, then characters and merges.
+json spm_json(json normalizer, json pre_tokenizer) {
+  const std::string M = "\u2581";
+  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = 3 + b;
+  int32_t id = 259;
+  for (const std::string& t :
+       std::vector<std::string>{M, "h", "i", "a", "b", M + "h", M + "hi", "hi", "ab", M + M})
+    vocab[t] = id++;
+  // rank order: "h i" before "▁ h", so "▁hi" = ▁ + hi is reached through "hi"
+  const json merges =
+      json::array({json::array({"h", "i"}), json::array({M, "h"}), json::array({M, "hi"}),
+                   json::array({M + "h", "i"}), json::array({"a", "b"}), json::array({M, M})});
+  return {{"version", "1.0"},
+          {"added_tokens", json::array({{{"id", 1}, {"content", "<s>"}, {"special", true}},
+                                        {{"id", 2}, {"content", "</s>"}, {"special", true}}})},
+          {"normalizer", normalizer},
+          {"pre_tokenizer", pre_tokenizer},
+          {"model",
+           {{"type", "BPE"},
+            {"unk_token", "<unk>"},
+            {"fuse_unk", true},
+            {"byte_fallback", true},
+            {"vocab", vocab},
+            {"merges", merges}}}};
+}
+
+TEST_F(TokenizerFiles, SentencePieceBytesFallbackAndPrefixes) {
+  const json replace = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}};
+  // ids: ▁ 259, h 260, i 261, a 262, b 263, ▁h 264, ▁hi 265, hi 266, ab 267, ▁▁ 268
+  const Tokenizer gemma = Tokenizer::from_json(spm_json(replace, nullptr).dump());
+  EXPECT_TRUE(gemma.is_sentencepiece());
+  EXPECT_FALSE(gemma.prefixes_space());
+  EXPECT_EQ(gemma.encode("hi"), (Ids{266}));
+  EXPECT_EQ(gemma.encode(" hi"), (Ids{265}));  // h+i first (rank 0), then ▁+hi (rank 2)
+  EXPECT_EQ(gemma.encode("  ab"), (Ids{268, 267}));
+  // 'é' is no token: its two bytes' tokens, C3 A9; '\n' (0x0A) too
+  EXPECT_EQ(gemma.encode("\xC3\xA9\n"), (Ids{3 + 0xC3, 3 + 0xA9, 3 + 0x0A}));
+  EXPECT_EQ(gemma.encode("<s>hi</s>"), (Ids{1, 266, 2}));
+  EXPECT_EQ(gemma.decode(gemma.encode(" hi \xC3\xA9 ab\n")), " hi \xC3\xA9 ab\n");
+  EXPECT_EQ(gemma.token_bytes(265), " hi");
+  EXPECT_EQ(gemma.token_bytes(3 + 0xC3), "\xC3");
+  EXPECT_EQ(gemma.bos_id(), 1);
+  EXPECT_EQ(gemma.eos_id(), 2);
+  EXPECT_MENTIONS(gemma.describe(), "SentencePiece BPE");
+
+  // Llama 2: Prepend('▁') on every piece between added tokens; decode drops the first space.
+  const json prepend = {
+      {"type", "Sequence"},
+      {"normalizers", json::array({{{"type", "Prepend"}, {"prepend", "\u2581"}}, replace})}};
+  const Tokenizer llama2 = Tokenizer::from_json(spm_json(prepend, nullptr).dump());
+  EXPECT_TRUE(llama2.prefixes_space());
+  EXPECT_EQ(llama2.encode("hi</s>hi"), (Ids{265, 2, 265}));
+  EXPECT_EQ(llama2.decode(llama2.encode("hi ab")), "hi ab");
+  // Metaspace "first": only the text's first piece, and not when it begins with a space.
+  const json first = {{"type", "Metaspace"},
+                      {"replacement", "\u2581"},
+                      {"prepend_scheme", "first"},
+                      {"split", false}};
+  const Tokenizer meta = Tokenizer::from_json(spm_json(nullptr, first).dump());
+  EXPECT_EQ(meta.encode("hi</s>hi"), (Ids{265, 2, 266}));
+  EXPECT_EQ(meta.encode(" hi"), (Ids{265}));
+
+  // A character with neither a token nor every byte's token is the unk token, runs fused.
+  json no_bytes = spm_json(replace, nullptr);
+  no_bytes["model"]["vocab"].erase("<0xC3>");
+  no_bytes["model"]["vocab"]["<0xC3>x"] = 3 + 0xC3;  // keep the ids without gaps
+  const Tokenizer unk = Tokenizer::from_json(no_bytes.dump());
+  EXPECT_EQ(unk.encode("\xC3\xA9\xC3\xA9h"), (Ids{0, 260}));
+
+  // Shapes that are not SentencePiece's are refused by name.
+  EXPECT_MENTIONS(error_of([&] {
+                    Tokenizer::from_json(spm_json({{"type", "NFKC"}}, nullptr).dump());
+                  }),
+                  "NFKC");
+  EXPECT_MENTIONS(error_of([&] { Tokenizer::from_json(spm_json(nullptr, nullptr).dump()); }),
+                  "never '\u2581'");
+  json split = first;
+  split["split"] = true;
+  EXPECT_MENTIONS(error_of([&] { Tokenizer::from_json(spm_json(nullptr, split).dump()); }),
+                  "split false");
 }
 
 }  // namespace

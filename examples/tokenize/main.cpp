@@ -2,6 +2,8 @@
 // another (tests/tokenizer_test.sh holds it to Hugging Face tokenizers).
 //   fsdp-tokenize --tokenizer data/tokenizer.json < text.txt      ids, one line
 //   fsdp-tokenize --tokenizer bytes --decode < ids.txt            the text
+//   fsdp-tokenize --tokenizer model.gguf < text.txt               a GGUF's own tokenizer
+//   fsdp-tokenize --tokenizer model.gguf --save-json tokenizer.json   ... as a tokenizer.json
 //   fsdp-tokenize --tokenizer T a.txt b.txt      one line of ids per file
 //   fsdp-tokenize --tokenizer T --decode a.ids   writes a.ids.txt
 //   fsdp-tokenize --tokenizer MODEL --chat chats.jsonl
@@ -24,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/checkpoint/gguf.h"
 #include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/core/error.h"
 #include "fsdp/data/chat.h"
@@ -32,8 +35,10 @@
 namespace {
 
 // --chat: each conversation as fsdp-train sees it, ids and targets.
-void print_chats(const std::string& model, const std::string& jsonl) {
-  const fsdp::checkpoint::Pretrained pre = fsdp::checkpoint::load_pretrained(model);
+void print_chats(const std::string& model, const std::string& jsonl,
+                 const std::string& chat_template) {
+  fsdp::checkpoint::Pretrained pre = fsdp::checkpoint::load_pretrained(model);
+  if (!chat_template.empty()) fsdp::checkpoint::set_chat_template(pre, chat_template);
   FSDP_CHECK(pre.tokenizer, "[fsdp-tokenize] --chat: {} has no tokenizer", model);
   FSDP_CHECK(!pre.chat_template.empty(), "[fsdp-tokenize] --chat: {} has no chat template", model);
   const auto format = fsdp::data::ChatFormat::recognize(pre.chat_template);
@@ -51,25 +56,39 @@ void print_chats(const std::string& model, const std::string& jsonl) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string path = "bytes", chat;
+  std::string path = "bytes", chat, chat_template, save_json;
   bool decode = false;
   std::vector<std::string> files;
   CLI::App app{"fsdp-tokenize: encode stdin to ids, or decode ids to text", "fsdp-tokenize"};
-  app.add_option("--tokenizer", path, "a tokenizer.json (byte-level BPE), or bytes")
+  app.add_option("--tokenizer", path,
+                 "a tokenizer.json (byte-level or SentencePiece BPE), a GGUF file's tokenizer, or "
+                 "bytes")
       ->capture_default_str();
   app.add_flag("--decode", decode, "read ids (whitespace-separated), write the text");
   app.add_option("--chat", chat,
                  "a JSONL file of conversations: print each one's ids and targets, rendered with "
                  "the chat template of --tokenizer (a model: GGUF file or Hugging Face folder)");
+  app.add_option("--chat-template", chat_template,
+                 "with --chat: a Jinja chat template file in place of the model's own");
+  app.add_option("--save-json", save_json,
+                 "write the tokenizer as Hugging Face's tokenizer.json (a GGUF's, as transformers "
+                 "reads it) to this file");
   app.add_option("files", files, "inputs (default: stdin); --decode writes FILE.txt for each");
   CLI11_PARSE(app, argc, argv);
   try {
     if (!chat.empty()) {
-      print_chats(path, chat);
+      print_chats(path, chat, chat_template);
       return 0;
     }
-    const auto tok =
-        path == "bytes" ? fsdp::data::Tokenizer::bytes() : fsdp::data::Tokenizer::from_file(path);
+    const auto tok = path == "bytes" ? fsdp::data::Tokenizer::bytes()
+                     : path.ends_with(".gguf")
+                         ? fsdp::checkpoint::gguf_tokenizer(fsdp::checkpoint::GgufFile(path))
+                         : fsdp::data::Tokenizer::from_file(path);
+    if (!save_json.empty()) {
+      std::ofstream out(save_json, std::ios::binary);
+      out << tok.json();
+      FSDP_CHECK(out.good(), "[fsdp-tokenize] cannot write '{}'", save_json);
+    }
     auto run = [&](const std::string& in, const std::string& name) {
       if (decode) {
         std::vector<int32_t> ids;
@@ -97,7 +116,8 @@ int main(int argc, char** argv) {
         fmt::print("{}\n", line);
       }
     };
-    if (files.empty()) run(std::string((std::istreambuf_iterator<char>(std::cin)), {}), "-");
+    if (files.empty() && save_json.empty())
+      run(std::string((std::istreambuf_iterator<char>(std::cin)), {}), "-");
     for (const std::string& f : files) {
       std::ifstream in(f, std::ios::binary);
       FSDP_CHECK(in.good(), "[fsdp-tokenize] cannot read '{}'", f);

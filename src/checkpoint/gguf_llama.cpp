@@ -1,14 +1,19 @@
 // GGUF's llama metadata as fsdp.cpp's config, llama.cpp's tensor names as Hugging Face's, and
-// the "gpt2" tokenizer as a tokenizer.json. See include/fsdp/checkpoint/gguf.h.
+// the "gpt2" and "llama" tokenizers as tokenizer.json. See include/fsdp/checkpoint/gguf.h.
 #include <algorithm>
 #include <cmath>
+#include <compare>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numbers>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -17,6 +22,7 @@
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/ops/rope.h"
 #include "src/checkpoint/param_names.h"
+#include "src/data/byte_level.h"
 
 namespace fsdp::checkpoint {
 
@@ -135,11 +141,170 @@ std::string hf_name_of_gguf(const std::string& name) {
 
 // ---------------------------------------------------------------- tokenizer
 
+namespace {
+
+// The byte offsets where s's code points begin, and s.size(); throws naming the token when s is
+// not UTF-8.
+std::vector<size_t> code_point_starts(const GgufFile& f, const std::string& s) {
+  std::vector<size_t> at;
+  for (size_t i = 0; i < s.size();) {
+    const auto [cp, len] = data::byte_level::decode_utf8(s, i);
+    FSDP_CHECK(cp != data::byte_level::kInvalid,
+               "[gguf] {}: tokenizer.ggml.tokens holds '{}', which is not UTF-8", f.path(), s);
+    at.push_back(i);
+    i += len;
+  }
+  at.push_back(s.size());
+  return at;
+}
+
+// tokenizer.ggml.model "llama" as transformers 5 reads it (gguf.h, GgufTokenizerInfo).
+std::string sentencepiece_json(const GgufFile& f, const std::vector<std::string>& tokens,
+                               const std::vector<int64_t>& types,
+                               const std::optional<int32_t>& unk) {
+  using json = nlohmann::json;
+  const std::string arch = f.get_string("general.architecture", "");
+  const bool gemma = arch == "gemma" || arch == "gemma2" || arch == "gemma3";
+  const size_t n = tokens.size();
+  std::vector<double> score(n);
+  if (gemma) {
+    for (size_t i = 0; i < n; ++i) score[i] = -double(i);
+  } else {
+    const std::vector<double>& s = f.get_floats("tokenizer.ggml.scores");
+    FSDP_CHECK(s.size() == n, "[gguf] {}: tokenizer.ggml.scores has {} entries for {} tokens",
+               f.path(), s.size(), n);
+    score = s;
+  }
+  // Gemma stores its runs of spaces as spaces; transformers spells them U+2581, as the merges
+  // that reach them need.
+  std::vector<std::string> spelled(tokens);
+  std::vector<std::vector<size_t>> starts(n);
+  for (size_t i = 0; i < n; ++i) {
+    starts[i] = code_point_starts(f, tokens[i]);
+    if (!gemma || tokens[i].find(' ') == std::string::npos) continue;
+    bool blank = true;
+    for (size_t k = 0; blank && k + 1 < starts[i].size(); ++k)
+      blank = data::byte_level::python_space(
+          data::byte_level::decode_utf8(tokens[i], starts[i][k]).first);
+    if (!blank) continue;
+    spelled[i].clear();
+    for (size_t k = 0; k + 1 < starts[i].size(); ++k) spelled[i] += "\u2581";
+    starts[i] = code_point_starts(f, spelled[i]);
+  }
+  std::unordered_map<std::string, int32_t> id_of;
+  id_of.reserve(n);
+  json vocab = json::object();
+  for (size_t i = 0; i < n; ++i) {
+    auto [it, fresh] = id_of.emplace(spelled[i], int32_t(i));
+    FSDP_CHECK(fresh, "[gguf] {}: token '{}' appears twice (ids {} and {})", f.path(), spelled[i],
+               it->second, i);
+    vocab[spelled[i]] = int64_t(i);
+  }
+  // Every split of a token into two tokens, the token's best first (transformers'
+  // generate_merges: by score, then the longer left part; a token's own splits by their ids).
+  struct Merge {
+    int32_t left, right;
+    double score;
+    size_t left_len, right_len;  // in code points
+  };
+  std::vector<Merge> merges;
+  for (size_t i = 0; i < n; ++i) {
+    const std::vector<size_t>& at = starts[i];
+    const size_t first = merges.size(), cps = at.size() - 1;
+    for (size_t k = 1; k < cps; ++k) {
+      auto l = id_of.find(spelled[i].substr(0, at[k]));
+      if (l == id_of.end()) continue;
+      auto r = id_of.find(spelled[i].substr(at[k]));
+      if (r == id_of.end()) continue;
+      merges.push_back({l->second, r->second, score[i], k, cps - k});
+    }
+    std::sort(merges.begin() + std::ptrdiff_t(first), merges.end(),
+              [](const Merge& a, const Merge& b) {
+                return std::pair(a.left, a.right) < std::pair(b.left, b.right);
+              });
+  }
+  std::stable_sort(merges.begin(), merges.end(), [](const Merge& a, const Merge& b) {
+    return std::tuple(a.score, a.left_len, a.right_len) >
+           std::tuple(b.score, b.left_len, b.right_len);
+  });
+  json merge_list = json::array();
+  for (const Merge& m : merges)
+    merge_list.push_back(json::array({spelled[size_t(m.left)], spelled[size_t(m.right)]}));
+  enum : int64_t { CONTROL = 3, USER_DEFINED = 4 };
+  json added = json::array();
+  for (int64_t type : {CONTROL, USER_DEFINED})
+    for (size_t i = 0; i < n; ++i)
+      // a user-defined token that Gemma's respelling renamed is matched by the merges instead
+      if (types[i] == type && (type == CONTROL || spelled[i] == tokens[i]))
+        added.push_back({{"id", int64_t(i)},
+                         {"content", tokens[i]},
+                         {"single_word", false},
+                         {"lstrip", false},
+                         {"rstrip", false},
+                         {"normalized", false},
+                         {"special", type == CONTROL}});
+  const json replace = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}};
+  // transformers' LlamaTokenizer: Metaspace, prepend_scheme "first"; llama.cpp adds no prefix
+  // space where the file says add_space_prefix false, nor does this.
+  const json metaspace = {
+      {"type", "Metaspace"},
+      {"replacement", "\u2581"},
+      {"prepend_scheme", f.get_bool("tokenizer.ggml.add_space_prefix", true) ? "first" : "never"},
+      {"split", false}};
+  const json decoder = {
+      {"type", "Sequence"},
+      {"decoders",
+       json::array(
+           {json{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+            json{{"type", "ByteFallback"}}, json{{"type", "Fuse"}}})}};
+  // tokenizer.ggml.add_bos_token: BOS before a text, as Hugging Face's post-processor writes it.
+  json post = nullptr;
+  if (const auto bos = f.has("tokenizer.ggml.bos_token_id")
+                           ? std::optional<int64_t>(f.get_int("tokenizer.ggml.bos_token_id"))
+                           : std::nullopt;
+      bos && *bos >= 0 && *bos < int64_t(n) && f.get_bool("tokenizer.ggml.add_bos_token", false)) {
+    const std::string& name = tokens[size_t(*bos)];
+    const json special = {{"SpecialToken", {{"id", name}, {"type_id", 0}}}};
+    post = {
+        {"type", "TemplateProcessing"},
+        {"single", json::array({special, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+        {"pair", json::array({special,
+                              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                              special,
+                              {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}})},
+        {"special_tokens",
+         {{name, {{"id", name}, {"ids", json::array({*bos})}, {"tokens", json::array({name})}}}}}};
+  }
+  const json j = {{"version", "1.0"},
+                  {"truncation", nullptr},
+                  {"padding", nullptr},
+                  {"added_tokens", added},
+                  {"normalizer", gemma ? replace : json(nullptr)},
+                  {"pre_tokenizer", gemma ? json(nullptr) : metaspace},
+                  {"post_processor", post},
+                  {"decoder", decoder},
+                  {"model",
+                   {{"type", "BPE"},
+                    {"dropout", nullptr},
+                    {"unk_token", unk ? json(tokens[size_t(*unk)]) : json(nullptr)},
+                    {"continuing_subword_prefix", nullptr},
+                    {"end_of_word_suffix", nullptr},
+                    {"fuse_unk", true},
+                    {"byte_fallback", true},
+                    {"ignore_merges", false},
+                    {"vocab", vocab},
+                    {"merges", merge_list}}}};
+  return j.dump();
+}
+
+}  // namespace
+
 GgufTokenizerInfo gguf_tokenizer_info(const GgufFile& f) {
   GgufTokenizerInfo info;
   info.model = f.get_string("tokenizer.ggml.model");
-  FSDP_CHECK(info.model == "gpt2",
-             "[gguf] {}: tokenizer.ggml.model is '{}'; fsdp.cpp reads \"gpt2\" (byte-level BPE)",
+  FSDP_CHECK(info.model == "gpt2" || info.model == "llama",
+             "[gguf] {}: tokenizer.ggml.model is '{}'; fsdp.cpp reads \"gpt2\" (byte-level BPE) "
+             "and \"llama\" (SentencePiece BPE)",
              f.path(), info.model);
   info.pre = f.get_string("tokenizer.ggml.pre", "default");  // llama.cpp's name when absent
   info.chat_template = f.get_string("tokenizer.chat_template", "");
@@ -168,6 +333,10 @@ GgufTokenizerInfo gguf_tokenizer_info(const GgufFile& f) {
   info.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", false);
   info.add_eos = f.get_bool("tokenizer.ggml.add_eos_token", false);
 
+  if (info.model == "llama") {
+    info.tokenizer_json = sentencepiece_json(f, tokens, types, info.unk);
+    return info;
+  }
   // nlohmann::json's sorted maps, not ordered_json (whose lookups are linear, too slow for 50k
   // tokens): tokenizer.json readers take the ids from the values, not from the order.
   using json = nlohmann::json;
@@ -209,23 +378,36 @@ GgufTokenizerInfo gguf_tokenizer_info(const GgufFile& f) {
     }
   // llama.cpp's pre-tokenizer names: "gpt-2" is GPT-2's split alone; "smollm", "starcoder" and
   // "refact" split every number code point off first (Hugging Face: Digits(individual_digits)
-  // then ByteLevel). Others use other regexes, which our tokenizer does not have.
+  // then ByteLevel); Llama 3's ("llama-bpe", ...) and Qwen2's and 3's ("qwen2", ...) regexes
+  // split before a ByteLevel without its own, as transformers maps them. Others use other
+  // regexes, which our tokenizer does not have.
   const bool digits = info.pre == "smollm" || info.pre == "starcoder" || info.pre == "refact";
-  FSDP_CHECK(digits || info.pre == "gpt-2" || info.pre == "gpt2",
+  const bool llama3 = info.pre == "llama-bpe" || info.pre == "llama3" || info.pre == "llama-v3" ||
+                      info.pre == "smaug-bpe";
+  const bool qwen2 = info.pre == "qwen2" || info.pre == "deepseek-r1-qwen";
+  FSDP_CHECK(digits || llama3 || qwen2 || info.pre == "gpt-2" || info.pre == "gpt2",
              "[gguf] {}: tokenizer.ggml.pre is '{}'; fsdp.cpp splits text as \"gpt-2\", "
-             "\"smollm\", \"starcoder\" and \"refact\" do",
+             "\"smollm\", \"starcoder\", \"refact\", \"llama-bpe\" (Llama 3) and \"qwen2\" do",
              f.path(), info.pre);
   const json byte_level = {
       {"type", "ByteLevel"},
       {"add_prefix_space", f.get_bool("tokenizer.ggml.add_space_prefix", false)},
       {"trim_offsets", true},
-      {"use_regex", true}};
-  const json pre =
-      digits
-          ? json{{"type", "Sequence"},
-                 {"pretokenizers",
-                  json::array({json{{"type", "Digits"}, {"individual_digits", true}}, byte_level})}}
-          : byte_level;
+      {"use_regex", !(llama3 || qwen2)}};
+  json pre = byte_level;
+  if (digits)
+    pre = {{"type", "Sequence"},
+           {"pretokenizers",
+            json::array({json{{"type", "Digits"}, {"individual_digits", true}}, byte_level})}};
+  if (llama3 || qwen2)
+    pre = {{"type", "Sequence"},
+           {"pretokenizers",
+            json::array(
+                {json{{"type", "Split"},
+                      {"pattern", {{"Regex", llama3 ? data::kLlama3Split : data::kQwen2Split}}},
+                      {"behavior", "Isolated"},
+                      {"invert", false}},
+                 byte_level})}};
   const json j = {{"version", "1.0"},
                   {"truncation", nullptr},
                   {"padding", nullptr},

@@ -377,6 +377,15 @@ const std::vector<int64_t>& GgufFile::get_ints(const std::string& key) const {
   return v.integers;
 }
 
+const std::vector<double>& GgufFile::get_floats(const std::string& key) const {
+  const GgufValue& v = at(key);
+  FSDP_CHECK(v.is_array() && is_float(v.array_type),
+             "[gguf] {}: key '{}' is a {}{}, not an array of floats", path_, key,
+             gguf_type_name(v.type),
+             v.is_array() ? fmt::format(" of {}", gguf_type_name(v.array_type)) : "");
+  return v.reals;
+}
+
 const GgufTensorInfo& GgufFile::tensor(const std::string& name) const {
   auto it = by_name_.find(name);
   FSDP_CHECK(it != by_name_.end(), "[gguf] {}: no tensor named '{}' ({} tensors in the file)",

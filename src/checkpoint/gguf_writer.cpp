@@ -2,6 +2,7 @@
 // Hugging Face's half-split rotary pairs to llama.cpp's neighbouring ones (not for qwen2 and
 // qwen3, which are half-split like ours), 1-D tensors kept F32, and the tokenizer as a "gpt2"
 // vocabulary. The file is written whole through write_file_atomic.
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -52,6 +53,11 @@ class GgufWriter {
   }
   void kv_i32s(const std::string& k, const std::vector<int32_t>& v) {
     str(k), u32(ARR), u32(I32), u64(v.size());
+    raw(v.data(), v.size() * 4);
+    ++n_kv;
+  }
+  void kv_f32s(const std::string& k, const std::vector<float>& v) {
+    str(k), u32(ARR), u32(F32), u64(v.size());
     raw(v.data(), v.size() * 4);
     ++n_kv;
   }
@@ -217,19 +223,44 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
   kv.kv_f32(a + "rope.freq_base", float(cfg.rope_theta));
   if (gemma3 && cfg.sliding_window > 0)
     kv.kv_u32(a + "attention.sliding_window", uint32_t(cfg.sliding_window));
-  // The tokenizer, as llama.cpp's "gpt2" (byte-level BPE) model with GPT-2's split.
+  // The tokenizer, as llama.cpp's "gpt2" (byte-level BPE) model with GPT-2's split, or its
+  // "llama" (SentencePiece) model with scores in the merges' order.
   FSDP_CHECK(tok.size() <= cfg.vocab, "[gguf] the tokenizer has {} ids but the model only {}",
              tok.size(), cfg.vocab);
-  enum TokenType : int32_t { NORMAL = 1, CONTROL = 3, UNUSED = 5 };
+  enum TokenType : int32_t { NORMAL = 1, CONTROL = 3, USER_DEFINED = 4, UNUSED = 5, BYTE = 6 };
+  const bool spm = tok.is_sentencepiece();
   std::vector<std::string> tokens(tok.tokens());
   std::vector<int32_t> types;
-  for (int32_t i = 0; i < int32_t(tok.size()); ++i)
-    types.push_back(tok.is_special(i) ? CONTROL : NORMAL);
+  std::vector<float> scores;
+  for (int32_t i = 0; i < int32_t(tok.size()); ++i) {
+    std::string& t = tokens[size_t(i)];
+    int32_t type = tok.is_special(i) ? CONTROL : tok.is_added(i) ? USER_DEFINED : NORMAL;
+    if (spm && type == NORMAL) {
+      if (data::byte_token_value(t) >= 0 && tok.token_bytes(i).size() == 1) type = BYTE;
+      // Gemma's runs of spaces, which transformers spells U+2581 (gguf_tokenizer_info): the file
+      // holds them as spaces, and llama.cpp matches them whole, as user-defined tokens.
+      const std::string meta = "\u2581";
+      if (gemma3 && t.size() >= 2 * meta.size() && t.size() % meta.size() == 0) {
+        bool run = true;
+        for (size_t k = 0; run && k < t.size(); k += meta.size())
+          run = t.compare(k, meta.size(), meta) == 0;
+        if (run) {
+          t = std::string(t.size() / meta.size(), ' ');
+          type = USER_DEFINED;
+        }
+      }
+    }
+    types.push_back(type);
+    // llama.cpp's SentencePiece merges the pair whose token scores highest: the merges' order is
+    // the vocabulary's, best first (Gemma's and every SentencePiece BPE's).
+    scores.push_back(type == NORMAL ? -float(i) : 0.0f);
+  }
   std::optional<int32_t> bos = meta.bos ? meta.bos : tok.bos_id(),
                          eos = meta.eos ? meta.eos : tok.eos_id();
   for (int64_t i = tok.size(); i < cfg.vocab; ++i) {
     tokens.push_back(fmt::format("<unused{}>", i));
     types.push_back(UNUSED);
+    scores.push_back(0.0f);
   }
   if (!bos && !eos && cfg.vocab >= tok.size() + 2) {  // ids the model never saw: never produced
     bos = int32_t(tok.size());
@@ -238,16 +269,28 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
     tokens[size_t(*eos)] = "<|endoftext|>";
     types[size_t(*bos)] = types[size_t(*eos)] = CONTROL;
   }
-  std::vector<std::string> merges = tok.merges();
-  if (merges.empty()) merges.push_back("a 1");
-  kv.kv_str("tokenizer.ggml.model", "gpt2");
-  kv.kv_str("tokenizer.ggml.pre", meta.pre.empty() ? "gpt-2" : meta.pre);
-  kv.kv_strs("tokenizer.ggml.tokens", tokens);
-  kv.kv_i32s("tokenizer.ggml.token_type", types);
-  kv.kv_strs("tokenizer.ggml.merges", merges);
+  if (spm) {
+    kv.kv_str("tokenizer.ggml.model", "llama");
+    kv.kv_strs("tokenizer.ggml.tokens", tokens);
+    kv.kv_f32s("tokenizer.ggml.scores", scores);
+    kv.kv_i32s("tokenizer.ggml.token_type", types);
+    kv.kv_bool("tokenizer.ggml.add_space_prefix", tok.prefixes_space());
+  } else {
+    std::vector<std::string> merges = tok.merges();
+    if (merges.empty()) merges.push_back("a 1");
+    kv.kv_str("tokenizer.ggml.model", "gpt2");
+    kv.kv_str("tokenizer.ggml.pre", meta.pre.empty() ? "gpt-2" : meta.pre);
+    kv.kv_strs("tokenizer.ggml.tokens", tokens);
+    kv.kv_i32s("tokenizer.ggml.token_type", types);
+    kv.kv_strs("tokenizer.ggml.merges", merges);
+  }
   if (bos) kv.kv_u32("tokenizer.ggml.bos_token_id", uint32_t(*bos));
   if (eos) kv.kv_u32("tokenizer.ggml.eos_token_id", uint32_t(*eos));
-  kv.kv_bool("tokenizer.ggml.add_bos_token", false);
+  if (const auto unk =
+          spm ? std::find(tok.tokens().begin(), tok.tokens().end(), "<unk>") : tok.tokens().end();
+      unk != tok.tokens().end())
+    kv.kv_u32("tokenizer.ggml.unknown_token_id", uint32_t(unk - tok.tokens().begin()));
+  kv.kv_bool("tokenizer.ggml.add_bos_token", tok.text_prefix_id().has_value());
   kv.kv_bool("tokenizer.ggml.add_eos_token", false);
   if (!meta.chat_template.empty()) kv.kv_str("tokenizer.chat_template", meta.chat_template);
 

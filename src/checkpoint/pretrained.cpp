@@ -166,10 +166,11 @@ void open_gguf(Pretrained& p, PretrainedSource& src) {
   p.family = f.get_string("general.architecture", "");
   p.config = config_from_gguf(f);
   if (const std::string model = f.get_string("tokenizer.ggml.model", "");
-      !model.empty() && model != "gpt2") {
-    p.tokenizer_unread =
-        fmt::format("{}: its tokenizer (tokenizer.ggml.model '{}', SentencePiece) is not read yet",
-                    p.path, model);
+      !model.empty() && model != "gpt2" && model != "llama") {
+    p.tokenizer_unread = fmt::format(
+        "{}: its tokenizer (tokenizer.ggml.model '{}') is not read: fsdp.cpp reads \"gpt2\" and "
+        "\"llama\"",
+        p.path, model);
     p.bos_id = f.has("tokenizer.ggml.bos_token_id")
                    ? std::optional<int32_t>(int32_t(f.get_int("tokenizer.ggml.bos_token_id")))
                    : std::nullopt;
@@ -197,14 +198,22 @@ void read_hf_tokenizer(Pretrained& p, const fs::path& dir) {
   p.tokenizer = data::Tokenizer::from_file((dir / "tokenizer.json").string());
   p.bos_id = p.tokenizer->bos_id();
   p.eos_id = p.tokenizer->eos_id();
-  // Hugging Face's Sequence [Digits(individual_digits), ByteLevel] is llama.cpp's "smollm" split.
+  // Hugging Face's Sequence [Digits(individual_digits), ByteLevel] is llama.cpp's "smollm" split,
+  // Llama 3's and Qwen2's Split regexes its "llama-bpe" and "qwen2".
   try {
     const json tj = json::parse(p.tokenizer->json());
     p.tokenizer_pre = "gpt-2";
     const json& pre = tj.value("pre_tokenizer", json());
     if (pre.is_object() && pre.value("type", "") == "Sequence")
-      for (const json& s : pre.value("pretokenizers", json::array()))
+      for (const json& s : pre.value("pretokenizers", json::array())) {
         if (s.value("type", "") == "Digits") p.tokenizer_pre = "smollm";
+        // llama.cpp's names for Llama 3's and Qwen2's split regexes
+        const std::string regex = s.contains("pattern") && s["pattern"].is_object()
+                                      ? s["pattern"].value("Regex", "")
+                                      : "";
+        if (regex == data::kLlama3Split) p.tokenizer_pre = "llama-bpe";
+        if (regex == data::kQwen2Split) p.tokenizer_pre = "qwen2";
+      }
   } catch (const json::exception&) {
   }
   if (fs::exists(dir / "tokenizer_config.json")) {
@@ -683,9 +692,17 @@ std::string without_jinja_comments(const std::string& t) {
 std::optional<int32_t> end_of_turn_id(const data::Tokenizer& tok, const std::string& raw_template,
                                       std::optional<int32_t> eos) {
   const std::string chat_template = without_jinja_comments(raw_template);
-  if (chat_template.find("<|im_end|>") != std::string::npos)
-    if (auto id = token_id(tok, "<|im_end|>")) return id;
+  for (const char* end : {"<|im_end|>", "<end_of_turn>"})
+    if (chat_template.find(end) != std::string::npos)
+      if (auto id = token_id(tok, end)) return id;
   return eos;
+}
+
+void set_chat_template(Pretrained& p, const std::string& jinja_file) {
+  check_regular(jinja_file, "[pretrained] chat template");
+  p.chat_template = read_text(jinja_file);
+  FSDP_CHECK(!p.chat_template.empty(), "[pretrained] chat template {} is empty", jinja_file);
+  set_eot(p);
 }
 
 std::string render_chat(const std::string& chat_template, const std::string& user,

@@ -351,7 +351,7 @@ std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const nn::Mi
   json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
                  {"bos_token", token(bos)},
                  {"eos_token", token(eos)},
-                 {"add_bos_token", false},
+                 {"add_bos_token", tok.text_prefix_id().has_value()},
                  {"add_eos_token", false},
                  {"clean_up_tokenization_spaces", false},
                  {"model_max_length", cfg.seq}};

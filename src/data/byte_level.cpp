@@ -36,6 +36,8 @@ bool is_space(char32_t c) {
 
 }  // namespace
 
+bool python_space(char32_t c) { return is_space(c) || (c >= 0x1C && c <= 0x1F); }
+
 Class classify(char32_t c) {
   if (c < 0x80) {
     if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return Class::letter;
@@ -151,6 +153,109 @@ std::vector<std::string_view> gpt2_split(std::string_view text) {
     if (p < n && last > pos) p = last;
     out.push_back(text.substr(start, p - start));
     pos = p;
+  }
+  return out;
+}
+
+const char* const kLlama3Split =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const char* const kQwen2Split =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+std::vector<std::string_view> llama3_split(std::string_view text, int max_digits) {
+  std::vector<std::string_view> out;
+  const size_t n = text.size();
+  auto cp_at = [&](size_t i) { return decode_utf8(text, i).first; };
+  auto cls_at = [&](size_t i) {
+    const char32_t c = cp_at(i);
+    return c == kInvalid ? Class::other : classify(c);
+  };
+  auto next = [&](size_t i) { return i + decode_utf8(text, i).second; };
+  auto is_crlf = [&](size_t i) { return text[i] == '\r' || text[i] == '\n'; };
+  auto letters_from = [&](size_t p) {  // the end of the run of letters at p (p when none)
+    while (p < n && cls_at(p) == Class::letter) p = next(p);
+    return p;
+  };
+  size_t pos = 0;
+  while (pos < n) {
+    const size_t start = pos;
+    // (?i:'s|'t|'re|'ve|'m|'ll|'d), case-insensitive (U+017F, long s, folds to s)
+    if (text[pos] == '\'') {
+      size_t len = 0;
+      auto lower = [&](size_t i) -> std::pair<char, size_t> {
+        if (i >= n) return {0, 0};
+        const auto [c, l] = decode_utf8(text, i);
+        if (c == 0x17F) return {'s', l};
+        return {c < 0x80 ? char(c | 0x20) : char(0), l};
+      };
+      const auto [a, la] = lower(pos + 1);
+      if (a == 's' || a == 't' || a == 'm' || a == 'd') {
+        len = 1 + la;
+      } else if (a == 'r' || a == 'v' || a == 'l') {
+        const auto [b, lb] = lower(pos + 1 + la);
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l'))
+          len = 1 + la + lb;
+      }
+      if (len > 0) {
+        out.push_back(text.substr(start, len));
+        pos += len;
+        continue;
+      }
+    }
+    const Class cls = cls_at(pos);
+    // [^\r\n\p{L}\p{N}]?\p{L}+
+    if (cls == Class::letter) {
+      pos = letters_from(pos);
+      out.push_back(text.substr(start, pos - start));
+      continue;
+    }
+    if (cls != Class::number && !is_crlf(pos)) {
+      const size_t after = next(pos);
+      if (after < n && cls_at(after) == Class::letter) {
+        pos = letters_from(after);
+        out.push_back(text.substr(start, pos - start));
+        continue;
+      }
+    }
+    // \p{N}{1,max_digits}
+    if (cls == Class::number) {
+      for (int k = 0; k < max_digits && pos < n && cls_at(pos) == Class::number; ++k)
+        pos = next(pos);
+      out.push_back(text.substr(start, pos - start));
+      continue;
+    }
+    // ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+    {
+      size_t p = pos;
+      if (text[p] == ' ' && p + 1 < n) p = p + 1;
+      if (p < n && cls_at(p) == Class::other && (p == pos || text[pos] == ' ')) {
+        while (p < n && cls_at(p) == Class::other) p = next(p);
+        while (p < n && is_crlf(p)) ++p;
+        out.push_back(text.substr(start, p - start));
+        pos = p;
+        continue;
+      }
+    }
+    // Whitespace: \s*[\r\n]+ (the run up to its last CR or LF), else \s+(?!\S) (the run, less
+    // its last code point when a non-space follows), else \s+ (the run).
+    size_t end = pos, last_crlf = std::string_view::npos, last = pos;
+    while (end < n && cls_at(end) == Class::space) {
+      if (is_crlf(end)) last_crlf = end;
+      last = end;
+      end = next(end);
+    }
+    if (end == pos) {  // not reached for valid input: every code point is one of the classes
+      pos = next(pos);
+      out.push_back(text.substr(start, pos - start));
+      continue;
+    }
+    if (last_crlf != std::string_view::npos)
+      pos = last_crlf + 1;
+    else if (end < n && last > pos)
+      pos = last;
+    else
+      pos = end;
+    out.push_back(text.substr(start, pos - start));
   }
   return out;
 }

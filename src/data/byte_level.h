@@ -19,6 +19,10 @@ namespace fsdp::data::byte_level {
 enum class Class { letter, number, space, other };
 Class classify(char32_t c);
 
+// Python's str.isspace (Jinja's trim, transformers' tests of a token's spaces): Unicode's
+// White_Space and the four separators U+001C to U+001F.
+bool python_space(char32_t c);
+
 constexpr char32_t kInvalid = 0xFFFFFFFF;  // a byte that starts no valid UTF-8 sequence
 
 // The code point at s[i] and its length in bytes; {kInvalid, 1} where no valid UTF-8 sequence

@@ -164,6 +164,7 @@ class GgufFile {
   std::string get_string(const std::string& key, const std::string& fallback) const;
   const std::vector<std::string>& get_strings(const std::string& key) const;
   const std::vector<int64_t>& get_ints(const std::string& key) const;
+  const std::vector<double>& get_floats(const std::string& key) const;  // an array of floats
 
   // Tensors, in file order.
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
@@ -237,24 +238,29 @@ std::string hf_name_of_gguf(const std::string& gguf_name);
 void dequantize_row(uint32_t type, const uint8_t* src, float* dst, int64_t n);
 
 // The tokenizer of a GGUF file: tokenizer.ggml.model "gpt2" (byte-level BPE) with its tokens,
-// merges and token types, and the special ids and chat template beside it.
+// merges and token types, or "llama" (SentencePiece BPE) with its tokens, scores and token types;
+// and the special ids and chat template beside it.
 struct GgufTokenizerInfo {
   std::string model;          // tokenizer.ggml.model
   std::string pre;            // tokenizer.ggml.pre ("smollm", "llama-bpe", "gpt-2", ...)
   std::string chat_template;  // tokenizer.chat_template, "" when absent
   std::optional<int32_t> bos, eos, pad, unk;
   bool add_bos = false, add_eos = false;
-  // Hugging Face's tokenizer.json equivalent: a BPE model with the vocabulary and merges, the
-  // ByteLevel pre-tokenizer and decoder, and the control (type 3) and user-defined (type 4)
-  // tokens as added tokens (control ones special).
+  // Hugging Face's tokenizer.json equivalent, as transformers 5 derives it: a BPE model with the
+  // vocabulary and merges and the control (type 3) and user-defined (type 4) tokens as added
+  // tokens (control ones special); "gpt2": the ByteLevel pre-tokenizer and decoder; "llama":
+  // byte_fallback, merges rebuilt from the vocabulary (each token's splits into two tokens, best
+  // first: by score, by file order for Gemma, whose scores follow it), spaces as U+2581 (Gemma:
+  // a Replace normalizer and its runs of spaces spelled U+2581; others: Metaspace, a prefix
+  // space on the text's first piece when tokenizer.ggml.add_space_prefix is not false).
   std::string tokenizer_json;
 };
 GgufTokenizerInfo gguf_tokenizer_info(const GgufFile& f);
 // data::Tokenizer::from_json(gguf_tokenizer_info(f).tokenizer_json). Refuses, naming the value,
-// a tokenizer.ggml.model other than "gpt2" and a tokenizer.ggml.pre other than "gpt-2" (GPT-2's
-// split) and "smollm", "starcoder", "refact" (each number code point alone, then GPT-2's split:
-// Hugging Face's Sequence [Digits(individual_digits), ByteLevel]); llama.cpp splits text with
-// other regexes for the others. Its bos_id()/eos_id() are guessed from token names
+// a tokenizer.ggml.model other than "gpt2" and "llama", and for "gpt2" a tokenizer.ggml.pre other
+// than "gpt-2" (GPT-2's split) and "smollm", "starcoder", "refact" (each number code point alone,
+// then GPT-2's split: Hugging Face's Sequence [Digits(individual_digits), ByteLevel]); llama.cpp
+// splits text with other regexes for the others. Its bos_id()/eos_id() are guessed from token names
 // (<|endoftext|> for SmolLM2): take the GGUF's from GgufTokenizerInfo.
 data::Tokenizer gguf_tokenizer(const GgufFile& f);
 

@@ -89,8 +89,12 @@ std::string model_identity(const std::string& path);
 nn::MiniLLMConfig config_from_family(const std::string& family, const std::string& config_json,
                                      const std::string& where);
 
-// The end-of-turn id of a chat template: ChatML's <|im_end|> where the template writes it and the
-// vocabulary has it, else `eos`.
+// The end-of-turn id of a chat template: ChatML's <|im_end|> or Gemma's <end_of_turn> where the
+// template writes it and the vocabulary has it, else `eos`.
+// The chat template of a Jinja file in place of the model's own (Gemma 3's base GGUF ships none:
+// its instruct template), and the end of turn it implies. Throws naming the file.
+void set_chat_template(Pretrained& p, const std::string& jinja_file);
+
 std::optional<int32_t> end_of_turn_id(const data::Tokenizer& tok, const std::string& chat_template,
                                       std::optional<int32_t> eos);
 
