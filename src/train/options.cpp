@@ -281,6 +281,10 @@ void TrainOptions::validate() const {
   const CheckpointOptions& ck = checkpoint;
   const bool full = sh.shard == ShardMode::full;
   FSDP_CHECK(sc.steps >= 0, "[fsdp-train] --steps must be >= 0, got {}", sc.steps);
+  FSDP_CHECK(data.chat_template.empty() || !model.init_from.empty(),
+             "[fsdp-train] --chat-template {} needs --init-from: the pretrained model whose "
+             "tokenizer renders the chats",
+             data.chat_template);
   FSDP_CHECK(op.lr >= 0 && std::isfinite(op.lr),
              "[fsdp-train] --lr must be a finite number >= 0, got {}", op.lr);
   FSDP_CHECK(run.threads >= 0,

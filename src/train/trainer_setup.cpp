@@ -137,10 +137,13 @@ bool is_text_file(const std::string& spec) {
 
 Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGroup> group)
     : o(options),
-      pretrained(options.model.init_from.empty()
-                     ? nullptr
-                     : std::make_shared<const checkpoint::Pretrained>(
-                           checkpoint::load_pretrained(options.model.init_from))),
+      pretrained(options.model.init_from.empty() ? nullptr : [&] {
+        auto p = std::make_shared<checkpoint::Pretrained>(
+            checkpoint::load_pretrained(options.model.init_from));
+        if (!options.data.chat_template.empty())
+          checkpoint::set_chat_template(*p, options.data.chat_template);
+        return std::shared_ptr<const checkpoint::Pretrained>(std::move(p));
+      }()),
       cfg(pretrained && pretrained->config ? config_from_model(options, *pretrained)
                                            : options.model_config()),
       family(&model_family(cfg.arch)),
@@ -324,6 +327,9 @@ std::unique_ptr<data::TokenStream> Trainer::Impl::open_stream(const std::string&
   std::ifstream f(spec, std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(f)), {});
   std::vector<int32_t> ids = tokenizer->encode(text);
+  // The tokenizer's framing of a text (Gemma's and Llama's BOS) begins the stream.
+  if (const auto bos = tokenizer->text_prefix_id(); bos && (ids.empty() || ids[0] != *bos))
+    ids.insert(ids.begin(), *bos);
   FSDP_CHECK(int64_t(ids.size()) > cfg.seq,
              "[fsdp-train] --data {}: {} tokens with {}, fewer than --seq {} + 1", spec, ids.size(),
              tokenizer->describe(), cfg.seq);

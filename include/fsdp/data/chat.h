@@ -3,12 +3,16 @@
 //
 //   - ChatFormat::recognize() reads a model's chat template (its Jinja text, never executed) and
 //     names the format it writes: ChatML (<|im_start|>role\n...<|im_end|>\n: SmolLM2, Qwen2.5),
-//     with the template's own default system turn. Any other template is refused by name; a
+//     with the template's own default system turn, or Gemma's (<bos>, then
+//     <start_of_turn>user|model\n{content, trimmed}<end_of_turn>\n, the roles alternating and
+//     the system message before the first user turn's content: Gemma 3's instruct template).
+//     Any other template is refused by name; a
 //     conversation in another format reaches training as tokenized rows (below), which any
 //     renderer can write.
 //   - render() gives the text, token for token what transformers' apply_chat_template gives, and
 //     the byte spans that are targets: each assistant turn's content and its end-of-turn token
-//     (<|im_end|>). The newline after <|im_end|> is not a target, nor is the "assistant\n" header.
+//     (<|im_end|>, <end_of_turn>). The newline after it is not a target, nor is the header
+//     ("<|im_start|>assistant\n", "<start_of_turn>model\n").
 //   - tokenize_chat() encodes the whole text once (never piece by piece, which would split BPE
 //     merges at the turns' edges) and marks a token a target when any of its bytes lies in a span,
 //     as transformers' return_assistant_tokens_mask does.
@@ -48,12 +52,12 @@ using Conversation = std::vector<ChatMessage>;
 
 class ChatFormat {
  public:
-  enum class Kind { chatml };
+  enum class Kind { chatml, gemma };
   // Throws, quoting the template's start, for a template whose format is not one of Kind's.
   static ChatFormat recognize(const std::string& jinja_template);
   Kind kind() const { return kind_; }
-  std::string name() const;                    // "ChatML"
-  const std::string& end_of_turn() const;      // "<|im_end|>"
+  std::string name() const;                // "ChatML", "Gemma"
+  const std::string& end_of_turn() const;  // "<|im_end|>", "<end_of_turn>"
   // The system turn the template writes when the conversation has none (SmolLM2's "You are a
   // helpful AI assistant named SmolLM, ..."); none when the template writes none.
   const std::optional<std::string>& default_system() const { return default_system_; }
