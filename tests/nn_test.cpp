@@ -537,6 +537,54 @@ TEST(PackedRows, EqualTheSamplesUnpacked) {
   EXPECT_GT(std::abs(loss_and_grads(leak).first - loss_u), 1e-6);
 }
 
+// The fused loss (nn::ChunkedLMLoss through the batch context's targets) against the logits and
+// LMLoss, in f64: the same loss and gradients, with the rows in several chunks (4 logits' worth of
+// rows per chunk, the last one short), tied and untied, every target or a masked few, and a
+// divisor; and the dx of the head's input is the unfused one, so every parameter's gradient is.
+TEST(MiniLLM, FusedChunkedLossEqualsTheLogitsLoss) {
+  for (bool tied : {false, true}) {
+    nn::MiniLLMConfig c = gqa_config(2, tied, true);
+    nn::MiniLLM m(c);
+    auto flat = nn::materialize(m, DType::f64, 13);
+    const int64_t B = 3, T = 7;
+    Tensor inputs = test::random_ids({B, T}, c.vocab, 21);
+    Tensor targets = test::random_ids({B, T}, c.vocab, 22);
+    for (bool masked : {false, true}) {
+      if (masked)
+        for (int64_t i = 0; i < B * T; ++i)
+          if (i % 3 != 1) targets.data<int64_t>()[i] = kIgnoreIndex;
+      const double divisor = masked ? 5.0 : 0.0;
+      flat.grads.zero_();
+      double loss_u = 0;
+      {
+        nn::LMLoss loss;
+        loss_u = loss.forward(m.forward(inputs), targets, divisor).item();
+        m.backward(loss.backward(0.5));
+      }
+      const Tensor grads_u = flat.grads.clone();
+      for (int64_t chunk : {int64_t(0), 4 * c.vocab}) {
+        flat.grads.zero_();
+        const nn::BatchContextScope context(m, {.doc_start = Tensor(),
+                                                .targets = targets,
+                                                .loss_divisor = divisor,
+                                                .loss_scale = 0.5,
+                                                .loss_chunk_logits = chunk,
+                                                .no_backward = false});
+        double loss_f = 0;  // the chunks' shares
+        for (double part : m.forward(inputs).to_f64_vector()) loss_f += part;
+        EXPECT_FALSE(m.backward(Tensor()).defined());
+        EXPECT_NEAR(loss_f, loss_u, 1e-13 * std::abs(loss_u))
+            << "tied " << tied << " chunk " << chunk;
+        EXPECT_LT(test::rel_error(flat.grads, grads_u), 1e-12)
+            << "tied " << tied << " masked " << masked << " chunk " << chunk;
+      }
+    }
+  }
+  EXPECT_EQ(nn::ChunkedLMLoss::chunk_rows(4096, 262144), 128);
+  EXPECT_EQ(nn::ChunkedLMLoss::chunk_rows(4096, 4096), 4096);
+  EXPECT_EQ(nn::ChunkedLMLoss::chunk_rows(10, 1 << 25), 1);
+}
+
 // Parameter names and shapes of the llama options: the packed in-projection holds the rows of
 // q_proj, k_proj and v_proj ([(heads + 2 kv_heads) head_dim, dim]); a tied model has one
 // "embed.weight" and no "head.weight".

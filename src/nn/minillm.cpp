@@ -408,6 +408,12 @@ Tensor MiniLLM::forward_impl(const Tensor& tokens) {
   if (cfg_.embed_scale) ops::scale_(e, embed_scale(e.dtype()));
   Tensor x = layers_->forward(e);
   if (norm_) x = norm_->forward(x);
+  if (const BatchContext& ctx = batch_context(); ctx.targets.defined()) {
+    Parameter& w = head_ ? head_->weight() : embed_->weight();
+    Tensor loss = loss_.forward(x, w.data, ctx.targets, ctx.loss_divisor, ctx.loss_chunk_logits);
+    if (ctx.no_backward) loss_.clear();
+    return loss;
+  }
   if (head_) return head_->forward(x);
   head_x_ = x;  // tied: logits = x embed^T
   return ops::linear_forward(x, embed_->weight().data, Tensor());
@@ -415,7 +421,14 @@ Tensor MiniLLM::forward_impl(const Tensor& tokens) {
 
 Tensor MiniLLM::backward_impl(const Tensor& dlogits) {
   Tensor dx;
-  if (head_) {
+  if (loss_.pending()) {  // the fused loss: its dx, and the head's gradient added chunk by chunk
+    FSDP_CHECK(!dlogits.defined(),
+               "[MiniLLM] backward after a fused loss takes no gradient (the context's "
+               "loss_scale is d(loss)); got {}",
+               shape_str(dlogits.shape()));
+    Parameter& w = head_ ? head_->weight() : embed_->weight();
+    dx = loss_.backward(batch_context().loss_scale, w.grad);
+  } else if (head_) {
     dx = head_->backward(dlogits);
   } else {  // adds dlogits^T x into the embedding's gradient; its backward adds the scatter
     Parameter& w = embed_->weight();

@@ -59,12 +59,18 @@ StepMetrics gather_step_metrics(dist::ProcessGroup& group, Device device, const 
   const int n = group.size();
   // Per rank: [losses..., grad norm squared, peak memory, stop, checkpoint writer]. Built on the
   // device with copies and fills queued on its stream (no host-to-device transfer), read back once.
-  const int64_t nl = std::max<int64_t>(1, int64_t(in.losses.size())), k = nl + 4;
+  // A microbatch's loss may come in parts (a chunked loss's f64 [chunks]): its sum.
+  int64_t nl = 0;
+  for (const Tensor& l : in.losses) nl += l.numel();
+  nl = std::max<int64_t>(1, nl);
+  const int64_t k = nl + 4;
   Tensor mine = Tensor::empty({k}, DType::f64, device);
   if (in.losses.empty())
     mine.narrow(0, 0, 1).fill_(in.loss);
-  else
-    for (int64_t i = 0; i < nl; ++i) mine.narrow(0, i, 1).copy_(in.losses[size_t(i)].reshape({1}));
+  for (int64_t i = 0, at = 0; i < int64_t(in.losses.size());
+       at += in.losses[size_t(i)].numel(), ++i)
+    mine.narrow(0, at, in.losses[size_t(i)].numel())
+        .copy_(in.losses[size_t(i)].reshape({in.losses[size_t(i)].numel()}));
   if (in.grad_norm_sq.defined())
     mine.narrow(0, nl, 1).copy_(in.grad_norm_sq.reshape({1}));
   else
@@ -82,8 +88,8 @@ StepMetrics gather_step_metrics(dist::ProcessGroup& group, Device device, const 
   for (int r = 0; r < n; ++r) {
     const size_t at = size_t(r * k);
     double loss = in.losses.empty() ? v[at] : 0.0;
-    if (!in.losses.empty())
-      for (int64_t i = 0; i < nl; ++i) loss += v[at + size_t(i)] / double(nl);
+    if (!in.losses.empty())  // the mean over microbatches of each one's sum of parts
+      for (int64_t i = 0; i < nl; ++i) loss += v[at + size_t(i)] / double(in.losses.size());
     m.loss += loss / n;
     m.peak_mem_bytes = std::max(m.peak_mem_bytes, v[at + size_t(nl) + 1]);
     m.stop = m.stop || v[at + size_t(nl) + 2] != 0;

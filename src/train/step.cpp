@@ -53,10 +53,22 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
     data::Batch b = p.loader.next();
     device = b.inputs.device();
     tokens += b.inputs.numel() * p.group.size();  // each rank holds as many rows
-    nn::LMLoss loss;  // the loss stays on the device; dlogits overwrite the logits
-    const nn::BatchContextScope context(p.model, {.doc_start = b.doc_start});  // packed rows
-    micro_losses.push_back(loss.forward(p.model.forward(b.inputs), b.targets, divisor));
-    p.model.backward(loss.backward(1.0 / double(o.grad_accum)));
+    // The loss stays on the device. Fused: the model's own, a chunk of rows at a time; else the
+    // logits, then LMLoss, whose dlogits overwrite them.
+    const bool fused = o.fused_loss && p.model.fuses_loss();
+    const nn::BatchContextScope context(p.model, {.doc_start = b.doc_start,  // packed rows
+                                                  .targets = fused ? b.targets : Tensor(),
+                                                  .loss_divisor = divisor,
+                                                  .loss_scale = 1.0 / double(o.grad_accum),
+                                                  .no_backward = false});
+    if (fused) {
+      micro_losses.push_back(p.model.forward(b.inputs));
+      p.model.backward(Tensor());
+    } else {
+      nn::LMLoss loss;
+      micro_losses.push_back(loss.forward(p.model.forward(b.inputs), b.targets, divisor));
+      p.model.backward(loss.backward(1.0 / double(o.grad_accum)));
+    }
     p.loader.prefetch();  // the next batch is made and copied while this one's kernels run
   }
   const DataParallelModule::CommStats comm1 = p.parallel.comm_stats();

@@ -103,6 +103,7 @@ class StepReplay {
   H linear(int64_t in, int64_t out, Term t = kActivations);
   H linear_backward(int64_t in, int64_t out, Term t = kWork);
   std::pair<H, H> rmsnorm();
+  void chunk_logits(int64_t rows, bool backward);
   H rmsnorm_backward();
   H elementwise(int64_t inputs, int64_t elems, Term t);
   void add_inplace(int64_t elems);

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/nn/loss.h"
 #include "src/train/step_replay.h"
 
 namespace fsdp::train::replay {
@@ -279,27 +280,54 @@ void StepReplay::microbatch() {
   r_.at("forward of the head");
   H xn = x, rstd_n = -1;  // the head's input
   if (c_.arch == nn::Arch::llama) std::tie(xn, rstd_n) = rmsnorm();
-  const H logits = linear(d_, V_, kLogits);
-  // LMLoss: the cross-entropy's lse; its backward overwrites the logits with dlogits (widened
-  // copies where the logits are narrower than the compute dtype).
-  r_.at("loss");
-  H lse;
-  {
-    Op op(*this);
-    op.in(R_ * V_);
-    lse = op.stat(R_, kLogits);
+  // The fused loss (nn::ChunkedLMLoss): one chunk's logits at a time and every row's lse, kept
+  // for the backward. Else the logits, then LMLoss: the cross-entropy's lse; its backward
+  // overwrites the logits with dlogits (widened copies where the logits are narrower than the
+  // compute dtype).
+  // Fused with one chunk of every row: the logits kept until the head's backward, which frees
+  // them (LMLoss's dlogits live through the whole backward).
+  const int64_t C = nn::ChunkedLMLoss::chunk_rows(R_, V_);
+  const bool fused = o_.fused_loss && C < R_, one_chunk = o_.fused_loss && !fused;
+  H logits = -1, lse = -1;
+  if (fused) {
+    r_.at("forward of the head and the loss (chunked)");
+    lse = r_.alloc(R_ * stat_, kLogits);
+    chunk_logits(C, /*backward=*/false);
+  } else {
+    logits = linear(d_, V_, kLogits);
+    r_.at("loss");
+    {
+      Op op(*this);
+      op.in(R_ * V_);
+      lse = op.stat(R_, kLogits);
+    }
+    {
+      Op op(*this);
+      op.in(R_ * V_);
+    }
+    if (!one_chunk) r_.free(lse);
   }
-  {
-    Op op(*this);
-    op.in(R_ * V_);
-  }
-  r_.free(lse);
   // Root pre-backward: nothing to gather (the root stays unsharded), the last block prefetched,
   // the root's gradient buffer.
   r_.at("backward of the head");
   issue_all(L_ - 1);
   prepare_grads(rg);
-  H top = linear_backward(d_, V_);  // head (or tied: the embedding's weight)
+  H top = -1;   // the head's dx (the head, or tied: the embedding's weight)
+  if (fused) {  // each chunk's logits again, dlogits over them, dx's rows and dW from them
+    {
+      Op op(*this);
+      top = op.out(R_ * d_, kWork);
+    }
+    chunk_logits(C, /*backward=*/true);
+    r_.free(lse);
+  } else {
+    top = linear_backward(d_, V_);
+    if (one_chunk) {
+      r_.free(logits);
+      r_.free(lse);
+      logits = -1;
+    }
+  }
   r_.free(xn);
   if (c_.arch == nn::Arch::llama) {
     const H dn = rmsnorm_backward();
@@ -333,6 +361,29 @@ void StepReplay::microbatch() {
   reshard(rg);
   reshard(rf);
   finish_backward();
+  if (logits >= 0) r_.free(logits);
+}
+
+// One chunk of nn::ChunkedLMLoss: its logits (in the compute dtype, narrowed where the
+// activations are narrower), the cross-entropy over them, and in the backward dlogits written
+// over them, then the chunk's dx and its dW added into the head's gradient.
+void StepReplay::chunk_logits(int64_t rows, bool backward) {
+  Op op(*this);
+  op.in(rows * d_);
+  op.in(V_ * d_);
+  const H logits = op.out(rows * V_, kLogits);
+  {
+    Op ce(*this);
+    ce.in(rows * V_);
+  }
+  if (backward) {
+    Op lb(*this);
+    lb.in(rows * V_);
+    lb.in(rows * d_);
+    lb.in(V_ * d_);
+    if (!c_.lora.enabled()) lb.grad(V_ * d_);
+    r_.free(lb.out(rows * d_, kWork));
+  }
   r_.free(logits);
 }
 

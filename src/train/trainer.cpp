@@ -50,19 +50,19 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // One optimizer step of grad_accum microbatches (train_step, fsdp/train/step.h: one host sync);
 // its metrics, agreed over ranks, with the FLOP/s ceiling raised by the rates it saw.
 profiler::StepMetrics Trainer::Impl::step(int64_t step) {
-  profiler::StepMetrics m = train_step(
-      {.model = *model,
-       .parallel = *parallel,
-       .optimizer = *opt,
-       .loader = *loader,
-       .group = *pg,
-       .schedule = schedule.get(),
-       .checkpointer = ckpt.get()},
-      step,
-      {.grad_accum = o.sharding.grad_accum,
-       .grad_clip = o.optimizer.grad_clip,
-       .flops_per_token = double(cfg.flops_per_token()),
-       .peak_flops = peak});
+  profiler::StepMetrics m = train_step({.model = *model,
+                                        .parallel = *parallel,
+                                        .optimizer = *opt,
+                                        .loader = *loader,
+                                        .group = *pg,
+                                        .schedule = schedule.get(),
+                                        .checkpointer = ckpt.get()},
+                                       step,
+                                       {.grad_accum = o.sharding.grad_accum,
+                                        .grad_clip = o.optimizer.grad_clip,
+                                        .flops_per_token = double(cfg.flops_per_token()),
+                                        .peak_flops = peak,
+                                        .fused_loss = o.sharding.fused_loss});
   const double dt = m.step_seconds;
   // A stop signal ends a wait stuck on a peer, but only after a step in flight had its time.
   longest_step = std::max(longest_step, dt);
@@ -78,6 +78,27 @@ profiler::StepMetrics Trainer::Impl::step(int64_t step) {
 }
 
 // The mean loss of eval_batches validation batches, over all ranks.
+// One validation batch's loss: the sum over its targets / divisor (0: the mean over positions),
+// fused as the training step's (no [tokens x vocab] logits) unless --fused-loss false.
+double Trainer::Impl::eval_loss(const data::Batch& b, double divisor) {
+  const bool fused = o.sharding.fused_loss && model->fuses_loss();
+  const Tensor targets = b.targets.to(device);
+  const nn::BatchContextScope context(
+      *model, {.doc_start = b.doc_start.defined() ? b.doc_start.to(device) : Tensor(),
+               .targets = fused ? targets : Tensor(),
+               .loss_divisor = divisor,
+               .loss_scale = 1.0,
+               .no_backward = true});
+  if (fused) {  // its chunks' shares, summed
+    double sum = 0;
+    for (double part : model->forward(b.inputs.to(device)).to(Device::cpu()).to_f64_vector())
+      sum += part;
+    return sum;
+  }
+  Tensor logits = model->forward(b.inputs.to(device)).view({cfg.batch * cfg.seq, cfg.vocab});
+  return ops::cross_entropy_forward(logits, targets, true, divisor).loss;
+}
+
 double Trainer::Impl::evaluate() {
   const int64_t B = cfg.batch, T = cfg.seq;
   if (val->masks_targets()) {
@@ -89,10 +110,7 @@ double Trainer::Impl::evaluate() {
       const int32_t* t = b.targets.data<int32_t>();
       for (int64_t i = 0; i < b.targets.numel(); ++i) sum_count[1] += t[i] != int32_t(kIgnoreIndex);
       if (b.doc_start.defined()) ops::check_doc_start(b.doc_start, B, T);
-      const nn::BatchContextScope context(
-          *model, {.doc_start = b.doc_start.defined() ? b.doc_start.to(device) : Tensor()});
-      Tensor logits = model->forward(b.inputs.to(device)).view({B * T, cfg.vocab});
-      sum_count[0] += ops::cross_entropy_forward(logits, b.targets.to(device), true, 1.0).loss;
+      sum_count[0] += eval_loss(b, 1.0);
     }
     Tensor v = Tensor::from_vector(sum_count, {2}).to(device);
     pg->all_reduce(v, dist::ReduceOp::SUM)->wait();
@@ -102,9 +120,7 @@ double Trainer::Impl::evaluate() {
   }
   double sum = 0;
   for (int64_t e = 0; e < o.data.eval_batches; ++e) {
-    data::Batch b = val->batch(e, B * size, rank * B, B, T);
-    Tensor logits = model->forward(b.inputs.to(device)).view({B * T, cfg.vocab});
-    sum += ops::cross_entropy_forward(logits, b.targets.to(device)).loss;
+    sum += eval_loss(val->batch(e, B * size, rank * B, B, T), 0.0);
   }
   Tensor v = Tensor::full({1}, sum / double(o.data.eval_batches), DType::f64).to(device);
   pg->all_reduce(v, dist::ReduceOp::AVG)->wait();

@@ -103,6 +103,7 @@ struct Trainer::Impl {
   // The loop (trainer.cpp).
   profiler::StepMetrics step(int64_t step);
   double evaluate();
+  double eval_loss(const data::Batch& b, double divisor);
   void save(int64_t step);
   void write_tensorboard(const profiler::StepMetrics& m);
   void finish_async_save();

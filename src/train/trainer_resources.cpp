@@ -46,6 +46,7 @@ void Trainer::Impl::check_memory_plan() {
       .frozen_dtype = frozen_dtype,
       .grad_accum = o.sharding.grad_accum,
       .checkpoint_every = o.sharding.activation_checkpoint.every,
+      .fused_loss = o.sharding.fused_loss,
       .threads = threads,
       .cpu_cache_bytes = int64_t(env_double("FSDP_CPU_CACHE_MB") * 1048576.0),
       .baseline_bytes = held};

@@ -26,6 +26,7 @@
 #include <string>
 
 #include "fsdp/nn/layers.h"
+#include "fsdp/nn/loss.h"
 
 namespace fsdp::nn {
 
@@ -97,11 +98,14 @@ bool is_lora_parameter(const std::string& name);
 class MiniLLM : public Module {
  public:
   explicit MiniLLM(const MiniLLMConfig& cfg);
-  // tokens [B, T] (i32/i64) -> logits [B, T, vocab]
+  // tokens [B, T] (i32/i64) -> logits [B, T, vocab]; with the batch context's targets, the loss
+  // instead (fuses_loss: nn::ChunkedLMLoss over the head, never the whole logits).
   Tensor forward_impl(const Tensor& tokens) override;
-  // dlogits [B, T, vocab] -> undefined (the input is discrete). A tied head adds its weight
-  // gradient into the embedding's, which the embedding's scatter-add then adds to.
+  // dlogits [B, T, vocab] (none after a fused loss: d(loss) is the context's loss_scale) ->
+  // undefined (the input is discrete). A tied head adds its weight gradient into the
+  // embedding's, which the embedding's scatter-add then adds to.
   Tensor backward_impl(const Tensor& dlogits) override;
+  bool fuses_loss() const override { return true; }
   const MiniLLMConfig& config() const { return cfg_; }
   ModuleList& layers() { return *layers_; }
   // Generation with a KV cache of `capacity` positions in every block (arch llama): after
@@ -119,6 +123,7 @@ class MiniLLM : public Module {
   RMSNorm* norm_ = nullptr;
   Linear* head_ = nullptr;  // null when tied: the logits use embed_'s weight
   Tensor head_x_;           // the tied head's input, saved for its backward
+  ChunkedLMLoss loss_;      // the fused head and loss, between a forward and its backward
 };
 
 }  // namespace fsdp::nn

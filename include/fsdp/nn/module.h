@@ -47,6 +47,14 @@ class Module;
 // module deep in the tree receives it without a change to any forward between.
 struct BatchContext {
   Tensor doc_start;  // [B, T] i32 on the batch's device (fsdp/ops/ops.h's packed rows)
+  // The fused loss (Module::fuses_loss): with targets set, the model's forward returns the loss
+  // (LMLoss's sum over targets / loss_divisor, as f64 [k] whose sum it is: nn::ChunkedLMLoss's
+  // chunks) in place of the logits, and its backward takes d(loss) = loss_scale and no gradient
+  // tensor.
+  Tensor targets;  // [B, T] i32, kIgnoreIndex where not a target
+  double loss_divisor = 0, loss_scale = 1;
+  int64_t loss_chunk_logits = 0;  // logits per chunk; 0: ChunkedLMLoss::kChunkLogits
+  bool no_backward = false;       // evaluation: the fused loss keeps nothing for a backward
 };
 
 // Calls around a module's forward and backward. fully_shard installs one.
@@ -75,6 +83,9 @@ class Module {
   Tensor backward(const Tensor& dy);
 
   const std::string& type_name() const { return type_name_; }
+  // Whether forward computes the loss itself when the batch context has targets (BatchContext):
+  // nn::MiniLLM's head and cross-entropy a chunk of rows at a time, never the whole logits.
+  virtual bool fuses_loss() const { return false; }
   // Dotted path from the top of the tree ("layers.3"); "" for the top.
   std::string path() const;
   // The context of the batch in flight: the root's (empty when none is set).

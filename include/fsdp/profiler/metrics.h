@@ -50,7 +50,7 @@ struct StepInputs {
   double loss = 0;  // this rank's, when `losses` is empty
   // This rank's microbatch losses as device scalars: the rank's loss is their mean, read in the
   // same gather as the rest, so the step needs no host read of its own for them.
-  std::vector<Tensor> losses;
+  std::vector<Tensor> losses;  // one per microbatch: f64, its elements' sum the loss
   double grad_norm = 0;
   Tensor grad_norm_sq;  // when defined: the global squared norm on the device; grad_norm = sqrt
   bool stop = false;    // this rank was asked to stop; every rank learns it from the gather

@@ -40,6 +40,7 @@ struct MemoryPlanOptions {
   std::optional<DType> frozen_dtype;  // the frozen parameters' (a LoRA base): unset, dtype's
   int64_t grad_accum = 1;
   int64_t checkpoint_every = 0;  // checkpoint_every_blocks(): 0 none, 1 full, N blocks 0, N, ...
+  bool fused_loss = true;        // nn::ChunkedLMLoss: one chunk's logits, not [rows, vocab]
   int threads = 1;               // CPU attention scratch is per thread
   int64_t cpu_cache_bytes = 0;   // the most freed bytes the CPU allocator keeps (FSDP_CPU_CACHE_MB)
   // What the process holds before any tensor (runtime, libraries, thread pools, the data) and

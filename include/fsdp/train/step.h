@@ -45,6 +45,9 @@ struct StepOptions {
   // For tokens/s and MFU: the model's FLOPs per token (forward and backward) and the FLOP/s
   // ceiling of every rank together; 0 reports no MFU.
   double flops_per_token = 0, peak_flops = 0;
+  // The head and the loss fused, a chunk of rows at a time (nn::ChunkedLMLoss), where the model
+  // fuses_loss(): no [tokens x vocab] logits. false: the model's logits, then nn::LMLoss.
+  bool fused_loss = true;
 };
 
 // Collective: every rank of parts.group calls it with the same step. Zeroes the gradients, runs
