@@ -257,33 +257,12 @@ has_gpu=0
 timeout 15 nvidia-smi -L 2> /dev/null | grep -q '^GPU ' && has_gpu=1
 log "gpu: $(head -1 "$out/gpu.txt")"
 
-# cuDNN: the CUDA tree's, or PyTorch's wheel (include/ and lib/libcudnn.so.9, no unversioned link).
-cuda_home=${CUDA_HOME:-/usr/local/cuda}
-cudnn_root=""
-[ -f "$cuda_home/include/cudnn.h" ] \
-  || cudnn_root=$(timeout 30 python3 -c 'import nvidia.cudnn as c; print(list(c.__path__)[0])' 2> /dev/null || true)
-# NCCL: the CUDA tree's, the system's, or PyTorch's wheel (nvidia/nccl: lib/libnccl.so.2 and no
-# libnccl.so); CMakeLists.txt looks in the same places, given the wheel's folder as FSDP_NCCL_ROOT.
-nccl_root=""
-[ -f "$cuda_home/include/nccl.h" ] || [ -f /usr/include/nccl.h ] \
-  || nccl_root=$(timeout 30 python3 -c 'import nvidia.nccl as c; print(list(c.__path__)[0])' 2> /dev/null || true)
-fe_dir=$PWD/.debs/cudnn-frontend/include
-[ -f "$fe_dir/cudnn_frontend.h" ] || fe_dir=$PWD/build/_deps/cudnn-frontend/include
-# cuDNN's runtime-compiled engines load libnvrtc-builtins.so.13.0 next to libnvrtc: without it on
-# the path they refuse every shape and attention falls back to our kernel, silently.
-libdirs=() nvrtc_builtins=""
-for d in "$cuda_home/lib64" "$cuda_home/targets/x86_64-linux/lib"; do
-  [ -d "$d" ] || continue
-  libdirs+=("$d")
-  [ -n "$nvrtc_builtins" ] || nvrtc_builtins=$(ls "$d"/libnvrtc-builtins.so.13* 2> /dev/null | head -1)
-done
-if [ -z "$nvrtc_builtins" ]; then  # PyTorch's wheels (nvidia/cu13/lib or nvidia/cuda_nvrtc/lib)
-  nv=$(timeout 30 python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2> /dev/null || true)
-  [ -n "$nv" ] && nvrtc_builtins=$(find "$nv" -name 'libnvrtc-builtins.so.13*' 2> /dev/null | head -1)
-  [ -n "$nvrtc_builtins" ] && libdirs+=("$(dirname "$nvrtc_builtins")")
-fi
-ld=$(IFS=:; echo "${libdirs[*]}")
-export LD_LIBRARY_PATH="${cudnn_root:+$cudnn_root/lib:}${nccl_root:+$nccl_root/lib:}${ld}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Where CUDA, cuDNN, NCCL and cudnn-frontend are (scripts/gpu_build.sh: the build step, shared with
+# scripts/gpu_prebuild.sh and rehearsed by tests/gpu_layout_test.sh on the device's layout).
+# shellcheck source=scripts/gpu_build.sh
+source scripts/gpu_build.sh
+gpu_find_libs
+export LD_LIBRARY_PATH="${gpu_ld_path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # The device GEMM peak is measured once and cached: here, once per check.
 export FSDP_CACHE_DIR=${FSDP_CACHE_DIR:-$out/cache}
 log "cuDNN: ${cudnn_root:-$cuda_home}; NCCL: ${nccl_root:-$cuda_home or the system}; cudnn-frontend: $fe_dir; nvrtc-builtins: ${nvrtc_builtins:-NOT FOUND}"
@@ -293,17 +272,7 @@ build="build-gpu"
 # The prebuilt tree, where it loads here: each program the stages run is there, ldd finds every
 # library it needs on the path set above, and cuda_test starts (lists its tests).
 prebuilt_why=""
-prebuilt_loads() {
-  local t missing
-  for t in tests/cuda_test examples/fsdp-train examples/fsdp-generate bench/fsdp-bench-gpu \
-    bench/fsdp-bench-kernels; do
-    [ -x "$prebuilt/$t" ] || { prebuilt_why="$t is not there"; return 1; }
-    missing=$(ldd "$prebuilt/$t" 2> /dev/null | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
-    [ -z "$missing" ] || { prebuilt_why="$t needs ${missing% }, not found here"; return 1; }
-  done
-  timeout 30 "$prebuilt/tests/cuda_test" --gtest_list_tests > "$out/prebuilt_list.log" 2>&1 \
-    || { prebuilt_why="tests/cuda_test --gtest_list_tests failed: $(tail -1 "$out/prebuilt_list.log")"; return 1; }
-}
+prebuilt_loads() { gpu_loads "$prebuilt" "$out/prebuilt_list.log" || { prebuilt_why=$gpu_why; return 1; }; }
 if [ -n "$prebuilt" ]; then
   if prebuilt_loads; then
     build=$prebuilt
@@ -344,19 +313,17 @@ elif begin build 60; then
   # --device cuda runs --backend nccl by default: a build without NCCL would only refuse there, so
   # the check stops at the build, naming where CMake looked (its warning in build.log).
   nccl_in_build() {
-    grep -qE '^-- fsdp:.* NCCL=ON' "$out/build.log" && return 0
-    note "- **no NCCL in this build**: CMake searched $(sed -n '/a CUDA build without NCCL/,/^$/p' "$out/build.log" \
-      | tr -s ' \n' '  ' | grep -oE 'searched [^)]*' | head -1 | sed 's/^searched //')${nccl_root:+ and FSDP_NCCL_ROOT=$nccl_root}$([ -n "$nccl_root" ] || echo ' (python3 found no nvidia.nccl)'); set FSDP_NCCL_ROOT or install libnccl-dev"
+    local why
+    why=$(gpu_nccl_why "$out/build.log")
+    [ -z "$why" ] && return 0
+    note "- **no NCCL in this build**: $why"
     log "no NCCL in the build: stopping at the build"
     return 1
   }
-  targets=(cuda_test fsdp-train fsdp-generate fsdp-bench-gpu fsdp-bench-kernels)
-  run 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DFSDP_CUDNN=ON ${cudnn_root:+-DFSDP_CUDNN_ROOT="$cudnn_root"} \
-    ${nccl_root:+-DFSDP_NCCL_ROOT="$nccl_root"} \
-    -DFSDP_CUDNN_FRONTEND_DIR="$fe_dir" -DFSDP_MPI=ON -DFSDP_GLOO=ON > "$out/build.log" 2>&1 \
+  gpu_cmake_args "$build"
+  run 120 "${gpu_cmake[@]}" > "$out/build.log" 2>&1 \
     && nccl_in_build \
-    && run 420 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >> "$out/build.log" 2>&1
+    && run 420 cmake --build "$build" -j "$(nproc)" --target "${gpu_targets[@]}" >> "$out/build.log" 2>&1
   rc=$?
   grep -E '^-- fsdp:' "$out/build.log" | tee -a "$out/check.log"
   note "- $(grep -E '^-- fsdp:' "$out/build.log" | sed 's/^-- //') (sm_90, Release); exit $rc"

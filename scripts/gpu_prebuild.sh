@@ -15,18 +15,20 @@ dir=${1:-.gpu-prebuilt}
 work=${FSDP_PREBUILD_WORK:-build-prebuild}
 log=$work/fsdp-configure.log
 mkdir -p "$work"
-fe=build/_deps/cudnn-frontend/include
-[ -f "$fe/cudnn_frontend.h" ] || { echo "gpu_prebuild: no cudnn-frontend headers in $fe (scripts/install-deps.sh)" >&2; exit 1; }
-[ -x /usr/local/cuda/bin/nvcc ] || { echo "gpu_prebuild: no CUDA toolkit in /usr/local/cuda" >&2; exit 1; }
-targets=(cuda_test fsdp-train fsdp-generate fsdp-bench-gpu fsdp-bench-kernels)
-cmake -S . -B "$work" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DFSDP_CUDNN=ON -DFSDP_CUDNN_FRONTEND_DIR="$PWD/$fe" -DFSDP_NATIVE=OFF -DFSDP_MPI=OFF -DFSDP_GLOO=ON \
-  -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON > "$log" 2>&1 \
+# The check's own configure (scripts/gpu_build.sh), with the CPU kernels for any x86-64, no MPI and
+# RPATHs relative to the tree.
+# shellcheck source=scripts/gpu_build.sh
+source scripts/gpu_build.sh
+gpu_find_libs
+[ -f "$fe_dir/cudnn_frontend.h" ] || { echo "gpu_prebuild: no cudnn-frontend headers in $fe_dir (scripts/install-deps.sh)" >&2; exit 1; }
+[ -x "$cuda_home/bin/nvcc" ] || { echo "gpu_prebuild: no CUDA toolkit in $cuda_home" >&2; exit 1; }
+gpu_cmake_args "$work"
+"${gpu_cmake[@]}" -DFSDP_NATIVE=OFF -DFSDP_MPI=OFF -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON > "$log" 2>&1 \
   || { tail -30 "$log" >&2; exit 1; }
 grep -E '^-- fsdp:' "$log"
-grep -qE '^-- fsdp:.* NCCL=ON' "$log" \
-  || { echo "gpu_prebuild: this build has no NCCL, and --device cuda needs it" >&2; exit 1; }
-cmake --build "$work" --target "${targets[@]}"
+why=$(gpu_nccl_why "$log")
+[ -z "$why" ] || { echo "gpu_prebuild: this build has no NCCL, and --device cuda needs it: $why" >&2; exit 1; }
+cmake --build "$work" --target "${gpu_targets[@]}"
 rm -rf "$dir"
 mkdir -p "$dir/tests" "$dir/examples" "$dir/bench"
 cp "$work/tests/cuda_test" "$dir/tests/"
@@ -38,13 +40,9 @@ find "$dir" -type f \( -name 'libfsdp.so*' -o -perm -u+x \) ! -name '*.o' -exec 
 cp "$log" "$dir/configure.log"
 echo "built $(date -u +%Y-%m-%dT%H:%MZ) at $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' with local changes') on $(uname -n)" \
   > "$dir/PREBUILT"
-# Each program must load here: ldd finds every library (the device's check asks the same).
-for t in tests/cuda_test examples/fsdp-train examples/fsdp-generate bench/fsdp-bench-gpu bench/fsdp-bench-kernels; do
-  if ldd "$dir/$t" | grep -q 'not found'; then
-    echo "gpu_prebuild: $dir/$t does not load here: $(ldd "$dir/$t" | grep 'not found' | tr -s ' \n' ' ')" >&2
-    exit 1
-  fi
-done
+# Each program must load here (the device's check asks the same).
+export LD_LIBRARY_PATH="$gpu_ld_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+gpu_loads "$dir" || { echo "gpu_prebuild: $dir does not load here: $gpu_why" >&2; exit 1; }
 mib=$(du -sm "$dir" | cut -f1)
 debs=$(du -sm .debs 2> /dev/null | cut -f1 || echo 0)
 echo "gpu_prebuild: $dir, ${mib} MiB ($(cat "$dir/PREBUILT")); with .debs (${debs:-0} MiB) it must stay under 64 MiB"

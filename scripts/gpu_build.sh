@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The GPU check's build step, in one place: where the machine keeps CUDA, cuDNN, NCCL and the
+# cudnn-frontend headers, the configure command, and whether the programs built load.
+# scripts/gpu_check.sh and scripts/gpu_prebuild.sh source it; tests/gpu_layout_test.sh runs it
+# on a rehearsal of the device's layout (a CUDA tree without cuDNN or NCCL, PyTorch's nvidia/
+# wheel folders holding only libcudnn.so.9 and libnccl.so.2):
+#   scripts/gpu_build.sh BUILD_DIR [CMAKE_ARG...]
+# configures (BUILD_DIR/configure.log), stops where the build has no NCCL (exit 3, naming where
+# CMake looked), builds the check's programs and checks that each loads (exit 4 naming the
+# missing library). Reads CUDA_HOME (default /usr/local/cuda), FSDP_CUDNN_FRONTEND_DIR, and
+# python3 for the wheels' folders.
+
+gpu_targets=(cuda_test fsdp-train fsdp-generate fsdp-bench-gpu fsdp-bench-kernels)
+gpu_programs=(tests/cuda_test examples/fsdp-train examples/fsdp-generate bench/fsdp-bench-gpu
+  bench/fsdp-bench-kernels)
+
+# gpu_find_libs: sets cuda_home, cudnn_root and nccl_root (a wheel's folder, empty where the CUDA
+# tree or the system has the library), fe_dir, nvrtc_builtins and gpu_ld_path (the library path
+# the check's programs run with). Run from the checkout's root.
+gpu_find_libs() {
+  cuda_home=${CUDA_HOME:-/usr/local/cuda}
+  # cuDNN: the CUDA tree's, or PyTorch's wheel (include/ and lib/libcudnn.so.9, no unversioned link).
+  cudnn_root=""
+  [ -f "$cuda_home/include/cudnn.h" ] \
+    || cudnn_root=$(timeout 30 python3 -c 'import nvidia.cudnn as c; print(list(c.__path__)[0])' 2> /dev/null || true)
+  # NCCL: the CUDA tree's, the system's, or PyTorch's wheel (nvidia/nccl: lib/libnccl.so.2 and no
+  # libnccl.so); CMakeLists.txt looks in the same places, given the wheel's folder as FSDP_NCCL_ROOT.
+  nccl_root=""
+  [ -f "$cuda_home/include/nccl.h" ] || [ -f /usr/include/nccl.h ] \
+    || nccl_root=$(timeout 30 python3 -c 'import nvidia.nccl as c; print(list(c.__path__)[0])' 2> /dev/null || true)
+  fe_dir=${FSDP_CUDNN_FRONTEND_DIR:-$PWD/.debs/cudnn-frontend/include}
+  [ -f "$fe_dir/cudnn_frontend.h" ] || fe_dir=$PWD/build/_deps/cudnn-frontend/include
+  # cuDNN's runtime-compiled engines load libnvrtc-builtins.so.13 next to libnvrtc: without it on
+  # the path they refuse every shape and attention falls back to our kernel, silently.
+  local d nv libdirs=()
+  nvrtc_builtins=""
+  for d in "$cuda_home/lib64" "$cuda_home/targets/x86_64-linux/lib"; do
+    [ -d "$d" ] || continue
+    libdirs+=("$d")
+    [ -n "$nvrtc_builtins" ] || nvrtc_builtins=$(ls "$d"/libnvrtc-builtins.so.13* 2> /dev/null | head -1)
+  done
+  if [ -z "$nvrtc_builtins" ]; then  # PyTorch's wheels (nvidia/cu13/lib or nvidia/cuda_nvrtc/lib)
+    nv=$(timeout 30 python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2> /dev/null || true)
+    [ -n "$nv" ] && nvrtc_builtins=$(find "$nv" -name 'libnvrtc-builtins.so.13*' 2> /dev/null | head -1)
+    [ -n "$nvrtc_builtins" ] && libdirs+=("$(dirname "$nvrtc_builtins")")
+  fi
+  gpu_ld_path=$(IFS=:; echo "${cudnn_root:+$cudnn_root/lib:}${nccl_root:+$nccl_root/lib:}${libdirs[*]}")
+}
+
+# gpu_cmake_args BUILD_DIR: the check's configure command, into the array gpu_cmake (sm_90, the
+# H200; Release; cuDNN's SDPA; MPI and Gloo). Later -D arguments override these.
+gpu_cmake_args() {
+  gpu_cmake=(cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON
+    -DCMAKE_CUDA_COMPILER="$cuda_home/bin/nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 -DFSDP_CUDNN=ON
+    ${cudnn_root:+-DFSDP_CUDNN_ROOT="$cudnn_root"} ${nccl_root:+-DFSDP_NCCL_ROOT="$nccl_root"}
+    -DFSDP_CUDNN_FRONTEND_DIR="$fe_dir" -DFSDP_MPI=ON -DFSDP_GLOO=ON)
+}
+
+# gpu_nccl_why CONFIGURE_LOG: prints nothing where the build has NCCL, else where CMake looked for
+# it (from its warning) and what to set. --device cuda runs --backend nccl by default: a build
+# without NCCL would only refuse there.
+gpu_nccl_why() {
+  grep -qE '^-- fsdp:.* NCCL=ON' "$1" && return 0
+  local where
+  where=$(sed -n '/a CUDA build without NCCL/,/^$/p' "$1" | tr -s ' \n' '  ' | grep -oE 'searched [^)]*' \
+    | head -1 | sed 's/^searched //')
+  echo "CMake searched ${where:-(no warning in $1)}${nccl_root:+ and FSDP_NCCL_ROOT=$nccl_root}$([ -n "$nccl_root" ] \
+    || echo ' (python3 found no nvidia.nccl)'); set FSDP_NCCL_ROOT or install libnccl-dev"
+}
+
+# gpu_loads DIR [LIST_LOG]: 0 when each program of the check is in DIR and loads (ldd finds every
+# library it needs on the current library path) and cuda_test starts (lists its tests, into
+# LIST_LOG); else 1, with gpu_why saying what is wrong.
+gpu_loads() {
+  local dir=$1 list=${2:-/dev/null} t missing
+  gpu_why=""
+  for t in "${gpu_programs[@]}"; do
+    [ -x "$dir/$t" ] || { gpu_why="$t is not there"; return 1; }
+    missing=$(ldd "$dir/$t" 2> /dev/null | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
+    [ -z "$missing" ] || { gpu_why="$t needs ${missing% }, not found here"; return 1; }
+  done
+  timeout 30 "$dir/tests/cuda_test" --gtest_list_tests > "$list" 2>&1 \
+    || { gpu_why="tests/cuda_test --gtest_list_tests failed: $(tail -1 "$list")"; return 1; }
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  set -euo pipefail
+  cd "$(dirname "$0")/.."
+  build=${1:?usage: scripts/gpu_build.sh BUILD_DIR [CMAKE_ARG...]}
+  shift
+  gpu_find_libs
+  echo "gpu_build: CUDA $cuda_home; cuDNN ${cudnn_root:-in the CUDA tree}; NCCL ${nccl_root:-in the CUDA tree or the system}; cudnn-frontend $fe_dir"
+  gpu_cmake_args "$build"
+  mkdir -p "$build"
+  "${gpu_cmake[@]}" "$@" > "$build/configure.log" 2>&1 || { tail -30 "$build/configure.log" >&2; exit 1; }
+  grep -E '^-- fsdp:' "$build/configure.log"
+  why=$(gpu_nccl_why "$build/configure.log")
+  [ -z "$why" ] || { echo "gpu_build: no NCCL in this build: $why" >&2; exit 3; }
+  cmake --build "$build" --target "${gpu_targets[@]}"
+  export LD_LIBRARY_PATH="$gpu_ld_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  gpu_loads "$build" "$build/cuda_test_list.log" || { echo "gpu_build: $gpu_why" >&2; exit 4; }
+  echo "gpu_build: ${#gpu_programs[@]} programs in $build load, cuda_test lists $(grep -c '^  ' "$build/cuda_test_list.log") tests"
+fi
