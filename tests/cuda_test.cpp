@@ -170,6 +170,44 @@ TEST_P(BackendOps, EveryOpMatchesTheCpu) {
   expect_matches(
       "add", {rnd({999}, 18), rnd({999}, 19)},
       [](auto& v) { return std::vector<Tensor>{ops::add(v[0], v[1])}; }, dt, tol);
+  // The elementwise, cast, activation and RMSNorm kernels take 16 bytes a thread-step where every
+  // operand is aligned to them: over a multiple of the pack (1000), with a tail (1003), and at
+  // odd offsets (one element into the buffer: one element a step), each against the CPU.
+  for (int64_t at : {0, 1})
+    for (int64_t n : {1000, 1003}) {
+      auto view = [at](const Tensor& t, const Shape& s) {
+        return t.slice(at, at + shape_numel(s)).view(s);
+      };
+      expect_matches(
+          fmt::format("elementwise n={} offset={}", n, at),
+          {rnd({1 + n}, 41, -4, 4), rnd({1 + n}, 42), rnd({1 + n}, 43), rnd({1 + 8 * 96}, 44),
+           rnd({1 + 96}, 45, 0.5, 1.5)},
+          [&](auto& v) {
+            const Tensor g = view(v[0], {n}), u = view(v[1], {n}), d = view(v[2], {n});
+            const Tensor x = view(v[3], {8, 96}), w = view(v[4], {96});
+            Tensor sum = ops::add(g, u);
+            Tensor acc = view(Tensor::full({1 + n}, 0.5, DType::f32, g.device()), {n});
+            ops::add_(acc, d);  // f32 += the compute dtype (4 elements a step in bf16 too)
+            ops::scale_(sum, -1.5);
+            auto [dg, du] = ops::swiglu_backward(d, g, u, ops::Gate::gelu_tanh);
+            auto o = ops::rmsnorm_forward(x, w, 1e-5, 1.0);
+            Tensor dw = Tensor::full({96}, 0.25, DType::f32, w.device());
+            Tensor dx = ops::rmsnorm_backward(x, x, w, o.rstd, dw, 1.0);
+            return std::vector<Tensor>{sum,
+                                       acc,
+                                       g.to(DType::bf16).to(DType::f32),  // casts
+                                       ops::silu_forward(g),
+                                       ops::silu_backward(d, g),
+                                       ops::swiglu_forward(g, u, ops::Gate::gelu_tanh),
+                                       dg,
+                                       du,
+                                       o.y,
+                                       dx,
+                                       dw,
+                                       Tensor::full({1}, ops::sum_squares(d), DType::f32)};
+          },
+          dt, tol);
+    }
   for (bool causal : {false, true})
     for (int64_t hd : {16, 64, 128})
       expect_matches(

@@ -22,8 +22,9 @@ __global__ void fill_uniform_kernel(T* __restrict__ dst, double lo, double hi, u
   }
 }
 
-// One block row per segment; threads stride over the segment's elements.
-template <class D, class S>
+// One block row per segment; threads stride over the segment's elements, N at a time (16-byte
+// accesses where every offset and count is a multiple of N and both buffers are aligned to it).
+template <int N, class D, class S>
 __global__ void copy_segments_kernel(D* __restrict__ dst, const S* __restrict__ src,
                                      const int64_t* __restrict__ dst_off,
                                      const int64_t* __restrict__ src_off,
@@ -32,9 +33,14 @@ __global__ void copy_segments_kernel(D* __restrict__ dst, const S* __restrict__ 
   const int64_t n = count[seg];
   D* d = dst + dst_off[seg];
   const S* s = src + src_off[seg];
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    d[i] = convert<D>(s[i]);
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n / N;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    const Pack<S, N> in = *reinterpret_cast<const Pack<S, N>*>(s + j * N);
+    Pack<D, N> out;
+#pragma unroll
+    for (int k = 0; k < N; ++k) out.v[k] = convert<D>(in.v[k]);
+    *reinterpret_cast<Pack<D, N>*>(d + j * N) = out;
+  }
 }
 
 void fill_uniform(void* dst, DType t, int64_t n, double lo, double hi, uint64_t seed, int device,
@@ -66,14 +72,20 @@ void copy_segments(void* dst, DType dst_t, const void* src, DType src_t, const i
   CUDA_CHECK(cudaMemcpyAsync(meta, host.data(), host.size() * sizeof(int64_t),
                              cudaMemcpyHostToDevice, cudaStream_t(s)));
   // From pageable memory, cudaMemcpyAsync returns once `host` is staged, so it may go now.
-  dim3 grid(grid_for(longest, 256, 1024), unsigned(segments));
   dispatch_device(dst_t, [&](auto dv) {
     using D = decltype(dv);
     dispatch_device(src_t, [&](auto sv) {
       using S = decltype(sv);
-      copy_segments_kernel<D, S>
-          <<<grid, 256, 0, cudaStream_t(s)>>>(static_cast<D*>(dst), static_cast<const S*>(src),
-                                              meta, meta + segments, meta + 2 * segments);
+      constexpr int N = vec_elems<D, S>();
+      D* d = static_cast<D*>(dst);
+      const S* sp = static_cast<const S*>(src);
+      bool packed = vec_aligned<N>(d) && vec_aligned<N>(sp);
+      for (int64_t i = 0; packed && i < segments; ++i)
+        packed = dst_off[i] % N == 0 && src_off[i] % N == 0 && count[i] % N == 0;
+      const int w = packed ? N : 1;
+      const dim3 grid(grid_for((longest + w - 1) / w, 256, 1024), unsigned(segments));
+      auto kernel = packed ? copy_segments_kernel<N, D, S> : copy_segments_kernel<1, D, S>;
+      kernel<<<grid, 256, 0, cudaStream_t(s)>>>(d, sp, meta, meta + segments, meta + 2 * segments);
     });
   });
   CUDA_CHECK(cudaGetLastError());

@@ -23,7 +23,13 @@ using gpu::dispatch_float;
 using gpu::dispatch_index;
 using gpu::from_f32;
 using gpu::grid_for;
+using gpu::launch_vec;
+using gpu::load_f32;
+using gpu::Pack;
+using gpu::store_f32;
 using gpu::to_f32;
+using gpu::vec_aligned;
+using gpu::vec_elems;
 
 struct SumOp {
   static constexpr float identity = 0.f;

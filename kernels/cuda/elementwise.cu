@@ -8,46 +8,84 @@
 
 namespace fsdp::kernels::cuda {
 
-template <class T>
+// The elementwise kernels take N elements a thread-step: 16-byte loads and stores where
+// launch_vec found every pointer aligned, one element (N = 1) elsewhere and on the tail.
+template <int N, class T>
 __global__ void add_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
                            int64_t n) {
-  GRID_STRIDE(i, n) out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));
+  GRID_STRIDE(j, n / N) {
+    float x[N], y[N];
+    load_f32<N>(a + j * N, x);
+    load_f32<N>(b + j * N, y);
+#pragma unroll
+    for (int k = 0; k < N; ++k) x[k] += y[k];
+    store_f32<N>(out + j * N, x);
+  }
 }
 
-template <class A, class B>
+template <int N, class A, class B>
 __global__ void add_inplace_kernel(A* __restrict__ a, const B* __restrict__ b, int64_t n) {
-  GRID_STRIDE(i, n) a[i] = from_f32<A>(to_f32(a[i]) + to_f32(b[i]));
+  GRID_STRIDE(j, n / N) {
+    float x[N], y[N];
+    load_f32<N>(a + j * N, x);
+    load_f32<N>(b + j * N, y);
+#pragma unroll
+    for (int k = 0; k < N; ++k) x[k] += y[k];
+    store_f32<N>(a + j * N, x);
+  }
 }
 
-template <class T>
+template <int N, class T>
 __global__ void scale_kernel(T* __restrict__ x, float v, int64_t n) {
-  GRID_STRIDE(i, n) x[i] = from_f32<T>(to_f32(x[i]) * v);
+  GRID_STRIDE(j, n / N) {
+    float vals[N];
+    load_f32<N>(x + j * N, vals);
+#pragma unroll
+    for (int k = 0; k < N; ++k) vals[k] *= v;
+    store_f32<N>(x + j * N, vals);
+  }
 }
 
-template <class T>
+template <int N, class T>
 __global__ void sum_squares_kernel(const T* __restrict__ x, int64_t n, double* out) {
   float acc = 0.f;
-  GRID_STRIDE(i, n) {
-    const float v = to_f32(x[i]);
-    acc += v * v;
+  GRID_STRIDE(j, n / N) {
+    float v[N];
+    load_f32<N>(x + j * N, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) acc += v[k] * v[k];
   }
   acc = block_sum(acc);
   if (threadIdx.x == 0) atomicAdd(out, double(acc));
 }
 
-template <class T>
+template <int N, class T>
 __global__ void clip_scale_kernel(T* __restrict__ x, int64_t n, const double* __restrict__ total_sq,
                                   double max_norm) {
   const double coef = max_norm / (sqrt(*total_sq) + 1e-6);
   if (coef >= 1.0) return;
-  GRID_STRIDE(i, n) x[i] = from_f32<T>(to_f32(x[i]) * float(coef));
+  GRID_STRIDE(j, n / N) {
+    float v[N];
+    load_f32<N>(x + j * N, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] *= float(coef);
+    store_f32<N>(x + j * N, v);
+  }
 }
 
-// y[r, c] += bias[c]: GEMM's bias where the BIAS epilogue cannot take the vector.
-template <class T>
+// y[r, c] += bias[c]: GEMM's bias where the BIAS epilogue cannot take the vector. N columns a
+// thread-step would need cols a multiple of N (a pack never crosses a row).
+template <int N, class T>
 __global__ void add_bias_rows_kernel(T* __restrict__ y, const T* __restrict__ bias, int64_t rows,
                                      int64_t cols) {
-  GRID_STRIDE(i, rows * cols) y[i] = from_f32<T>(to_f32(y[i]) + to_f32(bias[i % cols]));
+  GRID_STRIDE(j, rows * cols / N) {
+    float v[N], b[N];
+    load_f32<N>(y + j * N, v);
+    load_f32<N>(bias + j * N % cols, b);
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] += b[k];
+    store_f32<N>(y + j * N, v);
+  }
 }
 
 // db[c] += sum over rows of dy[r, c], in two deterministic passes (no atomics: the same sums in
@@ -97,8 +135,16 @@ void add(const void* a, const void* b, void* out, DType t, int64_t n, int device
   CUDA_CHECK(cudaSetDevice(device));
   dispatch_float(t, "add", [&](auto tv) {
     using T = decltype(tv);
-    add_kernel<T><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(
-        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n);
+    constexpr int N = vec_elems<T>();
+    const T* pa = static_cast<const T*>(a);
+    const T* pb = static_cast<const T*>(b);
+    T* po = static_cast<T*>(out);
+    launch_vec<N>(n, vec_aligned<N>(pa) && vec_aligned<N>(pb) && vec_aligned<N>(po),
+                  [&](auto w, int64_t off, int64_t cnt) {
+                    constexpr int W = decltype(w)::value;
+                    add_kernel<W, T><<<grid_for(cnt / W, 256), 256, 0, cudaStream_t(s)>>>(
+                        pa + off, pb + off, po + off, cnt);
+                  });
   });
   CUDA_CHECK(cudaGetLastError());
 }
@@ -110,8 +156,15 @@ void add_inplace(void* a, DType at, const void* b, DType bt, int64_t n, int devi
     using A = decltype(av);
     dispatch_float(bt, "add_", [&](auto bv) {
       using B = decltype(bv);
-      add_inplace_kernel<A, B><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(
-          static_cast<A*>(a), static_cast<const B*>(b), n);
+      constexpr int N = vec_elems<A, B>();
+      A* pa = static_cast<A*>(a);
+      const B* pb = static_cast<const B*>(b);
+      launch_vec<N>(
+          n, vec_aligned<N>(pa) && vec_aligned<N>(pb), [&](auto w, int64_t off, int64_t cnt) {
+            constexpr int W = decltype(w)::value;
+            add_inplace_kernel<W, A, B>
+                <<<grid_for(cnt / W, 256), 256, 0, cudaStream_t(s)>>>(pa + off, pb + off, cnt);
+          });
     });
   });
   CUDA_CHECK(cudaGetLastError());
@@ -122,7 +175,13 @@ void scale(void* x, DType t, double v, int64_t n, int device, Stream s) {
   CUDA_CHECK(cudaSetDevice(device));
   dispatch_float(t, "scale_", [&](auto tv) {
     using T = decltype(tv);
-    scale_kernel<T><<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(static_cast<T*>(x), float(v), n);
+    constexpr int N = vec_elems<T>();
+    T* px = static_cast<T*>(x);
+    launch_vec<N>(n, vec_aligned<N>(px), [&](auto w, int64_t off, int64_t cnt) {
+      constexpr int W = decltype(w)::value;
+      scale_kernel<W, T>
+          <<<grid_for(cnt / W, 256), 256, 0, cudaStream_t(s)>>>(px + off, float(v), cnt);
+    });
   });
   CUDA_CHECK(cudaGetLastError());
 }
@@ -132,8 +191,13 @@ void sum_squares_into(const void* x, DType t, int64_t n, double* acc, int device
   CUDA_CHECK(cudaSetDevice(device));
   dispatch_float(t, "sum_squares", [&](auto tv) {
     using T = decltype(tv);
-    sum_squares_kernel<T>
-        <<<grid_for(n, 256, 1024), 256, 0, cudaStream_t(s)>>>(static_cast<const T*>(x), n, acc);
+    constexpr int N = vec_elems<T>();
+    const T* px = static_cast<const T*>(x);
+    launch_vec<N>(n, vec_aligned<N>(px), [&](auto w, int64_t off, int64_t cnt) {
+      constexpr int W = decltype(w)::value;
+      sum_squares_kernel<W, T>
+          <<<grid_for(cnt / W, 256, 1024), 256, 0, cudaStream_t(s)>>>(px + off, cnt, acc);
+    });
   });
   CUDA_CHECK(cudaGetLastError());
 }
@@ -144,8 +208,13 @@ void clip_scale(void* x, DType t, int64_t n, const double* total_sq, double max_
   CUDA_CHECK(cudaSetDevice(device));
   dispatch_float(t, "clip_grad_norm", [&](auto tv) {
     using T = decltype(tv);
-    clip_scale_kernel<T>
-        <<<grid_for(n, 256), 256, 0, cudaStream_t(s)>>>(static_cast<T*>(x), n, total_sq, max_norm);
+    constexpr int N = vec_elems<T>();
+    T* px = static_cast<T*>(x);
+    launch_vec<N>(n, vec_aligned<N>(px), [&](auto w, int64_t off, int64_t cnt) {
+      constexpr int W = decltype(w)::value;
+      clip_scale_kernel<W, T>
+          <<<grid_for(cnt / W, 256), 256, 0, cudaStream_t(s)>>>(px + off, cnt, total_sq, max_norm);
+    });
   });
   CUDA_CHECK(cudaGetLastError());
 }
@@ -156,7 +225,9 @@ void add_bias_rows(void* y, DType t, const void* bias, int64_t rows, int64_t col
   CUDA_CHECK(cudaSetDevice(device));
   dispatch_float(t, "linear bias", [&](auto tv) {
     using T = decltype(tv);
-    add_bias_rows_kernel<T><<<grid_for(rows * cols, 256), 256, 0, cudaStream_t(s)>>>(
+    // One element a step: gemm.cu adds a bias here only when it is under-aligned for the
+    // epilogue (under 16 bytes), so never for a pack.
+    add_bias_rows_kernel<1, T><<<grid_for(rows * cols, 256), 256, 0, cudaStream_t(s)>>>(
         static_cast<T*>(y), static_cast<const T*>(bias), rows, cols);
   });
   CUDA_CHECK(cudaGetLastError());

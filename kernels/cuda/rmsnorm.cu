@@ -12,53 +12,96 @@
 
 namespace fsdp::kernels::cuda {
 
-template <class T>
+// Both kernels take a row N columns a thread-step: 16-byte loads and stores where dim is a
+// multiple of N and every pointer is aligned to N elements (then so is each row), one column
+// elsewhere.
+template <int N, class T>
 __global__ void rmsnorm_fwd(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
                             float* __restrict__ rstd, int64_t dim, float eps, float w_offset) {
   const int64_t row = blockIdx.x;
   const T* xr = x + row * dim;
+  const int64_t first = int64_t(threadIdx.x) * N, step = int64_t(blockDim.x) * N;
   float ss = 0.f;
-  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
-    const float v = to_f32(xr[c]);
-    ss += v * v;
+  for (int64_t c = first; c < dim; c += step) {
+    float v[N];
+    load_f32<N>(xr + c, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) ss += v[k] * v[k];
   }
   ss = block_sum(ss);
   const float rs = rsqrtf(ss / float(dim) + eps);
   if (threadIdx.x == 0) rstd[row] = rs;
-  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x)
-    y[row * dim + c] = from_f32<T>(to_f32(xr[c]) * rs * (to_f32(w[c]) + w_offset));
+  for (int64_t c = first; c < dim; c += step) {
+    float v[N], wv[N];
+    load_f32<N>(xr + c, v);
+    load_f32<N>(w + c, wv);
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = v[k] * rs * (wv[k] + w_offset);
+    store_f32<N>(y + row * dim + c, v);
+  }
 }
 
 // dx of each row, and this block's share of dw. A block walks rows blockIdx.x, blockIdx.x +
-// gridDim.x, ...; each thread owns the columns threadIdx.x + k * blockDim.x, so its dw sums live
-// in shared memory with no atomics, and the block writes them once to partial[blockIdx.x]. dy
-// and x are read once for both gradients.
-template <class T>
+// gridDim.x, ...; each thread owns the columns threadIdx.x * N + k * blockDim.x * N (and the N
+// after each), the same in every loop here, so its dw sums live in shared memory with no atomics
+// and no barrier, and the block writes them once to partial[blockIdx.x]. dy and x are read once
+// for both gradients.
+template <int N, class T>
 __global__ void rmsnorm_bwd(const T* __restrict__ dy, const T* __restrict__ x,
                             const T* __restrict__ w, const float* __restrict__ rstd,
                             T* __restrict__ dx, float* __restrict__ partial, int64_t rows,
                             int64_t dim, float w_offset) {
-  extern __shared__ float dw_acc[];  // [dim] when partial, else unused
+  extern __shared__ __align__(16) float dw_acc[];  // [dim] when partial, else unused
+  const int64_t first = int64_t(threadIdx.x) * N, step = int64_t(blockDim.x) * N;
   if (partial)
-    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) dw_acc[c] = 0.f;
+    for (int64_t c = first; c < dim; c += step)
+#pragma unroll
+      for (int k = 0; k < N; ++k) dw_acc[c + k] = 0.f;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * dim;
     const T* dyr = dy + row * dim;
     const float rs = rstd[row];
     float dot = 0.f;
-    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x)
-      dot += to_f32(dyr[c]) * (to_f32(w[c]) + w_offset) * to_f32(xr[c]);
+    for (int64_t c = first; c < dim; c += step) {
+      float g[N], wv[N], xv[N];
+      load_f32<N>(dyr + c, g);
+      load_f32<N>(w + c, wv);
+      load_f32<N>(xr + c, xv);
+#pragma unroll
+      for (int k = 0; k < N; ++k) dot += g[k] * (wv[k] + w_offset) * xv[k];
+    }
     dot = block_sum(dot);  // (its barriers also order this row's reads after the last row's)
-    const float k = dot * rs * rs / float(dim);
-    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
-      const float g = to_f32(dyr[c]), xv = to_f32(xr[c]);
-      dx[row * dim + c] = from_f32<T>(rs * (g * (to_f32(w[c]) + w_offset) - xv * k));
-      if (partial) dw_acc[c] += g * xv * rs;
+    const float kk = dot * rs * rs / float(dim);
+    for (int64_t c = first; c < dim; c += step) {
+      float g[N], wv[N], xv[N], d[N];
+      load_f32<N>(dyr + c, g);
+      load_f32<N>(w + c, wv);
+      load_f32<N>(xr + c, xv);
+#pragma unroll
+      for (int k = 0; k < N; ++k) d[k] = rs * (g[k] * (wv[k] + w_offset) - xv[k] * kk);
+      store_f32<N>(dx + row * dim + c, d);
+      if (!partial) continue;
+      if constexpr (N % 4 == 0) {  // 16-byte shared accesses: no N-way bank conflicts
+        float4* acc = reinterpret_cast<float4*>(dw_acc + c);
+#pragma unroll
+        for (int q = 0; q < N / 4; ++q) {
+          float4 a = acc[q];
+          a.x += g[4 * q] * xv[4 * q] * rs;
+          a.y += g[4 * q + 1] * xv[4 * q + 1] * rs;
+          a.z += g[4 * q + 2] * xv[4 * q + 2] * rs;
+          a.w += g[4 * q + 3] * xv[4 * q + 3] * rs;
+          acc[q] = a;
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < N; ++k) dw_acc[c + k] += g[k] * xv[k] * rs;
+      }
     }
   }
   if (partial)
-    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x)
-      partial[int64_t(blockIdx.x) * dim + c] = dw_acc[c];
+    for (int64_t c = first; c < dim; c += step)
+#pragma unroll
+      for (int k = 0; k < N; ++k) partial[int64_t(blockIdx.x) * dim + c + k] = dw_acc[c + k];
 }
 
 // dw[c] += sum over blocks of partial[b][c], in block order (deterministic).
@@ -93,9 +136,15 @@ void rmsnorm_forward(const void* x, const void* w, void* y, float* rstd, DType t
   CUDA_CHECK(cudaSetDevice(device));
   dispatch_float(t, "rmsnorm", [&](auto tv) {
     using T = decltype(tv);
-    rmsnorm_fwd<T><<<unsigned(rows), 256, 0, cudaStream_t(s)>>>(
-        static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), rstd, dim,
-        float(eps), w_offset);
+    constexpr int N = vec_elems<T>();
+    const T* px = static_cast<const T*>(x);
+    const T* pw = static_cast<const T*>(w);
+    T* py = static_cast<T*>(y);
+    auto kernel = dim % N == 0 && vec_aligned<N>(px) && vec_aligned<N>(pw) && vec_aligned<N>(py)
+                      ? rmsnorm_fwd<N, T>
+                      : rmsnorm_fwd<1, T>;
+    kernel<<<unsigned(rows), 256, 0, cudaStream_t(s)>>>(px, pw, py, rstd, dim, float(eps),
+                                                        w_offset);
   });
   CUDA_CHECK(cudaGetLastError());
 }
@@ -111,12 +160,20 @@ void rmsnorm_backward(const void* dy, const void* x, const void* w, const float*
   const size_t smem = dw ? size_t(dim) * sizeof(float) : 0;
   dispatch_float(t, "rmsnorm_backward", [&](auto tv) {
     using T = decltype(tv);
+    constexpr int N = vec_elems<T>();
+    const T* pdy = static_cast<const T*>(dy);
+    const T* px = static_cast<const T*>(x);
+    const T* pw = static_cast<const T*>(w);
+    T* pdx = static_cast<T*>(dx);
+    auto kernel = dim % N == 0 && vec_aligned<N>(pdy) && vec_aligned<N>(px) && vec_aligned<N>(pw) &&
+                          vec_aligned<N>(pdx)
+                      ? rmsnorm_bwd<N, T>
+                      : rmsnorm_bwd<1, T>;
     if (smem > 48 * 1024)
-      CUDA_CHECK(cudaFuncSetAttribute(rmsnorm_bwd<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(smem)));
-    rmsnorm_bwd<T><<<unsigned(blocks), 256, smem, cudaStream_t(s)>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), rstd,
-        static_cast<T*>(dx), dw ? scratch : nullptr, rows, dim, w_offset);
+      CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    kernel<<<unsigned(blocks), 256, smem, cudaStream_t(s)>>>(
+        pdy, px, pw, rstd, pdx, dw ? scratch : nullptr, rows, dim, w_offset);
   });
   CUDA_CHECK(cudaGetLastError());
   if (dw) {

@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -108,6 +109,48 @@ __device__ __forceinline__ T from_f32(float v) {
 inline unsigned grid_for(int64_t n, int block, unsigned cap = 65535u) {
   const int64_t g = (n + block - 1) / block;
   return unsigned(g < 1 ? 1 : (g > cap ? cap : g));
+}
+
+// 16-byte loads and stores: Pack<T, N> is N consecutive elements read or written in one access,
+// where their address is aligned to the pack (16 bytes, or 8 for four bf16 beside four f32).
+template <class T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+// Elements per access for a kernel over storage types T...: 16 bytes of the widest.
+template <class... T>
+constexpr int vec_elems() {
+  size_t widest = 1;
+  ((widest = sizeof(T) > widest ? sizeof(T) : widest), ...);
+  return int(16 / widest);
+}
+// On the host: whether p may be read or written N elements at a time.
+template <int N, class T>
+inline bool vec_aligned(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * N) == 0;
+}
+template <int N, class T>
+__device__ __forceinline__ void load_f32(const T* p, float (&v)[N]) {
+  const Pack<T, N> pk = *reinterpret_cast<const Pack<T, N>*>(p);
+#pragma unroll
+  for (int k = 0; k < N; ++k) v[k] = to_f32(pk.v[k]);
+}
+template <int N, class T>
+__device__ __forceinline__ void store_f32(T* p, const float (&v)[N]) {
+  Pack<T, N> pk;
+#pragma unroll
+  for (int k = 0; k < N; ++k) pk.v[k] = from_f32<T>(v[k]);
+  *reinterpret_cast<Pack<T, N>*>(p) = pk;
+}
+// Launches an elementwise kernel N elements a thread-step: launch(W, offset, count), W an
+// std::integral_constant, is called with W = N over the longest prefix whose count is a multiple
+// of N where `aligned` (every pointer vec_aligned<N>), and with W = 1 over the rest (all of it
+// where not aligned). The kernel reads and writes elements [offset, offset + count), W at a time.
+template <int N, class Launch>
+void launch_vec(int64_t n, bool aligned, Launch&& launch) {
+  const int64_t head = aligned ? n / N * N : 0;
+  if (head > 0) launch(std::integral_constant<int, N>{}, int64_t(0), head);
+  if (head < n) launch(std::integral_constant<int, 1>{}, head, n - head);
 }
 
 #define GRID_STRIDE(i, n)                                                   \
