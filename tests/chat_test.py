@@ -15,7 +15,9 @@
   (d) --pack: 16 samples of 25 tokens (the ends of real chats, replies in each), packed 4 to a
       row of 96 positions, give the losses of the same samples one per row (--seq 24), at 1 rank
       and 2 (f32, 1e-5 relative; at 1 rank they came out bit-equal, 2026-12-03): no sample sees
-      another and each one's positions start at 0; --pack on a token stream or a bidirectional
+      another and each one's positions start at 0; a text's documents (split at --pack-eos) pack
+      as the same documents do as tokenized rows (the same losses); --pack on text with no EOS
+      or a bidirectional
       model is refused, and so is a resume of a packed run without --pack;
   (e) LoRA (--lora-rank 4 on q, v and down): the packed rows' losses at 1 rank and 2 agree (1e-5
       relative) and move; the checkpoint holds the adapters alone; fsdp-export --peft writes the
@@ -264,10 +266,32 @@ with tempfile.TemporaryDirectory() as work:
              "--batch", "2", "--ckpt-dir", ck, "--resume", "--pack=false", "--steps", "3", "--sample-tokens", "0"],
             env=env)
     check(r.returncode != 0 and "was saved with --pack" in r.stderr, f"resume without --pack: {r.stderr[-300:]!r}")
+    # A text's documents (here its lines: --pack-eos 10, the byte of a newline) pack as the same
+    # documents do as tokenized rows, every token a target: the same rows, the same losses bit for
+    # bit. Without an EOS (bytes have none) --pack on text is refused, naming the flag.
     txt = os.path.join(work, "text.txt")
-    open(txt, "w").write("plain text " * 100)
+    docs = [("line %d " % i) + "word " * (i * 7 % 13) + "\n" for i in range(40)]
+    open(txt, "w").write("".join(docs))
+    drows = os.path.join(work, "doc_rows.jsonl")
+    with open(drows, "w") as f:
+        for d in docs:
+            ids = list(d.encode())
+            f.write(json.dumps({"input_ids": ids, "labels": ids}) + "\n")
+    tiny = [os.path.join(bindir, "fsdp-train"), "--preset", "tiny", "--arch", "llama", "--pack", "--seq", "64",
+            "--batch", "4", "--steps", "3", "--sample-tokens", "0", "--threads", "2"]
+    logs = {}
+    for name, data, extra in (("text", txt, ["--pack-eos", "10"]), ("rows", drows, [])):
+        logs[name] = os.path.join(work, f"docs_{name}.jsonl")
+        r = run(tiny + ["--data", data, "--log-file", logs[name], *extra])
+        check(r.returncode == 0, f"fsdp-train --pack on {name}: {r.stdout[-300:]} {r.stderr[-300:]}")
+        if name == "text":
+            check("40 documents packed into" in r.stdout and "attention never crosses a document" in r.stdout,
+                  f"the data line does not describe the text's packing: {r.stdout[:800]}")
+    lt, lr = ([json.loads(line) for line in open(logs[n])] if os.path.exists(logs[n]) else [] for n in ("text", "rows"))
+    check(lt and loss(lt) == loss(lr), f"--pack: the text's documents {loss(lt)} and the same rows {loss(lr)} differ")
+    print(f"chat_test: a text's 40 lines packed as documents {loss(lt)}, as rows {loss(lr)}")
     r = run([os.path.join(bindir, "fsdp-train"), "--data", txt, "--pack", "--steps", "1"])
-    check(r.returncode != 0 and "--pack packs the samples of a .jsonl" in r.stderr, f"--pack on text: {r.stderr[-200:]!r}")
+    check(r.returncode != 0 and "pass --pack-eos ID" in r.stderr, f"--pack on text with no EOS: {r.stderr[-200:]!r}")
     r = run([os.path.join(bindir, "fsdp-train"), "--arch", "seed", "--data", pr, "--pack", "--steps", "1"])
     check(r.returncode != 0 and "--pack needs causal attention" in r.stderr, f"--pack on arch seed: {r.stderr[-200:]!r}")
 

@@ -466,6 +466,38 @@ TEST(Samples, RowsArePaddedCutAndMaskedWhereTheLabelsSay) {
   EXPECT_EQ(val->windows(0, 1, 4).inputs.data<int32_t>()[0], 9);
 }
 
+// A token stream (text or llm.c shards) packs by documents: each ends after an EOS token (here
+// 0), every token of it a target, and whole documents fill the rows as samples do. Only the
+// documents' starts are kept; the tokens are read from the stream per batch.
+TEST(Packing, AStreamPacksItsDocumentsSplitAfterEachEos) {
+  const int32_t I = int32_t(fsdp::kIgnoreIndex);
+  auto stream = std::make_shared<TokenVector>(
+      std::vector<int32_t>{5, 6, 0, 7, 8, 9, 0, 3, 4, 1, 2, 3, 4, 5, 6, 0, 0, 8}, "eighteen tokens",
+      4);
+  // documents: [5 6 0] [7 8 9 0] [3 4 1 2 3 4 5 6 0] [0] [8]: 2, 3, 8, 0 and 0 positions
+  std::unique_ptr<PackedSource> p = PackedSource::of_documents(stream, 0, 4);
+  EXPECT_EQ(p->samples(), 3);
+  EXPECT_EQ(p->split(), 1);  // 8 positions > 4
+  // rows: [5 6 | pad pad], [7 8 9 | pad], [3 4 1 2], [3 4 5 6]
+  ASSERT_EQ(p->rows(), 4);
+  EXPECT_NEAR(p->fill(), 13.0 / 16.0, 1e-12);
+  Batch b = p->windows(0, 4, 4);
+  auto vec = [](const Tensor& t) {
+    return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+  };
+  EXPECT_EQ(vec(b.inputs), (std::vector<int32_t>{5, 6, 0, 0, 7, 8, 9, 0, 3, 4, 1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(vec(b.targets), (std::vector<int32_t>{6, 0, I, I, 8, 9, 0, I, 4, 1, 2, 3, 4, 5, 6, 0}));
+  EXPECT_EQ(vec(b.doc_start),
+            (std::vector<int32_t>{0, 0, 2, 2, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_NO_THROW(ops::check_doc_start(b.doc_start, 4, 4));
+  EXPECT_NE(p->describe().find("3 documents packed into 4 rows"), std::string::npos)
+      << p->describe();
+  // No EOS at all: one document, split into pieces of the row.
+  std::unique_ptr<PackedSource> q = PackedSource::of_documents(stream, 99, 4);
+  EXPECT_EQ(q->samples(), 1);
+  EXPECT_EQ(q->rows(), 5);  // 17 positions
+}
+
 // Packed rows: whole samples in order fill each row (a sample of n tokens takes n - 1 positions),
 // the rest is padding that is no target and a document of its own; a sample longer than the row
 // is split into pieces, each its own document; doc_start names each position's document start.

@@ -18,10 +18,41 @@
 
 namespace fsdp::data {
 
+PackedSource::PackedSource(std::string description, int32_t pad, int64_t seq)
+    : description_(std::move(description)), pad_(pad), seq_(seq) {
+  FSDP_CHECK(seq_ > 0, "[data] {}: seq must be positive, got {}", description_, seq_);
+}
+
 PackedSource::PackedSource(std::shared_ptr<const std::vector<TokenizedSample>> all, int64_t begin,
                            int64_t end, std::string description, int32_t pad, int64_t seq)
-    : all_(std::move(all)), description_(std::move(description)), pad_(pad), seq_(seq) {
-  FSDP_CHECK(seq_ > 0, "[data] {}: seq must be positive, got {}", description_, seq_);
+    : PackedSource(std::move(description), pad, seq) {
+  all_ = std::move(all);
+  pack(begin, end, [this](int64_t k) { return int64_t((*all_)[size_t(k)].ids.size()); });
+}
+
+std::unique_ptr<PackedSource> PackedSource::of_documents(std::shared_ptr<const TokenStream> stream,
+                                                         int32_t eos, int64_t seq) {
+  FSDP_CHECK(stream != nullptr, "[data] of_documents: no stream");
+  std::unique_ptr<PackedSource> p(new PackedSource(
+      fmt::format("{}, documents ending at token {}", stream->describe(), eos), eos, seq));
+  // One pass over the stream in chunks, as a batch reads it (a shard's tokens checked there).
+  constexpr int64_t kChunk = int64_t(1) << 20;
+  const int64_t size = stream->size();
+  p->doc_begin_.push_back(0);
+  for (int64_t at = 0; at < size; at += kChunk) {
+    const std::vector<int32_t> ids = stream->read(at, std::min(kChunk, size - at));
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] == eos && at + int64_t(i) + 1 < size) p->doc_begin_.push_back(at + int64_t(i) + 1);
+  }
+  p->doc_begin_.push_back(size);
+  p->stream_ = std::move(stream);
+  const std::vector<int64_t>& b = p->doc_begin_;
+  p->pack(0, int64_t(b.size()) - 1, [&b](int64_t k) { return b[size_t(k + 1)] - b[size_t(k)]; });
+  return p;
+}
+
+template <class Length>
+void PackedSource::pack(int64_t begin, int64_t end, Length tokens) {
   row_begin_.push_back(0);
   int64_t used = 0;  // positions of the row being filled
   auto close_row = [&] {
@@ -29,7 +60,7 @@ PackedSource::PackedSource(std::shared_ptr<const std::vector<TokenizedSample>> a
     used = 0;
   };
   for (int64_t k = begin; k < end; ++k) {
-    const int64_t n = int64_t((*all_)[size_t(k)].ids.size()) - 1;  // positions
+    const int64_t n = tokens(k) - 1;  // positions
     if (n <= 0) continue;
     ++samples_packed_;
     split_ += n > seq_;
@@ -70,8 +101,18 @@ Batch PackedSource::windows(int64_t first, int64_t rows, int64_t seq) const {
     int64_t t = 0;
     for (int64_t p = row_begin_[size_t(row)]; p < row_begin_[size_t(row + 1)]; ++p) {
       const Piece& piece = pieces_[size_t(p)];
-      const TokenizedSample& s = (*all_)[size_t(piece.sample)];
       const int32_t start = int32_t(t);
+      if (stream_) {  // a document: every token a target
+        const std::vector<int32_t> ids =
+            stream_->read(doc_begin_[size_t(piece.sample)] + piece.offset, piece.length + 1);
+        for (int64_t i = 0; i < piece.length; ++i, ++t) {
+          in[t] = ids[size_t(i)];
+          tg[t] = ids[size_t(i + 1)];
+          ds[t] = start;
+        }
+        continue;
+      }
+      const TokenizedSample& s = (*all_)[size_t(piece.sample)];
       for (int64_t i = piece.offset; i < piece.offset + piece.length; ++i, ++t) {
         in[t] = s.ids[size_t(i)];
         tg[t] = s.target[size_t(i + 1)] ? s.ids[size_t(i + 1)] : int32_t(kIgnoreIndex);
@@ -89,9 +130,10 @@ Batch PackedSource::windows(int64_t first, int64_t rows, int64_t seq) const {
 
 std::string PackedSource::describe() const {
   return fmt::format(
-      "{} ({} samples packed into {} rows of --seq {}, {:.1f}% of positions filled; {} longer "
-      "than --seq split into pieces; attention never crosses a sample)",
-      description_, samples_packed_, rows(), seq_, 100.0 * fill(), split_);
+      "{} ({} {} packed into {} rows of --seq {}, {:.1f}% of positions filled; {} longer "
+      "than --seq split into pieces; attention never crosses a {})",
+      description_, samples_packed_, stream_ ? "documents" : "samples", rows(), seq_,
+      100.0 * fill(), split_, stream_ ? "document" : "sample");
 }
 
 std::unique_ptr<PackedSource> SampleSource::packed() const {

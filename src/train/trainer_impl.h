@@ -89,6 +89,7 @@ struct Trainer::Impl {
   void open_data();
   std::unique_ptr<data::TokenStream> open_stream(const std::string& spec);
   std::unique_ptr<data::SampleSource> open_samples(const std::string& spec);
+  int32_t pack_eos() const;
   void open_tokenizer();
   void build_model();
 

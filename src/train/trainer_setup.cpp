@@ -262,10 +262,9 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
 }
 
 void Trainer::Impl::open_data() {
-  FSDP_CHECK(!o.data.pack || data::is_jsonl(o.data.data),
-             "[fsdp-train] --pack packs the samples of a .jsonl --data (chats or tokenized rows); "
-             "{} is read as a stream of windows",
-             o.data.data.empty() ? std::string("random data") : o.data.data);
+  FSDP_CHECK(!o.data.pack || !o.data.data.empty(),
+             "[fsdp-train] --pack packs the samples of a .jsonl --data or the documents of a text "
+             "or shard --data; random data has neither");
   FSDP_CHECK(!o.data.pack || cfg.arch != nn::Arch::seed,
              "[fsdp-train] --pack needs causal attention (--arch llama): arch seed attends in both "
              "directions, across the samples of a row");
@@ -284,6 +283,18 @@ void Trainer::Impl::open_data() {
       src = std::move(samples);
       val = std::move(tail);
     }
+  } else if (!o.data.data.empty() && o.data.pack) {  // the documents, split at EOS, packed
+    std::shared_ptr<data::TokenStream> stream = open_stream(o.data.data);
+    const int32_t eos = pack_eos();
+    if (o.data.eval_every > 0 && o.data.val_data.empty()) {
+      auto [train, tail] = stream->split_tail(o.data.val_fraction, cfg.seq);
+      stream = std::move(train);
+      val = data::PackedSource::of_documents(std::move(tail), eos, cfg.seq);
+    }
+    std::unique_ptr<data::PackedSource> packed =
+        data::PackedSource::of_documents(std::move(stream), eos, cfg.seq);
+    if (o.data.shuffle) packed->set_shuffle(o.run.seed);
+    src = std::move(packed);
   } else if (!o.data.data.empty()) {
     std::unique_ptr<data::TokenStream> stream = open_stream(o.data.data);
     if (o.data.shuffle) stream->set_shuffle(o.run.seed, cfg.seq);
@@ -307,10 +318,29 @@ void Trainer::Impl::open_data() {
   }
   if (!o.data.val_data.empty())
     val = !data::is_jsonl(o.data.val_data)
-              ? std::shared_ptr<data::TokenSource>(open_stream(o.data.val_data))
+              ? (o.data.pack ? std::shared_ptr<data::TokenSource>(data::PackedSource::of_documents(
+                                   open_stream(o.data.val_data), pack_eos(), cfg.seq))
+                             : std::shared_ptr<data::TokenSource>(open_stream(o.data.val_data)))
           : o.data.pack
               ? std::shared_ptr<data::TokenSource>(open_samples(o.data.val_data)->packed())
               : std::shared_ptr<data::TokenSource>(open_samples(o.data.val_data));
+}
+
+// The token that ends a document of a packed text or shard stream: --pack-eos, or the tokenizer's
+// EOS.
+int32_t Trainer::Impl::pack_eos() const {
+  if (o.data.pack_eos >= 0) {
+    FSDP_CHECK(o.data.pack_eos < cfg.vocab, "[fsdp-train] --pack-eos {} is not below the vocab {}",
+               o.data.pack_eos, cfg.vocab);
+    return int32_t(o.data.pack_eos);
+  }
+  const std::optional<int32_t> eos = tokenizer ? tokenizer->eos_id() : std::nullopt;
+  FSDP_CHECK(eos.has_value(),
+             "[fsdp-train] --pack on {} splits its documents after an end-of-sequence token, and "
+             "{} names none: pass --pack-eos ID",
+             o.data.data,
+             tokenizer ? "the tokenizer (" + tokenizer->describe() + ")" : "no tokenizer");
+  return *eos;
 }
 
 // A JSONL file of chats (rendered with the --init-from model's template) or tokenized rows.

@@ -125,8 +125,15 @@ class SampleSource : public TokenSource {
 // The rows are made once, at construction; with the shuffle, row q of the run is packed row
 // shuffle_window(q mod R, R, seed, q / R) of the R rows, so each epoch visits every row once and
 // the position a checkpoint saves counts packed rows.
+// A text corpus or llm.c's shards pack the same way (of_documents): the stream is cut into
+// documents after each `eos` token (which ends its document; llm.c's shards, which begin each
+// document with it, then end the one before), every token a target. Only the documents' starts
+// are held (the tokens are read from the stream when a batch needs them), so the memory is 8
+// bytes a document plus the rows' pieces, not the corpus.
 class PackedSource : public TokenSource {
  public:
+  static std::unique_ptr<PackedSource> of_documents(std::shared_ptr<const TokenStream> stream,
+                                                    int32_t eos, int64_t seq);
   Batch windows(int64_t first, int64_t rows, int64_t seq) const override;  // seq: the packing's
   std::string describe() const override;
   bool masks_targets() const override { return true; }
@@ -140,10 +147,16 @@ class PackedSource : public TokenSource {
   friend class SampleSource;
   PackedSource(std::shared_ptr<const std::vector<TokenizedSample>> all, int64_t begin, int64_t end,
                std::string description, int32_t pad, int64_t seq);
+  PackedSource(std::string description, int32_t pad, int64_t seq);
+  // Packs the samples in order, sample k having n(k) tokens.
+  template <class Length>
+  void pack(int64_t begin, int64_t end, Length n);
   struct Piece {
     int64_t sample, offset, length;  // positions [offset, offset + length) of the sample
   };
   std::shared_ptr<const std::vector<TokenizedSample>> all_;
+  std::shared_ptr<const TokenStream> stream_;  // of_documents: document k is tokens
+  std::vector<int64_t> doc_begin_;             // [doc_begin_[k], doc_begin_[k + 1]) of it
   std::vector<Piece> pieces_;       // row by row
   std::vector<int64_t> row_begin_;  // row r holds pieces_[row_begin_[r], row_begin_[r + 1])
   std::string description_;
