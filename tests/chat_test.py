@@ -290,7 +290,8 @@ with tempfile.TemporaryDirectory() as work:
     lt, lr = ([json.loads(line) for line in open(logs[n])] if os.path.exists(logs[n]) else [] for n in ("text", "rows"))
     check(lt and loss(lt) == loss(lr), f"--pack: the text's documents {loss(lt)} and the same rows {loss(lr)} differ")
     print(f"chat_test: a text's 40 lines packed as documents {loss(lt)}, as rows {loss(lr)}")
-    r = run([os.path.join(bindir, "fsdp-train"), "--data", txt, "--pack", "--steps", "1"])
+    r = run([os.path.join(bindir, "fsdp-train"), "--preset", "tiny", "--arch", "llama", "--data", txt, "--pack",
+             "--steps", "1"])
     check(r.returncode != 0 and "pass --pack-eos ID" in r.stderr, f"--pack on text with no EOS: {r.stderr[-200:]!r}")
     r = run([os.path.join(bindir, "fsdp-train"), "--arch", "seed", "--data", pr, "--pack", "--steps", "1"])
     check(r.returncode != 0 and "--pack needs causal attention" in r.stderr, f"--pack on arch seed: {r.stderr[-200:]!r}")
