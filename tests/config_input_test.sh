@@ -87,17 +87,19 @@ cp -r hf4 hfnone && python3 -c 'import json; c = json.load(open("hfnone/tokenize
 gen --model hfnone --chat "Hi" --tokens 3 > /dev/null 2> none.err && bad "--chat without a template accepted" || ok
 grep -q "no chat template" none.err && ok || bad "no-template message: $(cat none.err)"
 noleak none.err "--chat without a template" && ok
-# ChatML's words only inside a Jinja comment: a Llama-3 template is not ChatML.
+# ChatML's and Llama 3's words only inside a Jinja comment: a header template without them
+# (no generation prompt, no trim, no BOS) is refused, not rendered as ChatML or Llama 3.
 cp -r hf4 hfllama3 && python3 - << 'EOF'
 import json
 c = json.load(open("hfllama3/tokenizer_config.json"))
 c["chat_template"] = ("{# unlike ChatML's <|im_start|> and <|im_end|>, add_generation_prompt <|im_start|>assistant "
-  "message['role'] message['content'] #}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
+  "message['role'] message['content'], or Llama 3's bos_token, trim and "
+  "<|start_header_id|>assistant<|end_header_id|> #}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
   "'<|end_header_id|>\n\n' + message['content'] + '<|eot_id|>' }}{% endfor %}")
 json.dump(c, open("hfllama3/tokenizer_config.json", "w"))
 EOF
-gen --model hfllama3 --chat "Hi" --tokens 3 > /dev/null 2> llama3.err && bad "Llama-3 template with a ChatML comment rendered as ChatML" || ok
-grep -q "not ChatML" llama3.err && ok || bad "Llama-3 template message: $(cat llama3.err)"
+gen --model hfllama3 --chat "Hi" --tokens 3 > /dev/null 2> llama3.err && bad "a header template with a ChatML comment rendered" || ok
+grep -q "not as Llama 3's templates do" llama3.err && ok || bad "header template message: $(cat llama3.err)"
 # ChatML with no <|im_end|> in the vocabulary would never stop: refused.
 cp -r hf4 hfnoend && cp hf10k/tokenizer.json hfnoend/ 2> /dev/null
 python3 -c 'import json; t = json.load(open("hfnoend/tokenizer.json")); t["model"]["vocab"].pop("<|im_end|>", None); t["added_tokens"] = [a for a in t["added_tokens"] if a["content"] != "<|im_end|>"]; json.dump(t, open("hfnoend/tokenizer.json", "w"))'

@@ -138,9 +138,10 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-ids", prompt_ids,
                  "the prompt as token ids (\"2,818,5279\"), no tokenizer needed: the new tokens' "
                  "ids are printed as a JSON list");
-  app.add_option("--chat", chat,
-                 "a user message, rendered with the model's chat template (ChatML or Gemma's); "
-                 "stops at the end of the turn");
+  app.add_option(
+      "--chat", chat,
+      "a user message, rendered with the model's chat template (ChatML, Gemma's or Llama 3's); "
+      "stops at the end of the turn");
   app.add_option("--system", system, "with --chat: the system message (default: the template's)");
   std::string chat_template;
   app.add_option("--chat-template", chat_template,

@@ -10,6 +10,8 @@
 //       each {"messages": [...]} line rendered with MODEL's chat template (a GGUF file or a
 //       Hugging Face folder: its tokenizer and template) and tokenized as fsdp-train trains on
 //       it: one line {"ids": [...], "target": [0|1, ...]} per conversation (tests/chat_test.py)
+//   fsdp-tokenize --tokenizer tokenizer.json --chat-template T.jinja --chat chats.jsonl
+//       the same with a tokenizer file alone and a template
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
@@ -37,7 +39,16 @@ namespace {
 // --chat: each conversation as fsdp-train sees it, ids and targets.
 void print_chats(const std::string& model, const std::string& jsonl,
                  const std::string& chat_template) {
-  fsdp::checkpoint::Pretrained pre = fsdp::checkpoint::load_pretrained(model);
+  fsdp::checkpoint::Pretrained pre;
+  if (model.ends_with(".json")) {  // a tokenizer alone: the template from --chat-template
+    FSDP_CHECK(!chat_template.empty(),
+               "[fsdp-tokenize] --chat with the tokenizer file {} needs --chat-template FILE (a "
+               "tokenizer.json holds no template)",
+               model);
+    pre.tokenizer = fsdp::data::Tokenizer::from_file(model);
+  } else {
+    pre = fsdp::checkpoint::load_pretrained(model);
+  }
   if (!chat_template.empty()) fsdp::checkpoint::set_chat_template(pre, chat_template);
   FSDP_CHECK(pre.tokenizer, "[fsdp-tokenize] --chat: {} has no tokenizer", model);
   FSDP_CHECK(!pre.chat_template.empty(), "[fsdp-tokenize] --chat: {} has no chat template", model);
@@ -65,9 +76,11 @@ int main(int argc, char** argv) {
                  "bytes")
       ->capture_default_str();
   app.add_flag("--decode", decode, "read ids (whitespace-separated), write the text");
-  app.add_option("--chat", chat,
-                 "a JSONL file of conversations: print each one's ids and targets, rendered with "
-                 "the chat template of --tokenizer (a model: GGUF file or Hugging Face folder)");
+  app.add_option(
+      "--chat", chat,
+      "a JSONL file of conversations: print each one's ids and targets, rendered with "
+      "the chat template of --tokenizer (a model: GGUF file or Hugging Face folder; or a "
+      "tokenizer.json with --chat-template)");
   app.add_option("--chat-template", chat_template,
                  "with --chat: a Jinja chat template file in place of the model's own");
   app.add_option("--save-json", save_json,

@@ -692,7 +692,7 @@ std::string without_jinja_comments(const std::string& t) {
 std::optional<int32_t> end_of_turn_id(const data::Tokenizer& tok, const std::string& raw_template,
                                       std::optional<int32_t> eos) {
   const std::string chat_template = without_jinja_comments(raw_template);
-  for (const char* end : {"<|im_end|>", "<end_of_turn>"})
+  for (const char* end : {"<|im_end|>", "<end_of_turn>", "<|eot_id|>"})
     if (chat_template.find(end) != std::string::npos)
       if (auto id = token_id(tok, end)) return id;
   return eos;

@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <initializer_list>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 
@@ -29,6 +31,8 @@ using nlohmann::json;
 
 constexpr std::string_view kStart = "<|im_start|>", kEnd = "<|im_end|>";
 constexpr std::string_view kGemmaStart = "<start_of_turn>", kGemmaEnd = "<end_of_turn>";
+constexpr std::string_view kHeaderStart = "<|start_header_id|>", kHeaderEnd = "<|end_header_id|>",
+                           kEot = "<|eot_id|>", kLlamaBos = "<|begin_of_text|>";
 
 // The template's text outside {# ... #} comments: a word inside a comment says nothing of the
 // format (a Llama 3 template may mention ChatML in one).
@@ -59,10 +63,76 @@ std::string kind_of(const json& v) {
   }
 }
 
+// The text of a Jinja string literal from `at` to its first escape or closing quote: the
+// "December 2023" of "Cutting Knowledge Date: December 2023\n".
+std::string literal_until_escape(const std::string& t, size_t at) {
+  const size_t end = t.find_first_of("\\'\"", at);
+  return end == std::string::npos ? "" : t.substr(at, end - at);
+}
+
+// Today's date as the templates' strftime_now("%d %b %Y") writes it in transformers: Python's
+// datetime.now(), local time, the C locale's month ("04 Dec 2026").
+std::string today_d_b_Y() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char buf[32];
+  const size_t n = std::strftime(buf, sizeof buf, "%d %b %Y", &local);
+  return std::string(buf, n);
+}
+
+// Llama 3.1's to 3.3's system block before the system message: the knowledge cutoff and the date
+// the template writes, or none where it writes no such block (Llama 3.0's).
+std::optional<std::string> llama3_system_preamble(const std::string& t) {
+  constexpr std::string_view cutoff = "Cutting Knowledge Date: ", today = "Today Date: ";
+  const size_t c = t.find(cutoff);
+  if (c == std::string::npos) return std::nullopt;
+  const std::string when = literal_until_escape(t, c + cutoff.size());
+  // The date: today's where the template asks strftime_now for it (transformers defines it),
+  // else the literal it sets date_string to when the caller passes none.
+  std::string date;
+  if (has(t, "strftime_now")) {
+    date = today_d_b_Y();
+  } else {
+    constexpr std::string_view set = "date_string = ";
+    const size_t d = t.find(set);
+    if (d != std::string::npos && d + set.size() < t.size() &&
+        (t[d + set.size()] == '"' || t[d + set.size()] == '\''))
+      date = literal_until_escape(t, d + set.size() + 1);
+  }
+  FSDP_CHECK(!when.empty() && !date.empty() && has(t, today) && has(t, "date_string") &&
+                 has(t, "system_message"),
+             "[chat] the model's Llama 3 chat template writes a '{}' system block but not as "
+             "Llama 3.1's to 3.3's do (the cutoff, 'Today Date: ' and a date_string that is a "
+             "literal or strftime_now's, then the system message); refusing to guess. Write "
+             "the samples as tokenized rows with scripts/chat_rows.py",
+             cutoff);
+  return fmt::format("{}{}\n{}{}\n\n", cutoff, when, today, date);
+}
+
 }  // namespace
 
 ChatFormat ChatFormat::recognize(const std::string& raw) {
   const std::string t = without_comments(raw);
+  // Llama 3's headers: <|begin_of_text|>, then each turn
+  // <|start_header_id|>{role}<|end_header_id|>\n\n{content | trim}<|eot_id|>, and the generation
+  // prompt <|start_header_id|>assistant<|end_header_id|>\n\n. 3.1's to 3.3's templates open with a
+  // system block whatever the conversation holds (llama3_system_preamble); the tools they can
+  // describe are not rendered here (a conversation holds system, user and assistant turns only).
+  if (has(t, kHeaderStart) && has(t, kHeaderEnd) && has(t, kEot)) {
+    FSDP_CHECK(has(t, "add_generation_prompt") && has(t, "trim") && has(t, "bos_token") &&
+                   has(t, "['content']") && (has(t, "['role']") || has(t, ".role")) &&
+                   has(t, "<|start_header_id|>assistant<|end_header_id|>"),
+               "[chat] the model's chat template writes <|start_header_id|> and <|eot_id|> but not "
+               "as Llama 3's templates do (the BOS token, a header per turn, trimmed content, the "
+               "generation prompt); refusing to guess. Write the samples as tokenized rows with "
+               "scripts/chat_rows.py. Its start: '{}'",
+               t.substr(0, 120));
+    ChatFormat f;
+    f.kind_ = Kind::llama3;
+    f.system_preamble_ = llama3_system_preamble(t);
+    return f;
+  }
   // Gemma's turns: <start_of_turn>{user|model}\n{content | trim}<end_of_turn>\n after the BOS
   // token, the system message folded into the first user turn, the generation prompt
   // <start_of_turn>model\n. Taken as Gemma's when the template writes those markers, maps the
@@ -87,8 +157,9 @@ ChatFormat ChatFormat::recognize(const std::string& raw) {
                       has(t, "<|im_start|>assistant") && has(t, "['role']") &&
                       has(t, "['content']");
   FSDP_CHECK(chatml,
-             "[chat] the model's chat template is not ChatML (<|im_start|>role ... <|im_end|>) "
-             "nor Gemma's (<start_of_turn>role ... <end_of_turn>), the forms rendered here; "
+             "[chat] the model's chat template is not ChatML (<|im_start|>role ... <|im_end|>), "
+             "Gemma's (<start_of_turn>role ... <end_of_turn>) nor Llama 3's "
+             "(<|start_header_id|>role<|end_header_id|> ... <|eot_id|>), the forms rendered here; "
              "refusing to guess. Write the samples as tokenized rows "
              "({{\"input_ids\": [...], \"labels\": [...]}}) with the model's own renderer "
              "(scripts/chat_rows.py). Its start: '{}'",
@@ -108,11 +179,13 @@ ChatFormat ChatFormat::recognize(const std::string& raw) {
   return f;
 }
 
-std::string ChatFormat::name() const { return kind_ == Kind::gemma ? "Gemma" : "ChatML"; }
+std::string ChatFormat::name() const {
+  return kind_ == Kind::gemma ? "Gemma" : kind_ == Kind::llama3 ? "Llama 3" : "ChatML";
+}
 
 const std::string& ChatFormat::end_of_turn() const {
-  static const std::string chatml(kEnd), gemma(kGemmaEnd);
-  return kind_ == Kind::gemma ? gemma : chatml;
+  static const std::string chatml(kEnd), gemma(kGemmaEnd), llama3(kEot);
+  return kind_ == Kind::gemma ? gemma : kind_ == Kind::llama3 ? llama3 : chatml;
 }
 
 namespace {
@@ -166,6 +239,37 @@ RenderedChat render_gemma(const Conversation& chat, bool add_generation_prompt) 
   return out;
 }
 
+// Llama 3's: the BOS, each turn's header and trimmed content and <|eot_id|>. 3.1's to 3.3's
+// templates take a first system turn into their system block, after its preamble (and write the
+// block, with an empty message, where there is none); 3.0's writes a system turn as any other.
+RenderedChat render_llama3(const ChatFormat& format, const Conversation& chat,
+                           bool add_generation_prompt) {
+  RenderedChat out;
+  out.text = kLlamaBos;
+  auto header = [&](const std::string& role) {
+    out.text += std::string(kHeaderStart) + role + std::string(kHeaderEnd) + "\n\n";
+  };
+  size_t first = 0;
+  if (const auto& preamble = format.system_preamble()) {
+    header("system");
+    out.text += *preamble;
+    if (!chat.empty() && chat[0].role == "system") {
+      out.text += python_strip(chat[0].content);
+      first = 1;
+    }
+    out.text += kEot;
+  }
+  for (size_t i = first; i < chat.size(); ++i) {
+    header(chat[i].role);
+    const size_t begin = out.text.size();
+    out.text += python_strip(chat[i].content);
+    out.text += kEot;
+    if (chat[i].role == "assistant") out.targets.emplace_back(begin, out.text.size());
+  }
+  if (add_generation_prompt) header("assistant");
+  return out;
+}
+
 }  // namespace
 
 RenderedChat render(const ChatFormat& format, const Conversation& chat,
@@ -180,6 +284,8 @@ RenderedChat render(const ChatFormat& format, const Conversation& chat,
                i);
   }
   if (format.kind() == ChatFormat::Kind::gemma) return render_gemma(chat, add_generation_prompt);
+  if (format.kind() == ChatFormat::Kind::llama3)
+    return render_llama3(format, chat, add_generation_prompt);
   RenderedChat out;
   auto turn = [&](const std::string& role, const std::string& content) {
     out.text += std::string(kStart) + role + "\n";

@@ -5,14 +5,19 @@
 //     names the format it writes: ChatML (<|im_start|>role\n...<|im_end|>\n: SmolLM2, Qwen2.5),
 //     with the template's own default system turn, or Gemma's (<bos>, then
 //     <start_of_turn>user|model\n{content, trimmed}<end_of_turn>\n, the roles alternating and
-//     the system message before the first user turn's content: Gemma 3's instruct template).
-//     Any other template is refused by name; a
+//     the system message before the first user turn's content: Gemma 3's instruct template), or
+//     Llama 3's headers (<|begin_of_text|>, then
+//     <|start_header_id|>role<|end_header_id|>\n\n{content, trimmed}<|eot_id|>: Llama 3.0's
+//     template, and 3.1's to 3.3's, which always open with a system block that holds the knowledge
+//     cutoff and a date, the template's fixed one or, where it calls strftime_now, today's as
+//     transformers writes it, "%d %b %Y" in local time). Any other template is refused by name; a
 //     conversation in another format reaches training as tokenized rows (below), which any
 //     renderer can write.
 //   - render() gives the text, token for token what transformers' apply_chat_template gives, and
 //     the byte spans that are targets: each assistant turn's content and its end-of-turn token
-//     (<|im_end|>, <end_of_turn>). The newline after it is not a target, nor is the header
-//     ("<|im_start|>assistant\n", "<start_of_turn>model\n").
+//     (<|im_end|>, <end_of_turn>, <|eot_id|>). The newline after it is not a target, nor is the
+//     header ("<|im_start|>assistant\n", "<start_of_turn>model\n",
+//     "<|start_header_id|>assistant<|end_header_id|>\n\n").
 //   - tokenize_chat() encodes the whole text once (never piece by piece, which would split BPE
 //     merges at the turns' edges) and marks a token a target when any of its bytes lies in a span,
 //     as transformers' return_assistant_tokens_mask does.
@@ -52,19 +57,23 @@ using Conversation = std::vector<ChatMessage>;
 
 class ChatFormat {
  public:
-  enum class Kind { chatml, gemma };
+  enum class Kind { chatml, gemma, llama3 };
   // Throws, quoting the template's start, for a template whose format is not one of Kind's.
   static ChatFormat recognize(const std::string& jinja_template);
   Kind kind() const { return kind_; }
-  std::string name() const;                // "ChatML", "Gemma"
-  const std::string& end_of_turn() const;  // "<|im_end|>", "<end_of_turn>"
+  std::string name() const;                // "ChatML", "Gemma", "Llama 3"
+  const std::string& end_of_turn() const;  // "<|im_end|>", "<end_of_turn>", "<|eot_id|>"
   // The system turn the template writes when the conversation has none (SmolLM2's "You are a
   // helpful AI assistant named SmolLM, ..."); none when the template writes none.
   const std::optional<std::string>& default_system() const { return default_system_; }
+  // Llama 3.1's to 3.3's system block: the text before the system message
+  // ("Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"), written whether or not
+  // the conversation has a system turn; none for Llama 3.0's template, which writes no block.
+  const std::optional<std::string>& system_preamble() const { return system_preamble_; }
 
  private:
   Kind kind_ = Kind::chatml;
-  std::optional<std::string> default_system_;
+  std::optional<std::string> default_system_, system_preamble_;
 };
 
 struct RenderedChat {
