@@ -42,6 +42,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -326,8 +327,8 @@ with tempfile.TemporaryDirectory() as work:
     lck = os.path.join(work, "lora_ckpt")
     lora = ["--lora-rank", "4", "--lora-alpha", "8", "--lora-targets", "q,v,down", "--lr", "1e-2"]
 
-    def train_lora(np_, extra=()):
-        log = os.path.join(work, f"lora_{np_}.jsonl")
+    def train_lora(np_, extra=(), tag=""):
+        log = os.path.join(work, f"lora{tag}_{np_}.jsonl")
         cmd = [os.path.join(bindir, "fsdp-train"), "--init-from", base, "--data", pr, "--seq", "96", "--pack",
                "--batch", str(2 // np_), "--threads", str(2 // np_), "--log-file", log, *common, *lora, *extra]
         r = run((mpi if np_ > 1 else []) + cmd, env=env, timeout=500)
@@ -341,6 +342,28 @@ with tempfile.TemporaryDirectory() as work:
     check(l1 and u1 and loss(l1)[0] == loss(p1)[0] and loss(l1)[1] != loss(p1)[1],
           f"LoRA's first loss {loss(l1)} is not the base's {loss(p1)}, or its second is the same")
     check("rank 4 alpha 8 on q,v,down" in lout, f"the table does not name the adapters: {lout[:900]}")
+    # QLoRA: the base kept as the GGUF's own blocks (Q4_1, and Q8_0 for the embedding), gathered as
+    # those bytes and dequantized before use, gives the dequantized-first run's losses bit for bit
+    # (the same f32 values reach the same ops), with less held and less gathered.
+    q1, qout = train_lora(1, ["--base-quant", "keep"], "_keep")
+    q2, qout2 = train_lora(2, ["--base-quant", "keep"], "_keep")
+    check(q1 and loss(q1) == loss(l1) and q2 and loss(q2) == loss(l2),
+          f"--base-quant keep {loss(q1)} / {loss(q2)} differs from the dequantized base's {loss(l1)} / {loss(l2)}")
+    check("as the GGUF's blocks (Q4_1 x210, Q8_0 x1 tensors)" in qout, f"the table does not show the kept base: {qout[:1500]}")
+    ag = lambda log: log[-1].get("all_gather_bytes", 0) if log else 0
+    check(ag(q2) > 0 and ag(l2) > 4 * ag(q2), f"all-gather bytes a step: kept {ag(q2)}, dequantized {ag(l2)}")
+    rss = lambda out: [int(x) for x in re.search(r"peak rss ([\d/]+) MB", out).group(1).split("/")] \
+        if re.search(r"peak rss ([\d/]+) MB", out) else []
+    _, lout2 = train_lora(2, [], "_rss")
+    check(rss(qout2) and rss(lout2) and max(rss(qout2)) < min(rss(lout2)),
+          f"peak RSS per rank, kept {rss(qout2)} MB, dequantized {rss(lout2)} MB")
+    print(f"chat_test: QLoRA (--base-quant keep) np1 {loss(q1)} np2 {loss(q2)}, equal to the dequantized base's; "
+          f"all-gather {ag(q2) / 1e6:.1f} MB/step against {ag(l2) / 1e6:.1f}, peak RSS {rss(qout2)} MB against {rss(lout2)}")
+    for bad, want in ((["--base-quant", "q4"], "--base-quant must be keep or dequantize"),):
+        r = run([os.path.join(bindir, "fsdp-train"), "--init-from", base, "--data", pr, "--steps", "1", *bad])
+        check(r.returncode != 0 and want in r.stderr, f"{bad}: {r.stderr[-200:]!r}")
+    r = run([os.path.join(bindir, "fsdp-train"), "--init-from", base, "--data", pr, "--steps", "1", "--base-quant", "keep"])
+    check(r.returncode != 0 and "--base-quant keep needs --lora-rank" in r.stderr, f"keep without LoRA: {r.stderr[-200:]!r}")
     meta = json.load(open(os.path.join(lck, "step_00000002", "metadata.json")))
     names = list(meta["tensors"])
     check(len(names) == 30 * 2 * 2 and all(n.endswith(("lora_A", "lora_B")) for n in names),

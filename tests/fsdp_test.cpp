@@ -5,11 +5,15 @@
 // prefetch and the reduce-scatter overlapping compute; bad input is named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -357,6 +361,120 @@ TEST(Equivalence, LoraOnABf16Base) {
   for (const std::string& e : logged_step(model, root, c))
     gathers += e.rfind("ag_issue:", 0) == 0 && e.find("(frozen)") != std::string::npos;
   if (world()->size() == 1) EXPECT_EQ(gathers, 0);  // its shards are its parameters
+}
+// A toy packed format for the test: format 0 rows are an f32 scale and int8 values (x = s * q),
+// format 1 rows the f32 values themselves. Each 2-D base weight holds its first rows in format 0
+// and its last one in format 1: two row lengths in one weight, as q, k and v of other types make.
+PackedRows toy_packed(const Shape& shape) {
+  const int64_t rows = shape[0], row = shape_numel(shape) / rows, first = rows - 1;
+  PackedRows p;
+  p.runs = {{first, 4 + row, 0}, {rows - first, 4 * row, 1}};
+  p.decode = [](uint32_t format, const uint8_t* src, float* dst, int64_t n) {
+    if (format == 1) {
+      std::memcpy(dst, src, size_t(n) * 4);
+      return;
+    }
+    float scale;
+    std::memcpy(&scale, src, 4);
+    for (int64_t i = 0; i < n; ++i) dst[i] = scale * float(int8_t(src[4 + i]));
+  };
+  return p;
+}
+
+// Row r of a weight in the toy format (rows of format 0 quantized to int8 with their max).
+std::vector<uint8_t> toy_encode(const PackedRows& p, const float* x, int64_t r, int64_t row) {
+  if (r >= p.runs[0].rows) {
+    std::vector<uint8_t> out(size_t(row) * 4);
+    std::memcpy(out.data(), x, out.size());
+    return out;
+  }
+  float most = 1e-30f;
+  for (int64_t i = 0; i < row; ++i) most = std::max(most, std::abs(x[i]));
+  const float scale = most / 127.0f;
+  std::vector<uint8_t> out(size_t(4 + row));
+  std::memcpy(out.data(), &scale, 4);
+  for (int64_t i = 0; i < row; ++i)
+    out[size_t(4 + i)] = uint8_t(int8_t(std::lround(std::clamp(x[i] / scale, -127.0f, 127.0f))));
+  return out;
+}
+
+// QLoRA's storage (FullyShardOptions::frozen_packed): a base kept packed, gathered as its bytes
+// and decoded before use, trains the adapters exactly as the same base decoded first and held as
+// f32 (the same values reach the same ops), at every world size; the packed groups hold fewer
+// bytes, gather at more than one rank, and decode at every unshard.
+TEST(Equivalence, PackedFrozenBaseTrainsAsItsDecodedValues) {
+  const nn::LoraConfig lora{
+      .rank = 2, .alpha = 4.0, .targets = nn::parse_lora_targets("q,k,v,o,gate,up,down")};
+  const struct Run run { .dtype = DType::f32, .lora = lora };
+  const nn::MiniLLMConfig c = config(run);
+  std::map<std::string, Tensor> init;  // the whole initial weights, every rank alike
+  for (auto& [n, t] : sharded(run, false).params) init[n] = t.contiguous();
+  auto packed_of = [&](const std::string& name) -> std::optional<PackedRows> {
+    const Tensor& t = init.at(name);
+    if (t.dim() != 2 || nn::is_lora_parameter(name)) return std::nullopt;
+    return toy_packed(t.shape());
+  };
+  struct Out {
+    std::vector<double> losses;
+    std::vector<std::pair<std::string, Tensor>> adapters;
+    std::vector<std::string> log;
+    int64_t frozen_bytes = 0;
+  };
+  auto train = [&](bool packed) {
+    auto mesh = dist::init_device_mesh({world()->size()});
+    nn::MiniLLM model(c);
+    FullyShardOptions fo{.init_dtype = DType::f32, .seed = kSeed};
+    if (packed) fo.frozen_packed = packed_of;
+    for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, fo);
+    FSDPModule& root = fully_shard(model, mesh, fo);
+    std::vector<nn::ParamGroup> groups = root.param_groups(0.01);
+    // The base: each rank's rows, decoded (f32 groups) or as their bytes (packed groups).
+    for (const auto& in : root.shard_infos()) {
+      auto rows = packed_of(in.name);
+      if (!rows || in.local_rows == 0) continue;
+      const Tensor& full = init.at(in.name);
+      const int64_t row = full.shape()[1];
+      auto* bytes = static_cast<uint8_t*>(groups[in.group].params.raw_data());
+      std::vector<float> values(static_cast<size_t>(row));
+      int64_t at = in.offset;
+      for (int64_t r = in.local_begin; r < in.local_begin + in.local_rows; ++r) {
+        const std::vector<uint8_t> enc = toy_encode(*rows, full.data<float>() + r * row, r, row);
+        if (in.packed) {
+          std::memcpy(bytes + at, enc.data(), enc.size());
+          at += int64_t(enc.size());
+        } else {
+          rows->decode(r < rows->runs[0].rows ? 0 : 1, enc.data(), values.data(), row);
+          std::memcpy(
+              groups[in.group].params.data<float>() + in.offset + (r - in.local_begin) * row,
+              values.data(), values.size() * 4);
+        }
+      }
+      if (in.packed) EXPECT_EQ(at - in.offset, in.packed_bytes) << in.name;
+    }
+    Out o;
+    for (const nn::ParamGroup& g : groups)
+      if (!g.grads.defined()) o.frozen_bytes += int64_t(g.params.nbytes());
+    optim::AdamW opt(groups, {.lr = 1e-2});
+    o.losses = train_losses(model, root, opt, c, run);
+    for (auto& [n, d] : root.sharded_parameters())
+      if (nn::is_lora_parameter(n)) o.adapters.emplace_back(n, d.full_tensor());
+    o.log = logged_step(model, root, c);
+    return o;
+  };
+  const Out plain = train(false), packed = train(true);
+  EXPECT_EQ(packed.losses, plain.losses);
+  ASSERT_EQ(packed.adapters.size(), plain.adapters.size());
+  for (size_t i = 0; i < plain.adapters.size(); ++i)
+    EXPECT_EQ(packed.adapters[i].second.to_f64_vector(), plain.adapters[i].second.to_f64_vector())
+        << plain.adapters[i].first;
+  EXPECT_LT(packed.frozen_bytes, plain.frozen_bytes * 3 / 4);
+  int decodes = 0, packed_gathers = 0;
+  for (const std::string& e : packed.log) {
+    decodes += e.rfind("decode:", 0) == 0;
+    packed_gathers += e.rfind("ag_issue:", 0) == 0 && e.ends_with("(frozen, packed)");
+  }
+  EXPECT_GE(decodes, 2 * int(c.layers));  // every block's forward and backward
+  EXPECT_EQ(packed_gathers > 0, world()->size() > 1);
 }
 TEST(Equivalence, Hsdp2x2) {
   if (world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";

@@ -405,20 +405,10 @@ namespace {
 const std::set<std::string> kNotPermuted = {"qwen2", "qwen3", "gemma3"};  // read_rows' error
 }  // namespace
 
-Tensor GgufFile::read_rows(const std::string& name, int64_t row_begin, int64_t row_end,
-                           RowOrder order, DType dtype) const {
+// Hugging Face's order for q and k of llama: the head count whose permutation to undo, or 0 where
+// nothing was permuted.
+int64_t GgufFile::permuted_heads(const std::string& name, RowOrder order) const {
   const GgufTensorInfo& ti = tensor(name);
-  FSDP_CHECK(dtype == DType::f32 || dtype == DType::f64,
-             "[gguf] {}: tensor '{}' reads as f32 or f64, not {}", path_, name, dtype_name(dtype));
-  FSDP_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= ti.rows(),
-             "[gguf] {}: rows [{}, {}) of tensor '{}' are outside its {} rows", path_, row_begin,
-             row_end, name, ti.rows());
-  FSDP_CHECK(ggml_type_readable(ti.type),
-             "[gguf] {}: tensor '{}' is {}; fsdp.cpp dequantizes {}", path_, name,
-             ggml_type_name(ti.type), ggml_readable_type_names());
-  // Hugging Face's order for q and k of llama: undo the permutation with the head count that
-  // made it (n_head stays 0 where nothing was permuted).
-  int64_t n_head = 0;
   const bool q = name.ends_with(".attn_q.weight"), k = name.ends_with(".attn_k.weight");
   if (order == RowOrder::hf && name.starts_with("blk.") && (q || k)) {
     const std::string& arch = get_string("general.architecture");
@@ -429,14 +419,30 @@ Tensor GgufFile::read_rows(const std::string& name, int64_t row_begin, int64_t r
                "so it cannot give tensor '{}' in Hugging Face's order",
                path_, arch, name);
     if (arch == "llama") {
-      n_head = q ? get_int("llama.attention.head_count")
-                 : get_int("llama.attention.head_count_kv", get_int("llama.attention.head_count"));
+      const int64_t n_head =
+          q ? get_int("llama.attention.head_count")
+            : get_int("llama.attention.head_count_kv", get_int("llama.attention.head_count"));
       FSDP_CHECK(ti.ne.size() == 2 && n_head > 0 && ti.rows() % (2 * n_head) == 0,
                  "[gguf] {}: tensor '{}' ({} rows) cannot be put in Hugging Face's order for {} "
                  "heads: it needs 2 dims and rows a multiple of 2 x heads",
                  path_, name, ti.rows(), n_head);
+      return n_head;
     }
   }
+  return 0;
+}
+
+Tensor GgufFile::read_rows(const std::string& name, int64_t row_begin, int64_t row_end,
+                           RowOrder order, DType dtype) const {
+  const GgufTensorInfo& ti = tensor(name);
+  FSDP_CHECK(dtype == DType::f32 || dtype == DType::f64,
+             "[gguf] {}: tensor '{}' reads as f32 or f64, not {}", path_, name, dtype_name(dtype));
+  FSDP_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= ti.rows(),
+             "[gguf] {}: rows [{}, {}) of tensor '{}' are outside its {} rows", path_, row_begin,
+             row_end, name, ti.rows());
+  FSDP_CHECK(ggml_type_readable(ti.type), "[gguf] {}: tensor '{}' is {}; fsdp.cpp dequantizes {}",
+             path_, name, ggml_type_name(ti.type), ggml_readable_type_names());
+  const int64_t n_head = permuted_heads(name, order);
   const int64_t n = row_end - row_begin, cols = ti.ne[0];
   Tensor out = Tensor::empty({n, cols}, dtype);
   if (n == 0 || cols == 0) return out;  // no bytes to read (and no loop over empty rows)
@@ -456,6 +462,21 @@ Tensor GgufFile::read_rows(const std::string& name, int64_t row_begin, int64_t r
     }
   }
   return out;
+}
+
+void GgufFile::read_row_bytes(const std::string& name, int64_t row_begin, int64_t row_end,
+                              RowOrder order, uint8_t* dst) const {
+  const GgufTensorInfo& ti = tensor(name);
+  FSDP_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= ti.rows(),
+             "[gguf] {}: rows [{}, {}) of tensor '{}' are outside its {} rows", path_, row_begin,
+             row_end, name, ti.rows());
+  const int64_t n_head = permuted_heads(name, order);
+  const uint8_t* base = map_.get() + data_offset_ + ti.offset;
+  const uint64_t rb = ti.row_bytes();
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const int64_t src_row = n_head ? gguf_row_of_hf(r, ti.rows(), n_head) : r;
+    std::memcpy(dst + uint64_t(r - row_begin) * rb, base + uint64_t(src_row) * rb, rb);
+  }
 }
 
 Tensor GgufFile::read(const std::string& name, RowOrder order, DType dtype) const {

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <iterator>
 #include <map>
@@ -630,6 +631,29 @@ Tensor Pretrained::read(const nn::MiniLLMConfig& cfg, const std::string& name) c
   return read_rows(cfg, name, 0, rows);
 }
 
+std::optional<PackedRows> Pretrained::packed_rows(const nn::MiniLLMConfig& cfg,
+                                                  const std::string& name) const {
+  if (!source->gguf) return std::nullopt;
+  auto parts = parts_of(*source, cfg, name);
+  if (parts[0].first.shape.size() != 2) return std::nullopt;
+  PackedRows out;
+  int64_t rows = 0;
+  for (const auto& [st, at] : parts) {
+    const GgufTensorInfo& ti = source->gguf->tensor(st.name);
+    FSDP_CHECK(at == rows, "[init-from] {}: '{}' fills rows from {}, after {} rows", path, st.name,
+               at, rows);
+    FSDP_CHECK(ggml_type_readable(ti.type),
+               "[init-from] {}: tensor '{}' is {}; fsdp.cpp dequantizes {}", path, st.name,
+               ggml_type_name(ti.type), ggml_readable_type_names());
+    out.runs.push_back({ti.rows(), int64_t(ti.row_bytes()), ti.type});
+    rows += ti.rows();
+  }
+  out.decode = [](uint32_t type, const uint8_t* src, float* dst, int64_t n) {
+    dequantize_row(type, src, dst, n);
+  };
+  return out;
+}
+
 void Pretrained::load_into(nn::MiniLLM& model, FSDPModule* root) const {
   const nn::MiniLLMConfig& cfg = model.config();
   // A LoRA run's adapters are not the model's: they keep their initial values (B zero).
@@ -654,6 +678,22 @@ void Pretrained::load_into(nn::MiniLLM& model, FSDPModule* root) const {
     const int64_t row = shape_numel(in.global_shape) / in.global_shape[0];
     Shape local = in.global_shape;
     local[0] = in.local_rows;
+    if (in.packed) {  // the stored rows' bytes, as they are
+      const int64_t a = in.local_begin, b = a + in.local_rows;
+      auto* dst = static_cast<uint8_t*>(groups[in.group].params.raw_data()) + in.offset;
+      int64_t wrote = 0;
+      for (const auto& [st, at] : parts) {
+        const int64_t lo = std::max(a, at), hi = std::min(b, at + st.shape[0]);
+        if (lo >= hi) continue;
+        source->gguf->read_row_bytes(st.name, lo - at, hi - at, RowOrder::hf, dst + wrote);
+        wrote += (hi - lo) * int64_t(source->gguf->tensor(st.name).row_bytes());
+      }
+      FSDP_CHECK(wrote == in.packed_bytes,
+                 "[init-from] {}: '{}' took {} bytes of this rank's rows where its shard holds {}",
+                 path, in.name, wrote, in.packed_bytes);
+      fill_rows(parts, a, b, Tensor::empty(local, DType::f32));  // checks the values are finite
+      continue;
+    }
     Tensor dst =
         groups[in.group].params.slice(in.offset, in.offset + in.local_rows * row).view(local);
     fill_rows(parts, in.local_begin, in.local_begin + in.local_rows, dst);

@@ -27,6 +27,19 @@ void FSDPParam::place(int n, int rank, int64_t& sharded, int64_t& unsharded) {
   unsharded += numel();
 }
 
+void FSDPParam::place_packed(int n, int rank, int64_t& sharded_bytes, int64_t& unsharded) {
+  dim0 = param->shape[0];
+  row = dim0 ? shape_numel(param->shape) / dim0 : 0;
+  padded_rows = dist::chunk_size(dim0, n);
+  std::tie(local_begin, local_rows) = dist::chunk_range(dim0, n, rank);
+  padded_bytes = packed->padded_chunk_bytes(n);
+  local_bytes = packed->bytes(local_begin, local_begin + local_rows);
+  shard_offset = sharded_bytes;
+  sharded_bytes += padded_bytes;
+  unsharded_offset = unsharded = align_up(unsharded);
+  unsharded += numel();
+}
+
 void FSDPParam::segments(int n, int64_t block, Direction d, std::vector<ops::Segment>& out) const {
   for (int k = 0; k < n; ++k) {
     auto [b, len] = dist::chunk_range(dim0, n, k);

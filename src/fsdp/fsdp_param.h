@@ -6,9 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/module.h"
 #include "fsdp/ops/ops.h"
 
@@ -22,6 +24,10 @@ struct FSDPParam {
   int64_t local_begin = 0, local_rows = 0;
   int64_t shard_offset = 0;      // in the sharded buffer (and in each block of a rank-major one)
   int64_t unsharded_offset = 0;  // in the unsharded buffer: a multiple of kAlignElems
+  // Packed (FullyShardOptions::frozen_packed): the shard is bytes, shard_offset counts bytes of
+  // the group's buffer, and each rank's chunk takes padded_bytes of it.
+  std::optional<PackedRows> packed;
+  int64_t padded_bytes = 0, local_bytes = 0;
 
   // Every parameter (and its gradient) starts at a multiple of kAlignElems elements of the
   // unsharded buffers, so at least 32 bytes for 2-byte dtypes and 64 for f32: cuBLASLt's
@@ -33,6 +39,8 @@ struct FSDPParam {
   // already placed (the unsharded offset, and at n = 1 the shard's, rounded up to
   // kAlignElems), and grows both by its padded shard and its whole size.
   void place(int n, int rank, int64_t& sharded, int64_t& unsharded);
+  // The same for a packed parameter: `sharded` counts bytes (each shard 16-byte aligned).
+  void place_packed(int n, int rank, int64_t& sharded_bytes, int64_t& unsharded);
   int64_t numel() const { return dim0 * row; }
   // Every rank's rows between the unsharded buffer and a rank-major buffer of n blocks of
   // `block` elements: from the blocks into the unsharded buffer (the all-gather's copy-out), or

@@ -1,10 +1,15 @@
 #include "src/fsdp/fsdp_param_group.h"
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <utility>
+#include <vector>
 
 #include "fsdp/core/env.h"
 #include "fsdp/core/trace.h"
+#include "fsdp/distributed/placement.h"
 #include "fsdp/nn/init.h"
 #include "src/fsdp/fsdp_state.h"
 
@@ -24,6 +29,11 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
   rank_ = shard_group_->rank();
 
   const Device dev = mesh_->device();
+  packed_ = !params_.empty() && params_.front().packed.has_value();
+  if (packed_) {
+    init_packed(opt);
+    return;
+  }
   bool has_values = false;
   for (auto& fp : params_) {
     nn::Parameter& p = *fp.param;
@@ -76,7 +86,97 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
   }
 }
 
+// A packed frozen group: its shards are the parameters' stored rows as bytes (an i32 buffer
+// carries them: 4-byte elements, never computed on), filled by the caller; they decode into
+// param_dtype (f32 unless the policy says otherwise) when unsharded.
+void FSDPParamGroup::init_packed(const FullyShardOptions& opt) {
+  const Device dev = mesh_->device();
+  FSDP_CHECK(frozen_, "[fully_shard] {}: packed parameters must be frozen", label_);
+  FSDP_CHECK(dev.is_cpu(),
+             "[fully_shard] {}: packed (quantized) frozen parameters are decoded on the CPU only, "
+             "and the mesh is on {}",
+             label_, dev.str());
+  for (auto& fp : params_) {
+    FSDP_CHECK(fp.packed && fp.packed->decode,
+               "[fully_shard] {}: parameter '{}' is not packed but shares a group with packed ones",
+               label_, fp.name);
+    FSDP_CHECK(!fp.param->data.defined(),
+               "[fully_shard] packed parameter '{}' already holds float values; a packed one is "
+               "filled from its stored bytes",
+               fp.name);
+    FSDP_CHECK(!fp.param->shape.empty() && fp.packed->rows() == fp.param->shape[0],
+               "[fully_shard] packed parameter '{}': its runs hold {} rows but it has shape {}",
+               fp.name, fp.packed->rows(), shape_str(fp.param->shape));
+  }
+  master_ = DType::i32;
+  param_dtype_ = opt.mp_policy.param_dtype.value_or(DType::f32);
+  reduce_dtype_ = param_dtype_;
+  FSDP_CHECK(is_floating(param_dtype_),
+             "[fully_shard] {}: packed parameters decode into a float "
+             "dtype, not {}",
+             label_, dtype_name(param_dtype_));
+  int64_t bytes = 0;
+  for (auto& fp : params_) fp.place_packed(n_, rank_, bytes, u_);
+  g_ = bytes / 4;  // each shard is a multiple of 16 bytes
+  sharded_ = Tensor::zeros({g_}, DType::i32, dev);
+  for (auto& fp : params_) fp.param->data = fp.param->grad = Tensor();
+  if (n_ > 1) {
+    ag_group_ = mesh_->stream_group(mesh_->ndim() - 1, 0);
+    ag_group_->set_label("all-gather");
+  }
+}
+
+// Every rank's rows of each packed parameter, from `blocks` (n rank-major blocks of g_ i32, or
+// this rank's shard at one rank) into the unsharded buffer, decoded row run by row run.
+void FSDPParamGroup::decode_packed(const Tensor& blocks) {
+  unsharded_ = Tensor::empty({u_}, param_dtype_, sharded_.device());
+  struct Piece {
+    const uint8_t* src;
+    const FSDPParam* fp;
+    int64_t row, rows;  // of the parameter
+    int64_t row_bytes;
+    uint32_t format;
+  };
+  std::vector<Piece> pieces;
+  const auto* base = static_cast<const uint8_t*>(blocks.raw_data());
+  for (const auto& fp : params_) {
+    for (int k = 0; k < n_; ++k) {
+      auto [b, len] = dist::chunk_range(fp.dim0, n_, k);
+      const uint8_t* src = base + int64_t(k) * g_ * 4 + fp.shard_offset;
+      int64_t at = 0;
+      for (const PackedRows::Run& r : fp.packed->runs) {
+        const int64_t lo = std::max(b, at), hi = std::min(b + len, at + r.rows);
+        if (lo < hi) {
+          for (int64_t row = lo; row < hi; row += 64)  // pieces of work for the threads
+            pieces.push_back({src + fp.packed->bytes(b, row), &fp, row,
+                              std::min<int64_t>(64, hi - row), r.row_bytes, r.format});
+        }
+        at += r.rows;
+      }
+    }
+  }
+  const bool f32 = param_dtype_ == DType::f32;
+  const auto n_pieces = int64_t(pieces.size());
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t i = 0; i < n_pieces; ++i) {
+    const Piece& p = pieces[size_t(i)];
+    const int64_t elems = p.rows * p.fp->row, at = p.fp->unsharded_offset + p.row * p.fp->row;
+    std::vector<float> tmp(f32 ? 0 : size_t(elems));
+    float* dst = f32 ? unsharded_.data<float>() + at : tmp.data();
+    for (int64_t r = 0; r < p.rows; ++r)
+      p.fp->packed->decode(p.format, p.src + r * p.row_bytes, dst + r * p.fp->row, p.fp->row);
+    if (!f32)
+      unsharded_.slice(at, at + elems)
+          .copy_(Tensor::from_blob(tmp.data(), {elems}, DType::f32, nullptr));
+  }
+  for (auto& fp : params_)
+    fp.param->data = unsharded_.slice(fp.unsharded_offset, fp.unsharded_offset + fp.numel())
+                         .view(fp.param->shape);
+}
+
 Tensor FSDPParamGroup::local_shard(const FSDPParam& fp) const {
+  FSDP_CHECK(!packed_, "[fully_shard] parameter '{}' is kept packed: it has no float shard",
+             fp.name);
   return sharded_.slice(fp.shard_offset, fp.shard_offset + fp.local_rows * fp.row);
 }
 
@@ -127,9 +227,13 @@ const char* sharded_state_name(ShardedState s) {
 void FSDPParamGroup::unshard_issue(FSDPCommContext& ctx) {
   // In flight or unsharded already (a prefetch reached it first), or one rank's direct views.
   if (params_.empty() || state_ != ShardedState::sharded || direct_ || one_rank_) return;
+  if (packed_ && n_ == 1) return;  // decoded from the shard itself
   check_shapes_once();
-  Tensor in = sharded_.to(param_dtype_);  // copy-in (no copy when the dtypes match)
-  ag_out_ = Tensor::empty({int64_t(n_) * g_}, param_dtype_, sharded_.device());
+  // Copy-in (no copy when the dtypes match; a packed group's bytes go as they are).
+  const DType wire = packed_ ? master_ : param_dtype_;
+  Tensor in = sharded_.to(wire);
+  ag_out_ = Tensor::empty({int64_t(n_) * g_}, wire, sharded_.device());
+  gathered_bytes_ += int64_t(ag_out_.nbytes());
   ag_work_ = ag_group_->all_gather_into_tensor(ag_out_, in);
   state_ = ShardedState::unshard_issued;
   ctx.log("ag_issue", label_);
@@ -138,6 +242,22 @@ void FSDPParamGroup::unshard_issue(FSDPCommContext& ctx) {
 void FSDPParamGroup::unshard_wait(FSDPCommContext& ctx) {
   if (params_.empty() || state_ == ShardedState::unsharded) return;
   trace::Scope prof(("FSDP::unshard " + label_).c_str(), trace::Kind::annotation);
+  if (packed_) {
+    if (n_ > 1) {
+      if (state_ == ShardedState::sharded) unshard_issue(ctx);
+      FSDP_CHECK(state_ == ShardedState::unshard_issued && ag_work_,
+                 "[fully_shard] '{}': waiting for an all-gather in state '{}'", label_,
+                 sharded_state_name(state_));
+      ctx.wait(ag_work_);
+      ctx.log("ag_wait", label_);
+    }
+    decode_packed(n_ > 1 ? ag_out_ : sharded_);
+    ag_out_ = Tensor();
+    ag_work_ = nullptr;
+    state_ = ShardedState::unsharded;
+    ctx.log("decode", label_);
+    return;
+  }
   if (direct_) {
     for (auto& fp : params_) fp.param->data = local_shard(fp).view(fp.param->shape);
     state_ = ShardedState::unsharded;

@@ -52,6 +52,7 @@ class FSDPParamGroup {
   const std::string& label() const { return label_; }
   bool empty() const { return params_.empty(); }
   bool frozen() const { return frozen_; }
+  bool packed() const { return packed_; }
   const std::vector<FSDPParam>& params() const { return params_; }
   const Tensor& sharded() const { return sharded_; }
   const Tensor& sharded_grad() const { return sharded_grad_; }  // undefined when frozen
@@ -59,6 +60,8 @@ class FSDPParamGroup {
   int shard_count() const { return n_; }
   // The unpadded local shard of one of this group's parameters, a view of sharded().
   Tensor local_shard(const FSDPParam& fp) const;
+  // The bytes its all-gathers have written (their outputs: every rank's shard), since it began.
+  int64_t gathered_bytes() const { return gathered_bytes_; }
   // The groups of its collectives, to sum their time (null where there are none).
   std::vector<const dist::ProcessGroup*> comm_groups() const;
 
@@ -83,6 +86,8 @@ class FSDPParamGroup {
 
  private:
   void check_shapes_once();
+  void init_packed(const FullyShardOptions& opt);
+  void decode_packed(const Tensor& blocks);
 
   std::vector<FSDPParam> params_;
   std::shared_ptr<dist::DeviceMesh> mesh_;
@@ -91,8 +96,10 @@ class FSDPParamGroup {
   int n_ = 1, rank_ = 0;
   DType master_ = DType::f32, param_dtype_ = DType::f32, reduce_dtype_ = DType::f32;
   int64_t g_ = 0, u_ = 0;  // padded shard and unsharded sizes, in elements
+  int64_t gathered_bytes_ = 0;
   Tensor sharded_, sharded_grad_;
   bool frozen_ = false;
+  bool packed_ = false;  // frozen parameters kept as their stored bytes (PackedRows)
   bool direct_ = false;  // one rank, same dtypes: parameters are views of `sharded`
   // One rank with another compute or reduce dtype: no all-gather or reduce-scatter (nor their
   // copy-in, copy-out and chunk-cat): the shards are cast straight into the compute dtype, the

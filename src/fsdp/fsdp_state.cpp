@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <optional>
 
 #include "fsdp/core/trace.h"
@@ -108,16 +109,22 @@ FSDPState::FSDPState(nn::Module& m, std::shared_ptr<dist::DeviceMesh> mesh_,
       opt(opt_),
       label(label_of(m)),
       reshard_after_forward(opt_.reshard_after_forward) {
-  std::vector<FSDPParam> trainable, frozen;
-  for (FSDPParam& fp : params)
-    (fp.param->requires_grad ? trainable : frozen).push_back(std::move(fp));
-  groups.reserve(2);
-  groups.emplace_back(std::move(trainable), mesh, opt, label, false);
-  if (!frozen.empty()) {
-    FullyShardOptions fo = opt;
-    fo.init_dtype = opt.frozen_dtype.value_or(opt.init_dtype);
-    groups.emplace_back(std::move(frozen), mesh, fo, label + " (frozen)", true);
+  std::vector<FSDPParam> trainable, frozen, packed;
+  for (FSDPParam& fp : params) {
+    if (fp.param->requires_grad) {
+      trainable.push_back(std::move(fp));
+      continue;
+    }
+    if (opt.frozen_packed) fp.packed = opt.frozen_packed(fp.name);
+    (fp.packed ? packed : frozen).push_back(std::move(fp));
   }
+  groups.reserve(3);
+  groups.emplace_back(std::move(trainable), mesh, opt, label, false);
+  FullyShardOptions fo = opt;
+  fo.init_dtype = opt.frozen_dtype.value_or(opt.init_dtype);
+  if (!frozen.empty()) groups.emplace_back(std::move(frozen), mesh, fo, label + " (frozen)", true);
+  if (!packed.empty())
+    groups.emplace_back(std::move(packed), mesh, fo, label + " (frozen, packed)", true);
 }
 
 void FSDPState::unshard_issue(FSDPCommContext& c) {

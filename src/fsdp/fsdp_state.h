@@ -98,7 +98,9 @@ struct FSDPState {
   std::string label;  // the module's path ("<root>" for the top)
   // The module's parameter groups: the trainable one (always, perhaps empty), then the frozen
   // parameters' (requires_grad false, a LoRA base) where there are any: gathered like the other,
-  // never given gradients, never reduced. Fixed at construction (FSDPCommContext points at them).
+  // never given gradients, never reduced; then the packed frozen ones' (opt.frozen_packed, a
+  // quantized base), gathered as bytes and decoded. Fixed at construction (FSDPCommContext points
+  // at them).
   std::vector<FSDPParamGroup> groups;
   bool reshard_after_forward, reshard_after_backward = true;
   bool explicit_fwd = false, explicit_bwd = false;

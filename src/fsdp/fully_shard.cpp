@@ -10,6 +10,7 @@
 #include <map>
 #include <tuple>
 
+#include "fsdp/distributed/placement.h"
 #include "src/fsdp/fsdp_state.h"
 
 namespace fsdp {
@@ -23,8 +24,12 @@ std::string join_name(const std::string& prefix, const std::string& name) {
 // The parameters of `m`'s subtree that no inner fully_shard owns, with full names.
 void collect(nn::Module& m, const std::string& prefix, bool top, std::vector<FSDPParam>& out) {
   if (!top && fsdp_state(m)) return;
-  for (auto& [name, p] : m.direct_parameters())
-    out.push_back(FSDPParam{join_name(prefix, name), p});
+  for (auto& [name, p] : m.direct_parameters()) {
+    FSDPParam fp;
+    fp.name = join_name(prefix, name);
+    fp.param = p;
+    out.push_back(std::move(fp));
+  }
   for (auto& [cname, child] : m.named_children())
     collect(*child, join_name(prefix, cname), false, out);
 }
@@ -38,6 +43,33 @@ std::vector<FSDPState*> subtree_states(nn::Module& m) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- PackedRows
+
+int64_t PackedRows::rows() const {
+  int64_t n = 0;
+  for (const Run& r : runs) n += r.rows;
+  return n;
+}
+
+int64_t PackedRows::bytes(int64_t row_begin, int64_t row_end) const {
+  int64_t out = 0, at = 0;
+  for (const Run& r : runs) {
+    const int64_t a = std::max(row_begin, at), b = std::min(row_end, at + r.rows);
+    if (a < b) out += (b - a) * r.row_bytes;
+    at += r.rows;
+  }
+  return out;
+}
+
+int64_t PackedRows::padded_chunk_bytes(int n) const {
+  int64_t most = 0;
+  for (int k = 0; k < n; ++k) {
+    auto [b, len] = dist::chunk_range(rows(), n, k);
+    most = std::max(most, bytes(b, b + len));
+  }
+  return (most + 15) / 16 * 16;
+}
 
 // ---------------------------------------------------------------- FSDPModule
 
@@ -109,6 +141,7 @@ std::vector<std::pair<std::string, dist::DTensor>> FSDPModule::sharded_parameter
     FSDP_CHECK(it != where.end(), "[fully_shard] parameter '{}' is not sharded",
                join_name(prefix, rel));
     auto [s, g, fp] = it->second;
+    if (fp->packed) continue;  // its shard is bytes: no float values to show
     Shape local_shape = p->shape;
     local_shape[0] = fp->local_rows;
     std::vector<dist::Placement> placements;
@@ -134,7 +167,8 @@ std::vector<FSDPModule::ShardInfo> FSDPModule::shard_infos() {
     auto it = where.find(p);
     FSDP_CHECK(it != where.end(), "[fully_shard] parameter '{}' is not sharded", rel);
     auto [g, fp] = it->second;
-    out.push_back({fp->name, p->shape, fp->local_begin, fp->local_rows, g, fp->shard_offset});
+    out.push_back({fp->name, p->shape, fp->local_begin, fp->local_rows, g, fp->shard_offset,
+                   fp->packed.has_value(), fp->local_bytes});
   }
   return out;
 }
@@ -153,12 +187,14 @@ FSDPModule::CommStats FSDPModule::comm_stats() const {
   CommStats st;
   std::vector<const dist::ProcessGroup*> seen;
   for (FSDPState* s : subtree_states(*impl_->module))
-    for (const FSDPParamGroup& group : s->groups)
+    for (const FSDPParamGroup& group : s->groups) {
+      st.all_gather_bytes += group.gathered_bytes();
       for (const dist::ProcessGroup* g : group.comm_groups())
         if (g && std::find(seen.begin(), seen.end(), g) == seen.end()) {
           seen.push_back(g);
           st.comm_seconds += g->comm_seconds();
         }
+    }
   const FSDPState* root = impl_->root ? impl_->root : impl_.get();
   if (root->root_ctx) st.exposed_seconds = root->root_ctx->comm.exposed_seconds();
   return st;

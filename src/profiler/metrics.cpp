@@ -52,6 +52,7 @@ std::string StepMetrics::json() const {
   if (val_loss) j["val_loss"] = *val_loss;
   if (host_syncs >= 0) j["host_syncs"] = host_syncs;
   if (targets >= 0) j["targets"] = targets;
+  if (all_gather_bytes > 0) j["all_gather_bytes"] = all_gather_bytes;
   return j.dump();
 }
 

@@ -4,6 +4,7 @@
 #include "fsdp/train/memory_plan.h"
 
 #include <array>
+#include <initializer_list>
 
 #include "fsdp/core/error.h"
 #include "src/train/step_replay.h"
@@ -21,14 +22,16 @@ MemoryPlan StepReplay::run() {
     if (o_.fully_shard) {
       for (const Group& g : groups_) r_.alloc(g.G * master_, kPersistent);
       if (k == 0)
-        for (const Group& f : frozen_) r_.alloc(f.G * f.master, kPersistent);
+        for (const auto* fs : {&frozen_, &packed_})
+          for (const Group& f : *fs) r_.alloc(f.G * f.master, kPersistent);
     } else {
       r_.alloc(flat_ * master_, kPersistent);
     }
   persistent_ = (o_.fully_shard ? 0 : 4 * flat_) * master_;
   if (o_.fully_shard) {
     for (const Group& g : groups_) persistent_ += 4 * g.G * g.master;
-    for (const Group& f : frozen_) persistent_ += f.G * f.master;
+    for (const auto* fs : {&frozen_, &packed_})
+      for (const Group& f : *fs) persistent_ += f.G * f.master;
   }
   // Two steps: the second starts with the first's staged batch and its blocks cached.
   H staged = -1;

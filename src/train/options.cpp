@@ -298,6 +298,14 @@ void TrainOptions::validate() const {
              "[fsdp-train] --lora-rank {} needs --shard full: the frozen base is kept apart from "
              "the adapters by fully_shard (replicate steps one flat buffer of every parameter)",
              model.lora_rank);
+  FSDP_CHECK(model.base_quant == "dequantize" || model.base_quant == "keep",
+             "[fsdp-train] --base-quant must be keep or dequantize, got '{}'", model.base_quant);
+  FSDP_CHECK(model.base_quant != "keep" || (model.lora_rank > 0 && !model.init_from.empty()),
+             "[fsdp-train] --base-quant keep needs --lora-rank and a GGUF --init-from: it keeps a "
+             "frozen base's quantized blocks");
+  FSDP_CHECK(model.base_quant != "keep" || run.device.is_cpu(),
+             "[fsdp-train] --base-quant keep dequantizes on the CPU only, not on {}",
+             run.device.str());
   FSDP_CHECK(op.grad_clip >= 0, "[fsdp-train] --clip must be >= 0 (0 = off), got {}", op.grad_clip);
   FSDP_CHECK(sh.dtype == DType::f32 || sh.dtype == DType::f64 ||
                  (model.lora_rank > 0 && (sh.dtype == DType::bf16 || sh.dtype == DType::f16)),

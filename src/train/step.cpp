@@ -97,6 +97,7 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
   m.host_syncs = host_sync_count() - syncs0;
   m.comm_seconds = comm1.comm_seconds - comm0.comm_seconds;
   m.exposed_seconds = comm1.exposed_seconds - comm0.exposed_seconds;
+  m.all_gather_bytes = comm1.all_gather_bytes - comm0.all_gather_bytes;
   m.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s /= m.step_seconds;
   m.mfu /= m.step_seconds;

@@ -27,6 +27,7 @@ struct Group {
   int64_t G = 0, U = 0;
   int64_t master = 4;   // bytes of its sharded dtype
   bool direct = false;  // its parameters are its shards (one rank, no dtype change): no gather
+  bool packed = false;  // G counts bytes (master 1), gathered as they are and decoded
   enum { sharded, issued, unsharded } state = sharded;
   H ag_in = -1, ag_out = -1, params = -1, grads = -1;
   bool grads_kept = false;
@@ -129,7 +130,7 @@ class StepReplay {
   std::vector<Group> groups_;  // blocks 0..L-1, then the root
   // Their frozen parameters' groups (LoRA's base; empty without LoRA), gathered beside them and
   // never given gradients (FSDPState's second group).
-  std::vector<Group> frozen_;
+  std::vector<Group> frozen_, packed_;  // per block and the root, as groups_
   int64_t flat_ = 0, persistent_ = 0;
   std::vector<Pending> rs_, replica_;
   std::map<H, H> batches_;

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -59,27 +60,44 @@ void StepReplay::layout() {
   nn::MiniLLM model(c_);  // shapes only: no tensor
   const int64_t n = o_.shards, align = nn::kFlatAlignElems;
   auto up = [&](int64_t x) { return (x + align - 1) / align * align; };
-  auto place = [&](Group& g, const nn::Parameter& p) {
+  auto place = [&](Group& g, const nn::Parameter& p, int64_t packed_bytes = 0) {
     const int64_t rows = p.shape[0], row = rows ? shape_numel(p.shape) / rows : 0;
+    flat_ = up(flat_) + rows * row;  // nn::materialize's flat buffer, for --shard none
+    if (g.packed) {                  // FSDPParam::place_packed
+      g.G += packed_bytes;
+      g.U = up(g.U) + rows * row;
+      return;
+    }
     if (n == 1) g.G = up(g.G);
     g.G += dist::chunk_size(rows, n) * row;
     g.U = up(g.U) + rows * row;
-    flat_ = up(flat_) + rows * row;  // nn::materialize's flat buffer, for --shard none
+  };
+  // The group a parameter joins (FSDPState's split): trainable, frozen, or frozen and packed.
+  auto join = [&](Group& g, Group& f, Group& pk, const std::string& name, const nn::Parameter& p) {
+    if (p.requires_grad) return place(g, p);
+    if (o_.frozen_packed && o_.fully_shard)
+      if (const auto packed = o_.frozen_packed(name))
+        return place(pk, p, packed->padded_chunk_bytes(int(n)));
+    place(f, p);
   };
   for (int64_t i = 0; i < L_; ++i) {
     Group g{.label = fmt::format("layers.{}", i), .master = master_, .direct = !gathered_},
-        f{.label = g.label + " (frozen)", .master = frozen_master_, .direct = frozen_direct_};
+        f{.label = g.label + " (frozen)", .master = frozen_master_, .direct = frozen_direct_},
+        pk{.label = g.label + " (frozen, packed)", .master = 1, .packed = true};
     for (auto& [name, p] : model.layers()[size_t(i)].named_parameters())
-      place(p->requires_grad ? g : f, *p);
+      join(g, f, pk, fmt::format("layers.{}.{}", i, name), *p);
     groups_.push_back(g);
     frozen_.push_back(f);
+    packed_.push_back(pk);
   }
   Group root{.label = "root", .master = master_, .direct = !gathered_},
-      frozen_root{.label = "root (frozen)", .master = frozen_master_, .direct = frozen_direct_};
+      frozen_root{.label = "root (frozen)", .master = frozen_master_, .direct = frozen_direct_},
+      packed_root{.label = "root (frozen, packed)", .master = 1, .packed = true};
   for (auto& [name, p] : model.named_parameters())
-    if (name.rfind("layers.", 0) != 0) place(p->requires_grad ? root : frozen_root, *p);
+    if (name.rfind("layers.", 0) != 0) join(root, frozen_root, packed_root, name, *p);
   groups_.push_back(root);
   frozen_.push_back(frozen_root);
+  packed_.push_back(packed_root);
 }
 
 H StepReplay::alloc_batch() {
@@ -96,6 +114,11 @@ void StepReplay::free_batch(H in) {
 
 void StepReplay::issue(Group& g) {  // FSDPParamGroup::unshard_issue
   if (g.direct || g.U == 0 || g.state != Group::sharded) return;
+  if (g.packed) {  // the bytes as they are; at one rank decoded from the shard itself
+    if (o_.shards > 1) g.ag_out = r_.alloc(o_.shards * g.G, kParams);
+    g.state = Group::issued;
+    return;
+  }
   if (act_ != g.master) g.ag_in = r_.alloc(g.G * act_, kParams);  // the copy-in
   g.ag_out = r_.alloc(o_.shards * g.G * act_, kParams);
   g.state = Group::issued;
@@ -163,10 +186,11 @@ void StepReplay::finish_backward() {
 }
 
 // FSDPState's hooks around a block (or the root).
-// FSDPState's groups in its order: the trainable one, then the frozen one.
+// FSDPState's groups in its order: the trainable one, then the frozen one, then the packed one.
 void StepReplay::issue_all(int64_t i) {
   issue(groups_[size_t(i)]);
   issue(frozen_[size_t(i)]);
+  issue(packed_[size_t(i)]);
 }
 
 void StepReplay::pre_forward(int64_t i) {
@@ -174,12 +198,14 @@ void StepReplay::pre_forward(int64_t i) {
   if (i + 1 < L_) issue_all(i + 1);  // the next block: prefetch
   wait(groups_[size_t(i)]);
   wait(frozen_[size_t(i)]);
+  wait(packed_[size_t(i)]);
 }
 
 void StepReplay::post_forward(int64_t i) {
   if (!o_.reshard_after_forward) return;
   reshard(groups_[size_t(i)]);
   reshard(frozen_[size_t(i)]);
+  reshard(packed_[size_t(i)]);
 }
 
 void StepReplay::pre_backward(int64_t i) {
@@ -188,6 +214,7 @@ void StepReplay::pre_backward(int64_t i) {
   if (i > 0) issue_all(i - 1);  // the block before it: prefetch
   wait(g);
   wait(frozen_[size_t(i)]);
+  wait(packed_[size_t(i)]);
   prepare_grads(g);
 }
 
@@ -196,6 +223,7 @@ void StepReplay::post_backward(int64_t i) {
   reduce_grads(g);
   reshard(g);
   reshard(frozen_[size_t(i)]);
+  reshard(packed_[size_t(i)]);
 }
 
 }  // namespace fsdp::train::replay

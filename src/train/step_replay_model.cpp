@@ -256,12 +256,15 @@ void StepReplay::microbatch() {
   Group& rg = root();
   // Root pre-forward: its all-gather, the first block's prefetched, then its wait.
   Group& rf = frozen_.back();
+  Group& rp = packed_.back();
   r_.at("forward of the embedding");
   issue(rg);
   issue(rf);
+  issue(rp);
   issue_all(0);
   wait(rg);
   wait(rf);
+  wait(rp);
   H x;
   {
     Op op(*this);
@@ -360,6 +363,7 @@ void StepReplay::microbatch() {
   reduce_grads(rg);
   reshard(rg);
   reshard(rf);
+  reshard(rp);
   finish_backward();
   if (logits >= 0) r_.free(logits);
 }

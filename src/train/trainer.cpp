@@ -71,6 +71,7 @@ profiler::StepMetrics Trainer::Impl::step(int64_t step) {
   if (step > start_step || o.schedule.steps == start_step + 1) {  // the first step warms up
     comm_total += m.comm_seconds;
     exposed_total += m.exposed_seconds;
+    gather_total += double(m.all_gather_bytes);
     step_total += dt;
     ++steps_timed;
   }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,6 +44,8 @@ struct Trainer::Impl {
   DType dtype;
   // LoRA on a bf16 or f16 --dtype: the frozen base's dtype (the adapters' masters are f32).
   std::optional<DType> frozen_dtype;
+  // --base-quant keep: the base's weights kept as the GGUF's blocks (fully_shard's frozen_packed).
+  std::function<std::optional<PackedRows>(const std::string&)> frozen_packed;
   std::shared_ptr<dist::ProcessGroup> pg;
   std::shared_ptr<dist::DeviceMesh> mesh;
   int rank = 0, size = 1, threads = 1;
@@ -74,7 +77,7 @@ struct Trainer::Impl {
   std::optional<double> best_val_loss;
   // Communication: seconds in collectives on their threads, and seconds the
   // compute thread waited for them (exposed), summed over the timed steps.
-  double comm_total = 0, exposed_total = 0, step_total = 0;
+  double comm_total = 0, exposed_total = 0, step_total = 0, gather_total = 0;
   int64_t steps_timed = 0;  // the steps those sums cover (a resume or a stop times fewer)
   double longest_step = 0;  // seconds
   // --ckpt-dir: the folder's owner (lock, one run per folder, resume, sync or background saves)

@@ -5,7 +5,9 @@
 #include <chrono>
 #include <csignal>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/checkpoint/gguf.h"
 #include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/core/allocator.h"
 #include "fsdp/core/host_memory.h"
@@ -80,6 +83,31 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
         fmt::format("rank {} alpha {} on {}: {} trained ({:.2f}%), the rest frozen", cfg.lora.rank,
                     cfg.lora.alpha, nn::lora_target_names(cfg.lora.targets), cfg.lora_parameters(),
                     100.0 * double(cfg.lora_parameters()) / double(std::max<int64_t>(1, nparams))));
+  if (cfg.lora.enabled() && root) {  // the frozen base's storage on this rank
+    int64_t held = 0;
+    for (const nn::ParamGroup& g : root->param_groups(0))
+      if (!g.grads.defined()) held += int64_t(g.params.nbytes());
+    const int64_t frozen = nparams - cfg.lora_parameters();
+    const DType base = frozen_dtype.value_or(dtype);
+    const double as_float =
+        double(frozen) * double(dtype_size(base)) / double(std::max(1, root->shard_count()));
+    std::map<std::string, int> types;  // the packed weights' stored types
+    if (frozen_packed)
+      for (auto& [name, p] : model->named_parameters())
+        if (!p->requires_grad)
+          if (auto rows = frozen_packed(name))
+            for (const PackedRows::Run& r : rows->runs)
+              ++types[checkpoint::ggml_type_name(r.format)];
+    std::string kinds;
+    for (const auto& [t, count] : types)
+      kinds += fmt::format("{}{} x{}", kinds.empty() ? "" : ", ", t, count);
+    row("frozen base / rank",
+        types.empty() ? fmt::format("{:.1f} MB in {}", double(held) / 1e6, dtype_name(base))
+                      : fmt::format("{:.1f} MB as the GGUF's blocks ({} tensors) and {} norms; "
+                                    "{:.1f} MB were it {}",
+                                    double(held) / 1e6, kinds, dtype_name(base), as_float / 1e6,
+                                    dtype_name(base)));
+  }
   row("dtype", frozen_dtype ? fmt::format("{} base (frozen), f32 adapter{}",
                                           dtype_name(*frozen_dtype), dtypes)
                             : std::string(dtype_name(dtype)) + dtypes);
@@ -143,9 +171,12 @@ void Trainer::Impl::print_summary() {
              measured / double(std::max<int64_t>(1, plan.peak)), double(plan.peak_allocated) / 1e6,
              pv[0] / double(std::max<int64_t>(1, plan.peak_allocated)));
   if (size > 1)
-    fmt::print(" | comm {:.1f} ms/step in collectives, {:.1f} ms/step exposed ({:.0f}%)",
-               1e3 * comm_total / n, 1e3 * exposed_total / n,
-               comm_total > 0 ? 100.0 * std::min(1.0, exposed_total / comm_total) : 0.0);
+    fmt::print(
+        " | comm {:.1f} ms/step in collectives, {:.1f} ms/step exposed ({:.0f}%), "
+        "all-gather {:.1f} MB/step",
+        1e3 * comm_total / n, 1e3 * exposed_total / n,
+        comm_total > 0 ? 100.0 * std::min(1.0, exposed_total / comm_total) : 0.0,
+        gather_total / n / 1e6);
   fmt::print("\n");
   // The run: its wall time from the first step, the tokens it trained on, their mean rate.
   const double wall =

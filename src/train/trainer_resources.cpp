@@ -44,6 +44,7 @@ void Trainer::Impl::check_memory_plan() {
       .param_dtype = mp.param_dtype,
       .reduce_dtype = mp.reduce_dtype,
       .frozen_dtype = frozen_dtype,
+      .frozen_packed = frozen_packed,
       .grad_accum = o.sharding.grad_accum,
       .checkpoint_every = o.sharding.activation_checkpoint.every,
       .fused_loss = o.sharding.fused_loss,

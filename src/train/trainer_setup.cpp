@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <iterator>
 #include <map>
@@ -182,6 +183,15 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
     dtype = DType::f32;
     if (!mp.param_dtype) mp.param_dtype = frozen_dtype;
     if (!mp.reduce_dtype) mp.reduce_dtype = DType::f32;
+  }
+  if (o.model.base_quant == "keep") {
+    FSDP_CHECK(pretrained && pretrained->format == "gguf",
+               "[fsdp-train] --base-quant keep keeps a GGUF's quantized blocks, and --init-from "
+               "{} is {}",
+               o.model.init_from, pretrained ? pretrained->format : "none");
+    frozen_packed = [pre = pretrained, c = cfg](const std::string& name) {
+      return pre->packed_rows(c, name);
+    };
   }
   // Mesh: all ranks shard, or hsdp replica groups of size/hsdp ranks each.
   if (o.sharding.hsdp > 0) {
@@ -411,7 +421,8 @@ void Trainer::Impl::build_model() {
                         .mp_policy = mp,
                         .init_dtype = dtype,
                         .seed = o.run.seed,
-                        .frozen_dtype = frozen_dtype},
+                        .frozen_dtype = frozen_dtype,
+                        .frozen_packed = frozen_packed},
                .activation_checkpoint = o.sharding.activation_checkpoint});
   parallel = p.parallel;
   root = p.root;

@@ -176,12 +176,18 @@ class GgufFile {
   // `order`. Throws naming the tensor for a range outside [0, rows()] or an unreadable type.
   Tensor read_rows(const std::string& name, int64_t row_begin, int64_t row_end, RowOrder order,
                    DType dtype = DType::f32) const;
+  // The stored bytes of those rows (row_bytes() each, in `order`) into dst: a quantized tensor's
+  // blocks as they are, for a base kept quantized (QLoRA).
+  void read_row_bytes(const std::string& name, int64_t row_begin, int64_t row_end, RowOrder order,
+                      uint8_t* dst) const;
   // The whole tensor in shape() (a 1-D norm comes back 1-D).
   Tensor read(const std::string& name, RowOrder order, DType dtype = DType::f32) const;
   // The raw bytes of tensor `name` in the mapping (valid while this GgufFile or a copy lives).
   const uint8_t* tensor_data(const std::string& name) const;
 
  private:
+  int64_t permuted_heads(const std::string& name, RowOrder order) const;
+
   std::string path_;
   std::shared_ptr<const uint8_t> map_;
   uint64_t size_ = 0;

@@ -31,6 +31,7 @@
 #include "fsdp/checkpoint/interchange.h"
 #include "fsdp/core/tensor.h"
 #include "fsdp/data/tokenizer.h"
+#include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/minillm.h"
 
 namespace fsdp {
@@ -67,8 +68,15 @@ struct Pretrained {
   // The whole parameter; a zero-copy view of the mapping where the file holds it as it is (our
   // or Hugging Face's name, f32, not packed), else a new f32 tensor.
   Tensor read(const nn::MiniLLMConfig& cfg, const std::string& name) const;
+  // Our 2-D parameter `name` as the GGUF stores it, for a base kept quantized (QLoRA,
+  // FullyShardOptions::frozen_packed): a run of rows per stored tensor (q, k and v for the
+  // in-projection), each of its ggml type and row bytes, decoded by dequantize_row. nullopt for
+  // a 1-D parameter (norms stay f32) and for sources other than GGUF.
+  std::optional<PackedRows> packed_rows(const nn::MiniLLMConfig& cfg,
+                                        const std::string& name) const;
   // Fills every parameter of `model`: with `root` (fully_shard'ed), this rank's local rows of
-  // each Shard(0) parameter; without, the whole tensors in place (p->data must be allocated).
+  // each Shard(0) parameter (a packed one's stored bytes, the values checked finite as the
+  // others' are); without, the whole tensors in place (p->data must be allocated).
   void load_into(nn::MiniLLM& model, FSDPModule* root = nullptr) const;
 
   std::shared_ptr<const PretrainedSource> source;

@@ -12,6 +12,7 @@
 // names no collective.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <utility>
@@ -59,6 +60,7 @@ class DataParallelModule : public nn::ModuleHooks {
   // and spent by the compute thread waiting for them (the communication compute did not hide).
   struct CommStats {
     double comm_seconds = 0, exposed_seconds = 0;
+    int64_t all_gather_bytes = 0;  // what this rank's all-gathers wrote (every rank's shards)
   };
   virtual CommStats comm_stats() const = 0;
 

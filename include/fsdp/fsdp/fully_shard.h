@@ -33,6 +33,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +55,25 @@ struct MixedPrecisionPolicy {
   std::optional<DType> output_dtype;  // cast the module's floating output to it; unset: leave it
 };
 
+// A frozen parameter kept packed rather than in a float dtype (QLoRA: a GGUF base's own quantized
+// blocks as the sharded storage). Its rows of dim 0 are bytes, in runs of rows that share a
+// format and a byte length; `decode` turns whole rows of a format into f32. A shard is whole
+// rows, so it is a byte range, all-gathered as those bytes and decoded row by row just before
+// use (into the group's compute dtype). CPU only.
+struct PackedRows {
+  struct Run {
+    int64_t rows = 0, row_bytes = 0;
+    uint32_t format = 0;  // passed to decode (a ggml type, for GGUF)
+  };
+  std::vector<Run> runs;
+  std::function<void(uint32_t format, const uint8_t* src, float* dst, int64_t elems)> decode;
+  int64_t rows() const;
+  int64_t bytes(int64_t row_begin, int64_t row_end) const;  // of rows [begin, end)
+  // The largest of the n chunks' bytes (torch.chunk's split of the rows), rounded up to 16:
+  // what each rank's shard of it takes.
+  int64_t padded_chunk_bytes(int n) const;
+};
+
 struct FullyShardOptions {
   bool reshard_after_forward =
       true;  // false: keep the parameters from forward to backward (ZeRO-2 style)
@@ -63,6 +83,9 @@ struct FullyShardOptions {
   // The sharded dtype of the frozen parameters created here (requires_grad false: a LoRA base in
   // bf16 beside f32 adapters); unset: init_dtype. Give mp_policy.param_dtype alike.
   std::optional<DType> frozen_dtype;
+  // Frozen parameters to keep packed, by full name (nullopt: the others, as frozen_dtype). They
+  // form a group of their own, filled by the caller through shard_infos() (no initialiser runs).
+  std::function<std::optional<PackedRows>(const std::string& name)> frozen_packed;
 };
 
 struct FSDPState;  // the runtime (src/fsdp/fsdp_state.h)
@@ -94,7 +117,8 @@ class FSDPModule : public DataParallelModule {
   // Clears the sharded gradients of every FSDP module under this one (module().zero_grad()
   // does the same).
   void zero_grad() override;
-  // Parameter name -> its Shard(0) DTensor (the unpadded local shard).
+  // Parameter name -> its Shard(0) DTensor (the unpadded local shard). A packed frozen parameter
+  // (FullyShardOptions::frozen_packed), whose shard is bytes, is left out.
   std::vector<std::pair<std::string, dist::DTensor>> sharded_parameters();
   // Where each parameter's local shard lives, in named_parameters() order:
   // `group` indexes param_groups() (and so the optimizer's state), `offset`
@@ -105,6 +129,10 @@ class FSDPModule : public DataParallelModule {
     int64_t local_begin = 0, local_rows = 0;  // rows of dim 0 this rank holds
     size_t group = 0;
     int64_t offset = 0;
+    // A packed parameter (FullyShardOptions::frozen_packed): `offset` is in bytes of the group's
+    // buffer, and its shard is `packed_bytes` bytes, this rank's rows as stored.
+    bool packed = false;
+    int64_t packed_bytes = 0;
   };
   std::vector<ShardInfo> shard_infos();
   // This rank's place on the shard dim, and whether it is the first replica (HSDP).

@@ -33,6 +33,8 @@ struct StepMetrics {
   // This rank's seconds in the step's collectives on their threads, and the compute thread's wait
   // for them (the communication compute did not hide).
   double comm_seconds = 0, exposed_seconds = 0;
+  // The bytes this rank's all-gathers wrote in the step (every rank's shards of each group).
+  int64_t all_gather_bytes = 0;
   // The run's time so far and the time left (the mean of the recent steps times those left),
   // when the trainer set them (< 0: not).
   double elapsed_seconds = -1, eta_seconds = -1;

@@ -18,12 +18,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "fsdp/core/device.h"
 #include "fsdp/core/dtype.h"
+#include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/minillm.h"
 
 namespace fsdp::train {
@@ -38,6 +40,9 @@ struct MemoryPlanOptions {
   DType dtype = DType::f32;  // master parameters, their gradients and AdamW's two moments
   std::optional<DType> param_dtype, reduce_dtype;  // fully_shard's MixedPrecisionPolicy
   std::optional<DType> frozen_dtype;  // the frozen parameters' (a LoRA base): unset, dtype's
+  // The frozen parameters kept packed (QLoRA's quantized base: fully_shard's frozen_packed), by
+  // full name; their shards are these bytes, gathered as bytes.
+  std::function<std::optional<PackedRows>(const std::string& name)> frozen_packed;
   int64_t grad_accum = 1;
   int64_t checkpoint_every = 0;  // checkpoint_every_blocks(): 0 none, 1 full, N blocks 0, N, ...
   bool fused_loss = true;        // nn::ChunkedLMLoss: one chunk's logits, not [rows, vocab]
