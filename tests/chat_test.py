@@ -23,12 +23,16 @@
       relative) and move; the checkpoint holds the adapters alone; fsdp-export --peft writes the
       adapter in PEFT's names, --gguf-lora in llama.cpp's (read by gguf-py), and the merged export gives fsdp-generate the checkpoint's own
       logits bit for bit; once the base file's bytes change, the export is refused by name;
+      QLoRA (--base-quant keep: the GGUF's Q4_1 and Q8_0 blocks as the base's storage) gives the
+      dequantized base's losses bit for bit at 1 rank and 2, with under a quarter of the
+      all-gather bytes and a lower peak RSS per rank, and resumes bit for bit; the flag's refusals;
   (f) Gemma's turn format: 500 conversations (Unicode spaces and turn markers at the edges that
       Gemma's template trims) rendered by fsdp-tokenize --chat with Gemma 3 270M's GGUF and
       --chat-template (Gemma 3's instruct template, tests/fixtures) give the ids of
       apply_chat_template over transformers' reading of the same GGUF, and chat_rows.py's targets:
       each reply and its <end_of_turn>, not the newline after it; a role order the template
-      refuses is refused;
+      refuses is refused; QLoRA (--base-quant keep) on its Q4_K_M file at 2 ranks gives the
+      dequantized base's losses bit for bit;
   (g) Llama 3's headers: 500 conversations (header and <|eot_id|> text in messages) in three
       self-written templates of the published forms, 3.0's, 3.1's (a system block of knowledge
       cutoff and a fixed date, written whatever the conversation holds) and 3.2's (today's date by
@@ -43,6 +47,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -346,7 +351,13 @@ with tempfile.TemporaryDirectory() as work:
     # those bytes and dequantized before use, gives the dequantized-first run's losses bit for bit
     # (the same f32 values reach the same ops), with less held and less gathered.
     q1, qout = train_lora(1, ["--base-quant", "keep"], "_keep")
-    q2, qout2 = train_lora(2, ["--base-quant", "keep"], "_keep")
+    qck = os.path.join(work, "qlora_ckpt")
+    q2, qout2 = train_lora(2, ["--base-quant", "keep", "--ckpt-dir", qck, "--ckpt-every", "1"], "_keep")
+    # Resumed from its step-1 checkpoint (the base rebuilt from the file as its blocks), the run's
+    # second step is the uninterrupted one's bit for bit.
+    shutil.rmtree(os.path.join(qck, "step_00000002"), ignore_errors=True)
+    qr, _ = train_lora(2, ["--base-quant", "keep", "--ckpt-dir", qck, "--resume"], "_resumed")
+    check(q2 and qr and loss(qr) == loss(q2)[1:], f"QLoRA resumed {loss(qr)}, uninterrupted {loss(q2)}")
     check(q1 and loss(q1) == loss(l1) and q2 and loss(q2) == loss(l2),
           f"--base-quant keep {loss(q1)} / {loss(q2)} differs from the dequantized base's {loss(l1)} / {loss(l2)}")
     check("as the GGUF's blocks (Q4_1 x210, Q8_0 x1 tensors)" in qout, f"the table does not show the kept base: {qout[:1500]}")
@@ -445,6 +456,23 @@ with tempfile.TemporaryDirectory() as work:
         check(r.returncode != 0 and "alternate user/assistant" in r.stderr, f"Gemma role order: {r.stderr[-200:]!r}")
         print(f"chat_test: (f) 500 Gemma conversations, {sum(len(o['ids']) for o in gours)} tokens, "
               f"{sum(sum(o['target']) for o in gours)} targets, equal to transformers'")
+        # QLoRA on Gemma 3 270M's Q4_K_M file: Q4_K, Q5_0, Q6_K and Q8_0 blocks, q and k Q5_0 beside
+        # v Q8_0 in one packed in-projection whose rows the two ranks split unevenly in bytes.
+        def train_gemma(extra, tag):
+            log = os.path.join(work, f"gemma_{tag}.jsonl")
+            r = run(mpi + [os.path.join(bindir, "fsdp-train"), "--init-from", gemma, "--chat-template", template_file,
+                           "--data", sc, "--pack", "--seq", "128", "--batch", "1", "--threads", "1", "--steps", "2",
+                           "--lr", "1e-3", "--lora-rank", "4", "--sample-tokens", "0", "--seed", "1",
+                           "--log-file", log, *extra], env=env, timeout=500)
+            check(r.returncode == 0, f"fsdp-train Gemma LoRA {tag}: {r.stdout[-300:]} {r.stderr[-600:]}")
+            return [json.loads(line) for line in open(log)] if r.returncode == 0 else [], r.stdout
+        gd, _ = train_gemma([], "dequantized")
+        gk, gkout = train_gemma(["--base-quant", "keep"], "kept")
+        check(gd and loss(gk) == loss(gd), f"Gemma QLoRA {loss(gk)} differs from the dequantized base's {loss(gd)}")
+        check("Q4_K x27, Q5_0 x81, Q6_K x9, Q8_0 x10" in gkout, f"the Gemma table's stored types: {gkout[:1500]}")
+        print(f"chat_test: (f) Gemma 3 270M QLoRA at 2 ranks {loss(gk)}, equal to the dequantized base's; all-gather "
+              f"{gk[-1].get('all_gather_bytes', 0) / 1e6 if gk else 0:.1f} MB/step against "
+              f"{gd[-1].get('all_gather_bytes', 0) / 1e6 if gd else 0:.1f}")
 
     # (g) Llama 3's header format, in the forms of Llama 3.0's template, 3.1's (a knowledge cutoff
     # and a fixed date in a system block written whatever the conversation holds) and 3.2's (the
