@@ -591,14 +591,30 @@ void check_one_layer_shapes(const Pretrained& p, const PretrainedSource& src) {
     check_shape(src, one, name, parts_of(src, one, name), param->shape);
 }
 
-// Rows [a, b) of the parameter into `dst` ([b - a, ...], any dtype or device).
-void fill_rows(const std::vector<std::pair<Stored, int64_t>>& parts, int64_t a, int64_t b,
-               const Tensor& dst) {
+// Rows [a, b) of the parameter, read (dequantized, checked finite) a chunk of at most 4 M values
+// at a time: the f32 copy of a rank's rows of a 262k-row embedding never exists whole beside its
+// shard. Each chunk goes to `use(first row, chunk)`.
+template <class Use>
+void for_row_chunks(const std::vector<std::pair<Stored, int64_t>>& parts, int64_t a, int64_t b,
+                    Use&& use) {
   for (const auto& [st, at] : parts) {
     const int64_t lo = std::max(a, at), hi = std::min(b, at + st.shape[0]);
     if (lo >= hi) continue;
-    dst.narrow(0, lo - a, hi - lo).copy_(st.rows(lo - at, hi - at));
+    const int64_t row = st.shape.size() > 1 ? shape_numel(st.shape) / st.shape[0] : 1;
+    const int64_t step = std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(1, row));
+    for (int64_t c = lo; c < hi; c += step) {
+      const int64_t e = std::min(hi, c + step);
+      use(c, st.rows(c - at, e - at));
+    }
   }
+}
+
+// Rows [a, b) of the parameter into `dst` ([b - a, ...], any dtype or device).
+void fill_rows(const std::vector<std::pair<Stored, int64_t>>& parts, int64_t a, int64_t b,
+               const Tensor& dst) {
+  for_row_chunks(parts, a, b, [&](int64_t first, const Tensor& rows) {
+    dst.narrow(0, first - a, rows.shape()[0]).copy_(rows);
+  });
 }
 
 }  // namespace
@@ -691,7 +707,7 @@ void Pretrained::load_into(nn::MiniLLM& model, FSDPModule* root) const {
       FSDP_CHECK(wrote == in.packed_bytes,
                  "[init-from] {}: '{}' took {} bytes of this rank's rows where its shard holds {}",
                  path, in.name, wrote, in.packed_bytes);
-      fill_rows(parts, a, b, Tensor::empty(local, DType::f32));  // checks the values are finite
+      for_row_chunks(parts, a, b, [](int64_t, const Tensor&) {});  // the values are finite
       continue;
     }
     Tensor dst =
