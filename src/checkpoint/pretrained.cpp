@@ -730,24 +730,9 @@ std::string model_identity(const std::string& path) {
   return out;
 }
 
-namespace {
-// A Jinja template without its {# comments #}: words in a comment render nothing.
-std::string without_jinja_comments(const std::string& t) {
-  std::string out;
-  size_t at = 0;
-  for (size_t open = t.find("{#"); open != std::string::npos; open = t.find("{#", at)) {
-    out += t.substr(at, open - at);
-    const size_t close = t.find("#}", open + 2);
-    if (close == std::string::npos) return out;
-    at = close + 2;
-  }
-  return out + t.substr(at);
-}
-}  // namespace
-
 std::optional<int32_t> end_of_turn_id(const data::Tokenizer& tok, const std::string& raw_template,
                                       std::optional<int32_t> eos) {
-  const std::string chat_template = without_jinja_comments(raw_template);
+  const std::string chat_template = data::without_jinja_comments(raw_template);
   for (const char* end : {"<|im_end|>", "<end_of_turn>", "<|eot_id|>"})
     if (chat_template.find(end) != std::string::npos)
       if (auto id = token_id(tok, end)) return id;

@@ -34,20 +34,6 @@ constexpr std::string_view kGemmaStart = "<start_of_turn>", kGemmaEnd = "<end_of
 constexpr std::string_view kHeaderStart = "<|start_header_id|>", kHeaderEnd = "<|end_header_id|>",
                            kEot = "<|eot_id|>", kLlamaBos = "<|begin_of_text|>";
 
-// The template's text outside {# ... #} comments: a word inside a comment says nothing of the
-// format (a Llama 3 template may mention ChatML in one).
-std::string without_comments(const std::string& t) {
-  std::string out;
-  size_t at = 0;
-  for (size_t open = t.find("{#"); open != std::string::npos; open = t.find("{#", at)) {
-    out += t.substr(at, open - at);
-    const size_t close = t.find("#}", open + 2);
-    if (close == std::string::npos) return out;
-    at = close + 2;
-  }
-  return out + t.substr(at);
-}
-
 bool has(const std::string& s, std::string_view what) { return s.find(what) != std::string::npos; }
 
 // A JSON value's kind, for messages: "a string", "a number", ...
@@ -112,8 +98,20 @@ std::optional<std::string> llama3_system_preamble(const std::string& t) {
 
 }  // namespace
 
+std::string without_jinja_comments(const std::string& t) {
+  std::string out;
+  size_t at = 0;
+  for (size_t open = t.find("{#"); open != std::string::npos; open = t.find("{#", at)) {
+    out += t.substr(at, open - at);
+    const size_t close = t.find("#}", open + 2);
+    if (close == std::string::npos) return out;
+    at = close + 2;
+  }
+  return out + t.substr(at);
+}
+
 ChatFormat ChatFormat::recognize(const std::string& raw) {
-  const std::string t = without_comments(raw);
+  const std::string t = without_jinja_comments(raw);
   // Llama 3's headers: <|begin_of_text|>, then each turn
   // <|start_header_id|>{role}<|end_header_id|>\n\n{content | trim}<|eot_id|>, and the generation
   // prompt <|start_header_id|>assistant<|end_header_id|>\n\n. 3.1's to 3.3's templates open with a

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <new>
 #include <optional>
@@ -61,9 +62,20 @@ void Trainer::Impl::check_memory_plan() {
   // (LoRA: the frozen base holds its parameters only; the adapters the four copies.)
   const long double trained =
       cfg.lora.enabled() ? (long double)cfg.lora_parameters() : (long double)cfg.num_parameters();
-  const long double lower = (((long double)cfg.num_parameters() - trained) *
-                                 (long double)dtype_size(frozen_dtype.value_or(dtype)) +
-                             4.0L * trained * (long double)dtype_size(dtype)) /
+  long double frozen_bytes = ((long double)cfg.num_parameters() - trained) *
+                             (long double)dtype_size(frozen_dtype.value_or(dtype));
+  if (frozen_packed) {  // a kept base: its stored bytes (the file's layers, checked on opening)
+    frozen_bytes = 0;
+    nn::MiniLLM shapes(cfg);  // no storage
+    for (auto& [name, p] : shapes.named_parameters())
+      if (!p->requires_grad) {
+        const auto rows = frozen_packed(name);
+        frozen_bytes += rows ? (long double)rows->bytes(0, rows->rows())
+                             : (long double)shape_numel(p->shape) *
+                                   (long double)dtype_size(frozen_dtype.value_or(dtype));
+      }
+  }
+  const long double lower = (frozen_bytes + 4.0L * trained * (long double)dtype_size(dtype)) /
                             (long double)std::max<int64_t>(1, po.shards);
   std::string error;
   if (!o.sharding.allow_oversubscribe_memory && available >= 0 &&

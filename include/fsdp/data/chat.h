@@ -55,6 +55,10 @@ struct ChatMessage {
 };
 using Conversation = std::vector<ChatMessage>;
 
+// A Jinja template's text outside its {# ... #} comments: words in a comment render nothing (a
+// Llama 3 template may mention ChatML in one).
+std::string without_jinja_comments(const std::string& jinja_template);
+
 class ChatFormat {
  public:
   enum class Kind { chatml, gemma, llama3 };
