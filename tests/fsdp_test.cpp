@@ -405,76 +405,88 @@ std::vector<uint8_t> toy_encode(const PackedRows& p, const float* x, int64_t r, 
 TEST(Equivalence, PackedFrozenBaseTrainsAsItsDecodedValues) {
   const nn::LoraConfig lora{
       .rank = 2, .alpha = 4.0, .targets = nn::parse_lora_targets("q,k,v,o,gate,up,down")};
-  const struct Run run { .dtype = DType::f32, .lora = lora };
-  const nn::MiniLLMConfig c = config(run);
-  std::map<std::string, Tensor> init;  // the whole initial weights, every rank alike
-  for (auto& [n, t] : sharded(run, false).params) init[n] = t.contiguous();
-  auto packed_of = [&](const std::string& name) -> std::optional<PackedRows> {
-    const Tensor& t = init.at(name);
-    if (t.dim() != 2 || nn::is_lora_parameter(name)) return std::nullopt;
-    return toy_packed(t.shape());
-  };
-  struct Out {
-    std::vector<double> losses;
-    std::vector<std::pair<std::string, Tensor>> adapters;
-    std::vector<std::string> log;
-    int64_t frozen_bytes = 0;
-  };
-  auto train = [&](bool packed) {
-    auto mesh = dist::init_device_mesh({world()->size()});
-    nn::MiniLLM model(c);
-    FullyShardOptions fo{.init_dtype = DType::f32, .seed = kSeed};
-    if (packed) fo.frozen_packed = packed_of;
-    for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, fo);
-    FSDPModule& root = fully_shard(model, mesh, fo);
-    std::vector<nn::ParamGroup> groups = root.param_groups(0.01);
-    // The base: each rank's rows, decoded (f32 groups) or as their bytes (packed groups).
-    for (const auto& in : root.shard_infos()) {
-      auto rows = packed_of(in.name);
-      if (!rows || in.local_rows == 0) continue;
-      const Tensor& full = init.at(in.name);
-      const int64_t row = full.shape()[1];
-      auto* bytes = static_cast<uint8_t*>(groups[in.group].params.raw_data());
-      std::vector<float> values(static_cast<size_t>(row));
-      int64_t at = in.offset;
-      for (int64_t r = in.local_begin; r < in.local_begin + in.local_rows; ++r) {
-        const std::vector<uint8_t> enc = toy_encode(*rows, full.data<float>() + r * row, r, row);
-        if (in.packed) {
-          std::memcpy(bytes + at, enc.data(), enc.size());
-          at += int64_t(enc.size());
-        } else {
-          rows->decode(r < rows->runs[0].rows ? 0 : 1, enc.data(), values.data(), row);
-          std::memcpy(
-              groups[in.group].params.data<float>() + in.offset + (r - in.local_begin) * row,
-              values.data(), values.size() * 4);
-        }
+  // f32 and f64 runs, and a bf16 base beside f32 adapters (decoded into bf16).
+  for (const auto& dtypes : {std::pair<DType, std::optional<DType>>{DType::f32, {}},
+                             {DType::f64, {}},
+                             {DType::f32, DType::bf16}}) {
+    const DType dtype = dtypes.first;
+    const std::optional<DType> frozen = dtypes.second;
+    SCOPED_TRACE(
+        fmt::format("{} run, {} base", dtype_name(dtype), dtype_name(frozen.value_or(dtype))));
+    const struct Run run { .dtype = dtype, .lora = lora, .frozen_dtype = frozen };
+    const nn::MiniLLMConfig c = config(run);
+    std::map<std::string, Tensor> init;  // the whole initial weights in f32, every rank alike
+    for (auto& [n, t] : sharded(run, false).params) init[n] = t.to(DType::f32).contiguous();
+    auto packed_of = [&](const std::string& name) -> std::optional<PackedRows> {
+      const Tensor& t = init.at(name);
+      if (t.dim() != 2 || nn::is_lora_parameter(name)) return std::nullopt;
+      return toy_packed(t.shape());
+    };
+    struct Out {
+      std::vector<double> losses;
+      std::vector<std::pair<std::string, Tensor>> adapters;
+      std::vector<std::string> log;
+      int64_t frozen_bytes = 0;
+    };
+    auto train = [&](bool packed) {
+      auto mesh = dist::init_device_mesh({world()->size()});
+      nn::MiniLLM model(c);
+      FullyShardOptions fo{.init_dtype = dtype, .seed = kSeed};
+      if (frozen) {
+        fo.frozen_dtype = frozen;
+        fo.mp_policy = {.param_dtype = frozen, .reduce_dtype = DType::f32};
       }
-      if (in.packed) EXPECT_EQ(at - in.offset, in.packed_bytes) << in.name;
+      if (packed) fo.frozen_packed = packed_of;
+      for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, fo);
+      FSDPModule& root = fully_shard(model, mesh, fo);
+      std::vector<nn::ParamGroup> groups = root.param_groups(0.01);
+      // The base: each rank's rows, decoded (float groups) or as their bytes (packed groups).
+      for (const auto& in : root.shard_infos()) {
+        auto rows = packed_of(in.name);
+        if (!rows || in.local_rows == 0) continue;
+        const Tensor& full = init.at(in.name);
+        const int64_t row = full.shape()[1];
+        auto* bytes = static_cast<uint8_t*>(groups[in.group].params.raw_data());
+        std::vector<float> values(static_cast<size_t>(row));
+        int64_t at = in.offset;
+        for (int64_t r = in.local_begin; r < in.local_begin + in.local_rows; ++r) {
+          const std::vector<uint8_t> enc = toy_encode(*rows, full.data<float>() + r * row, r, row);
+          if (in.packed) {
+            std::memcpy(bytes + at, enc.data(), enc.size());
+            at += int64_t(enc.size());
+          } else {
+            rows->decode(r < rows->runs[0].rows ? 0 : 1, enc.data(), values.data(), row);
+            const int64_t to = in.offset + (r - in.local_begin) * row;
+            groups[in.group].params.slice(to, to + row).copy_(Tensor::from_vector(values, {row}));
+          }
+        }
+        if (in.packed) EXPECT_EQ(at - in.offset, in.packed_bytes) << in.name;
+      }
+      Out o;
+      for (const nn::ParamGroup& g : groups)
+        if (!g.grads.defined()) o.frozen_bytes += int64_t(g.params.nbytes());
+      optim::AdamW opt(groups, {.lr = 1e-2});
+      o.losses = train_losses(model, root, opt, c, run);
+      for (auto& [n, d] : root.sharded_parameters())
+        if (nn::is_lora_parameter(n)) o.adapters.emplace_back(n, d.full_tensor());
+      o.log = logged_step(model, root, c);
+      return o;
+    };
+    const Out plain = train(false), packed = train(true);
+    EXPECT_EQ(packed.losses, plain.losses);
+    ASSERT_EQ(packed.adapters.size(), plain.adapters.size());
+    for (size_t i = 0; i < plain.adapters.size(); ++i)
+      EXPECT_EQ(packed.adapters[i].second.to_f64_vector(), plain.adapters[i].second.to_f64_vector())
+          << plain.adapters[i].first;
+    EXPECT_LT(packed.frozen_bytes, plain.frozen_bytes * 3 / 4);
+    int decodes = 0, packed_gathers = 0;
+    for (const std::string& e : packed.log) {
+      decodes += e.rfind("decode:", 0) == 0;
+      packed_gathers += e.rfind("ag_issue:", 0) == 0 && e.ends_with("(frozen, packed)");
     }
-    Out o;
-    for (const nn::ParamGroup& g : groups)
-      if (!g.grads.defined()) o.frozen_bytes += int64_t(g.params.nbytes());
-    optim::AdamW opt(groups, {.lr = 1e-2});
-    o.losses = train_losses(model, root, opt, c, run);
-    for (auto& [n, d] : root.sharded_parameters())
-      if (nn::is_lora_parameter(n)) o.adapters.emplace_back(n, d.full_tensor());
-    o.log = logged_step(model, root, c);
-    return o;
-  };
-  const Out plain = train(false), packed = train(true);
-  EXPECT_EQ(packed.losses, plain.losses);
-  ASSERT_EQ(packed.adapters.size(), plain.adapters.size());
-  for (size_t i = 0; i < plain.adapters.size(); ++i)
-    EXPECT_EQ(packed.adapters[i].second.to_f64_vector(), plain.adapters[i].second.to_f64_vector())
-        << plain.adapters[i].first;
-  EXPECT_LT(packed.frozen_bytes, plain.frozen_bytes * 3 / 4);
-  int decodes = 0, packed_gathers = 0;
-  for (const std::string& e : packed.log) {
-    decodes += e.rfind("decode:", 0) == 0;
-    packed_gathers += e.rfind("ag_issue:", 0) == 0 && e.ends_with("(frozen, packed)");
+    EXPECT_GE(decodes, 2 * int(c.layers));  // every block's forward and backward
+    EXPECT_EQ(packed_gathers > 0, world()->size() > 1);
   }
-  EXPECT_GE(decodes, 2 * int(c.layers));  // every block's forward and backward
-  EXPECT_EQ(packed_gathers > 0, world()->size() > 1);
 }
 TEST(Equivalence, Hsdp2x2) {
   if (world()->size() != 4) GTEST_SKIP() << "needs 4 ranks";

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -109,12 +111,13 @@ void FSDPParamGroup::init_packed(const FullyShardOptions& opt) {
                fp.name, fp.packed->rows(), shape_str(fp.param->shape));
   }
   master_ = DType::i32;
-  param_dtype_ = opt.mp_policy.param_dtype.value_or(DType::f32);
+  // The compute dtype: the policy's, else the frozen parameters' own (FSDPState passes the frozen
+  // dtype as init_dtype), as for an unpacked frozen group.
+  param_dtype_ = opt.mp_policy.param_dtype.value_or(opt.init_dtype);
   reduce_dtype_ = param_dtype_;
   FSDP_CHECK(is_floating(param_dtype_),
-             "[fully_shard] {}: packed parameters decode into a float "
-             "dtype, not {}",
-             label_, dtype_name(param_dtype_));
+             "[fully_shard] {}: packed parameters decode into a float dtype, not {}", label_,
+             dtype_name(param_dtype_));
   int64_t bytes = 0;
   for (auto& fp : params_) fp.place_packed(n_, rank_, bytes, u_);
   g_ = bytes / 4;  // each shard is a multiple of 16 bytes
@@ -125,6 +128,26 @@ void FSDPParamGroup::init_packed(const FullyShardOptions& opt) {
     ag_group_->set_label("all-gather");
   }
 }
+
+namespace {
+// n f32 values into elements [at, at + n) of a CPU tensor of another float dtype.
+void narrow_into(const float* src, const Tensor& dst, int64_t at, int64_t n) {
+  switch (dst.dtype()) {
+    case DType::bf16:
+      for (int64_t i = 0; i < n; ++i) dst.data<bf16>()[at + i] = f32_to_bf16(src[i]);
+      return;
+    case DType::f16:
+      for (int64_t i = 0; i < n; ++i) dst.data<f16>()[at + i] = f32_to_f16(src[i]);
+      return;
+    case DType::f64:
+      for (int64_t i = 0; i < n; ++i) dst.data<double>()[at + i] = double(src[i]);
+      return;
+    default:
+      FSDP_FAIL("[fully_shard] packed parameters decode into f32, f64, bf16 or f16, not {}",
+                dtype_name(dst.dtype()));
+  }
+}
+}  // namespace
 
 // Every rank's rows of each packed parameter, from `blocks` (n rank-major blocks of g_ i32, or
 // this rank's shard at one rank) into the unsharded buffer, decoded row run by row run.
@@ -157,18 +180,26 @@ void FSDPParamGroup::decode_packed(const Tensor& blocks) {
   }
   const bool f32 = param_dtype_ == DType::f32;
   const auto n_pieces = int64_t(pieces.size());
+  // A decoder's exception must not leave the parallel region (std::terminate): the first one is
+  // kept and thrown after it.
+  std::exception_ptr failed;
+  std::mutex failed_mu;
 #pragma omp parallel for schedule(dynamic)
   for (int64_t i = 0; i < n_pieces; ++i) {
-    const Piece& p = pieces[size_t(i)];
-    const int64_t elems = p.rows * p.fp->row, at = p.fp->unsharded_offset + p.row * p.fp->row;
-    std::vector<float> tmp(f32 ? 0 : size_t(elems));
-    float* dst = f32 ? unsharded_.data<float>() + at : tmp.data();
-    for (int64_t r = 0; r < p.rows; ++r)
-      p.fp->packed->decode(p.format, p.src + r * p.row_bytes, dst + r * p.fp->row, p.fp->row);
-    if (!f32)
-      unsharded_.slice(at, at + elems)
-          .copy_(Tensor::from_blob(tmp.data(), {elems}, DType::f32, nullptr));
+    try {
+      const Piece& p = pieces[size_t(i)];
+      const int64_t elems = p.rows * p.fp->row, at = p.fp->unsharded_offset + p.row * p.fp->row;
+      std::vector<float> tmp(f32 ? 0 : size_t(elems));
+      float* dst = f32 ? unsharded_.data<float>() + at : tmp.data();
+      for (int64_t r = 0; r < p.rows; ++r)
+        p.fp->packed->decode(p.format, p.src + r * p.row_bytes, dst + r * p.fp->row, p.fp->row);
+      if (!f32) narrow_into(tmp.data(), unsharded_, at, elems);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(failed_mu);
+      if (!failed) failed = std::current_exception();
+    }
   }
+  if (failed) std::rethrow_exception(failed);
   for (auto& fp : params_)
     fp.param->data = unsharded_.slice(fp.unsharded_offset, fp.unsharded_offset + fp.numel())
                          .view(fp.param->shape);
@@ -196,19 +227,26 @@ void FSDPParamGroup::check_shapes_once() {
     FSDP_CHECK(counts.data<int64_t>()[k] == np,
                "[fully_shard] {} holds {} parameters on rank {} but {} on rank {}", label_, np,
                rank_, counts.data<int64_t>()[k], k);
-  Tensor mine = Tensor::empty({np, 2}, DType::i64);
+  // Rows, row length and, for a packed parameter, its padded shard bytes (ranks that hold other
+  // quantizations of one model would gather blocks of other sizes).
+  Tensor mine = Tensor::empty({np, 3}, DType::i64);
   for (size_t i = 0; i < params_.size(); ++i) {
-    mine.data<int64_t>()[2 * i] = params_[i].dim0;
-    mine.data<int64_t>()[2 * i + 1] = params_[i].row;
+    mine.data<int64_t>()[3 * i] = params_[i].dim0;
+    mine.data<int64_t>()[3 * i + 1] = params_[i].row;
+    mine.data<int64_t>()[3 * i + 2] = params_[i].padded_bytes;
   }
-  Tensor all = Tensor::empty({n_ * np, 2}, DType::i64);
+  Tensor all = Tensor::empty({n_ * np, 3}, DType::i64);
   shard_group_->all_gather_into_tensor(all, mine)->wait();
   for (int k = 0; k < n_; ++k)
     for (size_t i = 0; i < params_.size(); ++i) {
-      const int64_t* o = all.data<int64_t>() + 2 * (size_t(k) * params_.size() + i);
+      const int64_t* o = all.data<int64_t>() + 3 * (size_t(k) * params_.size() + i);
       FSDP_CHECK(o[0] == params_[i].dim0 && o[1] == params_[i].row,
                  "[fully_shard] parameter '{}' has shape {} on rank {} but {} rows x {} on rank {}",
                  params_[i].name, shape_str(params_[i].param->shape), rank_, o[0], o[1], k);
+      FSDP_CHECK(o[2] == params_[i].padded_bytes,
+                 "[fully_shard] packed parameter '{}' takes {} bytes a shard on rank {} but {} on "
+                 "rank {}: the ranks hold it in other formats (other quantizations of the model?)",
+                 params_[i].name, params_[i].padded_bytes, rank_, o[2], k);
     }
 }
 
