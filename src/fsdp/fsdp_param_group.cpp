@@ -277,18 +277,21 @@ void FSDPParamGroup::unshard_issue(FSDPCommContext& ctx) {
   ctx.log("ag_issue", label_);
 }
 
+// Issues the all-gather if nothing has (no prefetch reached this group), then waits for it.
+void FSDPParamGroup::wait_for_all_gather(FSDPCommContext& ctx) {
+  if (state_ == ShardedState::sharded) unshard_issue(ctx);
+  FSDP_CHECK(state_ == ShardedState::unshard_issued && ag_work_,
+             "[fully_shard] '{}': waiting for an all-gather in state '{}'", label_,
+             sharded_state_name(state_));
+  ctx.wait(ag_work_);
+  ctx.log("ag_wait", label_);
+}
+
 void FSDPParamGroup::unshard_wait(FSDPCommContext& ctx) {
   if (params_.empty() || state_ == ShardedState::unsharded) return;
   trace::Scope prof(("FSDP::unshard " + label_).c_str(), trace::Kind::annotation);
   if (packed_) {
-    if (n_ > 1) {
-      if (state_ == ShardedState::sharded) unshard_issue(ctx);
-      FSDP_CHECK(state_ == ShardedState::unshard_issued && ag_work_,
-                 "[fully_shard] '{}': waiting for an all-gather in state '{}'", label_,
-                 sharded_state_name(state_));
-      ctx.wait(ag_work_);
-      ctx.log("ag_wait", label_);
-    }
+    if (n_ > 1) wait_for_all_gather(ctx);
     decode_packed(n_ > 1 ? ag_out_ : sharded_);
     ag_out_ = Tensor();
     ag_work_ = nullptr;
@@ -310,12 +313,7 @@ void FSDPParamGroup::unshard_wait(FSDPCommContext& ctx) {
     ctx.log("cast", label_);
     return;
   }
-  if (state_ == ShardedState::sharded) unshard_issue(ctx);
-  FSDP_CHECK(state_ == ShardedState::unshard_issued && ag_work_,
-             "[fully_shard] '{}': waiting for an all-gather in state '{}'", label_,
-             sharded_state_name(state_));
-  ctx.wait(ag_work_);
-  ctx.log("ag_wait", label_);
+  wait_for_all_gather(ctx);
   unsharded_ = Tensor::empty({u_}, param_dtype_, sharded_.device());
   std::vector<ops::Segment> copy_out;  // rank k's rows of each parameter, in one launch
   for (auto& fp : params_) {

@@ -88,6 +88,7 @@ class FSDPParamGroup {
   void check_shapes_once();
   void init_packed(const FullyShardOptions& opt);
   void decode_packed(const Tensor& blocks);
+  void wait_for_all_gather(FSDPCommContext& ctx);
 
   std::vector<FSDPParam> params_;
   std::shared_ptr<dist::DeviceMesh> mesh_;
