@@ -12,16 +12,18 @@
 
 #include <algorithm>
 #include <array>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
-#include <csignal>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
+#include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <system_error>
 #include <type_traits>
@@ -32,6 +34,9 @@
 #include "fsdp/checkpoint/manager.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/core/error.h"
+#include "fsdp/core/stateful.h"
+#include "fsdp/data/loader.h"
+#include "fsdp/data/token_sources.h"
 #include "fsdp/distributed/device_mesh.h"
 #include "fsdp/distributed/init.h"
 #include "fsdp/fsdp/fully_shard.h"
@@ -230,6 +235,90 @@ TEST(Manager, ResumeRefusesStepFoldersOfWhichNoneIsComplete) {
   fs::create_directories(t.path / "ck/step_00000004");
   checkpoint::Manager m({.dir = t.str(), .resume = true}, nullptr);
   EXPECT_NE(error_of([&] { (void)m.resume_path(); }).find("none is complete"), std::string::npos);
+}
+
+namespace {
+
+// A trainer's own state: a counter and a label.
+struct Counter : Stateful {
+  int64_t n = 0;
+  std::string label;
+  std::string state_dict() const override {
+    return nlohmann::json{{"n", n}, {"label", label}}.dump();
+  }
+  void load_state_dict(const std::string& state, const std::string& where) override {
+    const nlohmann::json j = nlohmann::json::parse(state);
+    FSDP_CHECK(j.contains("n"), "{}: no n", where);
+    n = j["n"].get<int64_t>();
+    label = j["label"].get<std::string>();
+  }
+};
+
+}  // namespace
+
+// A RunState's parts: each saved under its name in metadata.json's "user" object (the loader's
+// state in fsdp-train's format, {"tokens", "windows"}) and restored on resume into fresh objects;
+// a required part the checkpoint lacks, a part's value it refuses, two parts of one name and a
+// part named like a key of the extras' user JSON are refused by name; an optional part the
+// checkpoint lacks is left as it was.
+TEST(Manager, RunStatePartsAreSavedByNameAndRestoredOnResume) {
+  TempDir t;
+  TinyRun run;
+  auto source = std::make_shared<data::RandomTokenSource>(32, 1);
+  data::DataLoader loader(source, 4, 0, 1, 8);
+  (void)loader.next(), (void)loader.next();  // 8 windows read
+  Counter counter;
+  counter.n = 41, counter.label = "warm";
+  {
+    checkpoint::Manager m({.dir = t.str()}, run.world);
+    const checkpoint::RunState state{
+        run.root, run.opt, run.config, {"arch"}, {{"data", &loader}, {"counter", &counter}}};
+    m.save(5, state, {.user_json = R"({"note": "mine"})"});
+    EXPECT_NE(error_of([&] {
+                m.save(6, state, {.user_json = R"({"data": 1})"});
+              }).find("the extras' user JSON has a key 'data', the name of a part"),
+              std::string::npos);
+    const checkpoint::RunState twice{
+        run.root, run.opt, run.config, {}, {{"a", &counter}, {"a", &loader}}};
+    EXPECT_NE(error_of([&] { m.save(6, twice); }).find("names two parts 'a'"), std::string::npos);
+  }
+  std::ifstream meta(t.path / "ck/step_00000005/metadata.json");
+  const nlohmann::json user = nlohmann::json::parse(meta).at("user");
+  EXPECT_EQ(
+      user.dump(),
+      R"({"counter":{"label":"warm","n":41},"data":{"tokens":64,"windows":8},"note":"mine"})");
+
+  data::DataLoader fresh(source, 4, 0, 1, 8);
+  Counter restored, untouched;
+  untouched.n = 7;
+  checkpoint::Manager m({.dir = t.str(), .resume = true}, run.world);
+  const auto loaded =
+      m.load({run.root,
+              run.opt,
+              run.config,
+              {"arch"},
+              {{"data", &fresh}, {"counter", &restored}, {"later", &untouched, false}}});
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->step, 5);
+  EXPECT_EQ(fresh.position(), 8);
+  EXPECT_EQ(restored.n, 41);
+  EXPECT_EQ(restored.label, "warm");
+  EXPECT_EQ(untouched.n, 7);  // optional, not in the checkpoint: left as it was
+
+  const std::string missing = error_of([&] {
+    (void)m.load({run.root, run.opt, run.config, {}, {{"schedule", &restored}}});
+  });
+  EXPECT_NE(missing.find("step_00000005/metadata.json: user holds no state of the run's part "
+                         "'schedule' (it holds: counter, data, note)"),
+            std::string::npos)
+      << missing;
+  // A loader's state that is not one: named by file and field.
+  const std::string refused = error_of([&] {
+    (void)m.load({run.root, run.opt, run.config, {}, {{"counter", &fresh}}});
+  });
+  EXPECT_NE(refused.find("step_00000005/metadata.json: user.counter"), std::string::npos)
+      << refused;
+  EXPECT_NE(refused.find("is not a data loader's state"), std::string::npos) << refused;
 }
 
 namespace {

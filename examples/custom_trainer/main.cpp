@@ -2,7 +2,6 @@
 // fsdp-train's step; checkpoint::Manager saves and resumes. mpirun -np 2 custom_trainer DIR [STOP]
 #include <fmt/core.h>
 
-#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -11,7 +10,6 @@
 #include <string>
 
 #include "fsdp/distributed/init.h"
-#include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/ops/blas.h"
 #include "fsdp/optim/adamw.h"
@@ -26,8 +24,7 @@ int main(int argc, char** argv) try {
   nn::MiniLLMConfig cfg = nn::MiniLLMConfig::preset("tiny");
   cfg.arch = nn::Arch::llama;
   nn::MiniLLM model(cfg);
-  for (size_t i = 0; i < model.layers().size(); ++i)
-    fully_shard(model.layers()[i], mesh, {.seed = seed});
+  for (nn::Module& block : model.layers()) fully_shard(block, mesh, {.seed = seed});
   FSDPModule& root = fully_shard(model, mesh, {.seed = seed});
   optim::AdamW opt(root.param_groups(0.01), {.lr = 1e-3, .weight_decay = 0.01});
   optim::LRSchedule lr(
@@ -35,14 +32,15 @@ int main(int argc, char** argv) try {
   data::DataLoader data(std::make_shared<data::RandomTokenSource>(cfg.vocab, seed), cfg.batch,
                         world->rank(), world->size(), cfg.seq);  // each rank's rows of cfg.batch
   checkpoint::Manager ckpt({.dir = argc > 1 ? argv[1] : "ckpt", .resume = true, .keep = 2}, world);
-  const auto loaded = ckpt.load(root, opt, cfg.to_json(), {"arch"});  // the newest complete one
-  if (loaded) data.set_position(loaded->data_position);  // the next batch is the next unread
+  // What a checkpoint holds: the shards, the optimizer, the config (its "arch" checked) and parts.
+  const checkpoint::RunState run{root, opt, cfg.to_json(), {"arch"}, {{"data", &data}}};
+  const auto loaded = ckpt.load(run);  // the newest complete one: shards, AdamW, data position
   const train::StepParts parts{.model = model, .parallel = root, .optimizer = opt, .loader = data,
                                .group = *world, .schedule = &lr, .checkpointer = &ckpt};
   for (int64_t step = loaded ? loaded->step : 0; step < stop; ++step) {
     const profiler::StepMetrics m = train::train_step(parts, step, {.grad_clip = 1.0});
     if (!world->rank()) fmt::print("{} | host syncs {}\n", m.line(), m.host_syncs);
-    if ((step + 1) % 10 == 0) ckpt.save(step + 1, root, opt, cfg.to_json(), {data.position()});
+    if ((step + 1) % 10 == 0) ckpt.save(step + 1, run);
   }
   dist::destroy_process_group();
 } catch (const std::exception& e) {

@@ -24,7 +24,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <iterator>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <system_error>
 #include <type_traits>
 #include <utility>
@@ -53,6 +56,57 @@ int64_t agree(const std::string& error, const std::shared_ptr<dist::ProcessGroup
   }
   if (!error.empty()) throw Error(error);
   return int64_t(failed);
+}
+
+// A RunState's parts: each names a part, under a name of its own.
+void check_parts(const RunState& run) {
+  for (size_t i = 0; i < run.parts.size(); ++i) {
+    const StatePart& p = run.parts[i];
+    FSDP_CHECK(p.part && !p.name.empty(), "[checkpoint] RunState part {} ('{}') has {}", i, p.name,
+               p.part ? "no name" : "no Stateful");
+    for (size_t k = 0; k < i; ++k)
+      FSDP_CHECK(run.parts[k].name != p.name, "[checkpoint] RunState names two parts '{}'", p.name);
+  }
+}
+
+// extras' user JSON (an object) with each part's state under its name.
+std::string with_parts(const RunState& run, const std::string& user_json) {
+  nlohmann::json user = nlohmann::json::parse(user_json, nullptr, false);
+  FSDP_CHECK(user.is_object(),
+             "[checkpoint] save: with RunState parts the extras' user JSON must be an object, "
+             "got {}",
+             user_json.substr(0, 200));
+  for (const StatePart& p : run.parts) {
+    FSDP_CHECK(!user.contains(p.name),
+               "[checkpoint] save: the extras' user JSON has a key '{}', the name of a part",
+               p.name);
+    const std::string state = p.part->state_dict();
+    nlohmann::json value = nlohmann::json::parse(state, nullptr, false);
+    FSDP_CHECK(!value.is_discarded(),
+               "[checkpoint] save: part '{}' gave a state that is not JSON: {}", p.name,
+               state.substr(0, 200));
+    user[p.name] = std::move(value);
+  }
+  return user.dump();
+}
+
+// Each part's state from a loaded checkpoint's "user" object.
+void restore_parts(const RunState& run, const Loaded& loaded, const std::string& path) {
+  const nlohmann::json user = nlohmann::json::parse(loaded.user_json, nullptr, false);
+  const std::string meta = (fs::path(path) / "metadata.json").string();
+  std::string held;
+  if (user.is_object())
+    for (const auto& [k, v] : user.items()) held += (held.empty() ? "" : ", ") + k;
+  for (const StatePart& p : run.parts) {
+    if (!user.is_object() || !user.contains(p.name)) {
+      FSDP_CHECK(!p.required,
+                 "[checkpoint] resume: {}: user holds no state of the run's part '{}' (it holds: "
+                 "{}); the checkpoint is of a run without it",
+                 meta, p.name, held.empty() ? "none" : held);
+      continue;
+    }
+    p.part->load_state_dict(user[p.name].dump(), meta + ": user." + p.name);
+  }
 }
 
 // "pid 1234 on host node7 since 2026-12-01 23:50:01 UTC": who holds the lock.
@@ -266,6 +320,30 @@ std::optional<Loaded> Manager::load(FSDPModule& root, optim::Optimizer& opt,
   loaded_path_ = path;
   if (!loaded.run_id.empty()) run_id_ = loaded.run_id;  // format 1 named none: a new id goes on
   return loaded;
+}
+
+std::optional<Loaded> Manager::load(const RunState& run) {
+  check_parts(run);
+  std::optional<Loaded> loaded;
+  std::string error;
+  try {
+    loaded = load(run.model, run.optimizer, run.config_json, run.model_keys);
+    if (loaded) restore_parts(run, *loaded, loaded_path_);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // The model's load was agreed above; a part's refusal is every rank's too.
+  const int64_t failed = agree(error, world_);
+  FSDP_CHECK(failed == 0, "[checkpoint] resume: {} other rank(s) could not restore {}'s parts",
+             failed, loaded_path_);
+  return loaded;
+}
+
+void Manager::save(int64_t step, const RunState& run, const Extras& extras) {
+  check_parts(run);
+  Extras e = extras;
+  e.user_json = with_parts(run, extras.user_json);
+  save(step, run.model, run.optimizer, run.config_json, e);
 }
 
 void Manager::save(int64_t step, FSDPModule& root, const optim::Optimizer& opt,

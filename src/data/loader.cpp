@@ -2,7 +2,12 @@
 #include "fsdp/data/loader.h"
 
 #include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "fsdp/core/error.h"
 #include "fsdp/core/ignore_index.h"
@@ -54,6 +59,20 @@ int64_t DataLoader::count_targets(int64_t batches) const {
     for (int64_t i = 0; i < t.numel(); ++i) n += p[i] != int32_t(kIgnoreIndex);
   }
   return n;
+}
+
+std::string DataLoader::state_dict() const {
+  return nlohmann::json{{"windows", position_}, {"tokens", position_ * seq_}}.dump();
+}
+
+void DataLoader::load_state_dict(const std::string& state, const std::string& where) {
+  const nlohmann::json j = nlohmann::json::parse(state, nullptr, false);
+  const nlohmann::json* w = j.is_object() && j.contains("windows") ? &j["windows"] : nullptr;
+  FSDP_CHECK(w && w->is_number_integer() && w->get<int64_t>() >= 0,
+             "[DataLoader] {}: {} is not a data loader's state: expected {{\"windows\": a count of "
+             "windows read >= 0, ...}}",
+             where, state.substr(0, 200));
+  set_position(w->get<int64_t>());
 }
 
 void DataLoader::set_position(int64_t windows) {

@@ -13,7 +13,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -133,19 +132,15 @@ void Trainer::Impl::save(int64_t step) {
   const auto tc = std::chrono::steady_clock::now();
   if (main()) fmt::print("checkpoint: writing step {} to {} ...\n", step, o.checkpoint.ckpt_dir);
   checkpoint::Extras extras;  // its run id is the Manager's (the run's lineage)
-  // The windows read over all ranks: a resume at any batch size or world size goes on from the
-  // next one (checkpoints before saved the batch index).
+  // The windows read over all ranks (part "data" too): a resume at any batch size or world size
+  // goes on from the next one (checkpoints before saved the batch index).
   extras.data_position = loader->position();
-  extras.user_json =
-      nlohmann::json{
-          {"data", {{"windows", loader->position()}, {"tokens", loader->position() * cfg.seq}}}}
-          .dump();
   if (tokenizer) extras.files.emplace_back("tokenizer.json", tokenizer->json());
   if (tokenizer && model_tokenizer)  // the pretrained model's ids, chat template, pre-tokenizer
     extras.files.emplace_back("tokenizer_meta.json", pretrained->tokenizer_meta().to_json());
   if (main() && ckpt->pending_step() >= 0)  // a second save waits for the first
     fmt::print("checkpoint: waiting for the background write of step {}\n", ckpt->pending_step());
-  ckpt->save(step, *root, *opt, config_json, extras);
+  ckpt->save(step, run_state(), extras);
   if (main() && o.checkpoint.async_checkpoint)
     fmt::print(
         "checkpoint: step {} copied in {:.3f} s (training blocked {:.3f} s); writing in "

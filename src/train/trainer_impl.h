@@ -103,6 +103,10 @@ struct Trainer::Impl {
 
   // --resume (trainer_resume.cpp).
   void resume();
+  // What a checkpoint of the run holds: root, optimizer, config (the family's shape keys, dtype
+  // and a LoRA run's base are a resume's model keys) and the loader's position as part "data"
+  // (optional: checkpoints from before it saved the loader's batch index).
+  checkpoint::RunState run_state();
 
   // The loop (trainer.cpp).
   profiler::StepMetrics step(int64_t step);

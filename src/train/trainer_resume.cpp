@@ -83,21 +83,11 @@ std::string changed_flags(const nlohmann::json& saved, const nlohmann::json& now
   return out;
 }
 
-// The windows a checkpoint's run had read over all its ranks: saved as such ("data" in the
-// checkpoint's user JSON), or, by checkpoints from before, as the loader's batch index, which
-// counts global batches of the saved batch x world_size rows. *note says which it was.
+// The windows a checkpoint's run had read over all its ranks, from checkpoints before the loader's
+// state (part "data") was saved: the loader's batch index, which counts global batches of the
+// saved batch x world_size rows. *note says so.
 int64_t windows_read(const checkpoint::Loaded& loaded, const nlohmann::json& saved_config,
                      const std::string& path, std::string* note) {
-  const nlohmann::json user = nlohmann::json::parse(loaded.user_json);
-  if (user.is_object() && user.contains("data")) {
-    const nlohmann::json& d = user["data"];
-    FSDP_CHECK(d.is_object() && d.contains("windows") && d["windows"].is_number_integer() &&
-                   d["windows"].get<int64_t>() >= 0,
-               "[fsdp-train] --resume: {}/metadata.json: user.data {} is not a count of windows "
-               "read",
-               path, d.dump());
-    return d["windows"].get<int64_t>();
-  }
   auto count = [&](const char* key) -> int64_t {
     const nlohmann::json v = saved_config.value(key, nlohmann::json());
     FSDP_CHECK(v.is_number_integer() && v.get<int64_t>() > 0,
@@ -119,25 +109,36 @@ int64_t windows_read(const checkpoint::Loaded& loaded, const nlohmann::json& sav
 // The newest complete checkpoint, as checkpoint::Manager picks and loads it (newer incomplete
 // ones skipped aloud, every rank loaded before any goes on); then the run's data fields (seq,
 // data, tokenizer) must match the checkpoint's.
-void Trainer::Impl::resume() {
+checkpoint::RunState Trainer::Impl::run_state() {
   std::vector<std::string> model_keys(family->shape_keys.begin(), family->shape_keys.end());
   model_keys.emplace_back("dtype");
   model_keys.emplace_back("base_content");  // LoRA: the frozen base the adapters were trained on
-  const std::optional<checkpoint::Loaded> found = ckpt->load(*root, *opt, config_json, model_keys);
+  return {.model = *root,
+          .optimizer = *opt,
+          .config_json = config_json,
+          .model_keys = std::move(model_keys),
+          .parts = {{.name = "data", .part = loader.get(), .required = false}}};
+}
+
+void Trainer::Impl::resume() {
+  const std::optional<checkpoint::Loaded> found = ckpt->load(run_state());
   if (!found) return;
   const checkpoint::Loaded& loaded = *found;
   const std::string& path = ckpt->loaded_path();
   const nlohmann::json saved = nlohmann::json::parse(loaded.config_json);
   check_same_data(saved, nlohmann::json::parse(config_json), path);
   std::string note;
-  const int64_t windows = windows_read(loaded, saved, path, &note);
+  const nlohmann::json user = nlohmann::json::parse(loaded.user_json);
+  const int64_t windows = user.is_object() && user.contains("data")
+                              ? loader->position()  // part "data", restored by the load
+                              : windows_read(loaded, saved, path, &note);
   start_step = loaded.step;
   if (!loaded.sealed)
     note += std::string(note.empty() ? "" : "; ") +
             "an older checkpoint (format 1): it has no complete.json, run id or shard "
             "identities to check; its files' checksums and chunks were checked; its run goes "
             "on under a new id";
-  loader->set_position(windows);
+  loader->set_position(windows);  // the same where part "data" set it
   if (main()) {
     fmt::print(
         "resume: loaded {} (step {}) of run {}; {} windows ({} tokens) read, continuing "

@@ -20,6 +20,16 @@
 //     barrier; a background save is pruned for when wait() (or the next save) commits it.
 // Every decision rank 0 makes about the folder is agreed with one all-reduce, so a refusal is an
 // error on every rank (rank 0's names the reason; the others name rank 0).
+//
+// What a checkpoint holds is a RunState: the sharded model and optimizer, the run's config (its
+// model keys checked on resume) and a list of named Stateful parts (a data loader, a trainer's own
+// counters), each saved as a JSON value under its name in metadata.json's "user" object:
+//
+//   checkpoint::RunState run{.model = root, .optimizer = opt, .config_json = cfg.to_json(),
+//                            .model_keys = {"arch"}, .parts = {{"data", &loader}}};
+//   const auto loaded = manager.load(run);  // the newest complete one, every part restored
+//   ...
+//   manager.save(step, run);
 #pragma once
 
 #include <cstdint>
@@ -29,6 +39,7 @@
 #include <vector>
 
 #include "fsdp/checkpoint/checkpoint.h"
+#include "fsdp/core/stateful.h"
 #include "fsdp/distributed/process_group.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/optim/optimizer.h"
@@ -52,6 +63,22 @@ struct ManagerOptions {
 // removed is left as it is, with a line on stderr: pruning never fails a save.
 void keep_latest(const std::string& dir, int keep);
 
+// One named part of a run's state. A required part missing from the checkpoint a resume loads is
+// refused by name; an optional one is left as it is (a part newer than the checkpoints of a run).
+struct StatePart {
+  std::string name;  // its key in metadata.json's "user" object
+  Stateful* part = nullptr;
+  bool required = true;
+};
+
+struct RunState {
+  FSDPModule& model;                    // the sharded root: every parameter's shard
+  optim::Optimizer& optimizer;          // its state per parameter
+  std::string config_json = "{}";       // a JSON object describing the run (checkpoint::save)
+  std::vector<std::string> model_keys;  // its keys a resume must match (checkpoint::load)
+  std::vector<StatePart> parts;         // distinct names
+};
+
 class Manager {
  public:
   // Collective over `world` (nullptr: this process alone). Locks D and applies the fresh-run
@@ -72,6 +99,9 @@ class Manager {
   std::optional<Loaded> load(FSDPModule& root, optim::Optimizer& opt,
                              const std::string& config_json,
                              const std::vector<std::string>& model_keys);
+  // The same, then each part of run.parts restored from the checkpoint's "user" object (a missing
+  // required part, or one whose load_state_dict refuses its value, fails every rank).
+  std::optional<Loaded> load(const RunState& run);
   const std::string& loaded_path() const { return loaded_path_; }
   // The run's id (checkpoint::new_run_id, made at construction; a resume takes the loaded
   // checkpoint's where it names one): stamped on every save whose Extras name none.
@@ -82,6 +112,9 @@ class Manager {
   // is committed.
   void save(int64_t step, FSDPModule& root, const optim::Optimizer& opt,
             const std::string& config_json, const Extras& extras = {});
+  // The same for a RunState: each part's state_dict() under its name in the "user" object (beside
+  // the keys of extras.user_json, an object, which must not reuse a part's name).
+  void save(int64_t step, const RunState& run, const Extras& extras = {});
   // The background write's state (AsyncSaver::WriteState as an int; 0 when none), for a step's
   // metrics gather.
   int write_state() const;

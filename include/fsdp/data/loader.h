@@ -11,7 +11,7 @@
 // not counted in position() until next() hands it out.
 //
 //   data::DataLoader loader(source, global_rows, rank, world, seq, device);
-//   loader.set_position(windows_read);
+//   loader.set_position(windows_read);  // or, from a checkpoint, its state (a Stateful part)
 //   data::Batch b = loader.next();  // [rows(), seq] inputs and targets, on the device
 //   ... launch the step's forward and backward on b ...
 //   loader.prefetch();              // the next batch on its way while the step runs
@@ -20,14 +20,16 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "fsdp/core/device.h"
+#include "fsdp/core/stateful.h"
 #include "fsdp/core/upload.h"
 #include "fsdp/data/token_sources.h"
 
 namespace fsdp::data {
 
-class DataLoader {
+class DataLoader : public Stateful {
  public:
   // Throws, naming the values, unless global_rows splits evenly over `world` ranks.
   DataLoader(std::shared_ptr<const TokenSource> source, int64_t global_rows, int rank, int world,
@@ -42,6 +44,10 @@ class DataLoader {
   // (read on the host, before they are made; rows() x seq x batches when the source masks none).
   int64_t count_targets(int64_t batches) const;
   int64_t global_rows() const { return global_rows_; }
+  // Its checkpoint state, {"windows": position(), "tokens": position() x seq}: a resume at any
+  // batch size or world size goes on at the next unread window (load_state_dict sets it).
+  std::string state_dict() const override;
+  void load_state_dict(const std::string& state, const std::string& where) override;
 
  private:
   Batch make(int64_t position);

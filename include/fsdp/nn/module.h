@@ -187,6 +187,26 @@ class ModuleList : public Module {
   }
   size_t size() const { return modules_.size(); }
   Module& operator[](size_t i) const { return *modules_[i]; }
+  // for (nn::Module& block : model.layers()): the children in order.
+  class Iterator {
+   public:
+    using value_type = Module;
+    using difference_type = std::ptrdiff_t;
+    Iterator() = default;
+    explicit Iterator(std::vector<Module*>::const_iterator it) : it_(it) {}
+    Module& operator*() const { return **it_; }
+    Iterator& operator++() {
+      ++it_;
+      return *this;
+    }
+    Iterator operator++(int) { return Iterator(it_++); }
+    bool operator==(const Iterator&) const = default;
+
+   private:
+    std::vector<Module*>::const_iterator it_;
+  };
+  Iterator begin() const { return Iterator(modules_.begin()); }
+  Iterator end() const { return Iterator(modules_.end()); }
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
