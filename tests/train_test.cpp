@@ -3,7 +3,7 @@
 // values as fsdp-train's command line does (the same FlagValue), names and aliases alike; a bad
 // value or an unknown flag is refused, naming the flag and the value. Options: validate() names
 // the flags of each rule it refuses; model_config() applies the overrides to the preset.
-// ModelFamily: --arch and the Trainer read the model-family table.
+// ModelSpec: --arch reads the model specs' forms; each family's resume keys are its config's.
 // Trainer: a run stopped at a checkpoint and resumed gives the uninterrupted run's losses
 // exactly (train_cli_test and ckpt_test hold the same through fsdp-train, and at np 1-4).
 #include <gtest/gtest.h>
@@ -34,11 +34,11 @@
 #include "fsdp/core/dtype.h"
 #include "fsdp/core/error.h"
 #include "fsdp/distributed/init.h"
+#include "fsdp/models/spec.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/ops/ops.h"
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/ceilings.h"
-#include "fsdp/train/model_family.h"
 #include "fsdp/train/options.h"
 #include "fsdp/train/trainer.h"
 #include "test_util.h"
@@ -248,17 +248,23 @@ TEST(Options, ModelConfigIsThePresetWithTheOverrides) {
   EXPECT_NE(error_of([&] { (void)o.model_config(); }), "");
 }
 
-// The model-family table: --arch reads its names, and a row's resume keys are keys of its
-// config's JSON (a key missing there would never be compared).
-TEST(ModelFamily, ArchReadsTheTableAndEachRowsKeysAreItsConfigs) {
-  ASSERT_FALSE(model_families().empty());
-  for (const ModelFamily& f : model_families()) {
-    SCOPED_TRACE(std::string(f.name));
-    EXPECT_EQ(FlagValue<nn::Arch>::parse("--arch", f.name), f.arch);
-    EXPECT_EQ(FlagValue<nn::Arch>::str(f.arch), f.name);
-    EXPECT_EQ(&model_family(f.arch), &f);
+// The model specs (fsdp/models/spec.h): --arch reads the names of the families that are a module
+// tree's form (seed, llama), and every family's resume keys are keys of its config's JSON (a key
+// missing there would never be compared); its GEMM shapes are one rank's tokens, and it builds.
+TEST(ModelSpec, ArchReadsTheFormsAndEachFamilysKeysAreItsConfigs) {
+  ASSERT_FALSE(models::model_specs().empty());
+  int forms = 0;
+  for (const models::ModelSpec* f : models::model_specs()) {
+    SCOPED_TRACE(std::string(f->name));
+    if (f->name == nn::arch_name(f->arch)) {
+      ++forms;
+      EXPECT_EQ(FlagValue<nn::Arch>::parse("--arch", f->name), f->arch);
+      EXPECT_EQ(FlagValue<nn::Arch>::str(f->arch), f->name);
+    } else {
+      EXPECT_NE(error_of([&] { (void)FlagValue<nn::Arch>::parse("--arch", f->name); }), "");
+    }
     nn::MiniLLMConfig c = nn::MiniLLMConfig::preset("tiny");
-    c.arch = f.arch;
+    c.arch = f->arch;
     nn::MiniLLMConfig every = c;  // the JSON names an option only when it is not the default
     every.heads = 8, every.kv_heads = 2, every.head_dim = 16;
     every.tie_embeddings = every.qkv_bias = every.qk_norm = true;
@@ -266,12 +272,13 @@ TEST(ModelFamily, ArchReadsTheTableAndEachRowsKeysAreItsConfigs) {
     every.norm_eps = 1e-5;
     every.lora = {.rank = 4, .alpha = 8, .targets = nn::parse_lora_targets("q,v")};
     const nlohmann::json j = nlohmann::json::parse(every.to_json());
-    for (std::string_view key : f.shape_keys) EXPECT_TRUE(j.contains(key)) << key;
-    const std::vector<profiler::GemmShape> shapes = f.gemm_shapes(c);
+    for (std::string_view key : f->shape_keys) EXPECT_TRUE(j.contains(key)) << key;
+    const std::vector<profiler::GemmShape> shapes = f->gemm_shapes(c);
     ASSERT_FALSE(shapes.empty());
     EXPECT_EQ(shapes.front().m, c.batch * c.seq);  // one rank's tokens
-    EXPECT_NE(f.build(c), nullptr);
+    EXPECT_NE(f->build(c), nullptr);
   }
+  EXPECT_EQ(forms, 2);
 }
 
 // The losses of a JSONL --log-file, by step.

@@ -157,8 +157,8 @@ int main(int argc, char** argv) {
       if (cfg.arch == nn::Arch::llama && names == "auto") {
         const auto dir = std::filesystem::path(out).parent_path();
         std::vector<std::pair<std::string, std::string>> files = {
-            {"config.json", checkpoint::hf_llama_config_json(
-                                cfg, dtype, tok ? *tok : data::Tokenizer::bytes(), meta)}};
+            {"config.json",
+             checkpoint::hf_config_json(cfg, dtype, tok ? *tok : data::Tokenizer::bytes(), meta)}};
         if (tok)
           for (auto& f : checkpoint::hf_tokenizer_files(cfg, *tok, meta)) files.push_back(f);
         for (const auto& [name, text] : files)  // each checked to its close, fsynced

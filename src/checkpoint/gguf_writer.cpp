@@ -17,6 +17,7 @@
 #include "fsdp/checkpoint/gguf.h"
 #include "fsdp/checkpoint/interchange.h"
 #include "fsdp/core/file.h"
+#include "fsdp/models/spec.h"
 #include "fsdp/ops/rope.h"
 #include "src/checkpoint/param_names.h"
 
@@ -89,43 +90,19 @@ Tensor permute_for_gguf(const Tensor& w, int64_t heads) {
   return w.contiguous().view({heads, 2, hd / 2, cols}).transpose(1, 2).contiguous().view(w.shape());
 }
 
-// llama.cpp's architecture for cfg, refusing a model it would load as another one.
+// llama.cpp's architecture for cfg: its family's (models::spec_of), refusing a family without
+// one (seed) and a config its architecture would load as another model (the spec's check_gguf).
 struct GgufArch {
   std::string name;
-  bool half_split = false;  // qwen2, qwen3: q and k rows stay as they are
+  bool half_split = false;  // qwen2, qwen3, gemma3: q and k rows stay as they are
   bool gemma3 = false;
 };
 GgufArch gguf_arch(const nn::MiniLLMConfig& cfg) {
-  FSDP_CHECK(cfg.arch == nn::Arch::llama,
-             "[gguf] GGUF export is for the llama architecture, not {}", nn::arch_name(cfg.arch));
-  // q/k/v biases are llama.cpp's qwen2 architecture and norms on q and k its qwen3, whose rotary
-  // embeddings are half-split (NEOX) like ours: their q and k rows stay as they are. llama's
-  // pairs neighbours. llama.cpp's qwen3 has no q/k/v biases.
-  FSDP_CHECK(!(cfg.qk_norm && cfg.qkv_bias),
-             "[gguf] a model with q/k norms and q/k/v biases has no llama.cpp architecture "
-             "(qwen3 has no biases)");
-  // Gemma 3 is llama.cpp's gemma3, which takes its window pattern (every 6th layer global), its
-  // local layers' rope base (10000) and its query scale (1/sqrt(head dim)) as constants: a model
-  // that differs would load as another model, so it is refused.
-  const bool gemma3 = is_gemma3(cfg);
-  FSDP_CHECK(gemma3 || (!cfg.norm_plus_one && !cfg.sandwich_norms && !cfg.geglu &&
-                        !cfg.embed_scale && cfg.sliding_window == 0),
-             "[gguf] a model with some of Gemma's options but not all (QK-norm, (1 + w) and "
-             "sandwich norms, GeGLU, the embedding scaled) has no llama.cpp architecture");
-  FSDP_CHECK(!gemma3 || ((cfg.sliding_window == 0 || cfg.global_every == 6) &&
-                         cfg.rope_local_theta == 10000.0 && !cfg.qkv_bias),
-             "[gguf] llama.cpp's gemma3 makes every 6th layer global with a local rope base of "
-             "10000; this model's global_every {} and rope_local_theta {} would load as another "
-             "model",
-             cfg.global_every, cfg.rope_local_theta);
-  const bool half_split = cfg.qkv_bias || cfg.qk_norm;
-  FSDP_CHECK(!half_split || !cfg.rope_scaling.enabled(),
-             "[gguf] llama.cpp's qwen2 and qwen3 take no Llama 3 rope scaling (rope_freqs)");
-  const std::string arch = gemma3         ? "gemma3"
-                           : cfg.qk_norm  ? "qwen3"
-                           : cfg.qkv_bias ? "qwen2"
-                                          : "llama";
-  return {arch, half_split, gemma3};
+  const models::ModelSpec& spec = models::spec_of(cfg);
+  FSDP_CHECK(!spec.gguf_arch.empty(), "[gguf] the {} family has no llama.cpp architecture ({})",
+             spec.name, spec.what);
+  if (spec.check_gguf) spec.check_gguf(cfg);
+  return {std::string(spec.gguf_arch), spec.gguf_half_split, spec.gguf_arch == "gemma3"};
 }
 
 // Writes the header, the tensors' table and their data, each aligned, through write_file_atomic.

@@ -31,8 +31,9 @@
 #include "fsdp/data/chat.h"
 #include "fsdp/data/token_sources.h"
 #include "fsdp/fsdp/fully_shard.h"
-#include "src/checkpoint/json_fields.h"
+#include "fsdp/models/spec.h"
 #include "src/checkpoint/param_names.h"
+#include "src/core/json_fields.h"
 
 namespace fsdp::checkpoint {
 
@@ -335,26 +336,11 @@ void open_safetensors(Pretrained& p, PretrainedSource& src) {
 
 nn::MiniLLMConfig config_from_family(const std::string& family, const std::string& config_json,
                                      const std::string& where) {
-  // The model-family table: each family's config reader.
-  using Reader = nn::MiniLLMConfig (*)(const std::string&, const std::string&);
-  static const std::map<std::string, Reader> families = {
-      {"llama",
-       [](const std::string& t, const std::string& w) { return config_from_hf_llama(t, w); }},
-      {"qwen2",
-       [](const std::string& t, const std::string& w) { return config_from_hf_llama(t, w); }},
-      {"qwen3",
-       [](const std::string& t, const std::string& w) { return config_from_hf_llama(t, w); }},
-      {"gemma3_text", config_from_hf_gemma3},
-      {"minillm",
-       [](const std::string& t, const std::string&) { return nn::MiniLLMConfig::from_json(t); }}};
-  auto it = families.find(family);
-  if (it == families.end()) {
-    std::string known;
-    for (auto& [k, v] : families) known += (known.empty() ? "" : ", ") + k;
-    FSDP_FAIL("[pretrained] {}: model family '{}' is not supported; known: {}", where, family,
-              known);
-  }
-  return it->second(config_json, where);
+  if (family == "minillm") return nn::MiniLLMConfig::from_json(config_json);  // our own names
+  const models::ModelSpec* spec = models::spec_for_hf_model_type(family);
+  FSDP_CHECK(spec, "[pretrained] {}: model family '{}' is not supported; known: {}, minillm", where,
+             family, models::hf_model_types());
+  return spec->read_hf_config(config_json, where);
 }
 
 namespace {

@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "fsdp/core/error.h"
-#include "fsdp/train/model_family.h"
+#include "fsdp/models/spec.h"
 
 namespace fsdp::train {
 
@@ -134,18 +134,18 @@ Device FlagValue<Device>::parse(std::string_view flag, std::string_view text) {
 std::string FlagValue<Device>::str(const Device& v) { return v.str(); }
 const char* FlagValue<Device>::type_name() { return "DEVICE"; }
 
-// --arch: the model-family table's names.
+// --arch: the module tree's form, named as the family that is it (seed, llama); the families
+// within llama's form (qwen2, qwen3, gemma3) are its options, or an --init-from model's config.
 nn::Arch FlagValue<nn::Arch>::parse(std::string_view flag, std::string_view text) {
   std::string names;
-  for (const ModelFamily& f : model_families()) {
-    if (text == f.name) return f.arch;
-    names += fmt::format("{}{}", names.empty() ? "" : " or ", f.name);
+  for (const models::ModelSpec* s : models::model_specs()) {
+    if (s->name != nn::arch_name(s->arch)) continue;
+    if (text == s->name) return s->arch;
+    names += fmt::format("{}{}", names.empty() ? "" : " or ", s->name);
   }
   FSDP_FAIL("[fsdp-train] {} must be {}, got '{}'", flag, names, text);
 }
-std::string FlagValue<nn::Arch>::str(const nn::Arch& v) {
-  return std::string(model_family(v).name);
-}
+std::string FlagValue<nn::Arch>::str(const nn::Arch& v) { return nn::arch_name(v); }
 const char* FlagValue<nn::Arch>::type_name() { return "ARCH"; }
 
 optim::Decay FlagValue<optim::Decay>::parse(std::string_view flag, std::string_view text) {

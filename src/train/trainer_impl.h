@@ -24,6 +24,7 @@
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/distributed/device_mesh.h"
 #include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/models/spec.h"
 #include "fsdp/nn/minillm.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/lr_schedule.h"
@@ -31,7 +32,6 @@
 #include "fsdp/profiler/metrics.h"
 #include "fsdp/profiler/tensorboard.h"
 #include "fsdp/train/memory_plan.h"
-#include "fsdp/train/model_family.h"
 #include "fsdp/train/trainer.h"
 
 namespace fsdp::train {
@@ -40,7 +40,7 @@ struct Trainer::Impl {
   TrainOptions o;
   std::shared_ptr<const checkpoint::Pretrained> pretrained;  // --init-from
   nn::MiniLLMConfig cfg;
-  const ModelFamily* family;  // how the model is built and parallelized (model_family.h)
+  const models::ModelSpec* family;  // how the model is built and parallelized (models/spec.h)
   DType dtype;
   // LoRA on a bf16 or f16 --dtype: the frozen base's dtype (the adapters' masters are f32).
   std::optional<DType> frozen_dtype;

@@ -147,7 +147,7 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
       }()),
       cfg(pretrained && pretrained->config ? config_from_model(options, *pretrained)
                                            : options.model_config()),
-      family(&model_family(cfg.arch)),
+      family(&models::spec_to_train(cfg)),
       pg(std::move(group)) {
   o.validate();
   FSDP_CHECK(o.run.device.type == pg->device().type,
@@ -414,16 +414,16 @@ void Trainer::Impl::build_model() {
   check_memory_plan();  // from the shapes alone, before any module or tensor exists
   model = family->build(cfg);
   // fully_shard on each block and the root, or replicate(); then activation checkpointing.
-  const Parallelized p = family->parallelize(
+  const models::Parallelized p = family->parallelize(
       *model, {.mesh = mesh,
-               .shard = o.sharding.shard,
+               .replicate = o.sharding.shard == ShardMode::none,
                .fsdp = {.reshard_after_forward = o.sharding.reshard_after_forward,
                         .mp_policy = mp,
                         .init_dtype = dtype,
                         .seed = o.run.seed,
                         .frozen_dtype = frozen_dtype,
                         .frozen_packed = frozen_packed},
-               .activation_checkpoint = o.sharding.activation_checkpoint});
+               .checkpoint_every = o.sharding.activation_checkpoint.every});
   parallel = p.parallel;
   root = p.root;
   // --init-from: sharded, each rank reads only its own rows of each parameter into its shards;

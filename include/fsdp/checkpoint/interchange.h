@@ -61,24 +61,6 @@ NamedTensors to_peft(const nn::MiniLLMConfig& cfg, const NamedTensors& with_adap
 std::string lora_base_path(const std::string& ckpt_path);
 std::string peft_adapter_config_json(const nn::MiniLLMConfig& cfg, const std::string& base);
 
-// A Hugging Face LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM config.json as our config
-// (arch llama): num_key_value_heads -> kv_heads, head_dim, rope_theta, tie_word_embeddings ->
-// tie_embeddings, qwen2 -> qkv_bias, qwen3 -> qk_norm. Refuses, naming the field and its value,
-// what the MiniLLM cannot hold (attention_bias on o_proj, mlp_bias, rope scaling, sliding windows,
-// another activation). *tied is set from tie_word_embeddings too (the model then has no
-// "head.weight").
-nn::MiniLLMConfig config_from_hf_llama(const std::string& config_json, const std::string& where,
-                                       bool* tied = nullptr);
-// A Hugging Face Gemma3ForCausalLM config.json (model_type gemma3_text) as our config: arch llama
-// with QK-norm, (1 + w) and sandwich norms, GeGLU, the embedding scaled, head_dim, sliding_window
-// on the layers layer_types (or sliding_window_pattern) names sliding, rope_theta on the global
-// ones and rope_local_base_freq on the local ones, tied. Refuses by name what the model cannot
-// hold: a query_pre_attn_scalar other than head_dim, logit softcapping, rope scaling, biases, a
-// layer pattern that is not "every Nth global", another activation, bidirectional attention.
-nn::MiniLLMConfig config_from_hf_gemma3(const std::string& config_json, const std::string& where);
-// Whether cfg is Gemma 3's shape (its Hugging Face class is Gemma3ForCausalLM).
-bool is_gemma3(const nn::MiniLLMConfig& cfg);
-
 // The packed in-projection's rows, [begin, end) for q_proj, k_proj and v_proj in that order:
 // "layers.N.attn.in_proj_weight" is [(heads + 2 kv_heads) head_dim, dim] and
 // "layers.N.attn.in_proj_bias" (qkv_bias) [(heads + 2 kv_heads) head_dim].
@@ -88,9 +70,11 @@ std::array<std::pair<int64_t, int64_t>, 3> in_proj_rows(const nn::MiniLLMConfig&
 // qkv_bias and Qwen3ForCausalLM's with qk_norm, which are the same plus q_norm and k_norm). A tied
 // model has no lm_head.weight.
 NamedTensors to_hf_llama(const nn::MiniLLMConfig& cfg, const NamedTensors& ours);
-std::string hf_llama_config_json(const nn::MiniLLMConfig& cfg, DType dtype,
-                                 const data::Tokenizer& tok = data::Tokenizer::bytes(),
-                                 const TokenizerMeta& meta = {});
+// config.json of cfg's family (its spec's Hugging Face class, models::spec_of), with the dtype and
+// the tokenizer's BOS and EOS; refused by name for a family without a Hugging Face class (seed).
+std::string hf_config_json(const nn::MiniLLMConfig& cfg, DType dtype,
+                           const data::Tokenizer& tok = data::Tokenizer::bytes(),
+                           const TokenizerMeta& meta = {});
 // tokenizer.json, tokenizer_config.json and generation_config.json of a Hugging Face folder
 // (name -> contents), with the tokenizer's BOS and EOS.
 std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const nn::MiniLLMConfig& cfg,

@@ -92,8 +92,9 @@ Pretrained load_pretrained(const std::string& path);
 // this, and a resume or an export refuses a base whose content differs.
 std::string model_identity(const std::string& path);
 
-// The model config of a family (the small model-family table): "llama", "qwen2", "qwen3" from a
-// Hugging Face config.json, "minillm" from our own config JSON. Refuses another family by name.
+// The model config of a config.json's model_type: the family's reader (models::ModelSpec, one per
+// folder of src/models/: llama, qwen2, qwen3, gemma3_text), or "minillm" for our own config JSON.
+// Refuses another model_type by name, listing the known ones.
 nn::MiniLLMConfig config_from_family(const std::string& family, const std::string& config_json,
                                      const std::string& where);
 

@@ -15,7 +15,7 @@
 
 #include "fsdp/core/error.h"
 
-namespace fsdp::checkpoint::json_fields {
+namespace fsdp::json_fields {
 
 using json = nlohmann::json;
 
@@ -80,4 +80,4 @@ inline const json* member(const json& obj, const char* key) {
   return it == obj.end() || it->is_null() ? nullptr : &*it;
 }
 
-}  // namespace fsdp::checkpoint::json_fields
+}  // namespace fsdp::json_fields

@@ -1,0 +1,97 @@
+// Model families as specs, one folder each (src/models/<family>/), in the way of torchtitan's
+// TrainSpec registry: what the family is to Hugging Face and to llama.cpp, its config.json both
+// ways, which of our configs are its, how it is built and parallelized, the config keys a resume
+// must match and its GEMM shapes. The trainer, the checkpoint layer's readers and exports and
+// fsdp-generate look a family up here and name none.
+//
+//   const models::ModelSpec& spec = models::spec_of(cfg);          // the family of a config
+//   auto model = spec.build(cfg);
+//   models::Parallelized p = spec.parallelize(*model, {.mesh = mesh, .fsdp = {.seed = 1}});
+//
+// Every family builds the same module tree, nn::MiniLLM, whose options hold what each family
+// adds (q/k/v biases for qwen2, QK-norm for qwen3, Gemma 3's norms, GeGLU and sliding windows): a
+// family whose blocks need a layer nn has not yet is a new option there first, then its folder.
+//
+// Adding a family: a folder src/models/<family>/ with spec.cpp defining
+// fsdp::models::<family>::spec, its line in FSDP_MODEL_FAMILIES (src/models/registry.cpp), and the
+// file in CMakeLists.txt's sources.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdp/distributed/device_mesh.h"
+#include "fsdp/fsdp/data_parallel.h"
+#include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/nn/minillm.h"
+#include "fsdp/profiler/ceilings.h"
+
+namespace fsdp::models {
+
+// How a model is spread over the ranks: FSDP2's recipe (fully_shard on each block, then on the
+// root) or replicate() (the DDP baseline), then activation checkpointing on its blocks.
+struct Parallelism {
+  std::shared_ptr<dist::DeviceMesh> mesh;
+  bool replicate = false;  // false: fully_shard; true: every rank holds all of it
+  FullyShardOptions fsdp;  // fully_shard's, each block's and the root's; replicate: its init_dtype
+                           // and seed
+  int64_t checkpoint_every = 0;  // > 0: blocks 0, N, 2N, ... recompute in the backward
+};
+
+struct Parallelized {
+  DataParallelModule* parallel = nullptr;  // the step's interface: the root, or replicate's
+  FSDPModule* root = nullptr;              // fully_shard: the sharded root (checkpoints)
+};
+
+struct ModelSpec {
+  std::string_view name;  // the family: seed, llama, qwen2, qwen3, gemma3
+  std::string_view what;
+  nn::Arch arch;  // the module tree's form: the seed's or llama's (the config JSON's "arch")
+  // Hugging Face: config.json's model_type and the class ("" for none: no Hugging Face export).
+  std::string_view hf_model_type, hf_class;
+  // llama.cpp's general.architecture ("": no GGUF export), and whether its q and k rows keep
+  // Hugging Face's half-split order (NEOX rotary embedding: qwen2, qwen3, gemma3) rather than
+  // llama's neighbouring pairs.
+  std::string_view gguf_arch;
+  bool gguf_half_split = false;
+  // Whether a config is this family's, by its options (spec_of asks each family).
+  bool (*matches)(const nn::MiniLLMConfig& config);
+  // config.json's text -> our config, validated; refuses, naming `where` and the field, what the
+  // family's model here cannot hold. Null where hf_model_type is "".
+  nn::MiniLLMConfig (*read_hf_config)(const std::string& text, const std::string& where);
+  // Our config -> config.json's model fields (a JSON object's text; the caller adds the dtype and
+  // the token ids). Null where hf_class is "".
+  std::string (*write_hf_config)(const nn::MiniLLMConfig& config);
+  // Refuses, by name, a config of this family that llama.cpp's architecture would compute as
+  // another model (its constants differ). Null: every config of the family exports.
+  void (*check_gguf)(const nn::MiniLLMConfig& config);
+  // Training: the module tree, its parallelization, the config keys that a checkpoint and the run
+  // resuming it must agree on, and the GEMMs of one rank's forward (rows: its tokens) with its
+  // largest weight gradient (the ceiling's shapes).
+  std::unique_ptr<nn::MiniLLM> (*build)(const nn::MiniLLMConfig& config);
+  Parallelized (*parallelize)(nn::MiniLLM& model, const Parallelism& p);
+  std::span<const std::string_view> shape_keys;
+  std::vector<profiler::GemmShape> (*gemm_shapes)(const nn::MiniLLMConfig& config);
+};
+
+// Every family, in registry order.
+std::span<const ModelSpec* const> model_specs();
+// The family a config belongs to; refuses, naming the options, a config no family holds (some of
+// Gemma's options but not all, QK-norm beside q/k/v biases).
+const ModelSpec& spec_of(const nn::MiniLLMConfig& config);
+// The family that trains a config: spec_of's, or for a mix of options no family holds (an
+// experiment: GeGLU on llama), the family of its form (seed or llama), which builds, parallelizes
+// and resumes it alike; such a model has no Hugging Face or GGUF export.
+const ModelSpec& spec_to_train(const nn::MiniLLMConfig& config);
+// The family of a config.json's model_type; null when none has it.
+const ModelSpec* spec_for_hf_model_type(std::string_view model_type);
+// The family whose name is `name`; null when none.
+const ModelSpec* spec_named(std::string_view name);
+// The model_types of every family with a Hugging Face class, ", "-joined (for messages).
+std::string hf_model_types();
+
+}  // namespace fsdp::models

@@ -1,0 +1,234 @@
+// The llama family (SmolLM2, Llama 3.x): causal, RoPE (Llama 3's scaling too), SwiGLU, RMSNorm,
+// grouped-query attention, tied or untied head; and the parts its relatives share (llama.h).
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fsdp/core/error.h"
+#include "fsdp/fsdp/replicate.h"
+#include "fsdp/ops/rope.h"
+#include "src/core/json_fields.h"
+#include "src/models/llama/llama.h"
+
+namespace fsdp::models::llama {
+
+using json = nlohmann::json;
+
+std::unique_ptr<nn::MiniLLM> build(const nn::MiniLLMConfig& config) {
+  return std::make_unique<nn::MiniLLM>(config);
+}
+
+Parallelized parallelize(nn::MiniLLM& model, const Parallelism& p) {
+  Parallelized out;
+  if (!p.replicate) {
+    for (nn::Module& block : model.layers()) fully_shard(block, p.mesh, p.fsdp);
+    out.parallel = out.root = &fully_shard(model, p.mesh, p.fsdp);
+  } else {  // every rank holds all of it
+    out.parallel =
+        &replicate(model, p.mesh, {.init_dtype = p.fsdp.init_dtype, .seed = p.fsdp.seed});
+  }
+  // Blocks 0, N, 2N, ... keep only their input and recompute the rest in the backward.
+  if (const int64_t every = p.checkpoint_every; every > 0)
+    for (size_t i = 0; i < model.layers().size(); i += size_t(every))
+      model.layers()[i].set_activation_checkpoint(true);
+  return out;
+}
+
+std::vector<profiler::GemmShape> gemm_shapes(const nn::MiniLLMConfig& c) {
+  const int64_t rows = c.batch * c.seq, d = c.dim, hd = c.resolved_head_dim();
+  const int64_t f = c.resolved_ffn_hidden(), q = c.heads * hd;
+  return {{rows, q + 2 * c.resolved_kv_heads() * hd, d},  // q, k and v, packed
+          {rows, d, q},                                   // the attention's output
+          {rows, f, d},                                   // the FFN's up (and gate)
+          {rows, d, f},                                   // its down
+          {rows, c.vocab, d},                             // the head
+          {f, d, rows}};                                  // the FFN's weight gradient
+}
+
+bool has_gemma_options(const nn::MiniLLMConfig& c) {
+  return c.norm_plus_one || c.sandwich_norms || c.geglu || c.embed_scale || c.sliding_window > 0;
+}
+
+nn::MiniLLMConfig read_hf_config(const std::string& text, const std::string& where,
+                                 std::string_view model_type) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    FSDP_FAIL("[hf] {} is not valid JSON: {}", where, e.what());
+  }
+  namespace jf = json_fields;
+  FSDP_CHECK(j.is_object(), "[hf] {}: expected a JSON object, got {}", where, jf::described(j));
+  auto field = [&](const char* key) { return jf::Field{"[hf]", where, key}; };
+  auto opt_bool = [&](const char* key, bool fallback) {
+    const json* v = jf::member(j, key);
+    return v ? field(key).boolean(*v) : fallback;
+  };
+  auto num = [&](const char* key) -> int64_t {
+    const json* v = jf::member(j, key);
+    FSDP_CHECK(v, "[hf] {}: no integer '{}'", where, key);
+    return field(key).integer(*v);
+  };
+  nn::MiniLLMConfig c;
+  c.arch = nn::Arch::llama;
+  c.dim = num("hidden_size");
+  c.ffn_hidden = num("intermediate_size");
+  c.heads = num("num_attention_heads");
+  c.layers = num("num_hidden_layers");
+  c.vocab = num("vocab_size");
+  if (jf::member(j, "max_position_embeddings")) c.seq = num("max_position_embeddings");
+  const json* eps = jf::member(j, "rms_norm_eps");
+  c.norm_eps = eps ? field("rms_norm_eps").number(*eps) : 1e-6;
+  // transformers 4 writes rope_theta and rope_scaling; transformers 5 writes rope_parameters
+  // {rope_theta, rope_type, and the scaling's keys}. The default (unscaled) rope and Llama 3's
+  // scaling are supported.
+  const json* theta = jf::member(j, "rope_theta");
+  c.rope_theta = theta ? field("rope_theta").number(*theta) : 10000.0;
+  // A rope_scaling or rope_parameters object as Llama 3's scaling (factor 0 for the default).
+  auto scaling_of = [&](const json& obj, const jf::Field& f) {
+    f.object(obj);
+    const json* type = jf::member(obj, "rope_type");
+    if (!type) type = jf::member(obj, "type");  // transformers' older key
+    const std::string kind = type ? f.at("rope_type").string(*type) : "default";
+    FSDP_CHECK(kind == "default" || kind == "llama3",
+               "[hf] {}: {} with rope_type '{}' ({}) is not supported; rope_type default "
+               "(unscaled RoPE) and llama3 are",
+               where, f.name, kind, obj.dump());
+    ops::RopeScaling s;
+    if (kind == "default") return s;
+    auto need = [&](const char* key) {
+      const json* v = jf::member(obj, key);
+      FSDP_CHECK(v, "[hf] {}: {} of rope_type llama3 has no '{}'", where, f.name, key);
+      return f.at(key).number(*v);
+    };
+    s = {.factor = need("factor"),
+         .low_freq_factor = need("low_freq_factor"),
+         .high_freq_factor = need("high_freq_factor"),
+         .original_context = need("original_max_position_embeddings")};
+    ops::check_rope_scaling(s, "[hf] " + where + ": " + f.name);
+    return s;
+  };
+  if (const json* rs = jf::member(j, "rope_scaling"))
+    c.rope_scaling = scaling_of(*rs, field("rope_scaling"));
+  if (const json* rp = jf::member(j, "rope_parameters")) {
+    const jf::Field f = field("rope_parameters");
+    const ops::RopeScaling s = scaling_of(*rp, f);
+    FSDP_CHECK(!jf::member(j, "rope_scaling") || s == c.rope_scaling,
+               "[hf] {}: rope_scaling {} and rope_parameters {} disagree", where,
+               j["rope_scaling"].dump(), rp->dump());
+    c.rope_scaling = s;
+    if (const json* t = jf::member(*rp, "rope_theta")) {
+      const double v = f.at("rope_theta").number(*t);
+      FSDP_CHECK(!theta || v == c.rope_theta,
+                 "[hf] {}: rope_theta {} and rope_parameters.rope_theta {} disagree", where,
+                 c.rope_theta, v);
+      c.rope_theta = v;
+    }
+  }
+  const bool qwen2 = model_type == "qwen2", qwen3 = model_type == "qwen3";
+  c.kv_heads = jf::member(j, "num_key_value_heads") ? num("num_key_value_heads") : c.heads;
+  FSDP_CHECK(c.kv_heads > 0 && c.heads % c.kv_heads == 0,
+             "[hf] {}: num_attention_heads {} is not a multiple of num_key_value_heads {}", where,
+             c.heads, c.kv_heads);
+  if (jf::member(j, "head_dim")) c.head_dim = num("head_dim");
+  // Llama's and Qwen3's attention_bias is on q, k, v and o; Qwen2's biases are on q, k and v
+  // only, always. Qwen3 norms each head of q and k.
+  FSDP_CHECK(!opt_bool("attention_bias", false),
+             "[hf] {}: attention_bias true (a bias on o_proj too) is not supported", where);
+  FSDP_CHECK(!opt_bool("mlp_bias", false), "[hf] {}: mlp_bias true is not supported", where);
+  FSDP_CHECK(!(qwen2 || qwen3) || !opt_bool("use_sliding_window", false),
+             "[hf] {}: use_sliding_window true (sliding-window attention) is not supported", where);
+  c.qkv_bias = qwen2;
+  c.qk_norm = qwen3;
+  const json* act = jf::member(j, "hidden_act");
+  const std::string hidden_act = act ? field("hidden_act").string(*act) : "silu";
+  FSDP_CHECK(hidden_act == "silu", "[hf] {}: hidden_act '{}' is not supported; expected silu",
+             where, hidden_act);
+  // transformers' default for these classes: untied.
+  c.tie_embeddings = opt_bool("tie_word_embeddings", false);
+  c.validate();
+  return c;
+}
+
+json hf_config(const nn::MiniLLMConfig& c, const ModelSpec& spec) {
+  json j = {{"architectures", {spec.hf_class}},
+            {"model_type", spec.hf_model_type},
+            {"hidden_size", c.dim},
+            {"intermediate_size", c.resolved_ffn_hidden()},
+            {"num_attention_heads", c.heads},
+            {"num_key_value_heads", c.resolved_kv_heads()},
+            {"head_dim", c.resolved_head_dim()},
+            {"num_hidden_layers", c.layers},
+            {"vocab_size", c.vocab},
+            {"max_position_embeddings", c.seq},
+            {"rms_norm_eps", c.norm_eps.value_or(1.1920928955078125e-07)},
+            {"rope_theta", c.rope_theta},
+            {"rope_parameters", {{"rope_theta", c.rope_theta}, {"rope_type", "default"}}},
+            {"hidden_act", "silu"},
+            {"tie_word_embeddings", c.tie_embeddings},
+            {"attention_bias", false}};
+  if (const ops::RopeScaling& s = c.rope_scaling; s.enabled()) {
+    const double ctx = s.original_context;
+    json scaling = {{"rope_type", "llama3"},
+                    {"factor", s.factor},
+                    {"low_freq_factor", s.low_freq_factor},
+                    {"high_freq_factor", s.high_freq_factor},
+                    {"original_max_position_embeddings",
+                     ctx == std::floor(ctx) && ctx < 9e15 ? json(int64_t(ctx)) : json(ctx)}};
+    j["rope_scaling"] = scaling;  // transformers 4
+    scaling["rope_theta"] = c.rope_theta;
+    j["rope_parameters"] = scaling;  // transformers 5
+  }
+  return j;
+}
+
+void check_no_rope_scaling_in_gguf(const nn::MiniLLMConfig& c, std::string_view arch) {
+  FSDP_CHECK(!c.rope_scaling.enabled(),
+             "[gguf] llama.cpp's {} takes no Llama 3 rope scaling (rope_freqs)", arch);
+}
+
+namespace {
+
+bool matches(const nn::MiniLLMConfig& c) {
+  return c.arch == nn::Arch::llama && !c.qkv_bias && !c.qk_norm && !has_gemma_options(c);
+}
+
+nn::MiniLLMConfig read(const std::string& text, const std::string& where) {
+  return read_hf_config(text, where, "llama");
+}
+
+std::string write(const nn::MiniLLMConfig& c) { return hf_config(c, spec).dump(); }
+
+}  // namespace
+
+const ModelSpec spec = {
+    .name = "llama",
+    .what =
+        "Llama-family (SmolLM2, Llama 3.x): causal, RoPE (Llama 3's scaling too), SwiGLU, "
+        "RMSNorm, grouped-query attention, tied or untied head",
+    .arch = nn::Arch::llama,
+    .hf_model_type = "llama",
+    .hf_class = "LlamaForCausalLM",
+    .gguf_arch = "llama",
+    .gguf_half_split = false,
+    .matches = matches,
+    .read_hf_config = read,
+    .write_hf_config = write,
+    .check_gguf = nullptr,
+    .build = build,
+    .parallelize = parallelize,
+    .shape_keys = kShapeKeys,
+    .gemm_shapes = gemm_shapes,
+};
+
+}  // namespace fsdp::models::llama

@@ -1,0 +1,86 @@
+// The registry of model families (fsdp/models/spec.h): one line each in FSDP_MODEL_FAMILIES.
+#include <array>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "fsdp/core/error.h"
+#include "fsdp/models/spec.h"
+
+// X(family): fsdp::models::<family>::spec, defined in src/models/<family>/spec.cpp. The order is
+// the one --help and messages list them in.
+#define FSDP_MODEL_FAMILIES(X) \
+  X(seed)                      \
+  X(llama)                     \
+  X(qwen2)                     \
+  X(qwen3)                     \
+  X(gemma3)
+
+namespace fsdp::models {
+
+#define FSDP_DECLARE_SPEC(family) \
+  namespace family {              \
+  extern const ModelSpec spec;    \
+  }
+FSDP_MODEL_FAMILIES(FSDP_DECLARE_SPEC)
+#undef FSDP_DECLARE_SPEC
+
+namespace {
+#define FSDP_SPEC_ENTRY(family) &family::spec,
+constexpr std::array kSpecs = {FSDP_MODEL_FAMILIES(FSDP_SPEC_ENTRY)};
+#undef FSDP_SPEC_ENTRY
+}  // namespace
+
+std::span<const ModelSpec* const> model_specs() { return kSpecs; }
+
+const ModelSpec& spec_of(const nn::MiniLLMConfig& c) {
+  const ModelSpec* found = nullptr;
+  for (const ModelSpec* s : kSpecs)
+    if (s->matches(c)) {
+      FSDP_CHECK(!found, "[models] a config is both {}'s and {}'s", found->name, s->name);
+      found = s;
+    }
+  if (found) return *found;
+  // No family holds it: say which options do not go together.
+  FSDP_CHECK(!(c.norm_plus_one && c.sandwich_norms && c.geglu && c.embed_scale && c.qk_norm),
+             "[models] a Gemma 3 model with q/k/v biases is no family's: gemma3 has none");
+  FSDP_CHECK(!(c.qk_norm && c.qkv_bias),
+             "[models] a model with q/k norms and q/k/v biases (no o_proj bias) is no family's: "
+             "qwen3 has QK-norm and no biases, qwen2 biases and no QK-norm");
+  FSDP_FAIL(
+      "[models] a model with some of Gemma 3's options but not all (qk_norm {}, norm_plus_one "
+      "{}, sandwich_norms {}, geglu {}, embed_scale {}, sliding_window {}) is no family's: gemma3 "
+      "has all of the first five",
+      c.qk_norm, c.norm_plus_one, c.sandwich_norms, c.geglu, c.embed_scale, c.sliding_window);
+}
+
+const ModelSpec& spec_to_train(const nn::MiniLLMConfig& c) {
+  for (const ModelSpec* s : kSpecs)
+    if (s->matches(c)) return *s;
+  const ModelSpec* form = spec_named(nn::arch_name(c.arch));
+  FSDP_CHECK(form, "[models] no family is the {} form", nn::arch_name(c.arch));
+  return *form;
+}
+
+const ModelSpec* spec_for_hf_model_type(std::string_view model_type) {
+  for (const ModelSpec* s : kSpecs)
+    if (!s->hf_model_type.empty() && s->hf_model_type == model_type) return s;
+  return nullptr;
+}
+
+const ModelSpec* spec_named(std::string_view name) {
+  for (const ModelSpec* s : kSpecs)
+    if (s->name == name) return s;
+  return nullptr;
+}
+
+std::string hf_model_types() {
+  std::string out;
+  for (const ModelSpec* s : kSpecs)
+    if (!s->hf_model_type.empty())
+      out += (out.empty() ? "" : ", ") + std::string(s->hf_model_type) + " (" +
+             std::string(s->hf_class) + ")";
+  return out;
+}
+
+}  // namespace fsdp::models
