@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "fsdp/core/trace.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/ops/ops.h"
 #include "fsdp/profiler/profiler.h"
 
@@ -35,8 +35,8 @@ int main() {
   for (int i = 0; i < reps; ++i) ops::add_(a, a);
   const double add_ns = seconds_since(t0) / reps * 1e9;
 
-  nn::MiniLLMConfig c = nn::MiniLLMConfig::preset("tiny");
-  nn::MiniLLM model(c);
+  nn::TransformerConfig c = nn::TransformerConfig::preset("tiny");
+  nn::Transformer model(c);
   auto flat = nn::materialize(model, DType::f32, 1);
   std::vector<int32_t> ids(size_t(c.batch * c.seq));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i * 7 % c.vocab);

@@ -22,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       "{\"metadata_checksum\": \"" + fsdp::checkpoint::file_checksum(meta) + "\"}";
   fuzz::write_file("step_00000001/complete.json", reinterpret_cast<const uint8_t*>(seal.data()),
                    seal.size());
-  fsdp::nn::MiniLLMConfig cfg;
+  fsdp::nn::TransformerConfig cfg;
   fuzz::expect_clean("consolidate",
                      [&] { (void)fsdp::checkpoint::consolidate(dir.string(), &cfg); });
   fuzz::expect_clean("read_extra_file", [&] {

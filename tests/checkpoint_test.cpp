@@ -40,7 +40,7 @@
 #include "fsdp/distributed/device_mesh.h"
 #include "fsdp/distributed/init.h"
 #include "fsdp/fsdp/fully_shard.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/optim/adamw.h"
 #include "src/checkpoint/param_names.h"
 #include "test_util.h"
@@ -59,8 +59,8 @@ using test::error_of;
 // A tiny sharded model and its optimizer, saved and loaded through a Manager.
 struct TinyRun {
   std::shared_ptr<dist::ProcessGroup> world = dist::init_process_group();
-  nn::MiniLLM model{[] {
-    nn::MiniLLMConfig c = nn::MiniLLMConfig::preset("tiny");
+  nn::Transformer model{[] {
+    nn::TransformerConfig c = nn::TransformerConfig::preset("tiny");
     c.arch = nn::Arch::llama, c.vocab = 32, c.dim = 16, c.layers = 1, c.heads = 2, c.seq = 8;
     return c;
   }()};
@@ -79,12 +79,12 @@ TEST(ParamNames, EveryParameterRoundTripsThroughHuggingFaceAndGgufNames) {
   using checkpoint::detail::in_proj_names;
   using checkpoint::detail::Naming;
   using checkpoint::detail::rename;
-  nn::MiniLLMConfig cfg = nn::MiniLLMConfig::preset("tiny");
+  nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
   cfg.arch = nn::Arch::llama;
   cfg.layers = 2;
   cfg.qkv_bias = true;
   cfg.tie_embeddings = false;
-  nn::MiniLLM model(cfg);
+  nn::Transformer model(cfg);
   int checked = 0;
   for (const auto& [name, param] : model.named_parameters()) {
     if (checkpoint::detail::is_in_proj(name) || checkpoint::detail::is_in_proj_bias(name)) {
@@ -125,10 +125,10 @@ TEST(ParamNames, EveryParameterRoundTripsThroughHuggingFaceAndGgufNames) {
 TEST(ParamNames, SandwichNormsHaveGemmasNames) {
   using checkpoint::detail::Naming;
   using checkpoint::detail::rename;
-  nn::MiniLLMConfig cfg = nn::MiniLLMConfig::preset("tiny");
+  nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
   cfg.arch = nn::Arch::llama, cfg.layers = 2, cfg.tie_embeddings = true;
   cfg.qk_norm = cfg.norm_plus_one = cfg.sandwich_norms = cfg.geglu = cfg.embed_scale = true;
-  nn::MiniLLM model(cfg);
+  nn::Transformer model(cfg);
   int checked = 0;
   for (const auto& [name, param] : model.named_parameters()) {
     if (checkpoint::detail::is_in_proj(name)) continue;

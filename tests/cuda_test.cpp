@@ -22,7 +22,7 @@
 #include "fsdp/core/allocator.h"
 #include "fsdp/distributed/init.h"
 #include "fsdp/fsdp/fully_shard.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/ops/ops.h"
 #include "fsdp/optim/adamw.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -437,7 +437,7 @@ TEST(Cuda, CastRoundTripAndAllocatorCounts) {
 // `sharded`: fully_shard on every block and the root, over NCCL, with `mp`.
 std::vector<double> five_steps(nn::Arch arch, Device device, bool sharded = false,
                                MixedPrecisionPolicy mp = {}) {
-  nn::MiniLLMConfig c;
+  nn::TransformerConfig c;
   c.arch = arch;
   c.vocab = 97;
   c.dim = 64;
@@ -445,7 +445,7 @@ std::vector<double> five_steps(nn::Arch arch, Device device, bool sharded = fals
   c.heads = 4;
   c.seq = 32;
   c.batch = 3;
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   nn::FlatParameters flat;
   std::vector<nn::ParamGroup> groups;
   FSDPModule* root = nullptr;

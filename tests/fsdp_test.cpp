@@ -28,7 +28,7 @@
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/fsdp/replicate.h"
 #include "fsdp/nn/layers.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/ops/ops.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/clip.h"
@@ -97,8 +97,8 @@ std::shared_ptr<const data::TokenSource> source(const Run& run, int64_t vocab) {
 }
 
 // Dims that do not divide by 3 or 4, so the shards are uneven.
-nn::MiniLLMConfig config(nn::Arch arch) {
-  nn::MiniLLMConfig c;
+nn::TransformerConfig config(nn::Arch arch) {
+  nn::TransformerConfig c;
   c.arch = arch;
   c.vocab = 37;
   c.dim = 20;
@@ -109,8 +109,8 @@ nn::MiniLLMConfig config(nn::Arch arch) {
   return c;
 }
 
-nn::MiniLLMConfig config(const Run& run) {
-  nn::MiniLLMConfig c = config(run.arch);
+nn::TransformerConfig config(const Run& run) {
+  nn::TransformerConfig c = config(run.arch);
   if (run.kv_heads) c.heads = 4, c.kv_heads = run.kv_heads, c.head_dim = run.head_dim;
   c.tie_embeddings = run.tied;
   c.qkv_bias = run.qkv_bias;
@@ -126,8 +126,8 @@ struct Result {
 
 // The unsharded model, one process, the whole global batch.
 Result reference(const Run& run) {
-  nn::MiniLLMConfig c = config(run);
-  nn::MiniLLM model(c);
+  nn::TransformerConfig c = config(run);
+  nn::Transformer model(c);
   auto flat = nn::materialize(model, run.dtype, kSeed);
   std::vector<nn::ParamGroup> groups = {{flat.params, flat.grads, 0.01}};
   if (c.lora.enabled()) {  // only the adapters step (the frozen base has no gradient view)
@@ -160,7 +160,8 @@ Result reference(const Run& run) {
 // kSteps of train_step (fsdp-train's step) over each rank's rows of the global batches, without
 // clipping: the losses, the mean over ranks. Every step waits for the device once.
 std::vector<double> train_losses(nn::Module& model, DataParallelModule& parallel,
-                                 optim::Optimizer& opt, const nn::MiniLLMConfig& c, const Run& run) {
+                                 optim::Optimizer& opt, const nn::TransformerConfig& c,
+                                 const Run& run) {
   data::DataLoader loader(source(run, c.vocab), kGlobalRows, world()->rank(), world()->size(),
                           c.seq);
   const train::StepParts parts{
@@ -176,11 +177,11 @@ std::vector<double> train_losses(nn::Module& model, DataParallelModule& parallel
 }
 
 Result sharded(const Run& run, bool train = true) {
-  nn::MiniLLMConfig c = config(run);
+  nn::TransformerConfig c = config(run);
   const int N = world()->size();
   auto mesh = run.hsdp ? dist::init_device_mesh({run.hsdp, N / run.hsdp}, {"replicate", "shard"})
                        : dist::init_device_mesh({N}, {"shard"});
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   FullyShardOptions fo{
       .reshard_after_forward = run.reshard_after_forward, .init_dtype = run.dtype, .seed = kSeed};
   if (run.param_dtype) fo.mp_policy = {.param_dtype = run.param_dtype, .reduce_dtype = DType::f32};
@@ -249,7 +250,7 @@ TEST(Equivalence, GroupedQueryTiedLlama) {
   expect_equivalent({.kv_heads = 2, .head_dim = 6, .tied = true, .qkv_bias = true}, 1e-10, 1e-10);
   expect_equivalent({.kv_heads = 1, .head_dim = 6, .tied = true}, 1e-10, 1e-10);
   expect_equivalent({.kv_heads = 2, .head_dim = 6, .qk_norm = true}, 1e-10, 1e-10);
-  nn::MiniLLM model(config(fsdp::Run{.kv_heads = 2, .head_dim = 6, .tied = true}));
+  nn::Transformer model(config(fsdp::Run{.kv_heads = 2, .head_dim = 6, .tied = true}));
   auto mesh = dist::init_device_mesh({world()->size()});
   for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh);
   FSDPModule& root = fully_shard(model, mesh);
@@ -262,8 +263,8 @@ TEST(Equivalence, GroupedQueryTiedLlama) {
   EXPECT_EQ(root.param_groups(0.0).size(), model.layers().size() + 1);
 }
 // One forward and backward of two rows of random tokens, with the root's event log on: its events.
-std::vector<std::string> logged_step(nn::MiniLLM& model, FSDPModule& root,
-                                     const nn::MiniLLMConfig& c) {
+std::vector<std::string> logged_step(nn::Transformer& model, FSDPModule& root,
+                                     const nn::TransformerConfig& c) {
   data::RandomTokenSource src(c.vocab, kSeed);
   root.set_event_log(true);
   auto b = src.batch(0, 2, 0, 2, c.seq);
@@ -295,8 +296,8 @@ TEST(Equivalence, LoraAdaptersOnAFrozenShardedBase) {
     if (!adapter) EXPECT_EQ(moved, 0.0) << init.params[i].first;
   }
 
-  nn::MiniLLMConfig c = config(fsdp::Run{.lora = lora});
-  nn::MiniLLM model(c);
+  nn::TransformerConfig c = config(fsdp::Run{.lora = lora});
+  nn::Transformer model(c);
   auto mesh = dist::init_device_mesh({world()->size()});
   const FullyShardOptions fo{.init_dtype = DType::f64, .seed = kSeed};
   for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh, fo);
@@ -346,8 +347,8 @@ TEST(Equivalence, LoraOnABf16Base) {
     if (nn::is_lora_parameter(half.params[i].first))
       EXPECT_LT(test::rel_error(half.params[i].second, cast.params[i].second), 1e-4)
           << half.params[i].first;
-  nn::MiniLLMConfig c = config(fsdp::Run{.lora = lora});
-  nn::MiniLLM model(c);
+  nn::TransformerConfig c = config(fsdp::Run{.lora = lora});
+  nn::Transformer model(c);
   auto mesh = dist::init_device_mesh({world()->size()});
   const FullyShardOptions fo{.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = DType::f32},
                              .init_dtype = DType::f32,
@@ -414,7 +415,7 @@ TEST(Equivalence, PackedFrozenBaseTrainsAsItsDecodedValues) {
     SCOPED_TRACE(
         fmt::format("{} run, {} base", dtype_name(dtype), dtype_name(frozen.value_or(dtype))));
     const struct Run run { .dtype = dtype, .lora = lora, .frozen_dtype = frozen };
-    const nn::MiniLLMConfig c = config(run);
+    const nn::TransformerConfig c = config(run);
     std::map<std::string, Tensor> init;  // the whole initial weights in f32, every rank alike
     for (auto& [n, t] : sharded(run, false).params) init[n] = t.to(DType::f32).contiguous();
     auto packed_of = [&](const std::string& name) -> std::optional<PackedRows> {
@@ -430,7 +431,7 @@ TEST(Equivalence, PackedFrozenBaseTrainsAsItsDecodedValues) {
     };
     auto train = [&](bool packed) {
       auto mesh = dist::init_device_mesh({world()->size()});
-      nn::MiniLLM model(c);
+      nn::Transformer model(c);
       FullyShardOptions fo{.init_dtype = dtype, .seed = kSeed};
       if (frozen) {
         fo.frozen_dtype = frozen;
@@ -516,9 +517,9 @@ TEST(OneRank, CastStraightIntoTheComputeDtypeIsBitIdenticalToTheCollectivesPath)
           << cast.params[i].first;
   }
   // The event log of a step: casts and gradient adds, no collective.
-  nn::MiniLLMConfig c = config(nn::Arch::llama);
+  nn::TransformerConfig c = config(nn::Arch::llama);
   auto mesh = dist::init_device_mesh({1});
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   FullyShardOptions fo{.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = DType::f32},
                        .init_dtype = DType::f32,
                        .seed = kSeed};
@@ -537,10 +538,10 @@ TEST(OneRank, CastStraightIntoTheComputeDtypeIsBitIdenticalToTheCollectivesPath)
 }
 
 TEST(Sharding, SameSeedSameModelAtAnyWorldSize) {
-  nn::MiniLLMConfig c = config(nn::Arch::llama);
-  nn::MiniLLM plain(c);
+  nn::TransformerConfig c = config(nn::Arch::llama);
+  nn::Transformer plain(c);
   nn::materialize(plain, DType::f64, kSeed);
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   auto mesh = dist::init_device_mesh({world()->size()});
   for (size_t i = 0; i < model.layers().size(); ++i)
     fully_shard(model.layers()[i], mesh, {.init_dtype = DType::f64, .seed = kSeed});
@@ -555,15 +556,15 @@ TEST(Sharding, SameSeedSameModelAtAnyWorldSize) {
 
 // Bytes a rank holds for parameters, gradients and AdamW's two moments: each
 // parameter's dim 0 chunked over the ranks and padded to the largest chunk.
-int64_t formula_bytes(nn::MiniLLM& m, int64_t N, DType dt) {
+int64_t formula_bytes(nn::Transformer& m, int64_t N, DType dt) {
   int64_t elems = 0;
   for (auto& [n, p] : m.named_parameters())
     elems += dist::chunk_size(p->shape[0], N) * (shape_numel(p->shape) / p->shape[0]);
   return 4 * elems * int64_t(dtype_size(dt));
 }
 
-nn::MiniLLMConfig memory_config() {
-  nn::MiniLLMConfig c = config(nn::Arch::llama);
+nn::TransformerConfig memory_config() {
+  nn::TransformerConfig c = config(nn::Arch::llama);
   c.vocab = 64;
   c.dim = 64;
   c.heads = 4;
@@ -573,8 +574,8 @@ nn::MiniLLMConfig memory_config() {
   return c;
 }
 
-int64_t step_peak(nn::MiniLLM& model, FSDPModule* root, const Tensor& flat_grads, optim::AdamW& opt,
-                  int64_t B) {
+int64_t step_peak(nn::Transformer& model, FSDPModule* root, const Tensor& flat_grads,
+                  optim::AdamW& opt, int64_t B) {
   const auto& c = model.config();
   data::RandomTokenSource src(c.vocab, kSeed);
   auto b = src.batch(0, B, 0, B, c.seq);
@@ -596,10 +597,10 @@ int64_t step_peak(nn::MiniLLM& model, FSDPModule* root, const Tensor& flat_grads
 TEST(Memory, PersistentBytesFollowTheFormulaAndPeakDrops) {
   const int N = world()->size();
   const int64_t B = 2;
-  nn::MiniLLMConfig c = memory_config();
+  nn::TransformerConfig c = memory_config();
   int64_t plain_persistent = 0, plain_peak = 0;
   {
-    nn::MiniLLM plain(c);
+    nn::Transformer plain(c);
     const int64_t before = memory_stats().current;
     auto flat = nn::materialize(plain, DType::f32, kSeed);
     optim::AdamW opt({{flat.params, flat.grads, 0.01}}, {.lr = 1e-3});
@@ -608,7 +609,7 @@ TEST(Memory, PersistentBytesFollowTheFormulaAndPeakDrops) {
     plain_peak = step_peak(plain, nullptr, flat.grads, opt, B) - before;
   }
   auto mesh = dist::init_device_mesh({N});
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   const int64_t before = memory_stats().current;
   for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh);
   FSDPModule& root = fully_shard(model, mesh);
@@ -626,7 +627,7 @@ TEST(Memory, PersistentBytesFollowTheFormulaAndPeakDrops) {
 
 TEST(Memory, ReshardReturnsTheUnshardedBytes) {
   auto mesh = dist::init_device_mesh({world()->size()});
-  nn::MiniLLM model(memory_config());
+  nn::Transformer model(memory_config());
   FSDPModule& block = fully_shard(model.layers()[0], mesh);
   fully_shard(model, mesh);
   const int64_t before = memory_stats().current;
@@ -670,9 +671,9 @@ TEST(ActivationCheckpoint, FullAndEveryTwoAreBitIdentical) {
 // per block in the backward, checkpointed or not (FSDP2 has gathered twice, pytorch #105635).
 TEST(ActivationCheckpoint, OneAllGatherPerBlockInTheBackward) {
   if (world()->size() < 2) GTEST_SKIP() << "one rank uses its shards in place: no all-gather";
-  nn::MiniLLMConfig c = config(nn::Arch::llama);
+  nn::TransformerConfig c = config(nn::Arch::llama);
   auto mesh = dist::init_device_mesh({world()->size()});
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh);
   FSDPModule& root = fully_shard(model, mesh);
   for (size_t i = 0; i < model.layers().size(); ++i)
@@ -700,9 +701,9 @@ TEST(ActivationCheckpoint, OneAllGatherPerBlockInTheBackward) {
 // A forward hook inside the module's own backward (a recompute through forward()) is refused,
 // naming the module and both states.
 TEST(ActivationCheckpoint, AForwardInsideItsOwnBackwardIsNamed) {
-  nn::MiniLLMConfig c = config(nn::Arch::llama);
+  nn::TransformerConfig c = config(nn::Arch::llama);
   auto mesh = dist::init_device_mesh({world()->size()});
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   FSDPModule& block = fully_shard(model.layers()[0], mesh);
   fully_shard(model, mesh);
   Tensor x = Tensor::zeros({1, c.seq, c.dim}, DType::f32);
@@ -719,9 +720,9 @@ TEST(ActivationCheckpoint, AForwardInsideItsOwnBackwardIsNamed) {
 
 TEST(Overlap, PrefetchAndReduceScatterByOrderOfEvents) {
   if (world()->size() < 2) GTEST_SKIP() << "needs 2 ranks";
-  nn::MiniLLMConfig c = config(nn::Arch::llama);
+  nn::TransformerConfig c = config(nn::Arch::llama);
   auto mesh = dist::init_device_mesh({world()->size()});
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh);
   FSDPModule& root = fully_shard(model, mesh);
   data::RandomTokenSource src(c.vocab, kSeed);
@@ -762,9 +763,9 @@ TEST(Overlap, PrefetchAndReduceScatterByOrderOfEvents) {
 }
 
 TEST(Clip, GlobalNormAcrossShardsEqualsTheUnshardedNorm) {
-  nn::MiniLLMConfig c = config(nn::Arch::llama);
+  nn::TransformerConfig c = config(nn::Arch::llama);
   const int N = world()->size(), me = world()->rank();
-  nn::MiniLLM plain(c);
+  nn::Transformer plain(c);
   auto flat = nn::materialize(plain, DType::f64, kSeed);
   data::RandomTokenSource src(c.vocab, kSeed);
   auto b = src.batch(0, kGlobalRows, 0, kGlobalRows, c.seq);
@@ -775,7 +776,7 @@ TEST(Clip, GlobalNormAcrossShardsEqualsTheUnshardedNorm) {
   const double ref = optim::clip_grad_norm({{flat.params, flat.grads, 0}}, 0, nullptr);
 
   auto mesh = dist::init_device_mesh({N});
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   for (size_t i = 0; i < model.layers().size(); ++i)
     fully_shard(model.layers()[i], mesh, {.init_dtype = DType::f64, .seed = kSeed});
   FSDPModule& root = fully_shard(model, mesh, {.init_dtype = DType::f64, .seed = kSeed});
@@ -795,10 +796,10 @@ TEST(Clip, GlobalNormAcrossShardsEqualsTheUnshardedNorm) {
 // model.zero_grad() on a sharded model clears the sharded gradients (it used to compile and
 // leave them, so a second backward doubled the grad norm); inside a sharded module it refuses.
 TEST(ZeroGrad, ModuleZeroGradClearsShardedGradientsOrRefuses) {
-  nn::MiniLLMConfig c = config(nn::Arch::llama);
+  nn::TransformerConfig c = config(nn::Arch::llama);
   const int N = world()->size(), me = world()->rank();
   auto mesh = dist::init_device_mesh({N});
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   for (size_t i = 0; i < model.layers().size(); ++i)
     fully_shard(model.layers()[i], mesh, {.init_dtype = DType::f64, .seed = kSeed});
   FSDPModule& root = fully_shard(model, mesh, {.init_dtype = DType::f64, .seed = kSeed});
@@ -836,7 +837,7 @@ class Scalar : public nn::Module {
 TEST(BadInput, ShardingTwiceZeroDimAndShapesThatDiffer) {
   auto mesh = dist::init_device_mesh({world()->size()});
   {
-    nn::MiniLLM model(config(nn::Arch::llama));
+    nn::Transformer model(config(nn::Arch::llama));
     fully_shard(model.layers()[0], mesh);
     try {
       fully_shard(model.layers()[0], mesh);
@@ -858,9 +859,9 @@ TEST(BadInput, ShardingTwiceZeroDimAndShapesThatDiffer) {
     }
   }
   if (world()->size() < 2) return;
-  nn::MiniLLMConfig c = config(nn::Arch::llama);
+  nn::TransformerConfig c = config(nn::Arch::llama);
   if (world()->rank() == 1) c.ffn_hidden += 1;  // this rank's FFN weights differ
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh);
   fully_shard(model, mesh);
   data::RandomTokenSource src(c.vocab, kSeed);
@@ -879,7 +880,7 @@ TEST(BadInput, ParameterOnAnotherDeviceThanTheMesh) {
   if (!cuda_available())
     GTEST_SKIP() << "no CUDA device (needs a parameter on cuda:0 and a CPU mesh)";
   auto mesh = dist::init_device_mesh({world()->size()});
-  nn::MiniLLM model(config(nn::Arch::llama));
+  nn::Transformer model(config(nn::Arch::llama));
   nn::materialize(model, DType::f32, kSeed, Device::cuda(0));
   try {
     fully_shard(model, mesh);
@@ -954,9 +955,9 @@ TEST(Layout, UnshardedParametersAndGradientsAre16ByteAligned) {
 // Whole parameters on every rank, each rank its own rows of the global batch, the gradients
 // averaged by one all-reduce at the end of the backward (or of the last microbatch's).
 Result replicated(const Run& run) {
-  nn::MiniLLMConfig c = config(run);
+  nn::TransformerConfig c = config(run);
   const int N = world()->size();
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   ReplicateModule& root = replicate(model, dist::init_device_mesh({N}, {"replicate"}),
                                     {.init_dtype = run.dtype, .seed = kSeed});
   optim::AdamW opt(root.param_groups(0.01), {.lr = 1e-2});
@@ -988,9 +989,9 @@ TEST(Replicate, MatchesOneRankAndGradientAccumulation) {
 // them; the optimizer's group is the flat buffers, with the 1-D parameters as its no-decay
 // ranges under decay_1d = false.
 TEST(Replicate, ValuesAndParamGroups) {
-  const nn::MiniLLMConfig c = config(fsdp::Run{.qkv_bias = true});
+  const nn::TransformerConfig c = config(fsdp::Run{.qkv_bias = true});
   auto mesh = dist::init_device_mesh({world()->size()}, {"replicate"});
-  nn::MiniLLM sharded_model(c), model(c), given(c);
+  nn::Transformer sharded_model(c), model(c), given(c);
   for (size_t i = 0; i < sharded_model.layers().size(); ++i)
     fully_shard(sharded_model.layers()[i], mesh, {.init_dtype = DType::f64, .seed = kSeed});
   FSDPModule& sharded = fully_shard(sharded_model, mesh, {.init_dtype = DType::f64, .seed = kSeed});
@@ -1000,7 +1001,7 @@ TEST(Replicate, ValuesAndParamGroups) {
   auto full = sharded.sharded_parameters();
   auto named = model.named_parameters(), kept = given.named_parameters();
   ASSERT_EQ(full.size(), named.size());
-  nn::MiniLLM other(c);
+  nn::Transformer other(c);
   nn::materialize(other, DType::f64, kSeed + 1);
   auto other_named = other.named_parameters();
   for (size_t i = 0; i < named.size(); ++i) {
@@ -1030,9 +1031,9 @@ TEST(Replicate, ValuesAndParamGroups) {
 // set_requires_gradient_sync(false) keeps the gradients local: no collective runs, and the
 // next backward with true averages what was accumulated.
 TEST(Replicate, NoSyncRunsNoCollective) {
-  const nn::MiniLLMConfig c = config(fsdp::Run{});
+  const nn::TransformerConfig c = config(fsdp::Run{});
   const int N = world()->size(), me = world()->rank();
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   ReplicateModule& root = replicate(model, dist::init_device_mesh({N}, {"replicate"}),
                                     {.init_dtype = DType::f64, .seed = kSeed});
   data::RandomTokenSource src(c.vocab, kSeed);
@@ -1061,7 +1062,7 @@ TEST(Replicate, NoSyncRunsNoCollective) {
 }
 
 TEST(BadInput, ReplicateTwiceOverAShardedModuleOrOnA2DMesh) {
-  const nn::MiniLLMConfig c = config(fsdp::Run{});
+  const nn::TransformerConfig c = config(fsdp::Run{});
   auto mesh = dist::init_device_mesh({world()->size()});
   auto expect_refused = [](const std::function<void()>& f, const std::string& needle) {
     try {
@@ -1071,15 +1072,16 @@ TEST(BadInput, ReplicateTwiceOverAShardedModuleOrOnA2DMesh) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  nn::MiniLLM twice(c);
+  nn::Transformer twice(c);
   replicate(twice, mesh);
-  expect_refused([&] { replicate(twice, mesh); }, "[replicate] MiniLLM already has module hooks");
+  expect_refused([&] { replicate(twice, mesh); },
+                 "[replicate] Transformer already has module hooks");
   expect_refused([&] { fully_shard(twice, mesh); },
-                 "[fully_shard] MiniLLM already has module hooks");
-  nn::MiniLLM inner(c);
+                 "[fully_shard] Transformer already has module hooks");
+  nn::Transformer inner(c);
   fully_shard(inner.layers()[1], mesh);
   expect_refused([&] { replicate(inner, mesh); }, "holds 'layers.1', which fully_shard shards");
-  nn::MiniLLM flat2d(c);
+  nn::Transformer flat2d(c);
   expect_refused(
       [&] {
         replicate(flat2d, dist::init_device_mesh({1, world()->size()}, {"a", "b"}));

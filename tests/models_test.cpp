@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "fsdp/models/spec.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 #include "test_util.h"
 
 using namespace fsdp;
@@ -28,8 +28,8 @@ using test::error_of;
 
 namespace {
 
-nn::MiniLLMConfig llama_like() {
-  nn::MiniLLMConfig c = nn::MiniLLMConfig::preset("tiny");
+nn::TransformerConfig llama_like() {
+  nn::TransformerConfig c = nn::TransformerConfig::preset("tiny");
   c.arch = nn::Arch::llama;
   c.heads = 4, c.kv_heads = 2, c.head_dim = 32, c.layers = 4;
   c.norm_eps = 1e-6;
@@ -37,10 +37,10 @@ nn::MiniLLMConfig llama_like() {
 }
 
 // One config of each family, by its name.
-std::vector<std::pair<std::string, nn::MiniLLMConfig>> one_of_each() {
-  nn::MiniLLMConfig seed = nn::MiniLLMConfig::preset("tiny");
-  nn::MiniLLMConfig llama = llama_like(), qwen2 = llama_like(), qwen3 = llama_like(),
-                    gemma3 = llama_like();
+std::vector<std::pair<std::string, nn::TransformerConfig>> one_of_each() {
+  nn::TransformerConfig seed = nn::TransformerConfig::preset("tiny");
+  nn::TransformerConfig llama = llama_like(), qwen2 = llama_like(), qwen3 = llama_like(),
+                        gemma3 = llama_like();
   llama.rope_scaling = {
       .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4, .original_context = 64};
   qwen2.qkv_bias = true;
@@ -91,7 +91,7 @@ TEST(ModelSpec, ConfigJsonWrittenAndReadBackIsTheSameModel) {
     const nlohmann::json j = nlohmann::json::parse(text);
     EXPECT_EQ(j.at("architectures").at(0), s.hf_class);
     EXPECT_EQ(j.at("model_type"), s.hf_model_type);
-    const nn::MiniLLMConfig back = s.read_hf_config(text, name + "/config.json");
+    const nn::TransformerConfig back = s.read_hf_config(text, name + "/config.json");
     EXPECT_EQ(back.to_json(), c.to_json());
     EXPECT_EQ(back.sliding_window, c.sliding_window);
     EXPECT_EQ(back.global_every, c.global_every);
@@ -120,24 +120,24 @@ TEST(ModelSpec, ReadersRefuseWhatTheirModelCannotHoldByName) {
 
 // A mix of options no family holds: no export (refused by name), but it trains as its form's.
 TEST(ModelSpec, AMixOfOptionsNoFamilyHoldsIsRefusedForExportAndTrainsAsItsForm) {
-  nn::MiniLLMConfig both = llama_like();
+  nn::TransformerConfig both = llama_like();
   both.qk_norm = both.qkv_bias = true;
   EXPECT_NE(error_of([&] {
               (void)models::spec_of(both);
             }).find("q/k norms and q/k/v biases (no o_proj bias) is no family's"),
             std::string::npos);
-  nn::MiniLLMConfig some = llama_like();
+  nn::TransformerConfig some = llama_like();
   some.geglu = true;
   EXPECT_NE(error_of([&] { (void)models::spec_of(some); })
                 .find("some of Gemma 3's options but not all (qk_norm false, norm_plus_one false, "
                       "sandwich_norms false, geglu true"),
             std::string::npos);
-  nn::MiniLLMConfig gemma_biased = one_of_each()[4].second;
+  nn::TransformerConfig gemma_biased = one_of_each()[4].second;
   gemma_biased.qkv_bias = true;
   EXPECT_NE(error_of([&] {
               (void)models::spec_of(gemma_biased);
             }).find("a Gemma 3 model with q/k/v biases is no family's"),
             std::string::npos);
-  for (const nn::MiniLLMConfig& c : {both, some, gemma_biased})
+  for (const nn::TransformerConfig& c : {both, some, gemma_biased})
     EXPECT_EQ(models::spec_to_train(c).name, "llama");
 }

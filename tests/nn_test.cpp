@@ -22,16 +22,16 @@
 #include "fsdp/data/chat.h"
 #include "fsdp/nn/layers.h"
 #include "fsdp/nn/loss.h"
-#include "fsdp/nn/minillm.h"
 #include "fsdp/nn/sample.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/ops/ops.h"
 #include "test_util.h"
 
 namespace fsdp {
 namespace {
 
-nn::MiniLLMConfig small_config(nn::Arch arch) {
-  nn::MiniLLMConfig c;
+nn::TransformerConfig small_config(nn::Arch arch) {
+  nn::TransformerConfig c;
   c.arch = arch;
   c.vocab = 11;
   c.dim = 8;
@@ -71,9 +71,9 @@ TEST(Init, Distributions) {
 }
 
 TEST(MiniLLM, SeedParameterNamesArePyTorchStateDictKeys) {
-  nn::MiniLLMConfig c = small_config(nn::Arch::seed);
+  nn::TransformerConfig c = small_config(nn::Arch::seed);
   c.layers = 1;
-  nn::MiniLLM m(c);
+  nn::Transformer m(c);
   std::vector<std::string> names;
   for (auto& [n, p] : m.named_parameters()) names.push_back(n);
   EXPECT_EQ(names, (std::vector<std::string>{
@@ -85,16 +85,16 @@ TEST(MiniLLM, SeedParameterNamesArePyTorchStateDictKeys) {
 }
 
 TEST(MiniLLM, PresetsAndValidation) {
-  auto seed = nn::MiniLLMConfig::preset("seed");
+  auto seed = nn::TransformerConfig::preset("seed");
   EXPECT_EQ(seed.vocab, 32000);
   EXPECT_EQ(seed.dim, 2048);
   EXPECT_EQ(seed.layers, 12);
   EXPECT_EQ(seed.resolved_ffn_hidden(), 8192);
-  auto tiny = nn::MiniLLMConfig::preset("tiny");
+  auto tiny = nn::TransformerConfig::preset("tiny");
   EXPECT_EQ(tiny.dim, 256);
   tiny.arch = nn::Arch::llama;
   EXPECT_EQ(tiny.resolved_ffn_hidden(), 768);
-  EXPECT_THROW(nn::MiniLLMConfig::preset("huge"), Error);
+  EXPECT_THROW(nn::TransformerConfig::preset("huge"), Error);
   tiny.dim = 250;
   try {
     tiny.validate();
@@ -105,18 +105,18 @@ TEST(MiniLLM, PresetsAndValidation) {
 }
 
 TEST(MiniLLM, ConfigJsonRoundTripsAndNamesWhatIsWrong) {
-  nn::MiniLLMConfig c = nn::MiniLLMConfig::preset("tiny");
+  nn::TransformerConfig c = nn::TransformerConfig::preset("tiny");
   c.arch = nn::Arch::llama;
   c.rope_theta = 500000.0;
   c.norm_eps = 1e-5;
-  const nn::MiniLLMConfig r = nn::MiniLLMConfig::from_json(c.to_json());
+  const nn::TransformerConfig r = nn::TransformerConfig::from_json(c.to_json());
   EXPECT_EQ(r.to_json(), c.to_json());
   EXPECT_EQ(r.arch, nn::Arch::llama);
   EXPECT_EQ(r.ffn_hidden, c.resolved_ffn_hidden());
   EXPECT_EQ(r.rope_theta, 500000.0);
   EXPECT_EQ(r.norm_eps, std::optional<double>(1e-5));
   // Older files have no rope_theta, norm_eps or seq: the defaults.
-  const auto old = nn::MiniLLMConfig::from_json(
+  const auto old = nn::TransformerConfig::from_json(
       R"({"arch":"seed","vocab":64,"dim":32,"layers":1,"heads":2,"ffn_hidden":128})");
   EXPECT_EQ(old.rope_theta, 10000.0);
   EXPECT_FALSE(old.norm_eps.has_value());
@@ -124,18 +124,18 @@ TEST(MiniLLM, ConfigJsonRoundTripsAndNamesWhatIsWrong) {
        {R"({"arch":"seed","vocab":64})", R"({"arch":"seed","vocab":"x"})",
         R"({"arch":"gpt","vocab":64,"dim":32,"layers":1,"heads":2,"ffn_hidden":0})", "not json"}) {
     try {
-      nn::MiniLLMConfig::from_json(bad);
+      nn::TransformerConfig::from_json(bad);
       ADD_FAILURE() << "accepted " << bad;
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("[MiniLLM]"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("[model]"), std::string::npos) << e.what();
     }
   }
 }
 
 TEST(Sample, SeededTopKAndGreedy) {
-  nn::MiniLLMConfig c = nn::MiniLLMConfig::preset("tiny");
+  nn::TransformerConfig c = nn::TransformerConfig::preset("tiny");
   c.arch = nn::Arch::llama, c.vocab = 300, c.dim = 32, c.layers = 1, c.heads = 2, c.seq = 16;
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   nn::materialize(model, DType::f32, 5);
   const std::vector<int32_t> ctx = {72, 105};
   auto a = nn::sample(model, ctx, {.tokens = 20, .temperature = 1.0, .max_id = 256, .seed = 3});
@@ -204,9 +204,9 @@ TEST(SlidingWindow, KvCacheEqualsTheFullForwardAndTheGradientIsRight) {
 // time, gives every row of the full sequence's logits; a greedy sample with the cache equals one
 // that recomputes the window, while the sequence fits (seq 16, 3 + 10 ids).
 TEST(Sample, KvCacheEqualsTheFullForward) {
-  nn::MiniLLMConfig c = small_config(nn::Arch::llama);
+  nn::TransformerConfig c = small_config(nn::Arch::llama);
   c.vocab = 50, c.dim = 16, c.heads = 4, c.seq = 16;
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   nn::materialize(model, DType::f64, 7);
   const std::vector<int32_t> ids = {3, 14, 15, 9, 2, 6, 5, 35};
   Tensor full = model.forward(Tensor::from_vector(ids, {1, 8})).view({8, c.vocab});
@@ -230,14 +230,14 @@ TEST(Sample, KvCacheEqualsTheFullForward) {
   EXPECT_EQ(with, without);
   // Past the cache (3 + 30 ids > seq 16) the cache shifts and sampling goes on.
   EXPECT_EQ(nn::sample(model, ctx, {.tokens = 30, .temperature = 0.9, .seed = 2}).size(), 30u);
-  nn::MiniLLM seed(small_config(nn::Arch::seed));
+  nn::Transformer seed(small_config(nn::Arch::seed));
   EXPECT_THROW(seed.start_kv_cache(4), Error);  // bidirectional attention: no cache
 }
 
 TEST(Sample, TopPKeepsTheLikeliestAndStopsAtTheStopId) {
-  nn::MiniLLMConfig c = small_config(nn::Arch::llama);
+  nn::TransformerConfig c = small_config(nn::Arch::llama);
   c.vocab = 40, c.dim = 16, c.heads = 4, c.seq = 32;
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   nn::materialize(model, DType::f64, 8);
   const std::vector<int32_t> ctx = {4, 5};
   // top_p tiny: only the likeliest id survives, so any temperature gives greedy's ids.
@@ -271,7 +271,7 @@ TEST(LMLoss, InPlaceGradientEqualsTheOutOfPlaceOne) {
 }
 
 TEST(MiniLLM, MaterializeIsOneFlatBuffer) {
-  nn::MiniLLM m(small_config(nn::Arch::llama));
+  nn::Transformer m(small_config(nn::Arch::llama));
   auto flat = nn::materialize(m, DType::f32, 3);
   EXPECT_EQ(flat.params.numel(), m.num_parameters());
   for (auto& [n, p] : m.named_parameters()) {
@@ -281,13 +281,13 @@ TEST(MiniLLM, MaterializeIsOneFlatBuffer) {
   // norms start at one, as nn.RMSNorm does
   for (double v : m.parameter("layers.1.norm2.weight").data.to_f64_vector()) EXPECT_EQ(v, 1.0);
   // the same seed gives the same model
-  nn::MiniLLM m2(small_config(nn::Arch::llama));
+  nn::Transformer m2(small_config(nn::Arch::llama));
   auto flat2 = nn::materialize(m2, DType::f32, 3);
   EXPECT_EQ(flat.params.to_f64_vector(), flat2.params.to_f64_vector());
 }
 
-void expect_whole_model_gradient(const nn::MiniLLMConfig& c) {
-  nn::MiniLLM m(c);
+void expect_whole_model_gradient(const nn::TransformerConfig& c) {
+  nn::Transformer m(c);
   auto flat = nn::materialize(m, DType::f64, 11);
   // Random small biases and norm weights away from one, so that their gradients are tested away
   // from their init.
@@ -338,8 +338,8 @@ TEST_P(WholeModelGradient, MatchesFiniteDifferencesInF64) {
 // kv heads, and multi-query), a head dim stated on its own (6, not dim / heads = 2), q/k/v biases,
 // and the head tied to the embedding, whose one gradient sums the head's dW and the
 // embedding's scatter-add.
-nn::MiniLLMConfig gqa_config(int64_t kv_heads, bool tied, bool bias) {
-  nn::MiniLLMConfig c = small_config(nn::Arch::llama);
+nn::TransformerConfig gqa_config(int64_t kv_heads, bool tied, bool bias) {
+  nn::TransformerConfig c = small_config(nn::Arch::llama);
   c.heads = 4;
   c.kv_heads = kv_heads;
   c.head_dim = 6;
@@ -361,10 +361,10 @@ TEST(WholeModelGradient, GroupedQueryTiedAndBiasedLlama) {
 // grouped-query attention and a head dim of its own; every gradient, the norms' weights among
 // them, matches finite differences in f64.
 TEST(WholeModelGradient, QkNormLlama) {
-  nn::MiniLLMConfig c = gqa_config(2, false, false);
+  nn::TransformerConfig c = gqa_config(2, false, false);
   c.qk_norm = true;
   c.norm_eps = 1e-6;
-  nn::MiniLLM m(c);
+  nn::Transformer m(c);
   int norms = 0;
   for (auto& [n, p] : m.named_parameters())
     if (n.find("attn.q_norm.weight") != std::string::npos ||
@@ -380,8 +380,8 @@ TEST(WholeModelGradient, QkNormLlama) {
 // FFN's outputs, GeGLU, the embedding scaled by sqrt(dim), and local layers (a window of 3 keys,
 // rope base 1e4) beside global ones (every second: full attention, base 1e5), tied: every
 // gradient against f64 finite differences; the KV-cached decode equals the full forward.
-nn::MiniLLMConfig gemma_config() {
-  nn::MiniLLMConfig c = gqa_config(2, true, false);
+nn::TransformerConfig gemma_config() {
+  nn::TransformerConfig c = gqa_config(2, true, false);
   c.qk_norm = c.norm_plus_one = c.sandwich_norms = c.geglu = c.embed_scale = true;
   c.sliding_window = 3, c.global_every = 2, c.rope_local_theta = 1e4;
   c.norm_eps = 1e-6;
@@ -389,11 +389,11 @@ nn::MiniLLMConfig gemma_config() {
 }
 
 TEST(WholeModelGradient, Gemma3Block) {
-  const nn::MiniLLMConfig c = gemma_config();
+  const nn::TransformerConfig c = gemma_config();
   ASSERT_GT(c.seq, c.sliding_window);
   EXPECT_EQ(c.layer_window(0), 3);
   EXPECT_EQ(c.layer_window(1), 0);
-  nn::MiniLLM m(c);
+  nn::Transformer m(c);
   EXPECT_EQ(c.num_parameters(), m.num_parameters());
   int sandwich = 0;
   for (auto& [n, p] : m.named_parameters())
@@ -401,9 +401,9 @@ TEST(WholeModelGradient, Gemma3Block) {
                 n.find("post_ffn_norm") != std::string::npos;
   EXPECT_EQ(sandwich, 2 * int(c.layers));
   expect_whole_model_gradient(c);
-  EXPECT_EQ(nn::MiniLLMConfig::from_json(c.to_json()).to_json(), c.to_json());
+  EXPECT_EQ(nn::TransformerConfig::from_json(c.to_json()).to_json(), c.to_json());
   // FLOPs: the local layers' attention runs over their window of 3 keys, not the whole row.
-  nn::MiniLLMConfig full = c;
+  nn::TransformerConfig full = c;
   full.sliding_window = full.global_every = 0;
   const double attn_per_key = 12.0 * double(c.heads * c.resolved_head_dim());
   EXPECT_DOUBLE_EQ(full.flops_per_token() - c.flops_per_token(),
@@ -411,9 +411,9 @@ TEST(WholeModelGradient, Gemma3Block) {
 }
 
 TEST(Sample, Gemma3KvCacheEqualsTheFullForward) {
-  nn::MiniLLMConfig c = gemma_config();
+  nn::TransformerConfig c = gemma_config();
   c.vocab = 50, c.dim = 16, c.seq = 16;
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   nn::materialize(model, DType::f64, 9);
   for (auto& [n, p] : model.named_parameters())
     if (n.find("norm") != std::string::npos)
@@ -437,7 +437,7 @@ TEST(Sample, Gemma3KvCacheEqualsTheFullForward) {
 // frequency 0 is kept, 1 blended and the others divided: every gradient against f64 finite
 // differences.
 TEST(WholeModelGradient, Llama3RopeScaling) {
-  nn::MiniLLMConfig c = gqa_config(2, true, false);
+  nn::TransformerConfig c = gqa_config(2, true, false);
   c.head_dim = 16;
   c.rope_scaling = {
       .factor = 8.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_context = 32.0};
@@ -452,9 +452,9 @@ TEST(WholeModelGradient, Llama3RopeScaling) {
 TEST(WholeModelGradient, LoraAdapters) {
   for (const char* targets : {"q,k,v,o,gate,up,down", "q,v"}) {
     SCOPED_TRACE(targets);
-    nn::MiniLLMConfig c = gqa_config(2, false, true);
+    nn::TransformerConfig c = gqa_config(2, false, true);
     c.lora = {.rank = 2, .alpha = 3.0, .targets = nn::parse_lora_targets(targets)};
-    nn::MiniLLM m(c);
+    nn::Transformer m(c);
     EXPECT_EQ(c.num_parameters(), m.num_parameters());
     int64_t adapters = 0;
     for (auto& [n, p] : m.named_parameters()) {
@@ -464,17 +464,17 @@ TEST(WholeModelGradient, LoraAdapters) {
     EXPECT_EQ(adapters, c.lora_parameters());
     expect_whole_model_gradient(c);
   }
-  nn::MiniLLMConfig seed = small_config(nn::Arch::seed);
+  nn::TransformerConfig seed = small_config(nn::Arch::seed);
   seed.lora = {.rank = 3, .alpha = 6.0, .targets = nn::parse_lora_targets("q,k,o,up,down")};
   expect_whole_model_gradient(seed);
-  EXPECT_EQ(nn::MiniLLMConfig::from_json(seed.to_json()).to_json(), seed.to_json());
+  EXPECT_EQ(nn::TransformerConfig::from_json(seed.to_json()).to_json(), seed.to_json());
   seed.lora.targets = nn::parse_lora_targets("gate");
   EXPECT_THROW(seed.validate(), Error);  // seed's FFN has no gate
   EXPECT_THROW(nn::parse_lora_targets("q,qkv"), Error);
 
-  nn::MiniLLMConfig plain = gqa_config(2, true, false), adapted = plain;
+  nn::TransformerConfig plain = gqa_config(2, true, false), adapted = plain;
   adapted.lora = {.rank = 4, .alpha = 8.0, .targets = nn::parse_lora_targets("q,v,down")};
-  nn::MiniLLM a(plain), b(adapted);
+  nn::Transformer a(plain), b(adapted);
   nn::materialize(a, DType::f64, 4);
   nn::materialize(b, DType::f64, 4);  // every base parameter is initialised by its name alike
   Tensor tokens = test::random_ids({plain.batch, plain.seq}, plain.vocab, 2);
@@ -487,7 +487,7 @@ TEST(WholeModelGradient, LoraAdapters) {
 // positions. The samples' lengths vary from 2 to 14 tokens; their masks are arbitrary. (The
 // kernels' tiles and chunks across documents are ops_test's packed cases.)
 TEST(PackedRows, EqualTheSamplesUnpacked) {
-  nn::MiniLLMConfig c = gqa_config(2, false, true);
+  nn::TransformerConfig c = gqa_config(2, false, true);
   std::vector<data::TokenizedSample> samples;
   uint64_t seed = 5;
   for (int64_t len : {5, 9, 2, 14, 3, 12, 7, 7, 4, 11}) {
@@ -505,7 +505,7 @@ TEST(PackedRows, EqualTheSamplesUnpacked) {
   ASSERT_EQ(packed->split(), 0);
   ASSERT_GT(packed->rows(), 1);
   ASSERT_LT(packed->rows(), 10);
-  nn::MiniLLM m(c);
+  nn::Transformer m(c);
   auto flat = nn::materialize(m, DType::f64, 11);
   auto loss_and_grads = [&](const data::Batch& b) {
     int64_t count = 0;
@@ -543,8 +543,8 @@ TEST(PackedRows, EqualTheSamplesUnpacked) {
 // divisor; and the dx of the head's input is the unfused one, so every parameter's gradient is.
 TEST(MiniLLM, FusedChunkedLossEqualsTheLogitsLoss) {
   for (bool tied : {false, true}) {
-    nn::MiniLLMConfig c = gqa_config(2, tied, true);
-    nn::MiniLLM m(c);
+    nn::TransformerConfig c = gqa_config(2, tied, true);
+    nn::Transformer m(c);
     auto flat = nn::materialize(m, DType::f64, 13);
     const int64_t B = 3, T = 7;
     Tensor inputs = test::random_ids({B, T}, c.vocab, 21);
@@ -589,9 +589,9 @@ TEST(MiniLLM, FusedChunkedLossEqualsTheLogitsLoss) {
 // q_proj, k_proj and v_proj ([(heads + 2 kv_heads) head_dim, dim]); a tied model has one
 // "embed.weight" and no "head.weight".
 TEST(MiniLLM, GroupedQueryAndTiedParameters) {
-  nn::MiniLLMConfig c = gqa_config(2, true, true);
+  nn::TransformerConfig c = gqa_config(2, true, true);
   c.layers = 1;
-  nn::MiniLLM m(c);
+  nn::Transformer m(c);
   std::vector<std::string> names;
   for (auto& [n, p] : m.named_parameters()) names.push_back(n);
   EXPECT_EQ(names, (std::vector<std::string>{
@@ -603,25 +603,25 @@ TEST(MiniLLM, GroupedQueryAndTiedParameters) {
   EXPECT_EQ(m.parameter("layers.0.attn.in_proj_bias").shape, Shape({48}));
   EXPECT_EQ(m.parameter("layers.0.attn.out_proj.weight").shape, Shape({8, 24}));
   // SmolLM2-135M: 30 layers, dim 576, 9 heads over 3 kv heads, ffn 1536, vocab 49152, tied.
-  nn::MiniLLMConfig smol;
+  nn::TransformerConfig smol;
   smol.arch = nn::Arch::llama, smol.vocab = 49152, smol.dim = 576, smol.layers = 30;
   smol.heads = 9, smol.kv_heads = 3, smol.ffn_hidden = 1536, smol.rope_theta = 100000.0;
   smol.tie_embeddings = true, smol.seq = 2048;
-  EXPECT_EQ(nn::MiniLLM(smol).num_parameters(), 134515008);  // Hugging Face's count
+  EXPECT_EQ(nn::Transformer(smol).num_parameters(), 134515008);  // Hugging Face's count
   // The tied head still does its matmul: 30 * (576 * (576 + 2 * 192) + 576 * 576 + 3 * 576 *
   // 1536) + 49152 * 576.
   EXPECT_EQ(smol.matmul_params(), 134479872);
-  nn::MiniLLMConfig untied = smol;
+  nn::TransformerConfig untied = smol;
   untied.tie_embeddings = false;
-  EXPECT_EQ(nn::MiniLLM(untied).num_parameters(), 134515008 + 49152 * 576);
+  EXPECT_EQ(nn::Transformer(untied).num_parameters(), 134515008 + 49152 * 576);
   EXPECT_EQ(untied.matmul_params(), smol.matmul_params());
 }
 
 // num_parameters() counts from the shape alone what a built model holds, for every option, and
 // saturates on a crafted size instead of wrapping.
 TEST(MiniLLM, ParameterCountFromTheShapeEqualsTheBuiltModel) {
-  std::vector<nn::MiniLLMConfig> cfgs;
-  nn::MiniLLMConfig c = nn::MiniLLMConfig::preset("tiny");
+  std::vector<nn::TransformerConfig> cfgs;
+  nn::TransformerConfig c = nn::TransformerConfig::preset("tiny");
   c.vocab = 96, c.dim = 32, c.layers = 3, c.heads = 4, c.ffn_hidden = 40;
   cfgs.push_back(c);  // seed
   c.arch = nn::Arch::llama;
@@ -632,8 +632,8 @@ TEST(MiniLLM, ParameterCountFromTheShapeEqualsTheBuiltModel) {
   cfgs.push_back(c);
   c.kv_heads = 2, c.qk_norm = true;
   cfgs.push_back(c);
-  for (const nn::MiniLLMConfig& k : cfgs) {
-    nn::MiniLLM m(k);
+  for (const nn::TransformerConfig& k : cfgs) {
+    nn::Transformer m(k);
     EXPECT_EQ(k.num_parameters(), m.num_parameters()) << k.to_json();
   }
   c.layers = int64_t(1) << 40, c.dim = int64_t(1) << 20, c.heads = 1, c.head_dim = 0;
@@ -641,9 +641,9 @@ TEST(MiniLLM, ParameterCountFromTheShapeEqualsTheBuiltModel) {
 }
 
 TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {
-  nn::MiniLLMConfig c = gqa_config(2, true, true);
+  nn::TransformerConfig c = gqa_config(2, true, true);
   const std::string j = c.to_json();
-  const nn::MiniLLMConfig r = nn::MiniLLMConfig::from_json(j);
+  const nn::TransformerConfig r = nn::TransformerConfig::from_json(j);
   EXPECT_EQ(r.to_json(), j);
   EXPECT_EQ(r.kv_heads, 2);
   EXPECT_EQ(r.head_dim, 6);
@@ -654,20 +654,20 @@ TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {
   const std::string plain = small_config(nn::Arch::llama).to_json();
   for (const char* key : {"kv_heads", "head_dim", "tie_embeddings", "qkv_bias", "qk_norm"})
     EXPECT_EQ(plain.find(key), std::string::npos) << key;
-  nn::MiniLLMConfig qk = c;
+  nn::TransformerConfig qk = c;
   qk.qk_norm = true;
-  EXPECT_TRUE(nn::MiniLLMConfig::from_json(qk.to_json()).qk_norm);
+  EXPECT_TRUE(nn::TransformerConfig::from_json(qk.to_json()).qk_norm);
   qk.rope_scaling = {
       .factor = 32.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0, .original_context = 8192.0};
-  EXPECT_EQ(nn::MiniLLMConfig::from_json(qk.to_json()).rope_scaling, qk.rope_scaling);
-  EXPECT_EQ(nn::MiniLLMConfig::from_json(qk.to_json()).to_json(), qk.to_json());
-  const auto old = nn::MiniLLMConfig::from_json(
+  EXPECT_EQ(nn::TransformerConfig::from_json(qk.to_json()).rope_scaling, qk.rope_scaling);
+  EXPECT_EQ(nn::TransformerConfig::from_json(qk.to_json()).to_json(), qk.to_json());
+  const auto old = nn::TransformerConfig::from_json(
       R"({"arch":"llama","vocab":64,"dim":32,"layers":1,"heads":4,"ffn_hidden":128})");
   EXPECT_EQ(old.resolved_kv_heads(), 4);
   EXPECT_EQ(old.resolved_head_dim(), 8);
   EXPECT_FALSE(old.tie_embeddings);
   EXPECT_FALSE(old.qkv_bias);
-  auto refused = [](nn::MiniLLMConfig bad, const std::string& says) {
+  auto refused = [](nn::TransformerConfig bad, const std::string& says) {
     try {
       bad.validate();
       ADD_FAILURE() << "accepted " << bad.to_json();
@@ -675,7 +675,7 @@ TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {
       EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
     }
   };
-  nn::MiniLLMConfig bad = c;
+  nn::TransformerConfig bad = c;
   bad.kv_heads = 3;
   refused(bad, "heads 4 is not divisible by kv_heads 3");
   bad = c, bad.head_dim = 5;
@@ -695,11 +695,11 @@ TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {
   bad = c, bad.rope_scaling = {.factor = 8.0, .low_freq_factor = 4.0, .high_freq_factor = 1.0};
   refused(bad, "low below the high");
   // A head dim of its own frees dim from heads: dim 8 with 3 heads of 4.
-  nn::MiniLLMConfig decoupled = small_config(nn::Arch::llama);
+  nn::TransformerConfig decoupled = small_config(nn::Arch::llama);
   decoupled.heads = 3, decoupled.head_dim = 4;
   EXPECT_NO_THROW(decoupled.validate());
-  EXPECT_NO_THROW(nn::MiniLLMConfig::from_json(decoupled.to_json()));
-  EXPECT_THROW(nn::MiniLLMConfig::from_json(
+  EXPECT_NO_THROW(nn::TransformerConfig::from_json(decoupled.to_json()));
+  EXPECT_THROW(nn::TransformerConfig::from_json(
                    R"({"arch":"llama","vocab":64,"dim":32,"layers":1,"heads":4,"ffn_hidden":128,)"
                    R"("tie_embeddings":1})"),
                Error);
@@ -710,11 +710,11 @@ TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {
 // forward's logits.
 TEST(Sample, GroupedQueryKvCacheEqualsTheFullForward) {
   for (int64_t kv : {2, 1, 3, 4}) {  // 3: kv 2 with QK-norm (Qwen3); 4: with Llama 3's rope scaling
-    nn::MiniLLMConfig c = gqa_config(kv == 1 ? 1 : 2, true, true);
+    nn::TransformerConfig c = gqa_config(kv == 1 ? 1 : 2, true, true);
     c.qk_norm = kv == 3;
     if (kv == 4) c.rope_scaling = {.factor = 8.0, .original_context = 16.0};
     c.vocab = 50, c.dim = 16, c.seq = 16;
-    nn::MiniLLM model(c);
+    nn::Transformer model(c);
     nn::materialize(model, DType::f64, 9);
     for (auto& [n, p] : model.named_parameters()) {
       if (n.find("bias") != std::string::npos)
@@ -749,12 +749,12 @@ INSTANTIATE_TEST_SUITE_P(BothArchs, WholeModelGradient,
 // unchanged, and a checkpointed forward keeps less memory until the backward: only each
 // checkpointed block's input.
 TEST(ActivationCheckpoint, SameGradientsLessMemoryHeldAfterTheForward) {
-  nn::MiniLLMConfig c = small_config(nn::Arch::llama);
+  nn::TransformerConfig c = small_config(nn::Arch::llama);
   c.layers = 4;
   Tensor tokens = test::random_ids({c.batch, c.seq}, c.vocab, 12);
   Tensor targets = test::random_ids({c.batch * c.seq}, c.vocab, 13);
   auto run = [&](int64_t every, int64_t* held) {
-    nn::MiniLLM m(c);
+    nn::Transformer m(c);
     auto flat = nn::materialize(m, DType::f64, 11);
     if (every > 0)
       for (size_t i = 0; i < m.layers().size(); i += size_t(every))
@@ -785,8 +785,8 @@ TEST(ActivationCheckpoint, SameGradientsLessMemoryHeldAfterTheForward) {
 
 // A checkpointed module's backward without a forward before it is named.
 TEST(ActivationCheckpoint, BackwardWithoutForwardIsNamed) {
-  nn::MiniLLMConfig c = small_config(nn::Arch::llama);
-  nn::MiniLLM m(c);
+  nn::TransformerConfig c = small_config(nn::Arch::llama);
+  nn::Transformer m(c);
   nn::materialize(m, DType::f64, 11);
   m.layers()[1].set_activation_checkpoint(true);
   try {

@@ -23,7 +23,7 @@
 
 #include "fsdp/core/allocator.h"
 #include "fsdp/distributed/init.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/ops/blas.h"
 #include "fsdp/ops/ops.h"
 #include "fsdp/profiler/ceilings.h"
@@ -306,11 +306,11 @@ TEST(Profiler, ClassifyFollowsTheThresholds) {
 }
 
 TEST(Profiler, ProfilingChangesNoResult) {
-  nn::MiniLLMConfig c;
+  nn::TransformerConfig c;
   c.arch = nn::Arch::llama, c.vocab = 50, c.dim = 32, c.layers = 2, c.heads = 2, c.seq = 16,
   c.batch = 2;
   auto run = [&](bool profile) {
-    nn::MiniLLM m(c);
+    nn::Transformer m(c);
     auto flat = nn::materialize(m, DType::f32, 9);
     Tensor tok = test::random_ids({2, 16}, 50, 1), tgt = test::random_ids({32}, 50, 2);
     Profiler prof({.record_shapes = true, .profile_memory = true});

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "fsdp/checkpoint/safetensors.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/ops/ops.h"
 #include "fsdp/optim/adamw.h"
 #include "test_util.h"
@@ -26,7 +26,7 @@ namespace {
 
 struct Fixture {
   checkpoint::SafetensorsFile file;
-  nn::MiniLLMConfig cfg;
+  nn::TransformerConfig cfg;
   int64_t steps;
   double lr;
 };
@@ -48,8 +48,9 @@ Fixture load_fixture() {
 }
 
 // Builds the model in `dtype` with the fixture's weights.
-std::pair<std::unique_ptr<nn::MiniLLM>, nn::FlatParameters> build(const Fixture& f, DType dtype) {
-  auto m = std::make_unique<nn::MiniLLM>(f.cfg);
+std::pair<std::unique_ptr<nn::Transformer>, nn::FlatParameters> build(const Fixture& f,
+                                                                      DType dtype) {
+  auto m = std::make_unique<nn::Transformer>(f.cfg);
   auto flat = nn::materialize(*m, dtype, 0);
   for (auto& [name, p] : m->named_parameters()) {
     const Tensor& w = f.file.at(name);
@@ -59,7 +60,7 @@ std::pair<std::unique_ptr<nn::MiniLLM>, nn::FlatParameters> build(const Fixture&
   return {std::move(m), flat};
 }
 
-double loss_and_backward(nn::MiniLLM& m, const nn::FlatParameters& flat, const Tensor& tokens,
+double loss_and_backward(nn::Transformer& m, const nn::FlatParameters& flat, const Tensor& tokens,
                          const Tensor& targets) {
   const auto& c = m.config();
   flat.grads.zero_();

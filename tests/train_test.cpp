@@ -35,7 +35,7 @@
 #include "fsdp/core/error.h"
 #include "fsdp/distributed/init.h"
 #include "fsdp/models/spec.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/ops/ops.h"
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/ceilings.h"
@@ -232,13 +232,13 @@ TEST(Options, ValidateNamesTheFlagsOfTheRuleItRefuses) {
 
 TEST(Options, ModelConfigIsThePresetWithTheOverrides) {
   TrainOptions o;
-  const nn::MiniLLMConfig tiny = nn::MiniLLMConfig::preset("tiny");
+  const nn::TransformerConfig tiny = nn::TransformerConfig::preset("tiny");
   EXPECT_EQ(o.model_config().to_json(), tiny.to_json());
   set_flag(o, "--arch", "llama");
   set_flag(o, "--heads", "4");
   set_flag(o, "--kv-heads", "2");
   set_flag(o, "--tie-embeddings", "true");
-  const nn::MiniLLMConfig c = o.model_config();
+  const nn::TransformerConfig c = o.model_config();
   EXPECT_EQ(c.arch, nn::Arch::llama);
   EXPECT_EQ(c.heads, 4);
   EXPECT_EQ(c.resolved_kv_heads(), 2);
@@ -263,9 +263,9 @@ TEST(ModelSpec, ArchReadsTheFormsAndEachFamilysKeysAreItsConfigs) {
     } else {
       EXPECT_NE(error_of([&] { (void)FlagValue<nn::Arch>::parse("--arch", f->name); }), "");
     }
-    nn::MiniLLMConfig c = nn::MiniLLMConfig::preset("tiny");
+    nn::TransformerConfig c = nn::TransformerConfig::preset("tiny");
     c.arch = f->arch;
-    nn::MiniLLMConfig every = c;  // the JSON names an option only when it is not the default
+    nn::TransformerConfig every = c;  // the JSON names an option only when it is not the default
     every.heads = 8, every.kv_heads = 2, every.head_dim = 16;
     every.tie_embeddings = every.qkv_bias = every.qk_norm = true;
     every.rope_scaling.factor = 8.0;
@@ -380,15 +380,15 @@ TEST(Trainer, LoraResumesExactlyAndItsCheckpointHoldsTheAdaptersAlone) {
   EXPECT_EQ(adapters, 2 * 3 * 2);  // 2 layers: the in-projection's pair, o's and down's
   EXPECT_EQ(meta.at("frozen").size(), 3u + 2u * 7u);  // embed, norm, head; 7 weights a block
   EXPECT_EQ(meta.at("config").at("base_content"), "initialised from seed 1337");
-  nn::MiniLLMConfig cfg;
+  nn::TransformerConfig cfg;
   const checkpoint::NamedTensors unmerged = checkpoint::consolidate(step, &cfg, false);
   EXPECT_EQ(cfg.lora.rank, 4);
-  nn::MiniLLM fresh(cfg);
+  nn::Transformer fresh(cfg);
   nn::materialize(fresh, DType::f32, 1337);
   for (const auto& [name, t] : unmerged)
     if (!nn::is_lora_parameter(name))
       EXPECT_EQ(t.to_f64_vector(), fresh.parameter(name).data.to_f64_vector()) << name;
-  nn::MiniLLMConfig merged_cfg;
+  nn::TransformerConfig merged_cfg;
   const checkpoint::NamedTensors merged = checkpoint::consolidate(step, &merged_cfg);
   EXPECT_FALSE(merged_cfg.lora.enabled());
   const checkpoint::NamedTensors want = checkpoint::merge_lora(cfg, unmerged);
@@ -448,10 +448,10 @@ TEST(Trainer, LoraResumesExactlyAndItsCheckpointHoldsTheAdaptersAlone) {
     Trainer t(half, pg);
     t.fit();
   }
-  nn::MiniLLMConfig hc;
+  nn::TransformerConfig hc;
   const checkpoint::NamedTensors hb =
       checkpoint::consolidate((tmp.path / "half" / "step_00000002").string(), &hc, false);
-  nn::MiniLLM fresh_half(hc);
+  nn::Transformer fresh_half(hc);
   nn::materialize(fresh_half, DType::bf16, 1337);
   int half_checked = 0;
   for (const auto& [name, t] : hb)

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "fsdp/distributed/init.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/ops/blas.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/train/step.h"  // with the parts' headers: loader, schedule, checkpoint::Manager
@@ -21,9 +21,9 @@ int main(int argc, char** argv) try {
   const int64_t steps = 20, stop = argc > 2 ? std::stoll(argv[2]) : steps, seed = 1;
   auto world = dist::init_process_group();
   auto mesh = dist::init_device_mesh({world->size()});
-  nn::MiniLLMConfig cfg = nn::MiniLLMConfig::preset("tiny");
+  nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
   cfg.arch = nn::Arch::llama;
-  nn::MiniLLM model(cfg);
+  nn::Transformer model(cfg);
   for (nn::Module& block : model.layers()) fully_shard(block, mesh, {.seed = seed});
   FSDPModule& root = fully_shard(model, mesh, {.seed = seed});
   optim::AdamW opt(root.param_groups(0.01), {.lr = 1e-3, .weight_decay = 0.01});

@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
       if (!f.empty() && std::filesystem::path(f).has_parent_path())
         std::filesystem::create_directories(std::filesystem::path(f).parent_path());
     if (!peft.empty() || !gguf_lora.empty()) {  // the adapters alone, before any base is merged
-      nn::MiniLLMConfig lora_cfg;
+      nn::TransformerConfig lora_cfg;
       const auto adapters = checkpoint::consolidate(path, &lora_cfg, false);
       if (!peft.empty()) {
         auto named = checkpoint::to_peft(lora_cfg, adapters);
@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
       }
       if (out.empty() && gguf.empty()) return 0;
     }
-    nn::MiniLLMConfig cfg;
+    nn::TransformerConfig cfg;
     auto tensors = checkpoint::consolidate(path, &cfg);
     std::optional<data::Tokenizer> tok;
     checkpoint::TokenizerMeta meta;

@@ -1,4 +1,4 @@
-// fsdp-generate: text from a trained MiniLLM, or from a Hugging Face Llama.
+// fsdp-generate: text from a trained model, or from a pretrained one (Hugging Face, GGUF).
 //   fsdp-generate --model out/model.safetensors --prompt "The " --tokens 200
 //   fsdp-generate --model hf_llama_dir/ --prompt "The " --device cuda
 //   fsdp-generate --ckpt ckpts/ --prompt "The " --top-p 0.9
@@ -46,8 +46,8 @@ using namespace fsdp;
 namespace fs = std::filesystem;
 
 struct Loaded {
-  nn::MiniLLMConfig cfg;
-  std::unique_ptr<nn::MiniLLM> model;
+  nn::TransformerConfig cfg;
+  std::unique_ptr<nn::Transformer> model;
   std::optional<data::Tokenizer> tokenizer;  // found beside the model or in the checkpoint
   checkpoint::Pretrained pre;                // --model: the model's template and ids
   std::string what;
@@ -64,7 +64,7 @@ Loaded load_model(const std::string& path, DType compute, Device device) {
              "give fsdp-export's file, a Hugging Face Llama folder or a GGUF file",
              path);
   l.cfg = *l.pre.config;
-  l.model = std::make_unique<nn::MiniLLM>(l.cfg);
+  l.model = std::make_unique<nn::Transformer>(l.cfg);
   int64_t in_place = 0, converted = 0;
   for (auto& [name, p] : l.model->named_parameters()) {
     Tensor value = l.pre.read(l.cfg, name);
@@ -93,7 +93,7 @@ Loaded load_checkpoint(const std::string& ckpt, DType compute, Device device) {
   FSDP_CHECK(!path.empty(), "[fsdp-generate] no checkpoint in '{}'", ckpt);
   Loaded l;
   auto tensors = checkpoint::consolidate(path, &l.cfg);
-  l.model = std::make_unique<nn::MiniLLM>(l.cfg);
+  l.model = std::make_unique<nn::Transformer>(l.cfg);
   for (auto& [name, t] : tensors) l.model->parameter(name).data = t.to(compute).to(device);
   if (auto saved = checkpoint::read_extra_file(path, "tokenizer.json"))
     l.tokenizer = data::Tokenizer::from_json(*saved, path + "/tokenizer.json");
@@ -121,8 +121,9 @@ int main(int argc, char** argv) {
   int threads = 0;
   bool no_cache = false, print_logits = false, ignore_eos = false;
   std::optional<std::string> chat, system;
-  CLI::App app{"fsdp-generate: sample text from a MiniLLM or a Hugging Face Llama",
-               "fsdp-generate"};
+  CLI::App app{
+      "fsdp-generate: sample text from a trained or a pretrained model (Hugging Face, GGUF)",
+      "fsdp-generate"};
   app.add_option("--model", model_path,
                  "fsdp-export's safetensors, or a Hugging Face Llama folder or file");
   app.add_option("--ckpt", ckpt, "checkpoint directory, or a --ckpt-dir (its newest checkpoint)");

@@ -97,7 +97,7 @@ struct GgufArch {
   bool half_split = false;  // qwen2, qwen3, gemma3: q and k rows stay as they are
   bool gemma3 = false;
 };
-GgufArch gguf_arch(const nn::MiniLLMConfig& cfg) {
+GgufArch gguf_arch(const nn::TransformerConfig& cfg) {
   const models::ModelSpec& spec = models::spec_of(cfg);
   FSDP_CHECK(!spec.gguf_arch.empty(), "[gguf] the {} family has no llama.cpp architecture ({})",
              spec.name, spec.what);
@@ -134,7 +134,7 @@ void write_file(const std::string& path, const GgufWriter& kv,
 
 }  // namespace
 
-void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const NamedTensors& ours,
+void write_gguf(const std::string& path, const nn::TransformerConfig& cfg, const NamedTensors& ours,
                 DType dtype, const data::Tokenizer& tok, const TokenizerMeta& meta) {
   // (Named, not structured bindings: lambdas below capture them.)
   const GgufArch ga = gguf_arch(cfg);
@@ -181,7 +181,7 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
   }
   GgufWriter kv;
   kv.kv_str("general.architecture", arch);
-  kv.kv_str("general.name", "fsdp.cpp MiniLLM");
+  kv.kv_str("general.name", "fsdp.cpp " + arch);
   kv.kv_u32("general.alignment", kAlign);
   kv.kv_u32("general.file_type", dtype == DType::f32 ? 0 : dtype == DType::f16 ? 1 : 32);
   const std::string a = arch + ".";
@@ -274,7 +274,7 @@ void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const Nam
   write_file(path, kv, tensors);
 }
 
-void write_gguf_lora(const std::string& path, const nn::MiniLLMConfig& cfg,
+void write_gguf_lora(const std::string& path, const nn::TransformerConfig& cfg,
                      const NamedTensors& with_adapters) {
   FSDP_CHECK(cfg.lora.enabled(), "[gguf] a LoRA adapter GGUF needs a model with LoRA adapters");
   const GgufArch ga = gguf_arch(cfg);

@@ -28,7 +28,7 @@ using json = nlohmann::json;
 using detail::is_in_proj;
 using detail::is_in_proj_bias;
 
-std::array<std::pair<int64_t, int64_t>, 3> in_proj_rows(const nn::MiniLLMConfig& cfg) {
+std::array<std::pair<int64_t, int64_t>, 3> in_proj_rows(const nn::TransformerConfig& cfg) {
   const int64_t q = cfg.heads * cfg.resolved_head_dim(),
                 kv = cfg.resolved_kv_heads() * cfg.resolved_head_dim();
   return {{{0, q}, {q, q + kv}, {q + kv, q + 2 * kv}}};
@@ -46,7 +46,7 @@ namespace {
 // its config names (checked by content) or from the initialisation of the run's seed (checked
 // against what the config says the base is).
 nn::FlatParameters lora_base(const detail::Manifest& m, const std::string& ckpt_path,
-                             nn::MiniLLM& model) {
+                             nn::Transformer& model) {
   const json& run = m.meta.at("config");
   const std::string path = run.value("base", "");
   const std::string content = run.value("base_content", "");
@@ -81,12 +81,12 @@ nn::FlatParameters lora_base(const detail::Manifest& m, const std::string& ckpt_
   return flat;
 }
 
-NamedTensors consolidate_unchecked(const std::string& ckpt_path, nn::MiniLLMConfig* cfg_out,
+NamedTensors consolidate_unchecked(const std::string& ckpt_path, nn::TransformerConfig* cfg_out,
                                    bool merge) {
   // The same checks as a resume's load (detail::read_manifest, detail::open_shard), in the same
   // words, before any tensor byte is read.
   const detail::Manifest m = detail::read_manifest(ckpt_path);
-  nn::MiniLLMConfig cfg = nn::MiniLLMConfig::from_json(m.meta.at("config").dump());
+  nn::TransformerConfig cfg = nn::TransformerConfig::from_json(m.meta.at("config").dump());
   if (cfg_out) *cfg_out = cfg;
   std::vector<std::unique_ptr<SafetensorsIndex>> files;
   for (int s = 0; s < m.shards; ++s) files.push_back(detail::open_shard(m, s));
@@ -103,7 +103,7 @@ NamedTensors consolidate_unchecked(const std::string& ckpt_path, nn::MiniLLMConf
              ckpt_path, cfg.layers, cfg.dim, cfg.vocab, cfg.resolved_ffn_hidden(),
              lora ? cfg.lora_parameters() : cfg.num_parameters(), lora ? "adapter " : "",
              double(listed));
-  nn::MiniLLM model(cfg);
+  nn::Transformer model(cfg);
   std::optional<nn::FlatParameters> base;  // LoRA: the base, built as the run built it
   if (lora) base = lora_base(m, ckpt_path, model);
   NamedTensors out;
@@ -136,7 +136,7 @@ NamedTensors consolidate_unchecked(const std::string& ckpt_path, nn::MiniLLMConf
 }
 }  // namespace
 
-NamedTensors merge_lora(const nn::MiniLLMConfig& cfg, const NamedTensors& with_adapters) {
+NamedTensors merge_lora(const nn::TransformerConfig& cfg, const NamedTensors& with_adapters) {
   std::map<std::string, Tensor> by_name(with_adapters.begin(), with_adapters.end());
   const auto rows = in_proj_rows(cfg);
   const double scale = cfg.lora.scale();
@@ -205,7 +205,7 @@ std::string lora_base_path(const std::string& ckpt_path) {
   }
 }
 
-NamedTensors to_peft(const nn::MiniLLMConfig& cfg, const NamedTensors& with_adapters) {
+NamedTensors to_peft(const nn::TransformerConfig& cfg, const NamedTensors& with_adapters) {
   FSDP_CHECK(cfg.arch == nn::Arch::llama && cfg.lora.enabled(),
              "[export] a PEFT adapter is LoRA on the llama architecture (Hugging Face names); "
              "this model is {}{}",
@@ -239,7 +239,7 @@ NamedTensors to_peft(const nn::MiniLLMConfig& cfg, const NamedTensors& with_adap
   return out;
 }
 
-std::string peft_adapter_config_json(const nn::MiniLLMConfig& cfg, const std::string& base) {
+std::string peft_adapter_config_json(const nn::TransformerConfig& cfg, const std::string& base) {
   json modules = json::array();
   for (const auto& [t, n] : kPeftModules)
     if (cfg.lora.on(t)) modules.push_back(n);
@@ -259,7 +259,7 @@ std::string peft_adapter_config_json(const nn::MiniLLMConfig& cfg, const std::st
       .dump(2);
 }
 
-NamedTensors consolidate(const std::string& ckpt_path, nn::MiniLLMConfig* cfg_out, bool merge) {
+NamedTensors consolidate(const std::string& ckpt_path, nn::TransformerConfig* cfg_out, bool merge) {
   try {
     return consolidate_unchecked(ckpt_path, cfg_out, merge);
   } catch (const json::exception& e) {  // valid JSON of the wrong shape: name the file
@@ -268,7 +268,7 @@ NamedTensors consolidate(const std::string& ckpt_path, nn::MiniLLMConfig* cfg_ou
   }
 }
 
-NamedTensors to_hf_llama(const nn::MiniLLMConfig& cfg, const NamedTensors& ours) {
+NamedTensors to_hf_llama(const nn::TransformerConfig& cfg, const NamedTensors& ours) {
   FSDP_CHECK(cfg.arch == nn::Arch::llama,
              "[export] Hugging Face names are for the llama architecture, not {}",
              nn::arch_name(cfg.arch));

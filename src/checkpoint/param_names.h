@@ -1,6 +1,6 @@
 // The llama family's parameter names in the three namings fsdp.cpp reads and writes: ours
-// (nn::MiniLLM's), Hugging Face's (LlamaForCausalLM, Qwen2ForCausalLM) and llama.cpp's (GGUF). One
-// table (param_names.cpp) that every reader and writer maps through: load_pretrained, the
+// (nn::Transformer's), Hugging Face's (LlamaForCausalLM, Qwen2ForCausalLM) and llama.cpp's (GGUF).
+// One table (param_names.cpp) that every reader and writer maps through: load_pretrained, the
 // Hugging Face and GGUF exports and the GGUF-to-Hugging Face names. Our q, k and v are one packed
 // in-projection ("layers.N.attn.in_proj_weight" and its bias), which the other two name apart.
 #pragma once

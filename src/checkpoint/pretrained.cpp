@@ -100,8 +100,8 @@ void set_eot(Pretrained& p) {
 // does not say from its own constants, as this does: every 6th layer global (the others windowed
 // by gemma3.attention.sliding_window), the local layers' rope base 10000, queries scaled by
 // 1/sqrt(head dim). Refuses rope scaling (Gemma 3 1B and up scale the global layers' rope).
-nn::MiniLLMConfig config_from_gguf_gemma3(const GgufFile& f) {
-  nn::MiniLLMConfig c;
+nn::TransformerConfig config_from_gguf_gemma3(const GgufFile& f) {
+  nn::TransformerConfig c;
   c.arch = nn::Arch::llama;
   c.dim = f.get_int("gemma3.embedding_length");
   c.layers = f.get_int("gemma3.block_count");
@@ -137,10 +137,10 @@ nn::MiniLLMConfig config_from_gguf_gemma3(const GgufFile& f) {
 
 // The model config of a llama GGUF file: gguf_llama_config's sizes (llama.* keys; GQA, the tie
 // when output.weight is absent; partial rope and rope scaling refused by name).
-nn::MiniLLMConfig config_from_gguf(const GgufFile& f) {
+nn::TransformerConfig config_from_gguf(const GgufFile& f) {
   if (f.get_string("general.architecture", "") == "gemma3") return config_from_gguf_gemma3(f);
   const GgufLlamaConfig g = gguf_llama_config(f);
-  nn::MiniLLMConfig c;
+  nn::TransformerConfig c;
   c.arch = nn::Arch::llama;
   c.vocab = g.vocab;
   c.dim = g.dim;
@@ -334,9 +334,9 @@ void open_safetensors(Pretrained& p, PretrainedSource& src) {
 
 }  // namespace
 
-nn::MiniLLMConfig config_from_family(const std::string& family, const std::string& config_json,
-                                     const std::string& where) {
-  if (family == "minillm") return nn::MiniLLMConfig::from_json(config_json);  // our own names
+nn::TransformerConfig config_from_family(const std::string& family, const std::string& config_json,
+                                         const std::string& where) {
+  if (family == "minillm") return nn::TransformerConfig::from_json(config_json);  // our own names
   const models::ModelSpec* spec = models::spec_for_hf_model_type(family);
   FSDP_CHECK(spec, "[pretrained] {}: model family '{}' is not supported; known: {}, minillm", where,
              family, models::hf_model_types());
@@ -350,7 +350,7 @@ namespace {
 // that vocabulary.
 void check_against_tensors(const Pretrained& p, const PretrainedSource& src) {
   if (!p.config) return;
-  const nn::MiniLLMConfig& cfg = *p.config;
+  const nn::TransformerConfig& cfg = *p.config;
   const bool g = src.gguf.has_value();
   auto has = [&](const std::string& n) {
     return g ? src.gguf->contains(n) : src.find(n) != nullptr;
@@ -505,7 +505,7 @@ std::optional<Stored> stored(const PretrainedSource& s, const std::string& name)
 // The tensors that hold our parameter `name`, each with the rows of the parameter it fills: one
 // for most, q/k/v for the packed in-projection (and its bias).
 std::vector<std::pair<Stored, int64_t>> parts_of(const PretrainedSource& s,
-                                                 const nn::MiniLLMConfig& cfg,
+                                                 const nn::TransformerConfig& cfg,
                                                  const std::string& name) {
   auto missing = [&](const std::string& other) {
     FSDP_FAIL("[init-from] {}: no tensor named '{}'{}", s.path, name,
@@ -549,8 +549,9 @@ std::vector<std::pair<Stored, int64_t>> parts_of(const PretrainedSource& s,
 }
 
 // The parameter's shape as the file holds it (q/k/v stacked), checked against `want`.
-void check_shape(const PretrainedSource& s, const nn::MiniLLMConfig& cfg, const std::string& name,
-                 const std::vector<std::pair<Stored, int64_t>>& parts, const Shape& want) {
+void check_shape(const PretrainedSource& s, const nn::TransformerConfig& cfg,
+                 const std::string& name, const std::vector<std::pair<Stored, int64_t>>& parts,
+                 const Shape& want) {
   const auto rows = in_proj_rows(cfg);
   for (size_t i = 0; i < parts.size(); ++i) {
     const Stored& st = parts[i].first;
@@ -570,9 +571,9 @@ void check_shape(const PretrainedSource& s, const nn::MiniLLMConfig& cfg, const 
 // 1e9) is refused by name here, not allocated.
 void check_one_layer_shapes(const Pretrained& p, const PretrainedSource& src) {
   if (!p.config) return;
-  nn::MiniLLMConfig one = *p.config;
+  nn::TransformerConfig one = *p.config;
   one.layers = 1;
-  nn::MiniLLM shapes(one);
+  nn::Transformer shapes(one);
   for (auto& [name, param] : shapes.named_parameters())
     check_shape(src, one, name, parts_of(src, one, name), param->shape);
 }
@@ -605,8 +606,8 @@ void fill_rows(const std::vector<std::pair<Stored, int64_t>>& parts, int64_t a, 
 
 }  // namespace
 
-Tensor Pretrained::read_rows(const nn::MiniLLMConfig& cfg, const std::string& name, int64_t begin,
-                             int64_t end) const {
+Tensor Pretrained::read_rows(const nn::TransformerConfig& cfg, const std::string& name,
+                             int64_t begin, int64_t end) const {
   auto parts = parts_of(*source, cfg, name);
   Shape shape = parts[0].first.shape;
   if (parts.size() == 3) shape[0] = in_proj_rows(cfg)[2].second;
@@ -620,7 +621,7 @@ Tensor Pretrained::read_rows(const nn::MiniLLMConfig& cfg, const std::string& na
   return out;
 }
 
-Tensor Pretrained::read(const nn::MiniLLMConfig& cfg, const std::string& name) const {
+Tensor Pretrained::read(const nn::TransformerConfig& cfg, const std::string& name) const {
   auto parts = parts_of(*source, cfg, name);
   if (parts.size() == 1 && !source->gguf) {
     const Tensor* t = source->find(parts[0].first.name);
@@ -633,7 +634,7 @@ Tensor Pretrained::read(const nn::MiniLLMConfig& cfg, const std::string& name) c
   return read_rows(cfg, name, 0, rows);
 }
 
-std::optional<PackedRows> Pretrained::packed_rows(const nn::MiniLLMConfig& cfg,
+std::optional<PackedRows> Pretrained::packed_rows(const nn::TransformerConfig& cfg,
                                                   const std::string& name) const {
   if (!source->gguf) return std::nullopt;
   auto parts = parts_of(*source, cfg, name);
@@ -656,8 +657,8 @@ std::optional<PackedRows> Pretrained::packed_rows(const nn::MiniLLMConfig& cfg,
   return out;
 }
 
-void Pretrained::load_into(nn::MiniLLM& model, FSDPModule* root) const {
-  const nn::MiniLLMConfig& cfg = model.config();
+void Pretrained::load_into(nn::Transformer& model, FSDPModule* root) const {
+  const nn::TransformerConfig& cfg = model.config();
   // A LoRA run's adapters are not the model's: they keep their initial values (B zero).
   if (!root) {
     for (auto& [name, p] : model.named_parameters()) {

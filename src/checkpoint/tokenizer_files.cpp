@@ -43,8 +43,8 @@ TokenizerMeta TokenizerMeta::from_json(const std::string& text, const std::strin
   }
 }
 
-std::string hf_config_json(const nn::MiniLLMConfig& cfg, DType dtype, const data::Tokenizer& tok,
-                           const TokenizerMeta& meta) {
+std::string hf_config_json(const nn::TransformerConfig& cfg, DType dtype,
+                           const data::Tokenizer& tok, const TokenizerMeta& meta) {
   const models::ModelSpec& spec = models::spec_of(cfg);
   FSDP_CHECK(spec.write_hf_config, "[hf] the {} family has no Hugging Face class ({})", spec.name,
              spec.what);
@@ -57,9 +57,8 @@ std::string hf_config_json(const nn::MiniLLMConfig& cfg, DType dtype, const data
   return j.dump(2);
 }
 
-std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const nn::MiniLLMConfig& cfg,
-                                                                    const data::Tokenizer& tok,
-                                                                    const TokenizerMeta& meta) {
+std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(
+    const nn::TransformerConfig& cfg, const data::Tokenizer& tok, const TokenizerMeta& meta) {
   auto token = [&](std::optional<int32_t> id) -> json {
     return id ? json(tok.tokens()[size_t(*id)]) : json(nullptr);
   };

@@ -33,7 +33,7 @@ constexpr std::array kSpecs = {FSDP_MODEL_FAMILIES(FSDP_SPEC_ENTRY)};
 
 std::span<const ModelSpec* const> model_specs() { return kSpecs; }
 
-const ModelSpec& spec_of(const nn::MiniLLMConfig& c) {
+const ModelSpec& spec_of(const nn::TransformerConfig& c) {
   const ModelSpec* found = nullptr;
   for (const ModelSpec* s : kSpecs)
     if (s->matches(c)) {
@@ -54,7 +54,7 @@ const ModelSpec& spec_of(const nn::MiniLLMConfig& c) {
       c.qk_norm, c.norm_plus_one, c.sandwich_norms, c.geglu, c.embed_scale, c.sliding_window);
 }
 
-const ModelSpec& spec_to_train(const nn::MiniLLMConfig& c) {
+const ModelSpec& spec_to_train(const nn::TransformerConfig& c) {
   for (const ModelSpec* s : kSpecs)
     if (s->matches(c)) return *s;
   const ModelSpec* form = spec_named(nn::arch_name(c.arch));

@@ -1,4 +1,4 @@
-// Forward and backward of the MiniLLM's building blocks, on top of fsdp::ops.
+// Forward and backward of the Transformer's building blocks, on top of fsdp::ops.
 #include "fsdp/nn/layers.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Temperature, top-k and top-p sampling from a MiniLLM, with a KV cache for llama.
+// Temperature, top-k and top-p sampling from a Transformer, with a KV cache for llama.
 #include "fsdp/nn/sample.h"
 
 #include <algorithm>
@@ -53,9 +53,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-std::vector<int32_t> sample(MiniLLM& model, std::vector<int32_t> ctx, const SampleOptions& o,
+std::vector<int32_t> sample(Transformer& model, std::vector<int32_t> ctx, const SampleOptions& o,
                             SampleStats* stats) {
-  const MiniLLMConfig& c = model.config();
+  const TransformerConfig& c = model.config();
   FSDP_CHECK(o.tokens >= 0 && o.temperature >= 0 && o.top_k >= 0 && o.max_id >= 0,
              "[sample] tokens {}, temperature {}, top_k {} and max_id {} must be >= 0", o.tokens,
              o.temperature, o.top_k, o.max_id);

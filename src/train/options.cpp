@@ -229,9 +229,9 @@ std::string flags_json(const TrainOptions& o) {
   return j.dump();
 }
 
-nn::MiniLLMConfig TrainOptions::model_config() const {
+nn::TransformerConfig TrainOptions::model_config() const {
   const ModelOptions& m = model;
-  nn::MiniLLMConfig cfg = nn::MiniLLMConfig::preset(m.preset);
+  nn::TransformerConfig cfg = nn::TransformerConfig::preset(m.preset);
   if (m.arch) cfg.arch = *m.arch;
   if (m.vocab) cfg.vocab = *m.vocab;
   if (m.dim) cfg.dim = *m.dim;

@@ -119,7 +119,7 @@ class StepReplay {
   void microbatch();
 
   const MemoryPlanOptions& o_;
-  const nn::MiniLLMConfig& c_;
+  const nn::TransformerConfig& c_;
   bool cpu_;
   AllocatorReplay r_;
   int64_t R_, d_, F_, hd_, nh_, kv_, V_, L_, q_ = 0, w_ = 0;

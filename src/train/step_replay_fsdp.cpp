@@ -57,7 +57,7 @@ StepReplay::StepReplay(const MemoryPlanOptions& o)
 // FSDPParam::place: a group's shards are the padded row chunks of its parameters (aligned at
 // one rank, where the shard is the parameter); its unsharded buffer aligns every parameter.
 void StepReplay::layout() {
-  nn::MiniLLM model(c_);  // shapes only: no tensor
+  nn::Transformer model(c_);  // shapes only: no tensor
   const int64_t n = o_.shards, align = nn::kFlatAlignElems;
   auto up = [&](int64_t x) { return (x + align - 1) / align * align; };
   auto place = [&](Group& g, const nn::Parameter& p, int64_t packed_bytes = 0) {

@@ -250,8 +250,8 @@ bool StepReplay::checkpointed(int64_t i) const {
   return o_.checkpoint_every > 0 && i % o_.checkpoint_every == 0;
 }
 
-// One microbatch: MiniLLM's forward, LMLoss, MiniLLM's backward (nn/minillm.cpp, nn/loss.cpp),
-// with the root's hooks around them.
+// One microbatch: the Transformer's forward, LMLoss, its backward (nn/transformer.cpp,
+// nn/loss.cpp), with the root's hooks around them.
 void StepReplay::microbatch() {
   Group& rg = root();
   // Root pre-forward: its all-gather, the first block's prefetched, then its wait.

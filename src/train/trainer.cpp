@@ -258,6 +258,6 @@ Trainer::~Trainer() = default;
 void Trainer::fit() { impl_->fit(); }
 int64_t Trainer::start_step() const { return impl_->start_step; }
 int64_t Trainer::steps_done() const { return impl_->steps_done; }
-nn::MiniLLM& Trainer::model() { return *impl_->model; }
+nn::Transformer& Trainer::model() { return *impl_->model; }
 
 }  // namespace fsdp::train

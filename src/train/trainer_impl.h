@@ -25,7 +25,7 @@
 #include "fsdp/distributed/device_mesh.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/models/spec.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/ceilings.h"
@@ -39,7 +39,7 @@ namespace fsdp::train {
 struct Trainer::Impl {
   TrainOptions o;
   std::shared_ptr<const checkpoint::Pretrained> pretrained;  // --init-from
-  nn::MiniLLMConfig cfg;
+  nn::TransformerConfig cfg;
   const models::ModelSpec* family;  // how the model is built and parallelized (models/spec.h)
   DType dtype;
   // LoRA on a bf16 or f16 --dtype: the frozen base's dtype (the adapters' masters are f32).
@@ -54,7 +54,7 @@ struct Trainer::Impl {
   std::shared_ptr<data::TokenSource> src, val;
   std::optional<data::Tokenizer> tokenizer;
   bool model_tokenizer = false;  // the tokenizer came with the --init-from model
-  std::unique_ptr<nn::MiniLLM> model;
+  std::unique_ptr<nn::Transformer> model;
   std::vector<nn::ParamGroup> groups;
   DataParallelModule* parallel = nullptr;  // the step's one interface: root, or replicate's
   FSDPModule* root = nullptr;              // --shard full: the sharded root, for checkpoints

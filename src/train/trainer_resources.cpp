@@ -66,7 +66,7 @@ void Trainer::Impl::check_memory_plan() {
                              (long double)dtype_size(frozen_dtype.value_or(dtype));
   if (frozen_packed) {  // a kept base: its stored bytes (the file's layers, checked on opening)
     frozen_bytes = 0;
-    nn::MiniLLM shapes(cfg);  // no storage
+    nn::Transformer shapes(cfg);  // no storage
     for (auto& [name, p] : shapes.named_parameters())
       if (!p->requires_grad) {
         const auto rows = frozen_packed(name);

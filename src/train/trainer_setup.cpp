@@ -79,8 +79,8 @@ void check_writable_dir(const std::string& dir, const char* flag, int rank) {
 // --init-from a pretrained model: the architecture is the model's. A model-shape flag that says
 // otherwise is refused by name; flags not given take the model's values; seq and batch are the
 // run's (flags, else the preset's).
-nn::MiniLLMConfig config_from_model(const TrainOptions& o, const checkpoint::Pretrained& pre) {
-  nn::MiniLLMConfig c = *pre.config;
+nn::TransformerConfig config_from_model(const TrainOptions& o, const checkpoint::Pretrained& pre) {
+  nn::TransformerConfig c = *pre.config;
   auto check = [&](const char* flag, const auto& given, const auto& model) {
     if (given)
       FSDP_CHECK(*given == model,
@@ -116,7 +116,7 @@ nn::MiniLLMConfig config_from_model(const TrainOptions& o, const checkpoint::Pre
   check("--sliding-window", o.model.sliding_window, c.sliding_window);
   check("--global-every", o.model.global_every, c.global_every);
   check("--rope-local-theta", o.model.rope_local_theta, c.rope_local_theta);
-  const nn::MiniLLMConfig preset = nn::MiniLLMConfig::preset(o.model.preset);
+  const nn::TransformerConfig preset = nn::TransformerConfig::preset(o.model.preset);
   c.seq = o.model.seq.value_or(preset.seq);
   c.batch = o.model.batch.value_or(preset.batch);
   c.lora = o.lora_config(c.arch);  // the run's adapters on the model's weights

@@ -6,7 +6,7 @@
 #include <fsdp/distributed/init.h>
 #include <fsdp/fsdp/fully_shard.h>
 #include <fsdp/nn/loss.h>
-#include <fsdp/nn/minillm.h>
+#include <fsdp/nn/transformer.h>
 #include <fsdp/ops/ops.h>
 #include <fsdp/optim/adamw.h>
 #include <fsdp/optim/clip.h>
@@ -23,17 +23,17 @@
 namespace {
 
 // A sharded model, one step, a checkpoint, and a fresh model loaded from it: the same parameters.
-bool sharded_round_trip(const fsdp::nn::MiniLLMConfig& c, const fsdp::Tensor& tokens) {
+bool sharded_round_trip(const fsdp::nn::TransformerConfig& c, const fsdp::Tensor& tokens) {
   using namespace fsdp;
   auto world = dist::init_process_group();
   auto mesh = dist::init_device_mesh({world->size()});
   const std::string dir = (std::filesystem::temp_directory_path() / "fsdp_consumer_ckpt").string();
   std::filesystem::remove_all(dir);
-  auto build = [&](nn::MiniLLM& m) -> FSDPModule& {
+  auto build = [&](nn::Transformer& m) -> FSDPModule& {
     for (size_t i = 0; i < m.layers().size(); ++i) fully_shard(m.layers()[i], mesh, {.seed = 2});
     return fully_shard(m, mesh, {.seed = 2});
   };
-  nn::MiniLLM a(c), b(c);
+  nn::Transformer a(c), b(c);
   FSDPModule& ra = build(a);
   FSDPModule& rb = build(b);
   optim::AdamW oa(ra.param_groups(0.01), {.lr = 1e-2}), ob(rb.param_groups(0.01), {.lr = 1e-2});
@@ -60,10 +60,10 @@ bool sharded_round_trip(const fsdp::nn::MiniLLMConfig& c, const fsdp::Tensor& to
 
 int main() {
   using namespace fsdp;
-  nn::MiniLLMConfig c = nn::MiniLLMConfig::preset("tiny");
+  nn::TransformerConfig c = nn::TransformerConfig::preset("tiny");
   c.arch = nn::Arch::llama;
   c.vocab = 64, c.dim = 32, c.layers = 2, c.heads = 2, c.seq = 16, c.batch = 2;
-  nn::MiniLLM model(c);
+  nn::Transformer model(c);
   auto flat = nn::materialize(model, DType::f32, 1);
   optim::AdamW opt({{flat.params, flat.grads, 0.0}}, {.lr = 1e-2});
   std::vector<int32_t> ids(size_t(c.batch * c.seq));

@@ -23,7 +23,7 @@
 
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/data/tokenizer.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 
 namespace fsdp::checkpoint {
 
@@ -48,38 +48,38 @@ struct TokenizerMeta {
 // config names, refused when its content changed since, or the run's seed's initialisation. With
 // merge (the default) the adapters are folded into the base weights (merge_lora) and *cfg has no
 // LoRA: the model every export and fsdp-generate take; without, the adapters stay beside the base.
-NamedTensors consolidate(const std::string& ckpt_path, nn::MiniLLMConfig* cfg, bool merge = true);
+NamedTensors consolidate(const std::string& ckpt_path, nn::TransformerConfig* cfg,
+                         bool merge = true);
 // W + (alpha / rank) B A for every adapted weight of a LoRA model's tensors (cfg.lora), computed
 // in f64 and stored in the weight's dtype (f32 for a bf16 or f16 weight); the adapters dropped.
-NamedTensors merge_lora(const nn::MiniLLMConfig& cfg, const NamedTensors& with_adapters);
+NamedTensors merge_lora(const nn::TransformerConfig& cfg, const NamedTensors& with_adapters);
 // A LoRA model's adapters in PEFT's format (llama architecture): adapter_model.safetensors's
 // tensors ("base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight" [r, in], lora_B
 // [out, r]; the packed in-projection's pair split into q_proj's, k_proj's and v_proj's), and its
 // adapter_config.json (r, lora_alpha, target_modules; base: base_model_name_or_path).
-NamedTensors to_peft(const nn::MiniLLMConfig& cfg, const NamedTensors& with_adapters);
+NamedTensors to_peft(const nn::TransformerConfig& cfg, const NamedTensors& with_adapters);
 // The base a LoRA checkpoint names (the run's --init-from; "" for a base from its seed).
 std::string lora_base_path(const std::string& ckpt_path);
-std::string peft_adapter_config_json(const nn::MiniLLMConfig& cfg, const std::string& base);
+std::string peft_adapter_config_json(const nn::TransformerConfig& cfg, const std::string& base);
 
 // The packed in-projection's rows, [begin, end) for q_proj, k_proj and v_proj in that order:
 // "layers.N.attn.in_proj_weight" is [(heads + 2 kv_heads) head_dim, dim] and
 // "layers.N.attn.in_proj_bias" (qkv_bias) [(heads + 2 kv_heads) head_dim].
-std::array<std::pair<int64_t, int64_t>, 3> in_proj_rows(const nn::MiniLLMConfig& cfg);
+std::array<std::pair<int64_t, int64_t>, 3> in_proj_rows(const nn::TransformerConfig& cfg);
 
 // Our names -> Hugging Face LlamaForCausalLM names (llama architecture; Qwen2ForCausalLM's with
 // qkv_bias and Qwen3ForCausalLM's with qk_norm, which are the same plus q_norm and k_norm). A tied
 // model has no lm_head.weight.
-NamedTensors to_hf_llama(const nn::MiniLLMConfig& cfg, const NamedTensors& ours);
+NamedTensors to_hf_llama(const nn::TransformerConfig& cfg, const NamedTensors& ours);
 // config.json of cfg's family (its spec's Hugging Face class, models::spec_of), with the dtype and
 // the tokenizer's BOS and EOS; refused by name for a family without a Hugging Face class (seed).
-std::string hf_config_json(const nn::MiniLLMConfig& cfg, DType dtype,
+std::string hf_config_json(const nn::TransformerConfig& cfg, DType dtype,
                            const data::Tokenizer& tok = data::Tokenizer::bytes(),
                            const TokenizerMeta& meta = {});
 // tokenizer.json, tokenizer_config.json and generation_config.json of a Hugging Face folder
 // (name -> contents), with the tokenizer's BOS and EOS.
-std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const nn::MiniLLMConfig& cfg,
-                                                                    const data::Tokenizer& tok,
-                                                                    const TokenizerMeta& meta = {});
+std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(
+    const nn::TransformerConfig& cfg, const data::Tokenizer& tok, const TokenizerMeta& meta = {});
 // Our parameter name -> Hugging Face's ("" for the packed in-projection and its bias, which split
 // in three); sandwich: a Gemma block's norms.
 std::string hf_name(const std::string& ours, bool sandwich = false);
@@ -93,14 +93,14 @@ std::string hf_name(const std::string& ours, bool sandwich = false);
 // A vocabulary without merges (the bytes) gets one that can never apply (a letter then a digit,
 // which GPT-2's split keeps apart), since llama.cpp refuses none; one without BOS and EOS gets
 // control tokens for them in unused ids where the model has two to spare.
-void write_gguf(const std::string& path, const nn::MiniLLMConfig& cfg, const NamedTensors& ours,
+void write_gguf(const std::string& path, const nn::TransformerConfig& cfg, const NamedTensors& ours,
                 DType dtype, const data::Tokenizer& tok = data::Tokenizer::bytes(),
                 const TokenizerMeta& meta = {});
 // A LoRA model's adapters as a GGUF LoRA adapter for llama.cpp's --lora (general.type adapter,
 // adapter.type lora, adapter.lora.alpha; "<base weight>.lora_a" [rank, in] and ".lora_b" [out,
 // rank] in f32, B's q and k rows permuted as the base's are), for the GGUF write_gguf makes of the
 // base: `with_adapters` holds the adapters (consolidate without merging).
-void write_gguf_lora(const std::string& path, const nn::MiniLLMConfig& cfg,
+void write_gguf_lora(const std::string& path, const nn::TransformerConfig& cfg,
                      const NamedTensors& with_adapters);
 
 }  // namespace fsdp::checkpoint

@@ -16,7 +16,7 @@
 // parameter's rows beyond its shard. Fill an unsharded model by leaving root null.
 //
 //   auto pre = checkpoint::load_pretrained("SmolLM2-135M-Instruct.Q4_1.gguf");
-//   nn::MiniLLM model(*pre.config);
+//   nn::Transformer model(*pre.config);
 //   for (auto& b : model.layers()) fully_shard(b, mesh);
 //   FSDPModule& root = fully_shard(model, mesh);
 //   pre.load_into(model, &root);                     // this rank's rows only
@@ -32,7 +32,7 @@
 #include "fsdp/core/tensor.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/fsdp/fully_shard.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 
 namespace fsdp {
 class FSDPModule;
@@ -47,7 +47,7 @@ struct Pretrained {
   std::string format;  // "gguf", "hf" (a Hugging Face folder or file), "safetensors" (ours)
   std::string family;  // "llama", "qwen2", "qwen3" (config.json's model_type; GGUF's architecture),
                        // "minillm" (fsdp-export's metadata), "" (our names, config from flags)
-  std::optional<nn::MiniLLMConfig> config;   // nullopt: the file does not say (our names)
+  std::optional<nn::TransformerConfig> config;  // nullopt: the file does not say (our names)
   std::optional<data::Tokenizer> tokenizer;  // nullopt: none beside the weights
   // Why the file's own tokenizer was not read ("" when it was, or when there is none): a GGUF's
   // SentencePiece vocabulary (tokenizer.ggml.model "llama", Gemma's). A caller then needs a
@@ -63,28 +63,28 @@ struct Pretrained {
   // Rows [begin, end) of dim 0 of our parameter `name` for model config `cfg` (the packed
   // in-projection from q/k/v), in f32, shaped like the parameter with dim 0 = end - begin.
   // Throws naming the file and the tensor when it is absent or its shape does not fit.
-  Tensor read_rows(const nn::MiniLLMConfig& cfg, const std::string& name, int64_t begin,
+  Tensor read_rows(const nn::TransformerConfig& cfg, const std::string& name, int64_t begin,
                    int64_t end) const;
   // The whole parameter; a zero-copy view of the mapping where the file holds it as it is (our
   // or Hugging Face's name, f32, not packed), else a new f32 tensor.
-  Tensor read(const nn::MiniLLMConfig& cfg, const std::string& name) const;
+  Tensor read(const nn::TransformerConfig& cfg, const std::string& name) const;
   // Our 2-D parameter `name` as the GGUF stores it, for a base kept quantized (QLoRA,
   // FullyShardOptions::frozen_packed): a run of rows per stored tensor (q, k and v for the
   // in-projection), each of its ggml type and row bytes, decoded by dequantize_row. nullopt for
   // a 1-D parameter (norms stay f32) and for sources other than GGUF.
-  std::optional<PackedRows> packed_rows(const nn::MiniLLMConfig& cfg,
+  std::optional<PackedRows> packed_rows(const nn::TransformerConfig& cfg,
                                         const std::string& name) const;
   // Fills every parameter of `model`: with `root` (fully_shard'ed), this rank's local rows of
   // each Shard(0) parameter (a packed one's stored bytes, the values checked finite as the
   // others' are); without, the whole tensors in place (p->data must be allocated).
-  void load_into(nn::MiniLLM& model, FSDPModule* root = nullptr) const;
+  void load_into(nn::Transformer& model, FSDPModule* root = nullptr) const;
 
   std::shared_ptr<const PretrainedSource> source;
 };
 
 // Opens `path` (see the top of this file). Refuses, naming the path and the reason, a path that
 // does not exist, a folder with no weights, a GGUF of another architecture, and a config the
-// MiniLLM cannot hold.
+// model cannot hold.
 Pretrained load_pretrained(const std::string& path);
 
 // What the pretrained model at `path` is by content (data::data_identity of the file, or of each
@@ -95,8 +95,8 @@ std::string model_identity(const std::string& path);
 // The model config of a config.json's model_type: the family's reader (models::ModelSpec, one per
 // folder of src/models/: llama, qwen2, qwen3, gemma3_text), or "minillm" for our own config JSON.
 // Refuses another model_type by name, listing the known ones.
-nn::MiniLLMConfig config_from_family(const std::string& family, const std::string& config_json,
-                                     const std::string& where);
+nn::TransformerConfig config_from_family(const std::string& family, const std::string& config_json,
+                                         const std::string& where);
 
 // The end-of-turn id of a chat template: ChatML's <|im_end|> or Gemma's <end_of_turn> where the
 // template writes it and the vocabulary has it, else `eos`.

@@ -8,7 +8,7 @@
 //   auto model = spec.build(cfg);
 //   models::Parallelized p = spec.parallelize(*model, {.mesh = mesh, .fsdp = {.seed = 1}});
 //
-// Every family builds the same module tree, nn::MiniLLM, whose options hold what each family
+// Every family builds the same module tree, nn::Transformer, whose options hold what each family
 // adds (q/k/v biases for qwen2, QK-norm for qwen3, Gemma 3's norms, GeGLU and sliding windows): a
 // family whose blocks need a layer nn has not yet is a new option there first, then its folder.
 //
@@ -27,7 +27,7 @@
 #include "fsdp/distributed/device_mesh.h"
 #include "fsdp/fsdp/data_parallel.h"
 #include "fsdp/fsdp/fully_shard.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/profiler/ceilings.h"
 
 namespace fsdp::models {
@@ -59,34 +59,34 @@ struct ModelSpec {
   std::string_view gguf_arch;
   bool gguf_half_split = false;
   // Whether a config is this family's, by its options (spec_of asks each family).
-  bool (*matches)(const nn::MiniLLMConfig& config);
+  bool (*matches)(const nn::TransformerConfig& config);
   // config.json's text -> our config, validated; refuses, naming `where` and the field, what the
   // family's model here cannot hold. Null where hf_model_type is "".
-  nn::MiniLLMConfig (*read_hf_config)(const std::string& text, const std::string& where);
+  nn::TransformerConfig (*read_hf_config)(const std::string& text, const std::string& where);
   // Our config -> config.json's model fields (a JSON object's text; the caller adds the dtype and
   // the token ids). Null where hf_class is "".
-  std::string (*write_hf_config)(const nn::MiniLLMConfig& config);
+  std::string (*write_hf_config)(const nn::TransformerConfig& config);
   // Refuses, by name, a config of this family that llama.cpp's architecture would compute as
   // another model (its constants differ). Null: every config of the family exports.
-  void (*check_gguf)(const nn::MiniLLMConfig& config);
+  void (*check_gguf)(const nn::TransformerConfig& config);
   // Training: the module tree, its parallelization, the config keys that a checkpoint and the run
   // resuming it must agree on, and the GEMMs of one rank's forward (rows: its tokens) with its
   // largest weight gradient (the ceiling's shapes).
-  std::unique_ptr<nn::MiniLLM> (*build)(const nn::MiniLLMConfig& config);
-  Parallelized (*parallelize)(nn::MiniLLM& model, const Parallelism& p);
+  std::unique_ptr<nn::Transformer> (*build)(const nn::TransformerConfig& config);
+  Parallelized (*parallelize)(nn::Transformer& model, const Parallelism& p);
   std::span<const std::string_view> shape_keys;
-  std::vector<profiler::GemmShape> (*gemm_shapes)(const nn::MiniLLMConfig& config);
+  std::vector<profiler::GemmShape> (*gemm_shapes)(const nn::TransformerConfig& config);
 };
 
 // Every family, in registry order.
 std::span<const ModelSpec* const> model_specs();
 // The family a config belongs to; refuses, naming the options, a config no family holds (some of
 // Gemma's options but not all, QK-norm beside q/k/v biases).
-const ModelSpec& spec_of(const nn::MiniLLMConfig& config);
+const ModelSpec& spec_of(const nn::TransformerConfig& config);
 // The family that trains a config: spec_of's, or for a mix of options no family holds (an
 // experiment: GeGLU on llama), the family of its form (seed or llama), which builds, parallelizes
 // and resumes it alike; such a model has no Hugging Face or GGUF export.
-const ModelSpec& spec_to_train(const nn::MiniLLMConfig& config);
+const ModelSpec& spec_to_train(const nn::TransformerConfig& config);
 // The family of a config.json's model_type; null when none has it.
 const ModelSpec* spec_for_hf_model_type(std::string_view model_type);
 // The family whose name is `name`; null when none.

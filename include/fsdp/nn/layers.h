@@ -1,4 +1,4 @@
-// The building blocks of the MiniLLM, each with PyTorch's parameter names and
+// The building blocks of the Transformer, each with PyTorch's parameter names and
 // default initialisation, so that state_dicts line up name for name:
 //   Linear            weight [out, in], bias [out]     U(-1/sqrt(in), 1/sqrt(in))
 //   Embedding         weight [vocab, dim]              N(0, 1)

@@ -84,7 +84,7 @@ class Module {
 
   const std::string& type_name() const { return type_name_; }
   // Whether forward computes the loss itself when the batch context has targets (BatchContext):
-  // nn::MiniLLM's head and cross-entropy a chunk of rows at a time, never the whole logits.
+  // nn::Transformer's head and cross-entropy a chunk of rows at a time, never the whole logits.
   virtual bool fuses_loss() const { return false; }
   // Dotted path from the top of the tree ("layers.3"); "" for the top.
   std::string path() const;

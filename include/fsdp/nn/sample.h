@@ -1,4 +1,4 @@
-// Sampling from a MiniLLM: temperature over the top-k likeliest ids and the
+// Sampling from a Transformer: temperature over the top-k likeliest ids and the
 // smallest set of them whose probability reaches top_p (greedy at temperature
 // 0), drawn with the counter-based generator, so a seed gives the same text at
 // any world size. The llama architecture decodes with a KV cache: the context
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "fsdp/core/device.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 
 namespace fsdp::nn {
 
@@ -41,7 +41,7 @@ struct SampleStats {
 
 // Returns the ids that follow `context` (an empty context starts from a space): `tokens` of
 // them, fewer when stop_id comes up.
-std::vector<int32_t> sample(MiniLLM& model, std::vector<int32_t> context, const SampleOptions& o,
-                            SampleStats* stats = nullptr);
+std::vector<int32_t> sample(Transformer& model, std::vector<int32_t> context,
+                            const SampleOptions& o, SampleStats* stats = nullptr);
 
 }  // namespace fsdp::nn

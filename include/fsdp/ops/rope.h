@@ -31,7 +31,7 @@ struct Rope {
 
 // f_0 .. f_{hd/2 - 1} in double (the unscaled ones exactly std::pow(theta, -2.0 * i / hd)).
 std::vector<double> rope_frequencies(const Rope& rope, int64_t hd);
-// Throws, naming `where` ("[MiniLLM]", "[hf] dir/config.json: rope_scaling") and the value, for
+// Throws, naming `where` ("[model]", "[hf] dir/config.json: rope_scaling") and the value, for
 // a scaling that is not one: factor below 1, a low frequency factor not below the high one, a
 // factor or context that is not positive and finite.
 void check_rope_scaling(const RopeScaling& s, const std::string& where);

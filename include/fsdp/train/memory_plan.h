@@ -26,12 +26,12 @@
 #include "fsdp/core/device.h"
 #include "fsdp/core/dtype.h"
 #include "fsdp/fsdp/fully_shard.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 
 namespace fsdp::train {
 
 struct MemoryPlanOptions {
-  nn::MiniLLMConfig model;  // its batch: this rank's rows of one microbatch
+  nn::TransformerConfig model;  // its batch: this rank's rows of one microbatch
   Device device = Device::cpu();
   bool fully_shard = true;  // false: --shard none, every rank holds flat replicated buffers
   int64_t shards = 1;       // ranks each parameter is sharded over

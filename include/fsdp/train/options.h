@@ -17,7 +17,7 @@
 
 #include "fsdp/core/device.h"
 #include "fsdp/core/dtype.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/optim/lr_schedule.h"
 
 namespace fsdp::train {
@@ -52,7 +52,7 @@ struct TrainOptions {
 #include "fsdp/train/flags.def"
 
   // The preset with its overrides applied, validated.
-  nn::MiniLLMConfig model_config() const;
+  nn::TransformerConfig model_config() const;
   // --lora-rank, --lora-alpha and --lora-targets for a model of `arch`, checked (rank 0: none;
   // targets "all": every projection the architecture has).
   nn::LoraConfig lora_config(nn::Arch arch) const;

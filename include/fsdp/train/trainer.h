@@ -1,4 +1,4 @@
-// The MiniLLM training loop as a library piece, in the shape of torchtitan's
+// fsdp-train's training loop as a library piece, in the shape of torchtitan's
 // Trainer: options in, a sharded run out. fsdp-train is its command line.
 //
 //   train::TrainOptions o;            // defaults: the reference script's (train/options.h)
@@ -18,7 +18,7 @@
 #include <memory>
 
 #include "fsdp/distributed/process_group.h"
-#include "fsdp/nn/minillm.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/train/options.h"
 
 namespace fsdp::train {
@@ -46,7 +46,7 @@ class Trainer {
   void fit();
   int64_t start_step() const;
   int64_t steps_done() const;  // the step fit() stopped after (steps, or earlier on a signal)
-  nn::MiniLLM& model();
+  nn::Transformer& model();
 
  private:
   struct Impl;

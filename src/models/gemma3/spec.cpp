@@ -26,7 +26,7 @@ namespace {
 
 using json = nlohmann::json;
 
-bool matches(const nn::MiniLLMConfig& c) {
+bool matches(const nn::TransformerConfig& c) {
   return c.arch == nn::Arch::llama && c.qk_norm && c.norm_plus_one && c.sandwich_norms && c.geglu &&
          c.embed_scale && !c.qkv_bias;
 }
@@ -37,7 +37,7 @@ bool matches(const nn::MiniLLMConfig& c) {
 // rope_local_base_freq on the local ones, tied. Refuses by name what the model cannot hold: a
 // query_pre_attn_scalar other than head_dim, logit softcapping, rope scaling, biases, a layer
 // pattern that is not "every Nth global", another activation, bidirectional attention.
-nn::MiniLLMConfig read(const std::string& text, const std::string& where) {
+nn::TransformerConfig read(const std::string& text, const std::string& where) {
   json j;
   try {
     j = json::parse(text);
@@ -60,7 +60,7 @@ nn::MiniLLMConfig read(const std::string& text, const std::string& where) {
     FSDP_CHECK(!jf::member(j, key), "[hf] {}: {} {} ({}) is not supported", where, key,
                j[key].dump(), what);
   };
-  nn::MiniLLMConfig c;
+  nn::TransformerConfig c;
   c.arch = nn::Arch::llama;
   c.dim = num("hidden_size");
   c.ffn_hidden = num("intermediate_size");
@@ -124,7 +124,7 @@ nn::MiniLLMConfig read(const std::string& text, const std::string& where) {
 }
 
 // Gemma3ForCausalLM's config.json.
-std::string write(const nn::MiniLLMConfig& cfg) {
+std::string write(const nn::TransformerConfig& cfg) {
   FSDP_CHECK(!cfg.rope_scaling.enabled(), "[hf] Gemma3ForCausalLM takes no llama3 rope scaling");
   json types = json::array();
   for (int64_t i = 0; i < cfg.layers; ++i)
@@ -158,7 +158,7 @@ std::string write(const nn::MiniLLMConfig& cfg) {
 // llama.cpp's gemma3 takes its window pattern (every 6th layer global), its local layers' rope
 // base (10000) and its query scale (1/sqrt(head dim)) as constants: a model that differs would
 // load as another model, so it is refused.
-void check_gguf(const nn::MiniLLMConfig& cfg) {
+void check_gguf(const nn::TransformerConfig& cfg) {
   FSDP_CHECK((cfg.sliding_window == 0 || cfg.global_every == 6) && cfg.rope_local_theta == 10000.0,
              "[gguf] llama.cpp's gemma3 makes every 6th layer global with a local rope base of "
              "10000; this model's global_every {} and rope_local_theta {} would load as another "
@@ -169,7 +169,7 @@ void check_gguf(const nn::MiniLLMConfig& cfg) {
 
 }  // namespace
 
-// It builds and parallelizes as llama does (Gemma's options are nn::MiniLLM's).
+// It builds and parallelizes as llama does (Gemma's options are nn::Transformer's).
 const ModelSpec spec = {
     .name = "gemma3",
     .what =

@@ -15,10 +15,10 @@ namespace fsdp::models::llama {
 
 extern const ModelSpec spec;  // the llama family's (spec.cpp)
 
-// nn::MiniLLM of the config.
-std::unique_ptr<nn::MiniLLM> build(const nn::MiniLLMConfig& config);
+// nn::Transformer of the config.
+std::unique_ptr<nn::Transformer> build(const nn::TransformerConfig& config);
 // fully_shard on each block, then on the root (or replicate), then activation checkpointing.
-Parallelized parallelize(nn::MiniLLM& model, const Parallelism& p);
+Parallelized parallelize(nn::Transformer& model, const Parallelism& p);
 // Every config value that changes the function, not just the shapes: a resume with another rope
 // theta or norm epsilon would go on training a different model from the checkpoint's weights.
 // (A LoRA run's adapters, "lora", are part of the model: a resume must have the same ones.)
@@ -26,20 +26,20 @@ inline constexpr std::array<std::string_view, 15> kShapeKeys = {
     "arch",       "vocab",      "dim",          "layers",         "heads",
     "ffn_hidden", "kv_heads",   "head_dim",     "tie_embeddings", "qkv_bias",
     "qk_norm",    "rope_theta", "rope_scaling", "norm_eps",       "lora"};
-std::vector<profiler::GemmShape> gemm_shapes(const nn::MiniLLMConfig& config);
+std::vector<profiler::GemmShape> gemm_shapes(const nn::TransformerConfig& config);
 
 // Whether a llama config has any of Gemma 3's options (then it is gemma3's, or no family's).
-bool has_gemma_options(const nn::MiniLLMConfig& c);
+bool has_gemma_options(const nn::TransformerConfig& c);
 
 // A config.json of LlamaForCausalLM's form, for `model_type` (llama, qwen2 or qwen3): the sizes,
 // rope_theta and Llama 3's rope scaling (transformers 4's rope_scaling and 5's rope_parameters),
 // GQA, head_dim, tie_word_embeddings; attention_bias, mlp_bias, sliding windows and another
 // activation refused by name. qwen2 sets qkv_bias, qwen3 qk_norm.
-nn::MiniLLMConfig read_hf_config(const std::string& text, const std::string& where,
-                                 std::string_view model_type);
+nn::TransformerConfig read_hf_config(const std::string& text, const std::string& where,
+                                     std::string_view model_type);
 // config.json's model fields of LlamaForCausalLM's form for the family `spec`.
-nlohmann::json hf_config(const nn::MiniLLMConfig& c, const ModelSpec& spec);
+nlohmann::json hf_config(const nn::TransformerConfig& c, const ModelSpec& spec);
 // Llama 3's rope scaling refused for llama.cpp architectures that take none (qwen2, qwen3).
-void check_no_rope_scaling_in_gguf(const nn::MiniLLMConfig& c, std::string_view arch);
+void check_no_rope_scaling_in_gguf(const nn::TransformerConfig& c, std::string_view arch);
 
 }  // namespace fsdp::models::llama

@@ -24,11 +24,11 @@ namespace fsdp::models::llama {
 
 using json = nlohmann::json;
 
-std::unique_ptr<nn::MiniLLM> build(const nn::MiniLLMConfig& config) {
-  return std::make_unique<nn::MiniLLM>(config);
+std::unique_ptr<nn::Transformer> build(const nn::TransformerConfig& config) {
+  return std::make_unique<nn::Transformer>(config);
 }
 
-Parallelized parallelize(nn::MiniLLM& model, const Parallelism& p) {
+Parallelized parallelize(nn::Transformer& model, const Parallelism& p) {
   Parallelized out;
   if (!p.replicate) {
     for (nn::Module& block : model.layers()) fully_shard(block, p.mesh, p.fsdp);
@@ -44,7 +44,7 @@ Parallelized parallelize(nn::MiniLLM& model, const Parallelism& p) {
   return out;
 }
 
-std::vector<profiler::GemmShape> gemm_shapes(const nn::MiniLLMConfig& c) {
+std::vector<profiler::GemmShape> gemm_shapes(const nn::TransformerConfig& c) {
   const int64_t rows = c.batch * c.seq, d = c.dim, hd = c.resolved_head_dim();
   const int64_t f = c.resolved_ffn_hidden(), q = c.heads * hd;
   return {{rows, q + 2 * c.resolved_kv_heads() * hd, d},  // q, k and v, packed
@@ -55,12 +55,12 @@ std::vector<profiler::GemmShape> gemm_shapes(const nn::MiniLLMConfig& c) {
           {f, d, rows}};                                  // the FFN's weight gradient
 }
 
-bool has_gemma_options(const nn::MiniLLMConfig& c) {
+bool has_gemma_options(const nn::TransformerConfig& c) {
   return c.norm_plus_one || c.sandwich_norms || c.geglu || c.embed_scale || c.sliding_window > 0;
 }
 
-nn::MiniLLMConfig read_hf_config(const std::string& text, const std::string& where,
-                                 std::string_view model_type) {
+nn::TransformerConfig read_hf_config(const std::string& text, const std::string& where,
+                                     std::string_view model_type) {
   json j;
   try {
     j = json::parse(text);
@@ -79,7 +79,7 @@ nn::MiniLLMConfig read_hf_config(const std::string& text, const std::string& whe
     FSDP_CHECK(v, "[hf] {}: no integer '{}'", where, key);
     return field(key).integer(*v);
   };
-  nn::MiniLLMConfig c;
+  nn::TransformerConfig c;
   c.arch = nn::Arch::llama;
   c.dim = num("hidden_size");
   c.ffn_hidden = num("intermediate_size");
@@ -160,7 +160,7 @@ nn::MiniLLMConfig read_hf_config(const std::string& text, const std::string& whe
   return c;
 }
 
-json hf_config(const nn::MiniLLMConfig& c, const ModelSpec& spec) {
+json hf_config(const nn::TransformerConfig& c, const ModelSpec& spec) {
   json j = {{"architectures", {spec.hf_class}},
             {"model_type", spec.hf_model_type},
             {"hidden_size", c.dim},
@@ -192,22 +192,22 @@ json hf_config(const nn::MiniLLMConfig& c, const ModelSpec& spec) {
   return j;
 }
 
-void check_no_rope_scaling_in_gguf(const nn::MiniLLMConfig& c, std::string_view arch) {
+void check_no_rope_scaling_in_gguf(const nn::TransformerConfig& c, std::string_view arch) {
   FSDP_CHECK(!c.rope_scaling.enabled(),
              "[gguf] llama.cpp's {} takes no Llama 3 rope scaling (rope_freqs)", arch);
 }
 
 namespace {
 
-bool matches(const nn::MiniLLMConfig& c) {
+bool matches(const nn::TransformerConfig& c) {
   return c.arch == nn::Arch::llama && !c.qkv_bias && !c.qk_norm && !has_gemma_options(c);
 }
 
-nn::MiniLLMConfig read(const std::string& text, const std::string& where) {
+nn::TransformerConfig read(const std::string& text, const std::string& where) {
   return read_hf_config(text, where, "llama");
 }
 
-std::string write(const nn::MiniLLMConfig& c) { return hf_config(c, spec).dump(); }
+std::string write(const nn::TransformerConfig& c) { return hf_config(c, spec).dump(); }
 
 }  // namespace
 

@@ -13,22 +13,24 @@ extern const ModelSpec spec;
 
 namespace {
 
-bool matches(const nn::MiniLLMConfig& c) {
+bool matches(const nn::TransformerConfig& c) {
   return c.arch == nn::Arch::llama && c.qkv_bias && !c.qk_norm && !llama::has_gemma_options(c);
 }
 
-nn::MiniLLMConfig read(const std::string& text, const std::string& where) {
+nn::TransformerConfig read(const std::string& text, const std::string& where) {
   return llama::read_hf_config(text, where, "qwen2");
 }
 
-std::string write(const nn::MiniLLMConfig& c) {
+std::string write(const nn::TransformerConfig& c) {
   nlohmann::json j = llama::hf_config(c, spec);
   j.erase("attention_bias");  // Qwen2's biases are on q, k and v always
   j["use_sliding_window"] = false;
   return j.dump();
 }
 
-void check_gguf(const nn::MiniLLMConfig& c) { llama::check_no_rope_scaling_in_gguf(c, "qwen2"); }
+void check_gguf(const nn::TransformerConfig& c) {
+  llama::check_no_rope_scaling_in_gguf(c, "qwen2");
+}
 
 }  // namespace
 

@@ -13,21 +13,23 @@ extern const ModelSpec spec;
 
 namespace {
 
-bool matches(const nn::MiniLLMConfig& c) {
+bool matches(const nn::TransformerConfig& c) {
   return c.arch == nn::Arch::llama && c.qk_norm && !c.qkv_bias && !llama::has_gemma_options(c);
 }
 
-nn::MiniLLMConfig read(const std::string& text, const std::string& where) {
+nn::TransformerConfig read(const std::string& text, const std::string& where) {
   return llama::read_hf_config(text, where, "qwen3");
 }
 
-std::string write(const nn::MiniLLMConfig& c) {
+std::string write(const nn::TransformerConfig& c) {
   nlohmann::json j = llama::hf_config(c, spec);
   j["use_sliding_window"] = false;
   return j.dump();
 }
 
-void check_gguf(const nn::MiniLLMConfig& c) { llama::check_no_rope_scaling_in_gguf(c, "qwen3"); }
+void check_gguf(const nn::TransformerConfig& c) {
+  llama::check_no_rope_scaling_in_gguf(c, "qwen3");
+}
 
 }  // namespace
 

@@ -10,10 +10,10 @@ namespace fsdp::models::seed {
 extern const ModelSpec spec;
 
 namespace {
-bool matches(const nn::MiniLLMConfig& c) { return c.arch == nn::Arch::seed; }
+bool matches(const nn::TransformerConfig& c) { return c.arch == nn::Arch::seed; }
 }  // namespace
 
-// It builds, parallelizes and resumes as llama does (one module class, nn::MiniLLM).
+// It builds, parallelizes and resumes as llama does (one module class, nn::Transformer).
 const ModelSpec spec = {
     .name = "seed",
     .what =

@@ -1,5 +1,5 @@
-// MiniLLM assembly, presets and validation.
-#include "fsdp/nn/minillm.h"
+// nn::Transformer (every model family's module tree) assembly, presets and validation.
+#include "fsdp/nn/transformer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,13 +19,13 @@ namespace fsdp::nn {
 Arch parse_arch(const std::string& s) {
   if (s == "seed") return Arch::seed;
   if (s == "llama") return Arch::llama;
-  FSDP_FAIL("[MiniLLM] unknown arch '{}'; expected seed or llama", s);
+  FSDP_FAIL("[model] unknown arch '{}'; expected seed or llama", s);
 }
 
 std::string arch_name(Arch a) { return a == Arch::seed ? "seed" : "llama"; }
 
-MiniLLMConfig MiniLLMConfig::preset(const std::string& name) {
-  MiniLLMConfig c;
+TransformerConfig TransformerConfig::preset(const std::string& name) {
+  TransformerConfig c;
   if (name == "seed") return c;
   if (name == "tiny") {
     c.vocab = 4096;
@@ -36,10 +36,10 @@ MiniLLMConfig MiniLLMConfig::preset(const std::string& name) {
     c.batch = 8;
     return c;
   }
-  FSDP_FAIL("[MiniLLM] unknown preset '{}'; expected seed or tiny", name);
+  FSDP_FAIL("[model] unknown preset '{}'; expected seed or tiny", name);
 }
 
-std::string MiniLLMConfig::to_json() const {
+std::string TransformerConfig::to_json() const {
   nlohmann::json j = {{"arch", arch_name(arch)},
                       {"vocab", vocab},
                       {"dim", dim},
@@ -78,19 +78,19 @@ std::string MiniLLMConfig::to_json() const {
   return j.dump();
 }
 
-MiniLLMConfig MiniLLMConfig::from_json(const std::string& text) {
-  MiniLLMConfig c;
+TransformerConfig TransformerConfig::from_json(const std::string& text) {
+  TransformerConfig c;
   try {
     const nlohmann::json j = nlohmann::json::parse(text);
     // Integer fields must be JSON integers: a float such as 3e48 would not fit (nlohmann's
     // conversion of it is undefined behaviour).
     auto integer = [&](const char* key, int64_t fallback, bool required) -> int64_t {
       if (!j.contains(key)) {
-        FSDP_CHECK(!required, "[MiniLLM] config has no '{}'", key);
+        FSDP_CHECK(!required, "[model] config has no '{}'", key);
         return fallback;
       }
-      FSDP_CHECK(j[key].is_number_integer(),
-                 "[MiniLLM] config field '{}' must be an integer, got {}", key, j[key].dump());
+      FSDP_CHECK(j[key].is_number_integer(), "[model] config field '{}' must be an integer, got {}",
+                 key, j[key].dump());
       return j[key].get<int64_t>();
     };
     c.arch = parse_arch(j.at("arch").get<std::string>());
@@ -106,7 +106,7 @@ MiniLLMConfig MiniLLMConfig::from_json(const std::string& text) {
     c.head_dim = integer("head_dim", 0, false);
     auto boolean = [&](const char* key) {
       if (!j.contains(key)) return false;
-      FSDP_CHECK(j[key].is_boolean(), "[MiniLLM] config field '{}' must be true or false, got {}",
+      FSDP_CHECK(j[key].is_boolean(), "[model] config field '{}' must be true or false, got {}",
                  key, j[key].dump());
       return j[key].get<bool>();
     };
@@ -121,7 +121,7 @@ MiniLLMConfig MiniLLMConfig::from_json(const std::string& text) {
     c.global_every = integer("global_every", 0, false);
     if (j.contains("rope_local_theta")) {
       FSDP_CHECK(j["rope_local_theta"].is_number(),
-                 "[MiniLLM] config field 'rope_local_theta' must be a number, got {}",
+                 "[model] config field 'rope_local_theta' must be a number, got {}",
                  j["rope_local_theta"].dump());
       c.rope_local_theta = j["rope_local_theta"].get<double>();
     }
@@ -130,7 +130,7 @@ MiniLLMConfig MiniLLMConfig::from_json(const std::string& text) {
       FSDP_CHECK(l.is_object() && l.contains("rank") && l["rank"].is_number_integer() &&
                      l.contains("alpha") && l["alpha"].is_number() && l.contains("targets") &&
                      l["targets"].is_string(),
-                 "[MiniLLM] config field 'lora' must be an object of an integer rank, a number "
+                 "[model] config field 'lora' must be an object of an integer rank, a number "
                  "alpha and a string of targets, got {}",
                  l.dump());
       c.lora = {.rank = l["rank"].get<int64_t>(),
@@ -140,11 +140,11 @@ MiniLLMConfig MiniLLMConfig::from_json(const std::string& text) {
     if (j.contains("rope_scaling")) {
       const nlohmann::json& s = j["rope_scaling"];
       FSDP_CHECK(s.is_object() && s.value("type", "") == "llama3",
-                 "[MiniLLM] config field 'rope_scaling' must be an object of type llama3, got {}",
+                 "[model] config field 'rope_scaling' must be an object of type llama3, got {}",
                  s.dump());
       auto number = [&](const char* key) {
         FSDP_CHECK(s.contains(key) && s[key].is_number(),
-                   "[MiniLLM] config field 'rope_scaling.{}' must be a number, got {}", key,
+                   "[model] config field 'rope_scaling.{}' must be a number, got {}", key,
                    s.contains(key) ? s[key].dump() : "nothing");
         return s[key].get<double>();
       };
@@ -154,59 +154,59 @@ MiniLLMConfig MiniLLMConfig::from_json(const std::string& text) {
                         .original_context = number("original_context")};
     }
   } catch (const nlohmann::json::exception& e) {
-    FSDP_FAIL("[MiniLLM] config {}: {}", text.size() > 200 ? text.substr(0, 200) + "..." : text,
+    FSDP_FAIL("[model] config {}: {}", text.size() > 200 ? text.substr(0, 200) + "..." : text,
               e.what());
   }
   c.validate();
   return c;
 }
 
-int64_t MiniLLMConfig::resolved_ffn_hidden() const {
+int64_t TransformerConfig::resolved_ffn_hidden() const {
   if (ffn_hidden > 0) return ffn_hidden;
   if (arch == Arch::seed) return 4 * dim;
   const int64_t h = 2 * (4 * dim) / 3;  // llama: 2/3 of 4d, rounded up to a multiple of 256
   return (h + 255) / 256 * 256;
 }
 
-void MiniLLMConfig::validate() const {
-  FSDP_CHECK(vocab > 0, "[MiniLLM] vocab must be positive, got {}", vocab);
-  FSDP_CHECK(dim > 0, "[MiniLLM] dim must be positive, got {}", dim);
-  FSDP_CHECK(layers > 0, "[MiniLLM] layers must be positive, got {}", layers);
-  FSDP_CHECK(heads > 0, "[MiniLLM] heads must be positive, got {}", heads);
-  FSDP_CHECK(kv_heads >= 0, "[MiniLLM] kv_heads must be >= 0 (0 = heads), got {}", kv_heads);
-  FSDP_CHECK(head_dim >= 0, "[MiniLLM] head_dim must be >= 0 (0 = dim / heads), got {}", head_dim);
+void TransformerConfig::validate() const {
+  FSDP_CHECK(vocab > 0, "[model] vocab must be positive, got {}", vocab);
+  FSDP_CHECK(dim > 0, "[model] dim must be positive, got {}", dim);
+  FSDP_CHECK(layers > 0, "[model] layers must be positive, got {}", layers);
+  FSDP_CHECK(heads > 0, "[model] heads must be positive, got {}", heads);
+  FSDP_CHECK(kv_heads >= 0, "[model] kv_heads must be >= 0 (0 = heads), got {}", kv_heads);
+  FSDP_CHECK(head_dim >= 0, "[model] head_dim must be >= 0 (0 = dim / heads), got {}", head_dim);
   FSDP_CHECK(head_dim > 0 || dim % heads == 0,
-             "[MiniLLM] dim {} is not divisible by heads {} (state head_dim to decouple them)", dim,
+             "[model] dim {} is not divisible by heads {} (state head_dim to decouple them)", dim,
              heads);
   FSDP_CHECK(heads % resolved_kv_heads() == 0,
-             "[MiniLLM] heads {} is not divisible by kv_heads {}: each kv head serves a whole "
+             "[model] heads {} is not divisible by kv_heads {}: each kv head serves a whole "
              "group of query heads",
              heads, resolved_kv_heads());
   if (arch == Arch::seed) {
     FSDP_CHECK(resolved_kv_heads() == heads,
-               "[MiniLLM] kv_heads {} is for arch llama; seed is nn.MultiheadAttention (kv_heads "
+               "[model] kv_heads {} is for arch llama; seed is nn.MultiheadAttention (kv_heads "
                "= heads {})",
                kv_heads, heads);
     FSDP_CHECK(head_dim == 0 || head_dim * heads == dim,
-               "[MiniLLM] head_dim {} is for arch llama; seed's head dim is dim / heads = {}",
+               "[model] head_dim {} is for arch llama; seed's head dim is dim / heads = {}",
                head_dim, dim / heads);
     FSDP_CHECK(!tie_embeddings,
-               "[MiniLLM] tie_embeddings is for arch llama; seed has an untied "
+               "[model] tie_embeddings is for arch llama; seed has an untied "
                "head");
     FSDP_CHECK(!qkv_bias,
-               "[MiniLLM] qkv_bias is for arch llama; seed's in-projection already "
+               "[model] qkv_bias is for arch llama; seed's in-projection already "
                "has a bias");
-    FSDP_CHECK(!qk_norm, "[MiniLLM] qk_norm is for arch llama; seed has no norm on q and k");
+    FSDP_CHECK(!qk_norm, "[model] qk_norm is for arch llama; seed has no norm on q and k");
     FSDP_CHECK(!rope_scaling.enabled(),
-               "[MiniLLM] rope_scaling is for arch llama; seed has no rotary embedding");
+               "[model] rope_scaling is for arch llama; seed has no rotary embedding");
     FSDP_CHECK(!norm_plus_one && !sandwich_norms && !geglu && !embed_scale && sliding_window == 0 &&
                    rope_local_theta == 0,
-               "[MiniLLM] Gemma's options (norm_plus_one, sandwich_norms, geglu, embed_scale, "
+               "[model] Gemma's options (norm_plus_one, sandwich_norms, geglu, embed_scale, "
                "sliding_window, rope_local_theta) are for arch llama");
   }
-  FSDP_CHECK(seq > 0, "[MiniLLM] seq must be positive, got {}", seq);
-  FSDP_CHECK(batch > 0, "[MiniLLM] batch must be positive, got {}", batch);
-  FSDP_CHECK(ffn_hidden >= 0, "[MiniLLM] ffn hidden size must be >= 0 (0 = default), got {}",
+  FSDP_CHECK(seq > 0, "[model] seq must be positive, got {}", seq);
+  FSDP_CHECK(batch > 0, "[model] batch must be positive, got {}", batch);
+  FSDP_CHECK(ffn_hidden >= 0, "[model] ffn hidden size must be >= 0 (0 = default), got {}",
              ffn_hidden);
   // Sizes whose products (a weight, one step's logits) overflow 64 bits are refused here, not
   // later as a negative tensor size.
@@ -219,7 +219,7 @@ void MiniLLMConfig::validate() const {
                                 {"ffn_hidden", ffn_hidden},
                                 {"kv_heads", kv_heads},
                                 {"head_dim", head_dim}})
-    FSDP_CHECK(v <= (int64_t(1) << 40), "[MiniLLM] {} {} is over 2^40: its sizes would overflow",
+    FSDP_CHECK(v <= (int64_t(1) << 40), "[model] {} {} is over 2^40: its sizes would overflow",
                name, v);
   {
     int64_t p = 0, rows = 0;
@@ -231,39 +231,39 @@ void MiniLLMConfig::validate() const {
         __builtin_mul_overflow(rows, std::max(f, q), &p) ||
         __builtin_mul_overflow(p, int64_t(8), &p);
     FSDP_CHECK(!overflow,
-               "[MiniLLM] vocab {}, dim {}, ffn hidden {}, batch {} x seq {}: the weights' or a "
+               "[model] vocab {}, dim {}, ffn hidden {}, batch {} x seq {}: the weights' or a "
                "step's sizes overflow 64 bits",
                vocab, dim, f, batch, seq);
   }
   if (arch == Arch::llama) {
     FSDP_CHECK(resolved_head_dim() % 2 == 0,
-               "[MiniLLM] llama's rotary embedding needs an even head dim, got {}{}",
+               "[model] llama's rotary embedding needs an even head dim, got {}{}",
                resolved_head_dim(),
                head_dim > 0 ? std::string(" (head_dim)")
                             : fmt::format(" (dim {} / heads {})", dim, heads));
-    FSDP_CHECK(rope_theta > 0, "[MiniLLM] rope theta must be positive, got {}", rope_theta);
-    ops::check_rope_scaling(rope_scaling, "[MiniLLM]");
+    FSDP_CHECK(rope_theta > 0, "[model] rope theta must be positive, got {}", rope_theta);
+    ops::check_rope_scaling(rope_scaling, "[model]");
     FSDP_CHECK(sliding_window >= 0 && global_every >= 0,
-               "[MiniLLM] sliding_window {} and global_every {} must be >= 0", sliding_window,
+               "[model] sliding_window {} and global_every {} must be >= 0", sliding_window,
                global_every);
     FSDP_CHECK(sliding_window > 0 || global_every == 0,
-               "[MiniLLM] global_every {} needs a sliding_window", global_every);
+               "[model] global_every {} needs a sliding_window", global_every);
     FSDP_CHECK(rope_local_theta >= 0 && std::isfinite(rope_local_theta),
-               "[MiniLLM] rope_local_theta {} must be >= 0 (0: rope_theta)", rope_local_theta);
+               "[model] rope_local_theta {} must be >= 0 (0: rope_theta)", rope_local_theta);
   }
-  if (norm_eps) FSDP_CHECK(*norm_eps >= 0, "[MiniLLM] norm eps must be >= 0, got {}", *norm_eps);
+  if (norm_eps) FSDP_CHECK(*norm_eps >= 0, "[model] norm eps must be >= 0, got {}", *norm_eps);
   if (lora.rank != 0 || lora.targets != 0) {
     FSDP_CHECK(lora.rank > 0 && lora.rank <= (int64_t(1) << 20) && lora.alpha > 0 &&
                    std::isfinite(lora.alpha) && lora.targets != 0,
-               "[MiniLLM] LoRA needs a rank in [1, 2^20], a positive alpha and at least one "
+               "[model] LoRA needs a rank in [1, 2^20], a positive alpha and at least one "
                "target; got rank {}, alpha {}, targets '{}'",
                lora.rank, lora.alpha, lora_target_names(lora.targets));
     FSDP_CHECK(arch == Arch::llama || !lora.on(LoraTarget::gate),
-               "[MiniLLM] LoRA target gate: arch seed's FFN has no gate projection");
+               "[model] LoRA target gate: arch seed's FFN has no gate projection");
   }
 }
 
-int64_t MiniLLMConfig::matmul_params() const {
+int64_t TransformerConfig::matmul_params() const {
   const int64_t h = resolved_ffn_hidden();
   const int64_t ffn = (arch == Arch::seed ? 2 : 3) * dim * h;
   const int64_t hd = resolved_head_dim(), q = heads * hd, kv = resolved_kv_heads() * hd;
@@ -271,7 +271,7 @@ int64_t MiniLLMConfig::matmul_params() const {
   return layers * (attn + ffn) + vocab * dim;         // the head, tied or not
 }
 
-int64_t MiniLLMConfig::num_parameters() const {
+int64_t TransformerConfig::num_parameters() const {
   // In long double: a crafted config (2^40 layers of 2^20 wide) saturates, never wraps.
   using LD = long double;
   const LD d = LD(dim), h = LD(resolved_ffn_hidden()), hd = LD(resolved_head_dim());
@@ -293,7 +293,7 @@ int64_t MiniLLMConfig::num_parameters() const {
                                                       : int64_t(n);
 }
 
-int64_t MiniLLMConfig::lora_parameters() const {
+int64_t TransformerConfig::lora_parameters() const {
   if (!lora.enabled()) return 0;
   const int64_t d = dim, h = resolved_ffn_hidden(), hd = resolved_head_dim();
   const int64_t q = heads * hd, kv = resolved_kv_heads() * hd, r = lora.rank;
@@ -313,15 +313,15 @@ int64_t MiniLLMConfig::lora_parameters() const {
   return layers * block;
 }
 
-bool MiniLLMConfig::layer_global(int64_t i) const {
+bool TransformerConfig::layer_global(int64_t i) const {
   return sliding_window == 0 || (global_every > 0 && (i + 1) % global_every == 0);
 }
 
-int64_t MiniLLMConfig::layer_window(int64_t i) const {
+int64_t TransformerConfig::layer_window(int64_t i) const {
   return layer_global(i) ? 0 : sliding_window;
 }
 
-double MiniLLMConfig::flops_per_token() const {
+double TransformerConfig::flops_per_token() const {
   double keys = 0;  // the keys each query's scores and weighted sum run over, summed over layers
   for (int64_t i = 0; i < layers; ++i)
     keys += double(layer_window(i) > 0 ? std::min(layer_window(i), seq) : seq);
@@ -331,7 +331,7 @@ double MiniLLMConfig::flops_per_token() const {
   return 6.0 * double(matmul_params()) + attention;
 }
 
-MiniLLM::MiniLLM(const MiniLLMConfig& cfg) : Module("MiniLLM"), cfg_(cfg) {
+Transformer::Transformer(const TransformerConfig& cfg) : Module("Transformer"), cfg_(cfg) {
   cfg.validate();
   AttentionOptions attn;
   FeedForward::Kind ffn_kind = FeedForward::Kind::silu_mlp;
@@ -379,30 +379,29 @@ bool is_lora_parameter(const std::string& name) {
   return name.ends_with("lora_A") || name.ends_with("lora_B");
 }
 
-double MiniLLM::embed_scale(DType dtype) const {
+double Transformer::embed_scale(DType dtype) const {
   // sqrt(dim) rounded to the activations' dtype, as Gemma's embed_scale.to(weight.dtype)
   return Tensor::full({1}, std::sqrt(double(cfg_.dim)), dtype).to(DType::f64).to_f64_vector()[0];
 }
 
-void MiniLLM::start_kv_cache(int64_t capacity) {
+void Transformer::start_kv_cache(int64_t capacity) {
   FSDP_CHECK(cfg_.arch == Arch::llama,
-             "[MiniLLM] a KV cache needs causal attention: arch llama, not {}",
-             arch_name(cfg_.arch));
+             "[model] a KV cache needs causal attention: arch llama, not {}", arch_name(cfg_.arch));
   for (size_t i = 0; i < layers_->size(); ++i)
     dynamic_cast<TransformerBlock&>((*layers_)[i]).attn().start_kv_cache(capacity);
 }
 
-void MiniLLM::stop_kv_cache() {
+void Transformer::stop_kv_cache() {
   for (size_t i = 0; i < layers_->size(); ++i)
     dynamic_cast<TransformerBlock&>((*layers_)[i]).attn().stop_kv_cache();
 }
 
-int64_t MiniLLM::kv_length() {
+int64_t Transformer::kv_length() {
   return layers_->size() ? dynamic_cast<TransformerBlock&>((*layers_)[0]).attn().kv_length() : -1;
 }
 
-Tensor MiniLLM::forward_impl(const Tensor& tokens) {
-  FSDP_CHECK(tokens.dim() == 2, "[MiniLLM] tokens must be [batch, seq], got {}",
+Tensor Transformer::forward_impl(const Tensor& tokens) {
+  FSDP_CHECK(tokens.dim() == 2, "[model] tokens must be [batch, seq], got {}",
              shape_str(tokens.shape()));
   Tensor e = embed_->forward(tokens);
   if (cfg_.embed_scale) ops::scale_(e, embed_scale(e.dtype()));
@@ -419,11 +418,11 @@ Tensor MiniLLM::forward_impl(const Tensor& tokens) {
   return ops::linear_forward(x, embed_->weight().data, Tensor());
 }
 
-Tensor MiniLLM::backward_impl(const Tensor& dlogits) {
+Tensor Transformer::backward_impl(const Tensor& dlogits) {
   Tensor dx;
   if (loss_.pending()) {  // the fused loss: its dx, and the head's gradient added chunk by chunk
     FSDP_CHECK(!dlogits.defined(),
-               "[MiniLLM] backward after a fused loss takes no gradient (the context's "
+               "[model] backward after a fused loss takes no gradient (the context's "
                "loss_scale is d(loss)); got {}",
                shape_str(dlogits.shape()));
     Parameter& w = head_ ? head_->weight() : embed_->weight();

@@ -1,7 +1,8 @@
-// The MiniLLM: embedding, N transformer blocks, [final norm], head (untied, or llama's tied to
-// the embedding).
+// nn::Transformer, the module tree every model family builds (fsdp/models/spec.h: each family is
+// a set of these options, read from its files): embedding, N transformer blocks, [final norm],
+// head (untied, or llama's tied to the embedding).
 //
-// Two architectures:
+// Two forms (Arch):
 //   seed   the reference script's model, exactly: bidirectional
 //          nn.MultiheadAttention (packed in-projection with bias, out-projection
 //          with bias, no positions), FFN Linear-SiLU-Linear without bias, no
@@ -13,8 +14,9 @@
 //          own (head_dim), the head tied to the embedding (tie_embeddings: one
 //          parameter, "embed.weight", no "head.weight") and q/k/v biases
 //          (qkv_bias, Qwen2) and an RMSNorm over each head of q and k before the rotary
-//          embedding (qk_norm, Qwen3), and Llama 3's scaled rotary frequencies
-//          (rope_scaling: Llama 3.1, 3.2).
+//          embedding (qk_norm, Qwen3), Llama 3's scaled rotary frequencies
+//          (rope_scaling: Llama 3.1, 3.2), and Gemma 3's norms, GeGLU, scaled
+//          embedding and sliding windows.
 //
 // Presets: "seed" (the reference size) and "tiny" (sized for a 2-core CPU).
 // Every field can be overridden after picking a preset; validate() refuses
@@ -34,7 +36,7 @@ enum class Arch : uint8_t { seed, llama };
 Arch parse_arch(const std::string& s);
 std::string arch_name(Arch a);
 
-struct MiniLLMConfig {
+struct TransformerConfig {
   Arch arch = Arch::seed;
   int64_t vocab = 32000, dim = 2048, layers = 12, heads = 16;
   int64_t seq = 1024, batch = 8;
@@ -42,12 +44,12 @@ struct MiniLLMConfig {
   double rope_theta = 10000.0;     // llama only
   std::optional<double> norm_eps;  // unset: the compute dtype's epsilon, as nn.RMSNorm(eps=None)
   // llama only:
-  int64_t kv_heads = 0;         // 0 or heads: multi-head; 1: multi-query; dividing heads: GQA
-  int64_t head_dim = 0;         // 0: dim / heads; else q is heads*head_dim, k/v kv_heads*head_dim
-  bool tie_embeddings = false;  // the head computes with the embedding's weight (one parameter,
-                                // initialised N(0, 1/dim) so that the first logits are ~N(0, 1))
-  bool qkv_bias = false;        // biases on q, k and v (Qwen2), in the packed in_proj_bias
-  bool qk_norm = false;         // RMSNorm over each head's dims of q and k (Qwen3)
+  int64_t kv_heads = 0;           // 0 or heads: multi-head; 1: multi-query; dividing heads: GQA
+  int64_t head_dim = 0;           // 0: dim / heads; else q is heads*head_dim, k/v kv_heads*head_dim
+  bool tie_embeddings = false;    // the head computes with the embedding's weight (one parameter,
+                                  // initialised N(0, 1/dim) so that the first logits are ~N(0, 1))
+  bool qkv_bias = false;          // biases on q, k and v (Qwen2), in the packed in_proj_bias
+  bool qk_norm = false;           // RMSNorm over each head's dims of q and k (Qwen3)
   ops::RopeScaling rope_scaling;  // Llama 3's scaled rotary frequencies (factor 0: none)
   // Gemma 3's options (llama only):
   bool norm_plus_one = false;   // every RMSNorm is (1 + w), its weight initialised to 0
@@ -65,14 +67,14 @@ struct MiniLLMConfig {
   int64_t layer_window(int64_t i) const;
   bool layer_global(int64_t i) const;
 
-  static MiniLLMConfig preset(const std::string& name);  // "seed" or "tiny"
+  static TransformerConfig preset(const std::string& name);  // "seed" or "tiny"
   // The model's shape as a JSON object (arch, vocab, dim, layers, heads, ffn_hidden resolved,
   // seq, rope_theta, norm_eps when set, and kv_heads, head_dim, tie_embeddings, qkv_bias, qk_norm,
   // rope_scaling when they differ from the default, so older configs read and compare unchanged):
   // checkpoints and exports carry it, and from_json rebuilds the config, validated (absent keys are
   // defaults). A missing or mistyped key is an error that names it.
   std::string to_json() const;
-  static MiniLLMConfig from_json(const std::string& json);
+  static TransformerConfig from_json(const std::string& json);
   int64_t resolved_ffn_hidden() const;
   int64_t resolved_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : dim / heads; }
@@ -95,9 +97,9 @@ struct MiniLLMConfig {
 // Whether a parameter name is a LoRA adapter's ("layers.0.attn.lora_A", "...ffn.w2.lora_B").
 bool is_lora_parameter(const std::string& name);
 
-class MiniLLM : public Module {
+class Transformer : public Module {
  public:
-  explicit MiniLLM(const MiniLLMConfig& cfg);
+  explicit Transformer(const TransformerConfig& cfg);
   // tokens [B, T] (i32/i64) -> logits [B, T, vocab]; with the batch context's targets, the loss
   // instead (fuses_loss: nn::ChunkedLMLoss over the head, never the whole logits).
   Tensor forward_impl(const Tensor& tokens) override;
@@ -106,7 +108,7 @@ class MiniLLM : public Module {
   // embedding's, which the embedding's scatter-add then adds to.
   Tensor backward_impl(const Tensor& dlogits) override;
   bool fuses_loss() const override { return true; }
-  const MiniLLMConfig& config() const { return cfg_; }
+  const TransformerConfig& config() const { return cfg_; }
   ModuleList& layers() { return *layers_; }
   // Generation with a KV cache of `capacity` positions in every block (arch llama): after
   // start_kv_cache, each forward takes the next ids of one sequence [1, n] and returns their
@@ -117,7 +119,7 @@ class MiniLLM : public Module {
 
  private:
   double embed_scale(DType dtype) const;
-  MiniLLMConfig cfg_;
+  TransformerConfig cfg_;
   Embedding* embed_;
   ModuleList* layers_;
   RMSNorm* norm_ = nullptr;
