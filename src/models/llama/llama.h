@@ -22,10 +22,14 @@ Parallelized parallelize(nn::Transformer& model, const Parallelism& p);
 // Every config value that changes the function, not just the shapes: a resume with another rope
 // theta or norm epsilon would go on training a different model from the checkpoint's weights.
 // (A LoRA run's adapters, "lora", are part of the model: a resume must have the same ones.)
-inline constexpr std::array<std::string_view, 15> kShapeKeys = {
-    "arch",       "vocab",      "dim",          "layers",         "heads",
-    "ffn_hidden", "kv_heads",   "head_dim",     "tie_embeddings", "qkv_bias",
-    "qk_norm",    "rope_theta", "rope_scaling", "norm_eps",       "lora"};
+// Gemma 3's options are among them: a resume without --geglu, or with another window, would
+// compute another function of the same weights.
+inline constexpr std::array<std::string_view, 22> kShapeKeys = {
+    "arch",          "vocab",           "dim",          "layers",         "heads",
+    "ffn_hidden",    "kv_heads",        "head_dim",     "tie_embeddings", "qkv_bias",
+    "qk_norm",       "rope_theta",      "rope_scaling", "norm_eps",       "lora",
+    "norm_plus_one", "sandwich_norms",  "geglu",        "embed_scale",    "sliding_window",
+    "global_every",  "rope_local_theta"};
 std::vector<profiler::GemmShape> gemm_shapes(const nn::TransformerConfig& config);
 
 // Whether a llama config has any of Gemma 3's options (then it is gemma3's, or no family's).
