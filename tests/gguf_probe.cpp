@@ -21,7 +21,9 @@
 #include <vector>
 
 #include "fsdp/checkpoint/gguf.h"
+#include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/core/error.h"
+#include "fsdp/nn/transformer.h"
 
 using fsdp::checkpoint::GgufFile;
 using nlohmann::json;
@@ -67,12 +69,18 @@ int info(const GgufFile& f) {
         {"add_bos", ti.add_bos}, {"add_eos", ti.add_eos}, {"chat_template", ti.chat_template}};
   }
   if (f.get_string("general.architecture", "") == "llama" && f.contains("token_embd.weight")) {
-    const auto c = fsdp::checkpoint::gguf_llama_config(f);
-    j["llama_config"] = {
-        {"vocab", c.vocab},           {"dim", c.dim},           {"layers", c.layers},
-        {"heads", c.heads},           {"kv_heads", c.kv_heads}, {"head_dim", c.head_dim},
-        {"ffn_hidden", c.ffn_hidden}, {"context", c.context},   {"rope_theta", c.rope_theta},
-        {"norm_eps", c.norm_eps},     {"tied", c.tied}};
+    const fsdp::nn::TransformerConfig c = fsdp::checkpoint::config_from_gguf(f);
+    j["llama_config"] = {{"vocab", c.vocab},
+                         {"dim", c.dim},
+                         {"layers", c.layers},
+                         {"heads", c.heads},
+                         {"kv_heads", c.resolved_kv_heads()},
+                         {"head_dim", c.resolved_head_dim()},
+                         {"ffn_hidden", c.resolved_ffn_hidden()},
+                         {"context", f.get_int("llama.context_length", 0)},
+                         {"rope_theta", c.rope_theta},
+                         {"norm_eps", c.norm_eps.value_or(0.0)},
+                         {"tied", c.tie_embeddings}};
     if (c.rope_scaling.enabled())
       j["llama_config"]["rope_scaling"] = {{"factor", c.rope_scaling.factor},
                                            {"low_freq_factor", c.rope_scaling.low_freq_factor},

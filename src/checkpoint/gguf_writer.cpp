@@ -146,7 +146,7 @@ void write_gguf(const std::string& path, const nn::TransformerConfig& cfg, const
   // Llama 3's scaling as llama.cpp's converter writes it: the factor each frequency is divided by.
   if (cfg.rope_scaling.enabled()) {
     const std::vector<float> factors =
-        llama3_rope_factors({cfg.rope_theta, cfg.rope_scaling}, cfg.resolved_head_dim());
+        ops::llama3_rope_factors({cfg.rope_theta, cfg.rope_scaling}, cfg.resolved_head_dim());
     tensors.emplace_back("rope_freqs.weight",
                          Tensor::from_vector(factors, {int64_t(factors.size())}));
   }

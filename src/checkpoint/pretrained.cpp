@@ -17,6 +17,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <span>
 #include <string_view>
 #include <system_error>
 #include <type_traits>
@@ -96,70 +97,53 @@ void set_eot(Pretrained& p) {
   p.eot_id = p.tokenizer ? end_of_turn_id(*p.tokenizer, p.chat_template, p.eos_id) : p.eos_id;
 }
 
-// The model config of a gemma3 GGUF file (gemma3.* keys). llama.cpp's gemma3 takes what the file
-// does not say from its own constants, as this does: every 6th layer global (the others windowed
-// by gemma3.attention.sliding_window), the local layers' rope base 10000, queries scaled by
-// 1/sqrt(head dim). Refuses rope scaling (Gemma 3 1B and up scale the global layers' rope).
-nn::TransformerConfig config_from_gguf_gemma3(const GgufFile& f) {
-  nn::TransformerConfig c;
-  c.arch = nn::Arch::llama;
-  c.dim = f.get_int("gemma3.embedding_length");
-  c.layers = f.get_int("gemma3.block_count");
-  c.heads = f.get_int("gemma3.attention.head_count");
-  c.kv_heads = f.get_int("gemma3.attention.head_count_kv", c.heads);
-  c.ffn_hidden = f.get_int("gemma3.feed_forward_length");
-  c.head_dim = f.get_int("gemma3.attention.key_length", c.heads > 0 ? c.dim / c.heads : 0);
-  const int64_t value_length = f.get_int("gemma3.attention.value_length", c.head_dim);
-  FSDP_CHECK(value_length == c.head_dim,
-             "[gguf] {}: gemma3.attention.value_length {} differs from key_length {}", f.path(),
-             value_length, c.head_dim);
-  if (const int64_t ctx = f.get_int("gemma3.context_length", 0); ctx > 0) c.seq = ctx;
-  c.rope_theta = f.get_float("gemma3.rope.freq_base", 1e6);
-  c.rope_local_theta = 10000.0;
-  c.norm_eps = f.get_float("gemma3.attention.layer_norm_rms_epsilon", 1e-6);
-  c.sliding_window = f.get_int("gemma3.attention.sliding_window", 0);
-  c.global_every = c.sliding_window > 0 ? 6 : 0;
-  const std::string scaling = f.get_string("gemma3.rope.scaling.type", "none");
-  FSDP_CHECK(scaling == "none",
-             "[gguf] {}: gemma3.rope.scaling.type '{}' is not supported (the global layers' "
-             "rope scaled)",
-             f.path(), scaling);
-  c.qk_norm = c.norm_plus_one = c.sandwich_norms = c.geglu = c.embed_scale = true;
-  const GgufTensorInfo& embd = f.tensor("token_embd.weight");
-  FSDP_CHECK(embd.ne.size() == 2 && embd.ne[0] == c.dim,
-             "[gguf] {}: token_embd.weight has ne {}; dim {} needs [{}, vocab]", f.path(),
-             shape_str(embd.ne), c.dim, c.dim);
-  c.vocab = embd.ne[1];
-  c.tie_embeddings = !f.contains("output.weight");
-  c.validate();
-  return c;
+// A GgufFile as the header a family reads its config from.
+class GgufHeaderOf final : public models::GgufHeader {
+ public:
+  explicit GgufHeaderOf(const GgufFile& f) : f_(f) {}
+  const std::string& path() const override { return f_.path(); }
+  bool has(const std::string& key) const override { return f_.has(key); }
+  int64_t get_int(const std::string& key) const override { return f_.get_int(key); }
+  int64_t get_int(const std::string& key, int64_t fallback) const override {
+    return f_.get_int(key, fallback);
+  }
+  double get_float(const std::string& key, double fallback) const override {
+    return f_.get_float(key, fallback);
+  }
+  std::string get_string(const std::string& key, const std::string& fallback) const override {
+    return f_.get_string(key, fallback);
+  }
+  int64_t array_size(const std::string& key) const override {
+    return int64_t(f_.get_strings(key).size());
+  }
+  bool contains(const std::string& tensor) const override { return f_.contains(tensor); }
+  std::vector<int64_t> tensor_ne(const std::string& tensor) const override {
+    return f_.tensor(tensor).ne;
+  }
+  std::vector<double> read_f64(const std::string& tensor) const override {
+    return f_.read(tensor, RowOrder::file, DType::f64).to_f64_vector();
+  }
+
+ private:
+  const GgufFile& f_;
+};
+
+}  // namespace
+
+nn::TransformerConfig config_from_gguf(const GgufFile& f) {
+  const std::string arch = f.get_string("general.architecture", "");
+  const models::ModelSpec* spec = models::spec_for_gguf_arch(arch);
+  std::string known;
+  for (const models::ModelSpec* s : models::model_specs())
+    if (s->read_gguf_config) known += (known.empty() ? "" : ", ") + std::string(s->gguf_arch);
+  FSDP_CHECK(
+      spec && spec->read_gguf_config,
+      "[gguf] {}: general.architecture '{}' is not read{}; fsdp.cpp reads {}", f.path(), arch,
+      spec ? fmt::format(" (the {} family's GGUF files are not read yet)", spec->name) : "", known);
+  return spec->read_gguf_config(GgufHeaderOf(f));
 }
 
-// The model config of a llama GGUF file: gguf_llama_config's sizes (llama.* keys; GQA, the tie
-// when output.weight is absent; partial rope and rope scaling refused by name).
-nn::TransformerConfig config_from_gguf(const GgufFile& f) {
-  if (f.get_string("general.architecture", "") == "gemma3") return config_from_gguf_gemma3(f);
-  const GgufLlamaConfig g = gguf_llama_config(f);
-  nn::TransformerConfig c;
-  c.arch = nn::Arch::llama;
-  c.vocab = g.vocab;
-  c.dim = g.dim;
-  c.layers = g.layers;
-  c.heads = g.heads;
-  c.kv_heads = g.kv_heads;
-  if (g.head_dim != g.dim / g.heads) c.head_dim = g.head_dim;
-  c.ffn_hidden = g.ffn_hidden;
-  if (g.context > 0) c.seq = g.context;
-  c.rope_theta = g.rope_theta;
-  c.norm_eps = g.norm_eps;
-  c.tie_embeddings = g.tied;
-  c.rope_scaling = g.rope_scaling;
-  FSDP_CHECK(!f.contains("blk.0.attn_q.bias"),
-             "[pretrained] {}: llama with q/k/v biases (blk.0.attn_q.bias) is not supported",
-             f.path());
-  c.validate();
-  return c;
-}
+namespace {
 
 void open_gguf(Pretrained& p, PretrainedSource& src) {
   src.gguf.emplace(p.path);

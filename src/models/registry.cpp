@@ -68,6 +68,12 @@ const ModelSpec* spec_for_hf_model_type(std::string_view model_type) {
   return nullptr;
 }
 
+const ModelSpec* spec_for_gguf_arch(std::string_view arch) {
+  for (const ModelSpec* s : kSpecs)
+    if (!s->gguf_arch.empty() && s->gguf_arch == arch) return s;
+  return nullptr;
+}
+
 const ModelSpec* spec_named(std::string_view name) {
   for (const ModelSpec* s : kSpecs)
     if (s->name == name) return s;

@@ -200,37 +200,6 @@ class GgufFile {
   std::map<std::string, size_t> by_name_;
 };
 
-// The hyperparameters of a llama GGUF file (general.architecture "llama"), in the terms of
-// Hugging Face's LlamaConfig. Refuses, naming the key and value, another architecture, a missing
-// or inconsistent size, a rope over part of the head and rope scaling.
-struct GgufLlamaConfig {
-  int64_t vocab = 0;            // llama.vocab_size, else the token count; token_embd must have it
-  int64_t dim = 0;              // llama.embedding_length
-  int64_t layers = 0;           // llama.block_count
-  int64_t heads = 0;            // llama.attention.head_count
-  int64_t kv_heads = 0;         // llama.attention.head_count_kv (heads when absent)
-  int64_t head_dim = 0;         // dim / heads (= llama.rope.dimension_count when present)
-  int64_t ffn_hidden = 0;       // llama.feed_forward_length
-  int64_t context = 0;          // llama.context_length (0 when absent)
-  double rope_theta = 10000.0;  // llama.rope.freq_base
-  double norm_eps = 1e-5;       // llama.attention.layer_norm_rms_epsilon
-  bool tied = false;            // no output.weight: the head is token_embd.weight
-  // Llama 3's scaling, from the per-frequency factors of rope_freqs.weight (llama.cpp's form of
-  // it; see llama3_scaling_of_factors); none without that tensor.
-  ops::RopeScaling rope_scaling;
-};
-GgufLlamaConfig gguf_llama_config(const GgufFile& f);
-
-// llama.cpp's rope_freqs.weight for Llama 3's scaling: factor_i = f_i / scaled f_i, by which
-// llama.cpp divides frequency i (1 for the kept ones, the scaling factor for the low ones).
-std::vector<float> llama3_rope_factors(const ops::Rope& rope, int64_t head_dim);
-// The scaling those factors are: the low and high frequency factors and the original context are
-// known only up to a common multiple (their ratios set the frequencies), so the low frequency
-// factor is taken to be 1 unless Llama 3.1's (1, 4, 8192) give them. Throws, naming `where` and
-// the tensor, for factors that no Llama 3 scaling gives (each is checked to 1e-5).
-ops::RopeScaling llama3_scaling_of_factors(const std::vector<double>& factors, double theta,
-                                           const std::string& where);
-
 // llama.cpp's tensor name -> Hugging Face LlamaForCausalLM's, "" for a name it does not know:
 // token_embd.weight -> model.embed_tokens.weight, output_norm.weight -> model.norm.weight,
 // output.weight -> lm_head.weight, blk.N.attn_norm / ffn_norm -> model.layers.N.input_layernorm /

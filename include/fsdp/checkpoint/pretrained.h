@@ -28,6 +28,7 @@
 #include <optional>
 #include <string>
 
+#include "fsdp/checkpoint/gguf.h"
 #include "fsdp/checkpoint/interchange.h"
 #include "fsdp/core/tensor.h"
 #include "fsdp/data/tokenizer.h"
@@ -97,6 +98,11 @@ std::string model_identity(const std::string& path);
 // Refuses another model_type by name, listing the known ones.
 nn::TransformerConfig config_from_family(const std::string& family, const std::string& config_json,
                                          const std::string& where);
+
+// The model config of a GGUF file: the family of its general.architecture reads it
+// (models::ModelSpec::read_gguf_config: llama, gemma3); another architecture, or one whose family
+// reads no GGUF, is refused by name.
+nn::TransformerConfig config_from_gguf(const GgufFile& f);
 
 // The end-of-turn id of a chat template: ChatML's <|im_end|> or Gemma's <end_of_turn> where the
 // template writes it and the vocabulary has it, else `eos`.

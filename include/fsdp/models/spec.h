@@ -1,8 +1,8 @@
 // Model families as specs, one folder each (src/models/<family>/), in the way of torchtitan's
 // TrainSpec registry: what the family is to Hugging Face and to llama.cpp, its config.json both
-// ways, which of our configs are its, how it is built and parallelized, the config keys a resume
-// must match and its GEMM shapes. The trainer, the checkpoint layer's readers and exports and
-// fsdp-generate look a family up here and name none.
+// ways and its GGUF header read, which of our configs are its, how it is built and parallelized,
+// the config keys a resume must match and its GEMM shapes. The trainer, the checkpoint layer's
+// readers and exports and fsdp-generate look a family up here and name none.
 //
 //   const models::ModelSpec& spec = models::spec_of(cfg);          // the family of a config
 //   auto model = spec.build(cfg);
@@ -47,6 +47,25 @@ struct Parallelized {
   FSDPModule* root = nullptr;              // fully_shard: the sharded root (checkpoints)
 };
 
+// A GGUF file's header, as a family reads its config from it (checkpoint::load_pretrained puts a
+// GgufFile behind it). Each getter throws, naming the file and the key or tensor, where it is
+// absent (without a fallback) or of another type.
+class GgufHeader {
+ public:
+  virtual ~GgufHeader() = default;
+  virtual const std::string& path() const = 0;
+  virtual bool has(const std::string& key) const = 0;
+  virtual int64_t get_int(const std::string& key) const = 0;
+  virtual int64_t get_int(const std::string& key, int64_t fallback) const = 0;
+  virtual double get_float(const std::string& key, double fallback) const = 0;
+  virtual std::string get_string(const std::string& key, const std::string& fallback) const = 0;
+  virtual int64_t array_size(const std::string& key) const = 0;  // a string array's length
+  virtual bool contains(const std::string& tensor) const = 0;
+  virtual std::vector<int64_t> tensor_ne(const std::string& tensor) const = 0;  // ne[0] innermost
+  virtual std::vector<double> read_f64(
+      const std::string& tensor) const = 0;  // a small one's values
+};
+
 struct ModelSpec {
   std::string_view name;  // the family: seed, llama, qwen2, qwen3, gemma3
   std::string_view what;
@@ -66,6 +85,10 @@ struct ModelSpec {
   // Our config -> config.json's model fields (a JSON object's text; the caller adds the dtype and
   // the token ids). Null where hf_class is "".
   std::string (*write_hf_config)(const nn::TransformerConfig& config);
+  // A GGUF header of architecture gguf_arch -> our config, validated (llama.cpp's constants for
+  // what the file does not say); refuses, naming the file and the key, what the model here cannot
+  // hold. Null: the family's GGUF files are not read.
+  nn::TransformerConfig (*read_gguf_config)(const GgufHeader& header);
   // Refuses, by name, a config of this family that llama.cpp's architecture would compute as
   // another model (its constants differ). Null: every config of the family exports.
   void (*check_gguf)(const nn::TransformerConfig& config);
@@ -89,6 +112,8 @@ const ModelSpec& spec_of(const nn::TransformerConfig& config);
 const ModelSpec& spec_to_train(const nn::TransformerConfig& config);
 // The family of a config.json's model_type; null when none has it.
 const ModelSpec* spec_for_hf_model_type(std::string_view model_type);
+// The family whose GGUF files have general.architecture `arch`; null when none.
+const ModelSpec* spec_for_gguf_arch(std::string_view arch);
 // The family whose name is `name`; null when none.
 const ModelSpec* spec_named(std::string_view name);
 // The model_types of every family with a Hugging Face class, ", "-joined (for messages).

@@ -36,4 +36,14 @@ std::vector<double> rope_frequencies(const Rope& rope, int64_t hd);
 // factor or context that is not positive and finite.
 void check_rope_scaling(const RopeScaling& s, const std::string& where);
 
+// llama.cpp's rope_freqs.weight for Llama 3's scaling: factor_i = f_i / scaled f_i, by which
+// llama.cpp divides frequency i (1 for the kept ones, the scaling factor for the low ones).
+std::vector<float> llama3_rope_factors(const Rope& rope, int64_t head_dim);
+// The scaling those factors are: the low and high frequency factors and the original context are
+// known only up to a common multiple (their ratios set the frequencies), so the low frequency
+// factor is taken to be 1 unless Llama 3.1's (1, 4, 8192) give them. Throws, naming `where` and
+// the tensor, for factors that no Llama 3 scaling gives (each is checked to 1e-5).
+RopeScaling llama3_scaling_of_factors(const std::vector<double>& factors, double theta,
+                                      const std::string& where);
+
 }  // namespace fsdp::ops

@@ -4,6 +4,8 @@
 // head. Hugging Face's Gemma3ForCausalLM (model_type gemma3_text); llama.cpp's gemma3.
 #include "fsdp/models/spec.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -155,6 +157,45 @@ std::string write(const nn::TransformerConfig& cfg) {
   return j.dump();
 }
 
+// The model config of a gemma3 GGUF file (gemma3.* keys). llama.cpp's gemma3 takes what the file
+// does not say from its own constants, as this does: every 6th layer global (the others windowed
+// by gemma3.attention.sliding_window), the local layers' rope base 10000, queries scaled by
+// 1/sqrt(head dim). Refuses rope scaling (Gemma 3 1B and up scale the global layers' rope).
+nn::TransformerConfig read_gguf(const GgufHeader& f) {
+  nn::TransformerConfig c;
+  c.arch = nn::Arch::llama;
+  c.dim = f.get_int("gemma3.embedding_length");
+  c.layers = f.get_int("gemma3.block_count");
+  c.heads = f.get_int("gemma3.attention.head_count");
+  c.kv_heads = f.get_int("gemma3.attention.head_count_kv", c.heads);
+  c.ffn_hidden = f.get_int("gemma3.feed_forward_length");
+  c.head_dim = f.get_int("gemma3.attention.key_length", c.heads > 0 ? c.dim / c.heads : 0);
+  const int64_t value_length = f.get_int("gemma3.attention.value_length", c.head_dim);
+  FSDP_CHECK(value_length == c.head_dim,
+             "[gguf] {}: gemma3.attention.value_length {} differs from key_length {}", f.path(),
+             value_length, c.head_dim);
+  if (const int64_t ctx = f.get_int("gemma3.context_length", 0); ctx > 0) c.seq = ctx;
+  c.rope_theta = f.get_float("gemma3.rope.freq_base", 1e6);
+  c.rope_local_theta = 10000.0;
+  c.norm_eps = f.get_float("gemma3.attention.layer_norm_rms_epsilon", 1e-6);
+  c.sliding_window = f.get_int("gemma3.attention.sliding_window", 0);
+  c.global_every = c.sliding_window > 0 ? 6 : 0;
+  const std::string scaling = f.get_string("gemma3.rope.scaling.type", "none");
+  FSDP_CHECK(scaling == "none",
+             "[gguf] {}: gemma3.rope.scaling.type '{}' is not supported (the global layers' "
+             "rope scaled)",
+             f.path(), scaling);
+  c.qk_norm = c.norm_plus_one = c.sandwich_norms = c.geglu = c.embed_scale = true;
+  const std::vector<int64_t> embd = f.tensor_ne("token_embd.weight");
+  FSDP_CHECK(embd.size() == 2 && embd[0] == c.dim,
+             "[gguf] {}: token_embd.weight has ne [{}]; dim {} needs [{}, vocab]", f.path(),
+             fmt::join(embd, ", "), c.dim, c.dim);
+  c.vocab = embd[1];
+  c.tie_embeddings = !f.contains("output.weight");
+  c.validate();
+  return c;
+}
+
 // llama.cpp's gemma3 takes its window pattern (every 6th layer global), its local layers' rope
 // base (10000) and its query scale (1/sqrt(head dim)) as constants: a model that differs would
 // load as another model, so it is refused.
@@ -183,6 +224,7 @@ const ModelSpec spec = {
     .matches = matches,
     .read_hf_config = read,
     .write_hf_config = write,
+    .read_gguf_config = read_gguf,
     .check_gguf = check_gguf,
     .build = llama::build,
     .parallelize = llama::parallelize,

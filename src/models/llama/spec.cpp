@@ -1,5 +1,8 @@
 // The llama family (SmolLM2, Llama 3.x): causal, RoPE (Llama 3's scaling too), SwiGLU, RMSNorm,
 // grouped-query attention, tied or untied head; and the parts its relatives share (llama.h).
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -209,6 +212,58 @@ nn::TransformerConfig read(const std::string& text, const std::string& where) {
 
 std::string write(const nn::TransformerConfig& c) { return hf_config(c, spec).dump(); }
 
+// A llama GGUF file (llama.* keys, in the terms of Hugging Face's LlamaConfig): GQA, the head tied
+// when output.weight is absent, Llama 3's scaling from rope_freqs.weight (llama.cpp's form of it);
+// a rope over part of the head, another rope scaling type and q/k/v biases refused by name.
+nn::TransformerConfig read_gguf(const GgufHeader& f) {
+  const std::string& path = f.path();
+  nn::TransformerConfig c;
+  c.arch = nn::Arch::llama;
+  c.dim = f.get_int("llama.embedding_length");
+  c.layers = f.get_int("llama.block_count");
+  c.heads = f.get_int("llama.attention.head_count");
+  c.kv_heads = f.get_int("llama.attention.head_count_kv", c.heads);
+  c.ffn_hidden = f.get_int("llama.feed_forward_length");
+  if (const int64_t context = f.get_int("llama.context_length", 0); context > 0) c.seq = context;
+  c.rope_theta = f.get_float("llama.rope.freq_base", 10000.0);
+  c.norm_eps = f.get_float("llama.attention.layer_norm_rms_epsilon", 1e-5);
+  FSDP_CHECK(c.dim > 0 && c.layers > 0 && c.heads > 0 && c.kv_heads > 0 && c.ffn_hidden > 0 &&
+                 c.dim % c.heads == 0 && c.heads % c.kv_heads == 0 && (c.dim / c.heads) % 2 == 0,
+             "[gguf] {}: llama sizes dim {}, layers {}, heads {}, kv heads {}, ffn {} are not a "
+             "model (dim must split into an even head size, heads into kv-head groups)",
+             path, c.dim, c.layers, c.heads, c.kv_heads, c.ffn_hidden);
+  const int64_t head_dim = c.dim / c.heads;
+  const int64_t rope_dim = f.get_int("llama.rope.dimension_count", head_dim);
+  FSDP_CHECK(rope_dim == head_dim,
+             "[gguf] {}: llama.rope.dimension_count is {} but heads are {} wide; rope over part "
+             "of a head is not supported",
+             path, rope_dim, head_dim);
+  const std::string scaling = f.get_string("llama.rope.scaling.type", "none");
+  FSDP_CHECK(scaling == "none", "[gguf] {}: llama.rope.scaling.type '{}' is not supported", path,
+             scaling);
+  const std::vector<int64_t> embd = f.tensor_ne("token_embd.weight");
+  c.vocab = f.has("llama.vocab_size")        ? f.get_int("llama.vocab_size")
+            : f.has("tokenizer.ggml.tokens") ? f.array_size("tokenizer.ggml.tokens")
+            : embd.size() == 2               ? embd[1]
+                                             : 0;
+  FSDP_CHECK(embd == std::vector<int64_t>({c.dim, c.vocab}),
+             "[gguf] {}: token_embd.weight has ne [{}] but dim {} and vocab {} need [{}, {}]", path,
+             fmt::join(embd, ", "), c.dim, c.vocab, c.dim, c.vocab);
+  c.tie_embeddings = !f.contains("output.weight");
+  if (f.contains("rope_freqs.weight")) {
+    const std::vector<int64_t> ne = f.tensor_ne("rope_freqs.weight");
+    FSDP_CHECK(ne == std::vector<int64_t>({head_dim / 2}),
+               "[gguf] {}: rope_freqs.weight has ne [{}]; a head dim of {} needs [{}]", path,
+               fmt::join(ne, ", "), head_dim, head_dim / 2);
+    c.rope_scaling = ops::llama3_scaling_of_factors(f.read_f64("rope_freqs.weight"), c.rope_theta,
+                                                    path + ": rope_freqs.weight");
+  }
+  FSDP_CHECK(!f.contains("blk.0.attn_q.bias"),
+             "[pretrained] {}: llama with q/k/v biases (blk.0.attn_q.bias) is not supported", path);
+  c.validate();
+  return c;
+}
+
 }  // namespace
 
 const ModelSpec spec = {
@@ -224,6 +279,7 @@ const ModelSpec spec = {
     .matches = matches,
     .read_hf_config = read,
     .write_hf_config = write,
+    .read_gguf_config = read_gguf,
     .check_gguf = nullptr,
     .build = build,
     .parallelize = parallelize,

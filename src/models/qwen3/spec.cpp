@@ -44,6 +44,7 @@ const ModelSpec spec = {
     .matches = matches,
     .read_hf_config = read,
     .write_hf_config = write,
+    .read_gguf_config = nullptr,
     .check_gguf = check_gguf,
     .build = llama::build,
     .parallelize = llama::parallelize,

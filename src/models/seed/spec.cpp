@@ -27,6 +27,7 @@ const ModelSpec spec = {
     .matches = matches,
     .read_hf_config = nullptr,
     .write_hf_config = nullptr,
+    .read_gguf_config = nullptr,
     .check_gguf = nullptr,
     .build = llama::build,
     .parallelize = llama::parallelize,
