@@ -8,13 +8,14 @@
 #include "fsdp/models/spec.h"
 
 // X(family): fsdp::models::<family>::spec, defined in src/models/<family>/spec.cpp. The order is
-// the one --help and messages list them in.
+// the one messages list them in. Each line ends in a backslash, so a family adds one line.
 #define FSDP_MODEL_FAMILIES(X) \
   X(seed)                      \
   X(llama)                     \
   X(qwen2)                     \
   X(qwen3)                     \
-  X(gemma3)
+  X(gemma3)                    \
+  /* the end of the list */
 
 namespace fsdp::models {
 
