@@ -30,7 +30,12 @@
   (f) Gemma 3 with llama.cpp's constants (6 layers, every 6th global, local rope base 1e4, head dim
       256 = query_pre_attn_scalar): fine-tuned and exported to GGUF (architecture gemma3, norms
       stored as 1 + w), transformers' own GGUF loader reads it as Gemma3ForCausalLM to the
-      checkpoint's logits, and so does fsdp-generate.
+      checkpoint's logits, and so does fsdp-generate;
+  (g) Mistral (MistralConfig: a sliding window of 32 on every layer, GQA 4/2, head dim 16, untied):
+      fsdp-generate's f32 logits on the 96-token prompt (past the window) within 1e-4 of
+      transformers' (the same weights without the window differ by more than 1e-3), 20 greedy
+      tokens equal; fine-tuned 2 steps and exported, transformers loads it as MistralForCausalLM
+      with no missing or unexpected keys, to the checkpoint's logits.
 
 PyTorch and transformers come from FSDP_TORCH_PYTHON (bench/setup_torch_ref.sh makes one), else
 this interpreter; where they do not import, the test prints "skipped: ..." and exits 0 (CI does
@@ -50,7 +55,8 @@ under_torch_python(__file__)
 try:
     import torch
     from transformers import (AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
-                              LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                              LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
 except ImportError as e:
     skip(f"PyTorch and transformers (with Qwen3) do not import here ({e}); set FSDP_TORCH_PYTHON")
 
@@ -292,4 +298,39 @@ _, from_gguf = logits_of("--model", os.path.join(hf, "model.gguf"))
 diff = (from_gguf - from_ckpt).abs().max().item()
 print(f"(f) fsdp-generate on the gemma3 GGUF export: max |logit diff| to the checkpoint {diff:.2e}")
 check(diff < 1e-4, f"the gemma3 GGUF export read back differs by {diff}")
+
+# (g) Mistral: a sliding window on every layer.
+torch.manual_seed(5)
+mcfg = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=1e4,
+            tie_word_embeddings=False, attn_implementation="eager")
+mistral = MistralForCausalLM(MistralConfig(sliding_window=32, **mcfg)).eval()
+with torch.no_grad():
+    for n, p in mistral.named_parameters():
+        if p.dim() == 1:
+            p.uniform_(0.5, 1.5)
+        else:
+            p.normal_(0.0, 0.2)
+mdir = os.path.join(work, "mistral")
+mistral.save_pretrained(mdir, safe_serialization=True)
+_, ours = logits_of("--model", mdir)
+with torch.no_grad():
+    ref = mistral(ids).logits[0]
+    full = MistralForCausalLM(MistralConfig(sliding_window=None, **mcfg)).eval()
+    full.load_state_dict(mistral.state_dict())
+    unwindowed = full(ids).logits[0]
+diff = (ours - ref).abs().max().item()
+apart = (unwindowed - ref).abs().max().item()
+print(f"(g) mistral, window 32 on every layer, 96 tokens: max |logit diff| {diff:.2e} (logits of scale "
+      f"{ref.abs().max().item():.1f}); without the window the logits move by {apart:.2e}")
+check(diff < 1e-4, f"mistral logits differ from transformers' by {diff}")
+check(apart > 1e-3, f"the window hardly changes the logits ({apart}): the check would be vacuous")
+with torch.no_grad():
+    want_ids = mistral.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
+                                pad_token_id=0)[0][ids.shape[1]:].tolist()
+text = run(gen, "--model", mdir, "--tokenizer", "bytes", "--prompt", prompt, "--tokens", "20",
+           "--temperature", "0", "--ignore-eos", "--threads", "2", raw=True)
+print(f"(g) greedy 20 tokens: transformers {want_ids}")
+check(bytes(want_ids) in text, f"mistral greedy bytes differ: fsdp-generate {text!r}, transformers {bytes(want_ids)!r}")
+finetune_and_export(mdir, "g", gguf=None, cls="MistralForCausalLM")
 print(f"{passed} passed, 0 failed")

@@ -40,7 +40,7 @@ nn::TransformerConfig llama_like() {
 std::vector<std::pair<std::string, nn::TransformerConfig>> one_of_each() {
   nn::TransformerConfig seed = nn::TransformerConfig::preset("tiny");
   nn::TransformerConfig llama = llama_like(), qwen2 = llama_like(), qwen3 = llama_like(),
-                        gemma3 = llama_like();
+                        gemma3 = llama_like(), mistral = llama_like();
   llama.rope_scaling = {
       .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4, .original_context = 64};
   qwen2.qkv_bias = true;
@@ -49,7 +49,9 @@ std::vector<std::pair<std::string, nn::TransformerConfig>> one_of_each() {
       gemma3.embed_scale = gemma3.tie_embeddings = true;
   gemma3.sliding_window = 32, gemma3.global_every = 2, gemma3.rope_local_theta = 10000;
   gemma3.rope_theta = 1e6;
-  return {{"seed", seed}, {"llama", llama}, {"qwen2", qwen2}, {"qwen3", qwen3}, {"gemma3", gemma3}};
+  mistral.sliding_window = 16;
+  return {{"seed", seed},   {"llama", llama},   {"qwen2", qwen2},
+          {"qwen3", qwen3}, {"gemma3", gemma3}, {"mistral", mistral}};
 }
 
 }  // namespace
@@ -71,9 +73,16 @@ TEST(ModelSpec, EachFamilysConfigIsItsAndNoOtherFamilys) {
     if (!named->hf_model_type.empty())
       EXPECT_EQ(models::spec_for_hf_model_type(named->hf_model_type), named);
   }
-  EXPECT_EQ(models::spec_for_hf_model_type("mistral"), nullptr);
+  EXPECT_EQ(models::spec_for_hf_model_type("phi3"), nullptr);
   EXPECT_EQ(models::spec_for_hf_model_type(""), nullptr);
   EXPECT_EQ(models::spec_named("gpt2"), nullptr);
+  // GGUF: the families llama.cpp has an architecture for, and those whose files are read.
+  EXPECT_EQ(models::spec_for_gguf_arch("llama"), models::spec_named("llama"));
+  EXPECT_EQ(models::spec_for_gguf_arch("gemma3"), models::spec_named("gemma3"));
+  EXPECT_EQ(models::spec_for_gguf_arch("qwen3"), models::spec_named("qwen3"));
+  EXPECT_EQ(models::spec_for_gguf_arch("mistral"), nullptr);  // llama.cpp converts it to llama
+  EXPECT_NE(models::spec_named("llama")->read_gguf_config, nullptr);
+  EXPECT_NE(models::spec_named("gemma3")->read_gguf_config, nullptr);
 }
 
 // config.json both ways: the family's writer, then its reader, give back the same model (its

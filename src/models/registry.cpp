@@ -15,6 +15,7 @@
   X(qwen2)                     \
   X(qwen3)                     \
   X(gemma3)                    \
+  X(mistral)                   \
   /* the end of the list */
 
 namespace fsdp::models {
