@@ -1,5 +1,5 @@
 // tokenizer.json from outside, and any bytes as text: the parser (byte-level and SentencePiece
-// BPE), then encode and decode; the split regexes on any bytes.
+// BPE, an NFC normalizer), then encode and decode; the split regexes and NFC on any bytes.
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -10,6 +10,7 @@
 
 #include "fsdp/data/tokenizer.h"
 #include "fuzz_common.h"
+#include "src/data/byte_level.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
@@ -26,6 +27,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (at != bytes.size()) __builtin_trap();
   }
+  // NFC of any bytes is NFC's fixed point (and keeps what is not UTF-8).
+  const std::string composed = fsdp::data::byte_level::nfc(bytes);
+  if (fsdp::data::byte_level::nfc(composed) != composed) __builtin_trap();
   // The bytes as a tokenizer.json.
   fuzz::expect_clean("Tokenizer::from_json", [&] {
     auto t = fsdp::data::Tokenizer::from_json(std::string(bytes), "fuzz");

@@ -133,6 +133,28 @@ with tempfile.TemporaryDirectory() as work:
             fails.append(f"{name} GGUF: {len(wrong)} samples differ from transformers', e.g. {wrong[0][:40]!r}")
     print(f"tokenizer_test: Llama 3's and Qwen2's split regexes, {len(split_samples)} samples each, "
           "from tokenizer.json and from GGUF")
+    # Qwen2's and Qwen3's shape: the qwen2 vocabulary behind an NFC normalizer. Decomposed and
+    # composed letters, singletons (U+212B), composition exclusions (U+0958), Hangul jamo and
+    # syllables, marks out of canonical order, non-starter decompositions (U+0344), a mark with
+    # nothing before it: the ids equal Hugging Face's, and the text decodes to its NFC.
+    import unicodedata
+    j = json.load(open(os.path.join(work, "qwen2.json"), encoding="utf-8"))
+    j["normalizer"] = {"type": "NFC"}
+    npath = os.path.join(work, "qwen2_nfc.json")
+    json.dump(j, open(npath, "w", encoding="utf-8"), ensure_ascii=False)
+    nt = Tokenizer.from_file(npath)
+    marks = ["e\u0301", "A\u030a", "\u212b", "\u0958", "\u1100\u1161\u11a8", "\uac00\u11a8", "\u1100\u1161",
+             "a\u0323\u0302", "a\u0302\u0323", "q\u0307\u0323", "\u0344", "e\u0302\u0301", "\u03b1\u0313\u0301",
+             "\u0301", "o\u0308\u0304", "\u1e0b\u0323", "\u0915\u093c", "\u0b47\u0b3e", "\u00c5", "\u2126", "i\u0307"]
+    nfc_samples = split_samples[:50] + marks + ["".join(rng.choice(palette + marks) for _ in range(rng.randint(0, 30)))
+                                                for _ in range(200)]
+    got, back = ours(npath, nfc_samples, work)
+    for i, text in enumerate(nfc_samples):
+        if got[i] != nt.encode(text).ids:
+            fails.append(f"NFC sample {i} {text[:60]!r}: Hugging Face {nt.encode(text).ids[:20]} ours {got[i][:20]}")
+        elif back[i] != unicodedata.normalize("NFC", text):
+            fails.append(f"NFC sample {i} {text[:60]!r}: decode does not give the text's NFC back")
+    print(f"tokenizer_test: an NFC normalizer (Qwen2's), {len(nfc_samples)} samples")
     text = "bytes: \x00\xff é\n"
     if ours("bytes", [text], work)[0][0] != list(text.encode()):
         fails.append("the byte tokenizer is not the bytes")

@@ -33,6 +33,11 @@ std::pair<char32_t, size_t> decode_utf8(std::string_view s, size_t i);
 // Appends the UTF-8 bytes of cp.
 void append_utf8(std::string& out, char32_t cp);
 
+// Unicode's NFC of s (src/data/nfc.cpp): canonical decomposition, ordering and composition, as
+// Hugging Face tokenizers' NFC normalizer. Bytes that are no UTF-8 stay as they are, each ending
+// the run of text around it.
+std::string nfc(std::string_view s);
+
 // GPT-2's map: the printable bytes stand for themselves, the other 68 take code points 256...
 struct ByteMap {
   std::array<char32_t, 256> to_cp{};

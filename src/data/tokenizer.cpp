@@ -82,6 +82,7 @@ struct Tokenizer::Impl {
   std::vector<bool> special;
   bool add_prefix_space = false;
   bool split_digits = false;  // a Digits(individual_digits) pre-tokenizer before ByteLevel
+  bool nfc = false;           // an NFC normalizer (Qwen2's, Qwen3's): each piece NFC'd first
   int llama3_digits = 0;      // Llama 3's split regex (3), Qwen2's (1), else GPT-2's (0)
   std::optional<int32_t> bos, eos, text_prefix;
   mutable std::mutex cache_mu;
@@ -237,6 +238,11 @@ struct Tokenizer::Impl {
       auto r = bpe(s);
       out.insert(out.end(), r.begin(), r.end());
       return;
+    }
+    std::string normalized;
+    if (nfc) {
+      normalized = byte_level::nfc(text);
+      text = normalized;
     }
     std::string prefixed;
     if (add_prefix_space && !text.empty() && text[0] != ' ') {
@@ -406,10 +412,12 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
   if (t->spm) {
     t->read_spm_shape(j.contains("normalizer") ? j["normalizer"] : json(), pre);
   } else {
-    FSDP_CHECK(!j.contains("normalizer") || j["normalizer"].is_null(),
+    const json norm = j.contains("normalizer") ? j["normalizer"] : json();
+    t->nfc = norm.is_object() && norm.size() == 1 && norm.value("type", "") == "NFC";
+    FSDP_CHECK(norm.is_null() || t->nfc,
                "[tokenizer] {}: a normalizer ({}) is not supported in a byte-level BPE; expected "
-               "none",
-               where, j["normalizer"].dump().substr(0, 80));
+               "none or NFC",
+               where, norm.dump().substr(0, 80));
     // SmolLM2's and StarCoder's: Sequence [Digits(individual_digits), ByteLevel].
     if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers") &&
         pre["pretokenizers"].is_array() && pre["pretokenizers"].size() == 2 &&
@@ -476,6 +484,13 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
       const std::string content = a.at("content").get<std::string>();
       by_id[id] = content;
       special_ids[id] = a.value("special", false);
+      // Hugging Face matches a normalized added token in the normalized text; here added tokens
+      // are found in the text as it is, which is the same only without a normalizer.
+      FSDP_CHECK(!t->nfc || !a.value("normalized", false),
+                 "[tokenizer] {}: added token '{}' is \"normalized\": true beside the NFC "
+                 "normalizer; only added tokens matched as written (normalized false) are "
+                 "supported with it",
+                 where, content);
       t->added.emplace_back(content, int32_t(id));
     }
   FSDP_CHECK(!by_id.empty() && by_id.begin()->first == 0 &&
