@@ -255,29 +255,36 @@ with torch.no_grad():
             p.uniform_(-0.5, 0.5)  # (1 + w) norms: away from their zero init
         else:
             p.normal_(0.0, 0.1)
-gdir = os.path.join(work, "gemma3")
-gemma.save_pretrained(gdir, safe_serialization=True)
-_, ours = logits_of("--model", gdir)
-with torch.no_grad():
-    ref = gemma(ids).logits[0]
-    full_cfg = Gemma3TextConfig(**{**gcfg.to_dict(), "layer_types": ["full_attention"] * 4})
-    full = Gemma3ForCausalLM(full_cfg).eval()
-    full.load_state_dict(gemma.state_dict())
-    unwindowed = full(ids).logits[0]
-diff = (ours - ref).abs().max().item()
-apart = (unwindowed - ref).abs().max().item()
-print(f"(e) gemma3, window 32 on 2 of 4 layers, 96 tokens: max |logit diff| {diff:.2e} (logits of scale "
-      f"{ref.abs().max().item():.1f}); with every layer global the logits move by {apart:.2e}")
-check(diff < 1e-4, f"gemma3 logits differ from transformers' by {diff}")
-check(apart > 1e-3, f"the window hardly changes the logits ({apart}): the check would be vacuous")
-with torch.no_grad():
-    want_ids = gemma.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
-                              pad_token_id=0)[0][ids.shape[1]:].tolist()
-text = run(gen, "--model", gdir, "--tokenizer", "bytes", "--prompt", prompt, "--tokens", "20",
-           "--temperature", "0", "--ignore-eos", "--threads", "2", raw=True)
-print(f"(e) greedy 20 tokens: transformers {want_ids}")
-check(bytes(want_ids) in text, f"gemma3 greedy bytes differ: fsdp-generate {text!r}, transformers {bytes(want_ids)!r}")
-finetune_and_export(gdir, "e", gguf=None, cls="Gemma3ForCausalLM")
+def windowed_against_transformers(label, model, unwindowed, name, what, cls):
+    """(e), (g): a model with sliding windows, read by fsdp-generate from its save_pretrained folder:
+    its f32 logits on the 96-token prompt (past the window) within 1e-4 of transformers', the same
+    weights without the window more than 1e-3 apart (or the check would be vacuous), 20 greedy
+    tokens equal; fine-tuned and exported, it loads as `cls`."""
+    folder = os.path.join(work, name)
+    model.save_pretrained(folder, safe_serialization=True)
+    _, ours = logits_of("--model", folder)
+    unwindowed.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        ref = model(ids).logits[0]
+        apart = (unwindowed.eval()(ids).logits[0] - ref).abs().max().item()
+    diff = (ours - ref).abs().max().item()
+    print(f"({label}) {what}, 96 tokens: max |logit diff| {diff:.2e} (logits of scale "
+          f"{ref.abs().max().item():.1f}); without the window the logits move by {apart:.2e}")
+    check(diff < 1e-4, f"{name} logits differ from transformers' by {diff}")
+    check(apart > 1e-3, f"the window hardly changes the logits ({apart}): the check would be vacuous")
+    with torch.no_grad():
+        want_ids = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
+                                  pad_token_id=0)[0][ids.shape[1]:].tolist()
+    text = run(gen, "--model", folder, "--tokenizer", "bytes", "--prompt", prompt, "--tokens", "20",
+               "--temperature", "0", "--ignore-eos", "--threads", "2", raw=True)
+    print(f"({label}) greedy 20 tokens: transformers {want_ids}")
+    check(bytes(want_ids) in text, f"{name} greedy bytes differ: fsdp-generate {text!r}, transformers {bytes(want_ids)!r}")
+    finetune_and_export(folder, label, gguf=None, cls=cls)
+
+
+windowed_against_transformers(
+    "e", gemma, Gemma3ForCausalLM(Gemma3TextConfig(**{**gcfg.to_dict(), "layer_types": ["full_attention"] * 4})),
+    "gemma3", "gemma3, window 32 on 2 of 4 layers", "Gemma3ForCausalLM")
 
 # (f) Gemma 3 to GGUF.
 torch.manual_seed(4)
@@ -311,26 +318,6 @@ with torch.no_grad():
             p.uniform_(0.5, 1.5)
         else:
             p.normal_(0.0, 0.2)
-mdir = os.path.join(work, "mistral")
-mistral.save_pretrained(mdir, safe_serialization=True)
-_, ours = logits_of("--model", mdir)
-with torch.no_grad():
-    ref = mistral(ids).logits[0]
-    full = MistralForCausalLM(MistralConfig(sliding_window=None, **mcfg)).eval()
-    full.load_state_dict(mistral.state_dict())
-    unwindowed = full(ids).logits[0]
-diff = (ours - ref).abs().max().item()
-apart = (unwindowed - ref).abs().max().item()
-print(f"(g) mistral, window 32 on every layer, 96 tokens: max |logit diff| {diff:.2e} (logits of scale "
-      f"{ref.abs().max().item():.1f}); without the window the logits move by {apart:.2e}")
-check(diff < 1e-4, f"mistral logits differ from transformers' by {diff}")
-check(apart > 1e-3, f"the window hardly changes the logits ({apart}): the check would be vacuous")
-with torch.no_grad():
-    want_ids = mistral.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
-                                pad_token_id=0)[0][ids.shape[1]:].tolist()
-text = run(gen, "--model", mdir, "--tokenizer", "bytes", "--prompt", prompt, "--tokens", "20",
-           "--temperature", "0", "--ignore-eos", "--threads", "2", raw=True)
-print(f"(g) greedy 20 tokens: transformers {want_ids}")
-check(bytes(want_ids) in text, f"mistral greedy bytes differ: fsdp-generate {text!r}, transformers {bytes(want_ids)!r}")
-finetune_and_export(mdir, "g", gguf=None, cls="MistralForCausalLM")
+windowed_against_transformers("g", mistral, MistralForCausalLM(MistralConfig(sliding_window=None, **mcfg)),
+                              "mistral", "mistral, window 32 on every layer", "MistralForCausalLM")
 print(f"{passed} passed, 0 failed")

@@ -71,14 +71,21 @@ for length in (64, 700):
     check(diff < 1e-4, f"the {length}-token prompt's logits differ from transformers' by {diff}")
 
 ids = tok("The capital of France is", add_special_tokens=True)["input_ids"]
-with torch.no_grad():
-    want = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                          max_new_tokens=30, do_sample=False)[0][len(ids):].tolist()
-got = json.loads(run(gen, "--model", path, "--prompt-ids", ",".join(map(str, ids)), "--tokens", "30",
-                     "--temperature", "0", "--ignore-eos", "--threads", "2").strip().splitlines()[-1])
-print(f"greedy: transformers {tok.decode(want)!r}")
-print(f"        fsdp-generate {tok.decode(got)!r}")
-check(got == want[:len(got)] and len(got) == 30, f"greedy ids differ: {got} vs {want}")
+
+
+def same_greedy(what, theirs, *ours):
+    """30 greedy tokens from `ids`: transformers' model `theirs` and fsdp-generate on `ours`."""
+    with torch.no_grad():
+        want = theirs.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                               max_new_tokens=30, do_sample=False)[0][len(ids):].tolist()
+    got = json.loads(run(gen, *ours, "--prompt-ids", ",".join(map(str, ids)), "--tokens", "30",
+                         "--temperature", "0", "--ignore-eos", "--threads", "2").strip().splitlines()[-1])
+    print(f"{what} greedy: transformers  {tok.decode(want)!r}")
+    print(f"{' ' * len(what)}         fsdp-generate {tok.decode(got)!r}")
+    check(got == want[:len(got)] and len(got) == 30, f"{what}: greedy ids differ: {got} vs {want}")
+
+
+same_greedy("the GGUF's", model, "--model", path)
 
 # Fine-tuned and exported to Hugging Face.
 work = tempfile.mkdtemp()
@@ -92,12 +99,5 @@ keys = {k: info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys
 print(f"the fine-tuned export loads in transformers as {type(loaded).__name__}: {keys}")
 check(type(loaded).__name__ == "Gemma3ForCausalLM" and not any(keys.values()) and not info.get("error_msgs"),
       f"loading the export: {type(loaded).__name__} {info}")
-with torch.no_grad():
-    want = loaded.eval().generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                  max_new_tokens=30, do_sample=False)[0][len(ids):].tolist()
-got = json.loads(run(gen, "--ckpt", ck, "--prompt-ids", ",".join(map(str, ids)), "--tokens", "30",
-                     "--temperature", "0", "--ignore-eos", "--threads", "2").strip().splitlines()[-1])
-print(f"fine-tuned greedy: transformers on the export {tok.decode(want)!r}")
-print(f"                   fsdp-generate --ckpt       {tok.decode(got)!r}")
-check(got == want[:len(got)] and len(got) == 30, f"the fine-tuned model's greedy ids differ: {got} vs {want}")
+same_greedy("the fine-tuned export's", loaded.eval(), "--ckpt", ck)
 print(f"{checks.passed} passed, 0 failed")
