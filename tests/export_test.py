@@ -209,7 +209,8 @@ with tempfile.TemporaryDirectory() as w:
     # The llama family's options (SmolLM2's shape, small): grouped-query attention, a head dim of
     # its own, rope theta 1e5 and the head tied to the embedding; and Qwen2's q/k/v biases.
     for tag, extra in (("smol", ["--kv-heads", "2", "--head-dim", "8", "--rope-theta", "100000", "--tie-embeddings"]),
-                       ("qwen", ["--kv-heads", "1", "--qkv-bias"])):
+                       ("qwen", ["--kv-heads", "1", "--qkv-bias"]),
+                       ("qwen3", ["--kv-heads", "2", "--head-dim", "16", "--qk-norm"])):
         run(train, *model_flags, *extra, "--vocab", "300", "--data", f"{w}/t.txt", "--steps", "2",
             "--ckpt-dir", f"{w}/{tag}ck", "--ckpt-every", "2")
         run(export, "--ckpt", f"{w}/{tag}ck", "--out", f"{w}/{tag}/model.safetensors", "--gguf", f"{w}/{tag}.gguf")
@@ -229,6 +230,10 @@ with tempfile.TemporaryDirectory() as w:
             check(field(gg, "llama.attention.head_count_kv") == 2 and field(gg, "llama.rope.dimension_count") == 8
                   and field(gg, "llama.rope.freq_base") == 100000 and "output.weight" not in gt,
                   "smol GGUF: head_count_kv 2, rope dims 8, freq base 1e5, no output.weight (tied)")
+        elif tag == "qwen3":
+            check(c["model_type"] == "qwen3" and c["head_dim"] == 16 and "model.layers.0.self_attn.q_norm.weight" in st
+                  and field(gg, "general.architecture") == "qwen3" and field(gg, "qwen3.attention.key_length") == 16
+                  and "blk.0.attn_q_norm.weight" in gt, f"qwen3 config.json and GGUF: {c}")
         else:
             check(c["model_type"] == "qwen2" and c["num_key_value_heads"] == 1 and c["tie_word_embeddings"] is False,
                   f"qwen config.json: {c}")
@@ -249,6 +254,11 @@ with tempfile.TemporaryDirectory() as w:
         b = json.loads(run(gen, "--model", f"{w}/{tag}plain", "--prompt", "The software", "--print-logits").stdout)
         check(np.allclose(a["logits"], b["logits"], rtol=0, atol=1e-5),
               f"{tag}: a plain Hugging Face folder gives the checkpoint's logits")
+        # Its GGUF export, read back (llama, qwen2, qwen3 by their family's keys).
+        g = json.loads(run(gen, "--model", f"{w}/{tag}.gguf", "--prompt", "The software", "--print-logits").stdout)
+        check(g.get("prompt_ids", g.get("ids")) == a.get("prompt_ids", a.get("ids"))
+              and np.allclose(a["logits"], g["logits"], rtol=0, atol=1e-5),
+              f"{tag}: its GGUF export read back gives the checkpoint's ids and logits")
         texts = [run(gen, "--ckpt", f"{w}/{tag}ck", "--prompt", "The software", "--tokens", "20", "--temperature", "0",
                      "--ignore-eos", *nk).stdout for nk in ([], ["--no-kv-cache"])]
         check(texts[0] == texts[1], f"{tag}: greedy text equal with and without the KV cache: {texts}")

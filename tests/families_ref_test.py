@@ -13,7 +13,8 @@
       or mismatched keys, to the checkpoint's logits within 1e-4;
   (c) an untied Qwen3 of 2 query heads over 1 kv head of 128 dims: its logits within 1e-4, and
       fine-tuned, its Hugging Face export (with lm_head.weight) and its GGUF export (architecture
-      qwen3, read by transformers' own GGUF loader) give the checkpoint's logits;
+      qwen3, read by transformers' own GGUF loader, and by fsdp-generate through its family's
+      qwen3.* keys) give the checkpoint's logits;
   (d) Llama 3's rope scaling (LlamaConfig with rope_scaling rope_type llama3, factor 32, low and
       high frequency factors 1 and 4, an original context of 32 so that 96 tokens are past it, head
       dim 64 of theta 5e5: kept, blended and divided frequencies all occur): fsdp-generate's logits
@@ -179,7 +180,11 @@ with torch.no_grad():
 diff = (ours - ref).abs().max().item()
 print(f"(c) untied qwen3, MQA 2/1, head dim 128: max |logit diff| {diff:.2e}")
 check(diff < 1e-4, f"untied qwen3 logits differ by {diff}")
-finetune_and_export(udir, "c", gguf="transformers")
+from_ckpt, _, hf = finetune_and_export(udir, "c", gguf="transformers")
+_, from_gguf = logits_of("--model", os.path.join(hf, "model.gguf"))
+diff = (from_gguf - from_ckpt).abs().max().item()
+print(f"(c) fsdp-generate on the qwen3 GGUF export (its qwen3.* keys): max |logit diff| to the checkpoint {diff:.2e}")
+check(diff < 1e-4, f"the qwen3 GGUF export read back differs by {diff}")
 
 # (d) Llama 3's rope scaling.
 import math

@@ -83,6 +83,8 @@ TEST(ModelSpec, EachFamilysConfigIsItsAndNoOtherFamilys) {
   EXPECT_EQ(models::spec_for_gguf_arch("mistral"), nullptr);  // llama.cpp converts it to llama
   EXPECT_NE(models::spec_named("llama")->read_gguf_config, nullptr);
   EXPECT_NE(models::spec_named("gemma3")->read_gguf_config, nullptr);
+  EXPECT_NE(models::spec_named("qwen2")->read_gguf_config, nullptr);
+  EXPECT_NE(models::spec_named("qwen3")->read_gguf_config, nullptr);
 }
 
 // config.json both ways: the family's writer, then its reader, give back the same model (its

@@ -100,7 +100,7 @@ nn::TransformerConfig config_from_family(const std::string& family, const std::s
                                          const std::string& where);
 
 // The model config of a GGUF file: the family of its general.architecture reads it
-// (models::ModelSpec::read_gguf_config: llama, gemma3); another architecture, or one whose family
+// (models::ModelSpec::read_gguf_config: llama, qwen2, qwen3, gemma3); another architecture, or one whose family
 // reads no GGUF, is refused by name.
 nn::TransformerConfig config_from_gguf(const GgufFile& f);
 

@@ -200,6 +200,80 @@ void check_no_rope_scaling_in_gguf(const nn::TransformerConfig& c, std::string_v
              "[gguf] llama.cpp's {} takes no Llama 3 rope scaling (rope_freqs)", arch);
 }
 
+// A GGUF file of llama.cpp's architecture `arch` (llama, qwen2, qwen3: its <arch>.* keys, in the
+// terms of Hugging Face's LlamaConfig): GQA, a head dim of its own (attention.key_length), the
+// head tied when output.weight is absent, Llama 3's scaling from rope_freqs.weight (llama.cpp's
+// form of it); a rope over part of the head and another rope scaling type refused by name.
+nn::TransformerConfig read_gguf_keys(const GgufHeader& f, const std::string& arch) {
+  const std::string& path = f.path();
+  const std::string a = arch + ".";
+  nn::TransformerConfig c;
+  c.arch = nn::Arch::llama;
+  c.dim = f.get_int(a + "embedding_length");
+  c.layers = f.get_int(a + "block_count");
+  c.heads = f.get_int(a + "attention.head_count");
+  c.kv_heads = f.get_int(a + "attention.head_count_kv", c.heads);
+  c.ffn_hidden = f.get_int(a + "feed_forward_length");
+  if (const int64_t context = f.get_int(a + "context_length", 0); context > 0) c.seq = context;
+  c.rope_theta = f.get_float(a + "rope.freq_base", 10000.0);
+  c.norm_eps = f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5);
+  const int64_t head_dim = f.get_int(a + "attention.key_length",
+                                     c.heads > 0 && c.dim % c.heads == 0 ? c.dim / c.heads : 0);
+  FSDP_CHECK(
+      c.dim > 0 && c.layers > 0 && c.heads > 0 && c.kv_heads > 0 && c.ffn_hidden > 0 &&
+          head_dim > 0 && head_dim % 2 == 0 && c.heads % c.kv_heads == 0,
+      "[gguf] {}: {} sizes dim {}, layers {}, heads {}, kv heads {}, head dim {}, ffn {} are "
+      "not a model (heads need an even head size and must split into kv-head groups)",
+      path, arch, c.dim, c.layers, c.heads, c.kv_heads, head_dim, c.ffn_hidden);
+  if (head_dim * c.heads != c.dim) c.head_dim = head_dim;
+  const int64_t value_length = f.get_int(a + "attention.value_length", head_dim);
+  FSDP_CHECK(value_length == head_dim,
+             "[gguf] {}: {}attention.value_length {} differs from the key length {}", path, a,
+             value_length, head_dim);
+  const int64_t rope_dim = f.get_int(a + "rope.dimension_count", head_dim);
+  FSDP_CHECK(rope_dim == head_dim,
+             "[gguf] {}: {}rope.dimension_count is {} but heads are {} wide; rope over part "
+             "of a head is not supported",
+             path, a, rope_dim, head_dim);
+  const std::string scaling = f.get_string(a + "rope.scaling.type", "none");
+  FSDP_CHECK(scaling == "none", "[gguf] {}: {}rope.scaling.type '{}' is not supported", path, a,
+             scaling);
+  const std::vector<int64_t> embd = f.tensor_ne("token_embd.weight");
+  c.vocab = f.has(a + "vocab_size")          ? f.get_int(a + "vocab_size")
+            : f.has("tokenizer.ggml.tokens") ? f.array_size("tokenizer.ggml.tokens")
+            : embd.size() == 2               ? embd[1]
+                                             : 0;
+  FSDP_CHECK(embd == std::vector<int64_t>({c.dim, c.vocab}),
+             "[gguf] {}: token_embd.weight has ne [{}] but dim {} and vocab {} need [{}, {}]", path,
+             fmt::join(embd, ", "), c.dim, c.vocab, c.dim, c.vocab);
+  c.tie_embeddings = !f.contains("output.weight");
+  if (f.contains("rope_freqs.weight")) {
+    FSDP_CHECK(arch == "llama",
+               "[gguf] {}: rope_freqs.weight in a {} file: llama.cpp's {} takes no "
+               "Llama 3 rope scaling",
+               path, arch, arch);
+    const std::vector<int64_t> ne = f.tensor_ne("rope_freqs.weight");
+    FSDP_CHECK(ne == std::vector<int64_t>({head_dim / 2}),
+               "[gguf] {}: rope_freqs.weight has ne [{}]; a head dim of {} needs [{}]", path,
+               fmt::join(ne, ", "), head_dim, head_dim / 2);
+    c.rope_scaling = ops::llama3_scaling_of_factors(f.read_f64("rope_freqs.weight"), c.rope_theta,
+                                                    path + ": rope_freqs.weight");
+  }
+  // q/k/v biases are qwen2's (and always there), norms over q's and k's heads qwen3's.
+  c.qkv_bias = f.contains("blk.0.attn_q.bias");
+  FSDP_CHECK(c.qkv_bias == (arch == "qwen2"),
+             "[gguf] {}: a {} file {} q/k/v biases (blk.0.attn_q.bias); {}", path, arch,
+             c.qkv_bias ? "with" : "without",
+             arch == "qwen2" ? "qwen2 has them" : "only qwen2 has them here");
+  c.qk_norm = f.contains("blk.0.attn_q_norm.weight");
+  FSDP_CHECK(c.qk_norm == (arch == "qwen3"),
+             "[gguf] {}: a {} file {} q/k norms (blk.0.attn_q_norm.weight); {}", path, arch,
+             c.qk_norm ? "with" : "without",
+             arch == "qwen3" ? "qwen3 has them" : "only qwen3 has them here");
+  c.validate();
+  return c;
+}
+
 namespace {
 
 bool matches(const nn::TransformerConfig& c) {
@@ -212,57 +286,7 @@ nn::TransformerConfig read(const std::string& text, const std::string& where) {
 
 std::string write(const nn::TransformerConfig& c) { return hf_config(c, spec).dump(); }
 
-// A llama GGUF file (llama.* keys, in the terms of Hugging Face's LlamaConfig): GQA, the head tied
-// when output.weight is absent, Llama 3's scaling from rope_freqs.weight (llama.cpp's form of it);
-// a rope over part of the head, another rope scaling type and q/k/v biases refused by name.
-nn::TransformerConfig read_gguf(const GgufHeader& f) {
-  const std::string& path = f.path();
-  nn::TransformerConfig c;
-  c.arch = nn::Arch::llama;
-  c.dim = f.get_int("llama.embedding_length");
-  c.layers = f.get_int("llama.block_count");
-  c.heads = f.get_int("llama.attention.head_count");
-  c.kv_heads = f.get_int("llama.attention.head_count_kv", c.heads);
-  c.ffn_hidden = f.get_int("llama.feed_forward_length");
-  if (const int64_t context = f.get_int("llama.context_length", 0); context > 0) c.seq = context;
-  c.rope_theta = f.get_float("llama.rope.freq_base", 10000.0);
-  c.norm_eps = f.get_float("llama.attention.layer_norm_rms_epsilon", 1e-5);
-  FSDP_CHECK(c.dim > 0 && c.layers > 0 && c.heads > 0 && c.kv_heads > 0 && c.ffn_hidden > 0 &&
-                 c.dim % c.heads == 0 && c.heads % c.kv_heads == 0 && (c.dim / c.heads) % 2 == 0,
-             "[gguf] {}: llama sizes dim {}, layers {}, heads {}, kv heads {}, ffn {} are not a "
-             "model (dim must split into an even head size, heads into kv-head groups)",
-             path, c.dim, c.layers, c.heads, c.kv_heads, c.ffn_hidden);
-  const int64_t head_dim = c.dim / c.heads;
-  const int64_t rope_dim = f.get_int("llama.rope.dimension_count", head_dim);
-  FSDP_CHECK(rope_dim == head_dim,
-             "[gguf] {}: llama.rope.dimension_count is {} but heads are {} wide; rope over part "
-             "of a head is not supported",
-             path, rope_dim, head_dim);
-  const std::string scaling = f.get_string("llama.rope.scaling.type", "none");
-  FSDP_CHECK(scaling == "none", "[gguf] {}: llama.rope.scaling.type '{}' is not supported", path,
-             scaling);
-  const std::vector<int64_t> embd = f.tensor_ne("token_embd.weight");
-  c.vocab = f.has("llama.vocab_size")        ? f.get_int("llama.vocab_size")
-            : f.has("tokenizer.ggml.tokens") ? f.array_size("tokenizer.ggml.tokens")
-            : embd.size() == 2               ? embd[1]
-                                             : 0;
-  FSDP_CHECK(embd == std::vector<int64_t>({c.dim, c.vocab}),
-             "[gguf] {}: token_embd.weight has ne [{}] but dim {} and vocab {} need [{}, {}]", path,
-             fmt::join(embd, ", "), c.dim, c.vocab, c.dim, c.vocab);
-  c.tie_embeddings = !f.contains("output.weight");
-  if (f.contains("rope_freqs.weight")) {
-    const std::vector<int64_t> ne = f.tensor_ne("rope_freqs.weight");
-    FSDP_CHECK(ne == std::vector<int64_t>({head_dim / 2}),
-               "[gguf] {}: rope_freqs.weight has ne [{}]; a head dim of {} needs [{}]", path,
-               fmt::join(ne, ", "), head_dim, head_dim / 2);
-    c.rope_scaling = ops::llama3_scaling_of_factors(f.read_f64("rope_freqs.weight"), c.rope_theta,
-                                                    path + ": rope_freqs.weight");
-  }
-  FSDP_CHECK(!f.contains("blk.0.attn_q.bias"),
-             "[pretrained] {}: llama with q/k/v biases (blk.0.attn_q.bias) is not supported", path);
-  c.validate();
-  return c;
-}
+nn::TransformerConfig read_gguf(const GgufHeader& f) { return read_gguf_keys(f, "llama"); }
 
 }  // namespace
 

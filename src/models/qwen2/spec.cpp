@@ -32,6 +32,8 @@ void check_gguf(const nn::TransformerConfig& c) {
   llama::check_no_rope_scaling_in_gguf(c, "qwen2");
 }
 
+nn::TransformerConfig read_gguf(const GgufHeader& f) { return llama::read_gguf_keys(f, "qwen2"); }
+
 }  // namespace
 
 const ModelSpec spec = {
@@ -45,7 +47,7 @@ const ModelSpec spec = {
     .matches = matches,
     .read_hf_config = read,
     .write_hf_config = write,
-    .read_gguf_config = nullptr,
+    .read_gguf_config = read_gguf,
     .check_gguf = check_gguf,
     .build = llama::build,
     .parallelize = llama::parallelize,

@@ -31,6 +31,8 @@ void check_gguf(const nn::TransformerConfig& c) {
   llama::check_no_rope_scaling_in_gguf(c, "qwen3");
 }
 
+nn::TransformerConfig read_gguf(const GgufHeader& f) { return llama::read_gguf_keys(f, "qwen3"); }
+
 }  // namespace
 
 const ModelSpec spec = {
@@ -44,7 +46,7 @@ const ModelSpec spec = {
     .matches = matches,
     .read_hf_config = read,
     .write_hf_config = write,
-    .read_gguf_config = nullptr,
+    .read_gguf_config = read_gguf,
     .check_gguf = check_gguf,
     .build = llama::build,
     .parallelize = llama::parallelize,
