@@ -133,15 +133,22 @@ namespace {
 // n f32 values into elements [at, at + n) of a CPU tensor of another float dtype.
 void narrow_into(const float* src, const Tensor& dst, int64_t at, int64_t n) {
   switch (dst.dtype()) {
-    case DType::bf16:
-      for (int64_t i = 0; i < n; ++i) dst.data<bf16>()[at + i] = f32_to_bf16(src[i]);
+    // The destination's pointer once: data<T>() checks the dtype at each call.
+    case DType::bf16: {
+      bf16* d = dst.data<bf16>() + at;
+      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
       return;
-    case DType::f16:
-      for (int64_t i = 0; i < n; ++i) dst.data<f16>()[at + i] = f32_to_f16(src[i]);
+    }
+    case DType::f16: {
+      f16* d = dst.data<f16>() + at;
+      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
       return;
-    case DType::f64:
-      for (int64_t i = 0; i < n; ++i) dst.data<double>()[at + i] = double(src[i]);
+    }
+    case DType::f64: {
+      double* d = dst.data<double>() + at;
+      for (int64_t i = 0; i < n; ++i) d[i] = double(src[i]);
       return;
+    }
     default:
       FSDP_FAIL("[fully_shard] packed parameters decode into f32, f64, bf16 or f16, not {}",
                 dtype_name(dst.dtype()));
