@@ -368,9 +368,9 @@ TEST_F(TokenizerFiles, BadFilesAreRefusedNamingThePathAndTheValue) {
       {"model type", [](json& j) { j["model"]["type"] = "WordPiece"; }, "'WordPiece'"},
       {"normalizer",
        [](json& j) {
-         j["normalizer"] = {{"type", "NFC"}};
+         j["normalizer"] = {{"type", "NFKC"}};  // NFC reads (Qwen2's); its compatibility form not
        },
-       "NFC"},
+       "NFKC"},
       {"pre-tokenizer",
        [](json& j) {
          j["pre_tokenizer"] = {{"type", "Whitespace"}};
