@@ -350,19 +350,21 @@ TEST(Cuda, CudnnAttentionMatchesOurKernel) {
   for (Case c : {Case{2, 256, 4, 4, 64}, Case{1, 200, 2, 2, 128}, Case{2, 1024, 2, 2, 128},
                  Case{2, 256, 9, 3, 64}, Case{1, 200, 4, 1, 64}})
     for (DType dt : {DType::bf16, DType::f16})
-      for (bool causal : {false, true}) {
-        const std::string what = fmt::format("B {} T {} H {} KV {} hd {} {} causal={}", c.B, c.T,
-                                             c.H, c.KV, c.hd, dtype_name(dt), causal);
+      for (auto [causal, window] : {std::pair{false, int64_t(0)}, std::pair{true, int64_t(0)},
+                                    std::pair{true, int64_t(64)}}) {
+        const std::string what =
+            fmt::format("B {} T {} H {} KV {} hd {} {} causal={} window {}", c.B, c.T, c.H, c.KV,
+                        c.hd, dtype_name(dt), causal, window);
         const int64_t fw =
-            kc::cudnn_attention_workspace(false, dt, c.B, c.T, c.H, c.KV, c.hd, causal, 0);
+            kc::cudnn_attention_workspace(false, dt, c.B, c.T, c.H, c.KV, c.hd, causal, window, 0);
         const int64_t bw =
-            kc::cudnn_attention_workspace(true, dt, c.B, c.T, c.H, c.KV, c.hd, causal, 0);
+            kc::cudnn_attention_workspace(true, dt, c.B, c.T, c.H, c.KV, c.hd, causal, window, 0);
         ASSERT_GE(fw, 0) << what << ": "
                          << kc::cudnn_attention_refusal(false, dt, c.B, c.T, c.H, c.KV, c.hd,
-                                                        causal, 0);
+                                                        causal, window, 0);
         ASSERT_GE(bw, 0) << what << ": "
                          << kc::cudnn_attention_refusal(true, dt, c.B, c.T, c.H, c.KV, c.hd, causal,
-                                                        0);
+                                                        window, 0);
         const int64_t d = c.H * c.hd;
         Tensor qkv = rnd({c.B, c.T, (c.H + 2 * c.KV) * c.hd}, 40, -2, 2).to(dt).to(kGpu);
         Tensor dout = rnd({c.B, c.T, d}, 41).to(dt).to(kGpu);
@@ -372,21 +374,21 @@ TEST(Cuda, CudnnAttentionMatchesOurKernel) {
         Tensor ws = Tensor::empty({std::max<int64_t>(fw, bw) / 8 + 1}, DType::i64, kGpu);
         Tensor o1 = out(), l1 = lse(), o2 = out(), l2 = lse();
         kc::attention_forward(qkv.raw_data(), o1.raw_data(), l1.data<float>(), dt, c.B, c.T, c.H,
-                              c.KV, c.hd, causal, nullptr, 0, 0, nullptr);
+                              c.KV, c.hd, causal, nullptr, window, 0, nullptr);
         kc::cudnn_attention_forward(qkv.raw_data(), o2.raw_data(), l2.data<float>(), dt, c.B, c.T,
-                                    c.H, c.KV, c.hd, causal, ws.raw_data(), 0, nullptr);
+                                    c.H, c.KV, c.hd, causal, window, ws.raw_data(), 0, nullptr);
         EXPECT_LT(test::rel_error(o2.to(Device::cpu()), o1.to(Device::cpu())), 1e-2) << what;
         EXPECT_LT(test::rel_error(l2.to(Device::cpu()), l1.to(Device::cpu())), 1e-4) << what;
         Tensor g1 = grad(), g2 = grad(), g3 = grad();
         kc::attention_backward(dout.raw_data(), qkv.raw_data(), o1.raw_data(), l1.data<float>(),
-                               g1.raw_data(), dt, c.B, c.T, c.H, c.KV, c.hd, causal, nullptr, 0, 0,
-                               nullptr);
+                               g1.raw_data(), dt, c.B, c.T, c.H, c.KV, c.hd, causal, nullptr,
+                               window, 0, nullptr);
         kc::cudnn_attention_backward(dout.raw_data(), qkv.raw_data(), o2.raw_data(),
                                      l2.data<float>(), g2.raw_data(), dt, c.B, c.T, c.H, c.KV, c.hd,
-                                     causal, ws.raw_data(), 0, nullptr);
+                                     causal, window, ws.raw_data(), 0, nullptr);
         kc::cudnn_attention_backward(dout.raw_data(), qkv.raw_data(), o1.raw_data(),
                                      l1.data<float>(), g3.raw_data(), dt, c.B, c.T, c.H, c.KV, c.hd,
-                                     causal, ws.raw_data(), 0, nullptr);
+                                     causal, window, ws.raw_data(), 0, nullptr);
         Tensor ref = g1.to(Device::cpu());
         EXPECT_FALSE(any_nan(g2.to(Device::cpu()))) << what;
         EXPECT_LT(test::rel_error(g2.to(Device::cpu()), ref), 2e-2) << what;

@@ -1,6 +1,8 @@
 // Attention through cuDNN's fused SDPA (flash attention), built with
 // cudnn-frontend's graph API: `sdpa` with stats for training and
-// `sdpa_backward`, causal or not, bf16 or f16 with f32 softmax. Our packed
+// `sdpa_backward`, causal or not, bf16 or f16 with f32 softmax; a causal sliding window (query t
+// keeps keys t - window + 1 .. t, as our kernel) is cuDNN's diagonal band, its left bound the
+// window. Our packed
 // layouts need no copies: q, k and v are strided views of qkv
 // [B, T, H + 2 KV, hd] (q dims [B, H, T, hd], k and v [B, KV, T, hd], strides
 // [T*W, hd, W, 1] with W = (H + 2 KV) hd; cuDNN takes grouped-query attention,
@@ -23,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -57,10 +60,11 @@ struct Key {
   int64_t B, T, H, KV, hd;
   DType t;
   bool causal;
+  int64_t window;  // > 0 (with causal): the diagonal band's left bound
   int device;
   bool operator<(const Key& o) const {
-    return std::tie(backward, B, T, H, KV, hd, t, causal, device) <
-           std::tie(o.backward, o.B, o.T, o.H, o.KV, o.hd, o.t, o.causal, o.device);
+    return std::tie(backward, B, T, H, KV, hd, t, causal, window, device) <
+           std::tie(o.backward, o.B, o.T, o.H, o.KV, o.hd, o.t, o.causal, o.window, o.device);
   }
 };
 
@@ -128,6 +132,7 @@ Plan build(const Key& k) {
                      .set_generate_stats(true)
                      .set_attn_scale(scale)
                      .set_causal_mask(k.causal);
+    if (k.window > 0) attrs.set_diagonal_band_left_bound(int(k.window));
     auto [o, stats] = g->sdpa(q, kk, v, attrs);
     o->set_output(true).set_uid(kO).set_dim({k.B, k.H, k.T, k.hd}).set_stride(bthd_strides(k));
     stats->set_output(true)
@@ -156,6 +161,7 @@ Plan build(const Key& k) {
                      .set_name("sdpa_backward")
                      .set_attn_scale(scale)
                      .set_causal_mask(k.causal);
+    if (k.window > 0) attrs.set_diagonal_band_left_bound(int(k.window));
     auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, dO, stats, attrs);
     const std::vector<int64_t> strides = packed_strides(k);
     dq->set_output(true).set_uid(kDQ).set_dim(packed_dims(k, true)).set_stride(strides);
@@ -212,24 +218,27 @@ bool cudnn_attention_enabled() {
 }
 
 int64_t cudnn_attention_workspace(bool backward, DType t, int64_t B, int64_t T, int64_t H,
-                                  int64_t KV, int64_t hd, bool causal, int device) {
-  if (!cudnn_attention_enabled() || (t != DType::bf16 && t != DType::f16) || B * T * H == 0)
+                                  int64_t KV, int64_t hd, bool causal, int64_t window, int device) {
+  if (!cudnn_attention_enabled() || (t != DType::bf16 && t != DType::f16) || B * T * H == 0 ||
+      window > std::numeric_limits<int>::max())
     return -1;
-  const Plan& p = plan({backward, B, T, H, KV, hd, t, causal, device});
+  const Plan& p = plan({backward, B, T, H, KV, hd, t, causal, window, device});
   return p.graph ? p.workspace : -1;
 }
 
 std::string cudnn_attention_refusal(bool backward, DType t, int64_t B, int64_t T, int64_t H,
-                                    int64_t KV, int64_t hd, bool causal, int device) {
+                                    int64_t KV, int64_t hd, bool causal, int64_t window,
+                                    int device) {
   if (!cudnn_attention_enabled()) return "FSDP_CUDNN_ATTENTION=0";
   if (t != DType::bf16 && t != DType::f16) return "cuDNN SDPA takes bf16 or f16";
-  return plan({backward, B, T, H, KV, hd, t, causal, device}).why;
+  if (window > std::numeric_limits<int>::max()) return "a window past cuDNN's int bound";
+  return plan({backward, B, T, H, KV, hd, t, causal, window, device}).why;
 }
 
 void cudnn_attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
-                             int64_t H, int64_t KV, int64_t hd, bool causal, void* workspace,
-                             int device, Stream s) {
-  const Plan& p = plan({false, B, T, H, KV, hd, t, causal, device});
+                             int64_t H, int64_t KV, int64_t hd, bool causal, int64_t window,
+                             void* workspace, int device, Stream s) {
+  const Plan& p = plan({false, B, T, H, KV, hd, t, causal, window, device});
   FSDP_CHECK(p.graph, "[attention] cuDNN refused B {} T {} H {} KV {} hd {}: {}", B, T, H, KV, hd,
              p.why);
   const size_t kpos = size_t(H * hd) * dtype_size(t), vpos = size_t((H + KV) * hd) * dtype_size(t);
@@ -241,8 +250,9 @@ void cudnn_attention_forward(const void* qkv, void* out, float* lse, DType t, in
 
 void cudnn_attention_backward(const void* dout, const void* qkv, const void* out, const float* lse,
                               void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
-                              int64_t hd, bool causal, void* workspace, int device, Stream s) {
-  const Plan& p = plan({true, B, T, H, KV, hd, t, causal, device});
+                              int64_t hd, bool causal, int64_t window, void* workspace, int device,
+                              Stream s) {
+  const Plan& p = plan({true, B, T, H, KV, hd, t, causal, window, device});
   FSDP_CHECK(p.graph, "[attention_backward] cuDNN refused B {} T {} H {} KV {} hd {}: {}", B, T, H,
              KV, hd, p.why);
   const size_t kpos = size_t(H * hd) * dtype_size(t), vpos = size_t((H + KV) * hd) * dtype_size(t);

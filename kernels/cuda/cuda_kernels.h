@@ -139,17 +139,20 @@ void attention_decode(const void* q, const void* k, const void* v, void* out, DT
 // SDPA, bf16 and f16, same layouts (grouped-query included) and lse as above. The workspace query
 // builds and caches the plan for that shape; it returns the bytes of workspace the call needs, or
 // -1 where cuDNN is off (FSDP_CUDNN_ATTENTION=0) or refuses the shape (the refusal says why); then
-// the kernel above is the fallback.
+// the kernel above is the fallback. window > 0 (causal only): query t keeps keys t - window + 1
+// .. t, cuDNN's diagonal band.
 int64_t cudnn_attention_workspace(bool backward, DType t, int64_t B, int64_t T, int64_t H,
-                                  int64_t KV, int64_t hd, bool causal, int device);
+                                  int64_t KV, int64_t hd, bool causal, int64_t window, int device);
 std::string cudnn_attention_refusal(bool backward, DType t, int64_t B, int64_t T, int64_t H,
-                                    int64_t KV, int64_t hd, bool causal, int device);
+                                    int64_t KV, int64_t hd, bool causal, int64_t window,
+                                    int device);
 void cudnn_attention_forward(const void* qkv, void* out, float* lse, DType t, int64_t B, int64_t T,
-                             int64_t H, int64_t KV, int64_t hd, bool causal, void* workspace,
-                             int device, Stream s);
+                             int64_t H, int64_t KV, int64_t hd, bool causal, int64_t window,
+                             void* workspace, int device, Stream s);
 void cudnn_attention_backward(const void* dout, const void* qkv, const void* out, const float* lse,
                               void* dqkv, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
-                              int64_t hd, bool causal, void* workspace, int device, Stream s);
+                              int64_t hd, bool causal, int64_t window, void* workspace, int device,
+                              Stream s);
 
 // softmax_xent.cu: lse is f32 [n]; mean_loss (one f64 on the device) gets the loss summed over
 // the rows whose target is not kIgnoreIndex, divided by divisor, and stays there: no sync. Any

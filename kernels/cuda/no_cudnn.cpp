@@ -16,20 +16,20 @@ constexpr const char* kWhy =
 }
 
 int64_t cudnn_attention_workspace(bool, DType, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
-                                  int) {
+                                  int64_t, int) {
   return -1;
 }
 std::string cudnn_attention_refusal(bool, DType, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
-                                    int) {
+                                    int64_t, int) {
   return kWhy;
 }
 void cudnn_attention_forward(const void*, void*, float*, DType, int64_t, int64_t, int64_t, int64_t,
-                             int64_t, bool, void*, int, Stream) {
+                             int64_t, bool, int64_t, void*, int, Stream) {
   FSDP_FAIL("[attention] cuDNN: {}", kWhy);
 }
 void cudnn_attention_backward(const void*, const void*, const void*, const float*, void*, DType,
-                              int64_t, int64_t, int64_t, int64_t, int64_t, bool, void*, int,
-                              Stream) {
+                              int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t, void*,
+                              int, Stream) {
   FSDP_FAIL("[attention_backward] cuDNN: {}", kWhy);
 }
 

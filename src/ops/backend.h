@@ -95,7 +95,7 @@ double gemm_peak_flops(Device device, DType dtype);
 double copy_gbps(Device device);
 std::string device_name(Device device);  // "NVIDIA H200"; "" where it cannot be read
 std::string attention_path(Device device, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
-                           int64_t hd, bool causal);  // ops::attention_path on CUDA
+                           int64_t hd, bool causal, int64_t window);  // ops::attention_path
 }  // namespace cuda_impl
 
 }  // namespace fsdp::ops

@@ -211,9 +211,9 @@ void rope_(const Tensor& qkv, int64_t heads, int64_t kv_heads, const std::vector
                freqs.data(), inverse, offset, doc_start_ptr(doc_start, ds), dev(qkv), cs(qkv));
 }
 
-// Packed rows and sliding windows run on our kernel: cuDNN's SDPA takes packed rows only as
-// ragged (THD) sequences, which this layout is not, and its diagonal band (a window) is not wired
-// here yet.
+// Packed rows run on our kernel: cuDNN's SDPA takes packed rows only as ragged (THD) sequences,
+// which this layout is not. A sliding window is cuDNN's diagonal band where cuDNN takes the shape,
+// else our kernel's.
 AttentionOut attention_forward(const Tensor& qkv, int64_t heads, int64_t kv_heads, bool causal,
                                const Tensor& doc_start, int64_t window) {
   Tensor Q = dense(qkv);
@@ -222,15 +222,14 @@ AttentionOut attention_forward(const Tensor& qkv, int64_t heads, int64_t kv_head
   const int64_t B = qkv.size(0), T = qkv.size(1), hd = qkv.size(2) / (heads + 2 * kv_heads);
   Tensor out = Tensor::empty({B, T, heads * hd}, qkv.dtype(), qkv.device());
   Tensor lse = Tensor::empty({B, heads, T}, DType::f32, qkv.device());
-  const int64_t ws = dsp || window > 0
-                         ? -1
+  const int64_t ws = dsp ? -1
                          : kc::cudnn_attention_workspace(false, qkv.dtype(), B, T, heads, kv_heads,
-                                                         hd, causal, dev(qkv));
+                                                         hd, causal, window, dev(qkv));
   if (ws >= 0) {
     Tensor w = workspace(ws, qkv.device());
     kc::cudnn_attention_forward(Q.raw_data(), out.raw_data(), lse.data<float>(), qkv.dtype(), B, T,
-                                heads, kv_heads, hd, causal, w.defined() ? w.raw_data() : nullptr,
-                                dev(qkv), cs(qkv));
+                                heads, kv_heads, hd, causal, window,
+                                w.defined() ? w.raw_data() : nullptr, dev(qkv), cs(qkv));
     return {out, lse};
   }
   kc::attention_forward(Q.raw_data(), out.raw_data(), lse.data<float>(), qkv.dtype(), B, T, heads,
@@ -247,15 +246,14 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
   const int32_t* dsp = doc_start_ptr(doc_start, ds);
   const int64_t B = qkv.size(0), T = qkv.size(1), hd = qkv.size(2) / (heads + 2 * kv_heads);
   Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
-  const int64_t ws = dsp || window > 0
-                         ? -1
+  const int64_t ws = dsp ? -1
                          : kc::cudnn_attention_workspace(true, qkv.dtype(), B, T, heads, kv_heads,
-                                                         hd, causal, dev(qkv));
+                                                         hd, causal, window, dev(qkv));
   if (ws >= 0) {
     Tensor w = workspace(ws, qkv.device());
     kc::cudnn_attention_backward(DO.raw_data(), Q.raw_data(), O.raw_data(), L.data<float>(),
                                  dqkv.raw_data(), qkv.dtype(), B, T, heads, kv_heads, hd, causal,
-                                 w.defined() ? w.raw_data() : nullptr, dev(qkv), cs(qkv));
+                                 window, w.defined() ? w.raw_data() : nullptr, dev(qkv), cs(qkv));
     return dqkv;
   }
   kc::attention_backward(DO.raw_data(), Q.raw_data(), O.raw_data(), L.data<float>(),
@@ -358,13 +356,14 @@ double gemm_peak_flops(Device device, DType dtype) {
 double copy_gbps(Device device) { return kc::measure_copy_gbps(int64_t(1) << 30, device.index); }
 
 std::string attention_path(Device device, DType t, int64_t B, int64_t T, int64_t H, int64_t KV,
-                           int64_t hd, bool causal) {
+                           int64_t hd, bool causal, int64_t window) {
   // The plans are cached: the step's own attention finds them built.
-  const bool fwd = kc::cudnn_attention_workspace(false, t, B, T, H, KV, hd, causal, device.index) >= 0;
-  const bool bwd = kc::cudnn_attention_workspace(true, t, B, T, H, KV, hd, causal, device.index) >= 0;
+  const int d = device.index;
+  const bool fwd = kc::cudnn_attention_workspace(false, t, B, T, H, KV, hd, causal, window, d) >= 0;
+  const bool bwd = kc::cudnn_attention_workspace(true, t, B, T, H, KV, hd, causal, window, d) >= 0;
   if (fwd && bwd) return "cuDNN SDPA";
   return "our kernel (cuDNN: " +
-         kc::cudnn_attention_refusal(fwd, t, B, T, H, KV, hd, causal, device.index) + ")";
+         kc::cudnn_attention_refusal(fwd, t, B, T, H, KV, hd, causal, window, d) + ")";
 }
 
 std::string device_name(Device device) {

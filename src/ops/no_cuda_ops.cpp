@@ -28,7 +28,8 @@ FSDP_BACKEND_OPS(FSDP_NO_CUDA_OP)
 double gemm_peak_flops(Device device, DType dtype) { no_cuda("gemm_peak_flops"); }
 double copy_gbps(Device device) { no_cuda("copy_gbps"); }
 std::string device_name(Device device) { no_cuda("device_name"); }
-std::string attention_path(Device, DType, int64_t, int64_t, int64_t, int64_t, int64_t, bool) {
+std::string attention_path(Device, DType, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                           int64_t) {
   no_cuda("attention_path");
 }
 

@@ -554,9 +554,11 @@ void adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, const Tens
 }
 
 std::string attention_path(Device device, DType dtype, int64_t B, int64_t T, int64_t heads,
-                           int64_t kv_heads, int64_t head_dim, bool causal) {
+                           int64_t kv_heads, int64_t head_dim, bool causal, int64_t window) {
+  FSDP_CHECK(window == 0 || (window > 0 && causal),
+             "[attention_path] a sliding window ({}) is causal and positive", window);
   if (device.is_cpu()) return "our kernel (CPU)";
-  return cuda_impl::attention_path(device, dtype, B, T, heads, kv_heads, head_dim, causal);
+  return cuda_impl::attention_path(device, dtype, B, T, heads, kv_heads, head_dim, causal, window);
 }
 
 }  // namespace fsdp::ops

@@ -136,9 +136,17 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
     row("  " + t.name, fmt::format("{:.1f} MB {}", double(t.bytes) / 1e6, t.what));
   row("  allocated at peak",
       fmt::format("{:.1f} MB (the allocator's own peak)", double(plan.peak_allocated) / 1e6));
-  row("attention", ops::attention_path(device, mp.param_dtype.value_or(dtype), cfg.batch, cfg.seq,
-                                       cfg.heads, cfg.resolved_kv_heads(), cfg.resolved_head_dim(),
-                                       cfg.arch == nn::Arch::llama));
+  const auto path = [&](int64_t window) {
+    return ops::attention_path(device, mp.param_dtype.value_or(dtype), cfg.batch, cfg.seq,
+                               cfg.heads, cfg.resolved_kv_heads(), cfg.resolved_head_dim(),
+                               cfg.arch == nn::Arch::llama, window);
+  };
+  if (cfg.sliding_window > 0 && cfg.arch == nn::Arch::llama) {  // local layers, and global ones
+    row("attention (local)", path(cfg.sliding_window));
+    if (cfg.global_every > 0) row("attention (global)", path(0));
+  } else {
+    row("attention", path(0));
+  }
   row("threads", std::to_string(threads));
   if (device.is_cpu()) row("blas kernels", ops::blas_kernel_note());
   row("sgemm peak", fmt::format("{:.1f} GFLOP/s, all ranks (MFU denominator)", peak / 1e9));

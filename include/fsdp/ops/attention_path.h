@@ -10,8 +10,8 @@
 namespace fsdp::ops {
 
 // "cuDNN SDPA", or "our kernel (cuDNN: why not)" on CUDA (cuDNN refused the shape, or the build
-// has no cuDNN); "our kernel (CPU)" on the CPU.
+// has no cuDNN); "our kernel (CPU)" on the CPU. window > 0: a causal sliding window's.
 std::string attention_path(Device device, DType dtype, int64_t B, int64_t T, int64_t heads,
-                           int64_t kv_heads, int64_t head_dim, bool causal);
+                           int64_t kv_heads, int64_t head_dim, bool causal, int64_t window = 0);
 
 }  // namespace fsdp::ops
