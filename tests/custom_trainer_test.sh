@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# examples/custom_trainer (a trainer from the library's parts and train_step, fsdp-train's step) at
-# 2 ranks: it prints the losses fsdp-train prints for the same config, its host waits once per step, and a run stopped at step 10 and restarted
+# examples/custom_trainer (a trainer from the library's parts and train_loop, fsdp-train's loop, in
+# at most 40 lines) at 2 ranks: it prints the losses fsdp-train prints for the same config, its host
+# waits once per step, and a run stopped at step 10 and restarted
 # resumes bit for bit (the losses of steps 10-19 equal the uninterrupted run's, every digit). Its
 # resume policy is fsdp-train's (the same checkpoint::Manager): an incomplete newest checkpoint is
 # skipped aloud by both, and the newest complete one is loaded.
@@ -12,13 +13,17 @@ trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/testlib.sh"
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE FSDP_COLLECTIVE_TIMEOUT_S=120
 mpi=("${mpirun_local[@]}" -np 2)
+source_file="$(dirname "$0")/../examples/custom_trainer/main.cpp"
+lines=$(wc -l < "$source_file")
+[ "$lines" -le 40 ] && grep -q 'train::train_loop(' "$source_file" && ok \
+  || bad "examples/custom_trainer/main.cpp is $lines lines (at most 40) or does not call train::train_loop"
 losses() { grep -E '^step ' "$1" | sed -E 's/.*loss ([0-9.]+).*/\1/'; }
 # A step line's numbers that do not depend on the machine's speed: step, loss, lr and grad norm.
 numbers() { grep -E '^step ' "$1" | sed -E 's/^(step [0-9]+ \| loss [0-9.]+) .*(\| lr [^|]*\| grad norm [0-9.]+).*/\1 \2/'; }
 
 "${mpi[@]}" "$trainer" "$work/a" > "$work/full.out" 2>&1 || bad "custom_trainer failed: $(tail -3 "$work/full.out")"
-"${mpi[@]}" "$fsdp_train" --preset tiny --arch llama --batch 4 --steps 20 --lr 1e-3 --weight-decay 0.01 \
-  --warmup-steps 5 --lr-decay cosine --min-lr 1e-4 --grad-clip 1.0 --seed 1 --threads 1 --sample-tokens 0 \
+"${mpi[@]}" "$fsdp_train" --preset tiny --batch 4 --steps 20 --lr 1e-3 --weight-decay 0.01 \
+  --warmup-steps 5 --lr-decay cosine --min-lr 0 --grad-clip 1.0 --seed 1 --threads 1 --sample-tokens 0 \
   > "$work/fsdp_train.out" 2>&1 || bad "fsdp-train failed: $(tail -3 "$work/fsdp_train.out")"
 losses "$work/full.out" | awk '{printf "%.4f\n", $1}' > "$work/l_custom"
 losses "$work/fsdp_train.out" > "$work/l_train"

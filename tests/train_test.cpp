@@ -15,6 +15,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -30,16 +31,23 @@
 #include <vector>
 
 #include "fsdp/checkpoint/interchange.h"
+#include "fsdp/checkpoint/manager.h"
 #include "fsdp/core/device.h"
 #include "fsdp/core/dtype.h"
 #include "fsdp/core/error.h"
+#include "fsdp/data/loader.h"
+#include "fsdp/data/token_sources.h"
 #include "fsdp/distributed/init.h"
+#include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/models/spec.h"
 #include "fsdp/nn/transformer.h"
 #include "fsdp/ops/ops.h"
+#include "fsdp/optim/adamw.h"
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/ceilings.h"
+#include "fsdp/profiler/metrics.h"
 #include "fsdp/train/options.h"
+#include "fsdp/train/step.h"
 #include "fsdp/train/trainer.h"
 #include "test_util.h"
 
@@ -465,5 +473,74 @@ TEST(Trainer, LoraResumesExactlyAndItsCheckpointHoldsTheAdaptersAlone) {
       EXPECT_EQ(t.dtype(), DType::f32) << name;  // the adapters' masters
     }
   EXPECT_EQ(half_checked, 17);
+  dist::destroy_process_group();
+}
+
+// train_loop: evaluation after every eval_every-th step and the last, a checkpoint after every
+// save_every-th and the last (the default save: parts.checkpointer with the run), each step's
+// metrics to on_step_end with its val_loss; the hooks' order; a loop with no way to save or
+// evaluate at an interval is refused by name. (The stop signal's checkpoint: reliability_test and
+// async_ckpt_test, through fsdp-train.)
+TEST(TrainLoop, EvaluatesAndSavesAtTheirIntervalsAndAfterTheLastStep) {
+  TempDir tmp;
+  auto world = dist::init_process_group();
+  nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
+  cfg.dim = 32, cfg.layers = 1, cfg.heads = 4, cfg.vocab = 64, cfg.seq = 16, cfg.batch = 2;
+  const models::ModelSpec& spec = models::spec_of(cfg);
+  auto model = spec.build(cfg);
+  FSDPModule& root = *spec.parallelize(*model, {.fsdp = {.seed = 1}}).root;
+  optim::AdamW opt(root.param_groups(0.01), {.lr = 1e-3});
+  data::DataLoader data(std::make_shared<data::RandomTokenSource>(cfg.vocab, 1), cfg.batch,
+                        world->rank(), world->size(), cfg.seq);
+  const checkpoint::RunState run{root, opt, cfg.to_json(), {"arch"}, {{"data", &data}}};
+  {  // one Manager a folder at a time
+    checkpoint::Manager ckpt({.dir = tmp.str()}, world);
+    const train::StepParts parts{*model, root, opt, data, *world, nullptr, &ckpt};
+    std::vector<std::string> events;
+    train::LoopHooks hooks;
+    hooks.on_step_begin = [&](int64_t s, train::StepOptions&) {
+      events.push_back("begin " + std::to_string(s));
+    };
+    hooks.evaluate = [&](int64_t s) {
+      events.push_back("eval " + std::to_string(s));
+      return double(s);
+    };
+    hooks.on_step_end = [&](profiler::StepMetrics& m) {
+      events.push_back("end " + std::to_string(m.step) +
+                       (m.val_loss ? " val " + std::to_string(int(*m.val_loss)) : ""));
+    };
+    const train::LoopResult r = train::train_loop(
+        parts, {.start = 0, .steps = 5, .eval_every = 2, .save_every = 3, .run = &run}, hooks);
+    EXPECT_EQ(r.steps_done, 5);
+    EXPECT_FALSE(r.stopped);
+    const std::vector<std::string> want = {
+        "begin 0", "end 0",  "begin 1",     "eval 1",  "end 1 val 1", "begin 2",    "end 2",
+        "begin 3", "eval 3", "end 3 val 3", "begin 4", "eval 4",      "end 4 val 4"};
+    EXPECT_EQ(events, want);
+    std::vector<std::string> saved;
+    for (const auto& e : std::filesystem::directory_iterator(tmp.path / "ck"))
+      if (e.path().filename().string().starts_with("step_"))
+        saved.push_back(e.path().filename().string());
+    std::sort(saved.begin(), saved.end());
+    EXPECT_EQ(saved, (std::vector<std::string>{"step_00000003", "step_00000005"}));
+  }
+  // A resume from the newest: its step is the loop's start.
+  checkpoint::Manager again({.dir = tmp.str(), .resume = true}, world);
+  const auto loaded = again.load(run);
+  EXPECT_EQ(loaded ? loaded->step : -1, 5);
+
+  const train::StepParts no_ckpt{*model, root, opt, data, *world};
+  EXPECT_THROW(
+      {
+        try {
+          train::train_loop(no_ckpt, {.steps = 1, .save_every = 1});
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("save_every 1 needs a save hook"), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
+  EXPECT_THROW(train::train_loop(no_ckpt, {.steps = 1, .eval_every = 1}), Error);
   dist::destroy_process_group();
 }

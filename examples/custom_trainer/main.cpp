@@ -1,16 +1,14 @@
-// A sharded trainer from the library's parts (tiny llama, fully_shard, AdamW, warmup + cosine) and
-// fsdp-train's step; checkpoint::Manager saves and resumes. mpirun -np 2 custom_trainer DIR [STOP]
+// fsdp-train's loop over the library's parts, resuming: mpirun -np 2 custom_trainer DIR [STOP]
 #include <fmt/core.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <exception>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "fsdp/distributed/init.h"
-#include "fsdp/nn/transformer.h"
+#include "fsdp/models/spec.h"
 #include "fsdp/ops/blas.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/train/step.h"  // with the parts' headers: loader, schedule, checkpoint::Manager
@@ -18,32 +16,25 @@ using namespace fsdp;
 
 int main(int argc, char** argv) try {
   ops::use_best_blas_kernel(argv);  // OpenBLAS's best kernels for this CPU (may re-execute)
-  const int64_t steps = 20, stop = argc > 2 ? std::stoll(argv[2]) : steps, seed = 1;
   auto world = dist::init_process_group();
-  auto mesh = dist::init_device_mesh({world->size()});
-  nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
-  cfg.arch = nn::Arch::llama;
-  nn::Transformer model(cfg);
-  for (nn::Module& block : model.layers()) fully_shard(block, mesh, {.seed = seed});
-  FSDPModule& root = fully_shard(model, mesh, {.seed = seed});
+  const nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");  // the seed MiniLLM's
+  auto model = models::spec_of(cfg).build(cfg);  // the family's module tree, then its FSDP plan
+  FSDPModule& root = *models::spec_of(cfg).parallelize(*model, {.fsdp = {.seed = 1}}).root;
   optim::AdamW opt(root.param_groups(0.01), {.lr = 1e-3, .weight_decay = 0.01});
-  optim::LRSchedule lr(
-      {.lr = 1e-3, .warmup = 5, .decay = optim::Decay::cosine, .min_lr = 1e-4, .decay_end = steps});
-  data::DataLoader data(std::make_shared<data::RandomTokenSource>(cfg.vocab, seed), cfg.batch,
+  optim::LRSchedule lr({.lr = 1e-3, .warmup = 5, .decay = optim::Decay::cosine, .decay_end = 20});
+  data::DataLoader data(std::make_shared<data::RandomTokenSource>(cfg.vocab, 1), cfg.batch,
                         world->rank(), world->size(), cfg.seq);  // each rank's rows of cfg.batch
-  checkpoint::Manager ckpt({.dir = argc > 1 ? argv[1] : "ckpt", .resume = true, .keep = 2}, world);
-  // What a checkpoint holds: the shards, the optimizer, the config (its "arch" checked) and parts.
+  checkpoint::Manager ckpt({.dir = argc > 1 ? argv[1] : "ckpt", .resume = true}, world);
   const checkpoint::RunState run{root, opt, cfg.to_json(), {"arch"}, {{"data", &data}}};
-  const auto loaded = ckpt.load(run);  // the newest complete one: shards, AdamW, data position
-  const train::StepParts parts{.model = model, .parallel = root, .optimizer = opt, .loader = data,
-                               .group = *world, .schedule = &lr, .checkpointer = &ckpt};
-  for (int64_t step = loaded ? loaded->step : 0; step < stop; ++step) {
-    const profiler::StepMetrics m = train::train_step(parts, step, {.grad_clip = 1.0});
+  const auto loaded = ckpt.load(run);  // the newest: shards, AdamW, config ("arch" checked), data
+  const int64_t start = loaded ? loaded->step : 0, end = argc > 2 ? std::stoll(argv[2]) : 20;
+  const auto print = [&](const profiler::StepMetrics& m) {
     if (!world->rank()) fmt::print("{} | host syncs {}\n", m.line(), m.host_syncs);
-    if ((step + 1) % 10 == 0) ckpt.save(step + 1, run);
-  }
+  };
+  train::train_loop({*model, root, opt, data, *world, &lr, &ckpt},  // fsdp-train's parts
+                    {.start = start, .steps = end, .save_every = 10, .run = &run},
+                    {.on_step_end = print});
   dist::destroy_process_group();
 } catch (const std::exception& e) {
-  fmt::print(stderr, "custom_trainer: error: {}\n", e.what());
-  dist::abort_process(1);
+  dist::abort_process(e, "custom_trainer");  // the message, and every rank's process ended
 }

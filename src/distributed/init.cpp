@@ -2,6 +2,7 @@
 #include "fsdp/distributed/init.h"
 
 #include <arpa/inet.h>
+#include <fmt/core.h>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -25,10 +26,10 @@
 
 #include "fsdp/core/env.h"
 #include "fsdp/distributed/launch_env.h"
-#include "src/distributed/transport.h"
 #include "src/distributed/cpu_group.h"
 #include "src/distributed/device_host_group.h"
 #include "src/distributed/nccl/nccl_group.h"
+#include "src/distributed/transport.h"
 #include "src/distributed/watchdog.h"
 
 namespace fsdp::dist {
@@ -413,6 +414,11 @@ void abort_process(int code) {
   std::fflush(stderr);
   if (the_world().mpi) mpi_abort(code);
   std::_Exit(code);
+}
+
+void abort_process(const std::exception& error, std::string_view program) {
+  fmt::print(stderr, "{}: error: {}\n", program, error.what());
+  abort_process(1);
 }
 
 }  // namespace fsdp::dist

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -46,35 +47,21 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-// One optimizer step of grad_accum microbatches (train_step, fsdp/train/step.h: one host sync);
-// its metrics, agreed over ranks, with the FLOP/s ceiling raised by the rates it saw.
-profiler::StepMetrics Trainer::Impl::step(int64_t step) {
-  profiler::StepMetrics m = train_step({.model = *model,
-                                        .parallel = *parallel,
-                                        .optimizer = *opt,
-                                        .loader = *loader,
-                                        .group = *pg,
-                                        .schedule = schedule.get(),
-                                        .checkpointer = ckpt.get()},
-                                       step,
-                                       {.grad_accum = o.sharding.grad_accum,
-                                        .grad_clip = o.optimizer.grad_clip,
-                                        .flops_per_token = double(cfg.flops_per_token()),
-                                        .peak_flops = peak,
-                                        .fused_loss = o.sharding.fused_loss});
+// After a step (train_step, fsdp/train/step.h: one host sync): the FLOP/s ceiling raised by the
+// rates it saw, the stop grace, the communication totals the summary reports.
+void Trainer::Impl::account(profiler::StepMetrics& m) {
   const double dt = m.step_seconds;
   // A stop signal ends a wait stuck on a peer, but only after a step in flight had its time.
   longest_step = std::max(longest_step, dt);
   set_stop_grace(std::chrono::milliseconds(int64_t(1000.0 * std::max(1.0, 2.0 * longest_step))));
   raise_peak(m);
-  if (step > start_step || o.schedule.steps == start_step + 1) {  // the first step warms up
+  if (m.step > start_step || o.schedule.steps == start_step + 1) {  // the first step warms up
     comm_total += m.comm_seconds;
     exposed_total += m.exposed_seconds;
     gather_total += double(m.all_gather_bytes);
     step_total += dt;
     ++steps_timed;
   }
-  return m;
 }
 
 // The mean loss of eval_batches validation batches, over all ranks.
@@ -174,14 +161,22 @@ void Trainer::Impl::write_tensorboard(const profiler::StepMetrics& m) {
   tensorboard->flush();
 }
 
+// train_loop (fsdp/train/step.h) with fsdp-train's hooks: the profile window, the step line and
+// its ETA, validation, TensorBoard, the JSONL log, the checkpoints' messages and extras.
 void Trainer::Impl::fit() {
   ProfileWindow profile(o.profile.profile_steps, o.profile.profile_dir, rank, device);
   steps_done = start_step;
   fit_start = std::chrono::steady_clock::now();
   auto iteration_start = fit_start;
-  for (int64_t s = start_step; s < o.schedule.steps; ++s) {
+  LoopHooks hooks;
+  hooks.on_step_begin = [&](int64_t s, StepOptions& step) {
     profile.at_step(s);
-    profiler::StepMetrics m = step(s);
+    step.peak_flops = peak;  // raised by the steps before
+  };
+  if (val) hooks.evaluate = [&](int64_t) { return evaluate(); };
+  hooks.on_step_end = [&](profiler::StepMetrics& m) {
+    account(m);
+    const int64_t s = m.step;
     // The ETA: the mean wall time of the recent iterations (the step with its validation, log and
     // checkpoint), the first (a warm-up) dropped once others come; before any, this step's.
     const auto now = std::chrono::steady_clock::now();
@@ -200,13 +195,7 @@ void Trainer::Impl::fit() {
       fmt::print("{}\n", m.line());
       std::fflush(stdout);
     }
-    // The background write's outcome came with the metrics, the same on every rank: a failure
-    // is an error here, on every rank; a finished write is committed.
-    if (ckpt && ckpt->pending_step() >= 0 && (m.ckpt_write_failed || !m.ckpt_writing))
-      finish_async_save();
-    if (val && o.data.eval_every > 0 &&
-        ((s + 1) % o.data.eval_every == 0 || s + 1 == o.schedule.steps)) {
-      m.val_loss = evaluate();
+    if (m.val_loss) {
       if (!best_val_loss || *m.val_loss < *best_val_loss) best_val_loss = m.val_loss;
       if (main()) fmt::print("step {} | val loss {:.4f}\n", s, *m.val_loss);
     }
@@ -220,32 +209,48 @@ void Trainer::Impl::fit() {
                  "than training on without the log",
                  o.profile.log_file, s, std::strerror(err));
     }
-    const bool saved = o.checkpoint.ckpt_every > 0 &&
-                       ((s + 1) % o.checkpoint.ckpt_every == 0 || s + 1 == o.schedule.steps);
-    if (saved) save(s + 1);
     steps_done = s + 1;
-    if (s + 1 < o.schedule.steps && m.stop) {
-      const Uninterruptible stopping;  // the checkpoint and the summary's gather
-      const int sig = stop_signal();
-      if (!o.checkpoint.ckpt_dir.empty() && !saved) save(s + 1);
-      if (main() && ckpt && ckpt->pending_step() >= 0)
+  };
+  if (ckpt) {
+    hooks.save = [&](int64_t step) { save(step); };
+    hooks.commit = [&](bool stopping) {
+      if (stopping && main())
         fmt::print(stderr, "fsdp-train: stopping: waiting for the background write of step {}\n",
                    ckpt->pending_step());
-      finish_async_save();  // the write in flight is committed before the process ends
-      if (main())
-        fmt::print(stderr, "fsdp-train: {} received: stopped after step {}{}\n",
-                   sig == SIGINT    ? "SIGINT"
-                   : sig == SIGTERM ? "SIGTERM"
-                                    : "a stop signal",
-                   s,
-                   o.checkpoint.ckpt_dir.empty()
-                       ? " (no --ckpt-dir: nothing saved)"
-                       : fmt::format("; checkpoint of step {} in {}; continue with --resume", s + 1,
-                                     o.checkpoint.ckpt_dir));
-      break;
-    }
+      finish_async_save();
+    };
   }
-  finish_async_save();
+  hooks.on_stop = [&](const profiler::StepMetrics& m) {
+    const int sig = stop_signal();
+    if (main())
+      fmt::print(stderr, "fsdp-train: {} received: stopped after step {}{}\n",
+                 sig == SIGINT    ? "SIGINT"
+                 : sig == SIGTERM ? "SIGTERM"
+                                  : "a stop signal",
+                 m.step,
+                 o.checkpoint.ckpt_dir.empty()
+                     ? " (no --ckpt-dir: nothing saved)"
+                     : fmt::format("; checkpoint of step {} in {}; continue with --resume",
+                                   m.step + 1, o.checkpoint.ckpt_dir));
+  };
+  steps_done = train_loop({.model = *model,
+                           .parallel = *parallel,
+                           .optimizer = *opt,
+                           .loader = *loader,
+                           .group = *pg,
+                           .schedule = schedule.get(),
+                           .checkpointer = ckpt.get()},
+                          {.start = start_step,
+                           .steps = o.schedule.steps,
+                           .step = {.grad_accum = o.sharding.grad_accum,
+                                    .grad_clip = o.optimizer.grad_clip,
+                                    .flops_per_token = double(cfg.flops_per_token()),
+                                    .peak_flops = peak,
+                                    .fused_loss = o.sharding.fused_loss},
+                           .eval_every = val ? o.data.eval_every : 0,
+                           .save_every = ckpt ? o.checkpoint.ckpt_every : 0},
+                          hooks)
+                   .steps_done;
   profile.finish();
   if (o.schedule.steps > 0) print_summary();
   if (!o.data.data.empty() && o.sample.sample_tokens > 0 && steps_done == o.schedule.steps)

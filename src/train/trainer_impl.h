@@ -109,7 +109,7 @@ struct Trainer::Impl {
   checkpoint::RunState run_state();
 
   // The loop (trainer.cpp).
-  profiler::StepMetrics step(int64_t step);
+  void account(profiler::StepMetrics& m);
   double evaluate();
   double eval_loss(const data::Batch& b, double divisor);
   void save(int64_t step);

@@ -12,8 +12,10 @@
 // environment that names a world of several ranks with no way to meet is refused at once.
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "fsdp/distributed/process_group.h"
 #include "fsdp/distributed/store.h"
@@ -44,5 +46,10 @@ void destroy_process_group();
 // For binaries after an error: ends this process (and, under MPI, the job)
 // without waiting on peers that may never answer.
 [[noreturn]] void abort_process(int code);
+// The same after printing "<program>: error: <what>" to stderr, exit code 1:
+//   int main(int argc, char** argv) try { ... } catch (const std::exception& e) {
+//     dist::abort_process(e, "my_trainer");
+//   }
+[[noreturn]] void abort_process(const std::exception& error, std::string_view program);
 
 }  // namespace fsdp::dist

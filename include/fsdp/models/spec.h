@@ -35,7 +35,7 @@ namespace fsdp::models {
 // How a model is spread over the ranks: FSDP2's recipe (fully_shard on each block, then on the
 // root) or replicate() (the DDP baseline), then activation checkpointing on its blocks.
 struct Parallelism {
-  std::shared_ptr<dist::DeviceMesh> mesh;
+  std::shared_ptr<dist::DeviceMesh> mesh;  // null: one dimension over the initialised world
   bool replicate = false;  // false: fully_shard; true: every rank holds all of it
   FullyShardOptions fsdp;  // fully_shard's, each block's and the root's; replicate: its init_dtype
                            // and seed

@@ -1,6 +1,7 @@
-// One optimizer step from a trainer's parts: fsdp-train's step (Trainer::fit calls it), for any
-// trainer built from the library. The parts are a caller's: build them as fsdp-train does, or
-// replace any one (another model, replicate() for fully_shard, another schedule or loader).
+// One optimizer step from a trainer's parts, and the loop of them: fsdp-train's step and loop
+// (Trainer::fit runs train_loop), for any trainer built from the library. The parts are a caller's:
+// build them as fsdp-train does, or replace any one (another model, replicate() for fully_shard,
+// another schedule or loader).
 //
 //   train::StepParts parts{.model = model, .parallel = root, .optimizer = opt,
 //                          .loader = loader, .group = *world, .schedule = &lr};
@@ -9,12 +10,19 @@
 //     if (world->rank() == 0) fmt::print("{}\n", m.line());
 //   }
 //
+// or the whole loop, with evaluation, checkpoints and a stop signal handled as fsdp-train does:
+//
+//   const auto print = [](const profiler::StepMetrics& m) { fmt::print("{}\n", m.line()); };
+//   train::train_loop(parts, {.start = start, .steps = 100, .save_every = 50, .run = &run},
+//                     {.on_step_end = print});
+//
 // The step waits for the device once (m.host_syncs says how many times it did): the loss, the
 // clipping and the metrics stay on the device until one small gather reads them, and a
 // non-finite loss or gradient norm throws there, before the optimizer changes a weight.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "fsdp/checkpoint/manager.h"
 #include "fsdp/data/loader.h"
@@ -36,7 +44,8 @@ struct StepParts {
   const optim::LRSchedule* schedule = nullptr;  // sets the lr of each step; null: left as it is
   // Its background write's state rides in the step's gather (checkpoint::Manager::write_state),
   // so every rank learns at the same step that a write finished or failed. Null: no checkpoints.
-  const checkpoint::Manager* checkpointer = nullptr;
+  // train_loop saves through it and commits its background writes.
+  checkpoint::Manager* checkpointer = nullptr;
 };
 
 struct StepOptions {
@@ -59,5 +68,50 @@ struct StepOptions {
 // had no target on any rank (StepMetrics::targets 0: every rank agrees, from the same all-reduce).
 // Throws fsdp::Error, before the optimizer step, on a non-finite loss or norm.
 profiler::StepMetrics train_step(const StepParts& parts, int64_t step, const StepOptions& options = {});
+
+struct LoopOptions {
+  int64_t start = 0;  // the first step (a resume's loaded step)
+  int64_t steps = 0;  // the loop ends after step steps - 1
+  StepOptions step;
+  // LoopHooks::evaluate, and a checkpoint, after every N-th step and after the last; 0: never.
+  int64_t eval_every = 0, save_every = 0;
+  // What parts.checkpointer saves (the default save). Null: no default save.
+  const checkpoint::RunState* run = nullptr;
+};
+
+// What a trainer adds to the loop. Each may be empty.
+struct LoopHooks {
+  // Before each step; may change the step's options (a FLOP/s ceiling raised by the last step).
+  std::function<void(int64_t step, StepOptions& options)> on_step_begin;
+  // The validation loss, at an evaluation step: it becomes the step's StepMetrics::val_loss.
+  std::function<double(int64_t step)> evaluate;
+  // After each step and its evaluation: its metrics, agreed over ranks (print, log, TensorBoard).
+  std::function<void(profiler::StepMetrics& m)> on_step_end;
+  // Writes the checkpoint after `steps_done` steps, replacing the default
+  // parts.checkpointer->save(steps_done, *options.run) (a trainer's extras, its messages).
+  std::function<void(int64_t steps_done)> save;
+  // Commits parts.checkpointer's pending background write, replacing its wait() (a trainer's
+  // messages); `stopping`: before the loop ends on a stop signal.
+  std::function<void(bool stopping)> commit;
+  // After a stop signal's step and its checkpoint, before the loop returns.
+  std::function<void(const profiler::StepMetrics& m)> on_stop;
+};
+
+struct LoopResult {
+  int64_t steps_done = 0;  // options.steps, or fewer after a stop signal
+  bool stopped = false;    // a stop signal ended it (install_stop_handlers)
+};
+
+// Collective: steps options.start .. options.steps - 1, each a train_step, then, in this order,
+// the evaluation (at its interval), on_step_end, a background write that finished committed
+// (parts.checkpointer's; its failure thrown on every rank), the checkpoint (at its interval).
+// A stop signal ends the loop after the step every rank agreed on (StepMetrics::stop), with a
+// checkpoint when one can be written (a save hook, or parts.checkpointer with options.run) and
+// none was at that step, the background write committed, then on_stop; the stop's grace does not
+// interrupt their waits (a second signal ends the process). Before returning, a background write
+// still in flight is committed. Throws fsdp::Error on save_every > 0 with no way to save, or on a
+// step's error (train_step's).
+LoopResult train_loop(const StepParts& parts, const LoopOptions& options,
+                      const LoopHooks& hooks = {});
 
 }  // namespace fsdp::train

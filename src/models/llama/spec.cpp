@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "fsdp/core/error.h"
+#include "fsdp/distributed/device_mesh.h"
+#include "fsdp/distributed/init.h"
 #include "fsdp/fsdp/replicate.h"
 #include "fsdp/ops/rope.h"
 #include "src/core/json_fields.h"
@@ -33,12 +35,12 @@ std::unique_ptr<nn::Transformer> build(const nn::TransformerConfig& config) {
 
 Parallelized parallelize(nn::Transformer& model, const Parallelism& p) {
   Parallelized out;
+  const auto mesh = p.mesh ? p.mesh : dist::init_device_mesh({dist::world()->size()});
   if (!p.replicate) {
-    for (nn::Module& block : model.layers()) fully_shard(block, p.mesh, p.fsdp);
-    out.parallel = out.root = &fully_shard(model, p.mesh, p.fsdp);
+    for (nn::Module& block : model.layers()) fully_shard(block, mesh, p.fsdp);
+    out.parallel = out.root = &fully_shard(model, mesh, p.fsdp);
   } else {  // every rank holds all of it
-    out.parallel =
-        &replicate(model, p.mesh, {.init_dtype = p.fsdp.init_dtype, .seed = p.fsdp.seed});
+    out.parallel = &replicate(model, mesh, {.init_dtype = p.fsdp.init_dtype, .seed = p.fsdp.seed});
   }
   // Blocks 0, N, 2N, ... keep only their input and recompute the rest in the backward.
   if (const int64_t every = p.checkpoint_every; every > 0)
