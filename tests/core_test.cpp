@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 
 #include "fsdp/core/allocator.h"
 #include "fsdp/core/env.h"
+#include "fsdp/core/meta.h"
 #include "fsdp/core/tensor.h"
 
 namespace fsdp {
@@ -48,6 +50,40 @@ TEST(Device, Parse) {
   EXPECT_EQ(parse_device("cuda:1").str(), "cuda:1");
   EXPECT_THROW(parse_device("tpu"), Error);
   EXPECT_THROW(parse_device("cuda:x"), Error);
+}
+
+// The meta device (fsdp/core/meta.h): shapes without storage; its allocator models the CPU's
+// caching rules and names each block's term; copies in do nothing, copies out read zeros.
+TEST(Meta, TensorsHaveShapesAndTheAllocatorModelsTheCpusCache) {
+  EXPECT_TRUE(parse_device("meta").is_meta());
+  EXPECT_EQ(Device::meta().str(), "meta");
+  meta::reset({.device = Device::cpu(), .cpu_cache_bytes = 4 << 20});
+  {
+    Tensor a = Tensor::empty({256, 1024}, DType::f32, Device::meta());  // 1 MiB
+    EXPECT_TRUE(a.device().is_meta());
+    EXPECT_EQ(a.nbytes(), size_t(1) << 20);
+    a.fill_(3.0);                                         // nothing to fill
+    a.copy_(Tensor::full({256, 1024}, 1.0, DType::f32));  // nothing to copy into
+    const Tensor back = a.to(Device::cpu());              // reads zeros
+    EXPECT_EQ(back.to_f64_vector()[17], 0.0);
+    EXPECT_EQ(meta::stats().live, 1 << 20);
+  }
+  EXPECT_EQ(meta::stats().live, 0);
+  {
+    const meta::TermScope params(meta::Term::params);
+    Tensor b = Tensor::empty({256, 1024}, DType::f32, Device::meta());  // the freed block, reused
+    Tensor c = Tensor::empty({1000}, DType::f32, Device::meta());       // small: malloc'd, 64 B
+    const meta::Stats st = meta::stats();
+    EXPECT_EQ(st.peak, (1 << 20) + 4032);  // resident: one 1 MiB block and c's granules
+    EXPECT_EQ(st.at_peak[size_t(meta::Term::params)], (1 << 20) + 4000);
+    EXPECT_EQ(st.cache_at_peak, 32);  // the rounding
+    EXPECT_THROW(meta::reset({}), Error) << "a reset while meta tensors live";
+  }
+  // Planning for CUDA: live bytes, no page model.
+  meta::reset({.device = Device::cuda(0)});
+  Tensor d = Tensor::empty({4}, DType::f32, Device::meta());
+  EXPECT_EQ(meta::stats().peak, 16);
+  EXPECT_EQ(meta::target().device, Device::cuda(0));
 }
 
 TEST(Tensor, ViewsShareStorage) {

@@ -18,9 +18,11 @@
 #include <variant>
 #include <vector>
 
+#include "fsdp/distributed/device_mesh.h"
 #include "fsdp/distributed/dtensor.h"
 #include "fsdp/distributed/init.h"
 #include "fsdp/ops/ops.h"
+#include "src/distributed/meta_group.h"
 #include "test_util.h"
 
 namespace fsdp::dist {
@@ -184,6 +186,29 @@ Tensor iota(const Shape& s) {
 
 std::vector<Placement> one_d_placements() {
   return {Shard{0}, Shard{1}, Replicate{}, Partial{ReduceOp::SUM}};
+}
+
+// The memory plan's group (src/distributed/meta_group.h): this process as rank 0 of a larger world.
+// Collectives complete at once; on host tensors every rank holds what this one holds; a 2-D mesh
+// over it gets its dims' sizes.
+TEST(MetaGroup, StandsForRankZeroOfTheWorld) {
+  auto g = std::make_shared<dist::MetaGroup>(4, 0, std::vector<int64_t>{2, 2});
+  EXPECT_EQ(g->size(), 4);
+  EXPECT_TRUE(g->device().is_meta());
+  Tensor out = Tensor::empty({8}, DType::f32);
+  g->all_gather_into_tensor(out, Tensor::from_vector<float>({1, 2}, {2}))->wait();
+  EXPECT_EQ(out.to_f64_vector(), (std::vector<double>{1, 2, 1, 2, 1, 2, 1, 2}));
+  Tensor sum = Tensor::full({1}, 3.0, DType::f64);
+  EXPECT_TRUE(g->all_reduce(sum, dist::ReduceOp::SUM)->is_completed());
+  EXPECT_EQ(sum.item(), 12.0);
+  Tensor avg = Tensor::full({1}, 3.0, DType::f64);
+  g->all_reduce(avg, dist::ReduceOp::AVG)->wait();
+  EXPECT_EQ(avg.item(), 3.0);
+  dist::DeviceMesh mesh(g, {2, 2}, {"replicate", "shard"});
+  EXPECT_EQ(mesh.group(0)->size(), 2);
+  EXPECT_EQ(mesh.group(1)->size(), 2);
+  EXPECT_EQ(mesh.stream_group(1, 0)->size(), 2);
+  EXPECT_THROW(dist::MetaGroup(4, 0, {3}), Error);
 }
 
 TEST(Chunk, MatchesTorchChunk) {

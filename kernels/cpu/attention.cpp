@@ -38,6 +38,11 @@ constexpr int64_t kRows = 128;  // query rows per tile: scratch is kRows x T per
 // Per-thread scratch of `per_thread` elements, allocated before the parallel region, so an
 // allocation failure is the library's out-of-memory error (naming the size) and never an
 // exception inside OpenMP (which would terminate the process).
+int64_t per_thread_scratch(bool backward, int64_t T_) {
+  const int64_t R = std::min(kRows, T_);
+  return backward ? 2 * R * T_ + R : R * T_;
+}
+
 template <class T>
 std::vector<T> thread_scratch(const char* op, int64_t per_thread, int64_t T_) {
   const auto n = size_t(per_thread) * size_t(std::max(1, omp_get_max_threads()));
@@ -100,6 +105,11 @@ std::vector<Chunk> chunks(const int32_t* doc_start, int64_t B, int64_t T_, int64
 
 }  // namespace
 
+int64_t attention_scratch_bytes(bool backward, int64_t T_, int64_t elem_bytes) {
+  return per_thread_scratch(backward, T_) * int64_t(std::max(1, omp_get_max_threads())) *
+         elem_bytes;
+}
+
 // Query rows in tiles of kRows: S = scale Q_tile K^T over the keys the tile may see (all, or from
 // its document's start up to its last row when causal), a row softmax, then O_tile = P V.
 template <class T>
@@ -111,7 +121,7 @@ void attention_forward(const T* qkv, T* out, T* lse, int64_t B, int64_t T_, int6
   FSDP_CHECK(window == 0 || causal, "[attention] a sliding window needs causal attention");
   const int64_t Rt = window > 0 ? std::min(R, std::max<int64_t>(window, 32)) : R;
   const T scale = T(1) / std::sqrt(T(hd));
-  std::vector<T> scratch = thread_scratch<T>("attention", R * T_, T_);
+  std::vector<T> scratch = thread_scratch<T>("attention", per_thread_scratch(false, T_), T_);
   const std::vector<Chunk> work = chunks(doc_start, B, T_, R, true);
   const int64_t tasks = int64_t(work.size()) * H;
 #pragma omp parallel
@@ -168,7 +178,8 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
   FSDP_CHECK(window == 0 || causal, "[attention_backward] a sliding window needs causal attention");
   const int64_t Rt = window > 0 ? std::min(R, std::max<int64_t>(window, 32)) : R;
   const T scale = T(1) / std::sqrt(T(hd));
-  std::vector<T> scratch = thread_scratch<T>("attention_backward", 2 * R * T_ + R, T_);
+  std::vector<T> scratch =
+      thread_scratch<T>("attention_backward", per_thread_scratch(true, T_), T_);
   // Chunks of whole documents (a row of one: the row) own their keys' dK and dV: no races.
   const std::vector<Chunk> work = chunks(doc_start, B, T_, R, false);
   const int64_t tasks = int64_t(work.size()) * KV;

@@ -88,6 +88,11 @@ void attention_backward(const T* dout, const T* qkv, const T* out, const T* lse,
                         int64_t T_, int64_t H, int64_t KV, int64_t hd, bool causal,
                         const int32_t* doc_start = nullptr, int64_t window = 0);
 
+// The bytes of scratch attention_forward (backward: attention_backward) holds while it runs, over
+// this process's OpenMP threads, for sequences of T_ and elements of elem_bytes: the memory plan's
+// meta backend counts them.
+int64_t attention_scratch_bytes(bool backward, int64_t T_, int64_t elem_bytes);
+
 // attention.cpp: one decode step over a KV cache. q [n, H*hd] holds the queries at positions
 // past .. past+n-1, k and v [past+n, KV*hd] every key and value so far; query i attends to keys
 // 0 .. past+i (a window > 0: from past+i-window+1), query head h to kv head h / (H / KV).

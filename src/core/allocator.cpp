@@ -15,6 +15,7 @@
 #include "fsdp/core/error.h"
 #include "fsdp/core/trace.h"
 #include "src/core/gpu.h"
+#include "src/core/meta_allocator.h"
 
 namespace fsdp {
 
@@ -121,6 +122,7 @@ class CpuAllocator final : public Allocator {
 Allocator& allocator_for(Device d) {
   static CpuAllocator cpu;
   if (d.is_cpu()) return cpu;
+  if (d.is_meta()) return meta_allocator();
   return gpu::allocator(d.index);
 }
 

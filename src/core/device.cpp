@@ -9,10 +9,14 @@
 
 namespace fsdp {
 
-std::string Device::str() const { return is_cpu() ? "cpu" : fmt::format("cuda:{}", index); }
+std::string Device::str() const {
+  if (is_meta()) return "meta";
+  return is_cpu() ? "cpu" : fmt::format("cuda:{}", index);
+}
 
 Device parse_device(std::string_view s) {
   if (s == "cpu") return Device::cpu();
+  if (s == "meta") return Device::meta();
   if (s == "cuda") return Device::cuda(0);
   if (s.starts_with("cuda:")) {
     int idx = -1;
@@ -20,7 +24,7 @@ Device parse_device(std::string_view s) {
     auto [p, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), idx);
     if (ec == std::errc() && p == rest.data() + rest.size() && idx >= 0) return Device::cuda(idx);
   }
-  FSDP_FAIL("[device] unknown device '{}'; expected cpu, cuda or cuda:N", s);
+  FSDP_FAIL("[device] unknown device '{}'; expected cpu, cuda, cuda:N or meta", s);
 }
 
 int cuda_device_count() { return gpu::device_count(); }

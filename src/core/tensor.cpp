@@ -190,6 +190,14 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
     detail::cpu_copy_cast(*this, src);
     return *this;
   }
+  // A meta tensor holds no values: a copy into one does nothing, one out of it reads zeros.
+  if (device().is_meta()) return *this;
+  if (src.device().is_meta()) {
+    FSDP_CHECK(device().is_cpu(), "[Tensor::copy_] a meta tensor copies to the CPU only, not to {}",
+               device().str());
+    detail::cpu_fill(*this, 0.0);
+    return *this;
+  }
   // Cross-device or CUDA copies go through contiguous buffers: cast on the
   // side that holds the wider type is not worth the complexity here.
   FSDP_CHECK(is_contiguous(), "[Tensor::copy_] a CUDA destination must be contiguous");
@@ -212,6 +220,7 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
 }
 
 const Tensor& Tensor::fill_(double value) const {
+  if (device().is_meta()) return *this;
   if (device().is_cpu()) {
     detail::cpu_fill(*this, value);
     return *this;

@@ -27,6 +27,7 @@ Tensor Uploader::upload(const Tensor& host) {
   FSDP_CHECK(host.device().is_cpu(), "[Uploader] uploads a CPU tensor, got one on {}",
              host.device().str());
   if (device_.is_cpu()) return host;
+  if (device_.is_meta()) return Tensor::empty(host.shape(), host.dtype(), device_);  // no bytes
   const Tensor src = host.contiguous();
   Slot& slot = slots_[next_];
   next_ = (next_ + 1) % slots_.size();

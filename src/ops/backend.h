@@ -1,5 +1,6 @@
-// The two backends of fsdp::ops, as mirrors: one list of implementation
-// functions, declared alike in cpu_impl (src/ops/cpu_ops.cpp) and cuda_impl
+// The backends of fsdp::ops, as mirrors: one list of implementation
+// functions, declared alike in cpu_impl (src/ops/cpu_ops.cpp), meta_impl (the same file compiled
+// again over kernels that launch nothing: src/ops/meta_ops.cpp) and cuda_impl
 // (src/ops/cuda_ops.cpp; in a build without CUDA, src/ops/no_cuda_ops.cpp,
 // where every function throws "no CUDA in this build"). ops.cpp checks shapes
 // and names the bad value, then calls one of the two; the compiler holds both
@@ -87,6 +88,12 @@ using TensorPair = std::pair<Tensor, Tensor>;
 namespace cpu_impl {
 FSDP_BACKEND_OPS(FSDP_DECLARE_BACKEND_OP)
 }  // namespace cpu_impl
+
+// The meta backend (src/ops/meta_ops.cpp): cpu_impl's code over kernels that launch nothing, on
+// meta tensors (fsdp/core/meta.h).
+namespace meta_impl {
+FSDP_BACKEND_OPS(FSDP_DECLARE_BACKEND_OP)
+}  // namespace meta_impl
 
 namespace cuda_impl {
 FSDP_BACKEND_OPS(FSDP_DECLARE_BACKEND_OP)

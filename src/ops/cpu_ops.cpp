@@ -2,6 +2,10 @@
 // ops.cpp. Each op widens its inputs to the compute dtype (f32, or f64 for
 // f64), runs kernels/cpu on contiguous buffers and narrows the output back to
 // the storage dtype; saved statistics stay in the compute dtype.
+//
+// Compiled twice: here as cpu_impl over kernels/cpu, and by src/ops/meta_ops.cpp (FSDP_OPS_META)
+// as meta_impl over src/ops/meta_kernels.h, whose kernels launch nothing: the meta backend makes
+// what this code makes, on the meta device, and reads nothing on the host (kMeta below).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -10,19 +14,39 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/core/meta.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "src/core/dispatch.h"
 #include "src/ops/backend.h"
 
-namespace fsdp::ops::cpu_impl {
+#ifdef FSDP_OPS_META
+#include "src/ops/meta_kernels.h"
+#define FSDP_CPU_OPS_NAMESPACE meta_impl
+#else
+#define FSDP_CPU_OPS_NAMESPACE cpu_impl
+#endif
 
+namespace fsdp::ops::FSDP_CPU_OPS_NAMESPACE {
+
+#ifdef FSDP_OPS_META
+namespace cpu = kernels::meta;
+constexpr bool kMeta = true;
+#else
 namespace cpu = kernels::cpu;
+constexpr bool kMeta = false;
+#endif
 
 namespace {
 
-// bf16 and f16 compute in f32; f32 and f64 compute as themselves.
+// Where this backend's outputs live.
+Device home() { return kMeta ? Device::meta() : Device::cpu(); }
+
+// bf16 and f16 compute in f32; f32 and f64 compute as themselves. (The meta backend planning for
+// CUDA, whose kernels read and write the storage dtype, widens nothing: an approximation of
+// cuda_impl's allocations that leaves out its statistics' f32 and the libraries' workspaces.)
 DType compute_dtype(DType t) {
   FSDP_CHECK(is_floating(t), "[ops] expected a floating dtype, got {}", dtype_name(t));
+  if (kMeta && meta::target().device.is_cuda()) return t;
   return t == DType::f64 ? DType::f64 : DType::f32;
 }
 
@@ -54,6 +78,7 @@ class Accum {
 template <class I>
 void check_ids(const char* op, const Tensor& ids, int64_t vocab, const char* what,
                std::optional<int64_t> allowed = std::nullopt) {
+  if constexpr (kMeta) return;  // no values
   const I* p = ids.data<I>();
   for (int64_t i = 0; i < ids.numel(); ++i)
     FSDP_CHECK((p[i] >= 0 && p[i] < vocab) || (allowed && int64_t(p[i]) == *allowed),
@@ -107,7 +132,7 @@ Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
   Tensor X = as_compute(x, ct), W = as_compute(w, ct);
   Shape ys = x.shape();
   ys.back() = out;
-  Tensor y = Tensor::empty(ys, ct);
+  Tensor y = Tensor::empty(ys, ct, home());
   dispatch_compute(ct, "linear", [&](auto tv) {
     using T = decltype(tv);
     cpu::gemm<T>(false, true, rows, out, in, T(1), X.data<T>(), in, W.data<T>(), in, T(0),
@@ -122,7 +147,7 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const
   const int64_t out = w.size(0), in = w.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
   const DType ct = compute_dtype(x.dtype());
   Tensor DY = as_compute(dy, ct), X = as_compute(x, ct), W = as_compute(w, ct);
-  Tensor dx = Tensor::empty(x.shape(), ct);
+  Tensor dx = Tensor::empty(x.shape(), ct, home());
   Accum DW(dw, ct), DB(db, ct);
   dispatch_compute(ct, "linear_backward", [&](auto tv) {
     using T = decltype(tv);
@@ -145,7 +170,7 @@ Tensor embedding_forward(const Tensor& ids, const Tensor& w) {
   Tensor W = as_compute(w, ct);
   Shape ys = ids.shape();
   ys.push_back(dim);
-  Tensor y = Tensor::empty(ys, ct);
+  Tensor y = Tensor::empty(ys, ct, home());
   dispatch_index(I.dtype(), "embedding", [&](auto iv) {
     using Ix = decltype(iv);
     check_ids<Ix>("embedding", I, vocab, "token id");
@@ -183,7 +208,8 @@ Tensor offset_weight(const Tensor& w, DType ct, double w_offset) {
   dispatch_compute(ct, "rmsnorm", [&](auto tv) {
     using T = decltype(tv);
     T* p = out.data<T>();
-    for (int64_t i = 0; i < out.numel(); ++i) p[i] += T(w_offset);
+    if (!kMeta)
+      for (int64_t i = 0; i < out.numel(); ++i) p[i] += T(w_offset);
   });
   return out;
 }
@@ -193,7 +219,7 @@ RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, double 
   const int64_t dim = w.size(0), rows = x.numel() / std::max<int64_t>(dim, 1);
   const DType ct = compute_dtype(x.dtype());
   Tensor X = as_compute(x, ct), W = offset_weight(w, ct, w_offset);
-  Tensor y = Tensor::empty(x.shape(), ct), rstd = Tensor::empty({rows}, ct);
+  Tensor y = Tensor::empty(x.shape(), ct, home()), rstd = Tensor::empty({rows}, ct, home());
   dispatch_compute(ct, "rmsnorm", [&](auto tv) {
     using T = decltype(tv);
     cpu::rmsnorm_forward<T>(X.data<T>(), W.data<T>(), y.data<T>(), rstd.data<T>(), rows, dim, eps);
@@ -207,14 +233,14 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
   const DType ct = compute_dtype(x.dtype());
   Tensor DY = as_compute(dy, ct), X = as_compute(x, ct), W = offset_weight(w, ct, w_offset),
          R = as_compute(rstd, ct);
-  Tensor dx = Tensor::empty(x.shape(), ct);
+  Tensor dx = Tensor::empty(x.shape(), ct, home());
   Accum DW(dw, ct);
   dispatch_compute(ct, "rmsnorm_backward", [&](auto tv) {
     using T = decltype(tv);
     Tensor scratch;
     T* dwp = DW.data<T>();
     if (!dwp) {  // no weight gradient wanted: reduce into a scratch buffer
-      scratch = Tensor::zeros({dim}, ct);
+      scratch = Tensor::zeros({dim}, ct, home());
       dwp = scratch.data<T>();
     }
     cpu::rmsnorm_backward<T>(DY.data<T>(), X.data<T>(), W.data<T>(), R.data<T>(), dx.data<T>(), dwp,
@@ -226,7 +252,7 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
 
 Tensor silu_forward(const Tensor& x) {
   const DType ct = compute_dtype(x.dtype());
-  Tensor X = as_compute(x, ct), y = Tensor::empty(x.shape(), ct);
+  Tensor X = as_compute(x, ct), y = Tensor::empty(x.shape(), ct, home());
   dispatch_compute(ct, "silu", [&](auto tv) {
     using T = decltype(tv);
     cpu::silu_forward<T>(X.data<T>(), y.data<T>(), x.numel());
@@ -236,7 +262,7 @@ Tensor silu_forward(const Tensor& x) {
 
 Tensor silu_backward(const Tensor& dy, const Tensor& x) {
   const DType ct = compute_dtype(x.dtype());
-  Tensor DY = as_compute(dy, ct), X = as_compute(x, ct), dx = Tensor::empty(x.shape(), ct);
+  Tensor DY = as_compute(dy, ct), X = as_compute(x, ct), dx = Tensor::empty(x.shape(), ct, home());
   dispatch_compute(ct, "silu_backward", [&](auto tv) {
     using T = decltype(tv);
     cpu::silu_backward<T>(DY.data<T>(), X.data<T>(), dx.data<T>(), x.numel());
@@ -246,7 +272,7 @@ Tensor silu_backward(const Tensor& dy, const Tensor& x) {
 
 Tensor swiglu_forward(const Tensor& g, const Tensor& u, Gate act) {
   const DType ct = compute_dtype(g.dtype());
-  Tensor G = as_compute(g, ct), U = as_compute(u, ct), y = Tensor::empty(g.shape(), ct);
+  Tensor G = as_compute(g, ct), U = as_compute(u, ct), y = Tensor::empty(g.shape(), ct, home());
   dispatch_compute(ct, "swiglu", [&](auto tv) {
     using T = decltype(tv);
     cpu::swiglu_forward<T>(G.data<T>(), U.data<T>(), y.data<T>(), y.numel(),
@@ -258,7 +284,7 @@ Tensor swiglu_forward(const Tensor& g, const Tensor& u, Gate act) {
 TensorPair swiglu_backward(const Tensor& dy, const Tensor& g, const Tensor& u, Gate act) {
   const DType ct = compute_dtype(g.dtype());
   Tensor DY = as_compute(dy, ct), G = as_compute(g, ct), U = as_compute(u, ct);
-  Tensor dg = Tensor::empty(g.shape(), ct), du = Tensor::empty(g.shape(), ct);
+  Tensor dg = Tensor::empty(g.shape(), ct, home()), du = Tensor::empty(g.shape(), ct, home());
   dispatch_compute(ct, "swiglu_backward", [&](auto tv) {
     using T = decltype(tv);
     cpu::swiglu_backward<T>(DY.data<T>(), G.data<T>(), U.data<T>(), dg.data<T>(), du.data<T>(),
@@ -296,7 +322,8 @@ AttentionOut attention_forward(const Tensor& qkv, int64_t heads, int64_t kv_head
   const int32_t* dsp = doc_start_ptr(doc_start, ds);
   const DType ct = compute_dtype(qkv.dtype());
   Tensor Q = as_compute(qkv, ct);
-  Tensor out = Tensor::empty({d.B, d.T, d.H * d.hd}, ct), lse = Tensor::empty({d.B, d.H, d.T}, ct);
+  Tensor out = Tensor::empty({d.B, d.T, d.H * d.hd}, ct, home()),
+         lse = Tensor::empty({d.B, d.H, d.T}, ct, home());
   dispatch_compute(ct, "attention", [&](auto tv) {
     using T = decltype(tv);
     cpu::attention_forward<T>(Q.data<T>(), out.data<T>(), lse.data<T>(), d.B, d.T, d.H, d.KV, d.hd,
@@ -314,7 +341,7 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
   const DType ct = compute_dtype(qkv.dtype());
   Tensor DO = as_compute(dout, ct), Q = as_compute(qkv, ct), O = as_compute(out, ct),
          L = as_compute(lse, ct);
-  Tensor dqkv = Tensor::empty(qkv.shape(), ct);
+  Tensor dqkv = Tensor::empty(qkv.shape(), ct, home());
   dispatch_compute(ct, "attention_backward", [&](auto tv) {
     using T = decltype(tv);
     cpu::attention_backward<T>(DO.data<T>(), Q.data<T>(), O.data<T>(), L.data<T>(), dqkv.data<T>(),
@@ -327,7 +354,7 @@ Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64
                         int64_t kv_heads, int64_t past, int64_t window) {
   const DType ct = compute_dtype(q.dtype());
   Tensor Q = as_compute(q, ct), K = as_compute(k, ct), V = as_compute(v, ct);
-  Tensor out = Tensor::empty(q.shape(), ct);
+  Tensor out = Tensor::empty(q.shape(), ct, home());
   dispatch_compute(ct, "attention_decode", [&](auto tv) {
     using T = decltype(tv);
     cpu::attention_decode<T>(Q.data<T>(), K.data<T>(), V.data<T>(), out.data<T>(), q.size(0), heads,
@@ -338,7 +365,7 @@ Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64
 
 Tensor add(const Tensor& a, const Tensor& b) {
   const DType ct = compute_dtype(a.dtype());
-  Tensor A = as_compute(a, ct), B = as_compute(b, ct), out = Tensor::empty(a.shape(), ct);
+  Tensor A = as_compute(a, ct), B = as_compute(b, ct), out = Tensor::empty(a.shape(), ct, home());
   dispatch_compute(ct, "add", [&](auto tv) {
     using T = decltype(tv);
     cpu::add<T>(A.data<T>(), B.data<T>(), out.data<T>(), a.numel());
@@ -360,10 +387,11 @@ void add_(const Tensor& a, const Tensor& b) {
 void sum_squares_into(const Tensor& x, const Tensor& acc) {
   const DType ct = compute_dtype(x.dtype());
   Tensor X = as_compute(x, ct);
-  acc.data<double>()[0] += dispatch_compute(ct, "sum_squares", [&](auto tv) {
+  const double sq = dispatch_compute(ct, "sum_squares", [&](auto tv) {
     using T = decltype(tv);
     return cpu::sum_squares<T>(X.data<T>(), X.numel());
   });
+  if (!kMeta) acc.data<double>()[0] += sq;
 }
 
 void scale_(const Tensor& x, double s) {
@@ -377,6 +405,7 @@ void scale_(const Tensor& x, double s) {
 }
 
 void clip_scale_(const Tensor& x, const Tensor& total_sq, double max_norm) {
+  if (kMeta) return scale_(x, 0.5);  // what a clipping step allocates
   const double coef = max_norm / (std::sqrt(total_sq.data<double>()[0]) + 1e-6);
   if (coef < 1.0) scale_(x, coef);
 }
@@ -386,7 +415,8 @@ CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& target
                                       double divisor) {
   const int64_t n = logits.size(0), v = logits.size(1);
   const DType ct = compute_dtype(logits.dtype());
-  Tensor L = as_compute(logits, ct), Tg = targets.contiguous(), lse = Tensor::empty({n}, ct);
+  Tensor L = as_compute(logits, ct), Tg = targets.contiguous(),
+         lse = Tensor::empty({n}, ct, home());
   double loss = dispatch_index(Tg.dtype(), "cross_entropy", [&](auto iv) {
     using Ix = decltype(iv);
     check_ids<Ix>("cross_entropy", Tg, v, "target", kIgnoreIndex);
@@ -396,13 +426,13 @@ CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& target
                                               divisor);
     });
   });
-  return {loss, lse, Tensor::full({1}, loss, DType::f64)};
+  return {loss, lse, Tensor::full({1}, loss, DType::f64, home())};
 }
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                               double dloss, double divisor) {
   const DType ct = compute_dtype(logits.dtype());
-  Tensor L = as_compute(logits, ct), d = Tensor::empty(logits.shape(), ct);
+  Tensor L = as_compute(logits, ct), d = Tensor::empty(logits.shape(), ct, home());
   xent_backward(L, targets, lse, d, dloss, divisor, ct);
   return as_storage(d, logits.dtype());
 }
@@ -432,4 +462,6 @@ void adamw_(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, 
   });
 }
 
-}  // namespace fsdp::ops::cpu_impl
+}  // namespace fsdp::ops::FSDP_CPU_OPS_NAMESPACE
+
+#undef FSDP_CPU_OPS_NAMESPACE

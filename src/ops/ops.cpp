@@ -21,6 +21,14 @@ namespace {
 
 // True when the first defined tensor is on CUDA; then all must be on that device. A CUDA tensor
 // in a build without CUDA goes to the no-CUDA backend, which says so.
+// Meta tensors (core/meta.h) go to the meta backend, which makes the outputs and launches nothing;
+// the CPU and CUDA tensors of a call are checked by on_cuda.
+bool on_meta(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->defined() && t->device().is_meta()) return true;
+  return false;
+}
+
 bool on_cuda(const char* op, std::initializer_list<const Tensor*> ts) {
   const Tensor* first = nullptr;
   for (const Tensor* t : ts)
@@ -81,6 +89,7 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
   FSDP_CHECK(c.size(0) == m && c.size(1) == n, "[gemm] C is {} but op(A) op(B) is [{}, {}]",
              shape_str(c.shape()), m, n);
   FSDP_CHECK(c.is_contiguous(), "[gemm] C must be contiguous");
+  if (on_meta({&a, &b, &c})) return meta_impl::gemm(a, ta, b, tb, c, alpha, beta);
   if (on_cuda("gemm", {&a, &b, &c})) return cuda_impl::gemm(a, ta, b, tb, c, alpha, beta);
   return cpu_impl::gemm(a, ta, b, tb, c, alpha, beta);
 }
@@ -107,6 +116,7 @@ Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (b.defined())
     FSDP_CHECK(b.dim() == 1 && b.size(0) == out, "[linear] bias {} does not match {} outputs",
                shape_str(b.shape()), out);
+  if (on_meta({&x, &w, &b})) return meta_impl::linear_forward(x, w, b);
   if (on_cuda("linear", {&x, &w, &b})) return cuda_impl::linear_forward(x, w, b);
   return cpu_impl::linear_forward(x, w, b);
 }
@@ -124,6 +134,7 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const
   if (db.defined())
     FSDP_CHECK(db.numel() == out, "[linear_backward] db has {} elements, expected {}", db.numel(),
                out);
+  if (on_meta({&dy, &x, &w, &dw, &db})) return meta_impl::linear_backward(dy, x, w, dw, db);
   if (on_cuda("linear_backward", {&dy, &x, &w, &dw, &db}))
     return cuda_impl::linear_backward(dy, x, w, dw, db);
   return cpu_impl::linear_backward(dy, x, w, dw, db);
@@ -134,6 +145,7 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const
 Tensor embedding_forward(const Tensor& ids, const Tensor& w) {
   FSDP_OP_SCOPE("embedding", w, ({&ids}), cost::embedding_forward(ids, w));
   FSDP_CHECK(w.dim() == 2, "[embedding] weight must be [vocab, dim], got {}", shape_str(w.shape()));
+  if (on_meta({&w, &ids})) return meta_impl::embedding_forward(ids, w);
   if (on_cuda("embedding", {&w, &ids})) return cuda_impl::embedding_forward(ids, w);
   return cpu_impl::embedding_forward(ids, w);
 }
@@ -144,6 +156,7 @@ void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dw) {
   FSDP_CHECK(dy.numel() == ids.numel() * dim,
              "[embedding_backward] dy {} does not match ids {} and dim {}", shape_str(dy.shape()),
              shape_str(ids.shape()), dim);
+  if (on_meta({&dw, &dy, &ids})) return meta_impl::embedding_backward(dy, ids, dw);
   if (on_cuda("embedding_backward", {&dw, &dy, &ids}))
     return cuda_impl::embedding_backward(dy, ids, dw);
   return cpu_impl::embedding_backward(dy, ids, dw);
@@ -170,6 +183,7 @@ RMSNormOut rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, double 
              "[rmsnorm] weight {} does not match the last dim of input {}", shape_str(w.shape()),
              shape_str(x.shape()));
   FSDP_CHECK(eps >= 0, "[rmsnorm] eps must be >= 0, got {}", eps);
+  if (on_meta({&x, &w})) return meta_impl::rmsnorm_forward(x, w, eps, w_offset);
   if (on_cuda("rmsnorm", {&x, &w})) return cuda_impl::rmsnorm_forward(x, w, eps, w_offset);
   return cpu_impl::rmsnorm_forward(x, w, eps, w_offset);
 }
@@ -182,6 +196,8 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
   const int64_t dim = w.size(0), rows = x.numel() / std::max<int64_t>(dim, 1);
   FSDP_CHECK(rstd.numel() == rows, "[rmsnorm_backward] rstd has {} rows, expected {}", rstd.numel(),
              rows);
+  if (on_meta({&dy, &x, &w, &rstd, &dw}))
+    return meta_impl::rmsnorm_backward(dy, x, w, rstd, dw, w_offset);
   if (on_cuda("rmsnorm_backward", {&dy, &x, &w, &rstd, &dw}))
     return cuda_impl::rmsnorm_backward(dy, x, w, rstd, dw, w_offset);
   return cpu_impl::rmsnorm_backward(dy, x, w, rstd, dw, w_offset);
@@ -191,6 +207,7 @@ Tensor rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
 
 Tensor silu_forward(const Tensor& x) {
   FSDP_OP_SCOPE("silu", x, ({&x}), cost::silu_forward(x));
+  if (on_meta({&x})) return meta_impl::silu_forward(x);
   if (on_cuda("silu", {&x})) return cuda_impl::silu_forward(x);
   return cpu_impl::silu_forward(x);
 }
@@ -199,6 +216,7 @@ Tensor silu_backward(const Tensor& dy, const Tensor& x) {
   FSDP_OP_SCOPE("silu_backward", x, ({&dy, &x}), cost::silu_backward(dy, x));
   FSDP_CHECK(dy.shape() == x.shape(), "[silu_backward] dy {} vs x {}", shape_str(dy.shape()),
              shape_str(x.shape()));
+  if (on_meta({&dy, &x})) return meta_impl::silu_backward(dy, x);
   if (on_cuda("silu_backward", {&dy, &x})) return cuda_impl::silu_backward(dy, x);
   return cpu_impl::silu_backward(dy, x);
 }
@@ -208,6 +226,7 @@ Tensor swiglu_forward(const Tensor& gate, const Tensor& up, Gate act) {
   FSDP_OP_SCOPE(op, gate, ({&gate, &up}), cost::swiglu_forward(gate, up));
   FSDP_CHECK(gate.shape() == up.shape(), "[{}] gate {} vs up {}", op, shape_str(gate.shape()),
              shape_str(up.shape()));
+  if (on_meta({&gate, &up})) return meta_impl::swiglu_forward(gate, up, act);
   if (on_cuda(op, {&gate, &up})) return cuda_impl::swiglu_forward(gate, up, act);
   return cpu_impl::swiglu_forward(gate, up, act);
 }
@@ -218,6 +237,7 @@ std::pair<Tensor, Tensor> swiglu_backward(const Tensor& dy, const Tensor& gate, 
   FSDP_OP_SCOPE(op, gate, ({&dy, &gate, &up}), cost::swiglu_backward(dy, gate, up));
   FSDP_CHECK(dy.shape() == gate.shape() && gate.shape() == up.shape(), "[{}] dy {} gate {} up {}",
              op, shape_str(dy.shape()), shape_str(gate.shape()), shape_str(up.shape()));
+  if (on_meta({&dy, &gate, &up})) return meta_impl::swiglu_backward(dy, gate, up, act);
   if (on_cuda(op, {&dy, &gate, &up})) return cuda_impl::swiglu_backward(dy, gate, up, act);
   return cpu_impl::swiglu_backward(dy, gate, up, act);
 }
@@ -331,6 +351,8 @@ void rope_(const Tensor& qkv, int64_t heads, const Rope& rope, bool inverse, int
   FSDP_CHECK(std::isfinite(rope.theta) && rope.theta > 0, "[rope] theta {} must be positive",
              rope.theta);
   const std::vector<double> freqs = rope_frequencies(rope, dims.hd);
+  if (on_meta({&qkv}))
+    return meta_impl::rope_(qkv, heads, dims.KV, freqs, inverse, offset, doc_start);
   if (on_cuda("rope", {&qkv}))
     return cuda_impl::rope_(qkv, heads, dims.KV, freqs, inverse, offset, doc_start);
   return cpu_impl::rope_(qkv, heads, dims.KV, freqs, inverse, offset, doc_start);
@@ -342,6 +364,8 @@ AttentionOut attention_forward(const Tensor& qkv, int64_t heads, bool causal, in
   const QkvDims dims = qkv_dims("attention", qkv, heads, kv_heads);
   check_packed("attention", qkv, doc_start, causal);
   check_window("attention", window, causal);
+  if (on_meta({&qkv}))
+    return meta_impl::attention_forward(qkv, heads, dims.KV, causal, doc_start, window);
   if (on_cuda("attention", {&qkv}))
     return cuda_impl::attention_forward(qkv, heads, dims.KV, causal, doc_start, window);
   return cpu_impl::attention_forward(qkv, heads, dims.KV, causal, doc_start, window);
@@ -361,6 +385,9 @@ Tensor attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& o
              lse.numel(), B * H * T_);
   check_packed("attention_backward", qkv, doc_start, causal);
   check_window("attention_backward", window, causal);
+  if (on_meta({&dout, &qkv, &out, &lse}))
+    return meta_impl::attention_backward(dout, qkv, out, lse, heads, dims.KV, causal, doc_start,
+                                         window);
   if (on_cuda("attention_backward", {&dout, &qkv, &out, &lse}))
     return cuda_impl::attention_backward(dout, qkv, out, lse, heads, dims.KV, causal, doc_start,
                                          window);
@@ -391,6 +418,8 @@ Tensor attention_decode(const Tensor& q, const Tensor& k, const Tensor& v, int64
   const int64_t kv_heads = k.size(1) / hd;
   check_same_dtype("attention_decode", q, k, "q", "k");
   check_same_dtype("attention_decode", q, v, "q", "v");
+  if (on_meta({&q, &k, &v}))
+    return meta_impl::attention_decode(q, k, v, heads, kv_heads, past, window);
   if (on_cuda("attention_decode", {&q, &k, &v}))
     return cuda_impl::attention_decode(q, k, v, heads, kv_heads, past, window);
   return cpu_impl::attention_decode(q, k, v, heads, kv_heads, past, window);
@@ -405,6 +434,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
   check_same_dtype("add", a, b, "a", "b");
   FSDP_CHECK(a.device() == b.device(), "[add] a is on {} but b is on {}", a.device().str(),
              b.device().str());
+  if (on_meta({&a, &b})) return meta_impl::add(a, b);
   if (on_cuda("add", {&a, &b})) return cuda_impl::add(a, b);
   return cpu_impl::add(a, b);
 }
@@ -413,6 +443,7 @@ void add_(const Tensor& a, const Tensor& b) {
   FSDP_OP_SCOPE("add_", a, ({&a, &b}), cost::add(a, b));
   FSDP_CHECK(a.shape() == b.shape(), "[add_] shapes differ: {} and {}", shape_str(a.shape()),
              shape_str(b.shape()));
+  if (on_meta({&a, &b})) return meta_impl::add_(a, b);
   if (on_cuda("add_", {&a, &b})) return cuda_impl::add_(a, b);
   return cpu_impl::add_(a, b);
 }
@@ -428,6 +459,7 @@ void sum_squares_into(const Tensor& x, const Tensor& acc) {
   FSDP_CHECK(acc.numel() == 1 && acc.dtype() == DType::f64,
              "[sum_squares] the accumulator must be one f64, got {} {}", dtype_name(acc.dtype()),
              shape_str(acc.shape()));
+  if (on_meta({&x, &acc})) return meta_impl::sum_squares_into(x, acc);
   if (on_cuda("sum_squares", {&x, &acc})) return cuda_impl::sum_squares_into(x, acc);
   return cpu_impl::sum_squares_into(x, acc);
 }
@@ -437,6 +469,7 @@ void clip_scale_(const Tensor& x, const Tensor& total_sq, double max_norm) {
   FSDP_CHECK(total_sq.numel() == 1 && total_sq.dtype() == DType::f64,
              "[clip_grad_norm] the squared norm must be one f64, got {} {}",
              dtype_name(total_sq.dtype()), shape_str(total_sq.shape()));
+  if (on_meta({&x, &total_sq})) return meta_impl::clip_scale_(x, total_sq, max_norm);
   if (on_cuda("clip_grad_norm", {&x, &total_sq}))
     return cuda_impl::clip_scale_(x, total_sq, max_norm);
   return cpu_impl::clip_scale_(x, total_sq, max_norm);
@@ -444,6 +477,7 @@ void clip_scale_(const Tensor& x, const Tensor& total_sq, double max_norm) {
 
 void scale_(const Tensor& x, double s) {
   FSDP_OP_SCOPE("scale_", x, ({&x}), cost::scale_(x));
+  if (on_meta({&x})) return meta_impl::scale_(x, s);
   if (on_cuda("scale_", {&x})) return cuda_impl::scale_(x, s);
   return cpu_impl::scale_(x, s);
 }
@@ -472,6 +506,8 @@ CrossEntropyOut cross_entropy_forward(const Tensor& logits, const Tensor& target
              targets.numel(), n);
   FSDP_CHECK(n > 0, "[cross_entropy] no rows");
   divisor = xent_divisor("cross_entropy", divisor, n);
+  if (on_meta({&logits, &targets}))
+    return meta_impl::cross_entropy_forward(logits, targets, read_loss, divisor);
   if (on_cuda("cross_entropy", {&logits, &targets}))
     return cuda_impl::cross_entropy_forward(logits, targets, read_loss, divisor);
   return cpu_impl::cross_entropy_forward(logits, targets, read_loss, divisor);
@@ -496,6 +532,8 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, const
                 cost::cross_entropy_backward(logits, targets));
   check_xent_backward("cross_entropy_backward", logits, targets, lse);
   divisor = xent_divisor("cross_entropy_backward", divisor, logits.size(0));
+  if (on_meta({&logits, &targets, &lse}))
+    return meta_impl::cross_entropy_backward(logits, targets, lse, dloss, divisor);
   if (on_cuda("cross_entropy_backward", {&logits, &targets, &lse}))
     return cuda_impl::cross_entropy_backward(logits, targets, lse, dloss, divisor);
   return cpu_impl::cross_entropy_backward(logits, targets, lse, dloss, divisor);
@@ -509,6 +547,8 @@ Tensor cross_entropy_backward_(const Tensor& logits, const Tensor& targets, cons
   FSDP_CHECK(logits.is_contiguous(), "[cross_entropy_backward_] logits {} must be contiguous",
              shape_str(logits.shape()));
   divisor = xent_divisor("cross_entropy_backward_", divisor, logits.size(0));
+  if (on_meta({&logits, &targets, &lse}))
+    return meta_impl::cross_entropy_backward_(logits, targets, lse, dloss, divisor);
   if (on_cuda("cross_entropy_backward_", {&logits, &targets, &lse}))
     return cuda_impl::cross_entropy_backward_(logits, targets, lse, dloss, divisor);
   return cpu_impl::cross_entropy_backward_(logits, targets, lse, dloss, divisor);
@@ -528,6 +568,7 @@ void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segme
                    g.dst_offset + g.count <= dst.numel() && g.src_offset + g.count <= src.numel(),
                "[copy_segments] segment ({}, {}, {}) is outside dst of {} or src of {}",
                g.dst_offset, g.src_offset, g.count, dst.numel(), src.numel());
+  if (on_meta({&dst, &src})) return meta_impl::copy_segments(dst, src, segments);
   if (on_cuda("copy_segments", {&dst, &src})) return cuda_impl::copy_segments(dst, src, segments);
   return cpu_impl::copy_segments(dst, src, segments);
 }
@@ -548,6 +589,7 @@ void adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, const Tens
   FSDP_CHECK(h.lr >= 0 && h.eps >= 0 && h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1,
              "[adamw] bad hyper-parameters lr {} betas ({}, {}) eps {}", h.lr, h.beta1, h.beta2,
              h.eps);
+  if (on_meta({&param, &grad, &m, &v})) return meta_impl::adamw_(param, grad, m, v, h, step);
   if (on_cuda("adamw", {&param, &grad, &m, &v}))
     return cuda_impl::adamw_(param, grad, m, v, h, step);
   return cpu_impl::adamw_(param, grad, m, v, h, step);

@@ -1,4 +1,6 @@
-// A device is "cpu" or "cuda:N". Tensors carry one; ops dispatch on it.
+// A device is "cpu", "cuda:N" or "meta". Tensors carry one; ops dispatch on it. A meta tensor
+// has a shape and a dtype and no storage (fsdp/core/meta.h): the memory plan runs the real step on
+// such tensors.
 #pragma once
 
 #include <cstdint>
@@ -8,20 +10,22 @@
 namespace fsdp {
 
 struct Device {
-  enum class Type : uint8_t { cpu, cuda };
+  enum class Type : uint8_t { cpu, cuda, meta };
   Type type = Type::cpu;
   int index = 0;
 
   static Device cpu() { return {}; }
   static Device cuda(int i = 0) { return {Type::cuda, i}; }
+  static Device meta() { return {Type::meta, 0}; }
   bool is_cpu() const { return type == Type::cpu; }
   bool is_cuda() const { return type == Type::cuda; }
+  bool is_meta() const { return type == Type::meta; }
   bool operator==(const Device& o) const { return type == o.type && index == o.index; }
   bool operator!=(const Device& o) const { return !(*this == o); }
   std::string str() const;
 };
 
-// Parses "cpu", "cuda" or "cuda:N"; throws on anything else.
+// Parses "cpu", "cuda", "cuda:N" or "meta"; throws on anything else.
 Device parse_device(std::string_view s);
 
 // True when this build has CUDA and at least one device is visible.
