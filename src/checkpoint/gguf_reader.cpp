@@ -190,6 +190,8 @@ int64_t gguf_row_of_hf(int64_t r, int64_t n_rows, int64_t n_head) {
   return h * hd + 2 * (in % half) + in / half;
 }
 
+void GgufFile::release_pages() const { release_mapped_pages(map_.get(), size_); }
+
 // ---------------------------------------------------------------- parsing
 
 GgufFile::GgufFile(const std::string& path) : path_(path) {

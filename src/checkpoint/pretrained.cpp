@@ -687,6 +687,10 @@ void Pretrained::load_into(nn::Transformer& model, FSDPModule* root) const {
   }
 }
 
+void Pretrained::release_file_pages() const {
+  if (source && source->gguf) source->gguf->release_pages();
+}
+
 std::string model_identity(const std::string& path) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(path)) return data::data_identity(path).str();

@@ -256,4 +256,12 @@ std::shared_ptr<uint8_t> map_file(const std::string& path, const std::string& wh
   });
 }
 
+void release_mapped_pages(const uint8_t* base, uint64_t size) {
+  if (base == nullptr || size == 0) return;
+  const auto page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(base) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(base) + size + page - 1) / page * page;
+  (void)::madvise(reinterpret_cast<void*>(begin), size_t(end - begin), MADV_DONTNEED);
+}
+
 }  // namespace fsdp

@@ -3,6 +3,7 @@
 // (2i, 2i + 1), so an element never depends on its neighbours.
 #include "fsdp/nn/init.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -34,29 +35,41 @@ double counter_uniform(uint64_t key, uint64_t counter) {
 void init_fill(const Init& init, uint64_t seed, std::string_view name, int64_t begin,
                const Tensor& out) {
   FSDP_CHECK(out.is_contiguous(), "[init] parameter '{}' buffer must be contiguous", name);
+  // The values are made in f64 a piece at a time (at most 8 MB, reused from the allocator's
+  // cache), never as one f64 copy of the whole buffer beside it.
+  constexpr int64_t kPiece = int64_t(1) << 20;
   const int64_t n = out.numel();
-  Tensor tmp = Tensor::empty({n}, DType::f64);
-  double* p = tmp.data<double>();
+  if (out.device().is_meta()) {  // shapes only: nothing to fill; the piece as the CPU makes it
+    if (n > 0) Tensor::empty({std::min(n, kPiece)}, DType::f64, out.device());
+    return;
+  }
   const uint64_t key = splitmix64(seed) ^ name_hash(name);
-#pragma omp parallel for if (n > (1 << 16))
-  for (int64_t j = 0; j < n; ++j) {
-    const uint64_t i = uint64_t(begin + j);
-    switch (init.kind) {
-      case Init::Kind::constant:
-        p[j] = init.a;
-        break;
-      case Init::Kind::uniform:
-        p[j] = init.a + (init.b - init.a) * counter_uniform(key, i);
-        break;
-      case Init::Kind::normal: {
-        double u1 = counter_uniform(key, 2 * i), u2 = counter_uniform(key, 2 * i + 1);
-        p[j] = init.a +
-               init.b * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-        break;
+  const Tensor flat = out.view({n});
+  Tensor tmp;
+  for (int64_t at = 0; at < n; at += kPiece) {
+    const int64_t m = std::min(kPiece, n - at);
+    if (!tmp.defined() || tmp.numel() != m) tmp = Tensor::empty({m}, DType::f64);
+    double* p = tmp.data<double>();
+#pragma omp parallel for if (m > (1 << 16))
+    for (int64_t j = 0; j < m; ++j) {
+      const uint64_t i = uint64_t(begin + at + j);
+      switch (init.kind) {
+        case Init::Kind::constant:
+          p[j] = init.a;
+          break;
+        case Init::Kind::uniform:
+          p[j] = init.a + (init.b - init.a) * counter_uniform(key, i);
+          break;
+        case Init::Kind::normal: {
+          double u1 = counter_uniform(key, 2 * i), u2 = counter_uniform(key, 2 * i + 1);
+          p[j] = init.a +
+                 init.b * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+          break;
+        }
       }
     }
+    flat.narrow(0, at, m).copy_(tmp);
   }
-  out.view({n}).copy_(tmp);
 }
 
 }  // namespace fsdp::nn

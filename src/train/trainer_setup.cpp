@@ -428,7 +428,10 @@ void Trainer::Impl::build_model() {
   root = p.root;
   // --init-from: sharded, each rank reads only its own rows of each parameter into its shards;
   // replicated (no root), every rank reads them whole.
-  if (pretrained) pretrained->load_into(*model, root);
+  if (pretrained) {
+    pretrained->load_into(*model, root);
+    pretrained->release_file_pages();  // the file's pages the load read are not held on
+  }
   groups = parallel->param_groups(o.optimizer.weight_decay, !o.optimizer.wd_2d_only);
   opt = std::make_unique<optim::AdamW>(groups,
                                        ops::AdamWHyper{.lr = o.optimizer.lr,

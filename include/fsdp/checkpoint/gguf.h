@@ -145,6 +145,8 @@ class GgufFile {
   explicit GgufFile(const std::string& path);
 
   const std::string& path() const { return path_; }
+  // The mapping's resident pages given back (core/file.h release_mapped_pages).
+  void release_pages() const;
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }  // of the data section, in the file

@@ -55,6 +55,10 @@ int open_for_write(const std::string& path, int flags, const std::string& where)
 // 0-byte file gives a null pointer.
 std::shared_ptr<uint8_t> map_file(const std::string& path, const std::string& where,
                                   uint64_t* size, bool writable = false);
+// Gives back the resident pages of a read-only mapping from map_file (madvise MADV_DONTNEED): a
+// later read faults them in from the file again. Not for a writable one (its written pages would
+// be lost).
+void release_mapped_pages(const uint8_t* base, uint64_t size);
 
 // Writes text to path through an AtomicFile.
 void write_file_atomic(const std::string& path, std::string_view text, const std::string& where,
