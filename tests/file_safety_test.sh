@@ -72,7 +72,7 @@ expect_fail "--tokenizer FIFO (train)" "not a regular file" "${T[@]}" --steps 1 
 expect_fail "--log-file FIFO" "not a regular file" "${T[@]}" --steps 1 --log-file "$work/fifo"
 
 # 9. Crafted sizes are refused by name before anything is built, under a 2 GB address space: a
-# --layers flag (1e6 took the memory plan's replay to std::bad_alloc), and a checkpoint whose
+# --layers flag (1e6 took the memory plan, then a replay of the step, to std::bad_alloc), and a checkpoint whose
 # metadata.json says 3e6 layers, resealed as a careful forger would (fsdp-export reached 7 GB).
 limited=(bash -c 'ulimit -v 2000000 && exec "$@"' limited)
 expect_fail "--layers 1000000" "the model does not fit: 852480131328 parameters" "${limited[@]}" "${T[@]}" --steps 1 --layers 1000000

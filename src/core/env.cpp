@@ -58,8 +58,7 @@ const std::vector<EnvKnob>& env_knobs() {
        "tests only: a path; each rank's checkpoint shard write writes its pid to PATH.held.RANK, "
        "then waits until PATH exists"},
       {"FSDP_CPU_CACHE_MB", "2048",
-       "most MiB of freed large CPU blocks the allocator keeps for reuse", EnvKind::number, 0,
-       1e9},
+       "most MiB of freed large CPU blocks the allocator keeps for reuse", EnvKind::number, 0, 1e9},
       {"FSDP_ONE_RANK_CAST", "1",
        "0: one rank with another compute or reduce dtype takes the collectives' path (tests "
        "compare the two)",

@@ -11,6 +11,7 @@
 
 #include "fsdp/core/error.h"
 #include "fsdp/core/ignore_index.h"
+#include "fsdp/core/meta.h"
 #include "fsdp/core/tensor.h"
 #include "fsdp/ops/ops.h"
 
@@ -33,6 +34,7 @@ DataLoader::DataLoader(std::shared_ptr<const TokenSource> source, int64_t global
 Batch DataLoader::make(int64_t position) {
   Batch b = source_->windows(position + row_begin_, rows_, seq_);
   // Packed rows: checked here, on the host, since the attention kernels trust a device copy.
+  const meta::TermScope data(meta::Term::data);  // the batch on the device
   if (b.doc_start.defined()) ops::check_doc_start(b.doc_start, rows_, seq_);
   return {uploader_.upload(b.inputs), uploader_.upload(b.targets),
           b.doc_start.defined() ? uploader_.upload(b.doc_start) : Tensor()};

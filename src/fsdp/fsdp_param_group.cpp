@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fsdp/core/env.h"
+#include "fsdp/core/meta.h"
 #include "fsdp/core/trace.h"
 #include "fsdp/distributed/placement.h"
 #include "fsdp/nn/init.h"
@@ -94,7 +95,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
 void FSDPParamGroup::init_packed(const FullyShardOptions& opt) {
   const Device dev = mesh_->device();
   FSDP_CHECK(frozen_, "[fully_shard] {}: packed parameters must be frozen", label_);
-  FSDP_CHECK(dev.is_cpu(),
+  FSDP_CHECK(dev.is_cpu() || dev.is_meta(),  // meta: the memory plan's shapes
              "[fully_shard] {}: packed (quantized) frozen parameters are decoded on the CPU only, "
              "and the mesh is on {}",
              label_, dev.str());
@@ -159,7 +160,14 @@ void narrow_into(const float* src, const Tensor& dst, int64_t at, int64_t n) {
 // Every rank's rows of each packed parameter, from `blocks` (n rank-major blocks of g_ i32, or
 // this rank's shard at one rank) into the unsharded buffer, decoded row run by row run.
 void FSDPParamGroup::decode_packed(const Tensor& blocks) {
+  const meta::TermScope term(meta::Term::params);
   unsharded_ = Tensor::empty({u_}, param_dtype_, sharded_.device());
+  if (unsharded_.device().is_meta()) {  // no bytes to decode: the buffer and the views
+    for (auto& fp : params_)
+      fp.param->data = unsharded_.slice(fp.unsharded_offset, fp.unsharded_offset + fp.numel())
+                           .view(fp.param->shape);
+    return;
+  }
   struct Piece {
     const uint8_t* src;
     const FSDPParam* fp;
@@ -274,6 +282,7 @@ void FSDPParamGroup::unshard_issue(FSDPCommContext& ctx) {
   if (params_.empty() || state_ != ShardedState::sharded || direct_ || one_rank_) return;
   if (packed_ && n_ == 1) return;  // decoded from the shard itself
   check_shapes_once();
+  const meta::TermScope term(meta::Term::params);
   // Copy-in (no copy when the dtypes match; a packed group's bytes go as they are).
   const DType wire = packed_ ? master_ : param_dtype_;
   Tensor in = sharded_.to(wire);
@@ -297,6 +306,7 @@ void FSDPParamGroup::wait_for_all_gather(FSDPCommContext& ctx) {
 void FSDPParamGroup::unshard_wait(FSDPCommContext& ctx) {
   if (params_.empty() || state_ == ShardedState::unsharded) return;
   trace::Scope prof(("FSDP::unshard " + label_).c_str(), trace::Kind::annotation);
+  const meta::TermScope term(meta::Term::params);
   if (packed_) {
     if (n_ > 1) wait_for_all_gather(ctx);
     decode_packed(n_ > 1 ? ag_out_ : sharded_);
@@ -348,6 +358,7 @@ void FSDPParamGroup::reshard(FSDPCommContext& ctx) {
 
 void FSDPParamGroup::prepare_grads() {
   if (params_.empty() || frozen_) return;  // a frozen parameter's grad stays undefined
+  const meta::TermScope term(meta::Term::grads);
   if (direct_) {
     for (auto& fp : params_)
       fp.param->grad =
@@ -369,6 +380,7 @@ void FSDPParamGroup::prepare_grads() {
 
 void FSDPParamGroup::reduce_grads(FSDPCommContext& ctx) {
   if (params_.empty()) return;
+  const meta::TermScope term(meta::Term::grads);
   for (auto& fp : params_) fp.param->grad = Tensor();
   if (direct_ || frozen_) return;
   if (!requires_sync_) {  // accumulate over microbatches; reduce on the one that syncs

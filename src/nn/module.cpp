@@ -1,9 +1,21 @@
 // Module tree traversal and materialisation into flat buffers.
 #include "fsdp/nn/module.h"
 
+#include <optional>
+#include <string>
 #include <utility>
 
+#include "fsdp/core/meta.h"
+
 namespace fsdp::nn {
+
+namespace {
+// A module by its dotted path, or its type at the root.
+std::string where_of(const Module& m) {
+  std::string p = m.path();
+  return p.empty() ? std::string(m.type_name()) : p;
+}
+}  // namespace
 
 std::vector<std::pair<std::string, Parameter*>> Module::named_parameters(
     const std::string& prefix) {
@@ -61,6 +73,8 @@ void Module::zero_grad_below() {
 }
 
 Tensor Module::forward(const Tensor& x) {
+  std::optional<meta::At> at;  // on the meta device: where the memory plan's peak falls
+  if (x.defined() && x.device().is_meta()) at.emplace("forward of " + where_of(*this));
   Tensor in = hooks_ ? hooks_->pre_forward(*this, x) : x;
   Tensor y = forward_impl(in);
   if (checkpoint_) {
@@ -71,6 +85,9 @@ Tensor Module::forward(const Tensor& x) {
 }
 
 Tensor Module::backward(const Tensor& dy) {
+  const meta::TermScope work(meta::Term::work);  // activation gradients and op temporaries
+  std::optional<meta::At> at;
+  if (dy.defined() && dy.device().is_meta()) at.emplace("backward of " + where_of(*this));
   if (hooks_) hooks_->pre_backward(*this);
   if (checkpoint_) {
     FSDP_CHECK(checkpoint_input_.defined(),

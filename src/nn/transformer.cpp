@@ -9,9 +9,11 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "fsdp/core/meta.h"
 #include "fsdp/ops/ops.h"
 
 namespace fsdp::nn {
@@ -407,6 +409,7 @@ Tensor Transformer::forward_impl(const Tensor& tokens) {
   if (cfg_.embed_scale) ops::scale_(e, embed_scale(e.dtype()));
   Tensor x = layers_->forward(e);
   if (norm_) x = norm_->forward(x);
+  const meta::TermScope logits(meta::Term::logits);  // the head's output and the loss
   if (const BatchContext& ctx = batch_context(); ctx.targets.defined()) {
     Parameter& w = head_ ? head_->weight() : embed_->weight();
     Tensor loss = loss_.forward(x, w.data, ctx.targets, ctx.loss_divisor, ctx.loss_chunk_logits);
@@ -420,6 +423,7 @@ Tensor Transformer::forward_impl(const Tensor& tokens) {
 
 Tensor Transformer::backward_impl(const Tensor& dlogits) {
   Tensor dx;
+  std::optional<meta::TermScope> logits(meta::Term::logits);  // the head's and the loss's backward
   if (loss_.pending()) {  // the fused loss: its dx, and the head's gradient added chunk by chunk
     FSDP_CHECK(!dlogits.defined(),
                "[model] backward after a fused loss takes no gradient (the context's "
@@ -434,6 +438,7 @@ Tensor Transformer::backward_impl(const Tensor& dlogits) {
     dx = ops::linear_backward(dlogits, head_x_, w.data, w.grad, Tensor());
     head_x_ = Tensor();
   }
+  logits.reset();
   if (norm_) dx = norm_->backward(dx);
   Tensor de = layers_->backward(dx);
   if (cfg_.embed_scale) ops::scale_(de, embed_scale(de.dtype()));

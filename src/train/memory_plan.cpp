@@ -1,72 +1,32 @@
-// The memory plan (fsdp/train/memory_plan.h): the options checked, one training step's
-// allocations replayed through a model of the allocator (src/train/step_replay.h, over
-// allocator_replay.h), and the bytes held at the replay's peak, named by what holds them.
+// The memory plan (fsdp/train/memory_plan.h), from the real code: the run's model built by its
+// family's spec on the meta device (fsdp/core/meta.h), sharded by fully_shard over a meta group
+// of the real world size (this process stands for its rank 0), AdamW over the shards, and two
+// training steps (train_step, as fsdp-train runs them) whose every allocation goes through the
+// meta allocator's model of the planned device's allocator. Nothing is computed and nothing is
+// communicated: the plan is the allocations the code makes, in the order it makes them.
 #include "fsdp/train/memory_plan.h"
 
 #include <array>
-#include <initializer_list>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
+#include "fsdp/core/device.h"
 #include "fsdp/core/error.h"
-#include "src/train/step_replay.h"
+#include "fsdp/core/meta.h"
+#include "fsdp/data/loader.h"
+#include "fsdp/data/token_sources.h"
+#include "fsdp/distributed/device_mesh.h"
+#include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/models/spec.h"
+#include "fsdp/optim/adamw.h"
+#include "fsdp/train/step.h"
+#include "src/distributed/meta_group.h"
 
 namespace fsdp::train {
-
-namespace replay {
-
-MemoryPlan StepReplay::run() {
-  // Persistent: each group's sharded parameters and gradients (fully_shard), or the flat
-  // buffers (--shard none), and AdamW's two moments of the same shape.
-  r_.at("setup");
-  // A frozen group (LoRA's base) has its parameters only: no gradients, no AdamW state.
-  for (int k = 0; k < 4; ++k)
-    if (o_.fully_shard) {
-      for (const Group& g : groups_) r_.alloc(g.G * master_, kPersistent);
-      if (k == 0)
-        for (const auto* fs : {&frozen_, &packed_})
-          for (const Group& f : *fs) r_.alloc(f.G * f.master, kPersistent);
-    } else {
-      r_.alloc(flat_ * master_, kPersistent);
-    }
-  persistent_ = (o_.fully_shard ? 0 : 4 * flat_) * master_;
-  if (o_.fully_shard) {
-    for (const Group& g : groups_) persistent_ += 4 * g.G * g.master;
-    for (const auto* fs : {&frozen_, &packed_})
-      for (const Group& f : *fs) persistent_ += f.G * f.master;
-  }
-  // Two steps: the second starts with the first's staged batch and its blocks cached.
-  H staged = -1;
-  for (int step = 0; step < 2; ++step)
-    for (int64_t micro = 0; micro < o_.grad_accum; ++micro) {
-      sync_ = micro == o_.grad_accum - 1;
-      const H batch = staged >= 0 ? staged : alloc_batch();
-      microbatch();
-      staged = alloc_batch();  // DataLoader::prefetch, after the backward
-      free_batch(batch);
-    }
-  MemoryPlan p;
-  p.peak_allocated = r_.peak_live();
-  p.persistent = persistent_;
-  p.at = r_.where_at_peak();
-  const auto& t = r_.terms_at_peak();
-  auto add = [&](const char* name, const char* what, int64_t bytes) {
-    p.terms.push_back({name, what, bytes});
-    p.peak += bytes;
-  };
-  add("persistent", "sharded params, grads, AdamW m and v", t[kPersistent]);
-  add("params in flight", "all-gathered and unsharded params", t[kParams]);
-  add("grads in flight", "unsharded grads, reduce-scatter buffers", t[kGrads]);
-  add("activations", "saved for the backward", t[kActivations]);
-  add("logits", "logits (dlogits in place), loss", t[kLogits]);
-  add("op working set", "activation grads, op temporaries", t[kWork]);
-  add("data", "token batches", t[kData]);
-  if (cpu_) {
-    add("allocator cache", "freed blocks kept for reuse", r_.cache_at_peak());
-    add("process baseline", "runtime, libraries, threads, data", o_.baseline_bytes);
-  }
-  return p;
-}
-
-}  // namespace replay
 
 MemoryPlan plan_memory(const MemoryPlanOptions& o) {
   o.model.validate();
@@ -79,7 +39,58 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
   FSDP_CHECK(o.fully_shard || (o.shards == 1 && o.replicas == 1 && !o.param_dtype &&
                                !o.reduce_dtype),
              "[memory plan] shards, replicas and dtype policies are fully_shard's");
-  return replay::StepReplay(o).run();
+  meta::reset({.device = o.device, .cpu_cache_bytes = o.cpu_cache_bytes});
+  const int world = int(o.shards * o.replicas);
+  std::vector<int64_t> shape =
+      o.replicas > 1 ? std::vector<int64_t>{o.replicas, o.shards} : std::vector<int64_t>{o.shards};
+  auto group = std::make_shared<dist::MetaGroup>(world, 0, shape);
+  MemoryPlan p;
+  {
+    auto mesh = o.replicas > 1 ? std::make_shared<dist::DeviceMesh>(
+                                     group, shape, std::vector<std::string>{"replicate", "shard"})
+                               : std::make_shared<dist::DeviceMesh>(group, shape);
+    const models::ModelSpec& spec = models::spec_to_train(o.model);
+    std::unique_ptr<nn::Transformer> model = spec.build(o.model);
+    std::optional<meta::TermScope> setup(meta::Term::persistent);
+    const models::Parallelized par = spec.parallelize(
+        *model,
+        {.mesh = mesh,
+         .replicate = !o.fully_shard,
+         .fsdp = {.reshard_after_forward = o.reshard_after_forward,
+                  .mp_policy = {.param_dtype = o.param_dtype, .reduce_dtype = o.reduce_dtype},
+                  .init_dtype = o.dtype,
+                  .frozen_dtype = o.frozen_dtype,
+                  .frozen_packed = o.frozen_packed},
+         .checkpoint_every = o.checkpoint_every});
+    optim::AdamW opt(par.parallel->param_groups(0.0), ops::AdamWHyper{});
+    setup.reset();
+    p.persistent = meta::stats().live;
+    data::DataLoader loader(std::make_shared<data::RandomTokenSource>(o.model.vocab, 0),
+                            o.model.batch * world, 0, world, o.model.seq, Device::meta());
+    const StepParts parts{*model, *par.parallel, opt, loader, *group};
+    for (int64_t step = 0; step < 2; ++step)  // the second starts with the first's staged batch
+      train_step(parts, step, {.grad_accum = o.grad_accum, .fused_loss = o.fused_loss});
+    const meta::Stats s = meta::stats();
+    p.peak_allocated = s.peak_live;
+    p.at = s.where_at_peak;
+    auto add = [&](const char* name, const char* what, int64_t bytes) {
+      p.terms.push_back({name, what, bytes});
+      p.peak += bytes;
+    };
+    const auto t = [&](meta::Term term) { return s.at_peak[size_t(term)]; };
+    add("persistent", "sharded params, grads, AdamW m and v", t(meta::Term::persistent));
+    add("params in flight", "all-gathered and unsharded params", t(meta::Term::params));
+    add("grads in flight", "unsharded grads, reduce-scatter buffers", t(meta::Term::grads));
+    add("activations", "saved for the backward", t(meta::Term::activations));
+    add("logits", "the head's output and the loss", t(meta::Term::logits));
+    add("op working set", "activation grads, op temporaries", t(meta::Term::work));
+    add("data", "token batches", t(meta::Term::data));
+    if (o.device.is_cpu()) {
+      add("allocator cache", "freed blocks kept for reuse", s.cache_at_peak);
+      add("process baseline", "runtime, libraries, threads, data", o.baseline_bytes);
+    }
+  }
+  return p;
 }
 
 }  // namespace fsdp::train

@@ -57,8 +57,8 @@ void Trainer::Impl::check_memory_plan() {
       device.is_cpu()
           ? host_memory_available()
           : std::pair{cuda_memory_info(device.index).free, fmt::format("free on {}", device.str())};
-  // The persistent bytes alone, by arithmetic (a crafted --layers 1e8 would take the replay
-  // itself out of memory): a model that cannot fit by them is refused before the replay.
+  // The persistent bytes alone, by arithmetic (a crafted --layers 1e8 would take the plan's meta
+  // model itself out of memory): a model that cannot fit by them is refused before the plan.
   // (LoRA: the frozen base holds its parameters only; the adapters the four copies.)
   const long double trained =
       cfg.lora.enabled() ? (long double)cfg.lora_parameters() : (long double)cfg.num_parameters();
@@ -90,7 +90,7 @@ void Trainer::Impl::check_memory_plan() {
         double(available) / 1e9, from);
   } else {
     try {
-      plan = plan_memory(po);
+      plan = plan_memory(po);          // the first steps run on the meta device
     } catch (const std::bad_alloc&) {  // agreed below, as the refusals are
       error = fmt::format(
           "[fsdp-train] the memory plan of {} layers ({} parameters) ran out of memory itself: "

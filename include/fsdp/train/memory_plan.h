@@ -3,18 +3,24 @@
 // being ended by the out-of-memory killer, and so that a run's measured peak can be checked
 // against what it should be.
 //
-// The plan is not a textbook formula. It replays one step's allocations in the order the code
-// makes them (nn's forward and backward, fully_shard's all-gather and reduce-scatter buffers,
-// activation recompute, the loss, the CPU ops' widened copies and kernel scratch) through a model
-// of the device's allocator. On CPU that model is the caching allocator of core/allocator.cpp:
-// a freed block of 64 KiB or more is kept (up to FSDP_CPU_CACHE_MB) for a later request of the
-// same page-rounded size, so the resident peak is more than the peak of live bytes whenever a
-// size's most-used moment is not the step's. The peak is what the process holds: on CPU its
+// The plan is not a formula, nor a hand-kept copy of the step: it is the step. The run's model is
+// built by its family's spec on the meta device (fsdp/core/meta.h: shapes, no storage), sharded by
+// fully_shard over a meta group of the real world size (this process stands for rank 0; its
+// collectives move nothing), given AdamW, and trained two steps by train_step (the second starts
+// with the first's staged batch and its blocks' sizes cached). Every allocation the real code
+// makes (nn's forward and backward, fully_shard's all-gather and reduce-scatter buffers, activation
+// recompute, the loss, the CPU ops' widened copies, kernel scratch) goes, in its order, through the
+// meta allocator's model of the device's allocator. On CPU that is core/allocator.cpp's caching
+// allocator: a freed block of 64 KiB or more is kept (up to FSDP_CPU_CACHE_MB) for a later request
+// of the same page-rounded size, so the resident peak is more than the peak of live bytes whenever
+// a size's most-used moment is not the step's. The peak is what the process holds: on CPU its
 // resident set (VmHWM, with the baseline the process held before any tensor), on CUDA the device
-// allocator's peak. Each term says what holds its bytes at that moment.
+// allocator's peak. Each term says what holds its bytes at that moment (the meta::TermScope the
+// code allocated them under). On CUDA the ops are the CPU backend's without its widening:
+// cuBLASLt's and cuDNN's workspaces are not counted.
 //
-// Kept in step with the code by tests/memory_plan_test.sh: the prediction against the measured
-// peak at np 1 and 2, with and without activation checkpointing.
+// Kept honest by tests/memory_plan_test.sh: the prediction against the measured peak at np 1 and 2,
+// with and without activation checkpointing, LoRA and QLoRA's packed base.
 #pragma once
 
 #include <cstdint>
