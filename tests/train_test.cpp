@@ -46,6 +46,7 @@
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/ceilings.h"
 #include "fsdp/profiler/metrics.h"
+#include "fsdp/train/memory_plan.h"
 #include "fsdp/train/options.h"
 #include "fsdp/train/step.h"
 #include "fsdp/train/trainer.h"
@@ -474,6 +475,29 @@ TEST(Trainer, LoraResumesExactlyAndItsCheckpointHoldsTheAdaptersAlone) {
     }
   EXPECT_EQ(half_checked, 17);
   dist::destroy_process_group();
+}
+
+// The memory plan runs the step on the meta device whatever the planned device: a CUDA run's plan
+// (bf16 parameters all-gathered and computed on, f32 masters, 2 shards) is made on a machine
+// without a GPU, and counts each block's buffers; planning for 4 shards holds less per rank.
+TEST(MemoryPlan, ACudaRunsPlanIsMadeWithoutAGpu) {
+  nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
+  cfg.arch = nn::Arch::llama;
+  auto plan = [&](int64_t shards) {
+    return train::plan_memory({.model = cfg,
+                               .device = Device::cuda(0),
+                               .shards = shards,
+                               .param_dtype = DType::bf16,
+                               .reduce_dtype = DType::f32});
+  };
+  const train::MemoryPlan two = plan(2), four = plan(4);
+  EXPECT_GT(two.peak, two.persistent);
+  EXPECT_GT(two.persistent, four.persistent);
+  EXPECT_EQ(two.persistent, 2 * four.persistent) << "the shards' bytes halve";
+  EXPECT_NE(two.at.find("ward of "), std::string::npos) << two.at;  // in the step, not setup
+  int64_t terms = 0;
+  for (const train::MemoryTerm& t : two.terms) terms += t.bytes;
+  EXPECT_EQ(terms, two.peak);
 }
 
 // train_loop: evaluation after every eval_every-th step and the last, a checkpoint after every

@@ -11,6 +11,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "fsdp/core/allocator.h"
 #include "fsdp/core/error.h"
@@ -34,11 +35,17 @@ class MetaAllocator final : public Allocator {
   void* allocate(size_t nbytes) override {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t n = int64_t(nbytes);
-    // An address in the reserved range (no access), unique among the live blocks: 64-byte slots
-    // in its first half, so that no tensor's bytes reach past its end.
-    const Range& r = reserved();
-    void* p = r.base + ((next_++ % r.slots) << 6);
-    blocks_[p] = {n, t_term};
+    // An address in the reserved range (no access), unique among the live blocks.
+    int64_t slot;
+    if (!free_.empty()) {
+      slot = free_.back();
+      free_.pop_back();
+    } else {
+      FSDP_CHECK(next_ < kSlots, "[meta] more than {} meta tensors' storage alive at once", kSlots);
+      slot = next_++;
+    }
+    void* p = reserved() + (slot << 6);
+    FSDP_CHECK(blocks_.emplace(p, Block{n, t_term}).second, "[meta] internal: a slot given twice");
     live_ += n;
     term_[size_t(t_term)] += n;
     ++allocations_;
@@ -65,6 +72,7 @@ class MetaAllocator final : public Allocator {
     FSDP_CHECK(it != blocks_.end(), "[meta] internal: a block freed that was not allocated");
     const auto [n, term] = it->second;
     blocks_.erase(it);
+    free_.push_back((static_cast<char*>(ptr) - reserved()) >> 6);
     live_ -= n;
     term_[size_t(term)] -= n;
     if (!cpu_) return;
@@ -125,22 +133,19 @@ class MetaAllocator final : public Allocator {
   }
 
  private:
-  // Address space with no access: 1 TiB where the process may map it, less under a ulimit -v
-  // (at least 1 MiB). The guard is a debugging aid: nothing reads a meta tensor's bytes.
-  struct Range {
-    char* base;
-    int64_t slots;  // 64-byte slots in its first half
-  };
-  static const Range& reserved() {
-    static const Range range = [] {
-      for (int64_t bytes = int64_t(1) << 40; bytes >= (int64_t(1) << 20); bytes >>= 2) {
-        void* p = mmap(nullptr, size_t(bytes), PROT_NONE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (p != MAP_FAILED) return Range{static_cast<char*>(p), (bytes / 2) >> 6};
-      }
-      FSDP_FAIL("[meta] could not reserve even 1 MiB of address space for meta tensors");
+  // 64 MiB of address space with no access, one 64-byte slot per live block (a freed slot is
+  // handed out again), so that a kernel that touches a meta tensor faults at its first bytes.
+  static constexpr int64_t kReserve = int64_t(64) << 20;
+  static constexpr int64_t kSlots = kReserve >> 6;
+  static char* reserved() {
+    static char* base = [] {
+      void* p = mmap(nullptr, size_t(kReserve), PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      FSDP_CHECK(p != MAP_FAILED, "[meta] could not reserve {} MiB of address space",
+                 kReserve >> 20);
+      return static_cast<char*>(p);
     }();
-    return range;
+    return base;
   }
 
   void note(int64_t scratch) {  // mu_ held
@@ -167,7 +172,8 @@ class MetaAllocator final : public Allocator {
   Target target_;
   std::unordered_map<void*, Block> blocks_;
   std::map<int64_t, int64_t> cached_;  // page-rounded size -> free blocks of that size
-  int64_t next_ = 1, live_ = 0, resident_ = 0, cached_bytes_ = 0, peak_live_ = 0;
+  std::vector<int64_t> free_;          // slots of freed blocks
+  int64_t next_ = 0, live_ = 0, resident_ = 0, cached_bytes_ = 0, peak_live_ = 0;
   int64_t allocations_ = 0;
   std::array<int64_t, kTerms> term_{};
   Stats s_;

@@ -8,19 +8,35 @@
 #include <vector>
 
 #include "fsdp/core/error.h"
+#include "fsdp/core/meta.h"
 #include "fsdp/core/tensor.h"
 
 namespace fsdp::dist {
 
 namespace {
 
+// A collective's tensors stay alive until it is waited for, as the CPU engines' tasks hold
+// theirs on the communication thread (at most that long); a reduction in a narrow dtype on the CPU
+// holds its f32 copies too (src/distributed/cpu_group.cpp).
 class Done final : public Work {
  public:
-  void wait() override {}
+  explicit Done(std::vector<Tensor> held) : held_(std::move(held)) {}
+  void wait() override { held_.clear(); }
   bool is_completed() const override { return true; }
+
+ private:
+  std::vector<Tensor> held_;
 };
 
-std::shared_ptr<Work> done() { return std::make_shared<Done>(); }
+std::shared_ptr<Work> done(std::vector<Tensor> held = {}, bool reduces = false) {
+  if (reduces && !held.empty() && held[0].device().is_meta() && meta::target().device.is_cpu() &&
+      (held[0].dtype() == DType::bf16 || held[0].dtype() == DType::f16)) {
+    const size_t n = held.size();
+    for (size_t i = 0; i < n; ++i)
+      held.push_back(Tensor::empty(held[i].shape(), DType::f32, Device::meta()));
+  }
+  return std::make_shared<Done>(std::move(held));
+}
 
 bool on_host(const Tensor& t) { return t.defined() && t.device().is_cpu(); }
 
@@ -44,7 +60,7 @@ std::shared_ptr<Work> MetaGroup::all_gather_into_tensor(const Tensor& out, const
     const Tensor flat = out.reshape({size_, in.numel()});
     for (int r = 0; r < size_; ++r) flat.select(r).copy_(in.reshape({in.numel()}));
   }
-  return done();
+  return done({in, out});
 }
 
 std::shared_ptr<Work> MetaGroup::reduce_scatter_tensor(const Tensor& out, const Tensor& in,
@@ -56,7 +72,7 @@ std::shared_ptr<Work> MetaGroup::reduce_scatter_tensor(const Tensor& out, const 
     out.copy_(in.reshape({size_, out.numel()}).select(rank_).reshape(out.shape()));
     if (op == ReduceOp::SUM) all_reduce(out, op);
   }
-  return done();
+  return done({in, out}, true);
 }
 
 std::shared_ptr<Work> MetaGroup::all_reduce(const Tensor& t, ReduceOp op) {
@@ -66,7 +82,7 @@ std::shared_ptr<Work> MetaGroup::all_reduce(const Tensor& t, ReduceOp op) {
     for (size_t i = 0; i < v.size(); ++i) sum.data<double>()[i] = v[i] * double(size_);
     t.copy_(sum.reshape(t.shape()));
   }
-  return done();
+  return done({t}, true);
 }
 
 std::shared_ptr<Work> MetaGroup::broadcast(const Tensor&, int root) {

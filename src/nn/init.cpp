@@ -45,11 +45,10 @@ void init_fill(const Init& init, uint64_t seed, std::string_view name, int64_t b
   }
   const uint64_t key = splitmix64(seed) ^ name_hash(name);
   const Tensor flat = out.view({n});
-  Tensor tmp;
+  const Tensor tmp = Tensor::empty({std::min(n, kPiece)}, DType::f64);
+  double* p = tmp.data<double>();
   for (int64_t at = 0; at < n; at += kPiece) {
     const int64_t m = std::min(kPiece, n - at);
-    if (!tmp.defined() || tmp.numel() != m) tmp = Tensor::empty({m}, DType::f64);
-    double* p = tmp.data<double>();
 #pragma omp parallel for if (m > (1 << 16))
     for (int64_t j = 0; j < m; ++j) {
       const uint64_t i = uint64_t(begin + at + j);
@@ -68,7 +67,7 @@ void init_fill(const Init& init, uint64_t seed, std::string_view name, int64_t b
         }
       }
     }
-    flat.narrow(0, at, m).copy_(tmp);
+    flat.narrow(0, at, m).copy_(tmp.narrow(0, 0, m));
   }
 }
 

@@ -87,7 +87,8 @@ Tensor Module::forward(const Tensor& x) {
 Tensor Module::backward(const Tensor& dy) {
   const meta::TermScope work(meta::Term::work);  // activation gradients and op temporaries
   std::optional<meta::At> at;
-  if (dy.defined() && dy.device().is_meta()) at.emplace("backward of " + where_of(*this));
+  // (No dy: the fused loss's root, whose device it cannot tell; named on every device.)
+  if (!dy.defined() || dy.device().is_meta()) at.emplace("backward of " + where_of(*this));
   if (hooks_) hooks_->pre_backward(*this);
   if (checkpoint_) {
     FSDP_CHECK(checkpoint_input_.defined(),

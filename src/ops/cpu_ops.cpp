@@ -14,7 +14,6 @@
 #include <utility>
 #include <vector>
 
-#include "fsdp/core/meta.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "src/core/dispatch.h"
 #include "src/ops/backend.h"
@@ -42,11 +41,9 @@ namespace {
 Device home() { return kMeta ? Device::meta() : Device::cpu(); }
 
 // bf16 and f16 compute in f32; f32 and f64 compute as themselves. (The meta backend planning for
-// CUDA, whose kernels read and write the storage dtype, widens nothing: an approximation of
-// cuda_impl's allocations that leaves out its statistics' f32 and the libraries' workspaces.)
+// CUDA counts these widened copies too, which CUDA's kernels do not make: an upper bound there.)
 DType compute_dtype(DType t) {
   FSDP_CHECK(is_floating(t), "[ops] expected a floating dtype, got {}", dtype_name(t));
-  if (kMeta && meta::target().device.is_cuda()) return t;
   return t == DType::f64 ? DType::f64 : DType::f32;
 }
 

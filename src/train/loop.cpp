@@ -53,7 +53,8 @@ LoopResult train_loop(const StepParts& parts, const LoopOptions& o, const LoopHo
     profiler::StepMetrics m = train_step(parts, s, step_options);
     const bool last = s + 1 == o.steps;
     if (o.eval_every > 0 && every(o.eval_every, s + 1, last)) m.val_loss = hooks.evaluate(s);
-    if (hooks.on_step_end) hooks.on_step_end(m);
+    if (hooks.on_step_end)
+      hooks.on_step_end(m);  // the step that learns of a failed write is logged
     commit(m.ckpt_write_failed || !m.ckpt_writing, false);
     const bool saved = can_save && every(o.save_every, s + 1, last);
     if (saved) save(s + 1);

@@ -10,7 +10,8 @@
 // granules). The model counts live bytes (the allocator's `current`), what the process holds
 // (CPU: the resident bytes) and their peaks, and at the peak what each term held: every
 // allocation is made under the innermost TermScope of its thread. The addresses it gives out lie
-// in a reserved range with no access, so a kernel that reads a meta tensor faults at once.
+// in a small reserved range with no access, so a kernel that touches a meta tensor faults at its
+// first bytes.
 #pragma once
 
 #include <array>

@@ -16,8 +16,10 @@
 // a size's most-used moment is not the step's. The peak is what the process holds: on CPU its
 // resident set (VmHWM, with the baseline the process held before any tensor), on CUDA the device
 // allocator's peak. Each term says what holds its bytes at that moment (the meta::TermScope the
-// code allocated them under). On CUDA the ops are the CPU backend's without its widening:
-// cuBLASLt's and cuDNN's workspaces are not counted.
+// code allocated them under). On CUDA the ops are still the CPU backend's: its widened f32 copies
+// of bf16 are an upper bound there, and cuBLASLt's and cuDNN's workspaces are not counted. A
+// collective's buffers are held until it is waited for (the CPU engines hold them at most that
+// long).
 //
 // Kept honest by tests/memory_plan_test.sh: the prediction against the measured peak at np 1 and 2,
 // with and without activation checkpointing, LoRA and QLoRA's packed base.

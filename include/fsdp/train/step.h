@@ -104,7 +104,8 @@ struct LoopResult {
 
 // Collective: steps options.start .. options.steps - 1, each a train_step, then, in this order,
 // the evaluation (at its interval), on_step_end, a background write that finished committed
-// (parts.checkpointer's; its failure thrown on every rank), the checkpoint (at its interval).
+// (parts.checkpointer's; its failure thrown on every rank, after that step is logged), the
+// checkpoint (at its interval).
 // A stop signal ends the loop after the step every rank agreed on (StepMetrics::stop), with a
 // checkpoint when one can be written (a save hook, or parts.checkpointer with options.run) and
 // none was at that step, the background write committed, then on_stop; the stop's grace does not
