@@ -25,11 +25,18 @@ fi
 root=()
 [ "$(id -u)" -eq 0 ] && root=(--allow-run-as-root)
 export OMP_WAIT_POLICY=PASSIVE
+echo "== training a byte-level model (3.5 M parameters) from nothing for 60 steps at 2 ranks. Expect the"
+echo "   validation loss to fall from about 5.8 nats a byte (ln 256 = 5.55 is a guess) to about 2.5, and text"
+echo "   in the shape of a license at the end (word-like runs, spaces, punctuation), not sentences."
+start=()
+[[ " $* " == *" --resume "* ]] || start=(--eval-at-start)
 mpirun "${root[@]}" --oversubscribe --bind-to none -np 2 "$build/examples/fsdp-train" \
   --preset tiny --arch llama --vocab 256 --batch 4 --steps 60 \
   --lr 2e-3 --warmup-steps 5 --lr-decay cosine --min-lr 2e-4 --wd-2d-only --grad-clip 1.0 \
-  --data "$text" --eval-every 20 --ckpt-dir "$ckpt" --ckpt-every 20 --keep 2 --log-file "$build/train.jsonl" \
-  --sample-tokens 0 "$@"
+  --data "$text" --eval-every 20 "${start[@]}" --ckpt-dir "$ckpt" --ckpt-every 20 --keep 2 \
+  --log-file "$build/train.jsonl" --sample-tokens 0 "$@" | tee "$build/train.log"
+val=$(sed -n 's/^step \([0-9]*\) | val loss \([0-9.]*\).*/\1 \2/p' "$build/train.log")
+[ -z "$val" ] || echo "== validation loss: $(head -1 <<< "$val" | awk '{print $2 " at step " $1}') -> $(tail -1 <<< "$val" | awk '{print $2 " after step " $1}')"
 "$build/examples/fsdp-export" --ckpt "$ckpt" --out "$build/export/model.safetensors" --gguf "$build/export/model.gguf"
 "$build/examples/fsdp-generate" --model "$build/export/model.safetensors" --prompt "The " --tokens 200
 python3 scripts/plot_loss.py "$build/train.jsonl" --out "$build/loss.png"  # the train and val curves

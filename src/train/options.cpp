@@ -354,6 +354,9 @@ void TrainOptions::validate() const {
              data.eval_batches);
   FSDP_CHECK(data.val_fraction > 0 && data.val_fraction < 1,
              "[fsdp-train] --val-fraction must be in (0, 1), got {}", data.val_fraction);
+  FSDP_CHECK(!data.eval_at_start || data.eval_every > 0 || !data.val_data.empty(),
+             "[fsdp-train] --eval-at-start evaluates on the validation data: give --eval-every N "
+             "or --val-data FILE");
   FSDP_CHECK(sample.sample_tokens >= 0, "[fsdp-train] --sample-tokens must be >= 0, got {}",
              sample.sample_tokens);
   FSDP_CHECK(sample.temperature >= 0 && std::isfinite(sample.temperature),

@@ -233,6 +233,10 @@ void Trainer::Impl::fit() {
                      : fmt::format("; checkpoint of step {} in {}; continue with --resume",
                                    m.step + 1, o.checkpoint.ckpt_dir));
   };
+  if (val && o.data.eval_at_start && start_step == 0) {  // llm.c's step-0 validation
+    const double v = evaluate();
+    if (main()) fmt::print("step 0 | val loss {:.4f} (before training)\n", v);
+  }
   steps_done = train_loop({.model = *model,
                            .parallel = *parallel,
                            .optimizer = *opt,
