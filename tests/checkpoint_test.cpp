@@ -212,8 +212,10 @@ TEST(Manager, AFolderInsideAnotherRunsFolderOrTheRootIsRefused) {
   TempDir t;
   const fs::path d = t.str();
   { checkpoint::Manager locked({.dir = d.string()}, nullptr); }  // leaves D/.lock and its record
-  std::string err = error_of([&] { checkpoint::Manager m({.dir = (d / "sub").string()}, nullptr); });
-  EXPECT_NE(err.find("lies inside '" + d.string() + "', another run's checkpoint folder (it holds "
+  std::string err =
+      error_of([&] { checkpoint::Manager m({.dir = (d / "sub").string()}, nullptr); });
+  EXPECT_NE(err.find("lies inside '" + d.string() +
+                     "', another run's checkpoint folder (it holds "
                      "a run's lock file, .lock)"),
             std::string::npos)
       << err;
@@ -226,7 +228,8 @@ TEST(Manager, AFolderInsideAnotherRunsFolderOrTheRootIsRefused) {
                      "', another run's checkpoint folder (it is a checkpoint's step folder)"),
             std::string::npos)
       << err;
-  err = error_of([&] { checkpoint::Manager m({.dir = (t.path / "other/mine").string()}, nullptr); });
+  err =
+      error_of([&] { checkpoint::Manager m({.dir = (t.path / "other/mine").string()}, nullptr); });
   EXPECT_NE(err.find("(it holds checkpoints: step_00000002)"), std::string::npos) << err;
   EXPECT_NE(error_of([] { checkpoint::check_folder_place("/"); }).find("is the root folder '/'"),
             std::string::npos);

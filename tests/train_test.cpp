@@ -238,8 +238,9 @@ TEST(Options, ValidateNamesTheFlagsOfTheRuleItRefuses) {
               o.data.pack_eos = -5;
             }).find("--pack-eos must be a token id >= 0 (unset: the tokenizer's EOS), got -5"),
             std::string::npos);
-  EXPECT_NE(refused([](TrainOptions& o) { o.data.pack_eos = 10; }).find("--pack-eos 10 needs --pack"),
-            std::string::npos);
+  EXPECT_NE(
+      refused([](TrainOptions& o) { o.data.pack_eos = 10; }).find("--pack-eos 10 needs --pack"),
+      std::string::npos);
   EXPECT_EQ(refused([](TrainOptions& o) {
               o.data.pack = true;
               o.data.pack_eos = 10;

@@ -85,10 +85,11 @@ void check_same_config(fsdp::dist::ProcessGroup& pg, const fsdp::train::TrainOpt
   std::string names, here;
   for (size_t i : differ) {
     const bool known = i > 0 && i < kSlots && i - 1 < flags.size();
-    const std::string name = i == 0    ? std::string("the number of flags")
-                             : known   ? flags[i - 1].first
-                             : i < kSlots ? fmt::format("flag {} (this build has {})", i, flags.size())
-                                          : std::string("the flags past the 255th");
+    const std::string name = i == 0  ? std::string("the number of flags")
+                             : known ? flags[i - 1].first
+                             : i < kSlots
+                                 ? fmt::format("flag {} (this build has {})", i, flags.size())
+                                 : std::string("the flags past the 255th");
     names += (names.empty() ? "" : ", ") + name;
     if (known)
       here += fmt::format("{}{} '{}'", here.empty() ? "" : ", ", flags[i - 1].first,

@@ -105,17 +105,17 @@ void begin_save(const std::string& dir, int64_t step,
                  final_dir.string(), detail::kCompleteFile, step);
       // A crashed earlier attempt, removed only when it carries the project's mark.
       const fs::file_status tmp_st = fs::symlink_status(tmp, ec);
-      FSDP_CHECK(!fs::exists(tmp_st) ||
-                     (fs::is_directory(tmp_st) && holds_project_mark(tmp.string())),
-                 "[checkpoint] {} exists and is not a folder this project is writing (no {}): it "
-                 "is left alone, and the checkpoint of step {} cannot be written there; move "
-                 "that folder, or choose another --ckpt-dir",
-                 tmp.string(), detail::kWritingFile, step);
+      FSDP_CHECK(
+          !fs::exists(tmp_st) || (fs::is_directory(tmp_st) && holds_project_mark(tmp.string())),
+          "[checkpoint] {} exists and is not a folder this project is writing (no {}): it "
+          "is left alone, and the checkpoint of step {} cannot be written there; move "
+          "that folder, or choose another --ckpt-dir",
+          tmp.string(), detail::kWritingFile, step);
       fs::remove_all(tmp, ec);
       fs::create_directories(tmp, ec);
       FSDP_CHECK(!ec, "[checkpoint] cannot create '{}': {}", tmp.string(), ec.message());
-      write_file_atomic((tmp / detail::kWritingFile).string(), "fsdp.cpp checkpoint being written\n",
-                        "[checkpoint]", /*durable=*/false);
+      write_file_atomic((tmp / detail::kWritingFile).string(),
+                        "fsdp.cpp checkpoint being written\n", "[checkpoint]", /*durable=*/false);
     } catch (const std::exception& e) {
       error = e.what();
     }

@@ -152,10 +152,10 @@ int take_lock(const std::string& dir) {
 
 // The folders this project writes into D: step_NNNNNNNN and .tmp_step_NNNNNNNN (8 digits,
 // is_step_folder_name), real folders, not links, sorted by name; each only with the project's
-// mark (holds_project_mark; an unfinished .tmp_step_ folder's is its writing mark). A look-alike (step_00000004.bak, step_00000002_eval,
-// step_results_for_paper, a step_00000003/ without complete.json) is the user's: never counted,
-// pruned or cleared; a resume lists them all (marked_only false) to refuse a folder of broken
-// checkpoints by name.
+// mark (holds_project_mark; an unfinished .tmp_step_ folder's is its writing mark). A look-alike
+// (step_00000004.bak, step_00000002_eval, step_results_for_paper, a step_00000003/ without
+// complete.json) is the user's: never counted, pruned or cleared; a resume lists them all
+// (marked_only false) to refuse a folder of broken checkpoints by name.
 std::vector<fs::path> run_folders(const std::string& dir, bool marked_only = true) {
   std::vector<fs::path> out;
   std::error_code ec;

@@ -305,10 +305,11 @@ void check_finite(const Tensor& t, const std::string& file, const std::string& n
   const Tensor c = t.contiguous();
   const int64_t n = c.numel();
   auto refuse = [&](int64_t i, double v) {
-    FSDP_FAIL("[checkpoint] {}: tensor '{}' holds {} (element {} of {}); refusing a checkpoint "
-              "whose weights are not finite (the run that wrote it diverged, or the file was "
-              "changed)",
-              file, name, std::isnan(v) ? "NaN" : "Inf", i, n);
+    FSDP_FAIL(
+        "[checkpoint] {}: tensor '{}' holds {} (element {} of {}); refusing a checkpoint "
+        "whose weights are not finite (the run that wrote it diverged, or the file was "
+        "changed)",
+        file, name, std::isnan(v) ? "NaN" : "Inf", i, n);
   };
   if (c.dtype() == DType::f64) {
     const double* v = c.data<double>();

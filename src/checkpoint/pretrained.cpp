@@ -264,9 +264,9 @@ void read_hf_tokenizer(Pretrained& p, const fs::path& dir) {
 // check_inside_folder): a chat_template.jinja linked to a secret elsewhere is refused by name
 // before a byte of it is read. The file the user names (a .safetensors) is theirs to place.
 void check_folder_files(const fs::path& dir) {
-  for (const char* name : {"config.json", "tokenizer.json", "tokenizer_config.json",
-                           "generation_config.json", "chat_template.jinja", "model.safetensors",
-                           "model.safetensors.index.json"})
+  for (const char* name :
+       {"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+        "chat_template.jinja", "model.safetensors", "model.safetensors.index.json"})
     check_inside_folder(dir.string(), (dir / name).string(), "[pretrained]");
 }
 

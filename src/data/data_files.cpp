@@ -83,10 +83,10 @@ bool names_jsonl_samples(const std::string& spec) {
              "{{\"input_ids\": [...]}}), in a .jsonl file; a text file is trained on as text "
              "under another extension",
              spec,
-             at >= line.size()      ? "it starts with an empty line"
-             : line[at] == '['      ? "it starts with '[': a JSON array; write one element per line"
-             : line[at] == '{'      ? "an object without them, or one spread over several lines"
-                                    : "it does not start with '{'");
+             at >= line.size() ? "it starts with an empty line"
+             : line[at] == '[' ? "it starts with '[': a JSON array; write one element per line"
+             : line[at] == '{' ? "an object without them, or one spread over several lines"
+                               : "it does not start with '{'");
   return false;
 }
 

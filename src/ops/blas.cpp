@@ -60,8 +60,8 @@ void use_best_blas_kernel(char** argv) {
     std::array<char, 32> comm{};
     if (::prctl(PR_GET_NAME, comm.data()) == 0 && std::string_view(comm.data()) == "exe") {
       const std::string_view a0 = argv[0];
-      const std::string base(a0.substr(a0.rfind('/') == std::string_view::npos ? 0
-                                                                                : a0.rfind('/') + 1));
+      const std::string base(
+          a0.substr(a0.rfind('/') == std::string_view::npos ? 0 : a0.rfind('/') + 1));
       if (!base.empty()) ::prctl(PR_SET_NAME, base.substr(0, 15).c_str());
     }
   }
