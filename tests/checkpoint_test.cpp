@@ -179,7 +179,10 @@ TEST(Manager, FreshRunIntoAnOccupiedFolderIsRefusedUnlessOverwrite) {
   unsealed_step_folder(d / "step_00000002");
   fs::create_directories(d / "step_00000003");  // the right name, without the mark: the user's
   std::ofstream(d / "step_00000003/notes.txt") << "mine\n";
-  fs::create_directories(d / ".tmp_step_00000004");
+  fs::create_directories(d / ".tmp_step_00000004");  // an unfinished write: the writing mark
+  std::ofstream(d / ".tmp_step_00000004/.fsdp_checkpoint_writing") << "\n";
+  fs::create_directories(d / ".tmp_step_00000005");  // the name alone, no mark: the user's
+  std::ofstream(d / ".tmp_step_00000005/notes.txt") << "mine\n";
   fs::create_directories(d / "notes");
   std::ofstream(d / "README.txt") << "not ours\n";
   const std::string err = error_of([&] { checkpoint::Manager m({.dir = d.string()}, nullptr); });
@@ -198,7 +201,43 @@ TEST(Manager, FreshRunIntoAnOccupiedFolderIsRefusedUnlessOverwrite) {
   EXPECT_FALSE(fs::exists(d / ".tmp_step_00000004"));
   EXPECT_TRUE(fs::exists(d / "notes"));  // only the folders this project writes are cleared
   EXPECT_TRUE(fs::exists(d / "step_00000003/notes.txt"));
+  EXPECT_TRUE(fs::exists(d / ".tmp_step_00000005/notes.txt"));
   EXPECT_TRUE(fs::exists(d / "README.txt"));
+}
+
+// A folder inside another run's checkpoint folder (its step folder, a folder holding its lock or
+// its step folders) and the root folder are refused by name before anything is written there: the
+// other run's keep and overwrite would remove this one's checkpoints.
+TEST(Manager, AFolderInsideAnotherRunsFolderOrTheRootIsRefused) {
+  TempDir t;
+  const fs::path d = t.str();
+  { checkpoint::Manager locked({.dir = d.string()}, nullptr); }  // leaves D/.lock and its record
+  std::string err =
+      error_of([&] { checkpoint::Manager m({.dir = (d / "sub").string()}, nullptr); });
+  EXPECT_NE(err.find("lies inside '" + d.string() +
+                     "', another run's checkpoint folder (it holds "
+                     "a run's lock file, .lock)"),
+            std::string::npos)
+      << err;
+  EXPECT_FALSE(fs::exists(d / "sub"));
+  unsealed_step_folder(t.path / "other/step_00000002");
+  err = error_of([&] {
+    checkpoint::Manager m({.dir = (t.path / "other/step_00000002/x/y").string()}, nullptr);
+  });
+  EXPECT_NE(err.find("lies inside '" + (t.path / "other/step_00000002").string() +
+                     "', another run's checkpoint folder (it is a checkpoint's step folder)"),
+            std::string::npos)
+      << err;
+  err =
+      error_of([&] { checkpoint::Manager m({.dir = (t.path / "other/mine").string()}, nullptr); });
+  EXPECT_NE(err.find("(it holds checkpoints: step_00000002)"), std::string::npos) << err;
+  EXPECT_NE(error_of([] { checkpoint::check_folder_place("/"); }).find("is the root folder '/'"),
+            std::string::npos);
+  // A look-alike beside a folder is the user's: it makes no checkpoint folder of its parent.
+  fs::create_directories(t.path / "plain/step_00000001");
+  EXPECT_EQ(error_of([&] { checkpoint::check_folder_place((t.path / "plain/run").string()); }), "");
+  // D itself may hold its lock and checkpoints (a resume), with or without a trailing '/'.
+  EXPECT_EQ(error_of([&] { checkpoint::check_folder_place(d.string() + "/"); }), "");
 }
 
 TEST(Manager, ResumeSkipsANewerIncompleteCheckpointAndLoadsTheNewestComplete) {

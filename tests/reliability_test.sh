@@ -281,10 +281,10 @@ wait $a $b
   || bad "a second rank 1: rc $rc: $(tail -2 "$work/dupc.out")"
 # Ranks started with different arguments are refused, naming the argument (--lr, --data ran).
 cp /usr/share/common-licenses/GPL-3 "$work/a.txt" && cp /usr/share/common-licenses/GPL-2 "$work/b.txt"
-refused "different --lr over the ranks" "differs from rank 0 at argument" timeout -k 10 120 python3 "$fsdprun" \
+refused "different --lr over the ranks" "differ from rank 0 in --lr" timeout -k 10 120 python3 "$fsdprun" \
   --standalone --nproc_per_node 2 bash -c 'exec "$0" "$@" --lr $((RANK + 1))e-3' "$train" "${small[@]}" --steps 2
-grep -qE "this rank, 1, has '2e-3'" "$work/refused.out" && ok || bad "different --lr: this rank's value not named"
-refused "different --data over the ranks" "differs from rank 0 at argument" timeout -k 10 120 python3 "$fsdprun" \
+grep -qF "this rank, 1, has --lr '0.002'" "$work/refused.out" && ok || bad "different --lr: this rank's value not named"
+refused "different --data over the ranks" "differ from rank 0 in --data" timeout -k 10 120 python3 "$fsdprun" \
   --standalone --nproc_per_node 2 bash -c 'exec "$0" "$@" --data "'"$work"'/$([ $RANK = 0 ] && echo a || echo b).txt"' \
   "$train" "${small[@]}" --vocab 256 --steps 2
 
@@ -467,7 +467,7 @@ refused "a fresh run into a --ckpt-dir that holds checkpoints" \
 
 # 19. --overwrite clears the folders this project wrote (step_*, .tmp_step_*), nothing else, and runs.
 echo mine > "$work/one/notes.txt"
-mkdir "$work/one/.tmp_step_00000007"
+mkdir "$work/one/.tmp_step_00000007" && touch "$work/one/.tmp_step_00000007/.fsdp_checkpoint_writing"
 "$train" "${small[@]}" --steps 2 --ckpt-dir "$work/one" --ckpt-every 2 --overwrite > "$work/ow.out" 2>&1 \
   && grep -qF "checkpoint: --overwrite: removed 2 checkpoint folder(s) from $work/one" "$work/ow.out" \
   && [ "$(ls "$work/one" | tr '\n' ' ')" = "notes.txt step_00000002 " ] && ok \

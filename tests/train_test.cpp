@@ -232,6 +232,24 @@ TEST(Options, ValidateNamesTheFlagsOfTheRuleItRefuses) {
               (void)o.lora_config(nn::Arch::llama);
             }).find("unknown target 'proj'"),
             std::string::npos);
+  // --pack-eos: an id, and only with --pack; --val-data: not the training data itself.
+  EXPECT_NE(refused([](TrainOptions& o) {
+              o.data.pack = true;
+              o.data.pack_eos = -5;
+            }).find("--pack-eos must be a token id >= 0 (unset: the tokenizer's EOS), got -5"),
+            std::string::npos);
+  EXPECT_NE(
+      refused([](TrainOptions& o) { o.data.pack_eos = 10; }).find("--pack-eos 10 needs --pack"),
+      std::string::npos);
+  EXPECT_EQ(refused([](TrainOptions& o) {
+              o.data.pack = true;
+              o.data.pack_eos = 10;
+            }),
+            "");
+  EXPECT_NE(refused([](TrainOptions& o) {
+              o.data.data = o.data.val_data = "corpus.txt";
+            }).find("--val-data corpus.txt is the --data file corpus.txt"),
+            std::string::npos);
   TrainOptions all;  // --lora-targets all: every projection the architecture has
   all.model.lora_rank = 4;
   EXPECT_EQ(all.lora_config(nn::Arch::llama).targets,

@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fsdp/core/device.h"
@@ -37,38 +38,70 @@
 
 namespace {
 
-// Every rank must run the same command line: each argument's hash (and their count) is
-// all-gathered once and a difference is named by its place and this rank's value (a different
-// --lr or --data used to train on silently).
-void check_same_arguments(fsdp::dist::ProcessGroup& pg, int argc, char** argv) {
+// Every rank must run with the same config: each flag's resolved value (after the checkpoint's
+// flags on --resume, --config's file and its includes, and the command line) is hashed, the hashes
+// all-gathered once, and the flags that differ are named with this rank's values. The command
+// line alone was compared before: a --config file of other contents at the same path on another
+// node trained rank 1 at another --lr, silently.
+void check_same_config(fsdp::dist::ProcessGroup& pg, const fsdp::train::TrainOptions& o) {
   if (pg.size() == 1) return;
-  constexpr int kSlots = 64;  // arguments past the last slot are folded into it
+  std::vector<std::pair<std::string, std::string>> flags;  // --name, value
+  fsdp::train::visit_flags(o, [&](const fsdp::train::FlagInfo& f, const auto& field) {
+    using T = std::remove_cvref_t<decltype(field)>;
+    flags.emplace_back(f.name(), fsdp::train::FlagValue<T>::str(field));
+  });
+  // A fixed number of slots, so ranks of two builds with other flag tables still meet: slot 0
+  // holds the count, flags past the last slot are folded into it.
+  constexpr size_t kSlots = 256;
   auto fnv = [](std::string_view s, uint32_t h) {
     for (unsigned char c : s) h = (h ^ c) * 16777619u;
     return h;
   };
-  fsdp::Tensor mine = fsdp::Tensor::zeros({kSlots + 1}, fsdp::DType::f64);
+  fsdp::Tensor mine = fsdp::Tensor::zeros({int64_t(kSlots) + 1}, fsdp::DType::f64);
   double* m = mine.data<double>();
-  m[0] = double(argc - 1);
-  for (int i = 1; i < argc; ++i) {
-    double& slot = m[std::min(i, kSlots)];
-    slot = double(fnv(argv[i], i < kSlots ? 2166136261u : uint32_t(slot)));
+  m[0] = double(flags.size());
+  for (size_t i = 0; i < flags.size(); ++i) {
+    double& slot = m[std::min(i + 1, kSlots)];
+    const uint32_t seed = i + 1 < kSlots ? 2166136261u : uint32_t(slot);
+    slot = double(fnv(flags[i].second, fnv(flags[i].first, seed)));
   }
-  fsdp::Tensor all = fsdp::Tensor::empty({(kSlots + 1) * pg.size()}, fsdp::DType::f64, pg.device());
+  const int64_t n = int64_t(kSlots) + 1;
+  fsdp::Tensor all = fsdp::Tensor::empty({n * pg.size()}, fsdp::DType::f64, pg.device());
   pg.all_gather_into_tensor(all, mine.to(pg.device()))->wait();
   const std::vector<double> v = all.to_f64_vector();
-  for (int r = 0; r < pg.size(); ++r)
-    for (int i = 0; i <= kSlots; ++i)
-      if (v[size_t(r * (kSlots + 1) + i)] != v[size_t(i)]) {
-        const std::string here = i == 0     ? fmt::format("{} arguments", argc - 1)
-                                 : i < argc ? fmt::format("'{}'", argv[i])
-                                            : std::string("nothing");
-        FSDP_FAIL(
-            "[fsdp-train] the ranks were started with different arguments: rank {} differs from "
-            "rank 0 {} (this rank, {}, has {} there); every rank must run the same command line",
-            r, i == 0 ? "in the number of arguments" : fmt::format("at argument {}", i), pg.rank(),
-            here);
+  std::vector<int> ranks;      // the ranks that differ from rank 0
+  std::vector<size_t> differ;  // the flags (slots) that differ on any rank
+  for (int r = 1; r < pg.size(); ++r) {
+    bool any = false;
+    for (size_t i = 0; i <= kSlots; ++i)
+      if (v[size_t(r) * kSlots + size_t(r) + i] != v[i]) {
+        any = true;
+        if (std::find(differ.begin(), differ.end(), i) == differ.end()) differ.push_back(i);
       }
+    if (any) ranks.push_back(r);
+  }
+  if (ranks.empty()) return;
+  std::sort(differ.begin(), differ.end());
+  std::string names, here;
+  for (size_t i : differ) {
+    const bool known = i > 0 && i < kSlots && i - 1 < flags.size();
+    const std::string name = i == 0  ? std::string("the number of flags")
+                             : known ? flags[i - 1].first
+                             : i < kSlots
+                                 ? fmt::format("flag {} (this build has {})", i, flags.size())
+                                 : std::string("the flags past the 255th");
+    names += (names.empty() ? "" : ", ") + name;
+    if (known)
+      here += fmt::format("{}{} '{}'", here.empty() ? "" : ", ", flags[i - 1].first,
+                          flags[i - 1].second);
+  }
+  std::string which;
+  for (int r : ranks) which += (which.empty() ? "" : ", ") + std::to_string(r);
+  FSDP_FAIL(
+      "[fsdp-train] the ranks resolved different configs (the flags after --config, its includes "
+      "and the command line): rank(s) {} differ from rank 0 in {} (this rank, {}, has {}); every "
+      "rank must run with the same config: give each node the same --config file",
+      which, names, pg.rank(), here.empty() ? "other values there" : here);
 }
 
 // fsdp-train's command line, generated from flags.def: a flag per field, in --help's groups by
@@ -183,7 +216,7 @@ int main(int argc, char** argv) {
     fsdp::train::install_stop_handlers();  // SIGTERM/SIGINT: checkpoint after this step, exit 0
     {
       auto pg = fsdp::dist::init_process_group({.device = device, .backend = o.run.backend});
-      check_same_arguments(*pg, argc, argv);
+      check_same_config(*pg, o);
       fsdp::train::Trainer trainer(o, pg);
       trainer.fit();
     }

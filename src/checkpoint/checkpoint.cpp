@@ -103,9 +103,19 @@ void begin_save(const std::string& dir, int64_t step,
                  "is left alone, and the checkpoint of step {} cannot be written there; move that "
                  "folder, or choose another --ckpt-dir",
                  final_dir.string(), detail::kCompleteFile, step);
-      fs::remove_all(tmp, ec);  // a crashed earlier attempt
+      // A crashed earlier attempt, removed only when it carries the project's mark.
+      const fs::file_status tmp_st = fs::symlink_status(tmp, ec);
+      FSDP_CHECK(
+          !fs::exists(tmp_st) || (fs::is_directory(tmp_st) && holds_project_mark(tmp.string())),
+          "[checkpoint] {} exists and is not a folder this project is writing (no {}): it "
+          "is left alone, and the checkpoint of step {} cannot be written there; move "
+          "that folder, or choose another --ckpt-dir",
+          tmp.string(), detail::kWritingFile, step);
+      fs::remove_all(tmp, ec);
       fs::create_directories(tmp, ec);
       FSDP_CHECK(!ec, "[checkpoint] cannot create '{}': {}", tmp.string(), ec.message());
+      write_file_atomic((tmp / detail::kWritingFile).string(),
+                        "fsdp.cpp checkpoint being written\n", "[checkpoint]", /*durable=*/false);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -296,8 +306,9 @@ void commit_save(const SaveSnapshot& s, const WriteResult& mine,
     // is incomplete.
     write_file_atomic((tmp / detail::kCompleteFile).string(),
                       detail::complete_record(meta_bytes, s.run_id, s.step), "[checkpoint]");
-    fsync_path(tmp, true);
     std::error_code ec;
+    fs::remove(tmp / detail::kWritingFile, ec);  // sealed: complete.json is its mark now
+    fsync_path(tmp, true);
     // An older checkpoint of the same step is replaced whole: moved aside first (a crash while it
     // is deleted leaves .old_step_N, never a half-deleted step_N without its mark), then removed.
     const fs::path aside = dir / (".old_" + step_name(s.step));
@@ -432,6 +443,8 @@ Loaded load_unchecked(const std::string& path, FSDPModule& root, optim::Optimize
       for (auto& st : opt.state(groups[in.group].params)) dst.push_back(st);
       for (const auto& [prefix, flat] : dst) {
         Tensor src = idx.read(prefix + "/" + in.name);
+        detail::check_finite(src, (fs::path(path) / detail::shard_file(s)).string(),
+                             prefix + "/" + in.name);
         const int64_t at = in.offset + (lo - my_b) * row;
         flat.slice(at, at + (hi - lo) * row)
             .copy_(src.reshape({-1}).slice((lo - b) * row, (hi - b) * row));

@@ -126,6 +126,7 @@ NamedTensors consolidate_unchecked(const std::string& ckpt_path, nn::Transformer
         flat.slice(b * row, (b + len) * row)
             .copy_(files[size_t(s)]->read("param/" + name).reshape({-1}));
     }
+    detail::check_finite(full, ckpt_path, name);  // an adapter before it is merged, too
     out.emplace_back(name, full);
   }
   if (lora && merge) {

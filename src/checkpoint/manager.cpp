@@ -151,11 +151,11 @@ int take_lock(const std::string& dir) {
 }
 
 // The folders this project writes into D: step_NNNNNNNN and .tmp_step_NNNNNNNN (8 digits,
-// is_step_folder_name), real folders, not links, sorted by name; a step_ folder only with the
-// project's mark (holds_project_mark). A look-alike (step_00000004.bak, step_00000002_eval,
-// step_results_for_paper, a step_00000003/ without complete.json) is the user's: never counted,
-// pruned or cleared; a resume lists them all (marked_only false) to refuse a folder of broken
-// checkpoints by name.
+// is_step_folder_name), real folders, not links, sorted by name; each only with the project's
+// mark (holds_project_mark; an unfinished .tmp_step_ folder's is its writing mark). A look-alike
+// (step_00000004.bak, step_00000002_eval, step_results_for_paper, a step_00000003/ without
+// complete.json) is the user's: never counted, pruned or cleared; a resume lists them all
+// (marked_only false) to refuse a folder of broken checkpoints by name.
 std::vector<fs::path> run_folders(const std::string& dir, bool marked_only = true) {
   std::vector<fs::path> out;
   std::error_code ec;
@@ -163,8 +163,8 @@ std::vector<fs::path> run_folders(const std::string& dir, bool marked_only = tru
     const std::string name = e.path().filename().string();
     std::error_code link_ec;
     if (e.is_symlink(link_ec) || !e.is_directory(link_ec)) continue;
-    if ((is_step_folder_name(name) && (!marked_only || holds_project_mark(e.path().string()))) ||
-        is_step_folder_name(name, true))
+    if ((is_step_folder_name(name) || is_step_folder_name(name, true)) &&
+        (!marked_only || holds_project_mark(e.path().string())))
       out.push_back(e.path());
   }
   std::sort(out.begin(), out.end());
@@ -190,7 +190,53 @@ void claim_fresh(const std::string& dir, bool overwrite) {
              dir);
 }
 
+// Why `dir` is a checkpoint folder of some run ("" when it is not): a step folder with the
+// project's mark, a folder holding such step folders, or one holding a lock file with a holder's
+// record (take_lock's "pid N on host H ...").
+std::string checkpoint_folder_sign(const fs::path& dir) {
+  const std::string name = dir.filename().string();
+  if ((is_step_folder_name(name) || is_step_folder_name(name, true)) &&
+      holds_project_mark(dir.string()))
+    return "it is a checkpoint's step folder";
+  std::error_code ec;
+  if (fs::is_regular_file(fs::symlink_status(dir / ".lock", ec))) {
+    std::ifstream f(dir / ".lock");
+    char head[4] = {};
+    f.read(head, 4);
+    if (f.gcount() == 4 && std::string(head, 4) == "pid ")
+      return "it holds a run's lock file, .lock";
+  }
+  if (fs::is_directory(fs::symlink_status(dir, ec))) {
+    const std::vector<fs::path> held = run_folders(dir.string());
+    if (!held.empty()) return "it holds checkpoints: " + held.front().filename().string();
+  }
+  return "";
+}
+
 }  // namespace
+
+void check_folder_place(const std::string& dir) {
+  std::error_code ec;
+  fs::path abs = fs::absolute(dir, ec);
+  if (!ec) abs = fs::weakly_canonical(abs, ec);
+  FSDP_CHECK(!ec, "[checkpoint] cannot resolve the checkpoint folder '{}': {}", dir, ec.message());
+  abs = abs.lexically_normal();
+  while (!abs.has_filename() && abs.has_relative_path()) abs = abs.parent_path();  // "D/"
+  FSDP_CHECK(abs != abs.root_path(),
+             "[checkpoint] the checkpoint folder '{}' is the root folder '/': a run writes .lock "
+             "and step_* folders there, and --overwrite and --keep remove folders there; choose "
+             "a folder of the run's own",
+             dir);
+  // The root itself is not asked: it is refused as a checkpoint folder above.
+  for (fs::path a = abs.parent_path(); !a.empty() && a != a.root_path(); a = a.parent_path()) {
+    if (const std::string why = checkpoint_folder_sign(a); !why.empty())
+      FSDP_FAIL(
+          "[checkpoint] the checkpoint folder '{}' lies inside '{}', another run's checkpoint "
+          "folder ({}): that run's --keep and --overwrite would remove this run's checkpoints; "
+          "choose a folder outside it",
+          dir, a.string(), why);
+  }
+}
 
 void keep_latest(const std::string& dir, int keep) {
   if (keep <= 0) return;
@@ -250,6 +296,7 @@ Manager::Manager(ManagerOptions options, std::shared_ptr<dist::ProcessGroup> wor
   std::string error;
   if (rank_of(world_) == 0) {
     try {
+      check_folder_place(o_.dir);
       impl_->lock_fd = take_lock(o_.dir);
       if (!o_.resume) claim_fresh(o_.dir, o_.overwrite);
     } catch (const std::exception& e) {

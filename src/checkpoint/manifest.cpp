@@ -2,6 +2,7 @@
 #include "src/checkpoint/manifest.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -76,7 +77,9 @@ std::string incomplete_reason(const std::string& path) {
 bool holds_project_mark(const std::string& path) {
   const fs::path dir(path);
   std::error_code ec;
-  if (fs::is_regular_file(fs::symlink_status(dir / detail::kCompleteFile, ec))) return true;
+  if (fs::is_regular_file(fs::symlink_status(dir / detail::kCompleteFile, ec)) ||
+      fs::is_regular_file(fs::symlink_status(dir / detail::kWritingFile, ec)))
+    return true;
   std::string bytes;
   if (!fs::is_regular_file(fs::symlink_status(dir / "metadata.json", ec)) ||
       !read_bytes(dir / "metadata.json", &bytes))
@@ -296,6 +299,28 @@ std::unique_ptr<SafetensorsIndex> open_shard(const Manifest& m, int s) {
     }
   }
   return idx;
+}
+
+void check_finite(const Tensor& t, const std::string& file, const std::string& name) {
+  const Tensor c = t.contiguous();
+  const int64_t n = c.numel();
+  auto refuse = [&](int64_t i, double v) {
+    FSDP_FAIL(
+        "[checkpoint] {}: tensor '{}' holds {} (element {} of {}); refusing a checkpoint "
+        "whose weights are not finite (the run that wrote it diverged, or the file was "
+        "changed)",
+        file, name, std::isnan(v) ? "NaN" : "Inf", i, n);
+  };
+  if (c.dtype() == DType::f64) {
+    const double* v = c.data<double>();
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(v[i])) refuse(i, v[i]);
+    return;
+  }
+  const Tensor f = c.to(DType::f32);
+  const float* v = f.data<float>();
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i])) refuse(i, double(v[i]));
 }
 
 }  // namespace detail

@@ -33,6 +33,10 @@ namespace fsdp::checkpoint::detail {
 inline constexpr const char* kFormat = "fsdp.cpp-checkpoint/2";
 inline constexpr const char* kFormatUnsealed = "fsdp.cpp-checkpoint/1";  // before complete.json
 inline constexpr const char* kCompleteFile = "complete.json";
+// Written into D/.tmp_step_N as it is created (and removed once complete.json seals it): an
+// unfinished write carries the project's mark too, so --overwrite and a later save remove only
+// .tmp_step_ folders this project made, never a user's folder of that name.
+inline constexpr const char* kWritingFile = ".fsdp_checkpoint_writing";
 
 std::string shard_file(int shard);  // "shard_00003.safetensors"
 
@@ -68,5 +72,10 @@ Manifest read_manifest(const std::string& dir);
 // Opens shard s of a checked manifest: the file's checksum, its header's identity and its
 // tensors' shapes, checked against the manifest.
 std::unique_ptr<SafetensorsIndex> open_shard(const Manifest& m, int s);
+
+// Refuses a checkpoint tensor that holds NaN or Inf, naming the file and the tensor: a resume
+// went on to a NaN loss that blamed the learning rate, and an export merged a NaN adapter into
+// thousands of NaN weights with rc 0. `t` is a host tensor of any float dtype.
+void check_finite(const Tensor& t, const std::string& file, const std::string& name);
 
 }  // namespace fsdp::checkpoint::detail

@@ -260,9 +260,20 @@ void read_hf_tokenizer(Pretrained& p, const fs::path& dir) {
   set_eot(p);
 }
 
+// The files a model folder names are read only inside its tree (core/file.h's
+// check_inside_folder): a chat_template.jinja linked to a secret elsewhere is refused by name
+// before a byte of it is read. The file the user names (a .safetensors) is theirs to place.
+void check_folder_files(const fs::path& dir) {
+  for (const char* name :
+       {"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+        "chat_template.jinja", "model.safetensors", "model.safetensors.index.json"})
+    check_inside_folder(dir.string(), (dir / name).string(), "[pretrained]");
+}
+
 void open_safetensors(Pretrained& p, PretrainedSource& src) {
   const bool is_dir = fs::is_directory(p.path);
   const fs::path dir = is_dir ? fs::path(p.path) : fs::path(p.path).parent_path();
+  check_folder_files(dir);
   std::vector<std::string> paths;
   if (is_dir) {
     if (fs::exists(dir / "model.safetensors.index.json")) {
@@ -289,7 +300,10 @@ void open_safetensors(Pretrained& p, PretrainedSource& src) {
   } else {
     paths.push_back(p.path);
   }
-  for (const std::string& f : paths) src.files.push_back(map_safetensors(f));
+  for (const std::string& f : paths) {
+    if (is_dir) check_inside_folder(dir.string(), f, "[pretrained] the weight_map's file");
+    src.files.push_back(map_safetensors(f));
+  }
   for (const auto& f : src.files)
     for (const auto& [n, t] : f.tensors) src.by_name.emplace(n, &t);
   const auto& meta = src.files[0].metadata;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <system_error>
 #include <utility>
 
 #include "fsdp/core/error.h"
@@ -122,6 +123,34 @@ int open_for_write(const std::string& path, int flags, const std::string& where)
   require_regular(fd, path, where);
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
+}
+
+namespace {
+// Whether the resolved path p lies under the resolved folder dir (both canonical).
+bool lies_under(const std::filesystem::path& p, const std::filesystem::path& dir) {
+  const std::filesystem::path rel = p.lexically_relative(dir);
+  return !rel.empty() && *rel.begin() != "..";
+}
+}  // namespace
+
+void check_inside_folder(const std::string& folder, const std::string& file,
+                         const std::string& where) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path root = fs::canonical(folder.empty() ? "." : folder, ec);
+  if (ec) return;
+  const fs::path target = fs::canonical(file, ec);
+  if (ec) return;  // missing, or a dangling link: the reader's open names it
+  if (lies_under(target, root)) return;
+  if (root.parent_path().filename() == "snapshots") {  // a Hugging Face cache's snapshot
+    const fs::path blobs = fs::canonical(root.parent_path().parent_path() / "blobs", ec);
+    if (!ec && lies_under(target, blobs)) return;
+  }
+  FSDP_FAIL(
+      "{} '{}' leads to '{}', outside the model folder '{}' (through a symbolic link or '..'): "
+      "the files a model folder names are read only inside its tree (a Hugging Face cache's "
+      "links from snapshots/ into its blobs/ folder excepted); refusing to read it",
+      where, file, target.string(), root.string());
 }
 
 void write_file_atomic(const std::string& path, std::string_view text, const std::string& where,

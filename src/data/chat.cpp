@@ -403,7 +403,7 @@ std::pair<std::unique_ptr<SampleSource>, std::unique_ptr<SampleSource>> SampleSo
   return {std::move(t), std::move(v)};
 }
 
-bool is_jsonl(const std::string& path) { return path.ends_with(".jsonl"); }
+bool is_jsonl(const std::string& path) { return names_jsonl_samples(path); }  // by content
 
 namespace {
 

@@ -11,6 +11,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -55,6 +56,38 @@ bool has_shard_magic(const std::string& path) {
   int32_t magic = 0;
   f.read(reinterpret_cast<char*>(&magic), 4);
   return f.good() && (magic == kShardMagic || magic == kShardMagic32);
+}
+
+bool names_jsonl_samples(const std::string& spec) {
+  namespace fs = std::filesystem;
+  std::string ext = fs::path(spec).extension().string();
+  for (char& c : ext) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (ext == ".jsonl") return true;
+  std::error_code ec;
+  // Directories and globs are shards; a FIFO or a device is refused by its reader, unopened.
+  if (!fs::is_regular_file(spec, ec) || has_shard_magic(spec)) return false;
+  // The first line, or its first 1 MiB: enough to see what the file is.
+  std::ifstream f(spec, std::ios::binary);
+  std::string line;
+  for (char c; line.size() < (size_t(1) << 20) && f.get(c) && c != '\n';) line.push_back(c);
+  size_t at = line.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;  // a UTF-8 byte order mark
+  while (at < line.size() && std::isspace(static_cast<unsigned char>(line[at]))) ++at;
+  if (at < line.size() && line[at] == '{' &&
+      (line.find("\"messages\"") != std::string::npos ||
+       line.find("\"input_ids\"") != std::string::npos))
+    return true;
+  FSDP_CHECK(ext != ".json",
+             "[data] {} is a .json file but not JSONL samples: its first line is not a JSON "
+             "object with \"messages\" or \"input_ids\" ({}). --data takes samples as one JSON "
+             "object per line ({{\"messages\": [{{\"role\": ..., \"content\": ...}}]}} or "
+             "{{\"input_ids\": [...]}}), in a .jsonl file; a text file is trained on as text "
+             "under another extension",
+             spec,
+             at >= line.size() ? "it starts with an empty line"
+             : line[at] == '[' ? "it starts with '[': a JSON array; write one element per line"
+             : line[at] == '{' ? "an object without them, or one spread over several lines"
+                               : "it does not start with '{'");
+  return false;
 }
 
 bool names_shards(const std::string& spec) {

@@ -28,6 +28,13 @@ bool has_shard_magic(const std::string& path);
 // bytes).
 bool names_shards(const std::string& spec);
 
+// Whether `spec` is a JSONL file of samples, by its content: a .jsonl name (any case), or a
+// regular file whose first line is a JSON object naming "messages" or "input_ids" (a .json or
+// .txt file of chats too: they used to be trained on as raw text, JSON syntax included). A .json
+// file (any case) of another form is refused naming the form --data takes. Its lines are parsed,
+// and refused by line, by the sample reader (open_jsonl_samples).
+bool names_jsonl_samples(const std::string& spec);
+
 // The files `spec` names (a directory's *.bin, a glob's matches, or the one file), checked to be
 // regular files, in name order: the stream order.
 std::vector<std::string> shard_files(const std::string& spec);

@@ -2,6 +2,7 @@
 #include "fsdp/ops/blas.h"
 
 #include <fmt/core.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <array>
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <string>
 #include <string_view>
 
 #include "fsdp/core/env.h"
@@ -53,6 +55,16 @@ void use_best_blas_kernel(char** argv) {
   } catch (const std::exception&) {
     return;  // a bad value is the binary's validate_env()'s to name, as an error
   }
+  // Re-executed through /proc/self/exe (the fallback below): take the program's name back.
+  if (!env_str("FSDP_BLAS_REEXEC_FROM").empty() && argv && argv[0]) {
+    std::array<char, 32> comm{};
+    if (::prctl(PR_GET_NAME, comm.data()) == 0 && std::string_view(comm.data()) == "exe") {
+      const std::string_view a0 = argv[0];
+      const std::string base(
+          a0.substr(a0.rfind('/') == std::string_view::npos ? 0 : a0.rfind('/') + 1));
+      if (!base.empty()) ::prctl(PR_SET_NAME, base.substr(0, 15).c_str());
+    }
+  }
   // Once per process (an OpenBLAS that ignores the variable must not loop), and the user's
   // OPENBLAS_CORETYPE is theirs (mode 2 stands in for an unknown CPU in tests).
   if (mode == 0 || !env_str("FSDP_BLAS_REEXEC_FROM").empty() ||
@@ -62,6 +74,15 @@ void use_best_blas_kernel(char** argv) {
   if (better.empty()) return;
   ::setenv("FSDP_BLAS_REEXEC_FROM", blas_kernel().c_str(), 1);
   ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
+  // The binary's own path, not /proc/self/exe: the kernel names a process after the file it
+  // executes, so /proc/self/exe made every rank "exe" to ps, top, pgrep and a scheduler's
+  // accounting. argv (argv[0] included) is passed on unchanged. A binary replaced or removed
+  // since it started ("... (deleted)") is reached through /proc/self/exe, as before.
+  std::array<char, 4096> self{};
+  const ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size() - 1);
+  if (n > 0 && size_t(n) < self.size() - 1 &&
+      !std::string_view(self.data(), size_t(n)).ends_with(" (deleted)"))
+    ::execv(self.data(), argv);
   ::execv("/proc/self/exe", argv);
   const int err = errno;  // only on failure: go on with the kernels there are
   std::fprintf(

@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -352,6 +353,25 @@ void TrainOptions::validate() const {
              sc.decay_steps);
   FSDP_CHECK(data.eval_batches >= 1, "[fsdp-train] --eval-batches must be >= 1, got {}",
              data.eval_batches);
+  FSDP_CHECK(data.pack_eos >= -1,
+             "[fsdp-train] --pack-eos must be a token id >= 0 (unset: the tokenizer's EOS), got "
+             "{}",
+             data.pack_eos);
+  FSDP_CHECK(
+      data.pack_eos == -1 || data.pack,
+      "[fsdp-train] --pack-eos {} needs --pack: it ends the documents that --pack packs, and "
+      "without --pack it would be ignored",
+      data.pack_eos);
+  {  // the same file for both: the validation loss would be measured on the training data
+    std::error_code ec;
+    FSDP_CHECK(
+        data.val_data.empty() || (data.val_data != data.data &&
+                                  !std::filesystem::equivalent(data.val_data, data.data, ec)),
+        "[fsdp-train] --val-data {} is the --data file {}: the validation loss would be "
+        "measured on the training data; give held-out data, or leave --val-data out to "
+        "hold out the last --val-fraction",
+        data.val_data, data.data);
+  }
   FSDP_CHECK(data.val_fraction > 0 && data.val_fraction < 1,
              "[fsdp-train] --val-fraction must be in (0, 1), got {}", data.val_fraction);
   FSDP_CHECK(!data.eval_at_start || data.eval_every > 0 || !data.val_data.empty(),

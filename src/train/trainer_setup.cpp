@@ -76,6 +76,26 @@ void check_writable_dir(const std::string& dir, const char* flag, int rank) {
   fs::remove(probe, ec);
 }
 
+// A --ckpt-dir equal to the --init-from model folder or inside it: its .lock and step folders
+// would join the model's files (and the base's identity, so every resume was refused as "base
+// changed"). Refused by name before anything is written there.
+void check_ckpt_dir_outside_model(const std::string& ckpt_dir, const std::string& init_from) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (init_from.empty() || !fs::is_directory(init_from, ec)) return;
+  const fs::path model = fs::canonical(init_from, ec);
+  if (ec) return;
+  fs::path ckpt = fs::weakly_canonical(fs::absolute(ckpt_dir), ec).lexically_normal();
+  if (ec) return;
+  while (!ckpt.has_filename() && ckpt.has_relative_path()) ckpt = ckpt.parent_path();
+  const fs::path rel = ckpt.lexically_relative(model);
+  FSDP_CHECK(rel.empty() || *rel.begin() == "..",
+             "[fsdp-train] --ckpt-dir '{}' is {}the --init-from model folder '{}': its .lock and "
+             "step folders would be written among the model's files (and change the base a "
+             "resume checks); choose a folder outside it",
+             ckpt_dir, rel == "." ? "" : "inside ", init_from);
+}
+
 // --init-from a pretrained model: the architecture is the model's. A model-shape flag that says
 // otherwise is refused by name; flags not given take the model's values; seq and batch are the
 // run's (flags, else the preset's).
@@ -156,6 +176,9 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
              o.run.device.str(), pg->device().str());
   rank = pg->rank();
   if (!o.checkpoint.ckpt_dir.empty()) {
+    // Where the folder is, before anything (the write probe included) is written there.
+    check_ckpt_dir_outside_model(o.checkpoint.ckpt_dir, o.model.init_from);
+    checkpoint::check_folder_place(o.checkpoint.ckpt_dir);
     check_writable_dir(o.checkpoint.ckpt_dir, "--ckpt-dir", pg->rank());
     ckpt = std::make_unique<checkpoint::Manager>(
         checkpoint::ManagerOptions{.dir = o.checkpoint.ckpt_dir,
@@ -283,6 +306,12 @@ void Trainer::Impl::open_data() {
     std::unique_ptr<data::SampleSource> tail;
     if (o.data.eval_every > 0 && o.data.val_data.empty())
       std::tie(samples, tail) = samples->split_tail(o.data.val_fraction);
+    // Every step would compute a loss over nothing (it trained on, printing loss 0).
+    FSDP_CHECK(samples->targets() > 0,
+               "[fsdp-train] --data {}: no {}sample has a target token (no chat has an assistant "
+               "turn, and no tokenized row a label other than -100), so no step would learn "
+               "anything; give chats with assistant replies",
+               o.data.data, tail ? "training " : "");
     if (o.data.pack) {  // packed rows, shuffled as rows
       std::unique_ptr<data::PackedSource> packed = samples->packed();
       if (o.data.shuffle) packed->set_shuffle(o.run.seed);

@@ -63,6 +63,13 @@ struct ManagerOptions {
 // removed is left as it is, with a line on stderr: pruning never fails a save.
 void keep_latest(const std::string& dir, int keep);
 
+// Refuses a checkpoint folder `dir` that is the root folder '/' or lies inside another run's
+// checkpoint folder (an ancestor that is a step folder with the project's mark, holds such step
+// folders, or holds a lock file with a holder's record): that run's keep and overwrite would
+// remove this one's checkpoints. The Manager checks it (rank 0) before it creates or locks D; a
+// trainer may call it earlier, before it writes anything there.
+void check_folder_place(const std::string& dir);
+
 // One named part of a run's state. A required part missing from the checkpoint a resume loads is
 // refused by name; an optional one is left as it is (a part newer than the checkpoints of a run).
 struct StatePart {

@@ -60,6 +60,18 @@ std::shared_ptr<uint8_t> map_file(const std::string& path, const std::string& wh
 // be lost).
 void release_mapped_pages(const uint8_t* base, uint64_t size);
 
+// A file that a folder names (a model folder's config.json, tokenizer.json, chat_template.jinja,
+// weights), checked to lie inside that folder's tree once every link is resolved: a downloaded
+// model whose chat_template.jinja links to ~/.cache/huggingface/token had that file's text
+// printed and copied into checkpoints and exports. One exception: in a Hugging Face cache a
+// folder .../snapshots/<rev> links its files to ../../blobs/<hash>, so the blobs/ folder beside
+// snapshots/ counts as inside. A file that does not exist (or cannot be resolved) is left to the
+// reader's own error. Throws naming the file, where its link leads and the folder. The check
+// resolves the path before the reader opens it: it guards against what a folder holds, not
+// against a concurrent writer of the folder.
+void check_inside_folder(const std::string& folder, const std::string& file,
+                         const std::string& where);
+
 // Writes text to path through an AtomicFile.
 void write_file_atomic(const std::string& path, std::string_view text, const std::string& where,
                        bool durable = true);

@@ -179,7 +179,9 @@ class PackedSource : public TokenSource {
   uint64_t seed_ = 0;
 };
 
-// Whether `path` is a JSONL file of samples: a regular file named *.jsonl.
+// Whether `path` is a JSONL file of samples, by its name (*.jsonl, any case) or its content (a
+// first line that is an object with "messages" or "input_ids"); a .json file of another form is
+// refused naming the form.
 bool is_jsonl(const std::string& path);
 
 // The conversations of a {"messages": ...} JSONL file. Errors name the file, the line and the
