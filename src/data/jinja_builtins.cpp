@@ -14,6 +14,12 @@
 namespace fsdp::data::jinja {
 namespace {
 
+Value generator(List l) {
+  Value v = Value::list(std::move(l));
+  v.seq = Value::Seq::generator;
+  return v;
+}
+
 int64_t int_arg(Evaluator& ev, const Args& a, size_t i, const char* name, int64_t dflt, int line) {
   const Value* v = a.get(i, name);
   if (!v || v->t == Value::T::none) return dflt;
@@ -34,10 +40,14 @@ std::string str_arg(Evaluator& ev, const Args& a, size_t i, const char* name, co
 List iterate(Evaluator& ev, const Value& v, int line, const std::string& filter) {
   switch (v.t) {
     case Value::T::undefined: return {};
-    case Value::T::list: return *v.l;
+    case Value::T::list: {
+      List l = *v.l;
+      if (v.seq == Value::Seq::generator) v.l->clear();  // read once
+      return l;
+    }
     case Value::T::dict: {
       List l;
-      for (const auto& kv : v.d->items) l.push_back(Value::string(kv.first));
+      for (const auto& kv : v.d->items) l.push_back(key_value(kv.first));
       return l;
     }
     case Value::T::string: {
@@ -83,12 +93,13 @@ Value select(Evaluator& ev, const Value& v, Args& a, bool by_attr, bool keep, in
   if (a.pos.size() > off) test = to_str(a.pos[off]);
   for (size_t i = off + 1; i < a.pos.size(); ++i) rest.pos.push_back(a.pos[i]);
   List out;
+  if (!truthy(v)) return generator({});
   for (const Value& x : iterate(ev, v, line, name)) {
     Value subject = by_attr ? attr_of(ev, x, attr, line) : x;
     bool t = test.empty() ? truthy(subject) : apply_test(ev, test, subject, rest, line);
     if (t == keep) out.push_back(x);
   }
-  return Value::list(std::move(out));
+  return generator(std::move(out));
 }
 
 Value sorted(Evaluator& ev, const Value& v, const Args& a, int line) {
@@ -115,19 +126,13 @@ Value sorted(Evaluator& ev, const Value& v, const Args& a, int line) {
 Value apply_filter(Evaluator& ev, const std::string& name, Value v, Args& a, int line) {
   const std::string& f = name;
   if (f == "safe" || f == "string" || f == "e" || f == "escape" || f == "forceescape") {
-    if (f == "safe") return v;
-    std::string s = to_str(v);
-    if (f == "string") return Value::string(std::move(s));
-    std::string o;
-    for (char c : s) {
-      if (c == '&') o += "&amp;";
-      else if (c == '<') o += "&lt;";
-      else if (c == '>') o += "&gt;";
-      else if (c == '"') o += "&#34;";
-      else if (c == '\'') o += "&#39;";
-      else o += c;
-    }
-    return Value::string(std::move(o));
+    if (f == "string" && v.t == Value::T::string) return v;
+    bool was_markup = v.t == Value::T::string && v.markup;
+    Value r = Value::string(to_str(v));
+    if (f == "string") return r;
+    if (f != "safe" && (f == "forceescape" || !was_markup)) r.s = html_escape(r.s);
+    r.markup = true;
+    return r;
   }
   if (f == "trim") {
     if (const Value* chars = a.get(0, "chars"); chars && chars->t != Value::T::none) return Value::string(py_strip(to_str(v), to_str(*chars), true, true));
@@ -147,7 +152,9 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, Args& a, int
     switch (v.t) {
       case Value::T::undefined: return Value::integer(0);
       case Value::T::string: return Value::integer(int64_t(code_point_count(v.s)));
-      case Value::T::list: return Value::integer(int64_t(v.l->size()));
+      case Value::T::list:
+        if (v.seq == Value::Seq::generator) ev.fail(line, "object of type 'generator' has no len()");
+        return Value::integer(int64_t(v.l->size()));
       case Value::T::dict: return Value::integer(int64_t(v.d->items.size()));
       default: ev.fail(line, fmt::format("object of type '{}' has no len()", type_name(v)));
     }
@@ -187,14 +194,21 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, Args& a, int
     if (v.t != Value::T::dict) ev.fail(line, fmt::format("items: a {} is not a mapping", type_name(v)));
     List l;
     for (const auto& [k, x] : v.d->items) {
-      Value pair = Value::list({Value::string(k), x});
+      Value pair = Value::list({key_value(k), x});
       pair.tuple = true;
       l.push_back(std::move(pair));
     }
-    return Value::list(std::move(l));
+    return generator(std::move(l));
   }
   if (f == "list") return Value::list(iterate(ev, v, line, "list"));
   if (f == "first" || f == "last") {
+    if (v.t == Value::T::list && v.seq == Value::Seq::generator) {
+      if (f == "last") ev.fail(line, "last: 'generator' object is not reversible");
+      if (v.l->empty()) return Value::undefined(f);
+      Value x = v.l->front();
+      v.l->erase(v.l->begin());  // read once
+      return x;
+    }
     List l = iterate(ev, v, line, f);
     if (l.empty()) return Value::undefined(f);
     return f == "first" ? l.front() : l.back();
@@ -254,13 +268,14 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, Args& a, int
   }
   if (f == "map") {
     List out;
+    if (!truthy(v)) return generator({});
     if (const Value* attr = a.get(99, "attribute")) {
       const Value* dflt = a.get(99, "default");
       for (const Value& x : iterate(ev, v, line, "map")) {
         Value r = attr_of(ev, x, to_str(*attr), line);
         out.push_back(r.is_undefined() && dflt ? *dflt : r);
       }
-      return Value::list(std::move(out));
+      return generator(std::move(out));
     }
     if (a.pos.empty()) ev.fail(line, "map: needs a filter name or attribute=");
     std::string fname = to_str(a.pos[0]);
@@ -271,7 +286,7 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, Args& a, int
       Args copy = rest;
       out.push_back(apply_filter(ev, fname, x, copy, line));
     }
-    return Value::list(std::move(out));
+    return generator(std::move(out));
   }
   if (f == "select") return select(ev, v, a, false, true, line, "select");
   if (f == "reject") return select(ev, v, a, false, false, line, "reject");
@@ -284,7 +299,7 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, Args& a, int
       for (const Value& y : out) seen = seen || equal(x, y);
       if (!seen) out.push_back(x);
     }
-    return Value::list(std::move(out));
+    return generator(std::move(out));
   }
   if (f == "sort") return sorted(ev, v, a, line);
   if (f == "dictsort") {
@@ -293,6 +308,7 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, Args& a, int
     std::stable_sort(items.l->begin(), items.l->end(), [](const Value& x, const Value& y) {
       return lower((*x.l)[0].s) < lower((*y.l)[0].s);
     });
+    items.seq = Value::Seq::plain;
     return items;
   }
   if (f == "sum" || f == "min" || f == "max") {
@@ -380,7 +396,7 @@ bool apply_test(Evaluator& ev, const std::string& t, const Value& v, Args& a, in
   if (t == "integer") return v.t == Value::T::integer;
   if (t == "float") return v.t == Value::T::floating;
   if (t == "mapping") return v.t == Value::T::dict;
-  if (t == "sequence") return v.t == Value::T::list || v.t == Value::T::string || v.t == Value::T::dict;
+  if (t == "sequence") return (v.t == Value::T::list && v.seq == Value::Seq::plain) || v.t == Value::T::string || v.t == Value::T::dict;
   if (t == "iterable") return v.t == Value::T::list || v.t == Value::T::string || v.t == Value::T::dict || v.is_undefined();
   if (t == "callable") return v.t == Value::T::func;
   if (t == "lower") return v.t == Value::T::string && lower(v.s) == v.s;
@@ -403,7 +419,7 @@ bool apply_test(Evaluator& ev, const std::string& t, const Value& v, Args& a, in
     const Value& h = arg();
     if (h.t == Value::T::string) return v.t == Value::T::string && h.s.find(v.s) != std::string::npos;
     if (h.t == Value::T::list) return std::any_of(h.l->begin(), h.l->end(), [&](const Value& x) { return equal(x, v); });
-    if (h.t == Value::T::dict) return v.t == Value::T::string && h.d->find(v.s);
+    if (h.t == Value::T::dict) return dict_key(v) && h.d->find(*dict_key(v));
     ev.fail(line, "the test 'in' needs a container");
   }
   if (t == "gt" || t == "ge" || t == "lt" || t == "le" || t == ">" || t == "<" || t == ">=" || t == "<=") {

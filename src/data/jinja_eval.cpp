@@ -125,6 +125,8 @@ void Evaluator::exec_node(const Node& n, const std::shared_ptr<Scope>& sc, std::
     case Node::K::text: out += n.text; break;
     case Node::K::output: {
       Value v = eval(*n.expr, sc);
+      if (v.t == Value::T::list && v.seq == Value::Seq::generator)
+        fail(n.line, "printing a generator (Python prints its address) is refused");
       if (v.t == Value::T::string) out += v.s;
       else out += to_str(v);
       break;
@@ -141,8 +143,9 @@ void Evaluator::exec_node(const Node& n, const std::shared_ptr<Scope>& sc, std::
       List items;
       if (seq.t == Value::T::list) {
         items = *seq.l;
+        if (seq.seq == Value::Seq::generator) seq.l->clear();  // read once
       } else if (seq.t == Value::T::dict) {
-        for (const auto& kv : seq.d->items) items.push_back(Value::string(kv.first));
+        for (const auto& kv : seq.d->items) items.push_back(key_value(kv.first));
       } else if (seq.t == Value::T::string) {
         auto cps = code_points(seq.s);
         for (size_t i = 0; i < cps.size(); ++i) items.push_back(Value::string(utf8(cps, i, i + 1)));

@@ -26,11 +26,11 @@ int64_t floordiv(int64_t a, int64_t b) {
 Value item(Evaluator& ev, const Value& obj, const Value& key, int line, const std::string& what) {
   if (obj.is_undefined()) ev.fail(line, fmt::format("'{}' is undefined (its {} was read)", obj.s, what));
   if (obj.t == Value::T::dict) {
-    if (key.t == Value::T::string) {
-      if (const Value* v = obj.d->find(key.s)) return *v;
-    }
+    if (auto k = dict_key(key))
+      if (const Value* v = obj.d->find(*k)) return *v;
     return Value::undefined(what);
   }
+  if (obj.t == Value::T::list && obj.seq != Value::Seq::plain) return Value::undefined(what);
   if ((obj.t == Value::T::list || obj.t == Value::T::string) && is_int(key)) {
     int64_t i = as_int(key);
     if (obj.t == Value::T::list) {
@@ -51,7 +51,7 @@ Value item(Evaluator& ev, const Value& obj, const Value& key, int line, const st
 Value slice(Evaluator& ev, const Value& obj, const Value* parts[3], int line) {
   int64_t n;
   std::vector<uint32_t> cps;
-  if (obj.t == Value::T::list) n = int64_t(obj.l->size());
+  if (obj.t == Value::T::list && obj.seq == Value::Seq::plain) n = int64_t(obj.l->size());
   else if (obj.t == Value::T::string) cps = code_points(obj.s), n = int64_t(cps.size());
   else ev.fail(line, fmt::format("a {} cannot be sliced", type_name(obj)));
   int64_t step = 1;
@@ -108,7 +108,10 @@ bool contains(Evaluator& ev, const Value& hay, const Value& needle, int line) {
       for (const auto& x : *hay.l)
         if (equal(x, needle)) return true;
       return false;
-    case Value::T::dict: return needle.t == Value::T::string && hay.d->find(needle.s);
+    case Value::T::dict: {
+      auto k = dict_key(needle);
+      return k && hay.d->find(*k);
+    }
     default: ev.fail(line, fmt::format("argument of type '{}' is not iterable", type_name(hay)));
   }
 }
@@ -158,9 +161,15 @@ Value arith(Evaluator& ev, const std::string& op, const Value& a, const Value& b
   }
   if (op == "+" && a.t == b.t && a.t == Value::T::string) {
     ev.check_size(a.s.size() + b.s.size(), line);
+    if (a.markup || b.markup) {  // Markup + str escapes the str
+      Value r = Value::string((a.markup ? a.s : html_escape(a.s)) + (b.markup ? b.s : html_escape(b.s)));
+      r.markup = true;
+      return r;
+    }
     return Value::string(a.s + b.s);
   }
-  if (op == "+" && a.t == b.t && a.t == Value::T::list && a.tuple == b.tuple) {
+  if (op == "+" && a.t == b.t && a.t == Value::T::list && a.tuple == b.tuple && a.seq == Value::Seq::plain &&
+      b.seq == Value::Seq::plain) {
     List l = *a.l;
     l.insert(l.end(), b.l->begin(), b.l->end());
     ev.count_iterations(int64_t(l.size()), line);
@@ -212,8 +221,9 @@ Value Evaluator::eval(const Expr& e, const std::shared_ptr<Scope>& sc) {
       Dict d;
       for (size_t k = 0; k + 1 < e.a.size(); k += 2) {
         Value key = eval(*e.a[k], sc);
-        if (key.t != Value::T::string) fail(e.line, fmt::format("a dict literal's key is a {}, only strings are supported", type_name(key)));
-        d.set(key.s, eval(*e.a[k + 1], sc));
+        auto dk = dict_key(key);
+        if (!dk) fail(e.line, fmt::format("a dict literal's key is a {}, only strings and integers are supported", type_name(key)));
+        d.set(*dk, eval(*e.a[k + 1], sc));
       }
       return Value::dict(std::move(d));
     }

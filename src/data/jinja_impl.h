@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -40,6 +41,11 @@ struct Value {
   enum class T : uint8_t { undefined, none, boolean, integer, floating, string, list, dict, func };
   T t = T::undefined;
   bool tuple = false;  // a list written (a, b): prints as a tuple
+  // What Python would hold instead of a list: a generator (map, select, ...: truthy even when
+  // empty, no len(), read once) or a dict's items(), keys() or values() view.
+  enum class Seq : uint8_t { plain, generator, items, keys, values };
+  Seq seq = Seq::plain;
+  bool markup = false;  // a string marked safe (|safe, |e): Python's Markup, which escapes what is added to it
   bool b = false;
   int64_t i = 0;
   double f = 0;
@@ -63,6 +69,10 @@ struct Value {
   double as_double() const { return t == T::floating ? f : t == T::integer ? double(i) : double(b); }
 };
 
+// A dict's key: a string as is, an integer as "\0" and its digits (Python's dicts take both);
+// none for another type.
+std::optional<std::string> dict_key(const Value& v);
+Value key_value(const std::string& key);
 Value from_json(const nlohmann::ordered_json& j);
 bool truthy(const Value& v);
 bool equal(const Value& a, const Value& b);
@@ -71,7 +81,8 @@ std::string to_str(const Value& v);   // Python's str()
 std::string repr(const Value& v);     // Python's repr()
 std::string to_json(const Value& v, int indent, bool sort_keys, bool ascii, std::string_view item_sep,
                     std::string_view key_sep, int depth = 0);
-std::string format_float(double f);  // Python's repr of a float
+std::string format_float(double f);
+std::string html_escape(const std::string& s);  // markupsafe's escape  // Python's repr of a float
 std::vector<uint32_t> code_points(std::string_view s);
 std::string utf8(const std::vector<uint32_t>& cps, size_t begin, size_t end);
 size_t code_point_count(std::string_view s);
@@ -96,6 +107,7 @@ struct Node {
     text, output, if_, for_, set, set_block, macro, call_block, filter_block, break_, continue_,
     generation
   };
+  Node(K kind, int at) : k(kind), line(at) {}
   K k;
   int line = 0;
   std::string text;                  // text; set_block, macro: the name; filter_block: filter

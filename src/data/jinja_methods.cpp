@@ -334,21 +334,24 @@ Value call_method(Evaluator& ev, const Value& obj, const std::string& m, Args& a
       List l;
       for (const auto& [k, v] : obj.d->items) {
         if (m == "keys") {
-          l.push_back(Value::string(k));
+          l.push_back(key_value(k));
         } else if (m == "values") {
           l.push_back(v);
         } else {
-          Value pair = Value::list({Value::string(k), v});
+          Value pair = Value::list({key_value(k), v});
           pair.tuple = true;
           l.push_back(std::move(pair));
         }
       }
-      return Value::list(std::move(l));
+      Value view = Value::list(std::move(l));
+      view.seq = m == "items" ? Value::Seq::items : m == "keys" ? Value::Seq::keys : Value::Seq::values;
+      return view;
     }
     if (m == "get") {
       const Value* k = a.get(0, "key");
       if (!k) ev.fail(line, "dict.get needs a key");
-      const Value* v = k->t == Value::T::string ? obj.d->find(k->s) : nullptr;
+      auto key = dict_key(*k);
+      const Value* v = key ? obj.d->find(*key) : nullptr;
       if (v) return *v;
       const Value* d = a.get(1, "default");
       return d ? *d : Value::none();

@@ -34,6 +34,21 @@ const Value* Args::get(size_t i, std::string_view name) const {
   return nullptr;
 }
 
+std::optional<std::string> dict_key(const Value& v) {
+  if (v.t == Value::T::string) return v.s;
+  if (v.t == Value::T::integer) return std::string(1, '\0') + std::to_string(v.i);
+  return std::nullopt;
+}
+
+Value key_value(const std::string& key) {
+  if (!key.empty() && key[0] == '\0') return Value::integer(std::stoll(key.substr(1)));
+  return Value::string(key);
+}
+
+static std::string key_text(const std::string& key) {
+  return !key.empty() && key[0] == '\0' ? key.substr(1) : key;
+}
+
 Value from_json(const nlohmann::ordered_json& j) {
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::none();
@@ -66,7 +81,7 @@ bool truthy(const Value& v) {
     case Value::T::integer: return v.i != 0;
     case Value::T::floating: return v.f != 0;
     case Value::T::string: return !v.s.empty();
-    case Value::T::list: return !v.l->empty();
+    case Value::T::list: return v.seq == Value::Seq::generator || !v.l->empty();
     case Value::T::dict: return !v.d->items.empty();
     default: return true;
   }
@@ -83,7 +98,8 @@ bool equal(const Value& a, const Value& b) {
     case Value::T::none: return true;
     case Value::T::string: return a.s == b.s;
     case Value::T::list:
-      if (a.tuple != b.tuple || a.l->size() != b.l->size()) return false;
+      if (a.seq == Value::Seq::generator || b.seq == Value::Seq::generator) return a.l == b.l;
+      if (a.tuple != b.tuple || a.seq != b.seq || a.l->size() != b.l->size()) return false;
       for (size_t i = 0; i < a.l->size(); ++i)
         if (!equal((*a.l)[i], (*b.l)[i])) return false;
       return true;
@@ -106,7 +122,14 @@ std::string type_name(const Value& v) {
     case Value::T::integer: return "int";
     case Value::T::floating: return "float";
     case Value::T::string: return "str";
-    case Value::T::list: return v.tuple ? "tuple" : "list";
+    case Value::T::list:
+      switch (v.seq) {
+        case Value::Seq::generator: return "generator";
+        case Value::Seq::items: return "dict_items";
+        case Value::Seq::keys: return "dict_keys";
+        case Value::Seq::values: return "dict_values";
+        default: return v.tuple ? "tuple" : "list";
+      }
     case Value::T::dict: return v.d->is_namespace ? "Namespace" : "dict";
     default: return "function";
   }
@@ -136,6 +159,19 @@ std::string format_float(double f) {
   return s;
 }
 
+std::string html_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '&') o += "&amp;";
+    else if (c == '<') o += "&lt;";
+    else if (c == '>') o += "&gt;";
+    else if (c == '"') o += "&#34;";
+    else if (c == '\'') o += "&#39;";
+    else o += c;
+  }
+  return o;
+}
+
 static std::string repr_string(const std::string& s) {
   char q = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
   std::string o(1, q);
@@ -155,6 +191,12 @@ std::string repr(const Value& v) {
   switch (v.t) {
     case Value::T::string: return repr_string(v.s);
     case Value::T::list: {
+      if (v.seq == Value::Seq::generator) return "<generator object>";
+      if (v.seq != Value::Seq::plain) {
+        Value plain = v;
+        plain.seq = Value::Seq::plain;
+        return type_name(v) + "(" + repr(plain) + ")";
+      }
       std::string o = v.tuple ? "(" : "[";
       for (size_t i = 0; i < v.l->size(); ++i) o += (i ? ", " : "") + repr((*v.l)[i]);
       if (v.tuple && v.l->size() == 1) o += ",";
@@ -165,7 +207,7 @@ std::string repr(const Value& v) {
       std::string o = "{";
       bool first = true;
       for (const auto& [k, x] : v.d->items) {
-        o += (first ? "" : ", ") + repr_string(k) + ": " + repr(x);
+        o += (first ? "" : ", ") + (!k.empty() && k[0] == '\0' ? key_text(k) : repr_string(k)) + ": " + repr(x);
         first = false;
       }
       return o + "}";
@@ -235,6 +277,8 @@ std::string to_json(const Value& v, int indent, bool sort_keys, bool ascii, std:
       return format_float(v.f);
     case Value::T::string: json_string(o, v.s, ascii); return o;
     case Value::T::list: {
+      if (v.seq != Value::Seq::plain)
+        FSDP_FAIL("[jinja] tojson: Object of type {} is not JSON serializable", type_name(v));
       if (v.l->empty()) return "[]";
       o = "[";
       for (size_t i = 0; i < v.l->size(); ++i) {
@@ -253,7 +297,7 @@ std::string to_json(const Value& v, int indent, bool sort_keys, bool ascii, std:
       for (size_t i = 0; i < items.size(); ++i) {
         if (i) o += item_sep;
         o += nl(depth + 1);
-        json_string(o, items[i]->first, ascii);
+        json_string(o, key_text(items[i]->first), ascii);
         o += key_sep;
         o += to_json(items[i]->second, indent, sort_keys, ascii, item_sep, key_sep, depth + 1);
       }
