@@ -28,9 +28,10 @@ MAX_REFUSED_TEMPLATES = 3
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
      "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city"},
-                    "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city"]}}},
+                    "unit": {"type": "string", "description": "c or f", "enum": ["c", "f"]}}, "required": ["city"]}}},
     {"type": "function", "function": {"name": "add", "description": "Adds two numbers: a + b.",
-     "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+     "parameters": {"type": "object", "properties": {"a": {"type": "number", "description": "a"},
+                                                          "b": {"type": "number", "description": "b"}},
                     "required": ["a", "b"]}}},
 ]
 
@@ -64,9 +65,9 @@ def conversation(rng, marks, reads_tools, reads_tool_calls):
         if role == "assistant" and reads_tool_calls and rng.random() < 0.25:
             args = {"city": rng.choice(["Paris", "東京", "New York"])}
             msgs.append({"role": "assistant", "content": rng.choice(["", "Let me check."]),
-                         "tool_calls": [{"type": "function", "id": "call_1",
+                         "tool_calls": [{"type": "function", "id": "abc123XYZ",
                                          "function": {"name": "get_weather", "arguments": args}}]})
-            msgs.append({"role": "tool", "tool_call_id": "call_1", "name": "get_weather",
+            msgs.append({"role": "tool", "tool_call_id": "abc123XYZ", "name": "get_weather",
                          "content": json.dumps({"temperature": 21, "sky": "clear"})})
             msgs.append({"role": "assistant", "content": content(rng, marks)})
         else:
@@ -74,7 +75,7 @@ def conversation(rng, marks, reads_tools, reads_tool_calls):
     ctx = {"messages": msgs, "tools": None, "documents": None,
            "add_generation_prompt": msgs[-1]["role"] == "user" and rng.random() < 0.7,
            "bos_token": "<s>", "eos_token": "</s>"}
-    if reads_tools and rng.random() < 0.4:
+    if reads_tools and rng.random() < 0.6:
         ctx["tools"] = TOOLS[: rng.randint(1, 2)]
     return ctx
 

@@ -7,6 +7,7 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -52,6 +53,7 @@ Evaluator::Evaluator(const Program& p, const nlohmann::ordered_json& ctx) : p_(p
                          : (start > stop ? (start - stop - step - 1) / -step : 0);
     if (n > 100000) ev.fail(line, fmt::format("range() of {} items is over the sandbox's 100000", n));
     List l;
+    l.reserve(size_t(std::max<int64_t>(n, 0)));
     for (int64_t k = 0; k < n; ++k) l.push_back(Value::integer(start + k * step));
     return Value::list(std::move(l));
   }));
@@ -140,32 +142,52 @@ void Evaluator::exec_node(const Node& n, const std::shared_ptr<Scope>& sc, std::
       break;
     case Node::K::for_: {
       Value seq = eval(*n.expr, sc);
-      List items;
-      if (seq.t == Value::T::list) {
-        items = *seq.l;
-        if (seq.seq == Value::Seq::generator) seq.l->clear();  // read once
+      List owned;
+      const List* list = &owned;  // a plain list is iterated in place, never copied
+      if (seq.t == Value::T::list && seq.seq != Value::Seq::generator) {
+        list = seq.l.get();
+      } else if (seq.t == Value::T::list) {
+        owned = std::move(*seq.l);
+        seq.l->clear();  // a generator is read once
       } else if (seq.t == Value::T::dict) {
-        for (const auto& kv : seq.d->items) items.push_back(key_value(kv.first));
+        for (const auto& kv : seq.d->items) owned.push_back(key_value(kv.first));
       } else if (seq.t == Value::T::string) {
         auto cps = code_points(seq.s);
-        for (size_t i = 0; i < cps.size(); ++i) items.push_back(Value::string(utf8(cps, i, i + 1)));
+        for (size_t i = 0; i < cps.size(); ++i) owned.push_back(Value::string(utf8(cps, i, i + 1)));
       } else if (seq.t != Value::T::undefined) {
         fail(n.line, fmt::format("'{}' object is not iterable", type_name(seq)));
       }
       if (n.cond) {
         List kept;
-        for (auto& x : items) {
+        for (const auto& x : *list) {
           auto it = std::make_shared<Scope>();
           it->parent = sc;
           if (n.targets.size() == 1) it->set(n.targets[0], x);
           else if (x.t == Value::T::list && x.l->size() == n.targets.size())
             for (size_t k = 0; k < n.targets.size(); ++k) it->set(n.targets[k], (*x.l)[k]);
           count_iterations(1, n.line);
-          if (truthy(eval(*n.cond, it))) kept.push_back(std::move(x));
+          if (truthy(eval(*n.cond, it))) kept.push_back(x);
         }
-        items = std::move(kept);
+        owned = std::move(kept);
+        list = &owned;
       }
+      const List& items = *list;
       const int64_t len = int64_t(items.size());
+      // One loop object per loop, its fields updated in place each iteration (building it anew
+      // each time was most of a short loop's cost).
+      auto index = std::make_shared<int64_t>(0);
+      Value loop = Value::dict();
+      loop.d->items = {{"index", Value::integer(1)},     {"index0", Value::integer(0)},
+                       {"revindex", Value::integer(len)}, {"revindex0", Value::integer(len - 1)},
+                       {"first", Value::boolean(true)},   {"last", Value::boolean(len == 1)},
+                       {"length", Value::integer(len)},   {"depth", Value::integer(1)},
+                       {"depth0", Value::integer(0)},     {"previtem", Value::undefined("previtem")},
+                       {"nextitem", Value::undefined("nextitem")}};
+      loop.d->items.emplace_back("cycle", builtin([index](Evaluator& ev, Args& a, int line) {
+        if (a.pos.empty()) ev.fail(line, "loop.cycle() needs at least one value");
+        return a.pos[size_t(*index) % a.pos.size()];
+      }));
+      auto& f = loop.d->items;
       for (int64_t i = 0; i < len; ++i) {
         count_iterations(1, n.line);
         auto it = std::make_shared<Scope>();
@@ -178,23 +200,16 @@ void Evaluator::exec_node(const Node& n, const std::shared_ptr<Scope>& sc, std::
             fail(n.line, fmt::format("cannot unpack a {} into {} loop variables", type_name(x), n.targets.size()));
           for (size_t k = 0; k < n.targets.size(); ++k) it->set(n.targets[k], (*x.l)[k]);
         }
-        Dict loop;
-        loop.items = {{"index", Value::integer(i + 1)},
-                      {"index0", Value::integer(i)},
-                      {"revindex", Value::integer(len - i)},
-                      {"revindex0", Value::integer(len - i - 1)},
-                      {"first", Value::boolean(i == 0)},
-                      {"last", Value::boolean(i == len - 1)},
-                      {"length", Value::integer(len)},
-                      {"depth", Value::integer(1)},
-                      {"depth0", Value::integer(0)},
-                      {"previtem", i > 0 ? items[size_t(i - 1)] : Value::undefined("previtem")},
-                      {"nextitem", i + 1 < len ? items[size_t(i + 1)] : Value::undefined("nextitem")}};
-        loop.items.emplace_back("cycle", builtin([i](Evaluator& ev, Args& a, int line) {
-          if (a.pos.empty()) ev.fail(line, "loop.cycle() needs at least one value");
-          return a.pos[size_t(i) % a.pos.size()];
-        }));
-        it->set("loop", Value::dict(std::move(loop)));
+        *index = i;
+        f[0].second.i = i + 1;
+        f[1].second.i = i;
+        f[2].second.i = len - i;
+        f[3].second.i = len - i - 1;
+        f[4].second.b = i == 0;
+        f[5].second.b = i == len - 1;
+        f[9].second = i > 0 ? items[size_t(i - 1)] : Value::undefined("previtem");
+        f[10].second = i + 1 < len ? items[size_t(i + 1)] : Value::undefined("nextitem");
+        it->vars.emplace_back("loop", loop);
         try {
           exec(n.bodies[0], it, out);
         } catch (const LoopBreak&) {

@@ -118,6 +118,7 @@ bool contains(Evaluator& ev, const Value& hay, const Value& needle, int line) {
 
 Value arith(Evaluator& ev, const std::string& op, const Value& a, const Value& b, int line) {
   if (op == "~") {
+    if (a.t == Value::T::string && b.t == Value::T::string) ev.check_size(a.s.size() + b.s.size(), line);
     std::string s = to_str(a) + to_str(b);
     ev.check_size(s.size(), line);
     return Value::string(std::move(s));

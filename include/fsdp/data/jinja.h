@@ -28,7 +28,7 @@ namespace fsdp::data::jinja {
 struct Limits {
   int64_t max_loop_iterations = 1'000'000;  // all loops of one render together
   int max_call_depth = 200;                 // macro calls inside macro calls
-  size_t max_output_bytes = 32u << 20;      // the rendered text, and any one string built
+  size_t max_output_bytes = 8u << 20;       // the rendered text, and any one string built
   double max_seconds = 1.0;                 // wall time of one render
 };
 
