@@ -312,6 +312,21 @@ TEST(Jinja, NestingPastTheParsersBoundIsRefused) {
   EXPECT_NE(refusal([&] { Template t(ifs); }).find("nesting deeper than"), std::string::npos);
 }
 
+TEST(Jinja, ValuesOutsideTheEnginesRangeAreRefused) {
+  // Python's integers are unbounded; 64 bits that overflow are refused rather than wrapped.
+  EXPECT_NE(refusal([] { render("{{ 9223372036854775807 + 1 }}"); }).find("overflows 64 bits"), std::string::npos);
+  EXPECT_NE(refusal([] { render("{{ 2 ** 64 }}"); }).find("overflows 64 bits"), std::string::npos);
+  EXPECT_EQ(render("{{ 2 ** 62 }} {{ (-1) ** 63 }} {{ 7 // -2 }}"), "4611686018427387904 -1 -4");
+  // Values nest a bounded depth, so printing and comparing them never recurse without end.
+  EXPECT_NE(refusal([] {
+              render("{% set ns = namespace(x=[]) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}");
+            }).find("nested deeper than"),
+            std::string::npos);
+  // 50 nested expressions a call, 200 calls deep: the evaluator's own bound on its recursion stops it.
+  const std::string chain = "{% macro f(n) %}{{ " + std::string(50, '-') + "f(n) }}{% endmacro %}{{ f(0) }}";
+  EXPECT_NE(refusal([&] { render(chain); }).find("over the recursion limit"), std::string::npos);
+}
+
 TEST(Jinja, UndefinedBehavesAsJinja2sDefault) {
   EXPECT_EQ(render("[{{ nothing }}]{{ nothing is defined }}{% for x in nothing %}x{% endfor %}{{ nothing|length }}"),
             "[]False0");

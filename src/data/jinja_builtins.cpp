@@ -70,7 +70,8 @@ Value attr_of(Evaluator& ev, const Value& v, const std::string& path, int line) 
     if (cur.t == Value::T::dict) {
       const Value* x = cur.d->find(part);
       cur = x ? *x : Value::undefined(part);
-    } else if (cur.t == Value::T::list && !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit)) {
+    } else if (cur.t == Value::T::list && !part.empty() && part.size() < 10 &&
+               std::all_of(part.begin(), part.end(), ::isdigit)) {
       size_t k = std::stoul(part);
       cur = k < cur.l->size() ? (*cur.l)[k] : Value::undefined(part);
     } else if (cur.is_undefined()) {
@@ -233,7 +234,11 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, Args& a, int
   if (f == "int") {
     if (v.t == Value::T::integer) return v;
     if (v.t == Value::T::boolean) return Value::integer(v.b);
-    if (v.t == Value::T::floating) return Value::integer(int64_t(v.f));
+    auto from_double = [&](double d) {
+      if (!(std::fabs(d) < 9.2e18)) ev.fail(line, fmt::format("int: {} does not fit 64 bits (refused)", format_float(d)));
+      return Value::integer(int64_t(d));
+    };
+    if (v.t == Value::T::floating) return from_double(v.f);
     if (v.t == Value::T::string) {
       std::string s = py_strip(v.s, std::nullopt, true, true);
       try {
@@ -241,7 +246,7 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, Args& a, int
         int64_t x = std::stoll(s, &used);
         if (used == s.size()) return Value::integer(x);
         double d = std::stod(s, &used);
-        if (used == s.size()) return Value::integer(int64_t(d));
+        if (used == s.size()) return from_double(d);
       } catch (const std::exception&) {
       }
     }
@@ -263,6 +268,7 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, Args& a, int
   }
   if (f == "abs") {
     if (v.t == Value::T::floating) return Value::floating(std::fabs(v.f));
+    if (v.t == Value::T::integer && v.i == INT64_MIN) ev.fail(line, "abs: the smallest 64-bit integer overflows (refused)");
     if (v.is_number()) return Value::integer(std::llabs(v.t == Value::T::integer ? v.i : v.b));
     ev.fail(line, fmt::format("bad operand type for abs(): '{}'", type_name(v)));
   }
@@ -317,8 +323,13 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, Args& a, int
       Value acc = Value::integer(int_arg(ev, a, 1, "start", 0, line));
       for (const Value& x : l) {
         if (!x.is_number()) ev.fail(line, "sum: the items must be numbers");
-        acc = acc.t == Value::T::floating || x.t == Value::T::floating ? Value::floating(acc.as_double() + x.as_double())
-                                                                       : Value::integer(acc.i + (x.t == Value::T::integer ? x.i : x.b));
+        int64_t r = 0;
+        if (acc.t == Value::T::floating || x.t == Value::T::floating)
+          acc = Value::floating(acc.as_double() + x.as_double());
+        else if (__builtin_add_overflow(acc.i, x.t == Value::T::integer ? x.i : int64_t(x.b), &r))
+          ev.fail(line, "sum: overflows 64 bits (refused)");
+        else
+          acc = Value::integer(r);
       }
       return acc;
     }

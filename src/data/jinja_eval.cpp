@@ -49,8 +49,10 @@ Evaluator::Evaluator(const Program& p, const nlohmann::ordered_json& ctx) : p_(p
     else if (a.pos.size() >= 2) start = num(0), stop = num(1);
     if (a.pos.size() == 3) step = num(2);
     if (a.pos.empty() || a.pos.size() > 3 || step == 0) ev.fail(line, "range() takes 1 to 3 integers, the step nonzero");
-    int64_t n = step > 0 ? (stop > start ? (stop - start + step - 1) / step : 0)
-                         : (start > stop ? (start - stop - step - 1) / -step : 0);
+    using wide = __int128;
+    const wide n128 = step > 0 ? (stop > start ? (wide(stop) - start + step - 1) / step : 0)
+                               : (start > stop ? (wide(start) - stop - step - 1) / -wide(step) : 0);
+    const int64_t n = n128 > 100000 ? 100001 : int64_t(n128);
     if (n > 100000) ev.fail(line, fmt::format("range() of {} items is over the sandbox's 100000", n));
     List l;
     l.reserve(size_t(std::max<int64_t>(n, 0)));
@@ -66,7 +68,11 @@ Evaluator::Evaluator(const Program& p, const nlohmann::ordered_json& ctx) : p_(p
         for (const auto& [k, v] : x.d->items) d.set(k, v);
       }
       for (auto& [k, v] : a.kw) d.set(k, v);
-      return Value::dict(std::move(d));
+      const uint32_t depth = depth_of(d);
+      if (depth > kMaxValueDepth) ev.fail(line, fmt::format("a dict nested deeper than {} levels", kMaxValueDepth));
+      Value v = Value::dict(std::move(d));
+      v.depth = depth;
+      return v;
     });
   };
   g.emplace_back("dict", make_dict(false));
@@ -122,6 +128,7 @@ void Evaluator::exec(const std::vector<Node>& body, const std::shared_ptr<Scope>
 }
 
 void Evaluator::exec_node(const Node& n, const std::shared_ptr<Scope>& sc, std::string& out) {
+  Frame frame(*this, n.line);
   tick(n.line);
   switch (n.k) {
     case Node::K::text: out += n.text; break;
@@ -228,6 +235,9 @@ void Evaluator::exec_node(const Node& n, const std::shared_ptr<Scope>& sc, std::
           fail(n.line, fmt::format("cannot assign an attribute of '{}', which is not a namespace", n.targets[0]));
         if (n.targets[1].starts_with("_"))
           fail(n.line, fmt::format("a namespace's attribute '{}' starts with an underscore (refused)", n.targets[1]));
+        if (v.depth + 1 > kMaxValueDepth)
+          fail(n.line, fmt::format("a namespace nested deeper than {} levels", kMaxValueDepth));
+        const_cast<Value*>(ns)->depth = std::max<uint32_t>(ns->depth, uint32_t(v.depth + 1));
         ns->d->set(n.targets[1], std::move(v));
       } else if (n.targets.size() == 1) {
         sc->set(n.targets[0], std::move(v));

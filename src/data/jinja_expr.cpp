@@ -146,17 +146,25 @@ Value arith(Evaluator& ev, const std::string& op, const Value& a, const Value& b
       if (m != 0 && ((m < 0) != (y < 0))) m += y;
       return Value::floating(m);
     }
-    int64_t x = as_int(a), y = as_int(b);
-    if (op == "+") return Value::integer(x + y);
-    if (op == "-") return Value::integer(x - y);
-    if (op == "*") return Value::integer(x * y);
+    int64_t x = as_int(a), y = as_int(b), r = 0;
+    auto overflow = [&]() -> Value {
+      ev.fail(line, fmt::format("{} {} {} overflows 64 bits (Python's integers would not; refused)", x, op, y));
+    };
+    if (op == "+") return __builtin_add_overflow(x, y, &r) ? overflow() : Value::integer(r);
+    if (op == "-") return __builtin_sub_overflow(x, y, &r) ? overflow() : Value::integer(r);
+    if (op == "*") return __builtin_mul_overflow(x, y, &r) ? overflow() : Value::integer(r);
     if (op == "**") {
       if (y < 0) return Value::floating(std::pow(double(x), double(y)));
-      int64_t r = 1;
-      for (int64_t k = 0; k < y && k < 64; ++k) r *= x;
+      r = 1;
+      for (int64_t k = 0; k < y; ++k) {
+        if (__builtin_mul_overflow(r, x, &r)) return overflow();
+        if (r == 0 || r == 1) break;
+      }
+      if (r == 1 && x == -1) r = y % 2 ? -1 : 1;
       return Value::integer(r);
     }
     if (y == 0) ev.fail(line, "integer division or modulo by zero");
+    if (x == INT64_MIN && y == -1) return overflow();
     if (op == "//") return Value::integer(floordiv(x, y));
     return Value::integer(x - floordiv(x, y) * y);
   }
@@ -181,12 +189,12 @@ Value arith(Evaluator& ev, const std::string& op, const Value& a, const Value& b
   if (op == "*" && (a.t == Value::T::string || a.t == Value::T::list) && is_int(b)) {
     int64_t k = std::max<int64_t>(0, as_int(b));
     if (a.t == Value::T::string) {
-      ev.check_size(size_t(k) * a.s.size(), line);
+      if (!a.s.empty()) ev.check_size(size_t(std::min<int64_t>(k, int64_t(1) << 40)) * a.s.size(), line);
       std::string s;
       for (int64_t j = 0; j < k; ++j) s += a.s;
       return Value::string(std::move(s));
     }
-    ev.count_iterations(k * int64_t(a.l->size()), line);
+    ev.count_iterations(std::min<int64_t>(k, int64_t(1) << 40) * int64_t(a.l->size()), line);
     List l;
     for (int64_t j = 0; j < k; ++j) l.insert(l.end(), a.l->begin(), a.l->end());
     return Value::list(std::move(l));
@@ -204,6 +212,7 @@ Value arith(Evaluator& ev, const std::string& op, const Value& a, const Value& b
 }  // namespace
 
 Value Evaluator::eval(const Expr& e, const std::shared_ptr<Scope>& sc) {
+  Frame frame(*this, e.line);
   switch (e.k) {
     case Expr::K::literal: return e.lit;
     case Expr::K::name: {
@@ -214,8 +223,11 @@ Value Evaluator::eval(const Expr& e, const std::shared_ptr<Scope>& sc) {
     case Expr::K::tuple: {
       List l;
       for (const auto& x : e.a) l.push_back(eval(*x, sc));
+      const uint32_t depth = depth_of(l);
+      if (depth > kMaxValueDepth) fail(e.line, fmt::format("a list nested deeper than {} levels", kMaxValueDepth));
       Value v = Value::list(std::move(l));
       v.tuple = e.k == Expr::K::tuple;
+      v.depth = depth;
       return v;
     }
     case Expr::K::dict: {
@@ -226,7 +238,11 @@ Value Evaluator::eval(const Expr& e, const std::shared_ptr<Scope>& sc) {
         if (!dk) fail(e.line, fmt::format("a dict literal's key is a {}, only strings and integers are supported", type_name(key)));
         d.set(*dk, eval(*e.a[k + 1], sc));
       }
-      return Value::dict(std::move(d));
+      const uint32_t depth = depth_of(d);
+      if (depth > kMaxValueDepth) fail(e.line, fmt::format("a dict nested deeper than {} levels", kMaxValueDepth));
+      Value v = Value::dict(std::move(d));
+      v.depth = depth;
+      return v;
     }
     case Expr::K::attr: {
       Value obj = eval(*e.a[0], sc);
@@ -293,6 +309,7 @@ Value Evaluator::eval(const Expr& e, const std::shared_ptr<Scope>& sc) {
       Value v = eval(*e.a[0], sc);
       if (!v.is_number()) fail(e.line, fmt::format("bad operand type for unary {}: '{}'", e.k == Expr::K::neg ? '-' : '+', type_name(v)));
       if (e.k == Expr::K::pos) return v.t == Value::T::boolean ? Value::integer(v.b) : v;
+      if (v.t == Value::T::integer && v.i == INT64_MIN) fail(e.line, "-(the smallest 64-bit integer) overflows (refused)");
       return v.t == Value::T::floating ? Value::floating(-v.f) : Value::integer(-as_int(v));
     }
     case Expr::K::not_: return Value::boolean(!truthy(eval(*e.a[0], sc)));

@@ -5,6 +5,8 @@
 // cannot change them (Jinja2's immutable sandbox); only a namespace's attributes change.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -46,6 +48,7 @@ struct Value {
   enum class Seq : uint8_t { plain, generator, items, keys, values };
   Seq seq = Seq::plain;
   bool markup = false;  // a string marked safe (|safe, |e): Python's Markup, which escapes what is added to it
+  uint32_t depth = 0;   // a list's or dict's nesting (kMaxValueDepth at most), so walks over values stay shallow
   bool b = false;
   int64_t i = 0;
   double f = 0;
@@ -60,8 +63,8 @@ struct Value {
   static Value integer(int64_t v) { Value x = with(T::integer); x.i = v; return x; }
   static Value floating(double v) { Value x = with(T::floating); x.f = v; return x; }
   static Value string(std::string v) { Value x = with(T::string); x.s = std::move(v); return x; }
-  static Value list(List v = {}) { Value x = with(T::list); x.l = std::make_shared<List>(std::move(v)); return x; }
-  static Value dict(Dict v = {}) { Value x = with(T::dict); x.d = std::make_shared<Dict>(std::move(v)); return x; }
+  static Value list(List v = {});  // its depth computed
+  static Value dict(Dict v = {});
   static Value undefined(std::string name) { Value x; x.s = std::move(name); return x; }
   static Value with(T t) { Value x; x.t = t; return x; }
   bool is_undefined() const { return t == T::undefined; }
@@ -73,7 +76,12 @@ struct Value {
 // none for another type.
 std::optional<std::string> dict_key(const Value& v);
 Value key_value(const std::string& key);
-Value from_json(const nlohmann::ordered_json& j);
+// Lists and dicts nest at most this deep (a template that builds deeper ones is refused), so that
+// printing, comparing and freeing a value recurse a bounded depth.
+constexpr int kMaxValueDepth = 200;
+uint32_t depth_of(const List& l);  // 1 + the deepest item's depth
+uint32_t depth_of(const Dict& d);
+Value from_json(const nlohmann::ordered_json& j, int depth = 0);
 bool truthy(const Value& v);
 bool equal(const Value& a, const Value& b);
 std::string type_name(const Value& v);
@@ -175,6 +183,7 @@ class Evaluator {
   std::shared_ptr<struct Scope> globals_;
   int64_t iterations_ = 0;
   int depth_ = 0;
+  int frames_ = 0;  // statements and expressions being evaluated, one inside another
   double deadline_ = 0;
   std::string out_;
   std::vector<std::pair<size_t, size_t>> spans_;
@@ -183,6 +192,17 @@ class Evaluator {
   Value eval(const Expr& e, const std::shared_ptr<Scope>& sc);
   Value call_macro(const Macro& m, Args& args, const std::shared_ptr<Scope>& caller_body, int line);
   void tick(int line);
+  struct Frame {
+    Evaluator& ev;
+    Frame(Evaluator& e, int line) : ev(e) {
+      if (++ev.frames_ > kMaxFrames) {
+        --ev.frames_;
+        ev.fail(line, fmt::format("over the recursion limit ({} nested statements and expressions)", kMaxFrames));
+      }
+    }
+    ~Frame() { --ev.frames_; }
+  };
+  static constexpr int kMaxFrames = 3000;
 };
 
 }  // namespace fsdp::data::jinja

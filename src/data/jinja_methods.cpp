@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "fsdp/core/error.h"
 #include "jinja_strings.h"
@@ -182,7 +183,8 @@ std::string percent_format(Evaluator& ev, const std::string& f, const Args& a, i
     const Value& v = a.pos[next++];
     if (c == 's') o += to_str(v);
     else if (c == 'r') o += repr(v);
-    else if ((c == 'd' || c == 'i') && v.is_number()) o += std::to_string(v.t == Value::T::floating ? int64_t(v.f) : v.t == Value::T::integer ? v.i : v.b);
+    else if ((c == 'd' || c == 'i') && v.t == Value::T::floating && std::fabs(v.f) < 9.2e18) o += std::to_string(int64_t(v.f));
+    else if ((c == 'd' || c == 'i') && (v.t == Value::T::integer || v.t == Value::T::boolean)) o += std::to_string(v.t == Value::T::integer ? v.i : v.b);
     else ev.fail(line, fmt::format("'%' formatting: the conversion '%{}' is not supported", c));
   }
   if (next < a.pos.size()) ev.fail(line, "'%' formatting: not all arguments converted during string formatting");
@@ -211,7 +213,7 @@ static std::string brace_format(Evaluator& ev, const std::string& f, const Args&
     if (field.find_first_of(":!.[") != std::string::npos) ev.fail(line, "str.format: format specs and conversions are not supported");
     const Value* v = nullptr;
     if (field.empty()) v = next < a.pos.size() ? &a.pos[next++] : nullptr;
-    else if (std::all_of(field.begin(), field.end(), ::isdigit)) v = a.get(std::stoul(field), "");
+    else if (field.size() < 10 && std::all_of(field.begin(), field.end(), ::isdigit)) v = a.get(std::stoul(field), "");
     else v = a.get(size_t(-1), field);
     if (!v) ev.fail(line, fmt::format("str.format: no argument for '{{{}}}'", field));
     o += to_str(*v);

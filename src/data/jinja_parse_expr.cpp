@@ -255,6 +255,7 @@ ExprP Parser::postfix(ExprP e) {
         a->k = Expr::K::index;
         a->a.push_back(std::move(e));
         auto lit = make(Expr::K::literal, line);
+        if (t_[i_].v.size() > 18) fail(fmt::format("the index {} is out of range", t_[i_].v));
         lit->lit = Value::integer(std::stoll(t_[i_++].v));
         a->a.push_back(std::move(lit));
       } else {
@@ -332,7 +333,8 @@ ExprP Parser::filters(ExprP e, bool nc) {
       f->name = expect_name();
       while (is_op(".")) {
         ++i_;
-        f->name += "." + expect_name();
+        f->name += '.';
+    f->name += expect_name();
       }
       f->a.push_back(std::move(e));
       if (is_op("(")) arguments(*f);
@@ -347,7 +349,8 @@ ExprP Parser::filters(ExprP e, bool nc) {
       t->name = expect_name();
       while (is_op(".")) {
         ++i_;
-        t->name += "." + expect_name();
+        t->name += '.';
+    t->name += expect_name();
       }
       t->a.push_back(std::move(e));
       if (is_op("(")) {

@@ -49,7 +49,34 @@ static std::string key_text(const std::string& key) {
   return !key.empty() && key[0] == '\0' ? key.substr(1) : key;
 }
 
-Value from_json(const nlohmann::ordered_json& j) {
+uint32_t depth_of(const List& l) {
+  uint32_t d = 0;
+  for (const Value& x : l) d = std::max(d, x.depth);
+  return uint32_t(d + 1);
+}
+
+uint32_t depth_of(const Dict& dict) {
+  uint32_t d = 0;
+  for (const auto& kv : dict.items) d = std::max(d, kv.second.depth);
+  return uint32_t(d + 1);
+}
+
+Value Value::list(List v) {
+  Value x = with(T::list);
+  x.depth = depth_of(v);
+  x.l = std::make_shared<List>(std::move(v));
+  return x;
+}
+
+Value Value::dict(Dict v) {
+  Value x = with(T::dict);
+  x.depth = depth_of(v);
+  x.d = std::make_shared<Dict>(std::move(v));
+  return x;
+}
+
+Value from_json(const nlohmann::ordered_json& j, int depth) {
+  FSDP_CHECK(depth < kMaxValueDepth, "[jinja] the context nests deeper than {} levels", kMaxValueDepth);
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::none();
     case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
@@ -60,13 +87,13 @@ Value from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       List l;
       l.reserve(j.size());
-      for (const auto& x : j) l.push_back(from_json(x));
+      for (const auto& x : j) l.push_back(from_json(x, depth + 1));
       return Value::list(std::move(l));
     }
     case nlohmann::ordered_json::value_t::object: {
       Dict d;
       d.items.reserve(j.size());
-      for (const auto& [k, x] : j.items()) d.items.emplace_back(k, from_json(x));
+      for (const auto& [k, x] : j.items()) d.items.emplace_back(k, from_json(x, depth + 1));
       return Value::dict(std::move(d));
     }
     default: FSDP_FAIL("[jinja] the context holds a JSON value of an unsupported type ({})", j.type_name());
@@ -104,6 +131,7 @@ bool equal(const Value& a, const Value& b) {
         if (!equal((*a.l)[i], (*b.l)[i])) return false;
       return true;
     case Value::T::dict:
+      if (a.d->is_namespace || b.d->is_namespace) return a.d == b.d;
       if (a.d->items.size() != b.d->items.size()) return false;
       for (const auto& [k, v] : a.d->items) {
         const Value* o = b.d->find(k);
@@ -265,7 +293,11 @@ static void json_string(std::string& o, const std::string& s, bool ascii) {
 std::string to_json(const Value& v, int indent, bool sort_keys, bool ascii, std::string_view item_sep,
                     std::string_view key_sep, int depth) {
   FSDP_CHECK(depth < 200, "[jinja] tojson: a value nested deeper than 200 levels");
-  auto nl = [&](int d) { return indent < 0 ? std::string() : "\n" + std::string(size_t(indent * d), ' '); };
+  auto nl = [&](int d) {
+    std::string s;
+    if (indent >= 0) s.append(1, '\n').append(size_t(indent) * size_t(d), ' ');
+    return s;
+  };
   std::string o;
   switch (v.t) {
     case Value::T::none: return "null";
@@ -288,6 +320,7 @@ std::string to_json(const Value& v, int indent, bool sort_keys, bool ascii, std:
       return o + nl(depth) + "]";
     }
     case Value::T::dict: {
+      if (v.d->is_namespace) FSDP_FAIL("[jinja] tojson: Object of type Namespace is not JSON serializable");
       if (v.d->items.empty()) return "{}";
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& kv : v.d->items) items.push_back(&kv);
