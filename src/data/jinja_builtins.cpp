@@ -310,9 +310,19 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, Args& a, int
   if (f == "sort") return sorted(ev, v, a, line);
   if (f == "dictsort") {
     if (v.t != Value::T::dict) ev.fail(line, "dictsort: needs a mapping");
-    Value items = apply_filter(ev, "items", v, a, line);
-    std::stable_sort(items.l->begin(), items.l->end(), [](const Value& x, const Value& y) {
-      return lower((*x.l)[0].s) < lower((*y.l)[0].s);
+    Args none;
+    Value items = apply_filter(ev, "items", v, none, line);
+    const bool cs = a.get(0, "case_sensitive") && truthy(*a.get(0, "case_sensitive"));
+    const std::string by = str_arg(ev, a, 1, "by", "key", line);
+    const bool reverse = a.get(2, "reverse") && truthy(*a.get(2, "reverse"));
+    if (by != "key" && by != "value") ev.fail(line, "dictsort: by must be 'key' or 'value'");
+    const size_t at = by == "key" ? 0 : 1;
+    std::stable_sort(items.l->begin(), items.l->end(), [&](const Value& x, const Value& y) {
+      const Value &p = (*x.l)[at], &q = (*y.l)[at];
+      if (p.t == Value::T::string && q.t == Value::T::string)
+        return reverse ? (cs ? q.s < p.s : lower(q.s) < lower(p.s)) : (cs ? p.s < q.s : lower(p.s) < lower(q.s));
+      if (p.is_number() && q.is_number()) return reverse ? q.as_double() < p.as_double() : p.as_double() < q.as_double();
+      ev.fail(line, fmt::format("dictsort: cannot order a {} and a {}", type_name(p), type_name(q)));
     });
     items.seq = Value::Seq::plain;
     return items;
@@ -347,9 +357,15 @@ Value apply_filter(Evaluator& ev, const std::string& name, Value v, Args& a, int
   if (f == "round") {
     int64_t prec = int_arg(ev, a, 0, "precision", 0, line);
     std::string method = str_arg(ev, a, 1, "method", "common", line);
+    if (!v.is_number()) ev.fail(line, fmt::format("round: a {} is not a number", type_name(v)));
     double x = v.as_double(), m = std::pow(10.0, double(prec));
-    double r = method == "ceil" ? std::ceil(x * m) / m : method == "floor" ? std::floor(x * m) / m : std::round(x * m) / m;
-    return Value::floating(r);
+    if (method == "ceil") return Value::floating(std::ceil(x * m) / m);
+    if (method == "floor") return Value::floating(std::floor(x * m) / m);
+    if (method != "common") ev.fail(line, "round: the method must be common, ceil or floor");
+    // Python's round(): the decimal nearest the double's exact value, ties to even, as printf's.
+    if (prec < 0 || prec > 300 || !std::isfinite(x)) return Value::floating(std::nearbyint(x * m) / m);
+    std::string digits = fmt::format("{:.{}f}", x, prec);
+    return Value::floating(std::strtod(digits.c_str(), nullptr));
   }
   if (f == "indent") {
     int64_t width = int_arg(ev, a, 0, "width", 4, line);
