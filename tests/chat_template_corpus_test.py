@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Every chat template of llama.cpp's corpus (models/templates/*.jinja of the pinned
 llama-cpp-python source distribution, unpacked by scripts/install-deps.sh into
-build/_deps/llama-templates) and SmolLM2's (from its GGUF), rendered on ~200 generated conversations
-each by fsdp.cpp's Jinja engine (fsdp-tokenize --chat-template T --render) and by transformers'
+build/_deps/llama-templates), SmolLM2's (from its GGUF) and Gemma 3's (tests/fixtures), rendered
+on ~200 generated conversations each by fsdp.cpp's Jinja engine (fsdp-tokenize --chat-template T --render) and by transformers'
 render_jinja_template (jinja2's sandbox, as apply_chat_template runs it). Any byte difference
 fails; both refusing a conversation counts as equal. A template the engine refuses whole for a
 construct it does not support is listed; at most 3 may be.
@@ -126,6 +126,9 @@ def main():
     templates = {f[:-6]: open(os.path.join(args.template_dir, f), encoding="utf-8").read()
                  for f in sorted(os.listdir(args.template_dir)) if f.endswith(".jinja")}
     templates.update(gguf_templates())
+    gemma3 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "gemma3_chat_template.jinja")
+    if os.path.exists(gemma3):  # Gemma 3's instruct template (the corpus has Gemma 2's and 4's)
+        templates["Gemma-3-instruct (tests/fixtures)"] = open(gemma3, encoding="utf-8").read()
     if args.only:
         templates = {k: v for k, v in templates.items() if args.only in k}
     start = time.time()
