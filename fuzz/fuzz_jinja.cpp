@@ -4,8 +4,11 @@
 // low so that a run stays short), never crash, hang or trip a sanitizer.
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <initializer_list>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fsdp/data/jinja.h"
 #include "fuzz_common.h"

@@ -22,18 +22,21 @@
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <iterator>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fsdp/checkpoint/gguf.h"

@@ -10,7 +10,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <ctime>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "fsdp/core/error.h"
 #include "jinja_impl.h"

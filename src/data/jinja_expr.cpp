@@ -4,7 +4,15 @@
 // rounding toward minus infinity). Strings index and slice by code point, as Python's do.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "fsdp/core/error.h"
 #include "jinja_impl.h"

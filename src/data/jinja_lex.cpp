@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "fsdp/core/error.h"
 #include "jinja_lex.h"

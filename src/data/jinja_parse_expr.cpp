@@ -2,6 +2,13 @@
 // (chained, in, not in), + -, ~, * / // %, **, unary - +, then postfix access (.name, [i],
 // [a:b:c], calls) and filters (|f) and tests (is [not] t). Each level's recursion passes the
 // nesting check.
+#include <algorithm>
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "jinja_parse.h"
 
 namespace fsdp::data::jinja {

@@ -3,9 +3,20 @@
 // (json.dumps with ensure_ascii=False: ", " and ": " separators, non-ASCII text as is).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <compare>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "fsdp/core/error.h"
 #include "jinja_impl.h"
