@@ -112,7 +112,39 @@ chat_corpus() {
     || { echo "install-deps: could not install chatterbot-corpus==$version from PyPI" >&2; return 1; }
 }
 
-[ ${#missing[@]} -eq 0 ] && { cudnn_frontend; python_packages; gguf_model; gemma_model; chat_corpus; exit 0; }
+# llama.cpp's chat templates of published models (models/templates/*.jinja, from the pinned
+# llama-cpp-python source distribution on PyPI): tests/chat_template_corpus_test.py renders each with
+# fsdp.cpp's Jinja engine and with jinja2. Only that folder is unpacked, into the build folder
+# (never committed); the test skips when it is absent.
+llama_templates() {
+  local version=0.3.36 dest="${FSDP_BUILD_DIR:-build}/_deps/llama-templates"
+  [ "$(cat "$dest/VERSION" 2> /dev/null)" = "$version" ] && return 0
+  local tmp
+  tmp=$(mktemp -d)
+  if python3 -m pip download -q --no-deps --no-binary :all: -d "$tmp" "llama-cpp-python==$version" > "$tmp/log" 2>&1 \
+    || ls "$tmp"/llama_cpp_python-*.tar.gz > /dev/null 2>&1; then
+    python3 - "$tmp" "$dest" << 'PY'
+import glob, os, shutil, sys, tarfile
+tmp, dest = sys.argv[1], sys.argv[2]
+shutil.rmtree(dest, ignore_errors=True)
+os.makedirs(dest)
+with tarfile.open(glob.glob(os.path.join(tmp, "llama_cpp_python-*.tar.gz"))[0]) as t:
+    for m in t.getmembers():
+        parts = m.name.split("/")
+        if m.isfile() and parts[1:5] == ["vendor", "llama.cpp", "models", "templates"] and len(parts) == 6:
+            with t.extractfile(m) as src, open(os.path.join(dest, parts[5]), "wb") as out:
+                shutil.copyfileobj(src, out)
+PY
+    echo "$version" > "$dest/VERSION"
+    echo "install-deps: llama.cpp's chat templates ($(ls "$dest"/*.jinja | wc -l)) in $dest"
+  else
+    echo "install-deps: could not fetch llama-cpp-python==$version's source from PyPI; the template corpus test will skip" >&2
+    cat "$tmp/log" >&2
+  fi
+  rm -rf "$tmp"
+}
+
+[ ${#missing[@]} -eq 0 ] && { cudnn_frontend; python_packages; gguf_model; gemma_model; chat_corpus; llama_templates; exit 0; }
 
 sudo=()
 if [ "$(id -u)" -ne 0 ]; then
@@ -128,3 +160,4 @@ python_packages
 gguf_model
 gemma_model
 chat_corpus
+llama_templates

@@ -40,7 +40,7 @@ mkdir -p build-sanitize-logs
 
 # 1. ASan + UBSan, and the fuzz targets (libFuzzer needs the same build).
 configure asan
-fuzzers=(safetensors checkpoint shards tokenizer store gguf)
+fuzzers=(safetensors checkpoint shards tokenizer store gguf jinja)
 cmake --build build-asan --target core_test ops_test nn_test data_test optim_test dist_test fsdp_test \
   "${fuzzers[@]/#/fuzz_}" > build-sanitize-logs/build-asan.build.log 2>&1 || { tail -30 build-sanitize-logs/build-asan.build.log; exit 1; }
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1

@@ -12,26 +12,38 @@
 //       it: one line {"ids": [...], "target": [0|1, ...]} per conversation (tests/chat_test.py)
 //   fsdp-tokenize --tokenizer tokenizer.json --chat-template T.jinja --chat chats.jsonl
 //       the same with a tokenizer file alone and a template
+//   fsdp-tokenize --chat-template T.jinja --render --chat chats.jsonl
+//       each line's conversation rendered by the Jinja engine (fsdp/data/jinja.h) as
+//       transformers' apply_chat_template renders it: one line {"text": "...", "generation":
+//       [[begin, end], ...]} (the byte spans of the template's {% generation %} blocks) per
+//       conversation, or {"error": "..."} for one the template refuses (exit status 1 at the end).
+//       A line is the template's variables: "messages", and "tools", "add_generation_prompt",
+//       "bos_token", any other keyword (tools and documents are null when absent)
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <iterator>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fsdp/checkpoint/gguf.h"
 #include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/core/error.h"
 #include "fsdp/data/chat.h"
+#include "fsdp/data/jinja.h"
 #include "fsdp/data/tokenizer.h"
 
 namespace {
@@ -64,11 +76,52 @@ void print_chats(const std::string& model, const std::string& jsonl,
   }
 }
 
+// --render: the Jinja engine's text for each JSONL line; every line is tried, refusals reported.
+int render_chats(const std::string& jsonl, const std::string& template_path) {
+  std::ifstream tf(template_path, std::ios::binary);
+  FSDP_CHECK(tf.good(), "[fsdp-tokenize] --render: cannot read the template '{}'", template_path);
+  const std::string source((std::istreambuf_iterator<char>(tf)), {});
+  std::optional<fsdp::data::jinja::Template> tmpl;
+  std::string refusal;
+  try {
+    tmpl.emplace(source, template_path);
+  } catch (const fsdp::Error& e) {
+    refusal = std::string(fsdp::without_source_place(e.what()));
+  }
+  std::ifstream in(jsonl, std::ios::binary);
+  FSDP_CHECK(in.good(), "[fsdp-tokenize] --render: cannot read '{}'", jsonl);
+  std::string line;
+  int refused = 0;
+  for (size_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::ordered_json out;
+    try {
+      if (!tmpl) FSDP_FAIL("{}", refusal);
+      auto ctx = nlohmann::ordered_json::parse(line);
+      FSDP_CHECK(ctx.is_object() && ctx.contains("messages"),
+                 "[fsdp-tokenize] {}:{}: expected an object with \"messages\"", jsonl, n);
+      for (const char* key : {"tools", "documents"})
+        if (!ctx.contains(key)) ctx[key] = nullptr;
+      if (!ctx.contains("add_generation_prompt")) ctx["add_generation_prompt"] = false;
+      const auto r = tmpl->render(ctx);
+      out["text"] = r.text;
+      out["generation"] = r.generation_spans;
+    } catch (const std::exception& e) {
+      out = nlohmann::ordered_json{{"error", fmt::format("{}:{}: {}", jsonl, n,
+                                                         fsdp::without_source_place(e.what()))}};
+      ++refused;
+    }
+    fmt::print("{}\n", out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+  }
+  if (refused) fmt::print(stderr, "fsdp-tokenize: {} conversation(s) refused\n", refused);
+  return refused ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string path = "bytes", chat, chat_template, save_json;
-  bool decode = false;
+  bool decode = false, render = false;
   std::vector<std::string> files;
   CLI::App app{"fsdp-tokenize: encode stdin to ids, or decode ids to text", "fsdp-tokenize"};
   app.add_option("--tokenizer", path,
@@ -83,12 +136,20 @@ int main(int argc, char** argv) {
       "tokenizer.json with --chat-template)");
   app.add_option("--chat-template", chat_template,
                  "with --chat: a Jinja chat template file in place of the model's own");
+  app.add_flag("--render", render,
+               "with --chat and --chat-template: print each conversation's rendered text and its "
+               "{% generation %} spans as JSON lines (no tokenizer needed)");
   app.add_option("--save-json", save_json,
                  "write the tokenizer as Hugging Face's tokenizer.json (a GGUF's, as transformers "
                  "reads it) to this file");
   app.add_option("files", files, "inputs (default: stdin); --decode writes FILE.txt for each");
   CLI11_PARSE(app, argc, argv);
   try {
+    if (render) {
+      FSDP_CHECK(!chat.empty() && !chat_template.empty(),
+                 "[fsdp-tokenize] --render needs --chat FILE.jsonl and --chat-template FILE");
+      return render_chats(chat, chat_template);
+    }
     if (!chat.empty()) {
       print_chats(path, chat, chat_template);
       return 0;
