@@ -20,8 +20,8 @@ gpu_programs=(tests/cuda_test examples/fsdp-train examples/fsdp-generate bench/f
 gpu_find_libs() {
   cuda_home=${CUDA_HOME:-/usr/local/cuda}
   # cuDNN: the CUDA tree's, or PyTorch's wheel (include/ and lib/libcudnn.so.9, no unversioned link).
-  cudnn_root=""
-  [ -f "$cuda_home/include/cudnn.h" ] \
+  cudnn_root=${FSDP_PREBUILD_CUDNN_ROOT:-}
+  [ -n "$cudnn_root" ] || [ -f "$cuda_home/include/cudnn.h" ] \
     || cudnn_root=$(timeout 30 python3 -c 'import nvidia.cudnn as c; print(list(c.__path__)[0])' 2> /dev/null || true)
   # NCCL: the CUDA tree's, the system's, or PyTorch's wheel (nvidia/nccl: lib/libnccl.so.2 and no
   # libnccl.so); CMakeLists.txt looks in the same places, given the wheel's folder as FSDP_NCCL_ROOT.
@@ -45,6 +45,25 @@ gpu_find_libs() {
     [ -n "$nvrtc_builtins" ] && libdirs+=("$(dirname "$nvrtc_builtins")")
   fi
   gpu_ld_path=$(IFS=:; echo "${cudnn_root:+$cudnn_root/lib:}${nccl_root:+$nccl_root/lib:}${libdirs[*]}")
+}
+
+# The cuDNN the device loads: its PyTorch 2.11.0 (cu130) pins nvidia-cudnn-cu13==9.19.0.56 (and
+# nvidia-nccl-cu13==2.28.9). A tree built against other cuDNN headers runs against this one there.
+# shellcheck disable=SC2034 # read by scripts/gpu_prebuild.sh
+gpu_device_cudnn=${FSDP_DEVICE_CUDNN:-9.19.0}
+
+# gpu_cudnn_headers: the version (9.19.0) of the cudnn_version.h the build compiles against (the
+# wheel's in cudnn_root, else the CUDA tree's or the system's), empty where there is none. After
+# gpu_find_libs.
+gpu_cudnn_headers() {
+  local d h
+  for d in ${cudnn_root:+"$cudnn_root/include"} "$cuda_home/include" /usr/include; do
+    h=$d/cudnn_version.h
+    [ -f "$h" ] || continue
+    awk '/^#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) / {v[$2] = $3}
+      END {if (length(v) == 3) printf "%s.%s.%s\n", v["CUDNN_MAJOR"], v["CUDNN_MINOR"], v["CUDNN_PATCHLEVEL"]}' "$h"
+    return 0
+  done
 }
 
 # gpu_cmake_args BUILD_DIR: the check's configure command, into the array gpu_cmake (sm_90, the
@@ -81,6 +100,34 @@ gpu_loads() {
   done
   timeout 30 "$dir/tests/cuda_test" --gtest_list_tests > "$list" 2>&1 \
     || { gpu_why="tests/cuda_test --gtest_list_tests failed: $(tail -1 "$list")"; return 1; }
+}
+
+# gpu_carry [DIR...]: the size of what a device call carries, against its 64 MiB: the working tree
+# as it travels (git's tracked files and the untracked ones it does not ignore; where there is no
+# git, as on the device's copy, every file here but DIR... and the check's own build-gpu) and each
+# carried DIR that exists. Prints "carry: tree T MiB + DIR D MiB ... = N MiB of 64 MiB"; returns 1
+# when N is over 64 MiB. Run from the checkout's root.
+gpu_carry() {
+  local tree d b total=0 parts=() ex=()
+  mib() { awk -v b="$1" 'BEGIN {printf "%.1f", b / 1048576}'; }
+  if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+    tree=$(git ls-files -z -co --exclude-standard | xargs -0 -r stat -c %s -- 2> /dev/null \
+      | awk '{s += $1} END {print s + 0}')
+  else
+    for d in "$@" build-gpu; do ex+=(--exclude="$(basename "$d")"); done
+    tree=$(du -sb "${ex[@]}" . 2> /dev/null | cut -f1)
+  fi
+  total=${tree:-0}
+  parts+=("tree $(mib "$total") MiB")
+  for d in "$@"; do
+    [ -e "$d" ] || continue
+    b=$(du -sb "$d" | cut -f1)
+    total=$((total + b))
+    parts+=("$(basename "$d") $(mib "$b") MiB")
+  done
+  b=$(printf '%s + ' "${parts[@]}")
+  echo "carry: ${b% + } = $(mib "$total") MiB of 64 MiB"
+  [ "$total" -le $((64 * 1024 * 1024)) ]
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then

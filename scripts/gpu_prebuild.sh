@@ -5,7 +5,8 @@
 # ($ORIGIN), and only what scripts/gpu_check.sh runs, stripped: cuda_test, fsdp-train,
 # fsdp-generate, the two GPU benches, libfsdp.so and the CUDA objects cuda_objects_test reads.
 #   scripts/gpu_prebuild.sh [DIR]          (default .gpu-prebuilt; ignored by git)
-# then, on the device (carry DIR and .debs; DIR must stay under the carry's 64 MiB with .debs):
+# then, on the device (carry DIR and .debs; the tree, DIR and .debs together must stay under the
+# call's 64 MiB, which the prebuild checks and prints):
 #   scripts/gpu_check.sh --prebuilt DIR OUT_DIR
 # which uses DIR where its programs load there and builds as before where they do not.
 # Open MPI is left out (.debs does not stage it; the check's multi-rank stages run on Gloo).
@@ -22,6 +23,15 @@ source scripts/gpu_build.sh
 gpu_find_libs
 [ -f "$fe_dir/cudnn_frontend.h" ] || { echo "gpu_prebuild: no cudnn-frontend headers in $fe_dir (scripts/install-deps.sh)" >&2; exit 1; }
 [ -x "$cuda_home/bin/nvcc" ] || { echo "gpu_prebuild: no CUDA toolkit in $cuda_home" >&2; exit 1; }
+# The device's cuDNN version (gpu_device_cudnn: its PyTorch's pin) in the headers compiled against,
+# so that the graphs the frontend builds are the ones that cuDNN takes there.
+headers=$(gpu_cudnn_headers)
+if [ "$headers" != "$gpu_device_cudnn" ]; then
+  echo "gpu_prebuild: the cuDNN headers here are ${headers:-missing}, the device loads $gpu_device_cudnn (its PyTorch's" \
+    "nvidia-cudnn-cu13 wheel): python3 -m pip download --no-deps --only-binary=:all: nvidia-cudnn-cu13==$gpu_device_cudnn.*" \
+    "-d DIR, unzip it, and run again with FSDP_PREBUILD_CUDNN_ROOT=DIR/nvidia/cudnn" >&2
+  exit 1
+fi
 gpu_cmake_args "$work"
 "${gpu_cmake[@]}" -DFSDP_NATIVE=OFF -DFSDP_MPI=OFF -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON > "$log" 2>&1 \
   || { tail -30 "$log" >&2; exit 1; }
@@ -38,12 +48,13 @@ cp -P "$work"/libfsdp.so* "$dir/"
 (cd "$work" && find CMakeFiles/fsdp.dir -name '*.cu.o' -print0 | xargs -0 -r cp --parents -t "$OLDPWD/$dir")
 find "$dir" -type f \( -name 'libfsdp.so*' -o -perm -u+x \) ! -name '*.o' -exec strip --strip-unneeded {} +
 cp "$log" "$dir/configure.log"
-echo "built $(date -u +%Y-%m-%dT%H:%MZ) at $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' with local changes') on $(uname -n)" \
+echo "built $(date -u +%Y-%m-%dT%H:%MZ) at $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' with local changes') on $(uname -n), against cuDNN $headers (the device's $gpu_device_cudnn)" \
   > "$dir/PREBUILT"
 # Each program must load here (the device's check asks the same).
 export LD_LIBRARY_PATH="$gpu_ld_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 gpu_loads "$dir" || { echo "gpu_prebuild: $dir does not load here: $gpu_why" >&2; exit 1; }
-mib=$(du -sm "$dir" | cut -f1)
-debs=$(du -sm .debs 2> /dev/null | cut -f1 || echo 0)
-echo "gpu_prebuild: $dir, ${mib} MiB ($(cat "$dir/PREBUILT")); with .debs (${debs:-0} MiB) it must stay under 64 MiB"
-[ "$mib" -lt 56 ] || { echo "gpu_prebuild: $dir is ${mib} MiB, too big to carry" >&2; exit 1; }
+# The whole carry: the tree as it travels, this folder and .debs, against the call's 64 MiB.
+echo "gpu_prebuild: $dir ($(cat "$dir/PREBUILT"))"
+carry=$(gpu_carry "$dir" .debs) || { echo "gpu_prebuild: too big to carry: $carry" >&2; exit 1; }
+echo "gpu_prebuild: $carry"
+[ -d .debs ] || echo "gpu_prebuild: no .debs here yet (scripts/gpu_debs.sh stages about 19 MiB): count them in" >&2

@@ -5,15 +5,22 @@
 // ctest), so an output element a kernel forgot to write shows up as NaN.
 // Then the MiniLLM's 5-step losses on CUDA equal the CPU's within 1e-4.
 // Skips with "no CUDA device" where no GPU is visible.
+// The order is the GPU check's (scripts/gpu_check.sh runs each group as its own command with its
+// own time cap): gtest lists plain TESTs first (Build.*, no GPU needed; Cuda.*), then the
+// parameterized suites in the order they are declared here: the op table (OpTable/*, its
+// verdicts first), then cuDNN's SDPA against our kernel, one test per shape and dtype
+// (CudnnSdpa/*, bf16 before f16), then NCCL at one GPU (Nccl.*, plain TESTs).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -268,7 +275,7 @@ TEST_P(BackendOps, EveryOpMatchesTheCpu) {
       dt, tol);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, BackendOps, ::testing::Values(DType::f32, DType::bf16),
+INSTANTIATE_TEST_SUITE_P(OpTable, BackendOps, ::testing::Values(DType::f32, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 // The op-case table (tests/op_cases.h) on CUDA against the CPU: each case's outputs and
@@ -311,7 +318,7 @@ TEST_P(OpTableOnCuda, MatchesTheCpu) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, OpTableOnCuda,
+INSTANTIATE_TEST_SUITE_P(OpTable, OpTableOnCuda,
                          ::testing::Range<size_t>(0, test::op_cases().size()));
 
 #if FSDP_WITH_CUDA  // the plan is host code of the CUDA kernels, absent from a CPU-only build
@@ -337,64 +344,107 @@ TEST(Cuda, SumRowsSplitCoversEveryRowOnceAndFillsTheGpu) {
 }
 #endif
 
+#if FSDP_WITH_CUDA
+// cuDNN's version, loaded and compiled against (no GPU needed): the GPU check prints this line in
+// its summary. The loaded one must share the headers' major and be no older than them: a graph
+// the frontend builds for newer headers can be refused by an older library.
+TEST(Build, CudnnLoadedBesideTheHeadersItWasBuiltAgainst) {
+  namespace kc = kernels::cuda;
+  std::printf("cudnn-versions: %s\n", kc::cudnn_versions().c_str());
+  if (kc::cudnn_built_version() == 0) GTEST_SKIP() << "no cuDNN in this build";
+  EXPECT_EQ(kc::cudnn_loaded_version() / 10000, kc::cudnn_built_version() / 10000)
+      << kc::cudnn_versions();
+  EXPECT_GE(kc::cudnn_loaded_version(), kc::cudnn_built_version())
+      << kc::cudnn_versions() << ": an older cuDNN than the headers";
+}
+#endif
+
 #if FSDP_WITH_CUDNN
 // cuDNN's SDPA against our own kernel on the same device and inputs, at shapes the MiniLLM uses
-// (odd T too): outputs, lse and every gradient, in bf16 and f16, causal or not; and each backward
-// after the other's forward, since the two share the lse convention.
-TEST(Cuda, CudnnAttentionMatchesOurKernel) {
+// (odd T too), one test per shape and dtype so that a refused shape fails by its name and the
+// others still run: outputs, lse and every gradient, causal or not and the causal window; and
+// each backward after the other's forward, since the two share the lse convention. A shape cuDNN
+// refuses fails here (the op itself would fall back to our kernel quietly).
+struct SdpaShape {
+  DType dt;
+  int64_t B, T, H, KV, hd;
+};
+
+// gtest prints a parameter beside a failure's name: the shape in words, not its bytes.
+void PrintTo(const SdpaShape& s, std::ostream* os) {
+  *os << fmt::format("B {} T {} H {} KV {} hd {} {}", s.B, s.T, s.H, s.KV, s.hd, dtype_name(s.dt));
+}
+
+class CudnnAttention : public ::testing::TestWithParam<SdpaShape> {};
+
+TEST_P(CudnnAttention, MatchesOurKernel) {
   REQUIRE_CUDA();
   namespace kc = kernels::cuda;
-  struct Case {
-    int64_t B, T, H, KV, hd;
-  };
-  for (Case c : {Case{2, 256, 4, 4, 64}, Case{1, 200, 2, 2, 128}, Case{2, 1024, 2, 2, 128},
-                 Case{2, 256, 9, 3, 64}, Case{1, 200, 4, 1, 64}})
-    for (DType dt : {DType::bf16, DType::f16})
-      for (auto [causal, window] : {std::pair{false, int64_t(0)}, std::pair{true, int64_t(0)},
-                                    std::pair{true, int64_t(64)}}) {
-        const std::string what =
-            fmt::format("B {} T {} H {} KV {} hd {} {} causal={} window {}", c.B, c.T, c.H, c.KV,
-                        c.hd, dtype_name(dt), causal, window);
-        const int64_t fw =
-            kc::cudnn_attention_workspace(false, dt, c.B, c.T, c.H, c.KV, c.hd, causal, window, 0);
-        const int64_t bw =
-            kc::cudnn_attention_workspace(true, dt, c.B, c.T, c.H, c.KV, c.hd, causal, window, 0);
-        ASSERT_GE(fw, 0) << what << ": "
-                         << kc::cudnn_attention_refusal(false, dt, c.B, c.T, c.H, c.KV, c.hd,
-                                                        causal, window, 0);
-        ASSERT_GE(bw, 0) << what << ": "
-                         << kc::cudnn_attention_refusal(true, dt, c.B, c.T, c.H, c.KV, c.hd, causal,
-                                                        window, 0);
-        const int64_t d = c.H * c.hd;
-        Tensor qkv = rnd({c.B, c.T, (c.H + 2 * c.KV) * c.hd}, 40, -2, 2).to(dt).to(kGpu);
-        Tensor dout = rnd({c.B, c.T, d}, 41).to(dt).to(kGpu);
-        auto out = [&] { return Tensor::empty({c.B, c.T, d}, dt, kGpu); };
-        auto lse = [&] { return Tensor::empty({c.B, c.H, c.T}, DType::f32, kGpu); };
-        auto grad = [&] { return Tensor::empty(qkv.shape(), dt, kGpu); };
-        Tensor ws = Tensor::empty({std::max<int64_t>(fw, bw) / 8 + 1}, DType::i64, kGpu);
-        Tensor o1 = out(), l1 = lse(), o2 = out(), l2 = lse();
-        kc::attention_forward(qkv.raw_data(), o1.raw_data(), l1.data<float>(), dt, c.B, c.T, c.H,
-                              c.KV, c.hd, causal, nullptr, window, 0, nullptr);
-        kc::cudnn_attention_forward(qkv.raw_data(), o2.raw_data(), l2.data<float>(), dt, c.B, c.T,
-                                    c.H, c.KV, c.hd, causal, window, ws.raw_data(), 0, nullptr);
-        EXPECT_LT(test::rel_error(o2.to(Device::cpu()), o1.to(Device::cpu())), 1e-2) << what;
-        EXPECT_LT(test::rel_error(l2.to(Device::cpu()), l1.to(Device::cpu())), 1e-4) << what;
-        Tensor g1 = grad(), g2 = grad(), g3 = grad();
-        kc::attention_backward(dout.raw_data(), qkv.raw_data(), o1.raw_data(), l1.data<float>(),
-                               g1.raw_data(), dt, c.B, c.T, c.H, c.KV, c.hd, causal, nullptr,
-                               window, 0, nullptr);
-        kc::cudnn_attention_backward(dout.raw_data(), qkv.raw_data(), o2.raw_data(),
-                                     l2.data<float>(), g2.raw_data(), dt, c.B, c.T, c.H, c.KV, c.hd,
-                                     causal, window, ws.raw_data(), 0, nullptr);
-        kc::cudnn_attention_backward(dout.raw_data(), qkv.raw_data(), o1.raw_data(),
-                                     l1.data<float>(), g3.raw_data(), dt, c.B, c.T, c.H, c.KV, c.hd,
-                                     causal, window, ws.raw_data(), 0, nullptr);
-        Tensor ref = g1.to(Device::cpu());
-        EXPECT_FALSE(any_nan(g2.to(Device::cpu()))) << what;
-        EXPECT_LT(test::rel_error(g2.to(Device::cpu()), ref), 2e-2) << what;
-        EXPECT_LT(test::rel_error(g3.to(Device::cpu()), ref), 2e-2) << what;
-      }
+  const SdpaShape c = GetParam();
+  const DType dt = c.dt;
+  for (auto [causal, window] : {std::pair{false, int64_t(0)}, std::pair{true, int64_t(0)},
+                                std::pair{true, int64_t(64)}}) {
+    const std::string what =
+        fmt::format("B {} T {} H {} KV {} hd {} {} causal={} window {} ({})", c.B, c.T, c.H, c.KV,
+                    c.hd, dtype_name(dt), causal, window, kc::cudnn_versions());
+    const int64_t fw =
+        kc::cudnn_attention_workspace(false, dt, c.B, c.T, c.H, c.KV, c.hd, causal, window, 0);
+    const int64_t bw =
+        kc::cudnn_attention_workspace(true, dt, c.B, c.T, c.H, c.KV, c.hd, causal, window, 0);
+    ASSERT_GE(fw, 0) << "cuDNN refused the forward of " << what << ": "
+                     << kc::cudnn_attention_refusal(false, dt, c.B, c.T, c.H, c.KV, c.hd, causal,
+                                                    window, 0);
+    ASSERT_GE(bw, 0) << "cuDNN refused the backward of " << what << ": "
+                     << kc::cudnn_attention_refusal(true, dt, c.B, c.T, c.H, c.KV, c.hd, causal,
+                                                    window, 0);
+    const int64_t d = c.H * c.hd;
+    Tensor qkv = rnd({c.B, c.T, (c.H + 2 * c.KV) * c.hd}, 40, -2, 2).to(dt).to(kGpu);
+    Tensor dout = rnd({c.B, c.T, d}, 41).to(dt).to(kGpu);
+    auto out = [&] { return Tensor::empty({c.B, c.T, d}, dt, kGpu); };
+    auto lse = [&] { return Tensor::empty({c.B, c.H, c.T}, DType::f32, kGpu); };
+    auto grad = [&] { return Tensor::empty(qkv.shape(), dt, kGpu); };
+    Tensor ws = Tensor::empty({std::max<int64_t>(fw, bw) / 8 + 1}, DType::i64, kGpu);
+    Tensor o1 = out(), l1 = lse(), o2 = out(), l2 = lse();
+    kc::attention_forward(qkv.raw_data(), o1.raw_data(), l1.data<float>(), dt, c.B, c.T, c.H,
+                          c.KV, c.hd, causal, nullptr, window, 0, nullptr);
+    kc::cudnn_attention_forward(qkv.raw_data(), o2.raw_data(), l2.data<float>(), dt, c.B, c.T,
+                                c.H, c.KV, c.hd, causal, window, ws.raw_data(), 0, nullptr);
+    EXPECT_LT(test::rel_error(o2.to(Device::cpu()), o1.to(Device::cpu())), 1e-2) << what;
+    EXPECT_LT(test::rel_error(l2.to(Device::cpu()), l1.to(Device::cpu())), 1e-4) << what;
+    Tensor g1 = grad(), g2 = grad(), g3 = grad();
+    kc::attention_backward(dout.raw_data(), qkv.raw_data(), o1.raw_data(), l1.data<float>(),
+                           g1.raw_data(), dt, c.B, c.T, c.H, c.KV, c.hd, causal, nullptr, window,
+                           0, nullptr);
+    kc::cudnn_attention_backward(dout.raw_data(), qkv.raw_data(), o2.raw_data(), l2.data<float>(),
+                                 g2.raw_data(), dt, c.B, c.T, c.H, c.KV, c.hd, causal, window,
+                                 ws.raw_data(), 0, nullptr);
+    kc::cudnn_attention_backward(dout.raw_data(), qkv.raw_data(), o1.raw_data(), l1.data<float>(),
+                                 g3.raw_data(), dt, c.B, c.T, c.H, c.KV, c.hd, causal, window,
+                                 ws.raw_data(), 0, nullptr);
+    Tensor ref = g1.to(Device::cpu());
+    EXPECT_FALSE(any_nan(g2.to(Device::cpu()))) << what;
+    EXPECT_LT(test::rel_error(g2.to(Device::cpu()), ref), 2e-2) << what;
+    EXPECT_LT(test::rel_error(g3.to(Device::cpu()), ref), 2e-2) << what;
+  }
 }
+
+// bf16 first (the runs' dtype): `--gtest_filter='CudnnSdpa/*/bf16_*'` runs those alone.
+std::vector<SdpaShape> sdpa_shapes() {
+  std::vector<SdpaShape> all;
+  for (DType dt : {DType::bf16, DType::f16})
+    for (SdpaShape s : {SdpaShape{dt, 2, 256, 4, 4, 64}, SdpaShape{dt, 1, 200, 2, 2, 128},
+                        SdpaShape{dt, 2, 1024, 2, 2, 128}, SdpaShape{dt, 2, 256, 9, 3, 64},
+                        SdpaShape{dt, 1, 200, 4, 1, 64}})
+      all.push_back(s);
+  return all;
+}
+
+INSTANTIATE_TEST_SUITE_P(CudnnSdpa, CudnnAttention, ::testing::ValuesIn(sdpa_shapes()),
+                         [](const auto& info) {
+                           const SdpaShape& s = info.param;
+                           return fmt::format("{}_B{}_T{}_H{}_KV{}_hd{}", dtype_name(s.dt), s.B,
+                                              s.T, s.H, s.KV, s.hd);
+                         });
 #endif
 
 TEST(Cuda, SavedStatisticsInTheComputeDtypeAsOnCpu) {
@@ -436,9 +486,11 @@ TEST(Cuda, CastRoundTripAndAllocatorCounts) {
   EXPECT_GE(memory_stats(kGpu).reserved, 4 << 20);  // cached for the next step
 }
 
-// `sharded`: fully_shard on every block and the root, over NCCL, with `mp`.
+// `sharded`: fully_shard on every block and the root, over NCCL, with `mp`; `events` (sharded
+// only) gets the root's event log of the five steps.
 std::vector<double> five_steps(nn::Arch arch, Device device, bool sharded = false,
-                               MixedPrecisionPolicy mp = {}) {
+                               MixedPrecisionPolicy mp = {},
+                               std::vector<std::string>* events = nullptr) {
   nn::TransformerConfig c;
   c.arch = arch;
   c.vocab = 97;
@@ -457,6 +509,7 @@ std::vector<double> five_steps(nn::Arch arch, Device device, bool sharded = fals
       fully_shard(model.layers()[i], mesh, {.mp_policy = mp, .seed = 5});
     root = &fully_shard(model, mesh, {.mp_policy = mp, .seed = 5});
     groups = root->param_groups(0.01);
+    if (events) root->set_event_log(true);
   } else {
     flat = nn::materialize(model, DType::f32, 5, device);
     groups = {{flat.params, flat.grads, 0.01}};
@@ -478,6 +531,7 @@ std::vector<double> five_steps(nn::Arch arch, Device device, bool sharded = fals
     opt.step();
     losses.push_back(x.loss);
   }
+  if (root && events) *events = root->take_event_log();
   return losses;
 }
 
@@ -490,7 +544,7 @@ TEST(Cuda, MiniLLMFiveStepsMatchTheCpu) {
   }
 }
 
-TEST(Cuda, NcclCollectivesAndFullyShardAtWorldSizeOne) {
+TEST(Nccl, CollectivesAndFullyShardAtWorldSizeOne) {
   REQUIRE_CUDA();
   auto pg = dist::init_process_group({.device = kGpu});
   EXPECT_EQ(pg->backend(), "nccl");
@@ -510,6 +564,43 @@ TEST(Cuda, NcclCollectivesAndFullyShardAtWorldSizeOne) {
   for (size_t s = 0; s < plain.size(); ++s)
     EXPECT_NEAR(mixed[s], plain[s], 2e-2 * plain[s]) << "step " << s;
   dist::destroy_process_group();
+}
+
+// At one GPU the one-rank shortcut (a cast of the shard, the gradient added into it) skips NCCL;
+// with it off (FSDP_ONE_RANK_CAST=0) the mixed-precision five steps take the path of a multi-GPU
+// job: each group's all-gather and reduce-scatter on their own communicators and streams
+// (ncclCommSplit), waited for through events. The event log shows every group gathered and
+// reduced on each step and nothing cast; the losses follow the shortcut's (1e-4: the
+// embedding's gradient sums with f32 atomics, in no fixed order).
+TEST(Nccl, MixedPrecisionThroughTheCollectivesAtOneGpu) {
+  REQUIRE_CUDA();
+  auto pg = dist::init_process_group({.device = kGpu});
+  ASSERT_EQ(pg->backend(), "nccl");
+  const MixedPrecisionPolicy mp{.param_dtype = DType::bf16, .reduce_dtype = DType::f32};
+  std::vector<std::string> shortcut_log, nccl_log;
+  ::setenv("FSDP_ONE_RANK_CAST", "1", 1);
+  const auto shortcut = five_steps(nn::Arch::llama, kGpu, true, mp, &shortcut_log);
+  ::setenv("FSDP_ONE_RANK_CAST", "0", 1);
+  const auto nccl = five_steps(nn::Arch::llama, kGpu, true, mp, &nccl_log);
+  ::setenv("FSDP_ONE_RANK_CAST", "1", 1);
+  dist::destroy_process_group();
+  ASSERT_EQ(nccl.size(), shortcut.size());
+  for (size_t s = 0; s < nccl.size(); ++s)
+    EXPECT_NEAR(nccl[s], shortcut[s], 1e-4 * std::abs(shortcut[s])) << "step " << s;
+  const auto count = [](const std::vector<std::string>& log, const std::string& what) {
+    return int(std::count_if(log.begin(), log.end(),
+                             [&](const std::string& e) { return e.rfind(what + ":", 0) == 0; }));
+  };
+  // Two blocks and the root: three groups, five steps.
+  const int gathers = 3 * 5;
+  EXPECT_EQ(count(shortcut_log, "ag_issue"), 0) << "the shortcut gathered";
+  EXPECT_GE(count(shortcut_log, "cast"), gathers);
+  EXPECT_GE(count(nccl_log, "ag_issue"), gathers) << "groups not all-gathered over NCCL";
+  EXPECT_EQ(count(nccl_log, "ag_wait"), count(nccl_log, "ag_issue"));
+  EXPECT_EQ(count(nccl_log, "rs_issue"), gathers) << "gradients not reduce-scattered over NCCL";
+  EXPECT_EQ(count(nccl_log, "rs_wait"), gathers);
+  EXPECT_EQ(count(nccl_log, "cast"), 0);
+  EXPECT_EQ(count(nccl_log, "grad_add"), 0);
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ for p in bin/cmake bin/nvidia-smi bin/python3 bin/compute-sanitizer build/tests/
 done
 : > "$dir/build/CMakeFiles/fsdp.dir/standin.cu.o"
 export STANDIN_SLEEP=${STANDIN_SLEEP:-2}
-export STANDIN_HANG=${STANDIN_HANG-fsdp-train *--steps 20 --preset seed}
+export STANDIN_HANG=${STANDIN_HANG-fsdp-train *--steps 20 --preset seed --profile-steps*}
 out=$dir/out
 rm -rf "$out" "$out-term" "$out-nccl" "$out-calls" "$out-broken"
 
@@ -60,6 +60,11 @@ if [ -f "$s" ]; then
   done
   grep -qE '^## End' "$s" && grep -qE '^Ended at [0-9]+ s of the [0-9]+ s budget' "$s" && ok \
     || bad "summary.md has no closing lines"
+  # What the call carried, in all, against its 64 MiB; cuDNN's versions, loaded and built against.
+  grep -qE '^Carried: tree [0-9.]+ MiB .*= [0-9.]+ MiB of 64 MiB\.$' "$s" && ok \
+    || bad "the summary does not give the carry's total: $(grep -E '^Carried' "$s")"
+  grep -qE '^- cuDNN: cuDNN [0-9.]+ loaded, built against [0-9.]+$' "$s" && ok \
+    || bad "the summary's end does not name cuDNN's versions: $(grep -E '^- cuDNN' "$s")"
   grep -qE '^## build: PASS' "$s" && grep -qE '^## tests: PASS' "$s" && ok \
     || bad "the build and the tests (stand-ins) did not pass"
   if [ -n "$STANDIN_HANG" ]; then
@@ -88,13 +93,17 @@ fi
 
 # No NCCL in the build (PyTorch's wheel has libnccl.so.2 and no libnccl.so): --device cuda
 # would only refuse, so the check stops at the build and names where CMake looked.
-STANDIN_NO_NCCL=1 PATH="$dir/bin:$PATH" FSDP_GPU_CHECK_STANDIN=$dir FSDP_GPU_CHECK_BUDGET_S=60 \
+STANDIN_NO_SMI=1 STANDIN_NO_NCCL=1 PATH="$dir/bin:$PATH" FSDP_GPU_CHECK_STANDIN=$dir FSDP_GPU_CHECK_BUDGET_S=60 \
   FSDP_GPU_CHECK_EST_PCT=5 FSDP_GPU_CHECK_WORK=$tmp/work-nccl timeout -k 5 90 bash "$script" "$out-nccl" \
   > "$tmp/nccl.log" 2>&1
 grep -qE '^## build: FAIL' "$out-nccl/summary.md" 2> /dev/null \
   && grep -qE 'no NCCL in this build.*searched /usr/local/cuda/include' "$out-nccl/summary.md" \
   && grep -qE '^## tests: SKIPPED \(no build' "$out-nccl/summary.md" && ok \
   || { bad "a build without NCCL is not refused with where CMake looked"; cat "$out-nccl/summary.md" 2> /dev/null | head -20; }
+# (The same run had no nvidia-smi: the CUDA driver's query, which finds no driver here, decides.)
+grep -qE '^GPU: .*nvidia-smi: .*\(no CUDA device\)\.$' "$out-nccl/summary.md" 2> /dev/null \
+  && grep -qE '^- attention: no CUDA device$' "$out-nccl/summary.md" && ok \
+  || bad "without nvidia-smi, the GPU is not looked for by a CUDA device query, or the attention row does not say no CUDA device: $(grep -E '^GPU|^- attention' "$out-nccl/summary.md" 2> /dev/null)"
 
 # (These runs hang nowhere, so they end when their stages do; their budgets are wide, so that a
 # loaded machine never skips a stage for time and the checks below never depend on its speed.)
@@ -104,7 +113,7 @@ grep -qE '^## build: FAIL' "$out-nccl/summary.md" 2> /dev/null \
 # on its wheels' own libraries).
 cp -a "$dir/build" "$tmp/prebuilt"
 echo "-- fsdp: CUDA=ON cuDNN=ON NCCL=ON MPI=OFF Gloo=ON" > "$tmp/prebuilt/configure.log"
-STANDIN_HANG='' STANDIN_SLEEP=1 STANDIN_CALLS=$tmp/calls.txt PATH="$dir/bin:$PATH" FSDP_GPU_CHECK_STANDIN=$dir \
+STANDIN_OPTABLE_FAILS=45 STANDIN_HANG='' STANDIN_SLEEP=1 STANDIN_CALLS=$tmp/calls.txt PATH="$dir/bin:$PATH" FSDP_GPU_CHECK_STANDIN=$dir \
   FSDP_GPU_CHECK_BUDGET_S=150 FSDP_GPU_CHECK_EST_PCT=5 FSDP_GPU_CHECK_WORK=$tmp/work-calls \
   timeout -k 5 170 bash "$script" --prebuilt "$tmp/prebuilt" "$out-calls" > "$tmp/calls.log" 2>&1
 grep -qF -- "- prebuilt: $tmp/prebuilt, used as it is" "$out-calls/summary.md" 2> /dev/null \
@@ -134,8 +143,22 @@ grep -q '^cuda_test' "$tmp/calls.txt" 2> /dev/null && ! grep -q '^ops_test' "$tm
   || bad "ops_test (CPU-only) ran on the device, or cuda_test did not: $(cut -c1-60 "$tmp/calls.txt" 2> /dev/null | tr '\n' ';')"
 grep -q 'torch_fsdp_ref.*LD_LIBRARY_PATH=<unset>$' "$tmp/calls.txt" 2> /dev/null && ok \
   || bad "the PyTorch reference did not run with its own library path: $(grep torch_fsdp_ref "$tmp/calls.txt" 2> /dev/null)"
-grep -qF -- '- **attention, seed: cuDNN SDPA**' "$out-calls/summary.md" 2> /dev/null && ok \
-  || bad "the seed stage does not name the attention path fsdp-train ran: $(grep -E '^## seed' "$out-calls/summary.md")"
+grep -qF -- '- **attention, seed: cuDNN SDPA (cuDNN 9.19.0 loaded, built against 9.19.0)**' "$out-calls/summary.md" 2> /dev/null && ok \
+  || bad "the seed stage does not name the attention path fsdp-train ran and cuDNN's versions: $(grep -E '^## seed' "$out-calls/summary.md")"
+# cuda_test in separate commands, each with its own cap: the op table, then cuDNN's bf16
+# comparisons, then the rest, then NCCL at one GPU with the shortcut off; f16 near the end.
+order=$(grep -oE '^cuda_test --gtest_filter=[^ ]+' "$tmp/calls.txt" 2> /dev/null | sed 's/^cuda_test --gtest_filter=//' | paste -sd' ')
+[ "$order" = "Build.* OpTable/* CudnnSdpa/*/bf16_* -OpTable/*:CudnnSdpa/*:Build.*:Nccl.MixedPrecision* Nccl.MixedPrecision* CudnnSdpa/*/f16_*" ] && ok \
+  || bad "cuda_test's commands are not the op table, cuDNN bf16, the rest, NCCL, f16: $order"
+grep -q -- '^fsdp-train .*--preset seed --profile-steps 17:20 ' "$tmp/calls.txt" && ok \
+  || bad "the seed run does not profile its own steps 18-20"
+# Every failure reaches the summary (no cut), and the totals: 45 failed op-table cases, 3 passed.
+[ "$(grep -cE '^- FAILED OpTable/OpTableOnCuda.MatchesTheCpu/[0-9]+, where GetParam' "$out-calls/summary.md")" = 45 ] \
+  && grep -qF -- '- FAILED OpTable/OpTableOnCuda.MatchesTheCpu/47, where GetParam() = 47' "$out-calls/summary.md" \
+  && grep -qF 'stand-in case 47 output 0' "$out-calls/summary.md" \
+  && grep -qF -- '- totals: 3 passed, 45 failed, 0 skipped (gtest: 48 ran)' "$out-calls/summary.md" \
+  && grep -qE '^## optable: FAIL' "$out-calls/summary.md" && ok \
+  || bad "the op table's failures or totals do not all reach the summary: $(grep -cE '^- FAILED' "$out-calls/summary.md") FAILED lines, $(grep -E '^- totals' "$out-calls/summary.md" | head -1)"
 
 # TERM mid-run (the machine's own limit): the closing lines at once, the stages not reached named.
 PATH="$dir/bin:$PATH" FSDP_GPU_CHECK_STANDIN=$dir FSDP_GPU_CHECK_BUDGET_S=100 FSDP_GPU_CHECK_EST_PCT=5 \

@@ -212,6 +212,18 @@ void run(const Plan& p, int device, std::unordered_map<int64_t, void*>& pack, vo
 
 }  // namespace
 
+int64_t cudnn_loaded_version() { return int64_t(cudnnGetVersion()); }
+int64_t cudnn_built_version() { return int64_t(CUDNN_VERSION); }
+
+std::string cudnn_versions() {
+  const auto words = [](int64_t v) {
+    return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+           std::to_string(v % 100);
+  };
+  return "cuDNN " + words(cudnn_loaded_version()) + " loaded, built against " +
+         words(cudnn_built_version());
+}
+
 bool cudnn_attention_enabled() {
   static const bool on = env_double("FSDP_CUDNN_ATTENTION") != 0;
   return on;

@@ -143,6 +143,12 @@ void attention_decode(const void* q, const void* k, const void* v, void* out, DT
 // .. t, cuDNN's diagonal band.
 int64_t cudnn_attention_workspace(bool backward, DType t, int64_t B, int64_t T, int64_t H,
                                   int64_t KV, int64_t hd, bool causal, int64_t window, int device);
+// cuDNN's version as major * 10000 + minor * 100 + patch (9.19.0: 91900): the one loaded at run
+// time (cudnnGetVersion, no device needed) and the headers' one compiled in (CUDNN_VERSION); 0 in
+// a build without cuDNN. cudnn_versions() says both in words, or that the build has no cuDNN.
+int64_t cudnn_loaded_version();
+int64_t cudnn_built_version();
+std::string cudnn_versions();
 std::string cudnn_attention_refusal(bool backward, DType t, int64_t B, int64_t T, int64_t H,
                                     int64_t KV, int64_t hd, bool causal, int64_t window,
                                     int device);

@@ -15,6 +15,10 @@ constexpr const char* kWhy =
     "not found at configure time)";
 }
 
+int64_t cudnn_loaded_version() { return 0; }
+int64_t cudnn_built_version() { return 0; }
+std::string cudnn_versions() { return "no cuDNN in this build"; }
+
 int64_t cudnn_attention_workspace(bool, DType, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
                                   int64_t, int) {
   return -1;

@@ -361,9 +361,14 @@ std::string attention_path(Device device, DType t, int64_t B, int64_t T, int64_t
   const int d = device.index;
   const bool fwd = kc::cudnn_attention_workspace(false, t, B, T, H, KV, hd, causal, window, d) >= 0;
   const bool bwd = kc::cudnn_attention_workspace(true, t, B, T, H, KV, hd, causal, window, d) >= 0;
-  if (fwd && bwd) return "cuDNN SDPA";
-  return "our kernel (cuDNN: " +
-         kc::cudnn_attention_refusal(fwd, t, B, T, H, KV, hd, causal, window, d) + ")";
+  // The cuDNN loaded beside the one compiled against: a graph refused at run time often comes
+  // from an older cuDNN than the headers' (PyTorch's wheel, say).
+  if (fwd && bwd) return "cuDNN SDPA (" + kc::cudnn_versions() + ")";
+  return fmt::format("our kernel ({}; cuDNN refused the {} of B {} T {} H {} KV {} hd {} {}{}{}: {})",
+                     kc::cudnn_versions(), fwd ? "backward" : "forward", B, T, H, KV, hd,
+                     dtype_name(t), causal ? " causal" : "",
+                     window > 0 ? fmt::format(" window {}", window) : std::string(),
+                     kc::cudnn_attention_refusal(fwd, t, B, T, H, KV, hd, causal, window, d));
 }
 
 std::string device_name(Device device) {
