@@ -46,6 +46,7 @@
 #include "fsdp/profiler/tensorboard.h"
 #include "fsdp/train/memory_plan.h"
 #include "src/train/trainer_impl.h"
+#include "src/core/json_read.h"
 
 namespace fsdp::train {
 
@@ -228,8 +229,9 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
                      {"seed", o.run.seed},
                      {"dtype", std::string(dtype_name(o.sharding.dtype))},
                      {"lr", o.optimizer.lr},
-                     {"data", o.data.data},
-                     {"tokenizer", tokenizer ? tokenizer->describe() : "none"},
+                     // paths (a Linux file name may hold any byte) escaped where not UTF-8
+                     {"data", json_read::utf8_safe(o.data.data)},
+                     {"tokenizer", tokenizer ? json_read::utf8_safe(tokenizer->describe()) : "none"},
                      {"tokenizer_hash", tokenizer ? tokenizer->hash() : ""}});
   if (!o.data.data.empty()) {  // the data by content (a resume checks it), and the stream's length
     run_config["data_content"] = data::data_identity(o.data.data).str();
@@ -244,7 +246,7 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
     }
   }
   if (cfg.lora.enabled()) {  // the frozen base, which checkpoints leave out: by path and content
-    run_config["base"] = o.model.init_from;
+    run_config["base"] = json_read::utf8_safe(o.model.init_from);
     run_config["base_content"] = o.model.init_from.empty()
                                      ? fmt::format("initialised from seed {}", o.run.seed)
                                      : checkpoint::model_identity(o.model.init_from);
