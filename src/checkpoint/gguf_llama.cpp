@@ -106,6 +106,8 @@ std::string sentencepiece_json(const GgufFile& f, const std::vector<std::string>
   // splits cost its length times the number of distinct token lengths, not its length squared.
   size_t longest = 0;
   for (const std::string& t : spelled) longest = std::max(longest, t.size());
+  constexpr size_t kMaxMergeBytes = size_t(64) << 20;
+  size_t merge_bytes = 0;
   std::vector<bool> a_length(longest + 1, false);
   for (const std::string& t : spelled) a_length[t.size()] = true;
   for (size_t i = 0; i < n; ++i) {
@@ -118,6 +120,13 @@ std::string sentencepiece_json(const GgufFile& f, const std::vector<std::string>
       auto r = id_of.find(spelled[i].substr(at[k]));
       if (r == id_of.end()) continue;
       merges.push_back({l->second, r->second, score[i], k, cps - k});
+      // Real vocabularies make a few MB of merges (Gemma's 262k tokens); a crafted one (the
+      // runs "a" to "a"*1400) would make 900 MB of them.
+      merge_bytes += spelled[i].size();
+      FSDP_CHECK(merge_bytes <= kMaxMergeBytes,
+                 "[gguf] {}: the merges that tokenizer.ggml.tokens implies hold more than {} MiB "
+                 "of text (the limit; reached at token {}): not a SentencePiece vocabulary",
+                 f.path(), kMaxMergeBytes >> 20, i);
     }
     std::sort(merges.begin() + std::ptrdiff_t(first), merges.end(),
               [](const Merge& a, const Merge& b) {
