@@ -38,9 +38,10 @@ def run(args, timeout=30, cwd=None):
     return rc, out, time.monotonic() - t0, usage.ru_maxrss / 1024
 
 
-def refused(case, result, *words, within=10.0):
+def refused(case, result, *words, within=10.0, want_rc=1):
+    """Exit code 1 (2 for a --config file: fsdp-train's code for a bad command line)."""
     rc, out, took, mb = result
-    ok = rc == 1 and took < within and mb < 1024 and all(w in out for w in words) \
+    ok = rc == want_rc and took < within and mb < 1024 and all(w in out for w in words) \
         and "Segmentation" not in out and "json.exception" not in out.split("not valid JSON")[0]
     tail = out.strip().replace("\n", " | ")[-260:]
     print(f"{'ok  ' if ok else 'FAIL'} {case}: rc {rc}, {took:.2f} s, {mb:.0f} MB; {tail}")
@@ -146,8 +147,12 @@ for case, t in tok_cases.items():
     refused(f"tokenizer.json, {case} 200,000 deep: fsdp-tokenize", run([TOK, "--tokenizer", tj, text]),
             tj, "512")
     refused(f"tokenizer.json, {case} 200,000 deep: fsdp-generate", generate(d), tj, "512")
-for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
-    d = folder("deep_" + name.replace(".", "_"), **{name.replace(".", "__"): '{"a": %s}' % deep()})
+# Each deep value where the readers look: a size, an id, the template.
+deep_files = {"config.json": CONFIG.replace('"hidden_size": 16', '"hidden_size": %s' % deep()),
+              "generation_config.json": '{"eos_token_id": %s}' % deep(),
+              "tokenizer_config.json": '{"chat_template": %s}' % deep()}
+for name, deep_text in deep_files.items():
+    d = folder("deep_" + name.replace(".", "_"), **{name.replace(".", "__"): deep_text})
     where = os.path.join(d, name)
     refused(f"{name} 200,000 deep: fsdp-generate", generate(d), where, "512")
     refused(f"{name} 200,000 deep: fsdp-train --init-from", train(
@@ -168,7 +173,7 @@ for field in ("input_ids", "labels"):
 ck = os.path.join(tmp, "ck")
 small = ["--preset", "tiny", "--vocab", "256", "--dim", "32", "--layers", "1", "--heads", "2",
          "--seq", "16", "--batch", "2", "--data", text, "--sample-tokens", "0"]
-succeeded("a tiny run checkpoints", train(*small, "--steps", "1", "--ckpt-dir", ck))
+succeeded("a tiny run checkpoints", train(*small, "--steps", "1", "--ckpt-dir", ck, "--ckpt-every", "1"))
 steps = sorted(s for s in os.listdir(ck) if s.startswith("step_")) if os.path.isdir(ck) else []
 if steps:
     sd = os.path.join(ck, steps[-1])
@@ -185,7 +190,8 @@ if steps:
             run([GEN, "--ckpt", sd, "--prompt", "ab", "--tokens", "1", "--threads", "1"]),
             "metadata.json", "512")
     refused("metadata.json 200,000 deep: fsdp-train --resume",
-            train(*small, "--steps", "2", "--ckpt-dir", ck, "--resume"), "metadata.json", "512")
+            train(*small, "--steps", "2", "--ckpt-dir", ck, "--resume"), "metadata.json", "512",
+            want_rc=2)  # read with the run's flags, before the run: a bad command line
 else:
     failures.append("no checkpoint to forge")
 
@@ -203,14 +209,15 @@ for i in range(10_000):
     with open(os.path.join(chain, f"c{i}.toml"), "w") as f:
         f.write(f'include = "c{i + 1}.toml"\n' if i < 9_999 else "[run]\nthreads = 1\n")
 refused("a TOML include chain of 10,000", train("--config", os.path.join(chain, "c0.toml")),
-        "nest deeper than 64", "c0.toml")
+        "nest deeper than 64", "c0.toml", want_rc=2)
 bomb = os.path.join(tmp, "bomb")
 os.makedirs(bomb)
 for i in range(30):
     with open(os.path.join(bomb, f"b{i}.toml"), "w") as f:
         f.write(f'include = ["b{i + 1}.toml", "b{i + 1}.toml"]\n' if i < 29 else "[run]\nthreads = 1\n")
 refused("a TOML include bomb (30 files, each including the next twice)",
-        train("--config", os.path.join(bomb, "b0.toml")), "more than 1000 files", "b0.toml")
+        train("--config", os.path.join(bomb, "b0.toml")), "more than 1000 files", "b0.toml",
+        want_rc=2)
 loop = os.path.join(tmp, "loop")
 os.makedirs(loop)
 os.symlink("l2.toml", os.path.join(loop, "l1.toml"))
@@ -218,11 +225,11 @@ os.symlink("l1.toml", os.path.join(loop, "l2.toml"))
 with open(os.path.join(loop, "main.toml"), "w") as f:
     f.write('include = "l1.toml"\n')
 refused("a TOML include through a link loop", train("--config", os.path.join(loop, "main.toml")),
-        "loop of symbolic links", "l1.toml")
+        "loop of symbolic links", "l1.toml", want_rc=2)
 with open(os.path.join(tmp, "nul.toml"), "w") as f:
     f.write('[run]\n"thr\\u0000eads" = 1\n')
 refused("a NUL in a TOML key", train("--config", os.path.join(tmp, "nul.toml")),
-        "thr\\x00eads", "has no key")
+        "thr\\x00eads", "has no key", want_rc=2)
 
 # 3. Long tokens: refused above 64 KiB by name; tokenizing stays linear below it.
 big = "a" * (1 << 20)
