@@ -303,7 +303,7 @@ TEST_F(TokenizerFiles, OverlappingAddedTokensLeftmostLongest) {
     added.push_back({{"id", id++}, {"content", content}, {"special", false}});
   const Tokenizer t = Tokenizer::from_file(
       write("o.json", tokenizer_json({{"type", "ByteLevel"}, {"use_regex", true}}, false, added)));
-  EXPECT_EQ(t.encode("abcd"), (Ids{267, 'd'}));       // abc, the longest at 0, not ab or bcd
+  EXPECT_EQ(t.encode("abcd"), (Ids{267, 'd'}));         // abc, the longest at 0, not ab or bcd
   EXPECT_EQ(t.encode("xbcdab"), (Ids{'x', 268, 266}));  // bcd at 1, then ab
   EXPECT_EQ(t.encode("abab c"), (Ids{266, 266, ' ', 269}));
   EXPECT_EQ(t.encode("xyzzxyzzy"), (Ids{'x', 'y', 'z', 'z', 270}));

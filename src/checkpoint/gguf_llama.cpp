@@ -66,8 +66,10 @@ std::string sentencepiece_json(const GgufFile& f, const std::vector<std::string>
                f.path(), s.size(), n);
     score = s;
     for (size_t i = 0; i < n; ++i)  // a NaN would make the merges' order undefined
-      FSDP_CHECK(!std::isnan(score[i]), "[gguf] {}: tokenizer.ggml.scores[{}] is NaN; expected a "
-                 "number (the token's log-probability)", f.path(), i);
+      FSDP_CHECK(!std::isnan(score[i]),
+                 "[gguf] {}: tokenizer.ggml.scores[{}] is NaN; expected a "
+                 "number (the token's log-probability)",
+                 f.path(), i);
   }
   // Gemma stores its runs of spaces as spaces; transformers spells them U+2581, as the merges
   // that reach them need.

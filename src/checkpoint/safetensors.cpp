@@ -84,8 +84,8 @@ SafetensorsIndex::SafetensorsIndex(const std::string& path) : path_(path) {
              path, hlen, fsize);
   std::string header(hlen, '\0');
   f.read(header.data(), std::streamsize(hlen));
-  const nlohmann::json j = json_read::parse(header, path + " (its header)", "[safetensors]",
-                                           uint64_t(1) << 30);
+  const nlohmann::json j =
+      json_read::parse(header, path + " (its header)", "[safetensors]", uint64_t(1) << 30);
   FSDP_CHECK(j.is_object(), "[safetensors] {}: header must be a JSON object", path);
   data_start_ = 8 + hlen;
   const uint64_t data_size = fsize - data_start_;

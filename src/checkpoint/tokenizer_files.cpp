@@ -73,7 +73,8 @@ std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(
                  {"add_eos_token", false},
                  {"clean_up_tokenization_spaces", false},
                  {"model_max_length", cfg.seq}};
-  if (!meta.chat_template.empty()) config["chat_template"] = json_read::utf8_safe(meta.chat_template);
+  if (!meta.chat_template.empty())
+    config["chat_template"] = json_read::utf8_safe(meta.chat_template);
   json gen = {{"_from_model_config", true}};
   if (bos) gen["bos_token_id"] = *bos;
   if (eos) gen["eos_token_id"] = *eos;

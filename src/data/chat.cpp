@@ -452,10 +452,10 @@ TokenizedSample row_of(const std::string& path, int64_t line_no, const json& j, 
              line_no, kind_of(ids));
   TokenizedSample s;
   for (size_t i = 0; i < ids.size(); ++i) {
-    FSDP_CHECK(ids[i].is_number_integer() && ids[i].get<int64_t>() >= 0 &&
-                   ids[i].get<int64_t>() < vocab,
-               "[data] {}:{}: input_ids[{}] is {}; expected an id in [0, {}) (the model's vocab)",
-               path, line_no, i, json_read::brief(ids[i]), vocab);
+    FSDP_CHECK(
+        ids[i].is_number_integer() && ids[i].get<int64_t>() >= 0 && ids[i].get<int64_t>() < vocab,
+        "[data] {}:{}: input_ids[{}] is {}; expected an id in [0, {}) (the model's vocab)", path,
+        line_no, i, json_read::brief(ids[i]), vocab);
     s.ids.push_back(int32_t(ids[i].get<int64_t>()));
   }
   s.target.assign(s.ids.size(), 1);

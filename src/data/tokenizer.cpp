@@ -148,7 +148,8 @@ struct Tokenizer::Impl {
           g = rchild(f, c);
         }
         rfail[size_t(v)] = g >= 0 && g != v ? g : 0;
-        rbest[size_t(v)] = rterm[size_t(v)] >= 0 ? rterm[size_t(v)] : rbest[size_t(rfail[size_t(v)])];
+        rbest[size_t(v)] =
+            rterm[size_t(v)] >= 0 ? rterm[size_t(v)] : rbest[size_t(rfail[size_t(v)])];
         bfs.push(v);
       }
     }

@@ -158,8 +158,7 @@ TransformerConfig TransformerConfig::from_json(const std::string& text) {
                         .original_context = number("original_context")};
     }
   } catch (const nlohmann::json::exception& e) {
-    FSDP_FAIL("[model] config {}: {}", json_read::printable(text, 200),
-              e.what());
+    FSDP_FAIL("[model] config {}: {}", json_read::printable(text, 200), e.what());
   }
   c.validate();
   return c;

@@ -185,14 +185,16 @@ void load(TrainOptions& o, const fs::path& path, std::vector<fs::path>& chain, s
       std::string in;
       for (const auto& [s, f] : k.fields)
         if (f == name) in = s;
-      FSDP_FAIL("[config] {}: '{}' is outside any section; the top level holds version, include "
-                "and [sections]{}",
-                where(path, node), shown,
-                in.empty() ? "" : fmt::format(" (did you mean [{}] {}?)", in, shown));
+      FSDP_FAIL(
+          "[config] {}: '{}' is outside any section; the top level holds version, include "
+          "and [sections]{}",
+          where(path, node), shown,
+          in.empty() ? "" : fmt::format(" (did you mean [{}] {}?)", in, shown));
     }
     if (std::find(k.sections.begin(), k.sections.end(), name) == k.sections.end())
-      FSDP_FAIL("[config] {}: unknown section [{}]{}; the sections are {}", where(path, node), shown,
-                suggest(name, k.sections), fmt::format("[{}]", fmt::join(k.sections, "], [")));
+      FSDP_FAIL("[config] {}: unknown section [{}]{}; the sections are {}", where(path, node),
+                shown, suggest(name, k.sections),
+                fmt::format("[{}]", fmt::join(k.sections, "], [")));
     for (const auto& [fkey, value] : *node.as_table()) {
       const std::string field(fkey.str());
       std::vector<std::string> here;
@@ -202,10 +204,10 @@ void load(TrainOptions& o, const fs::path& path, std::vector<fs::path>& chain, s
         else if (f == field) elsewhere = s;
       }
       if (std::find(here.begin(), here.end(), field) == here.end())
-        FSDP_FAIL("[config] {}: [{}] has no key '{}'{}", where(path, value), name,
-                  json_read::printable(field, 80),
-                  !elsewhere.empty() ? fmt::format(" (it is in [{}])", elsewhere)
-                                     : suggest(field, here));
+        FSDP_FAIL(
+            "[config] {}: [{}] has no key '{}'{}", where(path, value), name,
+            json_read::printable(field, 80),
+            !elsewhere.empty() ? fmt::format(" (it is in [{}])", elsewhere) : suggest(field, here));
       std::string flag = "--" + field;
       std::replace(flag.begin(), flag.end(), '_', '-');
       const std::string text = value_text(path, fmt::format("[{}] {}", name, field), value);
@@ -245,7 +247,8 @@ std::string apply_checkpoint_flags(TrainOptions& o, const std::string& ckpt_dir)
     try {
       set_flag(o, flag, value.get<std::string>());
     } catch (const Error& e) {
-      fmt::print(stderr, "fsdp-train: {}: the run's flag {} {} is not read by this fsdp-train ({}); "
+      fmt::print(stderr,
+                 "fsdp-train: {}: the run's flag {} {} is not read by this fsdp-train ({}); "
                  "skipped\n",
                  meta.string(), flag, json_read::brief(value), without_source_place(e.what()));
     }

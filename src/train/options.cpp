@@ -226,7 +226,8 @@ std::string flags_json(const TrainOptions& o) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   visit_flags(o, [&](const FlagInfo& info, const auto& field) {
     // a path or a prompt that is not UTF-8 is written escaped (\xNN): JSON holds only UTF-8
-    j[info.name()] = json_read::utf8_safe(FlagValue<std::remove_cvref_t<decltype(field)>>::str(field));
+    j[info.name()] =
+        json_read::utf8_safe(FlagValue<std::remove_cvref_t<decltype(field)>>::str(field));
   });
   return j.dump();
 }

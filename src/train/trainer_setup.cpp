@@ -45,8 +45,8 @@
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/tensorboard.h"
 #include "fsdp/train/memory_plan.h"
-#include "src/train/trainer_impl.h"
 #include "src/core/json_read.h"
+#include "src/train/trainer_impl.h"
 
 namespace fsdp::train {
 
@@ -223,15 +223,16 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
   }
   // The run's config, saved in checkpoints; its model keys must match on resume.
   nlohmann::json run_config = nlohmann::json::parse(cfg.to_json());
+  // Paths (a Linux file name may hold any byte) escaped where not UTF-8, as JSON must.
+  const std::string tokenizer_name = tokenizer ? tokenizer->describe() : "none";
   run_config.update({{"batch", cfg.batch},
                      {"seq", cfg.seq},
                      {"world_size", size},
                      {"seed", o.run.seed},
                      {"dtype", std::string(dtype_name(o.sharding.dtype))},
                      {"lr", o.optimizer.lr},
-                     // paths (a Linux file name may hold any byte) escaped where not UTF-8
                      {"data", json_read::utf8_safe(o.data.data)},
-                     {"tokenizer", tokenizer ? json_read::utf8_safe(tokenizer->describe()) : "none"},
+                     {"tokenizer", json_read::utf8_safe(tokenizer_name)},
                      {"tokenizer_hash", tokenizer ? tokenizer->hash() : ""}});
   if (!o.data.data.empty()) {  // the data by content (a resume checks it), and the stream's length
     run_config["data_content"] = data::data_identity(o.data.data).str();
