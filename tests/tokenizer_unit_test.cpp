@@ -294,6 +294,50 @@ TEST_F(TokenizerFiles, AddedAndSpecialTokens) {
   EXPECT_EQ(none.size(), 266);
 }
 
+// Added tokens are found by an automaton over the reversed tokens (linear in the text): still the
+// longest one at the leftmost place, overlaps and the 1 MiB windows' edges included.
+TEST_F(TokenizerFiles, OverlappingAddedTokensLeftmostLongest) {
+  json added = json::array();
+  int32_t id = 266;
+  for (const char* content : {"ab", "abc", "bcd", "c", "xyzzy"})
+    added.push_back({{"id", id++}, {"content", content}, {"special", false}});
+  const Tokenizer t = Tokenizer::from_file(
+      write("o.json", tokenizer_json({{"type", "ByteLevel"}, {"use_regex", true}}, false, added)));
+  EXPECT_EQ(t.encode("abcd"), (Ids{267, 'd'}));         // abc, the longest at 0, not ab or bcd
+  EXPECT_EQ(t.encode("xbcdab"), (Ids{'x', 268, 266}));  // bcd at 1, then ab
+  EXPECT_EQ(t.encode("abab c"), (Ids{266, 266, ' ', 269}));
+  EXPECT_EQ(t.encode("xyzzxyzzy"), (Ids{'x', 'y', 'z', 'z', 270}));
+  // A token across the edge of the first window, and one that begins the second.
+  const size_t w = size_t(1) << 20;
+  for (size_t at : {w - 2, w - 1, w, w + 1}) {
+    const std::string text = std::string(at, ' ') + "abcd";
+    const Ids ids = t.encode(text);
+    ASSERT_GE(ids.size(), 2u);
+    EXPECT_EQ((Ids{ids[ids.size() - 2], ids.back()}), (Ids{267, 'd'})) << at;
+    EXPECT_EQ(t.decode(ids), text);
+  }
+}
+
+// A token longer than kMaxTokenBytes is refused by its index and id; JSON nested deeper than 512
+// levels by the file, the limit and where.
+TEST_F(TokenizerFiles, LongTokensAndDeepJsonAreRefusedByName) {
+  json added = json::array();
+  added.push_back({{"id", 266}, {"content", std::string(kMaxTokenBytes + 1, 'a')}});
+  const std::string big = write("big.json", tokenizer_json({{"type", "ByteLevel"}}, false, added));
+  std::string err = error_of([&] { Tokenizer::from_file(big); });
+  EXPECT_MENTIONS(err, big);
+  EXPECT_MENTIONS(err, "added_tokens[0] (id 266)");
+  EXPECT_MENTIONS(err, "65536");
+  std::string deep = tokenizer_json().dump();
+  deep.replace(deep.find("\"normalizer\":null"), 17,
+               "\"normalizer\":" + std::string(200000, '[') + std::string(200000, ']'));
+  const std::string path = write("deep.json", deep);
+  err = error_of([&] { Tokenizer::from_file(path); });
+  EXPECT_MENTIONS(err, path);
+  EXPECT_MENTIONS(err, "deeper than 512 levels");
+  EXPECT_MENTIONS(err, "in normalizer[0][0]");
+}
+
 TEST_F(TokenizerFiles, DigitsAndPrefixSpacePreTokenizers) {
   const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
   const json digits = {

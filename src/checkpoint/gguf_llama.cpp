@@ -65,6 +65,11 @@ std::string sentencepiece_json(const GgufFile& f, const std::vector<std::string>
     FSDP_CHECK(s.size() == n, "[gguf] {}: tokenizer.ggml.scores has {} entries for {} tokens",
                f.path(), s.size(), n);
     score = s;
+    for (size_t i = 0; i < n; ++i)  // a NaN would make the merges' order undefined
+      FSDP_CHECK(!std::isnan(score[i]),
+                 "[gguf] {}: tokenizer.ggml.scores[{}] is NaN; expected a "
+                 "number (the token's log-probability)",
+                 f.path(), i);
   }
   // Gemma stores its runs of spaces as spaces; transformers spells them U+2581, as the merges
   // that reach them need.
@@ -99,15 +104,31 @@ std::string sentencepiece_json(const GgufFile& f, const std::vector<std::string>
     size_t left_len, right_len;  // in code points
   };
   std::vector<Merge> merges;
+  // Only splits whose both parts have the byte length of some token are looked up, so a token's
+  // splits cost its length times the number of distinct token lengths, not its length squared.
+  size_t longest = 0;
+  for (const std::string& t : spelled) longest = std::max(longest, t.size());
+  constexpr size_t kMaxMergeBytes = size_t(64) << 20;
+  size_t merge_bytes = 0;
+  std::vector<bool> a_length(longest + 1, false);
+  for (const std::string& t : spelled) a_length[t.size()] = true;
   for (size_t i = 0; i < n; ++i) {
     const std::vector<size_t>& at = starts[i];
     const size_t first = merges.size(), cps = at.size() - 1;
     for (size_t k = 1; k < cps; ++k) {
+      if (!a_length[at[k]] || !a_length[spelled[i].size() - at[k]]) continue;
       auto l = id_of.find(spelled[i].substr(0, at[k]));
       if (l == id_of.end()) continue;
       auto r = id_of.find(spelled[i].substr(at[k]));
       if (r == id_of.end()) continue;
       merges.push_back({l->second, r->second, score[i], k, cps - k});
+      // Real vocabularies make a few MB of merges (Gemma's 262k tokens); a crafted one (the
+      // runs "a" to "a"*1400) would make 900 MB of them.
+      merge_bytes += spelled[i].size();
+      FSDP_CHECK(merge_bytes <= kMaxMergeBytes,
+                 "[gguf] {}: the merges that tokenizer.ggml.tokens implies hold more than {} MiB "
+                 "of text (the limit; reached at token {}): not a SentencePiece vocabulary",
+                 f.path(), kMaxMergeBytes >> 20, i);
     }
     std::sort(merges.begin() + std::ptrdiff_t(first), merges.end(),
               [](const Merge& a, const Merge& b) {
@@ -202,12 +223,24 @@ GgufTokenizerInfo gguf_tokenizer_info(const GgufFile& f) {
   const auto& tokens = f.get_strings("tokenizer.ggml.tokens");
   FSDP_CHECK(!tokens.empty() && tokens.size() < (size_t(1) << 31),
              "[gguf] {}: tokenizer.ggml.tokens has {} tokens", f.path(), tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i)
+    FSDP_CHECK(tokens[i].size() <= data::kMaxTokenBytes,
+               "[gguf] {}: tokenizer.ggml.tokens[{}] is {} bytes long, more than the limit of {} "
+               "bytes",
+               f.path(), i, tokens[i].size(), data::kMaxTokenBytes);
   std::vector<int64_t> types(tokens.size(), 1);
   if (f.has("tokenizer.ggml.token_type")) {
     types = f.get_ints("tokenizer.ggml.token_type");
     FSDP_CHECK(types.size() == tokens.size(),
                "[gguf] {}: tokenizer.ggml.token_type has {} entries for {} tokens", f.path(),
                types.size(), tokens.size());
+    // llama.cpp's llama_token_type: 0 undefined, 1 normal, 2 unknown, 3 control, 4 user-defined,
+    // 5 unused, 6 byte.
+    for (size_t i = 0; i < types.size(); ++i)
+      FSDP_CHECK(types[i] >= 0 && types[i] <= 6,
+                 "[gguf] {}: tokenizer.ggml.token_type[{}] is {}; expected 0 to 6 (undefined, "
+                 "normal, unknown, control, user-defined, unused, byte)",
+                 f.path(), i, types[i]);
   }
   auto id = [&](const char* key) -> std::optional<int32_t> {
     if (!f.has(key)) return std::nullopt;

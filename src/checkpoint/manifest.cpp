@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "fsdp/checkpoint/checkpoint.h"
+#include "src/core/json_read.h"
 
 namespace fsdp::checkpoint {
 
@@ -109,7 +110,7 @@ int64_t integer(const json& j, const char* key, int64_t lo, int64_t hi, const st
   FSDP_CHECK(j.contains(key) && j[key].is_number_integer() && j[key].get<int64_t>() >= lo &&
                  j[key].get<int64_t>() <= hi,
              "[checkpoint] {}: '{}' is {}; expected an integer in [{}, {}]", where, key,
-             j.contains(key) ? j[key].dump() : "missing", lo, hi);
+             j.contains(key) ? json_read::brief(j[key]) : "missing", lo, hi);
   return j[key].get<int64_t>();
 }
 
@@ -160,7 +161,7 @@ void check_fields(Manifest& m, const std::string& where) {
         t.contains("chunks") && t["chunks"].is_array() && t["chunks"].size() == size_t(m.shards),
         "[checkpoint] {}: tensor '{}' has {} chunks but 'shards' is {}; expected one chunk "
         "per shard",
-        where, name, t.contains("chunks") ? t["chunks"].dump() : "no", m.shards);
+        where, name, t.contains("chunks") ? json_read::brief(t["chunks"]) : "no", m.shards);
     const int64_t dim = e.shape[0];
     int64_t end = 0;
     for (int c = 0; c < m.shards; ++c) {
@@ -189,7 +190,7 @@ void check_fields(Manifest& m, const std::string& where) {
     FSDP_CHECK(end == dim,
                "[checkpoint] {}: tensor '{}' chunks {} cover rows 0..{} but the tensor has {} rows "
                "(shape {})",
-               where, name, t["chunks"].dump(), end, dim, shape_str(e.shape));
+               where, name, json_read::brief(t["chunks"]), end, dim, shape_str(e.shape));
     m.tensors.emplace(name, std::move(e));
   }
   // The shard files present are exactly the ones 'shards' names, each with a checksum.
@@ -220,11 +221,7 @@ Manifest read_manifest(const std::string& path) {
   m.dir = path;
   std::string bytes;
   read_bytes(mp, &bytes);
-  try {
-    m.meta = json::parse(bytes);
-  } catch (const json::exception& e) {
-    FSDP_FAIL("[checkpoint] {}: metadata.json is not valid JSON: {}", path, e.what());
-  }
+  m.meta = json_read::parse(bytes, mp.string(), "[checkpoint]");
   try {
     check_fields(m, mp.string());
   } catch (const json::exception& e) {  // valid JSON of the wrong shape: name the file

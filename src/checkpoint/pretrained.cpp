@@ -35,6 +35,7 @@
 #include "fsdp/models/spec.h"
 #include "src/checkpoint/param_names.h"
 #include "src/core/json_fields.h"
+#include "src/core/json_read.h"
 
 namespace fsdp::checkpoint {
 
@@ -204,12 +205,8 @@ void read_hf_tokenizer(Pretrained& p, const fs::path& dir) {
   }
   if (fs::exists(dir / "tokenizer_config.json")) {
     const std::string where = (dir / "tokenizer_config.json").string();
-    json tc;
-    try {
-      tc = json::parse(read_text(dir / "tokenizer_config.json"));
-    } catch (const json::exception& e) {
-      FSDP_FAIL("[pretrained] {} is not valid JSON: {}", where, e.what());
-    }
+    const json tc = json_read::parse(read_text(dir / "tokenizer_config.json"), where,
+                                     "[pretrained]", json_read::kSmallMaxBytes);
     FSDP_CHECK(tc.is_object(), "[pretrained] {}: expected a JSON object, got {}", where,
                json_fields::described(tc));
     if (const json* t = json_fields::member(tc, "chat_template")) {
@@ -237,12 +234,8 @@ void read_hf_tokenizer(Pretrained& p, const fs::path& dir) {
     p.chat_template = read_text(dir / "chat_template.jinja");
   if (fs::exists(dir / "generation_config.json")) {
     const std::string where = (dir / "generation_config.json").string();
-    json g;
-    try {
-      g = json::parse(read_text(dir / "generation_config.json"));
-    } catch (const json::exception& e) {
-      FSDP_FAIL("[pretrained] {} is not valid JSON: {}", where, e.what());
-    }
+    const json g = json_read::parse(read_text(dir / "generation_config.json"), where,
+                                    "[pretrained]", json_read::kSmallMaxBytes);
     FSDP_CHECK(g.is_object(), "[pretrained] {}: expected a JSON object, got {}", where,
                json_fields::described(g));
     if (const json* b = json_fields::member(g, "bos_token_id"))
@@ -279,7 +272,8 @@ void open_safetensors(Pretrained& p, PretrainedSource& src) {
     if (fs::exists(dir / "model.safetensors.index.json")) {
       const std::string where = (dir / "model.safetensors.index.json").string();
       try {
-        const json index = json::parse(read_text(where));
+        const json index =
+            json_read::parse(read_text(where), where, "[pretrained]", json_read::kSmallMaxBytes);
         for (auto& [name, file] : index.at("weight_map").items()) {
           const std::string f = (dir / file.get<std::string>()).string();
           if (std::find(paths.begin(), paths.end(), f) == paths.end()) paths.push_back(f);
@@ -314,12 +308,7 @@ void open_safetensors(Pretrained& p, PretrainedSource& src) {
   } else if (fs::exists(dir / "config.json")) {
     const std::string where = (dir / "config.json").string();
     const std::string text = read_text(dir / "config.json");
-    json j;
-    try {
-      j = json::parse(text);
-    } catch (const json::exception& e) {
-      FSDP_FAIL("[pretrained] {} is not valid JSON: {}", where, e.what());
-    }
+    const json j = json_read::parse(text, where, "[pretrained]", json_read::kSmallMaxBytes);
     p.format = "hf";
     const json* mt = json_fields::member(j, "model_type");
     p.family = mt ? json_fields::Field{"[pretrained]", where, "model_type"}.string(*mt) : "";

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "fsdp/core/file.h"
+#include "src/core/json_read.h"
 
 namespace fsdp::checkpoint {
 
@@ -83,12 +84,8 @@ SafetensorsIndex::SafetensorsIndex(const std::string& path) : path_(path) {
              path, hlen, fsize);
   std::string header(hlen, '\0');
   f.read(header.data(), std::streamsize(hlen));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(header);
-  } catch (const nlohmann::json::exception& e) {
-    FSDP_FAIL("[safetensors] {}: header is not valid JSON: {}", path, e.what());
-  }
+  const nlohmann::json j =
+      json_read::parse(header, path + " (its header)", "[safetensors]", uint64_t(1) << 30);
   FSDP_CHECK(j.is_object(), "[safetensors] {}: header must be a JSON object", path);
   data_start_ = 8 + hlen;
   const uint64_t data_size = fsize - data_start_;

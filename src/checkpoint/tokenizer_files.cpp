@@ -15,13 +15,15 @@
 
 #include "fsdp/checkpoint/interchange.h"
 #include "fsdp/models/spec.h"
+#include "src/core/json_read.h"
 
 namespace fsdp::checkpoint {
 
 using json = nlohmann::json;
 
 std::string TokenizerMeta::to_json() const {
-  json j = {{"chat_template", chat_template}, {"pre", pre}};
+  // A template read from a file may hold bytes that are not UTF-8: written escaped (\xNN).
+  json j = {{"chat_template", json_read::utf8_safe(chat_template)}, {"pre", pre}};
   j["bos_token_id"] = bos ? json(*bos) : json(nullptr);
   j["eos_token_id"] = eos ? json(*eos) : json(nullptr);
   return j.dump(2);
@@ -29,7 +31,7 @@ std::string TokenizerMeta::to_json() const {
 
 TokenizerMeta TokenizerMeta::from_json(const std::string& text, const std::string& where) {
   try {
-    const json j = json::parse(text);
+    const json j = json_read::parse(text, where, "[checkpoint]", json_read::kSmallMaxBytes);
     TokenizerMeta m;
     m.chat_template = j.value("chat_template", "");
     m.pre = j.value("pre", "");
@@ -71,7 +73,8 @@ std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(
                  {"add_eos_token", false},
                  {"clean_up_tokenization_spaces", false},
                  {"model_max_length", cfg.seq}};
-  if (!meta.chat_template.empty()) config["chat_template"] = meta.chat_template;
+  if (!meta.chat_template.empty())
+    config["chat_template"] = json_read::utf8_safe(meta.chat_template);
   json gen = {{"_from_model_config", true}};
   if (bos) gen["bos_token_id"] = *bos;
   if (eos) gen["eos_token_id"] = *eos;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "fsdp/core/error.h"
+#include "src/core/json_read.h"
 
 namespace fsdp::json_fields {
 
@@ -21,8 +22,7 @@ using json = nlohmann::json;
 
 // A value in words for a message: `the string "tiny"`, `the number 5`, `an array`, ...
 inline std::string described(const json& v) {
-  std::string text = v.dump();
-  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  const std::string text = json_read::brief(v, 57);  // bounded: the value may be untrusted
   if (v.is_string()) return "the string " + text;
   if (v.is_number()) return "the number " + text;
   if (v.is_boolean()) return "the boolean " + text;

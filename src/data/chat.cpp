@@ -20,6 +20,7 @@
 #include "fsdp/core/error.h"
 #include "fsdp/core/ignore_index.h"
 #include "fsdp/data/tokenizer.h"
+#include "src/core/json_read.h"
 #include "src/data/byte_level.h"
 #include "src/data/data_files.h"
 
@@ -409,12 +410,8 @@ namespace {
 
 // One JSONL line's object, or a named error.
 json parse_line(const std::string& path, int64_t line_no, const std::string& line) {
-  json j;
-  try {
-    j = json::parse(line);
-  } catch (const json::exception& e) {
-    FSDP_FAIL("[data] {}:{}: not valid JSON: {}", path, line_no, e.what());
-  }
+  const json j = json_read::parse(line, fmt::format("{}:{}", path, line_no), "[data]",
+                                  json_read::kSmallMaxBytes);
   FSDP_CHECK(j.is_object(), "[data] {}:{}: {}; expected an object with \"messages\" or "
              "\"input_ids\"", path, line_no, kind_of(j));
   return j;
@@ -455,10 +452,10 @@ TokenizedSample row_of(const std::string& path, int64_t line_no, const json& j, 
              line_no, kind_of(ids));
   TokenizedSample s;
   for (size_t i = 0; i < ids.size(); ++i) {
-    FSDP_CHECK(ids[i].is_number_integer() && ids[i].get<int64_t>() >= 0 &&
-                   ids[i].get<int64_t>() < vocab,
-               "[data] {}:{}: input_ids[{}] is {}; expected an id in [0, {}) (the model's vocab)",
-               path, line_no, i, ids[i].dump(), vocab);
+    FSDP_CHECK(
+        ids[i].is_number_integer() && ids[i].get<int64_t>() >= 0 && ids[i].get<int64_t>() < vocab,
+        "[data] {}:{}: input_ids[{}] is {}; expected an id in [0, {}) (the model's vocab)", path,
+        line_no, i, json_read::brief(ids[i]), vocab);
     s.ids.push_back(int32_t(ids[i].get<int64_t>()));
   }
   s.target.assign(s.ids.size(), 1);
@@ -474,7 +471,7 @@ TokenizedSample row_of(const std::string& path, int64_t line_no, const json& j, 
       FSDP_CHECK(ignored || labels[i] == ids[i],
                  "[data] {}:{}: labels[{}] is {}; expected -100 (not a target) or input_ids[{}] "
                  "({}): the loss shifts the labels itself, as transformers' does",
-                 path, line_no, i, labels[i].dump(), i, s.ids[i]);
+                 path, line_no, i, json_read::brief(labels[i]), i, s.ids[i]);
       s.target[i] = !ignored;
     }
   }

@@ -32,6 +32,7 @@
 #include "fsdp/core/error.h"
 #include "fsdp/core/file.h"
 #include "fsdp/data/token_sources.h"
+#include "src/core/json_read.h"
 
 namespace fsdp::data {
 
@@ -178,7 +179,10 @@ nlohmann::json read_hash_cache() {
     return nlohmann::json::object();  // none yet, or not a file to read (a FIFO would block)
   std::ifstream f(path);
   if (!f.good()) return nlohmann::json::object();
-  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  const std::string text((std::istreambuf_iterator<char>(f)), {});
+  // nested past the limit: ignored like a damaged cache (writing it back would recurse per level)
+  if (!json_read::depth_error(text).empty()) return nlohmann::json::object();
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   return j.is_object() ? j : nlohmann::json::object();
 }
 

@@ -27,6 +27,8 @@
 
 #include "fsdp/core/error.h"
 #include "fsdp/core/file.h"
+#include "fsdp/core/interrupt.h"
+#include "src/core/json_read.h"
 #include "src/data/byte_level.h"
 
 namespace fsdp::data {
@@ -76,9 +78,15 @@ struct Tokenizer::Impl {
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> pair_merge;
   std::vector<std::pair<std::string, std::string>> merge_list;
   std::vector<std::pair<std::string, int32_t>> added;  // content, id
-  // The added tokens as a byte trie: (node << 8 | byte) -> child; the token a node ends, or -1.
-  std::unordered_map<uint64_t, int32_t> trie;
-  std::vector<int32_t> trie_token{-1};
+  // The added tokens reversed, as an Aho-Corasick automaton over bytes: scanning a text from its
+  // end, the state at position s names the longest added token that starts at s, so finding them
+  // all costs time linear in the text whatever the tokens' lengths (a walk of a forward trie from
+  // every position was quadratic: a 1 MB added token made 20 kB of text take 7 s).
+  // (node << 8 | byte) -> child; per node: its failure link, the token (index into `added`) it
+  // spells, and the longest token among it and its failure chain, or -1.
+  std::unordered_map<uint64_t, int32_t> rtrie;
+  std::vector<int32_t> rfail{0}, rterm{-1}, rbest{-1};
+  std::vector<std::vector<std::pair<unsigned char, int32_t>>> rkids{{}};
   std::vector<bool> special;
   bool add_prefix_space = false;
   bool split_digits = false;  // a Digits(individual_digits) pre-tokenizer before ByteLevel
@@ -97,29 +105,75 @@ struct Tokenizer::Impl {
     return uint64_t(uint32_t(a)) << 32 | uint64_t(uint32_t(b));
   }
 
-  void add_to_trie(const std::string& content, int32_t id) {
-    int32_t node = 0;
-    for (char c : content) {
-      const uint64_t key = uint64_t(node) << 8 | static_cast<unsigned char>(c);
-      auto it = trie.find(key);
-      if (it == trie.end()) {
-        it = trie.emplace(key, int32_t(trie_token.size())).first;
-        trie_token.push_back(-1);
-      }
-      node = it->second;
-    }
-    if (node > 0 && trie_token[size_t(node)] < 0) trie_token[size_t(node)] = id;
+  int32_t rchild(int32_t node, unsigned char c) const {
+    const auto it = rtrie.find(uint64_t(node) << 8 | c);
+    return it == rtrie.end() ? -1 : it->second;
   }
 
-  // The longest added token that starts at text[pos]: {id, length}, or {-1, 0}.
-  std::pair<int32_t, size_t> added_at(std::string_view text, size_t pos) const {
-    std::pair<int32_t, size_t> best{-1, 0};
+  // Builds the automaton from `added` (the first of two equal contents wins, as the first of
+  // equal keys does in a trie; an empty content matches nothing).
+  void build_added_automaton() {
+    for (size_t k = 0; k < added.size(); ++k) {
+      const std::string& content = added[k].first;
+      max_added = std::max(max_added, content.size());
+      int32_t node = 0;
+      for (size_t i = content.size(); i-- > 0;) {
+        const unsigned char c = static_cast<unsigned char>(content[i]);
+        int32_t next = rchild(node, c);
+        if (next < 0) {
+          next = int32_t(rterm.size());
+          rtrie.emplace(uint64_t(node) << 8 | c, next);
+          rkids[size_t(node)].emplace_back(c, next);
+          rkids.emplace_back();
+          rfail.push_back(0);
+          rterm.push_back(-1);
+          rbest.push_back(-1);
+        }
+        node = next;
+      }
+      if (node > 0 && rterm[size_t(node)] < 0) rterm[size_t(node)] = int32_t(k);
+    }
+    std::queue<int32_t> bfs;  // failure links, shallow nodes first
+    for (const auto& [c, child] : rkids[0]) {
+      rbest[size_t(child)] = rterm[size_t(child)];
+      bfs.push(child);
+    }
+    while (!bfs.empty()) {
+      const int32_t u = bfs.front();
+      bfs.pop();
+      for (const auto& [c, v] : rkids[size_t(u)]) {
+        int32_t f = rfail[size_t(u)], g = rchild(f, c);
+        while (g < 0 && f != 0) {
+          f = rfail[size_t(f)];
+          g = rchild(f, c);
+        }
+        rfail[size_t(v)] = g >= 0 && g != v ? g : 0;
+        rbest[size_t(v)] =
+            rterm[size_t(v)] >= 0 ? rterm[size_t(v)] : rbest[size_t(rfail[size_t(v)])];
+        bfs.push(v);
+      }
+    }
+  }
+
+  // For each position of text[from, from + n) (n at most kAddedChunk), the longest added token
+  // that starts there (index into `added`), or -1; empty when there are no added tokens. The scan
+  // begins max_added bytes past the window, so the states inside it are those of a whole scan.
+  static constexpr size_t kAddedChunk = size_t(1) << 20;
+  size_t max_added = 0;
+  std::vector<int32_t> added_starts(std::string_view text, size_t from) const {
+    if (rterm.size() < 2) return {};
+    const size_t end = std::min(text.size(), from + kAddedChunk);
+    std::vector<int32_t> best(end - from, -1);
     int32_t node = 0;
-    for (size_t i = pos; i < text.size(); ++i) {
-      auto it = trie.find(uint64_t(node) << 8 | static_cast<unsigned char>(text[i]));
-      if (it == trie.end()) break;
-      node = it->second;
-      if (trie_token[size_t(node)] >= 0) best = {trie_token[size_t(node)], i + 1 - pos};
+    for (size_t s = std::min(text.size(), end + max_added); s-- > from;) {
+      const unsigned char c = static_cast<unsigned char>(text[s]);
+      int32_t g = rchild(node, c);
+      while (g < 0 && node != 0) {
+        node = rfail[size_t(node)];
+        g = rchild(node, c);
+      }
+      node = g >= 0 ? g : 0;
+      if (s < end) best[s - from] = rbest[size_t(node)];
     }
     return best;
   }
@@ -249,9 +303,11 @@ struct Tokenizer::Impl {
       prefixed = " " + std::string(text);
       text = prefixed;
     }
+    size_t pieces = 0;
     auto split = [&](std::string_view part) {
       for (std::string_view piece :
            llama3_digits > 0 ? llama3_split(part, llama3_digits) : gpt2_split(part)) {
+        if ((++pieces & 4095) == 0) throw_if_interrupted("tokenizing a text");  // a long text
         auto r = bpe(piece);
         out.insert(out.end(), r.begin(), r.end());
       }
@@ -299,13 +355,13 @@ void Tokenizer::Impl::read_spm_shape(const nlohmann::json& norm, const nlohmann:
                "[tokenizer] {}: normalizer {} is not supported in a SentencePiece BPE "
                "(byte_fallback); expected Replace(' ', '\u2581') or Sequence [Prepend('\u2581'), "
                "Replace(' ', '\u2581')]",
-               where, norm.dump().substr(0, 120));
+               where, json_read::brief(norm, 120));
   }
   if (is(pre, "Metaspace") && !replaced) {
     FSDP_CHECK(pre.value("replacement", kMeta) == kMeta && !pre.value("split", true),
                "[tokenizer] {}: pre_tokenizer {} is not supported; expected Metaspace with "
                "replacement '\u2581' and split false",
-               where, pre.dump().substr(0, 120));
+               where, json_read::brief(pre, 120));
     const std::string scheme =
         pre.contains("prepend_scheme")
             ? pre["prepend_scheme"].get<std::string>()
@@ -323,7 +379,7 @@ void Tokenizer::Impl::read_spm_shape(const nlohmann::json& norm, const nlohmann:
     FSDP_CHECK(pre.is_null() || (split_on_space && replaced),
                "[tokenizer] {}: pre_tokenizer {} is not supported in a SentencePiece BPE "
                "(byte_fallback); expected none, or Metaspace without a normalizer",
-               where, pre.dump().substr(0, 120));
+               where, json_read::brief(pre, 120));
   }
   FSDP_CHECK(replaced,
              "[tokenizer] {}: a SentencePiece BPE (byte_fallback) whose spaces are never "
@@ -392,12 +448,7 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
 // check is named by the JSON library's exception, caught at the end, with the file.
 Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where) try {
   using nlohmann::json;
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const std::exception& e) {
-    FSDP_FAIL("[tokenizer] {} is not valid JSON: {}", where, e.what());
-  }
+  const json j = json_read::parse(text, where, "[tokenizer]");
   auto t = std::make_shared<Impl>();
   t->json_text = text;
   t->where = where;
@@ -417,7 +468,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
     FSDP_CHECK(norm.is_null() || t->nfc,
                "[tokenizer] {}: a normalizer ({}) is not supported in a byte-level BPE; expected "
                "none or NFC",
-               where, norm.dump().substr(0, 80));
+               where, json_read::brief(norm, 80));
     // SmolLM2's and StarCoder's: Sequence [Digits(individual_digits), ByteLevel].
     if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers") &&
         pre["pretokenizers"].is_array() && pre["pretokenizers"].size() == 2 &&
@@ -442,21 +493,21 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
                      !split.value("invert", false),
                  "[tokenizer] {}: pre_tokenizer Split {} is not supported; expected Llama 3's or "
                  "Qwen2's regex, behavior Isolated",
-                 where, split.dump().substr(0, 160));
+                 where, json_read::brief(split, 160));
       json byte_level = pre["pretokenizers"][1];
       pre = std::move(byte_level);
       FSDP_CHECK(
           pre.is_object() && pre.value("type", "") == "ByteLevel" && !pre.value("use_regex", true),
           "[tokenizer] {}: after Llama 3's split, pre_tokenizer {} is not supported; "
           "expected ByteLevel with use_regex false",
-          where, pre.dump().substr(0, 80));
+          where, json_read::brief(pre, 80));
     } else {
       FSDP_CHECK(
           pre.is_object() && pre.value("type", "") == "ByteLevel" && pre.value("use_regex", true),
           "[tokenizer] {}: pre_tokenizer {} is not supported; expected ByteLevel with "
           "use_regex (GPT-2's split), alone or after Digits(individual_digits), or after "
           "Llama 3's or Qwen2's Split",
-          where, pre.dump().substr(0, 80));
+          where, json_read::brief(pre, 80));
     }
     t->add_prefix_space = pre.value("add_prefix_space", false);
     FSDP_CHECK(!((t->split_digits || t->llama3_digits > 0) && t->add_prefix_space),
@@ -469,7 +520,12 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
   std::unordered_map<std::string, int32_t> vocab_ids;  // the BPE model's own
   for (auto& [tok, id] : model["vocab"].items()) {
     FSDP_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (1 << 30),
-               "[tokenizer] {}: model.vocab[\"{}\"] is {}, not an id", where, tok, id.dump());
+               "[tokenizer] {}: model.vocab[\"{}\"] is {}, not an id", where,
+               json_read::printable(tok, 80), json_read::brief(id));
+    FSDP_CHECK(tok.size() <= kMaxTokenBytes,
+               "[tokenizer] {}: model.vocab's token of id {} is {} bytes long, more than the "
+               "limit of {} bytes (\"{}\")",
+               where, id.get<int64_t>(), tok.size(), kMaxTokenBytes, json_read::printable(tok, 40));
     by_id[id.get<int64_t>()] = tok;
     vocab_ids[tok] = int32_t(id.get<int64_t>());
   }
@@ -479,9 +535,14 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
       FSDP_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_integer() &&
                      a.contains("content") && a["content"].is_string(),
                  "[tokenizer] {}: added token {} has no integer \"id\" and string \"content\"",
-                 where, a.dump().substr(0, 80));
+                 where, json_read::brief(a, 80));
       const int64_t id = a.at("id").get<int64_t>();
       const std::string content = a.at("content").get<std::string>();
+      FSDP_CHECK(content.size() <= kMaxTokenBytes,
+                 "[tokenizer] {}: added_tokens[{}] (id {}) is {} bytes long, more than the limit "
+                 "of {} bytes (\"{}\")",
+                 where, t->added.size(), id, content.size(), kMaxTokenBytes,
+                 json_read::printable(content, 40));
       by_id[id] = content;
       special_ids[id] = a.value("special", false);
       // Hugging Face matches a normalized added token in the normalized text; here added tokens
@@ -502,7 +563,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
     t->ids[tok] = int32_t(id);
     t->special.push_back(special_ids.count(id) && special_ids[id]);
   }
-  for (auto& [content, id] : t->added) t->add_to_trie(content, id);
+  t->build_added_automaton();
   t->byte_ids.fill(-1);
   for (int b = 0; b < 256; ++b) {
     auto it = t->ids.find(t->spm ? fmt::format("<0x{:02X}>", b) : byte_to_unicode(uint8_t(b)));
@@ -525,7 +586,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
         pair = {m[0].get<std::string>(), m[1].get<std::string>()};
       } else {
         FSDP_CHECK(m.is_string(), "[tokenizer] {}: merge {} is neither \"a b\" nor [\"a\", \"b\"]",
-                   where, m.dump().substr(0, 80));
+                   where, json_read::brief(m, 80));
         const std::string s = m.get<std::string>();
         const size_t sp = s.find(' ');
         FSDP_CHECK(sp != std::string::npos, "[tokenizer] {}: merge '{}' is not \"a b\"", where, s);
@@ -574,7 +635,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& where
                    ids[0].get<int64_t>() >= 0 && ids[0].get<int64_t>() < int64_t(t->tokens.size()),
                "[tokenizer] {}: post_processor.special_tokens[\"{}\"].ids is {}; expected one id "
                "of the vocabulary",
-               where, name, ids.dump().substr(0, 80));
+               where, name, json_read::brief(ids, 80));
     t->text_prefix = int32_t(ids[0].get<int64_t>());
   }
   // The byte vocabulary written out (Tokenizer::bytes().json()) reads back as the bytes.
@@ -627,15 +688,23 @@ bool Tokenizer::prefixes_space() const { return impl_->prefix != Impl::Prefix::n
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   std::vector<int32_t> out;
   size_t plain = 0, pos = 0;
+  std::vector<int32_t> starts;  // starts[i]: text[base + i]'s added token (Impl::added_starts)
+  size_t base = 0;
   while (pos < text.size()) {  // added tokens first, the longest at the leftmost place
-    const auto [id, len] = impl_->added_at(text, pos);
-    if (id < 0) {
+    if (pos - base >= starts.size()) {  // the next window; a long text can be stopped between
+      throw_if_interrupted("tokenizing a text");
+      base = pos;
+      starts = impl_->added_starts(text, base);
+      if (starts.empty()) break;  // no added tokens
+    }
+    if (starts[pos - base] < 0) {
       ++pos;
       continue;
     }
+    const auto& [content, id] = impl_->added[size_t(starts[pos - base])];
     impl_->encode_plain(text.substr(plain, pos - plain), plain == 0, out);
     out.push_back(id);
-    pos += len;
+    pos += content.size();
     plain = pos;
   }
   impl_->encode_plain(text.substr(plain), plain == 0, out);

@@ -15,6 +15,7 @@
 
 #include "fsdp/core/meta.h"
 #include "fsdp/ops/ops.h"
+#include "src/core/json_read.h"
 
 namespace fsdp::nn {
 
@@ -83,7 +84,8 @@ std::string TransformerConfig::to_json() const {
 TransformerConfig TransformerConfig::from_json(const std::string& text) {
   TransformerConfig c;
   try {
-    const nlohmann::json j = nlohmann::json::parse(text);
+    const nlohmann::json j =
+        json_read::parse(text, "(the model's config)", "[model]", json_read::kSmallMaxBytes);
     // Integer fields must be JSON integers: a float such as 3e48 would not fit (nlohmann's
     // conversion of it is undefined behaviour).
     auto integer = [&](const char* key, int64_t fallback, bool required) -> int64_t {
@@ -92,7 +94,7 @@ TransformerConfig TransformerConfig::from_json(const std::string& text) {
         return fallback;
       }
       FSDP_CHECK(j[key].is_number_integer(), "[model] config field '{}' must be an integer, got {}",
-                 key, j[key].dump());
+                 key, json_read::brief(j[key]));
       return j[key].get<int64_t>();
     };
     c.arch = parse_arch(j.at("arch").get<std::string>());
@@ -109,7 +111,7 @@ TransformerConfig TransformerConfig::from_json(const std::string& text) {
     auto boolean = [&](const char* key) {
       if (!j.contains(key)) return false;
       FSDP_CHECK(j[key].is_boolean(), "[model] config field '{}' must be true or false, got {}",
-                 key, j[key].dump());
+                 key, json_read::brief(j[key]));
       return j[key].get<bool>();
     };
     c.tie_embeddings = boolean("tie_embeddings");
@@ -124,7 +126,7 @@ TransformerConfig TransformerConfig::from_json(const std::string& text) {
     if (j.contains("rope_local_theta")) {
       FSDP_CHECK(j["rope_local_theta"].is_number(),
                  "[model] config field 'rope_local_theta' must be a number, got {}",
-                 j["rope_local_theta"].dump());
+                 json_read::brief(j["rope_local_theta"]));
       c.rope_local_theta = j["rope_local_theta"].get<double>();
     }
     if (j.contains("lora")) {
@@ -134,7 +136,7 @@ TransformerConfig TransformerConfig::from_json(const std::string& text) {
                      l["targets"].is_string(),
                  "[model] config field 'lora' must be an object of an integer rank, a number "
                  "alpha and a string of targets, got {}",
-                 l.dump());
+                 json_read::brief(l));
       c.lora = {.rank = l["rank"].get<int64_t>(),
                 .alpha = l["alpha"].get<double>(),
                 .targets = parse_lora_targets(l["targets"].get<std::string>())};
@@ -143,11 +145,11 @@ TransformerConfig TransformerConfig::from_json(const std::string& text) {
       const nlohmann::json& s = j["rope_scaling"];
       FSDP_CHECK(s.is_object() && s.value("type", "") == "llama3",
                  "[model] config field 'rope_scaling' must be an object of type llama3, got {}",
-                 s.dump());
+                 json_read::brief(s));
       auto number = [&](const char* key) {
         FSDP_CHECK(s.contains(key) && s[key].is_number(),
                    "[model] config field 'rope_scaling.{}' must be a number, got {}", key,
-                   s.contains(key) ? s[key].dump() : "nothing");
+                   s.contains(key) ? json_read::brief(s[key]) : "nothing");
         return s[key].get<double>();
       };
       c.rope_scaling = {.factor = number("factor"),
@@ -156,8 +158,7 @@ TransformerConfig TransformerConfig::from_json(const std::string& text) {
                         .original_context = number("original_context")};
     }
   } catch (const nlohmann::json::exception& e) {
-    FSDP_FAIL("[model] config {}: {}", text.size() > 200 ? text.substr(0, 200) + "..." : text,
-              e.what());
+    FSDP_FAIL("[model] config {}: {}", json_read::printable(text, 200), e.what());
   }
   c.validate();
   return c;

@@ -27,6 +27,7 @@
 #include "fsdp/core/error.h"
 #include "fsdp/core/file.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "src/core/json_read.h"
 #include "src/ops/backend.h"
 
 namespace fsdp::profiler {
@@ -56,7 +57,9 @@ json read_cache(const std::string& path) {
   std::ifstream in(path);
   if (!in) return json::object();  // none yet
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  json cache = json::parse(text, nullptr, false);
+  // nested past the limit: damaged like text that does not parse (a dump would recurse per level)
+  json cache = json_read::depth_error(text).empty() ? json::parse(text, nullptr, false)
+                                                    : json(json::value_t::discarded);
   if (cache.is_discarded() || !cache.is_object()) {
     fmt::print(stderr,
                "[ceilings] the peak cache '{}' is not a JSON object of FLOP/s ({} bytes: '{}'); "
@@ -72,7 +75,7 @@ json read_cache(const std::string& path) {
     fmt::print(stderr,
                "[ceilings] the peak cache '{}' holds {} for '{}', not a positive number of "
                "FLOP/s; measuring it again\n",
-               path, it->dump().substr(0, 40), it.key());
+               path, json_read::brief(*it, 40), it.key());
     it = cache.erase(it);
   }
   return cache;

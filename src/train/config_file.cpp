@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -23,6 +24,7 @@
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/core/error.h"
 #include "fsdp/core/file.h"
+#include "src/core/json_read.h"
 
 // FSDP_HAVE_TOML is set on this file alone by CMake (1 where toml++ was found).
 #ifndef FSDP_HAVE_TOML
@@ -111,7 +113,15 @@ std::string value_text(const fs::path& file, const std::string& key, const toml:
             key, n.type() == toml::node_type::array ? "list" : "table or date");
 }
 
-void load(TrainOptions& o, const fs::path& path, std::vector<fs::path>& chain, const Known& k) {
+// Includes nest at most kMaxIncludeDepth files deep, and one --config reads at most
+// kMaxIncludes files in all (a file included from two places counts twice): a chain of 10,000
+// files would otherwise recurse 10,000 deep, and 30 files each including the next twice would be
+// read 2^30 times.
+constexpr size_t kMaxIncludeDepth = 64;
+constexpr size_t kMaxIncludes = 1000;
+
+void load(TrainOptions& o, const fs::path& path, std::vector<fs::path>& chain, size_t& loads,
+          const Known& k) {
   std::error_code ec;
   const fs::path canon = fs::weakly_canonical(path, ec);
   if (std::find(chain.begin(), chain.end(), canon) != chain.end()) {
@@ -119,7 +129,19 @@ void load(TrainOptions& o, const fs::path& path, std::vector<fs::path>& chain, c
     for (const fs::path& p : chain) names += p.string() + " -> ";
     FSDP_FAIL("[config] an include cycle: {}{}", names, canon.string());
   }
-  FSDP_CHECK(fs::exists(path, ec), "[config] cannot open '{}': no such file", path.string());
+  FSDP_CHECK(chain.size() < kMaxIncludeDepth,
+             "[config] {}: includes nest deeper than {} files (the limit), from {} down to {}",
+             path.string(), kMaxIncludeDepth, chain.front().string(), chain.back().string());
+  FSDP_CHECK(++loads <= kMaxIncludes,
+             "[config] {}: more than {} files read through includes in all (the limit; a file "
+             "included from several places counts each time), from {}",
+             path.string(), kMaxIncludes, chain.empty() ? path.string() : chain.front().string());
+  const bool there = fs::exists(path, ec);
+  FSDP_CHECK(there || ec.value() != ELOOP,
+             "[config] cannot open '{}': a loop of symbolic links (too many levels of links)",
+             path.string());
+  FSDP_CHECK(there, "[config] cannot open '{}': {}", path.string(),
+             ec ? ec.message() : std::string("no such file"));
   check_regular(path.string(), "[config]");
   toml::table t;
   try {
@@ -150,25 +172,29 @@ void load(TrainOptions& o, const fs::path& path, std::vector<fs::path>& chain, c
     }
     for (const std::string& f : files) {
       const fs::path p = fs::path(f).is_absolute() ? fs::path(f) : path.parent_path() / f;
-      load(o, p, chain, k);
+      load(o, p, chain, loads, k);
     }
   }
   for (const auto& [key, node] : t) {
     const std::string name(key.str());
     if (name == "version" || name == "include") continue;
+    // A quoted key may hold any character, a NUL included: messages show it escaped, never cut.
+    const std::string shown = json_read::printable(name, 80);
     if (!node.is_table()) {
       std::vector<std::string> fields;
       std::string in;
       for (const auto& [s, f] : k.fields)
         if (f == name) in = s;
-      FSDP_FAIL("[config] {}: '{}' is outside any section; the top level holds version, include "
-                "and [sections]{}",
-                where(path, node), name,
-                in.empty() ? "" : fmt::format(" (did you mean [{}] {}?)", in, name));
+      FSDP_FAIL(
+          "[config] {}: '{}' is outside any section; the top level holds version, include "
+          "and [sections]{}",
+          where(path, node), shown,
+          in.empty() ? "" : fmt::format(" (did you mean [{}] {}?)", in, shown));
     }
     if (std::find(k.sections.begin(), k.sections.end(), name) == k.sections.end())
-      FSDP_FAIL("[config] {}: unknown section [{}]{}; the sections are {}", where(path, node), name,
-                suggest(name, k.sections), fmt::format("[{}]", fmt::join(k.sections, "], [")));
+      FSDP_FAIL("[config] {}: unknown section [{}]{}; the sections are {}", where(path, node),
+                shown, suggest(name, k.sections),
+                fmt::format("[{}]", fmt::join(k.sections, "], [")));
     for (const auto& [fkey, value] : *node.as_table()) {
       const std::string field(fkey.str());
       std::vector<std::string> here;
@@ -178,12 +204,16 @@ void load(TrainOptions& o, const fs::path& path, std::vector<fs::path>& chain, c
         else if (f == field) elsewhere = s;
       }
       if (std::find(here.begin(), here.end(), field) == here.end())
-        FSDP_FAIL("[config] {}: [{}] has no key '{}'{}", where(path, value), name, field,
-                  !elsewhere.empty() ? fmt::format(" (it is in [{}])", elsewhere)
-                                     : suggest(field, here));
+        FSDP_FAIL(
+            "[config] {}: [{}] has no key '{}'{}", where(path, value), name,
+            json_read::printable(field, 80),
+            !elsewhere.empty() ? fmt::format(" (it is in [{}])", elsewhere) : suggest(field, here));
       std::string flag = "--" + field;
       std::replace(flag.begin(), flag.end(), '_', '-');
       const std::string text = value_text(path, fmt::format("[{}] {}", name, field), value);
+      FSDP_CHECK(text.find('\0') == std::string::npos,
+                 "[config] {}: [{}] {}: the value \"{}\" holds a NUL byte, which no flag takes",
+                 where(path, value), name, field, json_read::printable(text, 80));
       try {
         set_flag(o, flag, text);
       } catch (const Error& e) {
@@ -204,10 +234,9 @@ std::string apply_checkpoint_flags(TrainOptions& o, const std::string& ckpt_dir)
   const std::string path = checkpoint::latest(ckpt_dir);
   if (path.empty()) return "";
   const fs::path meta = fs::path(path) / "metadata.json";
-  check_regular(meta.string(), "[config]");
-  std::ifstream f(meta);
-  const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-  FSDP_CHECK(!j.is_discarded() && j.is_object(), "[config] {} is not JSON", meta.string());
+  const nlohmann::json j = json_read::parse_file(meta.string(), "[config]");
+  FSDP_CHECK(j.is_object(), "[config] {}: expected a JSON object, got {}", meta.string(),
+             json_read::brief(j));
   const nlohmann::json* flags = nullptr;
   if (j.contains("config") && j["config"].is_object() && j["config"].contains("flags"))
     flags = &j["config"]["flags"];
@@ -218,9 +247,10 @@ std::string apply_checkpoint_flags(TrainOptions& o, const std::string& ckpt_dir)
     try {
       set_flag(o, flag, value.get<std::string>());
     } catch (const Error& e) {
-      fmt::print(stderr, "fsdp-train: {}: the run's flag {} {} is not read by this fsdp-train ({}); "
+      fmt::print(stderr,
+                 "fsdp-train: {}: the run's flag {} {} is not read by this fsdp-train ({}); "
                  "skipped\n",
-                 meta.string(), flag, value.dump(), without_source_place(e.what()));
+                 meta.string(), flag, json_read::brief(value), without_source_place(e.what()));
     }
   }
   return path;
@@ -229,7 +259,8 @@ std::string apply_checkpoint_flags(TrainOptions& o, const std::string& ckpt_dir)
 void load_config_file(TrainOptions& o, const std::string& path) {
 #if FSDP_HAVE_TOML
   std::vector<fs::path> chain;
-  load(o, path, chain, known_flags());
+  size_t loads = 0;
+  load(o, path, chain, loads, known_flags());
 #else
   (void)o;
   FSDP_FAIL("[config] --config {}: this fsdp-train was built without toml++ (apt-get install "

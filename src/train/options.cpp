@@ -21,6 +21,7 @@
 
 #include "fsdp/core/error.h"
 #include "fsdp/models/spec.h"
+#include "src/core/json_read.h"
 
 namespace fsdp::train {
 
@@ -225,7 +226,9 @@ void set_flag(TrainOptions& o, std::string_view flag, std::string_view text) {
 std::string flags_json(const TrainOptions& o) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   visit_flags(o, [&](const FlagInfo& info, const auto& field) {
-    j[info.name()] = FlagValue<std::remove_cvref_t<decltype(field)>>::str(field);
+    // a path or a prompt that is not UTF-8 is written escaped (\xNN): JSON holds only UTF-8
+    j[info.name()] =
+        json_read::utf8_safe(FlagValue<std::remove_cvref_t<decltype(field)>>::str(field));
   });
   return j.dump();
 }

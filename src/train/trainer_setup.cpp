@@ -45,6 +45,7 @@
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/tensorboard.h"
 #include "fsdp/train/memory_plan.h"
+#include "src/core/json_read.h"
 #include "src/train/trainer_impl.h"
 
 namespace fsdp::train {
@@ -245,14 +246,16 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
   }
   // The run's config, saved in checkpoints; its model keys must match on resume.
   nlohmann::json run_config = nlohmann::json::parse(cfg.to_json());
+  // Paths (a Linux file name may hold any byte) escaped where not UTF-8, as JSON must.
+  const std::string tokenizer_name = tokenizer ? tokenizer->describe() : "none";
   run_config.update({{"batch", cfg.batch},
                      {"seq", cfg.seq},
                      {"world_size", size},
                      {"seed", o.run.seed},
                      {"dtype", std::string(dtype_name(o.sharding.dtype))},
                      {"lr", o.optimizer.lr},
-                     {"data", o.data.data},
-                     {"tokenizer", tokenizer ? tokenizer->describe() : "none"},
+                     {"data", json_read::utf8_safe(o.data.data)},
+                     {"tokenizer", json_read::utf8_safe(tokenizer_name)},
                      {"tokenizer_hash", tokenizer ? tokenizer->hash() : ""}});
   if (!o.data.data.empty()) {  // the data by content (a resume checks it), and the stream's length
     run_config["data_content"] = data::data_identity(o.data.data).str();
@@ -267,7 +270,7 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
     }
   }
   if (cfg.lora.enabled()) {  // the frozen base, which checkpoints leave out: by path and content
-    run_config["base"] = o.model.init_from;
+    run_config["base"] = json_read::utf8_safe(o.model.init_from);
     run_config["base_content"] = o.model.init_from.empty()
                                      ? fmt::format("initialised from seed {}", o.run.seed)
                                      : checkpoint::model_identity(o.model.init_from);

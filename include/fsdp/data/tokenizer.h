@@ -20,6 +20,7 @@
 //   std::string text = tok.decode(ids);
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -88,5 +89,9 @@ std::vector<std::string_view> llama3_split(std::string_view text, int max_digits
 // Those regexes as Hugging Face's tokenizer.json writes them (a Split pre-tokenizer's "Regex").
 extern const char* const kLlama3Split;
 extern const char* const kQwen2Split;
+// The longest vocabulary or added token read (tokenizer.json, a GGUF's tokenizer.ggml.tokens):
+// real ones are under a few hundred bytes; a longer one is refused by name, so that no table
+// built from the tokens costs more than this per token.
+inline constexpr size_t kMaxTokenBytes = size_t(64) << 10;
 
 }  // namespace fsdp::data

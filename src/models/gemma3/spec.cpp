@@ -40,12 +40,7 @@ bool matches(const nn::TransformerConfig& c) {
 // query_pre_attn_scalar other than head_dim, logit softcapping, rope scaling, biases, a layer
 // pattern that is not "every Nth global", another activation, bidirectional attention.
 nn::TransformerConfig read(const std::string& text, const std::string& where) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    FSDP_FAIL("[hf] {} is not valid JSON: {}", where, e.what());
-  }
+  const json j = json_read::parse(text, where, "[hf]", json_read::kSmallMaxBytes);
   namespace jf = json_fields;
   FSDP_CHECK(j.is_object(), "[hf] {}: expected a JSON object, got {}", where, jf::described(j));
   auto field = [&](const char* key) { return jf::Field{"[hf]", where, key}; };
@@ -60,7 +55,7 @@ nn::TransformerConfig read(const std::string& text, const std::string& where) {
   };
   auto absent = [&](const char* key, const char* what) {
     FSDP_CHECK(!jf::member(j, key), "[hf] {}: {} {} ({}) is not supported", where, key,
-               j[key].dump(), what);
+               json_read::brief(j[key]), what);
   };
   nn::TransformerConfig c;
   c.arch = nn::Arch::llama;

@@ -66,12 +66,7 @@ bool has_gemma_options(const nn::TransformerConfig& c) {
 
 nn::TransformerConfig read_hf_config(const std::string& text, const std::string& where,
                                      std::string_view model_type) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    FSDP_FAIL("[hf] {} is not valid JSON: {}", where, e.what());
-  }
+  const json j = json_read::parse(text, where, "[hf]", json_read::kSmallMaxBytes);
   namespace jf = json_fields;
   FSDP_CHECK(j.is_object(), "[hf] {}: expected a JSON object, got {}", where, jf::described(j));
   auto field = [&](const char* key) { return jf::Field{"[hf]", where, key}; };

@@ -28,7 +28,7 @@ bool matches(const nn::TransformerConfig& c) {
 
 nn::TransformerConfig read(const std::string& text, const std::string& where) {
   nn::TransformerConfig c = llama::read_hf_config(text, where, "mistral");
-  const nlohmann::json j = nlohmann::json::parse(text);
+  const nlohmann::json j = json_read::parse(text, where, "[hf]", json_read::kSmallMaxBytes);
   if (const nlohmann::json* w = json_fields::member(j, "sliding_window")) {
     c.sliding_window = json_fields::Field{"[hf]", where, "sliding_window"}.integer(*w);
     FSDP_CHECK(c.sliding_window > 0, "[hf] {}: sliding_window {} must be > 0 (or null: none)",
