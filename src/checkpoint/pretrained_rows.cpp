@@ -1,0 +1,323 @@
+// Pretrained's readers of weights (fsdp/checkpoint/pretrained.h): a parameter's rows [a, b) of
+// dim 0, or its packed blocks for QLoRA, from whichever mapped files and tensors hold them (the
+// packed in-projection from q, k and v; GGUF's q/k rows in Hugging Face's order), so a sharded rank
+// touches only its own rows' bytes; and load_into, which fills a model's shards.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <initializer_list>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fsdp/checkpoint/gguf.h"
+#include "fsdp/checkpoint/interchange.h"
+#include "fsdp/checkpoint/safetensors.h"
+#include "fsdp/core/error.h"
+#include "fsdp/core/file.h"
+#include "fsdp/data/chat.h"
+#include "fsdp/data/token_sources.h"
+#include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/models/spec.h"
+#include "src/checkpoint/param_names.h"
+#include "src/core/json_fields.h"
+#include "src/core/json_read.h"
+#include "src/checkpoint/pretrained_impl.h"
+
+namespace fsdp::checkpoint {
+
+using json = nlohmann::json;
+using detail::is_in_proj;
+using detail::is_in_proj_bias;
+
+namespace {
+
+// Our parameter name -> llama.cpp's tensor name ("" for the packed in-projection and for a block
+// parameter llama.cpp does not name; a name outside the table stays as it is).
+std::string gguf_name(const std::string& ours, bool sandwich) {
+  const std::string g = detail::rename(ours, detail::Naming::ours, detail::Naming::gguf, sandwich);
+  return !g.empty() || ours.starts_with("layers.") ? g : ours;
+}
+
+// Refuses a weight that holds NaN or Inf, naming the tensor (f32 values of it).
+void check_finite(const std::string& path, const std::string& name, const Tensor& t) {
+  const Tensor c = t.contiguous();
+  const float* v = c.data<float>();
+  const int64_t n = c.numel();
+  for (int64_t i = 0; i < n; ++i)
+    FSDP_CHECK(std::isfinite(v[i]),
+               "[pretrained] {}: tensor '{}' holds {} (element {} of {}); refusing a model with "
+               "non-finite weights",
+               path, name, std::isnan(v[i]) ? "NaN" : "Inf", i, n);
+}
+
+
+// One stored tensor of the file: its shape in PyTorch's order, and its rows [a, b) of dim 0 in
+// f32 (1-D tensors: elements). GGUF reads only those rows' blocks (q/k in Hugging Face's order);
+// safetensors touches only those rows' bytes.
+struct Stored {
+  const PretrainedSource* src = nullptr;
+  std::string name;
+  Shape shape;
+  Tensor rows(int64_t a, int64_t b) const {
+    if (src->gguf) {
+      if (shape.size() == 1) {
+        Tensor t = src->gguf->read(name, RowOrder::hf).slice(a, b).contiguous();
+        check_finite(src->path, name, t);
+        // llama.cpp's gemma converters store Gemma's (1 + w) norms as 1 + w; ours hold w.
+        if (name.ends_with("norm.weight") &&
+            src->gguf->get_string("general.architecture", "") == "gemma3") {
+          float* v = t.data<float>();
+          for (int64_t i = 0; i < t.numel(); ++i) v[i] -= 1.0f;
+        }
+        return t;
+      }
+      Tensor t = src->gguf->read_rows(name, a, b, RowOrder::hf);
+      Shape s = shape;
+      s[0] = b - a;
+      check_finite(src->path, name, t);
+      return t.view(s);
+    }
+    Tensor t = src->find(name)->slice(a, b).to(DType::f32);
+    check_finite(src->path, name, t);
+    return t;
+  }
+};
+
+std::optional<Stored> stored(const PretrainedSource& s, const std::string& name) {
+  if (s.gguf) {
+    if (!s.gguf->contains(name)) return std::nullopt;
+    return Stored{&s, name, s.gguf->tensor(name).shape()};
+  }
+  const Tensor* t = s.find(name);
+  if (!t) return std::nullopt;
+  return Stored{&s, name, t->shape()};
+}
+
+// The tensors that hold our parameter `name`, each with the rows of the parameter it fills: one
+// for most, q/k/v for the packed in-projection (and its bias).
+std::vector<std::pair<Stored, int64_t>> parts_of(const PretrainedSource& s,
+                                                 const nn::TransformerConfig& cfg,
+                                                 const std::string& name) {
+  auto missing = [&](const std::string& other) {
+    FSDP_FAIL("[init-from] {}: no tensor named '{}'{}", s.path, name,
+              other.empty() || other == name ? "" : fmt::format(" nor '{}'", other));
+  };
+  if (s.gguf) {
+    if (is_in_proj(name) || is_in_proj_bias(name)) {
+      const auto rows = in_proj_rows(cfg);
+      const auto names = detail::in_proj_names(name, detail::Naming::gguf);
+      std::vector<std::pair<Stored, int64_t>> out;
+      for (size_t i = 0; i < 3; ++i) {
+        const std::string& n = names[i];
+        auto st = stored(s, n);
+        if (!st) missing(n);
+        out.emplace_back(*st, rows[i].first);
+      }
+      return out;
+    }
+    const std::string n = gguf_name(name, cfg.sandwich_norms);
+    auto st = stored(s, n);
+    if (!st) missing(n);
+    return {{*st, 0}};
+  }
+  if (auto st = stored(s, name)) return {{*st, 0}};
+  if (cfg.arch != nn::Arch::llama) missing("");
+  if (is_in_proj(name) || is_in_proj_bias(name)) {
+    const auto rows = in_proj_rows(cfg);
+    const auto names = detail::in_proj_names(name, detail::Naming::hf);
+    std::vector<std::pair<Stored, int64_t>> out;
+    for (size_t i = 0; i < 3; ++i) {
+      auto st = stored(s, names[i]);
+      if (!st) missing(names[i]);
+      out.emplace_back(*st, rows[i].first);
+    }
+    return out;
+  }
+  const std::string hf = hf_name(name, cfg.sandwich_norms);
+  auto st = stored(s, hf);
+  if (!st) missing(hf);
+  return {{*st, 0}};
+}
+
+// The parameter's shape as the file holds it (q/k/v stacked), checked against `want`.
+void check_shape(const PretrainedSource& s, const nn::TransformerConfig& cfg,
+                 const std::string& name, const std::vector<std::pair<Stored, int64_t>>& parts,
+                 const Shape& want) {
+  const auto rows = in_proj_rows(cfg);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Stored& st = parts[i].first;
+    Shape need = want;
+    if (parts.size() == 3) need[0] = rows[i].second - rows[i].first;
+    FSDP_CHECK(st.shape == need,
+               "[init-from] {}: '{}' has shape {} but the model ({} heads, {} kv heads of {}, "
+               "dim {}) needs {} for '{}'",
+               s.path, st.name, shape_str(st.shape), cfg.heads, cfg.resolved_kv_heads(),
+               cfg.resolved_head_dim(), cfg.dim, shape_str(need), name);
+  }
+}
+
+// Before the model is built: the shape of every parameter outside the blocks and of block 0's,
+// from a one-block model of the config (shapes only, no storage), against the file's tensors.
+// With the layer count already held to the file's layers, a crafted width (intermediate_size
+// 1e9) is refused by name here, not allocated.
+}  // namespace
+
+void pretrained_detail::check_one_layer_shapes(const Pretrained& p, const PretrainedSource& src) {
+  if (!p.config) return;
+  nn::TransformerConfig one = *p.config;
+  one.layers = 1;
+  nn::Transformer shapes(one);
+  for (auto& [name, param] : shapes.named_parameters())
+    check_shape(src, one, name, parts_of(src, one, name), param->shape);
+}
+
+namespace {
+
+// Rows [a, b) of the parameter, read (dequantized, checked finite) a chunk of at most 4 M values
+// at a time: the f32 copy of a rank's rows of a 262k-row embedding never exists whole beside its
+// shard. Each chunk goes to `use(first row, chunk)`.
+template <class Use>
+void for_row_chunks(const std::vector<std::pair<Stored, int64_t>>& parts, int64_t a, int64_t b,
+                    Use&& use) {
+  for (const auto& [st, at] : parts) {
+    const int64_t lo = std::max(a, at), hi = std::min(b, at + st.shape[0]);
+    if (lo >= hi) continue;
+    const int64_t row = st.shape.size() > 1 ? shape_numel(st.shape) / st.shape[0] : 1;
+    const int64_t step = std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(1, row));
+    for (int64_t c = lo; c < hi; c += step) {
+      const int64_t e = std::min(hi, c + step);
+      use(c, st.rows(c - at, e - at));
+    }
+  }
+}
+
+// Rows [a, b) of the parameter into `dst` ([b - a, ...], any dtype or device).
+void fill_rows(const std::vector<std::pair<Stored, int64_t>>& parts, int64_t a, int64_t b,
+               const Tensor& dst) {
+  for_row_chunks(parts, a, b, [&](int64_t first, const Tensor& rows) {
+    dst.narrow(0, first - a, rows.shape()[0]).copy_(rows);
+  });
+}
+
+}  // namespace
+
+Tensor Pretrained::read_rows(const nn::TransformerConfig& cfg, const std::string& name,
+                             int64_t begin, int64_t end) const {
+  auto parts = parts_of(*source, cfg, name);
+  Shape shape = parts[0].first.shape;
+  if (parts.size() == 3) shape[0] = in_proj_rows(cfg)[2].second;
+  FSDP_CHECK(0 <= begin && begin <= end && end <= shape[0],
+             "[pretrained] {}: rows [{}, {}) of '{}' are outside its {} rows", path, begin, end,
+             name, shape[0]);
+  check_shape(*source, cfg, name, parts, shape);
+  shape[0] = end - begin;
+  Tensor out = Tensor::empty(shape, DType::f32);
+  fill_rows(parts, begin, end, out);
+  return out;
+}
+
+Tensor Pretrained::read(const nn::TransformerConfig& cfg, const std::string& name) const {
+  auto parts = parts_of(*source, cfg, name);
+  if (parts.size() == 1 && !source->gguf) {
+    const Tensor* t = source->find(parts[0].first.name);
+    if (t->dtype() == DType::f32) {  // in place, zero copy
+      check_finite(path, parts[0].first.name, *t);
+      return *t;
+    }
+  }
+  const int64_t rows = parts.size() == 3 ? in_proj_rows(cfg)[2].second : parts[0].first.shape[0];
+  return read_rows(cfg, name, 0, rows);
+}
+
+std::optional<PackedRows> Pretrained::packed_rows(const nn::TransformerConfig& cfg,
+                                                  const std::string& name) const {
+  if (!source->gguf) return std::nullopt;
+  auto parts = parts_of(*source, cfg, name);
+  if (parts[0].first.shape.size() != 2) return std::nullopt;
+  PackedRows out;
+  int64_t rows = 0;
+  for (const auto& [st, at] : parts) {
+    const GgufTensorInfo& ti = source->gguf->tensor(st.name);
+    FSDP_CHECK(at == rows, "[init-from] {}: '{}' fills rows from {}, after {} rows", path, st.name,
+               at, rows);
+    FSDP_CHECK(ggml_type_readable(ti.type),
+               "[init-from] {}: tensor '{}' is {}; fsdp.cpp dequantizes {}", path, st.name,
+               ggml_type_name(ti.type), ggml_readable_type_names());
+    out.runs.push_back({ti.rows(), int64_t(ti.row_bytes()), ti.type});
+    rows += ti.rows();
+  }
+  out.decode = [](uint32_t type, const uint8_t* src, float* dst, int64_t n) {
+    dequantize_row(type, src, dst, n);
+  };
+  return out;
+}
+
+void Pretrained::load_into(nn::Transformer& model, FSDPModule* root) const {
+  const nn::TransformerConfig& cfg = model.config();
+  // A LoRA run's adapters are not the model's: they keep their initial values (B zero).
+  if (!root) {
+    for (auto& [name, p] : model.named_parameters()) {
+      if (nn::is_lora_parameter(name)) continue;
+      auto parts = parts_of(*source, cfg, name);
+      check_shape(*source, cfg, name, parts, p->shape);
+      FSDP_CHECK(p->data.defined(), "[pretrained] load_into: '{}' has no storage", name);
+      fill_rows(parts, 0, p->shape[0], p->data);
+    }
+    return;
+  }
+  // Each rank's rows of each Shard(0) parameter (torch.chunk's split of dim 0), written into the
+  // shard buffers that the optimizer steps.
+  auto groups = root->param_groups(0);
+  for (const auto& in : root->shard_infos()) {
+    if (nn::is_lora_parameter(in.name)) continue;
+    auto parts = parts_of(*source, cfg, in.name);
+    check_shape(*source, cfg, in.name, parts, in.global_shape);
+    if (in.local_rows == 0) continue;
+    const int64_t row = shape_numel(in.global_shape) / in.global_shape[0];
+    Shape local = in.global_shape;
+    local[0] = in.local_rows;
+    if (in.packed) {  // the stored rows' bytes, as they are
+      const int64_t a = in.local_begin, b = a + in.local_rows;
+      auto* dst = static_cast<uint8_t*>(groups[in.group].params.raw_data()) + in.offset;
+      int64_t wrote = 0;
+      for (const auto& [st, at] : parts) {
+        const int64_t lo = std::max(a, at), hi = std::min(b, at + st.shape[0]);
+        if (lo >= hi) continue;
+        source->gguf->read_row_bytes(st.name, lo - at, hi - at, RowOrder::hf, dst + wrote);
+        wrote += (hi - lo) * int64_t(source->gguf->tensor(st.name).row_bytes());
+      }
+      FSDP_CHECK(wrote == in.packed_bytes,
+                 "[init-from] {}: '{}' took {} bytes of this rank's rows where its shard holds {}",
+                 path, in.name, wrote, in.packed_bytes);
+      for_row_chunks(parts, a, b, [](int64_t, const Tensor&) {});  // the values are finite
+      continue;
+    }
+    Tensor dst =
+        groups[in.group].params.slice(in.offset, in.offset + in.local_rows * row).view(local);
+    fill_rows(parts, in.local_begin, in.local_begin + in.local_rows, dst);
+  }
+}
+
+void Pretrained::release_file_pages() const {
+  if (source && source->gguf) source->gguf->release_pages();
+}
+
+}  // namespace fsdp::checkpoint
