@@ -201,9 +201,10 @@ int main(int argc, char** argv) {
   fsdp::train::TrainOptions o;
   try {
     if (const int rc = read_options(argc, argv, o); rc >= 0) return rc;
-  } catch (const std::exception& e) {  // a --config file or the checkpoint's flags
+  } catch (const std::exception& e) {  // a --config file or the checkpoint's flags: input files,
+    // exit 1 as for any other file the run reads (a command line CLI11 refuses is 2, above)
     fmt::print(stderr, "fsdp-train: error: {}\n", fsdp::without_source_place(e.what()));
-    return 2;
+    return 1;
   }
   try {
     fsdp::validate_env();  // every FSDP_* knob, by name, before anything reads one
