@@ -11,6 +11,7 @@
 
 #include "fsdp/core/error.h"
 #include "jinja_lex.h"
+#include "src/data/byte_level.h"
 
 namespace fsdp::data::jinja {
 namespace {
@@ -244,21 +245,7 @@ class Lexer {
     pos_ = e;
   }
   static void put_utf8(std::string& o, uint32_t cp) {
-    if (cp < 0x80) {
-      o += char(cp);
-    } else if (cp < 0x800) {
-      o += char(0xC0 | (cp >> 6));
-      o += char(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      o += char(0xE0 | (cp >> 12));
-      o += char(0x80 | ((cp >> 6) & 0x3F));
-      o += char(0x80 | (cp & 0x3F));
-    } else {
-      o += char(0xF0 | (cp >> 18));
-      o += char(0x80 | ((cp >> 12) & 0x3F));
-      o += char(0x80 | ((cp >> 6) & 0x3F));
-      o += char(0x80 | (cp & 0x3F));
-    }
+    byte_level::append_utf8(o, char32_t(cp));
   }
   // A string literal, with Python's escapes (Jinja2 decodes them as "unicode-escape").
   void lex_string(char q) {

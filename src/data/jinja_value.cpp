@@ -20,6 +20,7 @@
 
 #include "fsdp/core/error.h"
 #include "jinja_impl.h"
+#include "src/data/byte_level.h"
 
 namespace fsdp::data::jinja {
 
@@ -370,21 +371,7 @@ std::string utf8(const std::vector<uint32_t>& cps, size_t begin, size_t end) {
   std::string o;
   for (size_t i = begin; i < end && i < cps.size(); ++i) {
     uint32_t cp = cps[i];
-    if (cp < 0x80) {
-      o += char(cp);
-    } else if (cp < 0x800) {
-      o += char(0xC0 | (cp >> 6));
-      o += char(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      o += char(0xE0 | (cp >> 12));
-      o += char(0x80 | ((cp >> 6) & 0x3F));
-      o += char(0x80 | (cp & 0x3F));
-    } else {
-      o += char(0xF0 | (cp >> 18));
-      o += char(0x80 | ((cp >> 12) & 0x3F));
-      o += char(0x80 | ((cp >> 6) & 0x3F));
-      o += char(0x80 | (cp & 0x3F));
-    }
+    byte_level::append_utf8(o, char32_t(cp));
   }
   return o;
 }
