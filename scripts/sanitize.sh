@@ -50,7 +50,8 @@ check asan-dist_test-np2 "${mpi[@]}" ../build-asan/tests/dist_test
 check asan-fsdp_test-np2 "${mpi[@]}" ../build-asan/tests/fsdp_test
 # A fixed seed and a fixed number of runs per target (about 20 s each here), so CI is
 # repeatable; FSDP_FUZZ_SECONDS > 0 fuzzes for that long instead, with a random seed.
-declare -A runs=([safetensors]=60000 [checkpoint]=60000 [shards]=100000 [tokenizer]=10000 [store]=3000 [gguf]=60000)
+declare -A runs=([safetensors]=60000 [checkpoint]=60000 [shards]=100000 [tokenizer]=10000 [store]=3000 [gguf]=60000
+  [jinja]=20000)
 for f in "${fuzzers[@]}"; do
   mkdir -p "corpus-$f"
   budget=(-seed=1 -runs="${runs[$f]}")
