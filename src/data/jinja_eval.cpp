@@ -269,13 +269,7 @@ void Evaluator::exec_node(const Node& n, const std::shared_ptr<Scope>& sc, std::
       const Expr& c = *n.expr;
       Value callee = eval(*c.a[0], sc);
       if (!callee.macro) fail(n.line, "{% call %} of something that is not a macro");
-      Args args;
-      size_t npos = c.a.size() - 1 - c.kw.size();
-      for (size_t k = 1; k < c.a.size(); ++k) {
-        Value v = eval(*c.a[k], sc);
-        if (k - 1 < npos) args.pos.push_back(std::move(v));
-        else args.kw.emplace_back(c.kw[k - 1 - npos], std::move(v));
-      }
+      Args args = eval_args(c, sc);
       // caller(): the call block's body as a macro over this scope.
       Value caller = Value::with(Value::T::func);
       caller.macro = std::make_shared<const Macro>(Macro{&n, sc});

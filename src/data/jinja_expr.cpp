@@ -219,8 +219,9 @@ Value arith(Evaluator& ev, const std::string& op, const Value& a, const Value& b
 
 }  // namespace
 
-// A filter's or a test's arguments: e.a[1..] evaluated, the last e.kw.size() of them keywords.
-Args Evaluator::filter_args(const Expr& e, const std::shared_ptr<Scope>& sc) {
+// A call's, a filter's or a test's arguments: e.a[1..] evaluated (e.a[0] is the callee or the
+// value), the last e.kw.size() of them keywords.
+Args Evaluator::eval_args(const Expr& e, const std::shared_ptr<Scope>& sc) {
   Args args;
   const size_t npos = e.a.size() - 1 - e.kw.size();
   for (size_t k = 1; k < e.a.size(); ++k) {
@@ -283,13 +284,7 @@ Value Evaluator::eval(const Expr& e, const std::shared_ptr<Scope>& sc) {
       return slice(*this, obj, parts, e.line);
     }
     case Expr::K::call: {
-      Args args;
-      size_t npos = e.a.size() - 1 - e.kw.size();
-      for (size_t k = 1; k < e.a.size(); ++k) {
-        Value v = eval(*e.a[k], sc);
-        if (k - 1 < npos) args.pos.push_back(std::move(v));
-        else args.kw.emplace_back(e.kw[k - 1 - npos], std::move(v));
-      }
+      Args args = eval_args(e, sc);
       const Expr& f = *e.a[0];
       if (f.k == Expr::K::attr) {
         Value obj = eval(*f.a[0], sc);
@@ -304,12 +299,12 @@ Value Evaluator::eval(const Expr& e, const std::shared_ptr<Scope>& sc) {
     }
     case Expr::K::filter: {
       Value v = eval(*e.a[0], sc);
-      Args args = filter_args(e, sc);
+      Args args = eval_args(e, sc);
       return apply_filter(*this, e.name, std::move(v), args, e.line);
     }
     case Expr::K::test: {
       Value v = eval(*e.a[0], sc);
-      Args args = filter_args(e, sc);
+      Args args = eval_args(e, sc);
       return Value::boolean(apply_test(*this, e.name, v, args, e.line) != e.negated);
     }
     case Expr::K::neg:

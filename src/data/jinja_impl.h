@@ -192,7 +192,7 @@ class Evaluator {
   void exec(const std::vector<Node>& body, const std::shared_ptr<Scope>& sc, std::string& out);
   void exec_node(const Node& n, const std::shared_ptr<Scope>& sc, std::string& out);
   Value eval(const Expr& e, const std::shared_ptr<Scope>& sc);
-  Args filter_args(const Expr& e, const std::shared_ptr<Scope>& sc);
+  Args eval_args(const Expr& e, const std::shared_ptr<Scope>& sc);
   Value call_macro(const Macro& m, Args& args, const std::shared_ptr<Scope>& caller_body, int line);
   void tick(int line);
   struct Frame {
