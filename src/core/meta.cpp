@@ -48,6 +48,7 @@ class MetaAllocator final : public Allocator {
     FSDP_CHECK(blocks_.emplace(p, Block{n, t_term}).second, "[meta] internal: a slot given twice");
     live_ += n;
     term_[size_t(t_term)] += n;
+    s_.term_peak[size_t(t_term)] = std::max(s_.term_peak[size_t(t_term)], term_[size_t(t_term)]);
     ++allocations_;
     if (cpu_) {
       if (n >= kCacheMin) {

@@ -1,9 +1,10 @@
 // The memory plan (fsdp/train/memory_plan.h), from the real code: the run's model built by its
 // family's spec on the meta device (fsdp/core/meta.h), sharded by fully_shard over a meta group
-// of the real world size (this process stands for its rank 0), AdamW over the shards, and two
-// training steps (train_step, as fsdp-train runs them) whose every allocation goes through the
-// meta allocator's model of the planned device's allocator. Nothing is computed and nothing is
-// communicated: the plan is the allocations the code makes, in the order it makes them.
+// of the real world size (this process stands for its rank 0), the trainer's optimizer (AdamW by
+// default) over the shards, and two training steps with the trainer's loss (train_step, as
+// fsdp-train runs them) whose every allocation goes through the meta allocator's model of the
+// planned device's allocator. Nothing is computed and nothing is communicated: the plan is the
+// allocations the code makes, in the order it makes them.
 #include "fsdp/train/memory_plan.h"
 
 #include <array>
@@ -23,6 +24,8 @@
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/models/spec.h"
 #include "fsdp/optim/adamw.h"
+#include "fsdp/optim/optimizer.h"
+#include "fsdp/train/loss.h"
 #include "fsdp/train/step.h"
 #include "src/distributed/meta_group.h"
 
@@ -49,30 +52,57 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
     auto mesh = o.replicas > 1 ? std::make_shared<dist::DeviceMesh>(
                                      group, shape, std::vector<std::string>{"replicate", "shard"})
                                : std::make_shared<dist::DeviceMesh>(group, shape);
-    const models::ModelSpec& spec = models::spec_to_train(o.model);
-    std::unique_ptr<nn::Transformer> model = spec.build(o.model);
-    std::optional<meta::TermScope> setup(meta::Term::persistent);
-    const models::Parallelized par = spec.parallelize(
-        *model,
-        {.mesh = mesh,
-         .replicate = !o.fully_shard,
-         .fsdp = {.reshard_after_forward = o.reshard_after_forward,
-                  .mp_policy = {.param_dtype = o.param_dtype, .reduce_dtype = o.reduce_dtype},
-                  .init_dtype = o.dtype,
-                  .frozen_dtype = o.frozen_dtype,
-                  .frozen_packed = o.frozen_packed},
-         .checkpoint_every = o.checkpoint_every});
-    optim::AdamW opt(par.parallel->param_groups(0.0), ops::AdamWHyper{});
+    const FullyShardOptions fsdp{
+        .reshard_after_forward = o.reshard_after_forward,
+        .mp_policy = {.param_dtype = o.param_dtype, .reduce_dtype = o.reduce_dtype},
+        .init_dtype = o.dtype,
+        .frozen_dtype = o.frozen_dtype,
+        .frozen_packed = o.frozen_packed};
+    std::unique_ptr<nn::Module> model;
+    DataParallelModule* parallel = nullptr;
+    std::optional<meta::TermScope> setup;
+    if (o.build) {  // the caller's model, made and sharded as its trainer does
+      setup.emplace(meta::Term::persistent);
+      PlannedModel built = o.build(mesh, fsdp);
+      FSDP_CHECK(built.model && built.parallel,
+                 "[memory plan] MemoryPlanOptions::build made no model or no parallel module");
+      model = std::move(built.model);
+      parallel = built.parallel;
+    } else {
+      const models::ModelSpec& spec = models::spec_to_train(o.model);
+      model = spec.build(o.model);
+      setup.emplace(meta::Term::persistent);
+      parallel = spec.parallelize(*dynamic_cast<nn::Transformer*>(model.get()),
+                                  {.mesh = mesh,
+                                   .replicate = !o.fully_shard,
+                                   .fsdp = fsdp,
+                                   .checkpoint_every = o.checkpoint_every})
+                     .parallel;
+    }
+    std::unique_ptr<optim::Optimizer> opt =
+        o.optimizer ? o.optimizer(parallel->param_groups(0.0))
+                    : std::make_unique<optim::AdamW>(parallel->param_groups(0.0),
+                                                     ops::AdamWHyper{});
+    FSDP_CHECK(opt != nullptr, "[memory plan] the optimizer factory made no optimizer");
     setup.reset();
     p.persistent = meta::stats().live;
     data::DataLoader loader(std::make_shared<data::RandomTokenSource>(o.model.vocab, 0),
                             o.model.batch * world, 0, world, o.model.seq, Device::meta());
-    const StepParts parts{*model, *par.parallel, opt, loader, *group};
+    CrossEntropy cross_entropy(o.fused_loss);
+    Loss& loss = o.loss ? *o.loss : cross_entropy;
+    const StepParts parts{.model = *model,
+                          .parallel = *parallel,
+                          .optimizer = *opt,
+                          .loader = loader,
+                          .group = *group,
+                          .loss = &loss};
     for (int64_t step = 0; step < 2; ++step)  // the second starts with the first's staged batch
       train_step(parts, step, {.grad_accum = o.grad_accum, .fused_loss = o.fused_loss});
     const meta::Stats s = meta::stats();
     p.peak_allocated = s.peak_live;
     p.at = s.where_at_peak;
+    p.loss = loss.describe();
+    p.loss_bytes = s.term_peak[size_t(meta::Term::loss)];
     auto add = [&](const char* name, const char* what, int64_t bytes) {
       p.terms.push_back({name, what, bytes});
       p.peak += bytes;
@@ -85,6 +115,7 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
     add("logits", "the head's output and the loss", t(meta::Term::logits));
     add("op working set", "activation grads, op temporaries", t(meta::Term::work));
     add("data", "token batches", t(meta::Term::data));
+    add("loss", "the loss's own buffers", t(meta::Term::loss));
     if (o.device.is_cpu()) {
       add("allocator cache", "freed blocks kept for reuse", s.cache_at_peak);
       add("process baseline", "runtime, libraries, threads, data", o.baseline_bytes);

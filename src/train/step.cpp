@@ -5,14 +5,17 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "fsdp/core/error.h"
 #include "fsdp/core/host_sync.h"
+#include "fsdp/core/interrupt.h"
+#include "fsdp/core/meta.h"
 #include "fsdp/core/tensor.h"
-#include "fsdp/nn/loss.h"
+#include "fsdp/nn/module.h"
 #include "fsdp/optim/clip.h"
-#include "fsdp/train/trainer.h"
+#include "fsdp/train/loss.h"
 
 namespace fsdp::train {
 
@@ -44,6 +47,7 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
     // No target anywhere (every position ignored): a zero loss and zero gradients, and no step.
     divisor = total > 0 ? total / double(int64_t(p.group.size()) * o.grad_accum) : 1.0;
   }
+  CrossEntropy default_loss(o.fused_loss);  // StepParts::loss null: fsdp-train's
   std::vector<Tensor> micro_losses;  // on the device until the gather reads them
   int64_t tokens = 0;
   Device device = Device::cpu();
@@ -54,20 +58,23 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
     device = b.inputs.device();
     tokens += b.inputs.numel() * p.group.size();  // each rank holds as many rows
     // The loss stays on the device. Fused: the model's own, a chunk of rows at a time; else the
-    // logits, then LMLoss, whose dlogits overwrite them.
-    const bool fused = o.fused_loss && p.model.fuses_loss();
+    // logits, then the loss (LMLoss's dlogits overwrite them).
+    Loss& loss = p.loss ? *p.loss : default_loss;
+    const bool fused = loss.fused(p.model);
     const nn::BatchContextScope context(p.model, {.doc_start = b.doc_start,  // packed rows
                                                   .targets = fused ? b.targets : Tensor(),
                                                   .loss_divisor = divisor,
                                                   .loss_scale = 1.0 / double(o.grad_accum),
                                                   .no_backward = false});
-    if (fused) {
-      micro_losses.push_back(p.model.forward(b.inputs));
-      p.model.backward(Tensor());
-    } else {
-      nn::LMLoss loss;
-      micro_losses.push_back(loss.forward(p.model.forward(b.inputs), b.targets, divisor));
-      p.model.backward(loss.backward(1.0 / double(o.grad_accum)));
+    {  // the logits and their gradient are freed before the next batch is made
+      const Tensor output = p.model.forward(b.inputs);
+      std::optional<meta::TermScope> own(meta::Term::loss);  // the plan's "loss": its own buffers
+      micro_losses.push_back(loss.forward(
+          output, b.targets,
+          {.divisor = divisor, .scale = 1.0 / double(o.grad_accum), .fused = fused}));
+      const Tensor dloss = loss.backward();
+      own.reset();
+      p.model.backward(dloss);
     }
     p.loader.prefetch();  // the next batch is made and copied while this one's kernels run
   }
@@ -80,7 +87,7 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
                                     {.step = step,
                                      .losses = micro_losses,
                                      .grad_norm_sq = norm.total_sq,
-                                     .stop = stop_signal() != 0,
+                                     .stop = stop_requested() != 0,
                                      .ckpt_write = p.checkpointer ? p.checkpointer->write_state() : 0,
                                      .lr = p.optimizer.lr(),
                                      .step_seconds = 1.0,  // the rates are divided below

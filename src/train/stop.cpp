@@ -1,8 +1,8 @@
 // Preemption (fsdp/train/trainer.h): the first SIGTERM or SIGINT asks the Trainer to stop after
-// its step; a second one ends the process.
+// its step; a second one ends the process. The flag is core/interrupt.h's, the one the step's
+// agreement (train_step) and the library's waits read.
 #include <unistd.h>
 
-#include <atomic>
 #include <csignal>
 
 #include "fsdp/core/interrupt.h"
@@ -12,11 +12,10 @@ namespace fsdp::train {
 
 namespace {
 
-std::atomic<int> g_stop_signal{0};
-
 extern "C" void on_stop_signal(int sig) {
+  const bool second = stop_requested() != 0;
   request_stop(sig);  // the library's waits (store, collectives) give up once a step had its time
-  if (g_stop_signal.exchange(sig) != 0) {  // the second one: leave now
+  if (second) {  // leave now
     const char msg[] = "fsdp-train: second stop signal: exiting without a checkpoint\n";
     (void)!write(2, msg, sizeof(msg) - 1);
     _exit(128 + sig);
@@ -33,7 +32,5 @@ void install_stop_handlers() {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
 }
-
-int stop_signal() { return g_stop_signal.load(); }
 
 }  // namespace fsdp::train

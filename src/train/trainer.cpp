@@ -172,6 +172,7 @@ void Trainer::Impl::fit() {
   hooks.on_step_begin = [&](int64_t s, StepOptions& step) {
     profile.at_step(s);
     step.peak_flops = peak;  // raised by the steps before
+    if (parts.on_step_begin) parts.on_step_begin(s);
   };
   if (val) hooks.evaluate = [&](int64_t) { return evaluate(); };
   hooks.on_step_end = [&](profiler::StepMetrics& m) {
@@ -210,6 +211,7 @@ void Trainer::Impl::fit() {
                  o.profile.log_file, s, std::strerror(err));
     }
     steps_done = s + 1;
+    if (parts.on_step_end) parts.on_step_end(m);
   };
   if (ckpt) {
     hooks.save = [&](int64_t step) { save(step); };
@@ -221,7 +223,7 @@ void Trainer::Impl::fit() {
     };
   }
   hooks.on_stop = [&](const profiler::StepMetrics& m) {
-    const int sig = stop_signal();
+    const int sig = stop_requested();
     if (main())
       fmt::print(stderr, "fsdp-train: {} received: stopped after step {}{}\n",
                  sig == SIGINT    ? "SIGINT"
@@ -242,8 +244,9 @@ void Trainer::Impl::fit() {
                            .optimizer = *opt,
                            .loader = *loader,
                            .group = *pg,
-                           .schedule = schedule.get(),
-                           .checkpointer = ckpt.get()},
+                           .schedule = parts.schedule.get(),
+                           .checkpointer = ckpt.get(),
+                           .loss = parts.loss.get()},
                           {.start = start_step,
                            .steps = o.schedule.steps,
                            .step = {.grad_accum = o.sharding.grad_accum,
@@ -261,8 +264,9 @@ void Trainer::Impl::fit() {
     print_sample();
 }
 
-Trainer::Trainer(const TrainOptions& options, std::shared_ptr<dist::ProcessGroup> pg)
-    : impl_(std::make_unique<Impl>(options, std::move(pg))) {}
+Trainer::Trainer(const TrainOptions& options, std::shared_ptr<dist::ProcessGroup> pg,
+                 TrainerParts parts)
+    : impl_(std::make_unique<Impl>(options, std::move(pg), std::move(parts))) {}
 Trainer::~Trainer() = default;
 void Trainer::fit() { impl_->fit(); }
 int64_t Trainer::start_step() const { return impl_->start_step; }

@@ -28,6 +28,8 @@
 #include "fsdp/nn/transformer.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/lr_schedule.h"
+#include "fsdp/optim/optimizer.h"
+#include "fsdp/train/loss.h"
 #include "fsdp/profiler/ceilings.h"
 #include "fsdp/profiler/metrics.h"
 #include "fsdp/profiler/tensorboard.h"
@@ -58,8 +60,9 @@ struct Trainer::Impl {
   std::vector<nn::ParamGroup> groups;
   DataParallelModule* parallel = nullptr;  // the step's one interface: root, or replicate's
   FSDPModule* root = nullptr;              // --shard full: the sharded root, for checkpoints
-  std::unique_ptr<optim::AdamW> opt;
-  std::unique_ptr<optim::LRSchedule> schedule;
+  TrainerParts parts;  // what the caller handed in; the empty ones are filled in by setup
+  bool given_optimizer = false;  // parts.optimizer was the caller's
+  std::unique_ptr<optim::Optimizer> opt;
   std::unique_ptr<data::DataLoader> loader;
   double peak = 0;           // FLOP/s, all ranks: the MFU denominator
   double peak_measured = 0;  // the peak before a step's rate raised it
@@ -88,7 +91,7 @@ struct Trainer::Impl {
   static int peak_threads() { return int(std::max(1u, std::thread::hardware_concurrency())); }
 
   // Setup (trainer_setup.cpp): the mesh, the tokenizer, the data, the model.
-  Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGroup> group);
+  Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGroup> group, TrainerParts given);
   void open_data();
   std::unique_ptr<data::TokenStream> open_stream(const std::string& spec);
   std::unique_ptr<data::SampleSource> open_samples(const std::string& spec);

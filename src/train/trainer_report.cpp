@@ -111,8 +111,12 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
   row("dtype", frozen_dtype ? fmt::format("{} base (frozen), f32 adapter{}",
                                           dtype_name(*frozen_dtype), dtypes)
                             : std::string(dtype_name(dtype)) + dtypes);
-  row("optimizer", fmt::format("AdamW lr {:g} betas ({:g}, {:g}) wd {:g}", o.optimizer.lr,
-                               o.optimizer.beta1, o.optimizer.beta2, o.optimizer.weight_decay));
+  row("optimizer", given_optimizer
+                       ? std::string("the caller's (TrainerParts::optimizer)")
+                       : fmt::format("AdamW lr {:g} betas ({:g}, {:g}) wd {:g}", o.optimizer.lr,
+                                     o.optimizer.beta1, o.optimizer.beta2,
+                                     o.optimizer.weight_decay));
+  row("loss", parts.loss->describe());
   row("steps / seed", fmt::format("{} / {}", o.schedule.steps, o.run.seed));
   row("data", src->describe());
   row("tokenizer", tokenizer ? tokenizer->describe() : "none (random ids)");

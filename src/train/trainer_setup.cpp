@@ -157,7 +157,8 @@ bool is_text_file(const std::string& spec) {
 
 }  // namespace
 
-Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGroup> group)
+Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGroup> group,
+                    TrainerParts given)
     : o(options),
       pretrained(options.model.init_from.empty() ? nullptr : [&] {
         auto p = std::make_shared<checkpoint::Pretrained>(
@@ -169,8 +170,29 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
       cfg(pretrained && pretrained->config ? config_from_model(options, *pretrained)
                                            : options.model_config()),
       family(&models::spec_to_train(cfg)),
-      pg(std::move(group)) {
+      pg(std::move(group)),
+      parts(std::move(given)) {
   o.validate();
+  // The parts not handed in, from the options: the memory plan plans the loss and the optimizer
+  // held here.
+  if (!parts.loss) parts.loss = std::make_shared<CrossEntropy>(o.sharding.fused_loss);
+  given_optimizer = bool(parts.optimizer);
+  if (!parts.optimizer)
+    parts.optimizer = [hyper = ops::AdamWHyper{.lr = o.optimizer.lr,
+                                               .beta1 = o.optimizer.beta1,
+                                               .beta2 = o.optimizer.beta2,
+                                               .eps = o.optimizer.eps,
+                                               .weight_decay = o.optimizer.weight_decay}](
+                          std::vector<nn::ParamGroup> groups) -> std::unique_ptr<optim::Optimizer> {
+      return std::make_unique<optim::AdamW>(std::move(groups), hyper);
+    };
+  if (!parts.schedule)
+    parts.schedule = std::make_shared<optim::LRSchedule>(optim::LRScheduleOptions{
+        .lr = o.optimizer.lr,
+        .warmup = o.schedule.warmup_steps,
+        .decay = o.schedule.lr_decay,
+        .min_lr = o.schedule.min_lr,
+        .decay_end = o.schedule.decay_steps > 0 ? o.schedule.decay_steps : o.schedule.steps});
   FSDP_CHECK(o.run.device.type == pg->device().type,
              "[fsdp-train] the options' device is {} but the process group's is {}: the run is on "
              "the process group's device (init_process_group's .device); set both alike",
@@ -298,6 +320,10 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
 }
 
 void Trainer::Impl::open_data() {
+  FSDP_CHECK(!parts.data || o.data.data.empty(),
+             "[fsdp-train] TrainerParts::data ({}) and --data {} both name the training data; give "
+             "one",
+             parts.data ? parts.data->describe() : "", o.data.data);
   FSDP_CHECK(!o.data.pack || !o.data.data.empty(),
              "[fsdp-train] --pack packs the samples of a .jsonl --data or the documents of a text "
              "or shard --data; random data has neither");
@@ -353,6 +379,8 @@ void Trainer::Impl::open_data() {
                  "warning: arch seed attends in both directions with no mask, so on text it "
                  "sees the next token it must predict; use --arch llama to learn a language "
                  "model\n");
+  } else if (parts.data) {  // the caller's
+    src = parts.data;
   } else {
     src = std::make_shared<data::RandomTokenSource>(cfg.vocab, o.run.seed);
     if (o.data.eval_every > 0)
@@ -465,18 +493,8 @@ void Trainer::Impl::build_model() {
     pretrained->release_file_pages();  // the file's pages the load read are not held on
   }
   groups = parallel->param_groups(o.optimizer.weight_decay, !o.optimizer.wd_2d_only);
-  opt = std::make_unique<optim::AdamW>(groups,
-                                       ops::AdamWHyper{.lr = o.optimizer.lr,
-                                                       .beta1 = o.optimizer.beta1,
-                                                       .beta2 = o.optimizer.beta2,
-                                                       .eps = o.optimizer.eps,
-                                                       .weight_decay = o.optimizer.weight_decay});
-  schedule = std::make_unique<optim::LRSchedule>(optim::LRScheduleOptions{
-      .lr = o.optimizer.lr,
-      .warmup = o.schedule.warmup_steps,
-      .decay = o.schedule.lr_decay,
-      .min_lr = o.schedule.min_lr,
-      .decay_end = o.schedule.decay_steps > 0 ? o.schedule.decay_steps : o.schedule.steps});
+  opt = parts.optimizer(groups);
+  FSDP_CHECK(opt != nullptr, "[fsdp-train] TrainerParts::optimizer made no optimizer");
 }
 
 }  // namespace fsdp::train

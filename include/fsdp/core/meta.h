@@ -22,9 +22,10 @@
 
 namespace fsdp::meta {
 
-// What holds a block's bytes: the memory plan's terms.
-enum class Term : uint8_t { persistent, params, grads, activations, logits, work, data };
-inline constexpr int kTerms = 7;
+// What holds a block's bytes: the memory plan's terms. loss: what a step's loss part
+// (train::Loss) allocates itself, from its forward to its backward.
+enum class Term : uint8_t { persistent, params, grads, activations, logits, work, data, loss };
+inline constexpr int kTerms = 8;
 
 struct Target {
   Device device = Device::cpu();  // the device whose allocator is modelled: cpu or cuda
@@ -35,6 +36,7 @@ struct Stats {
   int64_t live = 0, peak_live = 0;  // bytes allocated and not freed; their high-water mark
   int64_t peak = 0;                 // what the process held at most (CPU: resident; CUDA: live)
   std::array<int64_t, kTerms> at_peak{};  // the live bytes of each term at `peak`
+  std::array<int64_t, kTerms> term_peak{};  // each term's own most live bytes, at any moment
   int64_t cache_at_peak = 0;    // CPU: freed blocks the cache held at `peak`, and rounding
   int64_t scratch_at_peak = 0;  // CPU: the kernel scratch at `peak` (counted in work)
   std::string where_at_peak;    // the innermost At at `peak`

@@ -26,10 +26,18 @@ struct LRScheduleOptions {
   int64_t decay_end = 0;  // the step at which the decay reaches min_lr
 };
 
-class LRSchedule {
+// What sets an optimizer's learning rate at each step (train::StepParts::schedule): LRSchedule,
+// or a trainer's own.
+class Schedule {
+ public:
+  virtual ~Schedule() = default;
+  virtual double at(int64_t step) const = 0;  // the learning rate of `step`
+};
+
+class LRSchedule final : public Schedule {
  public:
   explicit LRSchedule(LRScheduleOptions o);  // throws on a negative rate or step count
-  double at(int64_t step) const;
+  double at(int64_t step) const override;
   const LRScheduleOptions& options() const { return o_; }
 
  private:

@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,5 +47,10 @@ class Optimizer {
 
   std::vector<ParamGroup> groups_;
 };
+
+// How a trainer makes its optimizer over a model's parameter groups (train::TrainerParts): the
+// memory plan calls it too, over the meta model's groups, so the state it plans is the state
+// that optimizer keeps.
+using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<ParamGroup> groups)>;
 
 }  // namespace fsdp::optim

@@ -6,7 +6,8 @@
 // The plan is not a formula, nor a hand-kept copy of the step: it is the step. The run's model is
 // built by its family's spec on the meta device (fsdp/core/meta.h: shapes, no storage), sharded by
 // fully_shard over a meta group of the real world size (this process stands for rank 0; its
-// collectives move nothing), given AdamW, and trained two steps by train_step (the second starts
+// collectives move nothing), given the trainer's optimizer (AdamW by default) and loss, and trained
+// two steps by train_step (the second starts
 // with the first's staged batch and its blocks' sizes cached). Every allocation the real code
 // makes (nn's forward and backward, fully_shard's all-gather and reduce-scatter buffers, activation
 // recompute, the loss, the CPU ops' widened copies, kernel scratch) goes, in its order, through the
@@ -27,19 +28,38 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "fsdp/core/device.h"
 #include "fsdp/core/dtype.h"
+#include "fsdp/distributed/device_mesh.h"
+#include "fsdp/fsdp/data_parallel.h"
 #include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/nn/module.h"
 #include "fsdp/nn/transformer.h"
+#include "fsdp/optim/optimizer.h"
+#include "fsdp/train/loss.h"
 
 namespace fsdp::train {
 
+// A caller's model, made for the plan: the module tree and its data-parallel root.
+struct PlannedModel {
+  std::unique_ptr<nn::Module> model;
+  DataParallelModule* parallel = nullptr;  // the model's fully_shard root, or replicate()'s
+};
+
 struct MemoryPlanOptions {
-  nn::TransformerConfig model;  // its batch: this rank's rows of one microbatch
+  // The family's model (models::spec_to_train), unless `build` is given; its vocab, seq and
+  // batch (this rank's rows of one microbatch) shape the batches either way.
+  nn::TransformerConfig model;
+  // A model of the caller's in place of the family's: made, and sharded over `mesh` (the meta
+  // group of the planned world) with `fsdp` (the plan's dtypes and resharding), as its trainer
+  // makes it. Null: the family's build and parallelize.
+  std::function<PlannedModel(std::shared_ptr<dist::DeviceMesh> mesh, const FullyShardOptions& fsdp)>
+      build;
   Device device = Device::cpu();
   bool fully_shard = true;  // false: --shard none, every rank holds flat replicated buffers
   int64_t shards = 1;       // ranks each parameter is sharded over
@@ -54,6 +74,11 @@ struct MemoryPlanOptions {
   int64_t grad_accum = 1;
   int64_t checkpoint_every = 0;  // checkpoint_every_blocks(): 0 none, 1 full, N blocks 0, N, ...
   bool fused_loss = true;        // nn::ChunkedLMLoss: one chunk's logits, not [rows, vocab]
+  // The parts the trainer holds (train::TrainerParts), planned as they are, not rebuilt from
+  // options: its loss, run by train_step as in training (null: CrossEntropy{fused_loss}), and
+  // how it makes its optimizer, called over the meta model's parameter groups (null: AdamW).
+  Loss* loss = nullptr;
+  optim::OptimizerFactory optimizer;
   int threads = 1;               // CPU attention scratch is per thread
   int64_t cpu_cache_bytes = 0;   // the most freed bytes the CPU allocator keeps (FSDP_CPU_CACHE_MB)
   // What the process holds before any tensor (runtime, libraries, thread pools, the data) and
@@ -73,6 +98,8 @@ struct MemoryPlan {
   int64_t peak_allocated = 0;     // the allocator's peak of live bytes (fsdp-train's "peak mem")
   int64_t persistent = 0;         // sharded parameters, gradients and AdamW state
   std::string at;                 // where in the step the peak falls: "backward of layers.3.ffn"
+  std::string loss;               // the loss planned (Loss::describe())
+  int64_t loss_bytes = 0;         // the most its own buffers held at any moment (term "loss")
 };
 
 // The plan for one rank. Throws, naming the value, on an option out of range.

@@ -1,7 +1,8 @@
 // One optimizer step from a trainer's parts, and the loop of them: fsdp-train's step and loop
 // (Trainer::fit runs train_loop), for any trainer built from the library. The parts are a caller's:
 // build them as fsdp-train does, or replace any one (another model, replicate() for fully_shard,
-// another schedule or loader).
+// another schedule, loader or loss: the step calls the loss it is given, so a new loss never
+// means copying the step).
 //
 //   train::StepParts parts{.model = model, .parallel = root, .optimizer = opt,
 //                          .loader = loader, .group = *world, .schedule = &lr};
@@ -32,6 +33,7 @@
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/optim/optimizer.h"
 #include "fsdp/profiler/metrics.h"
+#include "fsdp/train/loss.h"
 
 namespace fsdp::train {
 
@@ -41,11 +43,14 @@ struct StepParts {
   optim::Optimizer& optimizer;    // over the local shards; clipping covers its groups
   data::DataLoader& loader;       // this rank's rows of each global batch, on the device
   dist::ProcessGroup& group;      // every rank of the run: the metrics' one gather
-  const optim::LRSchedule* schedule = nullptr;  // sets the lr of each step; null: left as it is
+  const optim::Schedule* schedule = nullptr;  // sets the lr of each step; null: left as it is
   // Its background write's state rides in the step's gather (checkpoint::Manager::write_state),
   // so every rank learns at the same step that a write finished or failed. Null: no checkpoints.
   // train_loop saves through it and commits its background writes.
   checkpoint::Manager* checkpointer = nullptr;
+  // Each microbatch's loss over the model's output (train/loss.h): a trainer's own (the z-loss
+  // of examples/custom_trainer/zloss.cpp). Null: CrossEntropy{StepOptions::fused_loss}.
+  Loss* loss = nullptr;
 };
 
 struct StepOptions {
@@ -54,18 +59,20 @@ struct StepOptions {
   // For tokens/s and MFU: the model's FLOPs per token (forward and backward) and the FLOP/s
   // ceiling of every rank together; 0 reports no MFU.
   double flops_per_token = 0, peak_flops = 0;
-  // The head and the loss fused, a chunk of rows at a time (nn::ChunkedLMLoss), where the model
-  // fuses_loss(): no [tokens x vocab] logits. false: the model's logits, then nn::LMLoss.
+  // The default loss (StepParts::loss null), CrossEntropy's: the head and the loss fused, a
+  // chunk of rows at a time (nn::ChunkedLMLoss), where the model fuses_loss(): no [tokens x
+  // vocab] logits. false: the model's logits, then nn::LMLoss.
   bool fused_loss = true;
 };
 
 // Collective: every rank of parts.group calls it with the same step. Zeroes the gradients, runs
-// grad_accum microbatches (forward, the language-model loss, backward; the gradients reduced in
-// the last one's backward; with a loader whose source masks targets, the loss is the sum over
-// the step's targets on every rank divided by their count, one host all-reduce of the counts),
-// clips, gathers the metrics (the mean loss over ranks, the norm, the largest peak memory, a stop
-// signal on any rank, the checkpoint writers' state), then steps the optimizer, unless the step
-// had no target on any rank (StepMetrics::targets 0: every rank agrees, from the same all-reduce).
+// grad_accum microbatches (forward, parts.loss (train/loss.h; null: cross-entropy), backward;
+// the gradients reduced in the last one's backward; with a loader whose source masks targets,
+// the loss is the sum over the step's targets on every rank divided by their count, one host
+// all-reduce of the counts), clips, gathers the metrics (the mean loss over ranks, the norm, the
+// largest peak memory, a stop request on any rank (core/interrupt.h's stop_requested(): the one
+// stop flag), the checkpoint writers' state), then steps the optimizer, unless the step had no
+// target on any rank (StepMetrics::targets 0: every rank agrees, from the same all-reduce).
 // Throws fsdp::Error, before the optimizer step, on a non-finite loss or norm.
 profiler::StepMetrics train_step(const StepParts& parts, int64_t step, const StepOptions& options = {});
 
