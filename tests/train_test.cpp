@@ -5,7 +5,8 @@
 // the flags of each rule it refuses; model_config() applies the overrides to the preset.
 // ModelSpec: --arch reads the model specs' forms; each family's resume keys are its config's.
 // Trainer: a run stopped at a checkpoint and resumed gives the uninterrupted run's losses
-// exactly (train_cli_test and ckpt_test hold the same through fsdp-train, and at np 1-4).
+// exactly (train_cli_test and ckpt_test hold the same through fsdp-train, and at np 1-4); a
+// Trainer handed its parts (TrainerParts) trains with them and its memory plan plans them.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -46,6 +47,7 @@
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/ceilings.h"
 #include "fsdp/profiler/metrics.h"
+#include "fsdp/train/loss.h"
 #include "fsdp/train/memory_plan.h"
 #include "fsdp/train/options.h"
 #include "fsdp/train/step.h"
@@ -498,6 +500,112 @@ TEST(Trainer, LoraResumesExactlyAndItsCheckpointHoldsTheAdaptersAlone) {
 // The memory plan runs the step on the meta device whatever the planned device: a CUDA run's plan
 // (bf16 parameters all-gathered and computed on, f32 masters, 2 shards) is made on a machine
 // without a GPU, and counts each block's buffers; planning for 4 shards holds less per rank.
+// A loss of a trainer's own, the library's cross-entropy inside, with a buffer of its own from its
+// forward to its backward (on the meta device too: the plan must see it); it counts its calls.
+class CountingLoss final : public Loss {
+ public:
+  explicit CountingLoss(int64_t extra) : extra_(extra) {}
+  bool fused(const nn::Module& model) const override { return ce_.fused(model); }
+  Tensor forward(const Tensor& output, const Tensor& targets, const LossArgs& a) override {
+    ++forwards;
+    buffer_ = Tensor::empty({extra_}, DType::f32, output.device());
+    return ce_.forward(output, targets, a);
+  }
+  Tensor backward() override {
+    buffer_ = Tensor();
+    return ce_.backward();
+  }
+  std::string describe() const override { return "counting cross-entropy"; }
+  int64_t forwards = 0;
+
+ private:
+  CrossEntropy ce_{false};
+  int64_t extra_;
+  Tensor buffer_;
+};
+
+class ConstantLR final : public optim::Schedule {
+ public:
+  double at(int64_t) const override { return 5e-3; }
+};
+
+// TrainerParts: the Trainer trains with the loss, optimizer, schedule, data and callbacks it is
+// handed, and its memory plan plans that loss and that optimizer (the factory is called over the
+// plan's meta groups, then over the model's). A part equal to the default gives the default run's
+// losses bit for bit; the data named twice (--data and TrainerParts::data) is refused.
+TEST(Trainer, TakesItsPartsAndItsPlanPlansThem) {
+  TempDir tmp;
+  auto pg = dist::init_process_group();
+  TrainOptions o;
+  for (const auto& [flag, value] : kSmallLlama) set_flag(o, flag, value);
+  set_flag(o, "--fused-loss", "false");
+  set_flag(o, "--lr", "5e-3");  // the default schedule's constant rate: ConstantLR's
+  o.schedule.steps = 3;
+  o.sample.sample_tokens = 0;
+  o.profile.log_every = 0;
+  TrainOptions plain = o;
+  plain.profile.log_file = (tmp.path / "plain.jsonl").string();
+  {
+    Trainer t(plain, pg);
+    t.fit();
+  }
+  auto loss = std::make_shared<CountingLoss>(int64_t(1) << 20);  // 4 MB: the plan's loss term
+  std::vector<Device> optimizer_devices;
+  int64_t begins = 0, ends = 0;
+  TrainOptions given = o;
+  given.profile.log_file = (tmp.path / "given.jsonl").string();
+  TrainerParts parts{
+      .loss = loss,
+      .optimizer = [&](std::vector<nn::ParamGroup> groups) -> std::unique_ptr<optim::Optimizer> {
+        optimizer_devices.push_back(groups.at(0).params.device());
+        return std::make_unique<optim::AdamW>(
+            std::move(groups), ops::AdamWHyper{.lr = 5e-3,
+                                               .beta1 = o.optimizer.beta1,
+                                               .beta2 = o.optimizer.beta2,
+                                               .eps = o.optimizer.eps,
+                                               .weight_decay = o.optimizer.weight_decay});
+      },
+      .schedule = std::make_shared<ConstantLR>(),
+      .data = std::make_shared<data::RandomTokenSource>(64, o.run.seed),
+      .on_step_begin = [&](int64_t) { ++begins; },
+      .on_step_end = [&](const profiler::StepMetrics&) { ++ends; }};
+  {
+    testing::internal::CaptureStdout();
+    Trainer t(given, pg, parts);
+    const std::string out = testing::internal::GetCapturedStdout();
+    EXPECT_NE(out.find("| loss                   | counting cross-entropy"), std::string::npos)
+        << out;
+    EXPECT_NE(out.find("the caller's (TrainerParts::optimizer)"), std::string::npos) << out;
+    t.fit();
+  }
+  ASSERT_EQ(optimizer_devices.size(), 2u);
+  EXPECT_TRUE(optimizer_devices[0].is_meta()) << "the plan's optimizer is the factory's";
+  EXPECT_TRUE(optimizer_devices[1].is_cpu());
+  EXPECT_EQ(loss->forwards, 2 * 1 + 3);  // the plan's two steps, then the run's three
+  EXPECT_EQ(begins, 3);
+  EXPECT_EQ(ends, 3);
+  const std::vector<double> a = logged_losses(plain.profile.log_file);
+  const std::vector<double> b = logged_losses(given.profile.log_file);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t s = 0; s < a.size(); ++s) EXPECT_EQ(a[s], b[s]) << "step " << s;
+
+  // The plan of the same loss: its own buffer is its term.
+  nn::TransformerConfig cfg = o.model_config();
+  const MemoryPlan with = plan_memory({.model = cfg, .fused_loss = false, .loss = loss.get()});
+  const MemoryPlan without = plan_memory({.model = cfg, .fused_loss = false});
+  EXPECT_EQ(with.loss, "counting cross-entropy");
+  EXPECT_GE(with.loss_bytes, (int64_t(1) << 20) * 4);
+  EXPECT_LT(without.loss_bytes, (int64_t(1) << 20) * 4);
+
+  TrainOptions twice = o;
+  twice.data.data = (tmp.path / "text.txt").string();
+  std::ofstream(twice.data.data) << std::string(4096, 'a');
+  EXPECT_NE(error_of([&] { Trainer t(twice, pg, parts); }).find("both name the training data"),
+            std::string::npos);
+  dist::destroy_process_group();
+}
+
 TEST(MemoryPlan, ACudaRunsPlanIsMadeWithoutAGpu) {
   nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
   cfg.arch = nn::Arch::llama;
