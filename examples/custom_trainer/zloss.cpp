@@ -9,6 +9,7 @@
 // Prints the plan ("plan | ...") and each step's loss to every digit ("step N | loss L").
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <exception>

@@ -2,6 +2,7 @@
 // forward (nn::ChunkedLMLoss) or over its logits (nn::LMLoss).
 #include "fsdp/train/loss.h"
 
+#include <memory>
 #include <string>
 
 #include "fsdp/core/tensor.h"

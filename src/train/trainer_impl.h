@@ -1,5 +1,6 @@
 // Trainer::Impl (fsdp/train/trainer.h): the state of one run, and its parts by file:
-// trainer_setup.cpp (mesh, tokenizer, data, model), trainer_resources.cpp (the memory plan's
+// trainer_setup.cpp (mesh, tokenizer, data, model), trainer_parts.cpp (loss, optimizer, schedule),
+// trainer_resources.cpp (the memory plan's
 // check, the FLOP/s ceiling), trainer_resume.cpp, trainer.cpp (the loop), trainer_report.cpp.
 #pragma once
 
@@ -98,6 +99,8 @@ struct Trainer::Impl {
   int32_t pack_eos() const;
   void open_tokenizer();
   void build_model();
+  // The parts not handed in (TrainerParts), built from the options (trainer_parts.cpp).
+  void fill_parts();
 
   // Resources (trainer_resources.cpp): the memory plan's check, the FLOP/s ceiling.
   void check_memory_plan();

@@ -1,5 +1,6 @@
-// Trainer::Impl's setup: options checked, the mesh, the tokenizer, the data, the model (fully_shard
-// or replicate), AdamW and the schedule.
+// Trainer::Impl's setup: options checked, the parts not handed in (trainer_parts.cpp), the mesh,
+// the tokenizer, the data, the model (fully_shard or replicate) and its optimizer, from the
+// TrainerParts factory.
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <omp.h>
@@ -173,26 +174,7 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
       pg(std::move(group)),
       parts(std::move(given)) {
   o.validate();
-  // The parts not handed in, from the options: the memory plan plans the loss and the optimizer
-  // held here.
-  if (!parts.loss) parts.loss = std::make_shared<CrossEntropy>(o.sharding.fused_loss);
-  given_optimizer = bool(parts.optimizer);
-  if (!parts.optimizer)
-    parts.optimizer = [hyper = ops::AdamWHyper{.lr = o.optimizer.lr,
-                                               .beta1 = o.optimizer.beta1,
-                                               .beta2 = o.optimizer.beta2,
-                                               .eps = o.optimizer.eps,
-                                               .weight_decay = o.optimizer.weight_decay}](
-                          std::vector<nn::ParamGroup> groups) -> std::unique_ptr<optim::Optimizer> {
-      return std::make_unique<optim::AdamW>(std::move(groups), hyper);
-    };
-  if (!parts.schedule)
-    parts.schedule = std::make_shared<optim::LRSchedule>(optim::LRScheduleOptions{
-        .lr = o.optimizer.lr,
-        .warmup = o.schedule.warmup_steps,
-        .decay = o.schedule.lr_decay,
-        .min_lr = o.schedule.min_lr,
-        .decay_end = o.schedule.decay_steps > 0 ? o.schedule.decay_steps : o.schedule.steps});
+  fill_parts();
   FSDP_CHECK(o.run.device.type == pg->device().type,
              "[fsdp-train] the options' device is {} but the process group's is {}: the run is on "
              "the process group's device (init_process_group's .device); set both alike",
