@@ -11,6 +11,12 @@
 //     if (world->rank() == 0) fmt::print("{}\n", m.line());
 //   }
 //
+// A loss of the trainer's own (train/loss.h) goes in the parts; the step calls it in place of
+// cross-entropy (examples/custom_trainer/zloss.cpp: cross-entropy plus PaLM's z-loss):
+//
+//   ZLoss zloss;                   // a train::Loss: forward(logits, targets, args), backward()
+//   parts.loss = &zloss;
+//
 // or the whole loop, with evaluation, checkpoints and a stop signal handled as fsdp-train does:
 //
 //   const auto print = [](const profiler::StepMetrics& m) { fmt::print("{}\n", m.line()); };
