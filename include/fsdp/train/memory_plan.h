@@ -76,7 +76,8 @@ struct MemoryPlanOptions {
   bool fused_loss = true;        // nn::ChunkedLMLoss: one chunk's logits, not [rows, vocab]
   // The parts the trainer holds (train::TrainerParts), planned as they are, not rebuilt from
   // options: its loss, run by train_step as in training (null: CrossEntropy{fused_loss}), and
-  // how it makes its optimizer, called over the meta model's parameter groups (null: AdamW).
+  // how it makes its optimizer, called over the meta model's parameter groups (null: AdamW; the
+  // groups' weight decay is 0, which changes no state's size).
   Loss* loss = nullptr;
   optim::OptimizerFactory optimizer;
   int threads = 1;               // CPU attention scratch is per thread
