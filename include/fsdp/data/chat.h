@@ -3,11 +3,13 @@
 //
 //   - ChatTemplate runs the model's own Jinja template (fsdp/data/jinja.h, the sandboxed engine)
 //     as transformers' apply_chat_template does: the variables messages, add_generation_prompt,
-//     bos_token and eos_token (the tokenizer's, where it has them), tools and documents (none),
-//     and the globals raise_exception and strftime_now. Whatever the template writes is the text,
+//     bos_token and eos_token (the model's BOS and EOS tokens, else the tokenizer's; undefined
+//     where there is none; no other special token is passed), tools and documents (none), and
+//     the globals raise_exception and strftime_now. Whatever the template writes is the text,
 //     whatever markers it holds or lacks: a template that upper-cases the content trains on the
 //     upper-cased text, and one that raises an exception refuses the conversation with its
-//     message.
+//     message. No marker is matched to render; the one use of markers left is
+//     checkpoint::end_of_turn_id, the token that stops fsdp-generate --chat's answer.
 //   - render() gives that text and the byte spans that are targets:
 //       * a template with {% generation %} blocks: the bytes those blocks write (transformers'
 //         return_assistant_tokens_mask);
