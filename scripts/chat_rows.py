@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Chat JSONL -> tokenized rows with a loss mask, rendered by transformers' own apply_chat_template,
-for any model's template (fsdp-train renders ChatML itself and refuses other templates by name).
+"""Chat JSONL -> tokenized rows with a loss mask, rendered by transformers' own apply_chat_template
+for any model's template: the reference that fsdp-train's own rendering (the model's template in
+its Jinja engine, the same targets) is tested against, and a way to train what that refuses.
 
   scripts/chat_rows.py --model HF_FOLDER chats.jsonl rows.jsonl
   fsdp-train --init-from MODEL --data rows.jsonl ...

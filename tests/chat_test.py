@@ -10,8 +10,8 @@
   (b) fsdp-train on the chats and on chat_rows.py's tokenized rows of the same chats gives the
       same losses bit for bit, at 1 rank and 2 (mpirun), with and without --grad-accum, and the
       1- and 2-rank runs agree (f32, 1e-5 relative); the step line counts the targets;
-  (c) bad chat files are refused naming the file, the line and the field; a template that is not
-      ChatML is refused by name and the converter's rows are the way around it;
+  (c) bad chat files are refused naming the file, the line and the field; chat_rows.py renders a
+      template of another form as transformers does;
   (d) --pack: 16 samples of 25 tokens (the ends of real chats, replies in each), packed 4 to a
       row of 96 positions, give the losses of the same samples one per row (--seq 24), at 1 rank
       and 2 (f32, 1e-5 relative; at 1 rank they came out bit-equal, 2026-12-03): no sample sees
@@ -39,7 +39,20 @@
       strftime_now, TZ=UTC here and in fsdp-tokenize), over SmolLM2's vocabulary with Llama 3's
       split regex and special tokens: the ids of apply_chat_template and chat_rows.py's targets
       (each reply and its <|eot_id|>), <|begin_of_text|> once; a header template that does not trim
-      the content is refused by name.
+      the content renders as Jinja2 renders it ((h));
+  (h) 18 hostile cases: six templates (one that upper-cases the content, renames the assistant's
+      role, drops the system prompt, raises an exception for a system turn, holds ChatML's markers
+      only in a string it never writes, writes Llama 3's headers untrimmed), each as
+      --chat-template, as a GGUF's tokenizer.chat_template, and in fsdp-generate --chat through
+      that GGUF: the ids of apply_chat_template and chat_rows.py's targets, the prompt's ids, or the
+      template's raise_exception message naming the JSONL line; fsdp-train on the upper-cased
+      chats gives the losses of their rows bit for bit;
+  (i) published templates read from llama.cpp's models/templates (build/_deps/llama-templates):
+      Llama 3.1's, 3.2's and 3.3's, and Qwen3's on conversations whose replies follow the last
+      user turn (an earlier reply, which Qwen3 writes differently once a user turn follows, is
+      refused naming the line, as chat_rows.py refuses it): ids of apply_chat_template and the
+      turn targets; LFM2.5's {% generation %} blocks: ids and targets of
+      return_assistant_tokens_mask.
 usage: chat_test.py BINDIR SCRIPTS
 Skips (exit 0, "skipped: ...") without the wheel or transformers."""
 import importlib.util
@@ -48,6 +61,7 @@ import os
 import random
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -219,7 +233,7 @@ with tempfile.TemporaryDirectory() as work:
               f"np1 {loss(c1)} and {name} {loss(other)} differ by more than 1e-5")
     check(c1 and c1[0].get("targets", 0) > 0 and c1[0]["targets"] == c2[0].get("targets"),
           f"step targets {c1[0].get('targets') if c1 else None} / {c2[0].get('targets') if c2 else None}")
-    check("chats (ChatML)" in out1 and "cut at --seq 48" in out1, "the data line does not describe the chats")
+    check("chats (the model's chat template)" in out1 and "cut at --seq 48" in out1, "the data line does not describe the chats")
     print(f"chat_test: fsdp-train losses np1 {loss(c1)} np2 {loss(c2)} accum {loss(a2)}")
 
     # (c) bad input, refused by file, line and field.
@@ -241,7 +255,8 @@ with tempfile.TemporaryDirectory() as work:
     open(bad, "w").write('{"input_ids": [1, 2, 3], "labels": [-100, 5, 3]}\n')
     r = run([os.path.join(bindir, "fsdp-train"), "--init-from", gguf_path, "--data", bad, "--seq", "8", "--steps", "1"])
     check(r.returncode != 0 and "labels[1] is 5; expected -100" in r.stderr, f"labels: {r.stderr.strip()[-200:]!r}")
-    # A Llama-3 style template: refused by name; chat_rows.py renders it instead.
+    # chat_rows.py renders another template (a Llama-3 style one) as transformers does; fsdp.cpp
+    # renders it too ((h), "headers untrimmed").
     llama = os.path.join(work, "llama3")
     fast.chat_template = ("{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' "
                           "+ m['content'] + '<|im_end|>' }}{% endfor %}{% if add_generation_prompt %}"
@@ -254,6 +269,136 @@ with tempfile.TemporaryDirectory() as work:
     want = fast.apply_chat_template(small[0], tokenize=True)
     want = want["input_ids"] if hasattr(want, "keys") else want
     check(row0["input_ids"] == want, "chat_rows.py's ids are not apply_chat_template's for another template")
+
+    # (h) Templates that are not what their markers suggest, each rendered as Jinja2 renders it
+    # (the ids of apply_chat_template, the targets of chat_rows.py's turn rule) or refused with the
+    # template's own message and the JSONL line; none trains in a format it only resembles. Six
+    # templates, each three ways: as --chat-template over the GGUF (fsdp-tokenize --chat, fsdp-train's
+    # reader), as the tokenizer.chat_template of a GGUF, and through that GGUF in fsdp-generate --chat.
+    def gguf_with_template(dst, body):
+        """A copy of SmolLM2's GGUF whose tokenizer.chat_template is `body`: the string field
+        rewritten, the tensor data moved to the next aligned offset."""
+        r = gguf.GGUFReader(gguf_path)
+        f = r.fields["tokenizer.chat_template"]
+        end = f.offset + sum(p.nbytes for p in f.parts)
+        last = r.tensors[-1].field
+        meta_end = last.offset + sum(p.nbytes for p in last.parts)
+        raw = open(gguf_path, "rb").read()
+        key, text = b"tokenizer.chat_template", body.encode()
+        meta = raw[:f.offset] + struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(text)) + text + \
+            raw[end:meta_end]
+        with open(dst, "wb") as out:
+            out.write(meta + b"\0" * (-len(meta) % r.alignment) + raw[r.data_offset:])
+
+    def turn(role, text):
+        return "{{ '<|im_start|>' + " + role + " + '\\n' + " + text + " + '<|im_end|>\\n' }}"
+
+    def gen_prompt(role):
+        return "{% if add_generation_prompt %}{{ '<|im_start|>" + role + "\\n' }}{% endif %}"
+
+    def each(body):
+        return "{% for m in messages %}" + body + "{% endfor %}"
+
+    hostile = {
+        # (its comment and last newline render nothing; the exports keep them, (h) below)
+        "upper-cased": each(turn("m['role']", "m['content'] | upper")) + gen_prompt("assistant") +
+                       "{# ünïcode — \t kept as written #}\n",
+        "renamed role": each(turn("('bot' if m['role'] == 'assistant' else m['role'])", "m['content']"))
+                        + gen_prompt("bot"),
+        "system dropped": each("{% if m['role'] != 'system' %}" + turn("m['role']", "m['content']") + "{% endif %}")
+                          + gen_prompt("assistant"),
+        "raises": "{% if messages[0]['role'] == 'system' %}{{ raise_exception('This model takes no system "
+                  "prompt') }}{% endif %}" + each(turn("m['role']", "m['content']")) + gen_prompt("assistant"),
+        "markers in an unused string": "{% set unused = \"<|im_start|>assistant <|im_end|> add_generation_prompt "
+                                       "['role'] ['content']\" %}" +
+                                       each("{{ m['role'] | upper + ': ' + m['content'] + '\\n\\n' }}") +
+                                       "{% if add_generation_prompt %}{{ 'ASSISTANT: ' }}{% endif %}",
+        "headers untrimmed": each("{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] "
+                                  "+ '<|im_end|>' }}") +
+                             "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+                             "{% endif %}",
+    }
+    hconvs = [ms for ms in convs if any(m["role"] == "system" for m in ms)][:12] + \
+        [ms for ms in convs if ms[0]["role"] != "system"][:12]
+    first_system = next(i for i, ms in enumerate(hconvs) if ms[0]["role"] == "system") + 1
+    hostile_done = 0
+    for k, (label, body) in enumerate(hostile.items()):
+        slug = label.replace(" ", "_")
+        hfile, hgguf = os.path.join(work, f"{slug}.jinja"), os.path.join(work, f"{slug}.gguf")
+        open(hfile, "w").write(body)
+        gguf_with_template(hgguf, body)
+        hfast = PreTrainedTokenizerFast.from_pretrained(folder)
+        hfast.chat_template = body
+        hfolder = os.path.join(work, f"{slug}_hf")
+        hfast.save_pretrained(hfolder)
+        chats = os.path.join(work, f"{slug}_chats.jsonl")
+        system_user = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+        gen = [os.path.join(bindir, "fsdp-generate"), "--model", hgguf, "--chat", "Hello there", "--system",
+               "Be brief.", "--print-logits", "--logits-rows", "-1", "--threads", "2"]
+        if label == "raises":
+            write_jsonl(chats, hconvs)
+            try:
+                hfast.apply_chat_template(hconvs[first_system - 1], tokenize=False)
+                check(False, "transformers rendered the conversation the template raises for")
+            except Exception as e:
+                check("This model takes no system prompt" in str(e), f"transformers' exception: {e}")
+            want = f"{os.path.basename(chats)}:{first_system}: "
+            for how, args in (("--chat-template", ["--tokenizer", gguf_path, "--chat-template", hfile]),
+                              ("the GGUF's template", ["--tokenizer", hgguf])):
+                r = run([os.path.join(bindir, "fsdp-tokenize"), "--chat", chats, *args])
+                check(r.returncode != 0 and want in r.stderr and "This model takes no system prompt" in r.stderr,
+                      f"{label} ({how}): rc {r.returncode}, {r.stderr[-300:]!r}")
+                hostile_done += r.returncode != 0
+            r = run([os.path.join(bindir, "fsdp-train"), "--init-from", hgguf, "--data", chats, "--steps", "1",
+                     "--seq", "32", "--threads", "2"])
+            check(r.returncode != 0 and want in r.stderr and "This model takes no system prompt" in r.stderr,
+                  f"{label}: fsdp-train rc {r.returncode}, {r.stderr[-300:]!r}")
+            r = run(gen)
+            check(r.returncode != 0 and "This model takes no system prompt" in r.stderr,
+                  f"{label}: fsdp-generate --chat rc {r.returncode}, {r.stderr[-300:]!r}")
+            hostile_done += r.returncode != 0
+            continue
+        before = len(fails)
+        ours = against_transformers(slug, hfast, hfolder, gguf_path, hconvs, hfile)
+        a_ok = len(fails) == before
+        r = run([os.path.join(bindir, "fsdp-tokenize"), "--tokenizer", hgguf, "--chat", chats])
+        check(r.returncode == 0 and [json.loads(line) for line in r.stdout.splitlines()] == ours,
+              f"{label}: the GGUF's template does not give --chat-template's ids and targets: {r.stderr[-300:]}")
+        want = hfast.apply_chat_template(system_user, tokenize=True, add_generation_prompt=True)
+        want = want["input_ids"] if hasattr(want, "keys") else want
+        r2 = run(gen)
+        got = json.loads(r2.stdout)["ids"] if r2.returncode == 0 else None
+        check(got == want, f"{label}: fsdp-generate --chat's prompt {got} is not apply_chat_template's {want}: "
+                           f"{r2.stderr[-300:]}")
+        hostile_done += a_ok + (r.returncode == 0) + (got == want)
+        if label == "upper-cased":
+            # Upper-cased text trains upper-cased: fsdp-train on the chats gives the losses of
+            # chat_rows.py's rows of the same template.
+            check(any(m["content"].upper() != m["content"] for ms in hconvs for m in ms), "no lower case to upper")
+            uc, ur = os.path.join(work, "upper_chats.jsonl"), os.path.join(work, "upper_rows.jsonl")
+            write_jsonl(uc, hconvs[:8])
+            run([sys.executable, os.path.join(scripts, "chat_rows.py"), "--model", hfolder, uc, ur])
+            uck = os.path.join(work, "upper_ckpt")
+            tc, _ = train(uc, 1, ["--chat-template", hfile, "--ckpt-dir", uck, "--ckpt-every", "2"])
+            tr, _ = train(ur, 1)
+            check(tc and loss(tc) == loss(tr), f"upper-cased chats {loss(tc)} != their rows {loss(tr)}")
+            # Its exports hold the template as it came, byte for byte: the GGUF's
+            # tokenizer.chat_template, tokenizer_config.json's chat_template, chat_template.jinja.
+            ex = os.path.join(work, "upper_export")
+            r = run([os.path.join(bindir, "fsdp-export"), "--ckpt", uck, "--out", os.path.join(ex, "model.safetensors"),
+                     "--gguf", os.path.join(ex, "model.gguf")])
+            check(r.returncode == 0, f"fsdp-export of the upper-cased run: {r.stderr[-300:]}")
+            if r.returncode == 0:
+                kept = {"GGUF": gguf.GGUFReader(os.path.join(ex, "model.gguf")).fields["tokenizer.chat_template"].contents(),
+                        "tokenizer_config.json": json.load(open(os.path.join(ex, "tokenizer_config.json")))["chat_template"],
+                        "chat_template.jinja": open(os.path.join(ex, "chat_template.jinja"), "rb").read().decode()}
+                for where, text in kept.items():
+                    check(text == body, f"the export's {where} template is not the one trained with: {text[-60:]!r}")
+                loaded = PreTrainedTokenizerFast.from_pretrained(ex)
+                check(loaded.chat_template == body, "transformers reads another template from the export")
+    check(hostile_done == 18, f"{hostile_done} of the 18 hostile cases as Jinja2 renders them")
+    print(f"chat_test: (h) {hostile_done} of 18 hostile template cases rendered as Jinja2 renders them or refused "
+          "with the template's message and the line")
 
     # (d) packed rows train on what the same samples train on one per row.
     rows = [json.loads(line) for line in open(sr)]
@@ -536,12 +681,73 @@ with tempfile.TemporaryDirectory() as work:
         print(f"chat_test: (g) {len(lconvs)} {label} conversations, {sum(len(o['ids']) for o in lours)} tokens, "
               f"{sum(sum(o['target']) for o in lours)} targets, {opens} opening with a system block, "
               "equal to transformers'")
-    # A header template not in those forms (its content not trimmed) is refused by name.
-    bad_template = os.path.join(work, "llama_bad.jinja")
-    open(bad_template, "w").write(llama_templates["3.0"].replace(" | trim", ""))
-    r = run([os.path.join(bindir, "fsdp-tokenize"), "--tokenizer", ljson, "--chat", os.path.join(work, "chatml_chats.jsonl"),
-             "--chat-template", bad_template])
-    check(r.returncode != 0 and "not as Llama 3's templates do" in r.stderr, f"Llama 3 refusal: {r.stderr[-300:]!r}")
+    # (i) Published templates read from where they are installed (llama.cpp's models/templates, which
+    # scripts/install-deps.sh unpacks into build/_deps): Llama 3.1's to 3.3's over the Llama 3
+    # tokenizer above and Qwen3's over SmolLM2's (ids of apply_chat_template, targets of the turn
+    # rule, chat_rows.py's), and a template with {% generation %} blocks (LFM2.5's), whose targets
+    # are transformers' return_assistant_tokens_mask.
+    tdir = os.path.join(bindir, "..", "_deps", "llama-templates")
+    if not os.path.isdir(tdir):
+        print("chat_test: (i) skipped: no build/_deps/llama-templates; run scripts/install-deps.sh")
+    else:
+        def published(name, tokenizer_object, tokenizer_file, bos, eos, cs):
+            body = open(os.path.join(tdir, name), encoding="utf-8").read()
+            pfast = PreTrainedTokenizerFast(tokenizer_object=tokenizer_object, bos_token=bos, eos_token=eos)
+            pfast.chat_template = body
+            pfolder = os.path.join(work, name + "_hf")
+            pfast.save_pretrained(pfolder)
+            pfile = os.path.join(work, name)
+            open(pfile, "w", encoding="utf-8").write(body)
+            return pfast, pfolder, pfile, against_transformers(name, pfast, pfolder, tokenizer_file, cs, pfile)
+
+        rconvs = conversations(300, random.Random(14), extra=["<|eot_id|>", "\u3000"])
+        for name in ("meta-llama-Llama-3.1-8B-Instruct.jinja", "meta-llama-Llama-3.2-3B-Instruct.jinja",
+                     "meta-llama-Llama-3.3-70B-Instruct.jinja"):
+            _, _, _, pours = published(name, lt, ljson, "<|begin_of_text|>", "<|eot_id|>", rconvs)
+            end_of_turn_targets(name, pours, rconvs, lfast.convert_tokens_to_ids("<|eot_id|>"), "<|eot_id|>")
+            print(f"chat_test: (i) {len(rconvs)} conversations in {name}: "
+                  f"{sum(sum(o['target']) for o in pours)} targets, equal to transformers'")
+        # Qwen3's template writes the reply that ends the conversation with an empty <think> block
+        # and an earlier one without: a conversation whose replies all come after its last user turn
+        # has turn spans (the block is part of the reply); one with an earlier reply is refused by
+        # name, naming its line, as chat_rows.py refuses it.
+        smol = Tokenizer.from_str(fast.backend_tokenizer.to_str())
+        qconvs = [ms[:next(i for i, m in enumerate(ms) if m["role"] == "assistant") + 1]
+                  for ms in conversations(200, random.Random(15), extra=["<think>", "</think>", "<|im_end|>"])]
+        qfast, qfolder, qfile, qours = published("Qwen-Qwen3-0.6B.jinja", smol, gguf_path, None, "<|im_end|>", qconvs)
+        end_of_turn_targets("Qwen3", qours, qconvs, fast.convert_tokens_to_ids("<|im_end|>"), "<|im_")
+        multi = os.path.join(work, "qwen3_multi.jsonl")
+        write_jsonl(multi, [qconvs[0], [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                        {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]])
+        r = run([os.path.join(bindir, "fsdp-tokenize"), "--tokenizer", gguf_path, "--chat", multi, "--chat-template", qfile])
+        check(r.returncode != 0 and "qwen3_multi.jsonl:2: " in r.stderr and "message 1 (an assistant turn)" in r.stderr,
+              f"Qwen3's earlier reply: rc {r.returncode}, {r.stderr[-300:]!r}")
+        r = run([sys.executable, os.path.join(scripts, "chat_rows.py"), "--model", qfolder, multi, multi + ".rows"])
+        check(r.returncode != 0 and "qwen3_multi.jsonl:2" in r.stderr, f"chat_rows.py on Qwen3's earlier reply: {r.stderr[-200:]!r}")
+        print(f"chat_test: (i) {len(qconvs)} Qwen3 conversations: {sum(sum(o['target']) for o in qours)} targets, "
+              "equal to transformers'; an earlier reply refused by name")
+        # {% generation %} blocks: the targets are the blocks' bytes, as return_assistant_tokens_mask.
+        gname = "LFM2.5-8B-A1B.jinja"
+        gbody = open(os.path.join(tdir, gname), encoding="utf-8").read()
+        check("generation" in gbody, f"{gname} has no generation blocks")
+        bfast = PreTrainedTokenizerFast(tokenizer_object=smol, bos_token="<|im_start|>", eos_token="<|im_end|>")
+        bfast.chat_template = gbody
+        bfile = os.path.join(work, gname)
+        open(bfile, "w", encoding="utf-8").write(gbody)
+        bconvs = conversations(200, random.Random(16))
+        bchats = os.path.join(work, "generation_chats.jsonl")
+        write_jsonl(bchats, bconvs)
+        r = run([os.path.join(bindir, "fsdp-tokenize"), "--tokenizer", gguf_path, "--chat", bchats, "--chat-template", bfile])
+        check(r.returncode == 0, f"{gname}: {r.stderr[-300:]}")
+        bours = [json.loads(line) for line in r.stdout.splitlines()]
+        mism = 0
+        for ms, mine in zip(bconvs, bours):
+            want = bfast.apply_chat_template(ms, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+            mism += mine["ids"] != want["input_ids"] or mine["target"] != want["assistant_masks"]
+        check(len(bours) == len(bconvs) and mism == 0 and sum(sum(o["target"]) for o in bours) > 0,
+              f"{gname}: {mism} of {len(bconvs)} differ from return_assistant_tokens_mask")
+        print(f"chat_test: (i) {len(bconvs)} conversations in {gname} ({{% generation %}} blocks): ids and "
+              f"targets equal to return_assistant_tokens_mask's, {sum(sum(o['target']) for o in bours)} targets")
 
 print(f"chat_test: {len(fails)} failure(s)")
 sys.exit(1 if fails else 0)

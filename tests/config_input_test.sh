@@ -4,8 +4,9 @@
 #       that a top-level rope_theta gives; a rope_type other than default is refused by name;
 #       fsdp-export writes both forms;
 #   (b) chat_template.jinja (transformers 5) is the chat template; --chat with no template, or a
-#       ChatML template whose vocabulary has no <|im_end|>, or ChatML's words only in a Jinja
-#       comment, is refused in words, with no internal check shown;
+#       ChatML template whose vocabulary has no <|im_end|>, is refused in words, with no internal
+#       check shown; ChatML's words only in a Jinja comment render nothing (the template's own
+#       text is the prompt);
 #   (c) a JSON field of the wrong type names the file and the field;
 #   (d) --resume refuses a changed --rope-theta or --norm-eps, and data changed in the middle.
 set -uo pipefail
@@ -87,19 +88,25 @@ cp -r hf4 hfnone && python3 -c 'import json; c = json.load(open("hfnone/tokenize
 gen --model hfnone --chat "Hi" --tokens 3 > /dev/null 2> none.err && bad "--chat without a template accepted" || ok
 grep -q "no chat template" none.err && ok || bad "no-template message: $(cat none.err)"
 noleak none.err "--chat without a template" && ok
-# ChatML's and Llama 3's words only inside a Jinja comment: a header template without them
-# (no generation prompt, no trim, no BOS) is refused, not rendered as ChatML or Llama 3.
+# ChatML's and Llama 3's words only inside a Jinja comment: the template renders what it writes
+# (Jinja2's rendering: a header per turn ending in <|im_end|>, no generation prompt), not ChatML
+# nor Llama 3's form.
 cp -r hf4 hfllama3 && python3 - << 'EOF'
 import json
 c = json.load(open("hfllama3/tokenizer_config.json"))
 c["chat_template"] = ("{# unlike ChatML's <|im_start|> and <|im_end|>, add_generation_prompt <|im_start|>assistant "
   "message['role'] message['content'], or Llama 3's bos_token, trim and "
   "<|start_header_id|>assistant<|end_header_id|> #}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + "
-  "'<|end_header_id|>\n\n' + message['content'] + '<|eot_id|>' }}{% endfor %}")
+  "'<|end_header_id|>\n\n' + message['content'] + '<|im_end|>' }}{% endfor %}")
 json.dump(c, open("hfllama3/tokenizer_config.json", "w"))
 EOF
-gen --model hfllama3 --chat "Hi" --tokens 3 > /dev/null 2> llama3.err && bad "a header template with a ChatML comment rendered" || ok
-grep -q "not as Llama 3's templates do" llama3.err && ok || bad "header template message: $(cat llama3.err)"
+gen --model hfllama3 --chat "Hi" --print-logits --logits-rows -1 > llama3.json 2> llama3.err || bad "the header template with a ChatML comment: $(tail -2 llama3.err)"
+python3 - << 'EOF' && ok || bad "the header template's prompt is not the text Jinja2 renders"
+import json
+ids = json.load(open("llama3.json"))["ids"]
+want = list("<|start_header_id|>user<|end_header_id|>\n\nHi".encode()) + [257]  # bytes, then <|im_end|>
+assert ids == want, (ids, want)
+EOF
 # ChatML with no <|im_end|> in the vocabulary would never stop: refused.
 cp -r hf4 hfnoend && cp hf10k/tokenizer.json hfnoend/ 2> /dev/null
 python3 -c 'import json; t = json.load(open("hfnoend/tokenizer.json")); t["model"]["vocab"].pop("<|im_end|>", None); t["added_tokens"] = [a for a in t["added_tokens"] if a["content"] != "<|im_end|>"]; json.dump(t, open("hfnoend/tokenizer.json", "w"))'

@@ -207,17 +207,24 @@ EOF
   > "$work/chat4.txt" 2> "$work/chat4.err" || bad "fsdp-generate --model (plain sharded HF folder) failed: $(tail -2 "$work/chat4.err")"
 cmp -s "$work/chat2.txt" "$work/chat4.txt" && ok || bad "the plain HF folder's chat answer differs: '$(cat "$work/chat4.txt")'"
 grep -q "(hf llama, " "$work/chat4.err" && ok || bad "the plain folder was not read as a Hugging Face llama: $(head -1 "$work/chat4.err")"
-# A header template not in Llama 3's forms (no BOS, the content untrimmed) is refused by name, not
-# rendered wrongly.
+# A header template not in Llama 3's forms (no BOS, the content untrimmed, no generation prompt)
+# renders as Jinja2 renders it: the prompt is its text, tokenized (after the tokenizer's BOS, where
+# it frames a text).
 python3 - "$work/plain/tokenizer_config.json" << 'EOF'
 import json, sys
 c = json.load(open(sys.argv[1]))
-c["chat_template"] = "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}<|eot_id|>{% endfor %}"
+c["chat_template"] = "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}<|im_end|>{% endfor %}"
 json.dump(c, open(sys.argv[1], "w"))
 EOF
-"$bin/fsdp-generate" --model "$work/plain" --chat "Hi" --tokens 1 > /dev/null 2> "$work/chat5.err" \
-  && bad "a header chat template not in Llama 3's forms was rendered" \
-  || { grep -q "not as Llama 3's templates do" "$work/chat5.err" && ok || bad "template refusal: $(tail -1 "$work/chat5.err")"; }
+"$bin/fsdp-generate" --model "$work/plain" --chat " Hi " --print-logits --logits-rows -1 > "$work/chat5.json" 2> "$work/chat5.err" \
+  || bad "a header chat template not in Llama 3's forms: $(tail -1 "$work/chat5.err")"
+printf '<|start_header_id|>user<|end_header_id|>\n\n Hi <|im_end|>' > "$work/chat5.txt"
+"$bin/fsdp-tokenize" --tokenizer "$work/plain/tokenizer.json" "$work/chat5.txt" > "$work/chat5.ids" 2>> "$work/chat5.err"
+python3 - "$work/chat5.json" "$work/chat5.ids" << 'EOF' && ok || bad "the header template's prompt is not its text: $(tail -1 "$work/chat5.err")"
+import json, sys
+ids, want = json.load(open(sys.argv[1]))["ids"], [int(x) for x in open(sys.argv[2]).read().split()]
+assert ids[-len(want):] == want and len(ids) - len(want) <= 1, (ids, want)
+EOF
 rm -rf "$work/plain"
 "$bin/fsdp-generate" --ckpt "$work/ck" --chat "What is the capital of France?" --temperature 0 --tokens 32 \
   > "$work/chat3.txt" 2> "$work/chat3.err" || bad "fsdp-generate --ckpt --chat failed: $(tail -2 "$work/chat3.err")"

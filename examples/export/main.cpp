@@ -161,12 +161,14 @@ int main(int argc, char** argv) {
              checkpoint::hf_config_json(cfg, dtype, tok ? *tok : data::Tokenizer::bytes(), meta)}};
         if (tok)
           for (auto& f : checkpoint::hf_tokenizer_files(cfg, *tok, meta)) files.push_back(f);
-        for (const auto& [name, text] : files)  // each checked to its close, fsynced
-          write_file_atomic((dir / name).string(), text + "\n", "[fsdp-export]");
-        fmt::print("export: wrote {} beside it\n",
-                   tok ? "config.json, tokenizer.json, tokenizer_config.json and "
-                         "generation_config.json"
-                       : "config.json");
+        // Each checked to its close, fsynced; the JSON files end with a newline, the template
+        // is written as it came.
+        for (const auto& [name, text] : files)
+          write_file_atomic((dir / name).string(), name.ends_with(".json") ? text + "\n" : text,
+                            "[fsdp-export]");
+        std::string names_written;
+        for (const auto& f : files) names_written += (names_written.empty() ? "" : ", ") + f.first;
+        fmt::print("export: wrote {} beside it\n", names_written);
       } else if (tok) {
         const auto tj = std::filesystem::path(out).parent_path() / "tokenizer.json";
         write_file_atomic(tj.string(), tok->json() + "\n", "[fsdp-export]");

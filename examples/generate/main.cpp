@@ -8,7 +8,8 @@
 // save_pretrained folder (config.json and model.safetensors, or its index over several files),
 // one of its files, or a llama.cpp GGUF file, through the library's load_pretrained; safetensors
 // are memory-mapped and used in place where their dtype is the compute one. --chat renders the
-// model's chat template (ChatML; others are refused by name) and stops at the end of the turn.
+// model's chat template (run by the Jinja engine, as transformers runs it) and stops at the end of
+// the turn.
 // --ckpt consolidates a checkpoint in memory. The tokenizer is --tokenizer's, else the
 // tokenizer.json beside the model or saved in the checkpoint, else the bytes. Text goes to stdout
 // as it is sampled; everything else to stderr.
@@ -141,8 +142,8 @@ int main(int argc, char** argv) {
                  "ids are printed as a JSON list");
   app.add_option(
       "--chat", chat,
-      "a user message, rendered with the model's chat template (ChatML, Gemma's or Llama 3's); "
-      "stops at the end of the turn");
+      "a user message, rendered by the model's chat template as transformers renders it (the "
+      "Jinja engine); stops at the end of the turn");
   app.add_option("--system", system, "with --chat: the system message (default: the template's)");
   std::string chat_template;
   app.add_option("--chat-template", chat_template,
@@ -214,16 +215,23 @@ int main(int argc, char** argv) {
             "[fsdp-generate] --chat: {} has no chat template (tokenizer_config.json's "
             "chat_template, chat_template.jinja or the GGUF's tokenizer.chat_template)",
             l.what);
-      prompt = checkpoint::render_chat(l.pre.chat_template, *chat, system);
-      // The turns end with <|im_end|> (ChatML) or <end_of_turn> (Gemma): without that token the
-      // answer would never stop.
-      const auto format = data::ChatFormat::recognize(l.pre.chat_template);
+      prompt = checkpoint::render_chat(l.pre, tok, *chat, system);
+      // The answer ends at the end of turn the template writes (<|im_end|>, <end_of_turn>,
+      // <|eot_id|>, named outside its comments), or else at EOS: a marker the tokenizer lacks would
+      // come out as text and never stop it.
+      const std::string named = data::without_jinja_comments(l.pre.chat_template);
       const auto& vocab = tok.tokens();
-      if (std::find(vocab.begin(), vocab.end(), format.end_of_turn()) == vocab.end())
-        FSDP_FAIL(
-            "[fsdp-generate] --chat: the chat template is {}, whose turns end with {}, but the "
-            "tokenizer ({}) has no such token, so the answer would never stop",
-            format.name(), format.end_of_turn(), tok.describe());
+      for (const char* end : {"<|im_end|>", "<end_of_turn>", "<|eot_id|>"})
+        if (named.find(end) != std::string::npos &&
+            std::find(vocab.begin(), vocab.end(), end) == vocab.end())
+          FSDP_FAIL(
+              "[fsdp-generate] --chat: the chat template ends its turns with {}, but the "
+              "tokenizer ({}) has no such token, so the answer would never stop",
+              end, tok.describe());
+      FSDP_CHECK(l.pre.eot_id.has_value(),
+                 "[fsdp-generate] --chat: the tokenizer ({}) has no end-of-turn or EOS token, so "
+                 "the answer would never stop",
+                 tok.describe());
       stop = l.pre.eot_id;
     } else {
       FSDP_CHECK(!system, "[fsdp-generate] --system needs --chat");

@@ -8,8 +8,9 @@
 //   fsdp-tokenize --tokenizer T --decode a.ids   writes a.ids.txt
 //   fsdp-tokenize --tokenizer MODEL --chat chats.jsonl
 //       each {"messages": [...]} line rendered with MODEL's chat template (a GGUF file or a
-//       Hugging Face folder: its tokenizer and template) and tokenized as fsdp-train trains on
-//       it: one line {"ids": [...], "target": [0|1, ...]} per conversation (tests/chat_test.py)
+//       Hugging Face folder: its tokenizer and template) by the Jinja engine and tokenized as
+//       fsdp-train trains on it: one line {"ids": [...], "target": [0|1, ...]} per conversation
+//       (tests/chat_test.py); a conversation the template refuses stops it, naming the line
 //   fsdp-tokenize --tokenizer tokenizer.json --chat-template T.jinja --chat chats.jsonl
 //       the same with a tokenizer file alone and a template
 //   fsdp-tokenize --chat-template T.jinja --render --chat chats.jsonl
@@ -64,9 +65,12 @@ void print_chats(const std::string& model, const std::string& jsonl,
   if (!chat_template.empty()) fsdp::checkpoint::set_chat_template(pre, chat_template);
   FSDP_CHECK(pre.tokenizer, "[fsdp-tokenize] --chat: {} has no tokenizer", model);
   FSDP_CHECK(!pre.chat_template.empty(), "[fsdp-tokenize] --chat: {} has no chat template", model);
-  const auto format = fsdp::data::ChatFormat::recognize(pre.chat_template);
-  for (const auto& chat : fsdp::data::read_chat_jsonl(jsonl)) {
-    const auto s = fsdp::data::tokenize_chat(*pre.tokenizer, fsdp::data::render(format, chat));
+  const auto tmpl = fsdp::data::ChatTemplate::of_model(pre.chat_template, *pre.tokenizer,
+                                                       pre.bos_id, pre.eos_id);
+  std::vector<int64_t> lines;
+  const auto chats = fsdp::data::read_chat_jsonl(jsonl, &lines);
+  for (size_t k = 0; k < chats.size(); ++k) {
+    const auto s = fsdp::data::chat_sample(jsonl, lines[k], *pre.tokenizer, tmpl, chats[k]);
     std::string ids, target;
     for (size_t i = 0; i < s.ids.size(); ++i) {
       ids += (i ? "," : "") + std::to_string(s.ids[i]);

@@ -185,12 +185,13 @@ void set_chat_template(Pretrained& p, const std::string& jinja_file) {
   set_eot(p);
 }
 
-std::string render_chat(const std::string& chat_template, const std::string& user,
+std::string render_chat(const Pretrained& p, const data::Tokenizer& tok, const std::string& user,
                         const std::optional<std::string>& system) {
   data::Conversation chat;
   if (system) chat.push_back({"system", *system});
   chat.push_back({"user", user});
-  return data::render(data::ChatFormat::recognize(chat_template), chat, true).text;
+  return data::ChatTemplate::of_model(p.chat_template, tok, p.bos_id, p.eos_id)
+      .text(chat, true);
 }
 
 }  // namespace fsdp::checkpoint

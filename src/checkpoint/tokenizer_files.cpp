@@ -1,5 +1,5 @@
 // The files beside a Hugging Face export's weights: config.json (the family's, from its spec in
-// src/models/), tokenizer.json with tokenizer_config.json and
+// src/models/), tokenizer.json with tokenizer_config.json, chat_template.jinja and
 // generation_config.json, and the checkpoint's tokenizer_meta.json (TokenizerMeta). Special ids
 // come from TokenizerMeta when a pretrained model gave them, else from the tokenizer's guesses.
 #include <algorithm>
@@ -78,9 +78,14 @@ std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(
   json gen = {{"_from_model_config", true}};
   if (bos) gen["bos_token_id"] = *bos;
   if (eos) gen["eos_token_id"] = *eos;
-  return {{"tokenizer.json", tok.json()},
-          {"tokenizer_config.json", config.dump(2)},
-          {"generation_config.json", gen.dump(2)}};
+  std::vector<std::pair<std::string, std::string>> files = {
+      {"tokenizer.json", tok.json()},
+      {"tokenizer_config.json", config.dump(2)},
+      {"generation_config.json", gen.dump(2)}};
+  // transformers 5 saves the template beside tokenizer_config.json and reads it from there first:
+  // the text as the model came with it, byte for byte.
+  if (!meta.chat_template.empty()) files.emplace_back("chat_template.jinja", meta.chat_template);
+  return files;
 }
 
 }  // namespace fsdp::checkpoint

@@ -220,21 +220,35 @@ void for_each_line(const std::string& path, F&& f) {
 
 }  // namespace
 
-std::vector<Conversation> read_chat_jsonl(const std::string& path) {
+std::vector<Conversation> read_chat_jsonl(const std::string& path, std::vector<int64_t>* lines) {
   std::vector<Conversation> out;
   for_each_line(path, [&](int64_t line_no, const std::string& line) {
     const json j = parse_line(path, line_no, line);
     FSDP_CHECK(j.contains("messages"), "[data] {}:{}: no \"messages\"; expected {{\"messages\": "
                "[{{\"role\": ..., \"content\": ...}}, ...]}}", path, line_no);
     out.push_back(conversation_of(path, line_no, j));
+    if (lines) lines->push_back(line_no);
   });
   return out;
 }
 
+TokenizedSample chat_sample(const std::string& path, int64_t line, const Tokenizer& tok,
+                            const ChatTemplate& chat, const Conversation& conversation) {
+  RenderedChat rendered;
+  try {
+    rendered = chat.render(conversation);
+  } catch (const Error& e) {
+    FSDP_FAIL("[data] {}:{}: the chat template refuses the conversation: {}", path, line,
+              without_source_place(e.what()));
+  }
+  return tokenize_chat(tok, rendered);
+}
+
 std::unique_ptr<SampleSource> open_jsonl_samples(const std::string& path, const Tokenizer* tok,
                                                  const std::string& chat_template, int64_t vocab,
-                                                 int64_t seq) {
-  std::optional<ChatFormat> format;  // recognized at the first chat line
+                                                 int64_t seq, std::optional<int32_t> bos,
+                                                 std::optional<int32_t> eos) {
+  std::optional<ChatTemplate> chat;  // parsed at the first chat line
   std::vector<TokenizedSample> samples;
   int64_t chats = 0, rows = 0;
   for_each_line(path, [&](int64_t line_no, const std::string& line) {
@@ -245,8 +259,9 @@ std::unique_ptr<SampleSource> open_jsonl_samples(const std::string& path, const 
                  "pretrained model that has both: --init-from); {}",
                  path, line_no, !tok || tok->is_bytes() ? "the run's tokenizer is bytes"
                                                         : "the model has no chat template");
-      if (!format) format = ChatFormat::recognize(chat_template);
-      TokenizedSample s = tokenize_chat(*tok, render(*format, conversation_of(path, line_no, j)));
+      if (!chat) chat = ChatTemplate::of_model(chat_template, *tok, bos, eos);
+      TokenizedSample s =
+          chat_sample(path, line_no, *tok, *chat, conversation_of(path, line_no, j));
       for (size_t i = 0; i < s.ids.size(); ++i)
         FSDP_CHECK(s.ids[i] < vocab, "[data] {}:{}: token {} is id {}, outside the model's vocab "
                    "{}", path, line_no, i, s.ids[i], vocab);
@@ -263,7 +278,7 @@ std::unique_ptr<SampleSource> open_jsonl_samples(const std::string& path, const 
     }
   });
   std::string what = path + ": ";
-  if (chats) what += fmt::format("{} chats ({})", chats, format->name());
+  if (chats) what += fmt::format("{} chats (the model's chat template)", chats);
   if (chats && rows) what += ", ";
   if (rows) what += fmt::format("{} tokenized rows", rows);
   const int32_t pad = tok && tok->eos_id() ? *tok->eos_id() : 0;

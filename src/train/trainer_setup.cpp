@@ -398,7 +398,9 @@ int32_t Trainer::Impl::pack_eos() const {
 // A JSONL file of chats (rendered with the --init-from model's template) or tokenized rows.
 std::unique_ptr<data::SampleSource> Trainer::Impl::open_samples(const std::string& spec) {
   return data::open_jsonl_samples(spec, tokenizer ? &*tokenizer : nullptr,
-                                  pretrained ? pretrained->chat_template : "", cfg.vocab, cfg.seq);
+                                  pretrained ? pretrained->chat_template : "", cfg.vocab, cfg.seq,
+                                  pretrained ? pretrained->bos_id : std::nullopt,
+                                  pretrained ? pretrained->eos_id : std::nullopt);
 }
 
 // llm.c shards or bytes; a text file is encoded with the run's tokenizer when it is not bytes

@@ -77,7 +77,8 @@ std::string hf_config_json(const nn::TransformerConfig& cfg, DType dtype,
                            const data::Tokenizer& tok = data::Tokenizer::bytes(),
                            const TokenizerMeta& meta = {});
 // tokenizer.json, tokenizer_config.json and generation_config.json of a Hugging Face folder
-// (name -> contents), with the tokenizer's BOS and EOS.
+// (name -> contents), with the tokenizer's BOS and EOS, and chat_template.jinja, the template as it
+// came (also in tokenizer_config.json), when the model has one.
 std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(
     const nn::TransformerConfig& cfg, const data::Tokenizer& tok, const TokenizerMeta& meta = {});
 // Our parameter name -> Hugging Face's ("" for the packed in-projection and its bias, which split

@@ -20,7 +20,7 @@
 //   for (auto& b : model.layers()) fully_shard(b, mesh);
 //   FSDPModule& root = fully_shard(model, mesh);
 //   pre.load_into(model, &root);                     // this rank's rows only
-//   std::string prompt = checkpoint::render_chat(pre.chat_template, "Hi");
+//   std::string prompt = checkpoint::render_chat(pre, *pre.tokenizer, "Hi");
 #pragma once
 
 #include <cstdint>
@@ -107,20 +107,22 @@ nn::TransformerConfig config_from_family(const std::string& family, const std::s
 // reads no GGUF, is refused by name.
 nn::TransformerConfig config_from_gguf(const GgufFile& f);
 
-// The end-of-turn id of a chat template: ChatML's <|im_end|> or Gemma's <end_of_turn> where the
-// template writes it and the vocabulary has it, else `eos`.
 // The chat template of a Jinja file in place of the model's own (Gemma 3's base GGUF ships none:
 // its instruct template), and the end of turn it implies. Throws naming the file.
 void set_chat_template(Pretrained& p, const std::string& jinja_file);
 
+// The end-of-turn id of a chat template, the token that ends the answer of fsdp-generate --chat:
+// ChatML's <|im_end|>, Gemma's <end_of_turn> or Llama 3's <|eot_id|> where the template's text
+// (outside its comments) names it and the vocabulary has it, else `eos`. It only stops generation;
+// the prompt and the training text are the template's own rendering (render_chat).
 std::optional<int32_t> end_of_turn_id(const data::Tokenizer& tok, const std::string& chat_template,
                                       std::optional<int32_t> eos);
 
-// The first user turn of a chat, rendered as `chat_template` would with add_generation_prompt:
-// ChatML templates (<|im_start|>role\n...<|im_end|>\n, SmolLM2's and Qwen's) are recognised by
-// their markers; the template's default system message is used when `system` is unset and the
-// template has one. Any other template is refused by name (never rendered wrongly).
-std::string render_chat(const std::string& chat_template, const std::string& user,
+// The first user turn of a chat (after `system`, when given), rendered by `p`'s chat template with
+// add_generation_prompt, as transformers' apply_chat_template renders it (data::ChatTemplate: the
+// template runs in the sandboxed Jinja engine, with p's BOS and EOS tokens, else tok's, as
+// bos_token and eos_token). Throws the template's raise_exception message, naming the template.
+std::string render_chat(const Pretrained& p, const data::Tokenizer& tok, const std::string& user,
                         const std::optional<std::string>& system = std::nullopt);
 
 }  // namespace fsdp::checkpoint

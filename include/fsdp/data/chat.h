@@ -1,23 +1,28 @@
 // Chat data for supervised fine-tuning: conversations rendered with the model's chat template,
 // tokenized, and trained on the assistant's replies alone.
 //
-//   - ChatFormat::recognize() reads a model's chat template (its Jinja text, never executed) and
-//     names the format it writes: ChatML (<|im_start|>role\n...<|im_end|>\n: SmolLM2, Qwen2.5),
-//     with the template's own default system turn, or Gemma's (<bos>, then
-//     <start_of_turn>user|model\n{content, trimmed}<end_of_turn>\n, the roles alternating and
-//     the system message before the first user turn's content: Gemma 3's instruct template), or
-//     Llama 3's headers (<|begin_of_text|>, then
-//     <|start_header_id|>role<|end_header_id|>\n\n{content, trimmed}<|eot_id|>: Llama 3.0's
-//     template, and 3.1's to 3.3's, which always open with a system block that holds the knowledge
-//     cutoff and a date, the template's fixed one or, where it calls strftime_now, today's as
-//     transformers writes it, "%d %b %Y" in local time). Any other template is refused by name; a
-//     conversation in another format reaches training as tokenized rows (below), which any
-//     renderer can write.
-//   - render() gives the text, token for token what transformers' apply_chat_template gives, and
-//     the byte spans that are targets: each assistant turn's content and its end-of-turn token
-//     (<|im_end|>, <end_of_turn>, <|eot_id|>). The newline after it is not a target, nor is the
-//     header ("<|im_start|>assistant\n", "<start_of_turn>model\n",
-//     "<|start_header_id|>assistant<|end_header_id|>\n\n").
+//   - ChatTemplate runs the model's own Jinja template (fsdp/data/jinja.h, the sandboxed engine)
+//     as transformers' apply_chat_template does: the variables messages, add_generation_prompt,
+//     bos_token and eos_token (the model's BOS and EOS tokens, else the tokenizer's; undefined
+//     where there is none; no other special token is passed), tools and documents (none), and
+//     the globals raise_exception and strftime_now. Whatever the template writes is the text,
+//     whatever markers it holds or lacks: a template that upper-cases the content trains on the
+//     upper-cased text, and one that raises an exception refuses the conversation with its
+//     message. No marker is matched to render; the one use of markers left is
+//     checkpoint::end_of_turn_id, the token that stops fsdp-generate --chat's answer.
+//   - render() gives that text and the byte spans that are targets:
+//       * a template with {% generation %} blocks: the bytes those blocks write (transformers'
+//         return_assistant_tokens_mask);
+//       * any other: each assistant turn's bytes, found by rendering the conversation twice, up
+//         to the turn with the generation prompt (P: the turns before and the assistant's header)
+//         and through it without (F). F must begin with P, and the whole conversation's text
+//         with F up to the span's end, else the conversation is refused by name (Qwen3's template,
+//         say, writes a reply that ends the conversation with an empty <think> block and one
+//         that a user turn follows without, so no span of the text is that turn's). The span is
+//         F's bytes after P, less the whitespace at their end (as Python's str.rstrip strips it):
+//         the reply and its end-of-turn token ("hi<|im_end|>" of ChatML's
+//         "<|im_start|>assistant\nhi<|im_end|>\n"; "hi<end_of_turn>" for Gemma 3;
+//         "hi<|eot_id|>" for Llama 3.x), not the header, not the newline after the token.
 //   - tokenize_chat() encodes the whole text once (never piece by piece, which would split BPE
 //     merges at the turns' edges) and marks a token a target when any of its bytes lies in a span,
 //     as transformers' return_assistant_tokens_mask does.
@@ -48,6 +53,9 @@
 namespace fsdp::data {
 
 class Tokenizer;
+namespace jinja {
+class Template;
+}
 
 struct ChatMessage {
   std::string role;  // "system", "user" or "assistant"
@@ -59,34 +67,34 @@ using Conversation = std::vector<ChatMessage>;
 // Llama 3 template may mention ChatML in one).
 std::string without_jinja_comments(const std::string& jinja_template);
 
-class ChatFormat {
- public:
-  enum class Kind { chatml, gemma, llama3 };
-  // Throws, quoting the template's start, for a template whose format is not one of Kind's.
-  static ChatFormat recognize(const std::string& jinja_template);
-  Kind kind() const { return kind_; }
-  std::string name() const;                // "ChatML", "Gemma", "Llama 3"
-  const std::string& end_of_turn() const;  // "<|im_end|>", "<end_of_turn>", "<|eot_id|>"
-  // The system turn the template writes when the conversation has none (SmolLM2's "You are a
-  // helpful AI assistant named SmolLM, ..."); none when the template writes none.
-  const std::optional<std::string>& default_system() const { return default_system_; }
-  // Llama 3.1's to 3.3's system block: the text before the system message
-  // ("Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n"), written whether or not
-  // the conversation has a system turn; none for Llama 3.0's template, which writes no block.
-  const std::optional<std::string>& system_preamble() const { return system_preamble_; }
-
- private:
-  Kind kind_ = Kind::chatml;
-  std::optional<std::string> default_system_, system_preamble_;
-};
-
 struct RenderedChat {
   std::string text;
   std::vector<std::pair<size_t, size_t>> targets;  // [begin, end) byte spans of text
 };
-// Throws for a role other than system, user or assistant, or a system turn after the first.
-RenderedChat render(const ChatFormat& format, const Conversation& chat,
-                    bool add_generation_prompt = false);
+
+class ChatTemplate {
+ public:
+  // Parses `source` (throws, naming `name` and the line, for a syntax error or a construct the
+  // engine refuses). bos_token and eos_token are the strings the template sees under those names;
+  // none leaves the name undefined, as transformers does for a tokenizer without the token.
+  ChatTemplate(const std::string& source, std::string name, std::optional<std::string> bos_token,
+               std::optional<std::string> eos_token);
+  // The template of a model: bos and eos are its ids (the model's own; none: the tokenizer's).
+  static ChatTemplate of_model(const std::string& source, const Tokenizer& tok,
+                               std::optional<int32_t> bos, std::optional<int32_t> eos,
+                               std::string name = "chat_template");
+  // The text alone (fsdp-generate's prompt: add_generation_prompt).
+  std::string text(const Conversation& chat, bool add_generation_prompt) const;
+  // The text and its target spans (above). Throws with the template's raise_exception message, a
+  // limit's name, or the prefix rule's refusal; callers add the sample's file and line.
+  RenderedChat render(const Conversation& chat) const;
+  bool has_generation_blocks() const;
+  const std::string& name() const;
+
+ private:
+  std::shared_ptr<const jinja::Template> template_;
+  std::optional<std::string> bos_, eos_;
+};
 
 struct TokenizedSample {
   std::vector<int32_t> ids;
@@ -184,15 +192,23 @@ class PackedSource : public TokenSource {
 // refused naming the form.
 bool is_jsonl(const std::string& path);
 
-// The conversations of a {"messages": ...} JSONL file. Errors name the file, the line and the
-// field, and what was expected.
-std::vector<Conversation> read_chat_jsonl(const std::string& path);
+// The conversations of a {"messages": ...} JSONL file, and in `lines` (when given) each one's line
+// number. Errors name the file, the line and the field, and what was expected.
+std::vector<Conversation> read_chat_jsonl(const std::string& path,
+                                          std::vector<int64_t>* lines = nullptr);
+
+// One conversation of a JSONL file rendered with `chat` and tokenized; a refusal (the template's
+// raise_exception, a limit, the prefix rule) is rethrown naming the file and the line.
+TokenizedSample chat_sample(const std::string& path, int64_t line, const Tokenizer& tok,
+                            const ChatTemplate& chat, const Conversation& conversation);
 
 // A JSONL file of either form, tokenized: chat lines need `tok` (not bytes) and the model's
-// `chat_template`, recognized at the first chat line (throws, saying which is missing, when either
-// is); every id must be below `vocab`.
+// `chat_template`, parsed at the first chat line (throws, saying which is missing, when either
+// is), with `bos` and `eos` as its bos_token and eos_token (the model's; none: the tokenizer's);
+// every id must be below `vocab`.
 std::unique_ptr<SampleSource> open_jsonl_samples(const std::string& path, const Tokenizer* tok,
                                                  const std::string& chat_template, int64_t vocab,
-                                                 int64_t seq);
+                                                 int64_t seq, std::optional<int32_t> bos = {},
+                                                 std::optional<int32_t> eos = {});
 
 }  // namespace fsdp::data
