@@ -24,6 +24,7 @@
 #include "fsdp/ops/rope.h"
 #include "src/core/json_fields.h"
 #include "src/models/llama/llama.h"
+#include "src/models/llama/names.h"
 
 namespace fsdp::models::llama {
 
@@ -287,6 +288,9 @@ nn::TransformerConfig read_gguf(const GgufHeader& f) { return read_gguf_keys(f, 
 
 }  // namespace
 
+// LlamaForCausalLM's names; llama.cpp's converter permuted q and k to neighbouring rotary pairs.
+constexpr StateDictAdapter adapter = relative_adapter({.gguf_arch = "llama"});
+
 const ModelSpec spec = {
     .name = "llama",
     .what =
@@ -295,8 +299,7 @@ const ModelSpec spec = {
     .arch = nn::Arch::llama,
     .hf_model_type = "llama",
     .hf_class = "LlamaForCausalLM",
-    .gguf_arch = "llama",
-    .gguf_half_split = false,
+    .adapter = &adapter,
     .matches = matches,
     .read_hf_config = read,
     .write_hf_config = write,
