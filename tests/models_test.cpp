@@ -249,3 +249,31 @@ TEST(StateDictAdapter, SandwichNormsHaveGemmasNames) {
                                                         Naming::hf),
             "model.layers.1.post_attention_layernorm.weight");
 }
+
+// Each family's adapter is found through the registry with llama.cpp's conventions as its own:
+// llama's converter permuted q and k, the relatives' did not, gemma3's stores (1 + w) norms as
+// 1 + w and spells its SentencePiece vocabulary (and gemma's and gemma2's) by id; mistral and seed
+// have no llama.cpp architecture, and seed, with only our own names, is refused by name.
+TEST(StateDictAdapter, TheRegistryFindsEachFamilysConventions) {
+  for (const char* arch : {"llama", "qwen2", "qwen3", "gemma3"}) {
+    const models::ModelSpec* s = models::spec_for_gguf_arch(arch);
+    ASSERT_TRUE(s) << arch;
+    EXPECT_EQ(s->name, arch);
+    EXPECT_EQ(s->adapter->gguf_half_split, std::string_view(arch) != "llama") << arch;
+    EXPECT_EQ(s->adapter->gguf_norm_plus_one, std::string_view(arch) == "gemma3") << arch;
+    EXPECT_EQ(s->adapter->spells_spm_by_id(arch), std::string_view(arch) == "gemma3") << arch;
+  }
+  EXPECT_TRUE(models::spec_named("gemma3")->adapter->spells_spm_by_id("gemma2"));
+  EXPECT_FALSE(models::spec_named("llama")->adapter->spells_spm_by_id("gemma2"));
+  EXPECT_EQ(models::spec_for_gguf_arch("gemma"), nullptr);
+  EXPECT_EQ(models::spec_for_gguf_arch(""), nullptr);  // mistral's: no llama.cpp architecture
+  EXPECT_EQ(models::gguf_archs(), "llama, qwen2, qwen3, gemma3");
+  nn::TransformerConfig seed = nn::TransformerConfig::preset("tiny");
+  seed.arch = nn::Arch::seed;
+  EXPECT_EQ(models::spec_of(seed).adapter, nullptr);
+  const std::string err = error_of([&] { models::adapter_of(seed, "[export] a PEFT adapter"); });
+  EXPECT_NE(err.find("[export] a PEFT adapter: the seed family"), std::string::npos) << err;
+  nn::TransformerConfig llama = seed;
+  llama.arch = nn::Arch::llama;
+  EXPECT_EQ(&models::adapter_of(llama, "[test]"), models::spec_named("llama")->adapter);
+}

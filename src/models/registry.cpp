@@ -78,8 +78,10 @@ const ModelSpec* spec_for_gguf_arch(std::string_view arch) {
 
 const StateDictAdapter& adapter_of(const nn::TransformerConfig& config, std::string_view what) {
   const ModelSpec& s = spec_to_train(config);
-  FSDP_CHECK(s.adapter, "[models] {} needs Hugging Face or llama.cpp names, which the {} family ({}) "
-             "does not have: it has only its own", what, s.name, s.what);
+  FSDP_CHECK(s.adapter,
+             "{}: the {} family ({}) has only our own parameter names, no Hugging Face or "
+             "llama.cpp ones",
+             what, s.name, s.what);
   return *s.adapter;
 }
 

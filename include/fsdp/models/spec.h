@@ -115,8 +115,8 @@ const ModelSpec& spec_to_train(const nn::TransformerConfig& config);
 const ModelSpec* spec_for_hf_model_type(std::string_view model_type);
 // The family whose GGUF files have general.architecture `arch` (its adapter's); null when none.
 const ModelSpec* spec_for_gguf_arch(std::string_view arch);
-// The adapter of the family that trains a config (spec_to_train's); refuses, naming the family and
-// `what` needs it, one with only our own names (seed).
+// The adapter of the family that trains a config (spec_to_train's); refuses, naming the family,
+// one with only our own names (seed). `what` begins the message: "[export] a PEFT adapter".
 const StateDictAdapter& adapter_of(const nn::TransformerConfig& config, std::string_view what);
 // The llama.cpp architectures of every family whose GGUF files are read, ", "-joined.
 std::string gguf_archs();
