@@ -19,7 +19,6 @@
 #include "fsdp/checkpoint/interchange.h"
 #include "fsdp/core/file.h"
 #include "fsdp/models/spec.h"
-#include "fsdp/ops/rope.h"
 #include "fsdp/models/state_dict_adapter.h"
 
 namespace fsdp::checkpoint {
@@ -141,13 +140,8 @@ void write_gguf(const std::string& path, const nn::TransformerConfig& cfg, const
   // Tensors in llama.cpp's names; 1-D norms (and biases) stay F32 as llama.cpp's converter keeps
   // them. A tied model has no output.weight: llama.cpp then uses token_embd.weight.
   std::vector<std::pair<std::string, Tensor>> tensors;
-  // Llama 3's scaling as llama.cpp's converter writes it: the factor each frequency is divided by.
-  if (cfg.rope_scaling.enabled()) {
-    const std::vector<float> factors =
-        ops::llama3_rope_factors({cfg.rope_theta, cfg.rope_scaling}, cfg.resolved_head_dim());
-    tensors.emplace_back("rope_freqs.weight",
-                         Tensor::from_vector(factors, {int64_t(factors.size())}));
-  }
+  // What the family's converter adds beside the parameters (the rope's factors), first.
+  if (names.gguf_extra_tensors) tensors = names.gguf_extra_tensors(cfg);
   const auto rows = in_proj_rows(cfg);
   const int64_t kv_heads = cfg.resolved_kv_heads();
   auto qk = [&](const Tensor& t, int64_t heads) {

@@ -16,6 +16,11 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fsdp/core/tensor.h"
+#include "fsdp/nn/transformer.h"
 
 namespace fsdp::models {
 
@@ -56,6 +61,10 @@ struct StateDictAdapter {
   bool gguf_norm_plus_one = false;
   // <arch>.attention.sliding_window written where the model has a window.
   bool gguf_sliding_window = false;
+  // The tensors llama.cpp's converter adds beside the parameters, by name (llama's: Llama 3's
+  // rope scaling as rope_freqs.weight, the factor each frequency is divided by). Null: none.
+  std::vector<std::pair<std::string, Tensor>> (*gguf_extra_tensors)(
+      const nn::TransformerConfig& config) = nullptr;
   // Its SentencePiece vocabulary as llama.cpp writes it: scores by id (none in the file), runs of
   // spaces stored as spaces (transformers spells them U+2581); and the other architectures whose
   // files spell their vocabulary so (their weights are not read here).

@@ -7,7 +7,13 @@
 
 #include <array>
 #include <span>
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fsdp/core/tensor.h"
+#include "fsdp/nn/transformer.h"
 
 #include "fsdp/models/state_dict_adapter.h"
 
@@ -40,9 +46,14 @@ inline constexpr std::array<NameRow, 6> kQkvNames = {{
     {"", "self_attn.v_proj.bias", "attn_v.bias"},
 }};
 
+// Llama 3's rope scaling as llama.cpp's converter writes it (rope_freqs.weight), where the config
+// has one (spec.cpp; a relative whose architecture takes none refuses such a config first).
+std::vector<std::pair<std::string, Tensor>> gguf_rope_freqs(const nn::TransformerConfig& config);
+
 // llama's names with a relative's llama.cpp options (its gguf_arch, ...) and its own block rows.
 constexpr StateDictAdapter relative_adapter(StateDictAdapter options,
                                             std::span<const NameRow> own_block = {}) {
+  options.gguf_extra_tensors = gguf_rope_freqs;
   options.top = kTopNames;
   options.own_block = own_block;
   options.block = kBlockNames;

@@ -272,6 +272,13 @@ nn::TransformerConfig read_gguf_keys(const GgufHeader& f, const std::string& arc
   return c;
 }
 
+std::vector<std::pair<std::string, Tensor>> gguf_rope_freqs(const nn::TransformerConfig& config) {
+  if (!config.rope_scaling.enabled()) return {};
+  const std::vector<float> factors = ops::llama3_rope_factors(
+      {config.rope_theta, config.rope_scaling}, config.resolved_head_dim());
+  return {{"rope_freqs.weight", Tensor::from_vector(factors, {int64_t(factors.size())})}};
+}
+
 namespace {
 
 bool matches(const nn::TransformerConfig& c) {
