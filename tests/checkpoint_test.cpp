@@ -42,7 +42,6 @@
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/transformer.h"
 #include "fsdp/optim/adamw.h"
-#include "src/checkpoint/param_names.h"
 #include "test_util.h"
 
 using namespace fsdp;
@@ -71,86 +70,6 @@ struct TinyRun {
 };
 
 }  // namespace
-
-// The one name table (src/checkpoint/param_names.h): every parameter of a two-block llama with
-// q/k/v biases named in Hugging Face's and llama.cpp's naming and back, the in-projection's parts
-// by name, and names outside the table refused with "".
-TEST(ParamNames, EveryParameterRoundTripsThroughHuggingFaceAndGgufNames) {
-  using checkpoint::detail::in_proj_names;
-  using checkpoint::detail::Naming;
-  using checkpoint::detail::rename;
-  nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
-  cfg.arch = nn::Arch::llama;
-  cfg.layers = 2;
-  cfg.qkv_bias = true;
-  cfg.tie_embeddings = false;
-  nn::Transformer model(cfg);
-  int checked = 0;
-  for (const auto& [name, param] : model.named_parameters()) {
-    if (checkpoint::detail::is_in_proj(name) || checkpoint::detail::is_in_proj_bias(name)) {
-      const std::string kind = checkpoint::detail::is_in_proj(name) ? "weight" : "bias";
-      const std::string layer = name.substr(7, name.find('.', 7) - 7);
-      const auto hf = in_proj_names(name, Naming::hf);
-      const auto gguf = in_proj_names(name, Naming::gguf);
-      for (int i = 0; i < 3; ++i) {
-        const std::string qkv(1, "qkv"[i]);
-        EXPECT_EQ(hf[i], "model.layers." + layer + ".self_attn." + qkv + "_proj." + kind);
-        EXPECT_EQ(gguf[i], "blk." + layer + ".attn_" + qkv + "." + kind);
-        EXPECT_EQ(rename(gguf[i], Naming::gguf, Naming::hf), hf[i]);
-        EXPECT_EQ(rename(hf[i], Naming::hf, Naming::ours), "") << "q, k and v are one of ours";
-      }
-      EXPECT_EQ(rename(name, Naming::ours, Naming::gguf), "");
-    } else {
-      const std::string hf = rename(name, Naming::ours, Naming::hf);
-      const std::string gguf = rename(name, Naming::ours, Naming::gguf);
-      ASSERT_FALSE(hf.empty() || gguf.empty()) << name;
-      EXPECT_EQ(rename(hf, Naming::hf, Naming::ours), name);
-      EXPECT_EQ(rename(gguf, Naming::gguf, Naming::ours), name);
-      EXPECT_EQ(rename(gguf, Naming::gguf, Naming::hf), hf);
-      EXPECT_EQ(checkpoint::hf_name(name), hf);
-    }
-    ++checked;
-  }
-  EXPECT_EQ(checked, 3 + 2 * 8);  // embed, norm, head; a block: 2 norms, in-proj, its bias, out, 3 FFN
-  EXPECT_EQ(rename("model.layers.0.input_layernorm.weight", Naming::hf, Naming::gguf),
-            "blk.0.attn_norm.weight");
-  for (const char* bad : {"blk.x.attn_norm.weight", "blk..attn_norm.weight", "blk.3.attn_nrm.weight",
-                          "output_norm", "rope_freqs.weight"})
-    EXPECT_EQ(rename(bad, Naming::gguf, Naming::hf), "") << bad;
-}
-
-// Gemma's sandwich block: its pre-FFN norm (our norm2) is Hugging Face's pre_feedforward_layernorm
-// and its post_attention_layernorm the attention output's norm; every parameter (QK-norm's too)
-// round-trips through both namings with the sandwich table, and the llama table is unchanged.
-TEST(ParamNames, SandwichNormsHaveGemmasNames) {
-  using checkpoint::detail::Naming;
-  using checkpoint::detail::rename;
-  nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
-  cfg.arch = nn::Arch::llama, cfg.layers = 2, cfg.tie_embeddings = true;
-  cfg.qk_norm = cfg.norm_plus_one = cfg.sandwich_norms = cfg.geglu = cfg.embed_scale = true;
-  nn::Transformer model(cfg);
-  int checked = 0;
-  for (const auto& [name, param] : model.named_parameters()) {
-    if (checkpoint::detail::is_in_proj(name)) continue;
-    const std::string hf = rename(name, Naming::ours, Naming::hf, true);
-    const std::string gguf = rename(name, Naming::ours, Naming::gguf, true);
-    ASSERT_FALSE(hf.empty() || gguf.empty()) << name;
-    EXPECT_EQ(rename(hf, Naming::hf, Naming::ours, true), name);
-    EXPECT_EQ(rename(gguf, Naming::gguf, Naming::ours, true), name);
-    EXPECT_EQ(rename(gguf, Naming::gguf, Naming::hf, true), hf);
-    EXPECT_EQ(checkpoint::hf_name(name, true), hf);
-    ++checked;
-  }
-  EXPECT_EQ(checked, 1 + 1 + 2 * 10);  // embed, norm; a block: 4 norms, 2 q/k norms, out, 3 FFN
-  EXPECT_EQ(rename("layers.1.norm2.weight", Naming::ours, Naming::hf, true),
-            "model.layers.1.pre_feedforward_layernorm.weight");
-  EXPECT_EQ(rename("layers.1.post_attn_norm.weight", Naming::ours, Naming::hf, true),
-            "model.layers.1.post_attention_layernorm.weight");
-  EXPECT_EQ(rename("layers.1.post_ffn_norm.weight", Naming::ours, Naming::gguf, true),
-            "blk.1.post_ffw_norm.weight");
-  EXPECT_EQ(rename("layers.1.norm2.weight", Naming::ours, Naming::hf),
-            "model.layers.1.post_attention_layernorm.weight");
-}
 
 TEST(Manager, LockRefusesASecondJobByNameAndIsReleasedWithTheManager) {
   TempDir t;

@@ -23,6 +23,8 @@
 #include "fsdp/checkpoint/gguf.h"
 #include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/core/error.h"
+#include "fsdp/models/spec.h"
+#include "fsdp/models/state_dict_adapter.h"
 #include "fsdp/nn/transformer.h"
 
 using fsdp::checkpoint::GgufFile;
@@ -88,7 +90,14 @@ int info(const GgufFile& f) {
                                            {"original_context", c.rope_scaling.original_context}};
   }
   json names = json::object();
-  for (const auto& t : f.tensors()) names[t.name] = fsdp::checkpoint::hf_name_of_gguf(t.name);
+  // Through the state-dict adapter of the file's family ("" for every name of an architecture no
+  // family has).
+  const fsdp::models::ModelSpec* spec =
+      fsdp::models::spec_for_gguf_arch(f.get_string("general.architecture", ""));
+  for (const auto& t : f.tensors())
+    names[t.name] = spec ? spec->adapter->rename(t.name, fsdp::models::Naming::gguf,
+                                                 fsdp::models::Naming::hf)
+                         : "";
   j["hf_names"] = names;
   std::cout << j.dump() << "\n";
   return 0;

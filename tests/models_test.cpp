@@ -5,6 +5,7 @@
 // transformers are families_ref_test's and gemma3_ref_test's (with torch).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <exception>
 #include <initializer_list>
 #include <map>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "fsdp/models/spec.h"
+#include "fsdp/models/state_dict_adapter.h"
 #include "fsdp/nn/transformer.h"
 #include "test_util.h"
 
@@ -151,4 +153,127 @@ TEST(ModelSpec, AMixOfOptionsNoFamilyHoldsIsRefusedForExportAndTrainsAsItsForm) 
             std::string::npos);
   for (const nn::TransformerConfig& c : {both, some, gemma_biased})
     EXPECT_EQ(models::spec_to_train(c).name, "llama");
+}
+
+namespace {
+// Our parameter `name` through the adapter's Hugging Face and GGUF names and back: both exist and
+// each leads back to it. Returns its Hugging Face name.
+std::string expect_round_trip(const models::StateDictAdapter& a, const std::string& name) {
+  using models::Naming;
+  const std::string hf = a.rename(name, Naming::ours, Naming::hf);
+  const std::string gguf = a.rename(name, Naming::ours, Naming::gguf);
+  EXPECT_FALSE(hf.empty() || gguf.empty()) << name;
+  EXPECT_EQ(a.rename(hf, Naming::hf, Naming::ours), name);
+  EXPECT_EQ(a.rename(gguf, Naming::gguf, Naming::ours), name);
+  EXPECT_EQ(a.rename(gguf, Naming::gguf, Naming::hf), hf);
+  return hf;
+}
+}  // namespace
+
+// The state-dict adapter of a family (here qwen2's, llama's names with its llama.cpp options):
+// every parameter of a two-block llama with q/k/v biases named in Hugging Face's and llama.cpp's
+// naming and back, the in-projection's parts by name, and names outside the table refused with "".
+TEST(StateDictAdapter, EveryParameterRoundTripsThroughHuggingFaceAndGgufNames) {
+  using models::Naming;
+  nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
+  cfg.arch = nn::Arch::llama;
+  cfg.layers = 2;
+  cfg.qkv_bias = true;
+  cfg.tie_embeddings = false;
+  const models::ModelSpec& spec = models::spec_of(cfg);
+  ASSERT_EQ(spec.name, "qwen2");
+  const models::StateDictAdapter& a = *spec.adapter;
+  auto rename = [&](const std::string& n, Naming from, Naming to) { return a.rename(n, from, to); };
+  auto in_proj_names = [&](const std::string& n, Naming to) { return a.in_proj_names(n, to); };
+  nn::Transformer model(cfg);
+  int checked = 0;
+  for (const auto& [name, param] : model.named_parameters()) {
+    if (models::is_in_proj(name) || models::is_in_proj_bias(name)) {
+      const std::string kind = models::is_in_proj(name) ? "weight" : "bias";
+      const std::string layer = name.substr(7, name.find('.', 7) - 7);
+      const auto hf = in_proj_names(name, Naming::hf);
+      const auto gguf = in_proj_names(name, Naming::gguf);
+      for (int i = 0; i < 3; ++i) {
+        const std::string qkv(1, "qkv"[i]);
+        EXPECT_EQ(hf[i], "model.layers." + layer + ".self_attn." + qkv + "_proj." + kind);
+        EXPECT_EQ(gguf[i], "blk." + layer + ".attn_" + qkv + "." + kind);
+        EXPECT_EQ(rename(gguf[i], Naming::gguf, Naming::hf), hf[i]);
+        EXPECT_EQ(rename(hf[i], Naming::hf, Naming::ours), "") << "q, k and v are one of ours";
+      }
+      EXPECT_EQ(rename(name, Naming::ours, Naming::gguf), "");
+    } else {
+      const std::string hf = expect_round_trip(a, name);
+      // llama's own adapter, and every relative's, name it alike.
+      for (const char* family : {"llama", "qwen3", "mistral", "gemma3"})
+        if (name.find("norm2") == std::string::npos || std::string_view(family) != "gemma3")
+          EXPECT_EQ(models::spec_named(family)->adapter->rename(name, Naming::ours, Naming::hf), hf)
+              << family << " " << name;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 3 + 2 * 8);  // embed, norm, head; a block: 2 norms, in-proj, its bias, out, 3 FFN
+  EXPECT_EQ(rename("model.layers.0.input_layernorm.weight", Naming::hf, Naming::gguf),
+            "blk.0.attn_norm.weight");
+  for (const char* bad : {"blk.x.attn_norm.weight", "blk..attn_norm.weight", "blk.3.attn_nrm.weight",
+                          "output_norm", "rope_freqs.weight"})
+    EXPECT_EQ(rename(bad, Naming::gguf, Naming::hf), "") << bad;
+}
+
+// Gemma's sandwich block (gemma3's adapter): its pre-FFN norm (our norm2) is Hugging Face's
+// pre_feedforward_layernorm and its post_attention_layernorm the attention output's norm; every
+// parameter (QK-norm's too) round-trips through both namings, and llama's adapter is unchanged.
+TEST(StateDictAdapter, SandwichNormsHaveGemmasNames) {
+  using models::Naming;
+  nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
+  cfg.arch = nn::Arch::llama, cfg.layers = 2, cfg.tie_embeddings = true;
+  cfg.qk_norm = cfg.norm_plus_one = cfg.sandwich_norms = cfg.geglu = cfg.embed_scale = true;
+  const models::ModelSpec& spec = models::spec_of(cfg);
+  ASSERT_EQ(spec.name, "gemma3");
+  const models::StateDictAdapter& a = *spec.adapter;
+  auto rename = [&](const std::string& n, Naming from, Naming to) { return a.rename(n, from, to); };
+  nn::Transformer model(cfg);
+  int checked = 0;
+  for (const auto& [name, param] : model.named_parameters()) {
+    if (models::is_in_proj(name)) continue;
+    expect_round_trip(a, name);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 1 + 1 + 2 * 10);  // embed, norm; a block: 4 norms, 2 q/k norms, out, 3 FFN
+  EXPECT_EQ(rename("layers.1.norm2.weight", Naming::ours, Naming::hf),
+            "model.layers.1.pre_feedforward_layernorm.weight");
+  EXPECT_EQ(rename("layers.1.post_attn_norm.weight", Naming::ours, Naming::hf),
+            "model.layers.1.post_attention_layernorm.weight");
+  EXPECT_EQ(rename("layers.1.post_ffn_norm.weight", Naming::ours, Naming::gguf),
+            "blk.1.post_ffw_norm.weight");
+  EXPECT_EQ(models::spec_named("llama")->adapter->rename("layers.1.norm2.weight", Naming::ours,
+                                                        Naming::hf),
+            "model.layers.1.post_attention_layernorm.weight");
+}
+
+// Each family's adapter is found through the registry with llama.cpp's conventions as its own:
+// llama's converter permuted q and k, the relatives' did not, gemma3's stores (1 + w) norms as
+// 1 + w and spells its SentencePiece vocabulary (and gemma's and gemma2's) by id; mistral and seed
+// have no llama.cpp architecture, and seed, with only our own names, is refused by name.
+TEST(StateDictAdapter, TheRegistryFindsEachFamilysConventions) {
+  for (const char* arch : {"llama", "qwen2", "qwen3", "gemma3"}) {
+    const models::ModelSpec* s = models::spec_for_gguf_arch(arch);
+    ASSERT_TRUE(s) << arch;
+    EXPECT_EQ(s->name, arch);
+    EXPECT_EQ(s->adapter->gguf_half_split, std::string_view(arch) != "llama") << arch;
+    EXPECT_EQ(s->adapter->gguf_norm_plus_one, std::string_view(arch) == "gemma3") << arch;
+    EXPECT_EQ(s->adapter->spells_spm_by_id(arch), std::string_view(arch) == "gemma3") << arch;
+  }
+  EXPECT_TRUE(models::spec_named("gemma3")->adapter->spells_spm_by_id("gemma2"));
+  EXPECT_FALSE(models::spec_named("llama")->adapter->spells_spm_by_id("gemma2"));
+  EXPECT_EQ(models::spec_for_gguf_arch("gemma"), nullptr);
+  EXPECT_EQ(models::spec_for_gguf_arch(""), nullptr);  // mistral's: no llama.cpp architecture
+  EXPECT_EQ(models::gguf_archs(), "llama, qwen2, qwen3, gemma3");
+  nn::TransformerConfig seed = nn::TransformerConfig::preset("tiny");
+  seed.arch = nn::Arch::seed;
+  EXPECT_EQ(models::spec_of(seed).adapter, nullptr);
+  const std::string err = error_of([&] { models::adapter_of(seed, "[export] a PEFT adapter"); });
+  EXPECT_NE(err.find("[export] a PEFT adapter: the seed family"), std::string::npos) << err;
+  nn::TransformerConfig llama = seed;
+  llama.arch = nn::Arch::llama;
+  EXPECT_EQ(&models::adapter_of(llama, "[test]"), models::spec_named("llama")->adapter);
 }

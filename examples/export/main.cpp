@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
                cfg.layers, cfg.dim);
     if (!out.empty()) {
       auto named = cfg.arch == nn::Arch::llama && names == "auto"
-                       ? checkpoint::to_hf_llama(cfg, tensors)
+                       ? checkpoint::to_hf(cfg, tensors)
                        : tensors;
       for (auto& [n, t] : named) t = t.contiguous().to(dtype);
       checkpoint::save_safetensors(out, named, {{"format", "pt"}, {"fsdp.config", cfg.to_json()}});

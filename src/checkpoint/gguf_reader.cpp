@@ -1,6 +1,7 @@
 // GGUF reader: a bounds-checked cursor over a read-only mapping, the file's key/values and
-// tensor index, and rows of a tensor read through the dequantizers (ggml_quants.cpp). The llama
-// metadata and the tokenizer are gguf_llama.cpp's. See include/fsdp/checkpoint/gguf.h.
+// tensor index, and rows of a tensor read through the dequantizers (ggml_quants.cpp). A family
+// reads its metadata (its spec's read_gguf_config); the tokenizer is gguf_tokenizer.cpp's. See
+// include/fsdp/checkpoint/gguf.h.
 //
 // Every read goes through Cursor, which refuses to step past the end of the file; every count
 // read from the file is compared with the bytes left (each element takes at least one byte,
@@ -13,7 +14,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -22,6 +22,8 @@
 #include "fsdp/checkpoint/gguf.h"
 #include "fsdp/core/error.h"
 #include "fsdp/core/file.h"
+#include "fsdp/models/spec.h"
+#include "fsdp/models/state_dict_adapter.h"
 #include "src/checkpoint/ggml_bytes.h"
 
 namespace fsdp::checkpoint {
@@ -401,29 +403,24 @@ const uint8_t* GgufFile::tensor_data(const std::string& name) const {
 
 // ---------------------------------------------------------------- rows
 
-namespace {
-// Architectures whose q/k llama.cpp's converter leaves in Hugging Face's order (their rope is
-// NEOX-style in llama.cpp too).
-const std::set<std::string> kNotPermuted = {"qwen2", "qwen3", "gemma3"};  // read_rows' error
-}  // namespace
-
-// Hugging Face's order for q and k of llama: the head count whose permutation to undo, or 0 where
-// nothing was permuted.
+// Hugging Face's order for q and k: the head count whose permutation to undo, or 0 where nothing
+// was permuted. The family of the file's architecture says whether llama.cpp's converter permuted
+// them (its state-dict adapter's gguf_half_split).
 int64_t GgufFile::permuted_heads(const std::string& name, RowOrder order) const {
   const GgufTensorInfo& ti = tensor(name);
   const bool q = name.ends_with(".attn_q.weight"), k = name.ends_with(".attn_k.weight");
   if (order == RowOrder::hf && name.starts_with("blk.") && (q || k)) {
     const std::string& arch = get_string("general.architecture");
-    FSDP_CHECK(arch == "llama" || kNotPermuted.count(arch),
+    const models::ModelSpec* spec = models::spec_for_gguf_arch(arch);
+    FSDP_CHECK(spec,
                "[gguf] {}: general.architecture is '{}'; fsdp.cpp knows whether llama.cpp's "
-               "converter permuted the q/k rows of llama (it did), qwen2, qwen3 and gemma3 (it did "
-               "not), "
-               "so it cannot give tensor '{}' in Hugging Face's order",
-               path_, arch, name);
-    if (arch == "llama") {
-      const int64_t n_head =
-          q ? get_int("llama.attention.head_count")
-            : get_int("llama.attention.head_count_kv", get_int("llama.attention.head_count"));
+               "converter permuted the q/k rows only of {}, so it cannot give tensor '{}' in "
+               "Hugging Face's order",
+               path_, arch, models::gguf_archs(), name);
+    if (!spec->adapter->gguf_half_split) {
+      const std::string a = arch + ".attention.";
+      const int64_t n_head = q ? get_int(a + "head_count")
+                               : get_int(a + "head_count_kv", get_int(a + "head_count"));
       FSDP_CHECK(ti.ne.size() == 2 && n_head > 0 && ti.rows() % (2 * n_head) == 0,
                  "[gguf] {}: tensor '{}' ({} rows) cannot be put in Hugging Face's order for {} "
                  "heads: it needs 2 dims and rows a multiple of 2 x heads",

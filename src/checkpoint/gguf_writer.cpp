@@ -1,7 +1,8 @@
-// GGUF v3 for llama.cpp (write_gguf): our names -> llama.cpp's, q and k rows permuted from
-// Hugging Face's half-split rotary pairs to llama.cpp's neighbouring ones (not for qwen2 and
-// qwen3, which are half-split like ours), 1-D tensors kept F32, and the tokenizer as a "gpt2"
-// vocabulary. The file is written whole through write_file_atomic.
+// GGUF v3 for llama.cpp (write_gguf): our names -> llama.cpp's and its architecture's keys, as the
+// family's state-dict adapter says (q and k rows permuted from Hugging Face's half-split rotary
+// pairs to llama.cpp's neighbouring ones where its converter does so, norms stored as 1 + w where
+// it does that), 1-D tensors kept F32, and the tokenizer as a "gpt2" or SentencePiece vocabulary.
+// The file is written whole through write_file_atomic.
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -18,13 +19,13 @@
 #include "fsdp/checkpoint/interchange.h"
 #include "fsdp/core/file.h"
 #include "fsdp/models/spec.h"
-#include "fsdp/ops/rope.h"
-#include "src/checkpoint/param_names.h"
+#include "fsdp/models/state_dict_adapter.h"
 
 namespace fsdp::checkpoint {
 
-using detail::is_in_proj;
-using detail::is_in_proj_bias;
+using models::is_in_proj;
+using models::is_in_proj_bias;
+using models::Naming;
 
 namespace {
 
@@ -90,19 +91,15 @@ Tensor permute_for_gguf(const Tensor& w, int64_t heads) {
   return w.contiguous().view({heads, 2, hd / 2, cols}).transpose(1, 2).contiguous().view(w.shape());
 }
 
-// llama.cpp's architecture for cfg: its family's (models::spec_of), refusing a family without
-// one (seed) and a config its architecture would load as another model (the spec's check_gguf).
-struct GgufArch {
-  std::string name;
-  bool half_split = false;  // qwen2, qwen3, gemma3: q and k rows stay as they are
-  bool gemma3 = false;
-};
-GgufArch gguf_arch(const nn::TransformerConfig& cfg) {
+// The adapter of cfg's family (models::spec_of), refusing a family without a llama.cpp
+// architecture (seed) and a config its architecture would load as another model (the spec's
+// check_gguf).
+const models::StateDictAdapter& gguf_adapter(const nn::TransformerConfig& cfg) {
   const models::ModelSpec& spec = models::spec_of(cfg);
-  FSDP_CHECK(!spec.gguf_arch.empty(), "[gguf] the {} family has no llama.cpp architecture ({})",
-             spec.name, spec.what);
+  FSDP_CHECK(spec.adapter && !spec.adapter->gguf_arch.empty(),
+             "[gguf] the {} family has no llama.cpp architecture ({})", spec.name, spec.what);
   if (spec.check_gguf) spec.check_gguf(cfg);
-  return {std::string(spec.gguf_arch), spec.gguf_half_split, spec.gguf_arch == "gemma3"};
+  return *spec.adapter;
 }
 
 // Writes the header, the tensors' table and their data, each aligned, through write_file_atomic.
@@ -137,19 +134,14 @@ void write_file(const std::string& path, const GgufWriter& kv,
 void write_gguf(const std::string& path, const nn::TransformerConfig& cfg, const NamedTensors& ours,
                 DType dtype, const data::Tokenizer& tok, const TokenizerMeta& meta) {
   // (Named, not structured bindings: lambdas below capture them.)
-  const GgufArch ga = gguf_arch(cfg);
-  const std::string& arch = ga.name;
-  const bool half_split = ga.half_split, gemma3 = ga.gemma3;
+  const models::StateDictAdapter& names = gguf_adapter(cfg);
+  const std::string arch(names.gguf_arch);
+  const bool half_split = names.gguf_half_split;
   // Tensors in llama.cpp's names; 1-D norms (and biases) stay F32 as llama.cpp's converter keeps
   // them. A tied model has no output.weight: llama.cpp then uses token_embd.weight.
   std::vector<std::pair<std::string, Tensor>> tensors;
-  // Llama 3's scaling as llama.cpp's converter writes it: the factor each frequency is divided by.
-  if (cfg.rope_scaling.enabled()) {
-    const std::vector<float> factors =
-        ops::llama3_rope_factors({cfg.rope_theta, cfg.rope_scaling}, cfg.resolved_head_dim());
-    tensors.emplace_back("rope_freqs.weight",
-                         Tensor::from_vector(factors, {int64_t(factors.size())}));
-  }
+  // What the family's converter adds beside the parameters (the rope's factors), first.
+  if (names.gguf_extra_tensors) tensors = names.gguf_extra_tensors(cfg);
   const auto rows = in_proj_rows(cfg);
   const int64_t kv_heads = cfg.resolved_kv_heads();
   auto qk = [&](const Tensor& t, int64_t heads) {
@@ -159,8 +151,8 @@ void write_gguf(const std::string& path, const nn::TransformerConfig& cfg, const
     const bool is_vec = t.dim() == 1;
     auto add = [&](const std::string& n, const Tensor& x) {
       Tensor out = x.contiguous().to(is_vec ? DType::f32 : dtype);
-      // llama.cpp's gemma converters store Gemma's (1 + w) norms as 1 + w.
-      if (gemma3 && is_vec && n.ends_with("norm.weight")) {
+      // llama.cpp's converter stores (1 + w) norms as 1 + w.
+      if (names.gguf_norm_plus_one && is_vec && n.ends_with("norm.weight")) {
         out = out.clone();
         float* v = out.data<float>();
         for (int64_t i = 0; i < out.numel(); ++i) v[i] += 1.0f;
@@ -168,13 +160,12 @@ void write_gguf(const std::string& path, const nn::TransformerConfig& cfg, const
       tensors.emplace_back(n, out);
     };
     if (is_in_proj(name) || is_in_proj_bias(name)) {
-      const auto names = detail::in_proj_names(name, detail::Naming::gguf);
-      add(names[0], qk(t.slice(rows[0].first, rows[0].second), cfg.heads));
-      add(names[1], qk(t.slice(rows[1].first, rows[1].second), kv_heads));
-      add(names[2], t.slice(rows[2].first, rows[2].second));
+      const auto qkv = names.in_proj_names(name, Naming::gguf);
+      add(qkv[0], qk(t.slice(rows[0].first, rows[0].second), cfg.heads));
+      add(qkv[1], qk(t.slice(rows[1].first, rows[1].second), kv_heads));
+      add(qkv[2], t.slice(rows[2].first, rows[2].second));
     } else {
-      const std::string n =
-          detail::rename(name, detail::Naming::ours, detail::Naming::gguf, cfg.sandwich_norms);
+      const std::string n = names.rename(name, Naming::ours, Naming::gguf);
       FSDP_CHECK(!n.empty(), "[gguf] no llama.cpp name for parameter '{}'", name);
       add(n, t);
     }
@@ -198,7 +189,7 @@ void write_gguf(const std::string& path, const nn::TransformerConfig& cfg, const
   kv.kv_f32(a + "attention.layer_norm_rms_epsilon",
             float(cfg.norm_eps.value_or(1.1920928955078125e-07)));
   kv.kv_f32(a + "rope.freq_base", float(cfg.rope_theta));
-  if (gemma3 && cfg.sliding_window > 0)
+  if (names.gguf_sliding_window && cfg.sliding_window > 0)
     kv.kv_u32(a + "attention.sliding_window", uint32_t(cfg.sliding_window));
   // The tokenizer, as llama.cpp's "gpt2" (byte-level BPE) model with GPT-2's split, or its
   // "llama" (SentencePiece) model with scores in the merges' order.
@@ -214,10 +205,11 @@ void write_gguf(const std::string& path, const nn::TransformerConfig& cfg, const
     int32_t type = tok.is_special(i) ? CONTROL : tok.is_added(i) ? USER_DEFINED : NORMAL;
     if (spm && type == NORMAL) {
       if (data::byte_token_value(t) >= 0 && tok.token_bytes(i).size() == 1) type = BYTE;
-      // Gemma's runs of spaces, which transformers spells U+2581 (gguf_tokenizer_info): the file
-      // holds them as spaces, and llama.cpp matches them whole, as user-defined tokens.
+      // Runs of spaces, which transformers spells U+2581 (gguf_tokenizer_info): a file spelled
+      // by id (gguf_spm_by_id) holds them as spaces, and llama.cpp matches them whole, as
+      // user-defined tokens.
       const std::string meta = "\u2581";
-      if (gemma3 && t.size() >= 2 * meta.size() && t.size() % meta.size() == 0) {
+      if (names.gguf_spm_by_id && t.size() >= 2 * meta.size() && t.size() % meta.size() == 0) {
         bool run = true;
         for (size_t k = 0; run && k < t.size(); k += meta.size())
           run = t.compare(k, meta.size(), meta) == 0;
@@ -229,7 +221,7 @@ void write_gguf(const std::string& path, const nn::TransformerConfig& cfg, const
     }
     types.push_back(type);
     // llama.cpp's SentencePiece merges the pair whose token scores highest: the merges' order is
-    // the vocabulary's, best first (Gemma's and every SentencePiece BPE's).
+    // the vocabulary's, best first (every SentencePiece BPE's).
     scores.push_back(type == NORMAL ? -float(i) : 0.0f);
   }
   std::optional<int32_t> bos = meta.bos ? meta.bos : tok.bos_id(),
@@ -277,9 +269,9 @@ void write_gguf(const std::string& path, const nn::TransformerConfig& cfg, const
 void write_gguf_lora(const std::string& path, const nn::TransformerConfig& cfg,
                      const NamedTensors& with_adapters) {
   FSDP_CHECK(cfg.lora.enabled(), "[gguf] a LoRA adapter GGUF needs a model with LoRA adapters");
-  const GgufArch ga = gguf_arch(cfg);
-  const std::string& arch = ga.name;
-  const bool half_split = ga.half_split;
+  const models::StateDictAdapter& names = gguf_adapter(cfg);
+  const std::string arch(names.gguf_arch);
+  const bool half_split = names.gguf_half_split;
   // llama.cpp's convert_lora_to_gguf layout: for each adapted weight W of the base ("blk.0.attn_q.
   // weight"), "<W>.lora_a" [rank, in] and "<W>.lora_b" [out, rank], B's rows permuted as W's are.
   std::map<std::string, Tensor> by_name(with_adapters.begin(), with_adapters.end());
@@ -295,13 +287,12 @@ void write_gguf_lora(const std::string& path, const nn::TransformerConfig& cfg,
     const std::string owner = name.substr(0, name.size() - 7);
     const Tensor& b = by_name.at(owner + ".lora_B");
     if (!owner.ends_with(".attn")) {
-      const std::string w = detail::rename(owner + ".weight", detail::Naming::ours,
-                                           detail::Naming::gguf, cfg.sandwich_norms);
+      const std::string w = names.rename(owner + ".weight", Naming::ours, Naming::gguf);
       FSDP_CHECK(!w.empty(), "[gguf] no llama.cpp name for the adapted weight of '{}'", owner);
       add(w, a, b);
       continue;
     }
-    const auto names = detail::in_proj_names(owner + ".in_proj_weight", detail::Naming::gguf);
+    const auto qkv = names.in_proj_names(owner + ".in_proj_weight", Naming::gguf);
     const std::array<nn::LoraTarget, 3> parts = {nn::LoraTarget::q, nn::LoraTarget::k,
                                                  nn::LoraTarget::v};
     const std::array<int64_t, 3> heads = {cfg.heads, kv_heads, 0};
@@ -311,7 +302,7 @@ void write_gguf_lora(const std::string& path, const nn::TransformerConfig& cfg,
       const int64_t n = rows[i].second - rows[i].first;
       Tensor bi = b.narrow(0, b_row, n);
       if (i < 2 && !half_split) bi = permute_for_gguf(bi, heads[i]);
-      add(names[i], a.narrow(0, j * r, r), bi);
+      add(qkv[i], a.narrow(0, j * r, r), bi);
       ++j;
       b_row += n;
     }

@@ -20,13 +20,15 @@
 #include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/ops/ops.h"
 #include "src/checkpoint/manifest.h"
-#include "src/checkpoint/param_names.h"
+#include "fsdp/models/spec.h"
+#include "fsdp/models/state_dict_adapter.h"
 
 namespace fsdp::checkpoint {
 
 using json = nlohmann::json;
-using detail::is_in_proj;
-using detail::is_in_proj_bias;
+using models::is_in_proj;
+using models::is_in_proj_bias;
+using models::Naming;
 
 std::array<std::pair<int64_t, int64_t>, 3> in_proj_rows(const nn::TransformerConfig& cfg) {
   const int64_t q = cfg.heads * cfg.resolved_head_dim(),
@@ -34,9 +36,9 @@ std::array<std::pair<int64_t, int64_t>, 3> in_proj_rows(const nn::TransformerCon
   return {{{0, q}, {q, q + kv}, {q + kv, q + 2 * kv}}};
 }
 
-std::string hf_name(const std::string& ours, bool sandwich) {
+std::string hf_name(const models::StateDictAdapter& names, const std::string& ours) {
   if (is_in_proj(ours) || is_in_proj_bias(ours)) return "";
-  const std::string hf = detail::rename(ours, detail::Naming::ours, detail::Naming::hf, sandwich);
+  const std::string hf = names.rename(ours, Naming::ours, Naming::hf);
   return hf.empty() ? ours : hf;
 }
 
@@ -207,10 +209,8 @@ std::string lora_base_path(const std::string& ckpt_path) {
 }
 
 NamedTensors to_peft(const nn::TransformerConfig& cfg, const NamedTensors& with_adapters) {
-  FSDP_CHECK(cfg.arch == nn::Arch::llama && cfg.lora.enabled(),
-             "[export] a PEFT adapter is LoRA on the llama architecture (Hugging Face names); "
-             "this model is {}{}",
-             nn::arch_name(cfg.arch), cfg.lora.enabled() ? "" : " without LoRA");
+  FSDP_CHECK(cfg.lora.enabled(), "[export] a PEFT adapter is LoRA; this model has none");
+  const models::StateDictAdapter& names = models::adapter_of(cfg, "[export] a PEFT adapter");
   std::map<std::string, Tensor> by_name(with_adapters.begin(), with_adapters.end());
   const auto rows = in_proj_rows(cfg);
   const int64_t r = cfg.lora.rank;
@@ -220,19 +220,19 @@ NamedTensors to_peft(const nn::TransformerConfig& cfg, const NamedTensors& with_
     const std::string owner = name.substr(0, name.size() - 7);
     const Tensor& b = by_name.at(owner + ".lora_B");
     if (!owner.ends_with(".attn")) {
-      const std::string hf = hf_name(owner + ".weight", cfg.sandwich_norms);
+      const std::string hf = hf_name(names, owner + ".weight");
       out.emplace_back(peft_name(hf, "lora_A"), a);
       out.emplace_back(peft_name(hf, "lora_B"), b);
       continue;
     }
     // The packed pair: part j's rows of A, and its run of B's rows.
-    const auto names = detail::in_proj_names(owner + ".in_proj_weight", detail::Naming::hf);
+    const auto qkv = names.in_proj_names(owner + ".in_proj_weight", Naming::hf);
     int64_t j = 0, b_row = 0;
     for (size_t i = 0; i < 3; ++i) {
       if (!cfg.lora.on(kPeftModules[i].first)) continue;
       const int64_t n = rows[i].second - rows[i].first;
-      out.emplace_back(peft_name(names[i], "lora_A"), a.narrow(0, j * r, r).contiguous());
-      out.emplace_back(peft_name(names[i], "lora_B"), b.narrow(0, b_row, n).contiguous());
+      out.emplace_back(peft_name(qkv[i], "lora_A"), a.narrow(0, j * r, r).contiguous());
+      out.emplace_back(peft_name(qkv[i], "lora_B"), b.narrow(0, b_row, n).contiguous());
       ++j;
       b_row += n;
     }
@@ -269,19 +269,17 @@ NamedTensors consolidate(const std::string& ckpt_path, nn::TransformerConfig* cf
   }
 }
 
-NamedTensors to_hf_llama(const nn::TransformerConfig& cfg, const NamedTensors& ours) {
-  FSDP_CHECK(cfg.arch == nn::Arch::llama,
-             "[export] Hugging Face names are for the llama architecture, not {}",
-             nn::arch_name(cfg.arch));
+NamedTensors to_hf(const nn::TransformerConfig& cfg, const NamedTensors& ours) {
+  const models::StateDictAdapter& names = models::adapter_of(cfg, "[export] Hugging Face's names");
   NamedTensors out;
   const auto rows = in_proj_rows(cfg);
   for (auto& [name, t] : ours) {
     if (is_in_proj(name) || is_in_proj_bias(name)) {
-      const auto names = detail::in_proj_names(name, detail::Naming::hf);
+      const auto qkv = names.in_proj_names(name, Naming::hf);
       for (size_t i = 0; i < 3; ++i)
-        out.emplace_back(names[i], t.slice(rows[i].first, rows[i].second));
+        out.emplace_back(qkv[i], t.slice(rows[i].first, rows[i].second));
     } else {
-      out.emplace_back(hf_name(name, cfg.sandwich_norms), t);
+      out.emplace_back(hf_name(names, name), t);
     }
   }
   return out;

@@ -35,7 +35,7 @@
 #include "fsdp/data/token_sources.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/models/spec.h"
-#include "src/checkpoint/param_names.h"
+#include "fsdp/models/state_dict_adapter.h"
 #include "src/core/json_fields.h"
 #include "src/core/json_read.h"
 #include "src/checkpoint/pretrained_impl.h"
@@ -50,8 +50,8 @@ using namespace pretrained_detail;
 namespace {
 
 
-using detail::is_in_proj;
-using detail::is_in_proj_bias;
+using models::is_in_proj;
+using models::is_in_proj_bias;
 
 
 // A GgufFile as the header a family reads its config from.
@@ -90,13 +90,11 @@ class GgufHeaderOf final : public models::GgufHeader {
 nn::TransformerConfig config_from_gguf(const GgufFile& f) {
   const std::string arch = f.get_string("general.architecture", "");
   const models::ModelSpec* spec = models::spec_for_gguf_arch(arch);
-  std::string known;
-  for (const models::ModelSpec* s : models::model_specs())
-    if (s->read_gguf_config) known += (known.empty() ? "" : ", ") + std::string(s->gguf_arch);
   FSDP_CHECK(
       spec && spec->read_gguf_config,
       "[gguf] {}: general.architecture '{}' is not read{}; fsdp.cpp reads {}", f.path(), arch,
-      spec ? fmt::format(" (the {} family's GGUF files are not read yet)", spec->name) : "", known);
+      spec ? fmt::format(" (the {} family's GGUF files are not read yet)", spec->name) : "",
+      models::gguf_archs());
   return spec->read_gguf_config(GgufHeaderOf(f));
 }
 
@@ -231,14 +229,18 @@ void check_against_tensors(const Pretrained& p, const PretrainedSource& src) {
                               : (p.format == "hf" ? "num_hidden_layers" : "layers");
   FSDP_CHECK(cfg.layers >= 1, "[pretrained] {}: {} is {}; expected at least 1 layer", p.path,
              field, cfg.layers);
+  // Names as the family's adapter gives them in the file's naming (GGUF's, or Hugging Face's
+  // beside our own in a safetensors file), ours alone for a family with no other.
+  const models::StateDictAdapter* adapter = models::spec_to_train(cfg).adapter;
+  const models::Naming naming = g ? models::Naming::gguf : models::Naming::hf;
+  auto file_names = [&](const std::string& ours) {
+    std::vector<std::string> out;
+    if (adapter) out.push_back(adapter->rename(ours, models::Naming::ours, naming));
+    if (!g || !adapter) out.push_back(ours);
+    return out;
+  };
   const std::string last = std::to_string(cfg.layers - 1);
-  std::vector<std::string> names;
-  if (g) {
-    names = {"blk." + last + ".attn_norm.weight"};
-  } else {
-    names = {"model.layers." + last + ".input_layernorm.weight",
-             "layers." + last + ".norm1.weight"};
-  }
+  const std::vector<std::string> names = file_names("layers." + last + ".norm1.weight");
   bool found = false;
   for (const auto& n : names) found = found || has(n);
   FSDP_CHECK(found, "[pretrained] {}: {} is {} but there is no tensor named '{}'{}", p.path, field,
@@ -267,8 +269,7 @@ void check_against_tensors(const Pretrained& p, const PretrainedSource& src) {
              "to {}); a model of {} layers needs every one of 0 to {}",
              p.path, field, cfg.layers, seen.size(), seen.empty() ? 0 : *seen.begin(),
              seen.empty() ? 0 : *seen.rbegin(), cfg.layers, cfg.layers - 1);
-  for (const std::string& e : {std::string(g ? "token_embd.weight" : "model.embed_tokens.weight"),
-                               std::string("embed.weight")}) {
+  for (const std::string& e : file_names("embed.weight")) {
     if (!has(e)) continue;
     const Shape s = shape_of(e);
     FSDP_CHECK(s == Shape({cfg.vocab, cfg.dim}),

@@ -36,7 +36,7 @@
 #include "fsdp/data/token_sources.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/models/spec.h"
-#include "src/checkpoint/param_names.h"
+#include "fsdp/models/state_dict_adapter.h"
 #include "src/core/json_fields.h"
 #include "src/core/json_read.h"
 #include "src/checkpoint/pretrained_impl.h"
@@ -44,16 +44,25 @@
 namespace fsdp::checkpoint {
 
 using json = nlohmann::json;
-using detail::is_in_proj;
-using detail::is_in_proj_bias;
+using models::is_in_proj;
+using models::is_in_proj_bias;
+using models::Naming;
 
 namespace {
 
-// Our parameter name -> llama.cpp's tensor name ("" for the packed in-projection and for a block
-// parameter llama.cpp does not name; a name outside the table stays as it is).
-std::string gguf_name(const std::string& ours, bool sandwich) {
-  const std::string g = detail::rename(ours, detail::Naming::ours, detail::Naming::gguf, sandwich);
-  return !g.empty() || ours.starts_with("layers.") ? g : ours;
+// Our parameter name -> the file's, in naming `to` as the family's adapter names it ("" for the
+// packed in-projection and for a block parameter the naming does not have; a name outside the
+// blocks that the adapter does not know stays as it is).
+std::string file_name(const models::StateDictAdapter& names, const std::string& ours, Naming to) {
+  const std::string n = names.rename(ours, Naming::ours, to);
+  return !n.empty() || ours.starts_with("layers.") ? n : ours;
+}
+
+// Whether norm weights in the GGUF `f` are stored as 1 + w (its family's adapter says).
+bool norms_plus_one(const GgufFile& f) {
+  const models::ModelSpec* spec =
+      models::spec_for_gguf_arch(f.get_string("general.architecture", ""));
+  return spec && spec->adapter->gguf_norm_plus_one;
 }
 
 // Refuses a weight that holds NaN or Inf, naming the tensor (f32 values of it).
@@ -81,9 +90,8 @@ struct Stored {
       if (shape.size() == 1) {
         Tensor t = src->gguf->read(name, RowOrder::hf).slice(a, b).contiguous();
         check_finite(src->path, name, t);
-        // llama.cpp's gemma converters store Gemma's (1 + w) norms as 1 + w; ours hold w.
-        if (name.ends_with("norm.weight") &&
-            src->gguf->get_string("general.architecture", "") == "gemma3") {
+        // llama.cpp's converter stores (1 + w) norms as 1 + w; ours hold w.
+        if (name.ends_with("norm.weight") && norms_plus_one(*src->gguf)) {
           float* v = t.data<float>();
           for (int64_t i = 0; i < t.numel(); ++i) v[i] -= 1.0f;
         }
@@ -120,40 +128,27 @@ std::vector<std::pair<Stored, int64_t>> parts_of(const PretrainedSource& s,
     FSDP_FAIL("[init-from] {}: no tensor named '{}'{}", s.path, name,
               other.empty() || other == name ? "" : fmt::format(" nor '{}'", other));
   };
-  if (s.gguf) {
-    if (is_in_proj(name) || is_in_proj_bias(name)) {
-      const auto rows = in_proj_rows(cfg);
-      const auto names = detail::in_proj_names(name, detail::Naming::gguf);
-      std::vector<std::pair<Stored, int64_t>> out;
-      for (size_t i = 0; i < 3; ++i) {
-        const std::string& n = names[i];
-        auto st = stored(s, n);
-        if (!st) missing(n);
-        out.emplace_back(*st, rows[i].first);
-      }
-      return out;
-    }
-    const std::string n = gguf_name(name, cfg.sandwich_norms);
-    auto st = stored(s, n);
-    if (!st) missing(n);
-    return {{*st, 0}};
-  }
-  if (auto st = stored(s, name)) return {{*st, 0}};
-  if (cfg.arch != nn::Arch::llama) missing("");
+  // A safetensors file may hold our own names; GGUF never does.
+  if (!s.gguf)
+    if (auto st = stored(s, name)) return {{*st, 0}};
+  // The file's names are those the family's adapter gives (a family with only our own: none).
+  const models::StateDictAdapter* names = models::spec_to_train(cfg).adapter;
+  if (!names) missing("");
+  const Naming naming = s.gguf ? Naming::gguf : Naming::hf;
   if (is_in_proj(name) || is_in_proj_bias(name)) {
     const auto rows = in_proj_rows(cfg);
-    const auto names = detail::in_proj_names(name, detail::Naming::hf);
+    const auto qkv = names->in_proj_names(name, naming);
     std::vector<std::pair<Stored, int64_t>> out;
     for (size_t i = 0; i < 3; ++i) {
-      auto st = stored(s, names[i]);
-      if (!st) missing(names[i]);
+      auto st = stored(s, qkv[i]);
+      if (!st) missing(qkv[i]);
       out.emplace_back(*st, rows[i].first);
     }
     return out;
   }
-  const std::string hf = hf_name(name, cfg.sandwich_norms);
-  auto st = stored(s, hf);
-  if (!st) missing(hf);
+  const std::string n = file_name(*names, name, naming);
+  auto st = stored(s, n);
+  if (!st) missing(n);
   return {{*st, 0}};
 }
 

@@ -34,7 +34,6 @@
 #include "fsdp/data/token_sources.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/models/spec.h"
-#include "src/checkpoint/param_names.h"
 #include "src/core/json_fields.h"
 #include "src/core/json_read.h"
 #include "src/checkpoint/pretrained_impl.h"

@@ -72,8 +72,25 @@ const ModelSpec* spec_for_hf_model_type(std::string_view model_type) {
 
 const ModelSpec* spec_for_gguf_arch(std::string_view arch) {
   for (const ModelSpec* s : kSpecs)
-    if (!s->gguf_arch.empty() && s->gguf_arch == arch) return s;
+    if (s->adapter && !s->adapter->gguf_arch.empty() && s->adapter->gguf_arch == arch) return s;
   return nullptr;
+}
+
+const StateDictAdapter& adapter_of(const nn::TransformerConfig& config, std::string_view what) {
+  const ModelSpec& s = spec_to_train(config);
+  FSDP_CHECK(s.adapter,
+             "{}: the {} family ({}) has only our own parameter names, no Hugging Face or "
+             "llama.cpp ones",
+             what, s.name, s.what);
+  return *s.adapter;
+}
+
+std::string gguf_archs() {
+  std::string out;
+  for (const ModelSpec* s : kSpecs)
+    if (s->read_gguf_config && s->adapter)
+      out += (out.empty() ? "" : ", ") + std::string(s->adapter->gguf_arch);
+  return out;
 }
 
 const ModelSpec* spec_named(std::string_view name) {

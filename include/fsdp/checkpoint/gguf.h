@@ -33,11 +33,13 @@
 // export (write_gguf) applies that same permutation. So a model loaded into fsdp.cpp wants
 // Hugging Face's order:
 //   RowOrder::file  rows exactly as stored (what gguf-py's GGUFReader gives);
-//   RowOrder::hf    Hugging Face's order: for llama's blk.N.attn_q.weight and attn_k.weight, row
-//                   r of the result is Hugging Face's row r, read from GGUF row
-//                   gguf_row_of_hf(r, rows, heads) with llama.attention.head_count for q and
-//                   head_count_kv for k; qwen2 and qwen3 were not permuted (the same rows);
-//                   q/k of other architectures are refused in this order (whether their
+//   RowOrder::hf    Hugging Face's order: where the converter permuted blk.N.attn_q.weight and
+//                   attn_k.weight (the file's family says so: its state-dict adapter's
+//                   gguf_half_split is false, as llama's), row r of the result is Hugging
+//                   Face's row r, read from GGUF row gguf_row_of_hf(r, rows, heads) with
+//                   <arch>.attention.head_count for q and head_count_kv for k; a half-split
+//                   family's (qwen2's, qwen3's, gemma3's) were not permuted (the same rows); q/k
+//                   of an architecture no family has are refused in this order (whether its
 //                   converter permuted is not known here). Every other tensor: the same rows.
 // read_rows() takes the order explicitly at every call; model loaders pass RowOrder::hf.
 //
@@ -202,13 +204,8 @@ class GgufFile {
   std::map<std::string, size_t> by_name_;
 };
 
-// llama.cpp's tensor name -> Hugging Face LlamaForCausalLM's, "" for a name it does not know:
-// token_embd.weight -> model.embed_tokens.weight, output_norm.weight -> model.norm.weight,
-// output.weight -> lm_head.weight, blk.N.attn_norm / ffn_norm -> model.layers.N.input_layernorm /
-// post_attention_layernorm, blk.N.attn_q / attn_k / attn_v / attn_output ->
-// model.layers.N.self_attn.q_proj / k_proj / v_proj / o_proj, blk.N.ffn_gate / ffn_up / ffn_down
-// -> model.layers.N.mlp.gate_proj / up_proj / down_proj (each ".weight").
-std::string hf_name_of_gguf(const std::string& gguf_name);
+// (llama.cpp's tensor names as Hugging Face's: the family's state-dict adapter,
+// fsdp/models/state_dict_adapter.h, found by the file's general.architecture.)
 
 // Dequantizes n elements (a multiple of the type's block size) of ggml type `type` from `src`
 // (n / block elements * block bytes) into `dst`. Throws naming the type when it is not readable.

@@ -1,13 +1,15 @@
 // Handing models to other tools, and taking them back:
 //   - consolidate(): the full tensors of a sharded checkpoint, in one process;
-//   - the `seed` architecture keeps PyTorch's state_dict names as they are;
-//   - the `llama` architecture maps to Hugging Face's LlamaForCausalLM names
-//     (the packed in-projection splits into q_proj, k_proj, v_proj) with a
-//     config.json. Our rotary pairs are half-split like Hugging Face's, so q
-//     and k rows are not permuted there;
-//   - GGUF v3 for llama.cpp, whose rotary embedding pairs neighbours: q and k
-//     rows are permuted (the inverse of the permutation Hugging Face applied
-//     to Meta's weights);
+//   - the names are the family's, its state-dict adapter's
+//     (fsdp/models/state_dict_adapter.h); the seed family keeps PyTorch's
+//     state_dict names as they are; the others map to their Hugging Face
+//     class's names (the packed in-projection splits into q_proj, k_proj,
+//     v_proj) with a config.json. Our rotary pairs are half-split like
+//     Hugging Face's, so q and k rows are not permuted there;
+//   - GGUF v3 for llama.cpp, in the architecture, names and keys the
+//     family's adapter gives: q and k rows are permuted where llama.cpp's
+//     rotary embedding pairs neighbours (the inverse of the permutation
+//     Hugging Face applied to Meta's weights);
 //   - the tokenizer goes with the weights: tokenizer.json (with its config
 //     files) beside a Hugging Face export, and a "gpt2" vocabulary (GPT-2's
 //     byte-level tokens, the merges, the "gpt-2" pre-tokenizer, no BOS added)
@@ -23,6 +25,7 @@
 
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/data/tokenizer.h"
+#include "fsdp/models/state_dict_adapter.h"
 #include "fsdp/nn/transformer.h"
 
 namespace fsdp::checkpoint {
@@ -53,7 +56,7 @@ NamedTensors consolidate(const std::string& ckpt_path, nn::TransformerConfig* cf
 // W + (alpha / rank) B A for every adapted weight of a LoRA model's tensors (cfg.lora), computed
 // in f64 and stored in the weight's dtype (f32 for a bf16 or f16 weight); the adapters dropped.
 NamedTensors merge_lora(const nn::TransformerConfig& cfg, const NamedTensors& with_adapters);
-// A LoRA model's adapters in PEFT's format (llama architecture): adapter_model.safetensors's
+// A LoRA model's adapters in PEFT's format (Hugging Face's names): adapter_model.safetensors's
 // tensors ("base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight" [r, in], lora_B
 // [out, r]; the packed in-projection's pair split into q_proj's, k_proj's and v_proj's), and its
 // adapter_config.json (r, lora_alpha, target_modules; base: base_model_name_or_path).
@@ -67,10 +70,10 @@ std::string peft_adapter_config_json(const nn::TransformerConfig& cfg, const std
 // "layers.N.attn.in_proj_bias" (qkv_bias) [(heads + 2 kv_heads) head_dim].
 std::array<std::pair<int64_t, int64_t>, 3> in_proj_rows(const nn::TransformerConfig& cfg);
 
-// Our names -> Hugging Face LlamaForCausalLM names (llama architecture; Qwen2ForCausalLM's with
-// qkv_bias and Qwen3ForCausalLM's with qk_norm, which are the same plus q_norm and k_norm). A tied
-// model has no lm_head.weight.
-NamedTensors to_hf_llama(const nn::TransformerConfig& cfg, const NamedTensors& ours);
+// Our names -> Hugging Face's, as the state-dict adapter of cfg's family names them (q, k and v
+// apart); refused by name for a family with only our own names (seed). A tied model has no
+// lm_head.weight.
+NamedTensors to_hf(const nn::TransformerConfig& cfg, const NamedTensors& ours);
 // config.json of cfg's family (its spec's Hugging Face class, models::spec_of), with the dtype and
 // the tokenizer's BOS and EOS; refused by name for a family without a Hugging Face class (seed).
 std::string hf_config_json(const nn::TransformerConfig& cfg, DType dtype,
@@ -81,14 +84,15 @@ std::string hf_config_json(const nn::TransformerConfig& cfg, DType dtype,
 // came (also in tokenizer_config.json), when the model has one.
 std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(
     const nn::TransformerConfig& cfg, const data::Tokenizer& tok, const TokenizerMeta& meta = {});
-// Our parameter name -> Hugging Face's ("" for the packed in-projection and its bias, which split
-// in three); sandwich: a Gemma block's norms.
-std::string hf_name(const std::string& ours, bool sandwich = false);
+// Our parameter name -> Hugging Face's in the family's naming (`names`, its state-dict adapter);
+// "" for the packed in-projection and its bias, which split in three; a name the adapter does not
+// know stays as it is.
+std::string hf_name(const models::StateDictAdapter& names, const std::string& ours);
 // (Reading parameters from a file in our names, Hugging Face's or llama.cpp's, one rank's rows at a
 // time: load_pretrained in fsdp/checkpoint/pretrained.h.)
 
-// Writes a GGUF v3 file for llama.cpp (llama architecture, qwen2 with qkv_bias, qwen3 with
-// qk_norm; F32, F16 or BF16 tensors; head_count_kv and key_length from kv_heads and head_dim; no
+// Writes a GGUF v3 file for llama.cpp (the architecture of cfg's family, as its state-dict adapter
+// names it and its tensors; F32, F16 or BF16 tensors; head_count_kv and key_length from kv_heads and head_dim; no
 // output.weight when the head is tied, so llama.cpp uses token_embd.weight) with the tokenizer
 // as a "gpt2" vocabulary of cfg.vocab tokens (ids past the tokenizer's are UNUSED).
 // A vocabulary without merges (the bytes) gets one that can never apply (a letter then a digit,

@@ -1,8 +1,9 @@
 // Model families as specs, one folder each (src/models/<family>/), in the way of torchtitan's
 // TrainSpec registry: what the family is to Hugging Face and to llama.cpp, its config.json both
 // ways and its GGUF header read, which of our configs are its, how it is built and parallelized,
-// the config keys a resume must match and its GEMM shapes. The trainer, the checkpoint layer's
-// readers and exports and fsdp-generate look a family up here and name none.
+// the config keys a resume must match and its GEMM shapes, and its state-dict adapter (its names in
+// Hugging Face's and llama.cpp's files). The trainer, the checkpoint layer's readers and exports
+// and fsdp-generate look a family up here and name none.
 //
 //   const models::ModelSpec& spec = models::spec_of(cfg);          // the family of a config
 //   auto model = spec.build(cfg);
@@ -13,7 +14,8 @@
 // family whose blocks need a layer nn has not yet is a new option there first, then its folder.
 //
 // Adding a family: a folder src/models/<family>/ with spec.cpp defining
-// fsdp::models::<family>::spec, its line in FSDP_MODEL_FAMILIES (src/models/registry.cpp), and the
+// fsdp::models::<family>::spec and its adapter (llama's relatives: llama::relative_adapter in
+// src/models/llama/names.h), its line in FSDP_MODEL_FAMILIES (src/models/registry.cpp), and the
 // file in CMakeLists.txt's sources.
 #pragma once
 
@@ -27,6 +29,7 @@
 #include "fsdp/distributed/device_mesh.h"
 #include "fsdp/fsdp/data_parallel.h"
 #include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/models/state_dict_adapter.h"
 #include "fsdp/nn/transformer.h"
 #include "fsdp/profiler/ceilings.h"
 
@@ -72,11 +75,9 @@ struct ModelSpec {
   nn::Arch arch;  // the module tree's form: the seed's or llama's (the config JSON's "arch")
   // Hugging Face: config.json's model_type and the class ("" for none: no Hugging Face export).
   std::string_view hf_model_type, hf_class;
-  // llama.cpp's general.architecture ("": no GGUF export), and whether its q and k rows keep
-  // Hugging Face's half-split order (NEOX rotary embedding: qwen2, qwen3, gemma3) rather than
-  // llama's neighbouring pairs.
-  std::string_view gguf_arch;
-  bool gguf_half_split = false;
+  // Its state-dict adapter: its parameters' Hugging Face and GGUF names, llama.cpp's architecture
+  // and what its converter does (state_dict_adapter.h). Null: only our own names (seed).
+  const StateDictAdapter* adapter = nullptr;
   // Whether a config is this family's, by its options (spec_of asks each family).
   bool (*matches)(const nn::TransformerConfig& config);
   // config.json's text -> our config, validated; refuses, naming `where` and the field, what the
@@ -112,8 +113,13 @@ const ModelSpec& spec_of(const nn::TransformerConfig& config);
 const ModelSpec& spec_to_train(const nn::TransformerConfig& config);
 // The family of a config.json's model_type; null when none has it.
 const ModelSpec* spec_for_hf_model_type(std::string_view model_type);
-// The family whose GGUF files have general.architecture `arch`; null when none.
+// The family whose GGUF files have general.architecture `arch` (its adapter's); null when none.
 const ModelSpec* spec_for_gguf_arch(std::string_view arch);
+// The adapter of the family that trains a config (spec_to_train's); refuses, naming the family,
+// one with only our own names (seed). `what` begins the message: "[export] a PEFT adapter".
+const StateDictAdapter& adapter_of(const nn::TransformerConfig& config, std::string_view what);
+// The llama.cpp architectures of every family whose GGUF files are read, ", "-joined.
+std::string gguf_archs();
 // The family whose name is `name`; null when none.
 const ModelSpec* spec_named(std::string_view name);
 // The model_types of every family with a Hugging Face class, ", "-joined (for messages).

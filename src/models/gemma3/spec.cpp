@@ -19,6 +19,7 @@
 #include "fsdp/core/error.h"
 #include "src/core/json_fields.h"
 #include "src/models/llama/llama.h"
+#include "src/models/llama/names.h"
 
 namespace fsdp::models::gemma3 {
 
@@ -205,6 +206,26 @@ void check_gguf(const nn::TransformerConfig& cfg) {
 
 }  // namespace
 
+// Gemma's sandwich block: its pre-FFN norm (our norm2) is Hugging Face's pre_feedforward_layernorm,
+// its post_attention_layernorm the attention output's norm (looked up before llama's rows).
+constexpr NameRow kSandwichNames[] = {
+    {"norm2.weight", "pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+    {"post_attn_norm.weight", "post_attention_layernorm.weight", "post_attention_norm.weight"},
+    {"post_ffn_norm.weight", "post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+};
+// llama.cpp's earlier Gemmas, whose vocabularies are written as Gemma 3's.
+constexpr std::string_view kOlderGemmaArchs[] = {"gemma", "gemma2"};
+// llama.cpp's gemma converters: q and k half-split, (1 + w) norms stored as 1 + w, the window as
+// a key, the SentencePiece vocabulary scored by id with runs of spaces stored as spaces.
+constexpr StateDictAdapter adapter = llama::relative_adapter(
+    {.gguf_arch = "gemma3",
+     .gguf_half_split = true,
+     .gguf_norm_plus_one = true,
+     .gguf_sliding_window = true,
+     .gguf_spm_by_id = true,
+     .gguf_spm_by_id_arches = kOlderGemmaArchs},
+    kSandwichNames);
+
 // It builds and parallelizes as llama does (Gemma's options are nn::Transformer's).
 const ModelSpec spec = {
     .name = "gemma3",
@@ -214,8 +235,7 @@ const ModelSpec spec = {
     .arch = nn::Arch::llama,
     .hf_model_type = "gemma3_text",
     .hf_class = "Gemma3ForCausalLM",
-    .gguf_arch = "gemma3",
-    .gguf_half_split = true,
+    .adapter = &adapter,
     .matches = matches,
     .read_hf_config = read,
     .write_hf_config = write,

@@ -49,4 +49,20 @@ nn::TransformerConfig read_gguf_keys(const GgufHeader& f, const std::string& arc
 // Llama 3's rope scaling refused for llama.cpp architectures that take none (qwen2, qwen3).
 void check_no_rope_scaling_in_gguf(const nn::TransformerConfig& c, std::string_view arch);
 
+// A relative's spec functions, by its spec (Relative: &<family>::spec), for a relative whose
+// config.json is LlamaForCausalLM's form under its model_type and whose GGUF keys are llama's under
+// its architecture, with no rope scaling there (qwen2, qwen3): what their specs share.
+template <const ModelSpec* Relative>
+nn::TransformerConfig read_relative_hf(const std::string& text, const std::string& where) {
+  return read_hf_config(text, where, Relative->hf_model_type);
+}
+template <const ModelSpec* Relative>
+nn::TransformerConfig read_relative_gguf(const GgufHeader& f) {
+  return read_gguf_keys(f, std::string(Relative->adapter->gguf_arch));
+}
+template <const ModelSpec* Relative>
+void check_relative_gguf(const nn::TransformerConfig& c) {
+  check_no_rope_scaling_in_gguf(c, Relative->adapter->gguf_arch);
+}
+
 }  // namespace fsdp::models::llama

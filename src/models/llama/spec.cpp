@@ -24,6 +24,7 @@
 #include "fsdp/ops/rope.h"
 #include "src/core/json_fields.h"
 #include "src/models/llama/llama.h"
+#include "src/models/llama/names.h"
 
 namespace fsdp::models::llama {
 
@@ -271,6 +272,13 @@ nn::TransformerConfig read_gguf_keys(const GgufHeader& f, const std::string& arc
   return c;
 }
 
+std::vector<std::pair<std::string, Tensor>> gguf_rope_freqs(const nn::TransformerConfig& config) {
+  if (!config.rope_scaling.enabled()) return {};
+  const std::vector<float> factors = ops::llama3_rope_factors(
+      {config.rope_theta, config.rope_scaling}, config.resolved_head_dim());
+  return {{"rope_freqs.weight", Tensor::from_vector(factors, {int64_t(factors.size())})}};
+}
+
 namespace {
 
 bool matches(const nn::TransformerConfig& c) {
@@ -287,6 +295,9 @@ nn::TransformerConfig read_gguf(const GgufHeader& f) { return read_gguf_keys(f, 
 
 }  // namespace
 
+// LlamaForCausalLM's names; llama.cpp's converter permuted q and k to neighbouring rotary pairs.
+constexpr StateDictAdapter adapter = relative_adapter({.gguf_arch = "llama"});
+
 const ModelSpec spec = {
     .name = "llama",
     .what =
@@ -295,8 +306,7 @@ const ModelSpec spec = {
     .arch = nn::Arch::llama,
     .hf_model_type = "llama",
     .hf_class = "LlamaForCausalLM",
-    .gguf_arch = "llama",
-    .gguf_half_split = false,
+    .adapter = &adapter,
     .matches = matches,
     .read_hf_config = read,
     .write_hf_config = write,

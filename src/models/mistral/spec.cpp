@@ -13,6 +13,7 @@
 #include "fsdp/core/error.h"
 #include "src/core/json_fields.h"
 #include "src/models/llama/llama.h"
+#include "src/models/llama/names.h"
 
 namespace fsdp::models::mistral {
 
@@ -50,14 +51,17 @@ std::string write(const nn::TransformerConfig& c) {
 
 }  // namespace
 
+// llama's names (MistralForCausalLM's are LlamaForCausalLM's); no GGUF export (llama.cpp reads
+// Mistral as "llama", without its window).
+constexpr StateDictAdapter adapter = llama::relative_adapter({});
+
 const ModelSpec spec = {
     .name = "mistral",
     .what = "Mistral: llama with a sliding window on every layer",
     .arch = nn::Arch::llama,
     .hf_model_type = "mistral",
     .hf_class = "MistralForCausalLM",
-    .gguf_arch = "",
-    .gguf_half_split = false,
+    .adapter = &adapter,
     .matches = matches,
     .read_hf_config = read,
     .write_hf_config = write,

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "src/models/llama/llama.h"
+#include "src/models/llama/names.h"
 
 namespace fsdp::models::qwen3 {
 
@@ -17,23 +18,17 @@ bool matches(const nn::TransformerConfig& c) {
   return c.arch == nn::Arch::llama && c.qk_norm && !c.qkv_bias && !llama::has_gemma_options(c);
 }
 
-nn::TransformerConfig read(const std::string& text, const std::string& where) {
-  return llama::read_hf_config(text, where, "qwen3");
-}
-
 std::string write(const nn::TransformerConfig& c) {
   nlohmann::json j = llama::hf_config(c, spec);
   j["use_sliding_window"] = false;
   return j.dump();
 }
 
-void check_gguf(const nn::TransformerConfig& c) {
-  llama::check_no_rope_scaling_in_gguf(c, "qwen3");
-}
-
-nn::TransformerConfig read_gguf(const GgufHeader& f) { return llama::read_gguf_keys(f, "qwen3"); }
-
 }  // namespace
+
+// llama's names; llama.cpp's converter left q and k half-split.
+constexpr StateDictAdapter adapter =
+    llama::relative_adapter({.gguf_arch = "qwen3", .gguf_half_split = true});
 
 const ModelSpec spec = {
     .name = "qwen3",
@@ -41,13 +36,12 @@ const ModelSpec spec = {
     .arch = nn::Arch::llama,
     .hf_model_type = "qwen3",
     .hf_class = "Qwen3ForCausalLM",
-    .gguf_arch = "qwen3",
-    .gguf_half_split = true,
+    .adapter = &adapter,
     .matches = matches,
-    .read_hf_config = read,
+    .read_hf_config = llama::read_relative_hf<&spec>,
     .write_hf_config = write,
-    .read_gguf_config = read_gguf,
-    .check_gguf = check_gguf,
+    .read_gguf_config = llama::read_relative_gguf<&spec>,
+    .check_gguf = llama::check_relative_gguf<&spec>,
     .build = llama::build,
     .parallelize = llama::parallelize,
     .shape_keys = llama::kShapeKeys,

@@ -1,5 +1,7 @@
-// GGUF's llama metadata as fsdp.cpp's config, llama.cpp's tensor names as Hugging Face's, and
-// the "gpt2" and "llama" tokenizers as tokenizer.json. See include/fsdp/checkpoint/gguf.h.
+// GGUF's tokenizers, llama.cpp's "gpt2" (byte-level BPE) and SentencePiece models, as
+// tokenizer.json (what transformers derives from them). A family's way of spelling its
+// SentencePiece vocabulary is its state-dict adapter's (gguf_spm_by_id). See
+// include/fsdp/checkpoint/gguf.h.
 #include <algorithm>
 #include <cmath>
 #include <compare>
@@ -11,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <numbers>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -21,14 +24,11 @@
 #include "fsdp/core/error.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/ops/rope.h"
-#include "src/checkpoint/param_names.h"
+#include "fsdp/models/spec.h"
+#include "fsdp/models/state_dict_adapter.h"
 #include "src/data/byte_level.h"
 
 namespace fsdp::checkpoint {
-
-std::string hf_name_of_gguf(const std::string& name) {
-  return detail::rename(name, detail::Naming::gguf, detail::Naming::hf);
-}
 
 // ---------------------------------------------------------------- tokenizer
 
@@ -49,16 +49,23 @@ std::vector<size_t> code_point_starts(const GgufFile& f, const std::string& s) {
   return at;
 }
 
-// tokenizer.ggml.model "llama" as transformers 5 reads it (gguf.h, GgufTokenizerInfo).
+// Whether a family spells the vocabulary of a GGUF of architecture `arch` by id (scores by id,
+// runs of spaces as spaces: its adapter's gguf_spm_by_id).
+bool spm_by_id(const std::string& arch) {
+  for (const models::ModelSpec* s : models::model_specs())
+    if (s->adapter && s->adapter->spells_spm_by_id(arch)) return true;
+  return false;
+}
+
+// The SentencePiece tokenizer.ggml.model as transformers 5 reads it (gguf.h, GgufTokenizerInfo).
 std::string sentencepiece_json(const GgufFile& f, const std::vector<std::string>& tokens,
                                const std::vector<int64_t>& types,
                                const std::optional<int32_t>& unk) {
   using json = nlohmann::json;
-  const std::string arch = f.get_string("general.architecture", "");
-  const bool gemma = arch == "gemma" || arch == "gemma2" || arch == "gemma3";
+  const bool by_id = spm_by_id(f.get_string("general.architecture", ""));
   const size_t n = tokens.size();
   std::vector<double> score(n);
-  if (gemma) {
+  if (by_id) {
     for (size_t i = 0; i < n; ++i) score[i] = -double(i);
   } else {
     const std::vector<double>& s = f.get_floats("tokenizer.ggml.scores");
@@ -71,13 +78,13 @@ std::string sentencepiece_json(const GgufFile& f, const std::vector<std::string>
                  "number (the token's log-probability)",
                  f.path(), i);
   }
-  // Gemma stores its runs of spaces as spaces; transformers spells them U+2581, as the merges
-  // that reach them need.
+  // A vocabulary spelled by id stores its runs of spaces as spaces; transformers spells them
+  // U+2581, as the merges that reach them need.
   std::vector<std::string> spelled(tokens);
   std::vector<std::vector<size_t>> starts(n);
   for (size_t i = 0; i < n; ++i) {
     starts[i] = code_point_starts(f, tokens[i]);
-    if (!gemma || tokens[i].find(' ') == std::string::npos) continue;
+    if (!by_id || tokens[i].find(' ') == std::string::npos) continue;
     bool blank = true;
     for (size_t k = 0; blank && k + 1 < starts[i].size(); ++k)
       blank = data::byte_level::python_space(
@@ -122,7 +129,7 @@ std::string sentencepiece_json(const GgufFile& f, const std::vector<std::string>
       auto r = id_of.find(spelled[i].substr(at[k]));
       if (r == id_of.end()) continue;
       merges.push_back({l->second, r->second, score[i], k, cps - k});
-      // Real vocabularies make a few MB of merges (Gemma's 262k tokens); a crafted one (the
+      // Real vocabularies make a few MB of merges (a 262k-token vocabulary's); a crafted one (the
       // runs "a" to "a"*1400) would make 900 MB of them.
       merge_bytes += spelled[i].size();
       FSDP_CHECK(merge_bytes <= kMaxMergeBytes,
@@ -146,7 +153,7 @@ std::string sentencepiece_json(const GgufFile& f, const std::vector<std::string>
   json added = json::array();
   for (int64_t type : {CONTROL, USER_DEFINED})
     for (size_t i = 0; i < n; ++i)
-      // a user-defined token that Gemma's respelling renamed is matched by the merges instead
+      // a user-defined token that the respelling renamed is matched by the merges instead
       if (types[i] == type && (type == CONTROL || spelled[i] == tokens[i]))
         added.push_back({{"id", int64_t(i)},
                          {"content", tokens[i]},
@@ -191,8 +198,8 @@ std::string sentencepiece_json(const GgufFile& f, const std::vector<std::string>
                   {"truncation", nullptr},
                   {"padding", nullptr},
                   {"added_tokens", added},
-                  {"normalizer", gemma ? replace : json(nullptr)},
-                  {"pre_tokenizer", gemma ? json(nullptr) : metaspace},
+                  {"normalizer", by_id ? replace : json(nullptr)},
+                  {"pre_tokenizer", by_id ? json(nullptr) : metaspace},
                   {"post_processor", post},
                   {"decoder", decoder},
                   {"model",
