@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -824,6 +825,137 @@ TEST(ZeroGrad, ModuleZeroGradClearsShardedGradientsOrRefuses) {
   }
 }
 
+// ---------------------------------------------------------------- a user's hooks beside
+// fully_shard
+
+// A user's link in a sharded block's chain: logs each call with the block's FSDP state at that
+// moment (which says whether fully_shard's link ran before it), records the input gradient it
+// receives, and returns it times `scale`.
+class UserHooks : public nn::ModuleHooks {
+ public:
+  UserHooks(std::string name, std::vector<std::string>* log, double scale = 1)
+      : name_(std::move(name)), log_(log), scale_(scale) {}
+  Tensor pre_forward(nn::Module& m, const Tensor& x) override { return note(m, "pre_forward", x); }
+  Tensor post_forward(nn::Module& m, const Tensor& y) override {
+    return note(m, "post_forward", y);
+  }
+  Tensor pre_backward(nn::Module& m, const Tensor& dy) override {
+    return note(m, "pre_backward", dy);
+  }
+  Tensor post_backward(nn::Module& m, const Tensor& dx) override {
+    note(m, "post_backward", dx);
+    seen_dx.push_back(dx);
+    if (scale_ == 1) return dx;
+    Tensor out = dx.clone();
+    ops::scale_(out, scale_);
+    return out;
+  }
+  std::vector<Tensor> seen_dx;
+
+ private:
+  Tensor note(nn::Module& m, const char* what, const Tensor& t) {
+    log_->push_back(fmt::format("{}.{}:{}", name_, what,
+                                training_state_name(fsdp_state(m)->state().training_state)));
+    return t;
+  }
+  std::string name_;
+  std::vector<std::string>* log_;
+  double scale_;
+};
+
+// This rank's shard of each parameter's gradient, by name.
+std::map<std::string, std::vector<double>> local_grads(FSDPModule& root) {
+  const std::vector<nn::ParamGroup> groups = root.param_groups(0);
+  std::map<std::string, std::vector<double>> out;
+  for (const FSDPModule::ShardInfo& s : root.shard_infos()) {
+    const int64_t row = shape_numel(s.global_shape) / s.global_shape[0];
+    out[s.name] =
+        groups[s.group].grads.slice(s.offset, s.offset + s.local_rows * row).to_f64_vector();
+  }
+  return out;
+}
+
+// A user's hooks on a fully_shard'ed block (layers.1), one installed before fully_shard ("early")
+// and one after it ("late"), at every world size, with and without activation checkpointing of
+// the block:
+// - they run in the documented order around fully_shard's link: forward in registration order,
+//   backward in reverse (the late link's pre-backward before fully_shard's all-gather, its
+//   post-backward before the reduce-scatter);
+// - the late link sees the block's input gradient (the same tensor values as in the unscaled run)
+//   and returns it times 2: the gradients of everything before the block (embed, layers.0) are
+//   the unscaled run's times 2 exactly, every other gradient equals the unscaled run's bit for bit;
+// - removed, the links no longer run, and the next step's gradients are the unscaled run's.
+TEST(Hooks, AUserHookOnAShardedBlockSeesAndScalesItsInputGradient) {
+  const nn::TransformerConfig c = config(nn::Arch::llama);
+  const int N = world()->size(), me = world()->rank();
+  const int64_t B = kGlobalRows / N;
+  data::RandomTokenSource src(c.vocab, kSeed);
+  const data::Batch mb = src.batch(0, kGlobalRows, me * B, B, c.seq);
+  struct Out {
+    std::map<std::string, std::vector<double>> grads, grads_after_removal;
+    std::vector<std::string> log;
+    size_t log_after_removal = 0;
+    std::vector<Tensor> seen_dx;
+  };
+  auto run = [&](double scale, bool ac) {
+    Out out;
+    auto mesh = dist::init_device_mesh({N});
+    nn::Transformer model(c);
+    nn::Module& block = model.layers()[1];
+    auto early = std::make_shared<UserHooks>("early", &out.log);
+    nn::HookHandle early_handle = block.add_hooks(early);
+    for (size_t i = 0; i < model.layers().size(); ++i)
+      fully_shard(model.layers()[i], mesh, {.init_dtype = DType::f32, .seed = kSeed});
+    FSDPModule& root = fully_shard(model, mesh, {.init_dtype = DType::f32, .seed = kSeed});
+    auto late = std::make_shared<UserHooks>("late", &out.log, scale);
+    nn::HookHandle late_handle = block.add_hooks(late);
+    block.set_activation_checkpoint(ac);
+    auto step = [&] {
+      root.zero_grad();
+      Tensor l = model.forward(mb.inputs).view({B * c.seq, c.vocab});
+      auto x = ops::cross_entropy_forward(l, mb.targets);
+      model.backward(ops::cross_entropy_backward(l, mb.targets, x.lse).view({B, c.seq, c.vocab}));
+      return local_grads(root);
+    };
+    out.grads = step();
+    out.seen_dx = late->seen_dx;
+    early_handle.remove();
+    late_handle.remove();
+    const size_t logged = out.log.size();
+    out.grads_after_removal = step();
+    out.log_after_removal = out.log.size() - logged;
+    return out;
+  };
+  for (bool ac : {false, true}) {
+    const std::string at = fmt::format("activation checkpoint {}", ac);
+    const Out plain = run(1, ac), scaled = run(2, ac);
+    EXPECT_EQ(scaled.log, (std::vector<std::string>{
+                              "early.pre_forward:idle", "late.pre_forward:forward",
+                              "early.post_forward:forward", "late.post_forward:idle",
+                              "late.pre_backward:idle", "early.pre_backward:pre_backward",
+                              "late.post_backward:pre_backward", "early.post_backward:idle"}))
+        << at;
+    ASSERT_EQ(scaled.seen_dx.size(), 1u) << at;
+    ASSERT_EQ(plain.seen_dx.size(), 1u) << at;
+    EXPECT_EQ(scaled.seen_dx[0].shape(), Shape({B, c.seq, c.dim})) << at;
+    EXPECT_EQ(scaled.seen_dx[0].to_f64_vector(), plain.seen_dx[0].to_f64_vector()) << at;
+    ASSERT_EQ(scaled.grads.size(), plain.grads.size());
+    int scaled_params = 0;
+    for (const auto& [name, g] : plain.grads) {
+      const bool before_block = name == "embed.weight" || name.rfind("layers.0.", 0) == 0;
+      std::vector<double> want = g;
+      if (before_block) {
+        for (double& v : want) v *= 2;
+        ++scaled_params;
+      }
+      EXPECT_EQ(scaled.grads.at(name), want) << at << ": " << name;
+      EXPECT_EQ(scaled.grads_after_removal.at(name), g) << at << ": " << name << " after removal";
+    }
+    EXPECT_GT(scaled_params, 1) << at;
+    EXPECT_EQ(scaled.log_after_removal, 0u) << at << ": a removed link ran";
+  }
+}
+
 // A module with a 0-dim parameter.
 class Scalar : public nn::Module {
  public:
@@ -838,6 +970,8 @@ TEST(BadInput, ShardingTwiceZeroDimAndShapesThatDiffer) {
   auto mesh = dist::init_device_mesh({world()->size()});
   {
     nn::Transformer model(config(nn::Arch::llama));
+    std::vector<std::string> log;
+    model.layers()[0].add_hooks(std::make_shared<UserHooks>("user", &log));  // no obstacle
     fully_shard(model.layers()[0], mesh);
     try {
       fully_shard(model.layers()[0], mesh);
@@ -1075,9 +1209,19 @@ TEST(BadInput, ReplicateTwiceOverAShardedModuleOrOnA2DMesh) {
   nn::Transformer twice(c);
   replicate(twice, mesh);
   expect_refused([&] { replicate(twice, mesh); },
-                 "[replicate] Transformer already has module hooks");
+                 "[replicate] Transformer is already replicated; apply replicate once per module");
   expect_refused([&] { fully_shard(twice, mesh); },
-                 "[fully_shard] Transformer already has module hooks");
+                 "[fully_shard] Transformer is replicated by replicate()");
+  expect_refused([&] { fully_shard(twice.layers()[0], mesh); },
+                 "[fully_shard] TransformerBlock 'layers.0' is inside Transformer, which "
+                 "replicate() replicates");
+  nn::Transformer sharded(c);
+  fully_shard(sharded, mesh);
+  expect_refused([&] { replicate(sharded, mesh); },
+                 "[replicate] Transformer is sharded by fully_shard");
+  expect_refused([&] { replicate(sharded.layers()[2], mesh); },
+                 "[replicate] TransformerBlock 'layers.2' is inside Transformer, which fully_shard "
+                 "shards");
   nn::Transformer inner(c);
   fully_shard(inner.layers()[1], mesh);
   expect_refused([&] { replicate(inner, mesh); }, "holds 'layers.1', which fully_shard shards");

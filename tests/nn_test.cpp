@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <memory>
@@ -797,6 +799,153 @@ TEST(ActivationCheckpoint, BackwardWithoutForwardIsNamed) {
               std::string::npos)
         << e.what();
   }
+}
+
+// ---------------------------------------------------------------- the chain of hooks
+
+// A link that logs its calls ("A.pre_forward", ...) and may replace the gradients it receives.
+class LogHooks : public nn::ModuleHooks {
+ public:
+  LogHooks(std::string name, std::vector<std::string>* log) : name_(std::move(name)), log_(log) {}
+  Tensor pre_forward(nn::Module&, const Tensor& x) override { return note("pre_forward", x); }
+  Tensor post_forward(nn::Module&, const Tensor& y) override { return note("post_forward", y); }
+  Tensor pre_backward(nn::Module&, const Tensor& dy) override {
+    note("pre_backward", dy);
+    return replace_dy ? replace_dy(dy) : dy;
+  }
+  Tensor post_backward(nn::Module&, const Tensor& dx) override {
+    note("post_backward", dx);
+    return replace_dx ? replace_dx(dx) : dx;
+  }
+  std::function<Tensor(const Tensor&)> replace_dy, replace_dx;
+
+ private:
+  Tensor note(const char* what, const Tensor& t) {
+    log_->push_back(name_ + "." + what);
+    return t;
+  }
+  std::string name_;
+  std::vector<std::string>* log_;
+};
+
+// Three linear layers in a row, f64.
+struct ThreeLinears {
+  nn::ModuleList m;
+  nn::FlatParameters flat;
+  ThreeLinears() {
+    m.append(std::make_unique<nn::Linear>(5, 7, true));
+    m.append(std::make_unique<nn::Linear>(7, 6, true));
+    m.append(std::make_unique<nn::Linear>(6, 4, true));
+    flat = nn::materialize(m, DType::f64, 21);
+  }
+};
+
+// pre_forward and post_forward run in registration order, pre_backward and post_backward in
+// reverse (module.h says why); a removed link no longer runs, removing it again (or after its
+// module is gone) does nothing, and the others keep their order.
+TEST(Hooks, TheChainRunsInTheDocumentedOrderAndARemovedLinkStops) {
+  std::vector<std::string> log;
+  nn::HookHandle a_handle, c_handle;
+  {
+    ThreeLinears net;
+    nn::Module& mid = net.m[1];
+    a_handle = mid.add_hooks(std::make_shared<LogHooks>("A", &log));
+    nn::HookHandle b_handle = mid.add_hooks(std::make_shared<LogHooks>("B", &log));
+    c_handle = mid.add_hooks(std::make_shared<LogHooks>("C", &log));
+    EXPECT_EQ(mid.hooks().size(), 3u);
+    Tensor x = test::random_tensor({3, 5}, 1);
+    auto step = [&] {
+      log.clear();
+      Tensor y = net.m.forward(x);
+      net.m.backward(Tensor::full(y.shape(), 1.0, DType::f64));
+      return log;
+    };
+    EXPECT_EQ(step(),
+              (std::vector<std::string>{"A.pre_forward", "B.pre_forward", "C.pre_forward",
+                                        "A.post_forward", "B.post_forward", "C.post_forward",
+                                        "C.pre_backward", "B.pre_backward", "A.pre_backward",
+                                        "C.post_backward", "B.post_backward", "A.post_backward"}));
+    b_handle.remove();
+    b_handle.remove();  // again: nothing
+    EXPECT_EQ(mid.hooks().size(), 2u);
+    EXPECT_EQ(step(),
+              (std::vector<std::string>{"A.pre_forward", "C.pre_forward", "A.post_forward",
+                                        "C.post_forward", "C.pre_backward", "A.pre_backward",
+                                        "C.post_backward", "A.post_backward"}));
+    a_handle.remove();
+    EXPECT_EQ(step(), (std::vector<std::string>{"C.pre_forward", "C.post_forward", "C.pre_backward",
+                                                "C.post_backward"}));
+  }
+  c_handle.remove();  // the module is gone: nothing to remove, no crash
+  EXPECT_EQ(test::error_of([] {
+              nn::Linear l(2, 2, false);
+              l.add_hooks(nullptr);
+            }).find("[Module] add_hooks on 'Linear' (Linear) with no hooks"),
+            0u);
+}
+
+// The backward hooks receive the gradients and may replace them. A pre-backward hook on the last
+// layer multiplies dy by a mask m (PyTorch's full backward pre-hook): the loss is then
+// sum(w * m * y). A post-backward hook on the middle layer multiplies its input gradient by 3
+// (the full backward hook's grad_input): the first layer's gradients are 3 times the loss's. Every
+// gradient against float64 finite differences of sum(w * m * y).
+TEST(Hooks, ReplacedGradientsMatchFiniteDifferencesOfTheModifiedLoss) {
+  ThreeLinears net;
+  std::vector<std::string> log;
+  Tensor x = test::random_tensor({3, 5}, 1);
+  Tensor w = test::random_tensor({3, 4}, 2),
+         mask = test::random_tensor({3, 4}, 3, DType::f64, 0, 2);
+  auto times = [](const Tensor& t, const std::function<double(int64_t)>& f) {
+    Tensor out = t.contiguous().clone();
+    for (int64_t i = 0; i < out.numel(); ++i) out.data<double>()[i] *= f(i);
+    return out;
+  };
+  auto last = std::make_shared<LogHooks>("last", &log),
+       mid = std::make_shared<LogHooks>("mid", &log);
+  Shape seen_dy, seen_dx;
+  last->replace_dy = [&](const Tensor& dy) {
+    seen_dy = dy.shape();
+    return times(dy, [&](int64_t i) { return mask.data<double>()[i]; });
+  };
+  mid->replace_dx = [&](const Tensor& dx) {
+    seen_dx = dx.shape();
+    return times(dx, [](int64_t) { return 3.0; });
+  };
+  net.m[2].add_hooks(last);
+  net.m[1].add_hooks(mid);
+  auto modified_loss = [&] {  // sum(w * m * y), the model without hooks' backward
+    Tensor y = net.m.forward(x);
+    return test::dot(times(w, [&](int64_t i) { return mask.data<double>()[i]; }), y);
+  };
+  net.flat.grads.zero_();
+  Tensor y = net.m.forward(x);
+  Tensor dx = net.m.backward(w);
+  EXPECT_EQ(seen_dy, Shape({3, 4}));
+  EXPECT_EQ(seen_dx, Shape({3, 7}));
+  EXPECT_EQ(dx.shape(), Shape({3, 5}));
+  for (auto& [name, p] : net.m.named_parameters()) {
+    const bool first = name.rfind("0.", 0) == 0;
+    test::expect_grad_matches(name, modified_loss, p->data,
+                              first ? times(p->grad, [](int64_t) { return 1.0 / 3; }) : p->grad);
+  }
+}
+
+// A replacement that changes the gradient's shape (or drops it) is refused, naming the module and
+// the link.
+TEST(Hooks, AReplacementOfAnotherShapeIsNamed) {
+  ThreeLinears net;
+  std::vector<std::string> log;
+  auto bad = std::make_shared<LogHooks>("bad", &log);
+  bad->replace_dx = [](const Tensor& dx) { return dx.view({-1}); };
+  net.m[1].add_hooks(std::make_shared<LogHooks>("ok", &log));
+  net.m[1].add_hooks(bad);
+  Tensor y = net.m.forward(test::random_tensor({3, 5}, 1));
+  const std::string e =
+      test::error_of([&] { net.m.backward(Tensor::full(y.shape(), 1.0, DType::f64)); });
+  EXPECT_NE(e.find("the post-backward hook (link 2 of 2) of '1' (Linear) replaced the input "
+                   "gradient, a tensor of shape [3, 7], with a tensor of shape [21]"),
+            std::string::npos)
+      << e;
 }
 }  // namespace
 }  // namespace fsdp

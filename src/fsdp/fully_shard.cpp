@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "fsdp/distributed/placement.h"
+#include "fsdp/fsdp/replicate.h"
 #include "src/fsdp/fsdp_state.h"
 
 namespace fsdp {
@@ -214,27 +215,44 @@ int64_t FSDPModule::sharded_bytes() const {
 
 Tensor FSDPModule::pre_forward(nn::Module&, const Tensor& x) { return impl_->pre_forward(x); }
 Tensor FSDPModule::post_forward(nn::Module&, const Tensor& y) { return impl_->post_forward(y); }
-void FSDPModule::pre_backward(nn::Module&) { impl_->pre_backward(); }
-void FSDPModule::post_backward(nn::Module&) { impl_->post_backward(); }
+Tensor FSDPModule::pre_backward(nn::Module&, const Tensor& dy) {
+  impl_->pre_backward();
+  return dy;
+}
+Tensor FSDPModule::post_backward(nn::Module&, const Tensor& dx) {
+  impl_->post_backward();
+  return dx;
+}
 
 void FSDPModule::set_event_log(bool on) { impl_->comm().set_log(on); }
 std::vector<std::string> FSDPModule::take_event_log() { return impl_->comm().take_log(); }
 
 // ---------------------------------------------------------------- fully_shard
 
-FSDPModule* fsdp_state(const nn::Module& module) {
-  return dynamic_cast<FSDPModule*>(module.hooks());
-}
+FSDPModule* fsdp_state(const nn::Module& module) { return module.find_hooks<FSDPModule>(); }
 
 FSDPModule& fully_shard(nn::Module& module, std::shared_ptr<dist::DeviceMesh> mesh,
                         FullyShardOptions options) {
   FSDP_CHECK(mesh, "[fully_shard] no device mesh");
-  const std::string where = module.path().empty()
-                                ? module.type_name()
-                                : fmt::format("{} '{}'", module.type_name(), module.path());
+  const std::string where = module.describe();
   FSDP_CHECK(!fsdp_state(module),
              "[fully_shard] {} is already sharded; apply fully_shard once per module", where);
-  FSDP_CHECK(!module.hooks(), "[fully_shard] {} already has module hooks", where);
+  // Other hooks (a user's) may sit in the module's chain; another data-parallel wrapper may not.
+  FSDP_CHECK(!module.find_hooks<ReplicateModule>(),
+             "[fully_shard] {} is replicated by replicate(): a module is either replicated or "
+             "sharded",
+             where);
+  for (const nn::Module* a = module.parent(); a; a = a->parent())
+    FSDP_CHECK(!a->find_hooks<ReplicateModule>(),
+               "[fully_shard] {} is inside {}, which replicate() replicates: a module is either "
+               "replicated or sharded",
+               where, a->describe());
+  module.for_each_module([&](nn::Module& m) {
+    FSDP_CHECK(!m.find_hooks<ReplicateModule>(),
+               "[fully_shard] {} holds '{}', which replicate() replicates: a module is either "
+               "replicated or sharded",
+               where, m.path());
+  });
   FSDP_CHECK(mesh->ndim() == 1 || mesh->ndim() == 2,
              "[fully_shard] the mesh must be 1-D (shard) or 2-D (replicate, shard), got {}",
              mesh->str());
@@ -243,7 +261,7 @@ FSDPModule& fully_shard(nn::Module& module, std::shared_ptr<dist::DeviceMesh> me
   collect(module, module.path(), true, params);
   auto state = std::make_shared<FSDPModule>(
       std::make_unique<FSDPState>(module, std::move(mesh), options, std::move(params)));
-  module.set_hooks(state);
+  module.add_hooks(state);  // never removed: the state lives as long as the module
   return *state;
 }
 

@@ -47,24 +47,32 @@ DataParallelModule::CommStats ReplicateModule::comm_stats() const {
   return {.comm_seconds = replicate_group()->comm_seconds(), .exposed_seconds = exposed_seconds_};
 }
 
-void ReplicateModule::post_backward(nn::Module&) {
+Tensor ReplicateModule::post_backward(nn::Module&, const Tensor& dx) {
   const std::shared_ptr<dist::ProcessGroup> group = replicate_group();
-  if (!requires_sync_ || group->size() == 1) return;
+  if (!requires_sync_ || group->size() == 1) return dx;
   const auto t0 = std::chrono::steady_clock::now();
   group->all_reduce(flat_.grads, dist::ReduceOp::AVG)->wait();
   exposed_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return dx;
 }
 
 ReplicateModule& replicate(nn::Module& module, std::shared_ptr<dist::DeviceMesh> mesh,
                            ReplicateOptions options) {
   FSDP_CHECK(mesh, "[replicate] no device mesh");
-  const std::string where = module.path().empty()
-                                ? module.type_name()
-                                : fmt::format("{} '{}'", module.type_name(), module.path());
+  const std::string where = module.describe();
   FSDP_CHECK(mesh->ndim() == 1, "[replicate] the mesh must be 1-D (replicate), got {}",
              mesh->str());
-  FSDP_CHECK(!module.hooks(), "[replicate] {} already has module hooks ({})", where,
-             fsdp_state(module) ? "it is sharded by fully_shard" : "replicate or another wrapper");
+  // Other hooks (a user's) may sit in the module's chain; another data-parallel wrapper may not.
+  FSDP_CHECK(!module.find_hooks<ReplicateModule>(),
+             "[replicate] {} is already replicated; apply replicate once per module", where);
+  FSDP_CHECK(!fsdp_state(module),
+             "[replicate] {} is sharded by fully_shard: a module is either replicated or sharded",
+             where);
+  for (const nn::Module* a = module.parent(); a; a = a->parent())
+    FSDP_CHECK(!a->find_hooks<DataParallelModule>(),
+               "[replicate] {} is inside {}, which {}: a module is replicated or sharded once",
+               where, a->describe(),
+               fsdp_state(*a) ? "fully_shard shards" : "replicate() replicates");
   module.for_each_module([&](nn::Module& m) {
     FSDP_CHECK(!fsdp_state(m),
                "[replicate] {} holds '{}', which fully_shard shards: a module is either "
@@ -78,7 +86,7 @@ ReplicateModule& replicate(nn::Module& module, std::shared_ptr<dist::DeviceMesh>
                "fully_shard, which keeps frozen parameters apart",
                where, name);
   auto state = std::make_shared<ReplicateModule>(module, std::move(mesh), options);
-  module.set_hooks(state);
+  module.add_hooks(state);  // never removed: the state lives as long as the module
   return *state;
 }
 

@@ -1,4 +1,5 @@
-// Module tree traversal and materialisation into flat buffers.
+// Module tree traversal, the chain of hooks around forward and backward, and materialisation
+// into flat buffers.
 #include "fsdp/nn/module.h"
 
 #include <optional>
@@ -52,10 +53,34 @@ int64_t Module::num_parameters() {
   return n;
 }
 
+namespace {
+// The link of `m`'s chain that owns its subtree's gradients (fully_shard's), or nullptr.
+ModuleHooks* gradient_owner(const std::shared_ptr<HookChain>& chain) {
+  if (chain)
+    for (auto& [id, h] : chain->links)
+      if (h->owns_gradients()) return h.get();
+  return nullptr;
+}
+
+// A backward hook's replacement keeps what it replaces: defined or not, and its shape.
+void check_replacement(const Module& m, const char* hook, const char* what, size_t link,
+                       size_t links, const Tensor& before, const Tensor& after) {
+  if (before.defined() == after.defined() && (!before.defined() || before.shape() == after.shape()))
+    return;
+  auto desc = [](const Tensor& t) {
+    return t.defined() ? "a tensor of shape " + shape_str(t.shape()) : std::string("no tensor");
+  };
+  FSDP_FAIL(
+      "[Module] the {} hook (link {} of {}) of '{}' ({}) replaced the {} gradient, {}, with {}: "
+      "a replacement keeps the shape (return the gradient as it came to keep it)",
+      hook, link + 1, links, where_of(m), m.type_name(), what, desc(before), desc(after));
+}
+}  // namespace
+
 void Module::zero_grad() {
-  const bool owns = hooks_ && hooks_->owns_gradients();
+  const bool owns = gradient_owner(hooks_) != nullptr;
   for (const Module* a = parent_; a && !owns; a = a->parent_)
-    FSDP_CHECK(!a->hooks_ || !a->hooks_->owns_gradients(),
+    FSDP_CHECK(!gradient_owner(a->hooks_),
                "[Module] zero_grad() on '{}', inside '{}', whose hooks own its gradients "
                "(fully_shard): call zero_grad() on '{}' or its root (FSDPModule::zero_grad)",
                path(), a->path(), a->path());
@@ -63,8 +88,8 @@ void Module::zero_grad() {
 }
 
 void Module::zero_grad_below() {
-  if (hooks_ && hooks_->owns_gradients()) {  // a sharded subtree, all of it
-    hooks_->zero_grad_hook();
+  if (ModuleHooks* owner = gradient_owner(hooks_)) {  // a sharded subtree, all of it
+    owner->zero_grad_hook();
     return;
   }
   for (auto& [name, p] : direct_parameters())
@@ -75,13 +100,16 @@ void Module::zero_grad_below() {
 Tensor Module::forward(const Tensor& x) {
   std::optional<meta::At> at;  // on the meta device: where the memory plan's peak falls
   if (x.defined() && x.device().is_meta()) at.emplace("forward of " + where_of(*this));
-  Tensor in = hooks_ ? hooks_->pre_forward(*this, x) : x;
+  const std::vector<std::shared_ptr<ModuleHooks>> chain = hooks();  // fixed for this call
+  Tensor in = x;
+  for (const auto& h : chain) in = h->pre_forward(*this, in);
   Tensor y = forward_impl(in);
   if (checkpoint_) {
-    checkpoint_input_ = in;  // as forward_impl saw it (after the hook's dtype cast)
+    checkpoint_input_ = in;  // as forward_impl saw it (after the hooks' dtype cast)
     for_each_module([](Module& m) { m.release_saved(); });
   }
-  return hooks_ ? hooks_->post_forward(*this, y) : y;
+  for (const auto& h : chain) y = h->post_forward(*this, y);
+  return y;
 }
 
 Tensor Module::backward(const Tensor& dy) {
@@ -89,7 +117,13 @@ Tensor Module::backward(const Tensor& dy) {
   std::optional<meta::At> at;
   // (No dy: the fused loss's root, whose device it cannot tell; named on every device.)
   if (!dy.defined() || dy.device().is_meta()) at.emplace("backward of " + where_of(*this));
-  if (hooks_) hooks_->pre_backward(*this);
+  const std::vector<std::shared_ptr<ModuleHooks>> chain = hooks();  // fixed for this call
+  Tensor g = dy;
+  for (size_t i = chain.size(); i-- > 0;) {  // reverse order: ModuleHooks says why
+    Tensor r = chain[i]->pre_backward(*this, g);
+    check_replacement(*this, "pre-backward", "output", i, chain.size(), g, r);
+    g = std::move(r);
+  }
   if (checkpoint_) {
     FSDP_CHECK(checkpoint_input_.defined(),
                "[Module] backward() of checkpointed '{}' ({}) without a forward() before it, or "
@@ -97,17 +131,45 @@ Tensor Module::backward(const Tensor& dy) {
                path(), type_name_);
     (void)forward_impl(std::exchange(checkpoint_input_, Tensor()));  // saves what backward needs
   }
-  Tensor dx = backward_impl(dy);
-  if (hooks_) hooks_->post_backward(*this);
+  Tensor dx = backward_impl(g);
+  for (size_t i = chain.size(); i-- > 0;) {
+    Tensor r = chain[i]->post_backward(*this, dx);
+    check_replacement(*this, "post-backward", "input", i, chain.size(), dx, r);
+    dx = std::move(r);
+  }
   return dx;
 }
 
-void Module::set_hooks(std::shared_ptr<ModuleHooks> hooks) { hooks_ = std::move(hooks); }
+HookHandle Module::add_hooks(std::shared_ptr<ModuleHooks> hooks) {
+  FSDP_CHECK(hooks, "[Module] add_hooks on '{}' ({}) with no hooks", where_of(*this), type_name_);
+  if (!hooks_) hooks_ = std::make_shared<HookChain>();
+  const uint64_t id = hooks_->next_id++;
+  hooks_->links.emplace_back(id, std::move(hooks));
+  return HookHandle(hooks_, id);
+}
+
+std::vector<std::shared_ptr<ModuleHooks>> Module::hooks() const {
+  std::vector<std::shared_ptr<ModuleHooks>> out;
+  if (hooks_)
+    for (auto& [id, h] : hooks_->links) out.push_back(h);
+  return out;
+}
+
+void HookHandle::remove() {
+  const std::shared_ptr<HookChain> chain = chain_.lock();
+  if (!chain) return;
+  std::erase_if(chain->links, [&](const auto& link) { return link.first == id_; });
+  chain_.reset();
+}
 
 std::string Module::path() const {
   if (!parent_) return "";
   std::string up = parent_->path();
   return up.empty() ? name_in_parent_ : up + "." + name_in_parent_;
+}
+
+std::string Module::describe() const {
+  return parent_ ? type_name_ + " '" + path() + "'" : type_name_;
 }
 
 const Module* Module::root() const { return parent_ ? parent_->root() : this; }

@@ -7,7 +7,8 @@
 //   clip_grad_norm_async(root.param_groups(wd), max_norm, root.shard_group());
 //   opt.step();
 //
-// Both are ModuleHooks installed on the module they wrap: the gradient collective of a step
+// Both are ModuleHooks, one link of the chain of the module they wrap (a user's hooks may sit
+// beside it; one module takes one of them, once): the gradient collective of a step
 // (reduce-scatter or all-reduce) runs from the hooks, inside backward(), so the step itself
 // names no collective.
 #pragma once

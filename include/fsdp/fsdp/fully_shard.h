@@ -14,7 +14,8 @@
 // size gives the same model. A module whose parameters already hold values
 // is sharded from them instead.
 //
-// At run time, through the module hooks:
+// At run time, through the module's hooks (a link of its chain; a user's hooks may sit beside
+// them and see or replace the gradients: nn::ModuleHooks):
 //   pre-forward    all-gather the group in param_dtype into one flat buffer
 //                  (on the all-gather group's thread), copy out per-parameter
 //                  tensors, and issue the next group's all-gather (prefetch);
@@ -159,13 +160,18 @@ class FSDPModule : public DataParallelModule {
 
   Tensor pre_forward(nn::Module&, const Tensor& x) override;
   Tensor post_forward(nn::Module&, const Tensor& y) override;
-  void pre_backward(nn::Module&) override;
-  void post_backward(nn::Module&) override;
+  // Pass the gradients through unchanged.
+  Tensor pre_backward(nn::Module&, const Tensor& dy) override;
+  Tensor post_backward(nn::Module&, const Tensor& dx) override;
 
  private:
   std::unique_ptr<FSDPState> impl_;
 };
 
+// Shards `module`'s parameters that no inner fully_shard owns, installing its hooks in the
+// module's chain beside any others (a user's: nn::ModuleHooks gives the order they run in).
+// Refused, by name, on a module sharded already, or replicated (replicate()), or inside or
+// holding a replicated one.
 FSDPModule& fully_shard(nn::Module& module, std::shared_ptr<dist::DeviceMesh> mesh,
                         FullyShardOptions options = {});
 // The FSDP state of a module, or nullptr.

@@ -55,7 +55,8 @@ class ReplicateModule : public DataParallelModule {
   // The group the gradients are averaged over (the mesh's only dim).
   std::shared_ptr<dist::ProcessGroup> replicate_group() const { return mesh_->group(0); }
 
-  void post_backward(nn::Module&) override;
+  // All-reduces the flat gradients; passes dx through unchanged.
+  Tensor post_backward(nn::Module&, const Tensor& dx) override;
 
  private:
   std::shared_ptr<dist::DeviceMesh> mesh_;
@@ -65,8 +66,9 @@ class ReplicateModule : public DataParallelModule {
   double exposed_seconds_ = 0;
 };
 
-// Replicates `module` over a 1-D mesh. Refused on a module that has hooks already (fully_shard's
-// or another replicate's) or has a fully_shard module inside it.
+// Replicates `module` over a 1-D mesh, installing its hooks in the module's chain beside any
+// others (a user's). Refused, by name, on a module replicated already or sharded by fully_shard,
+// one inside a replicated or sharded module, and one with a fully_shard module inside it.
 ReplicateModule& replicate(nn::Module& module, std::shared_ptr<dist::DeviceMesh> mesh,
                            ReplicateOptions options = {});
 

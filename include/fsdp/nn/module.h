@@ -4,10 +4,15 @@
 // into the gradients of the module's parameters. A container runs its
 // children's backward in reverse order.
 //
-// Callers use forward() and backward(), which run the module's hooks around
-// the implementation: this is where fully_shard plugs in its pre-forward
-// unshard, post-forward reshard, pre-backward unshard and post-backward
-// reduce-scatter, as plain calls.
+// Callers use forward() and backward(), which run the module's chain of hooks
+// (add_hooks) around the implementation: this is where fully_shard plugs in its
+// pre-forward unshard, post-forward reshard, pre-backward unshard and
+// post-backward reduce-scatter, and replicate its gradient all-reduce, as plain
+// calls, beside hooks of one's own. The backward hooks receive the gradient and
+// may replace it: a pre-backward hook the output gradient dy (PyTorch's
+// register_full_backward_pre_hook), a post-backward hook the input gradient dx
+// (register_full_backward_hook's grad_input), as tensor parallel's all-reduce
+// of an input gradient needs.
 //
 // Parameters are declared with a shape and an Init at construction and hold
 // no memory until materialize() gives every parameter of a tree a view of
@@ -57,18 +62,55 @@ struct BatchContext {
   bool no_backward = false;       // evaluation: the fused loss keeps nothing for a backward
 };
 
-// Calls around a module's forward and backward. fully_shard installs one.
+// Calls around a module's forward and backward, one link of the module's chain (Module::add_hooks).
+// Each returns what it was given, or its replacement, which the next link receives:
+//   pre_forward    the input x, in registration order, before forward_impl;
+//   post_forward   the output y, in registration order, after it;
+//   pre_backward   the output gradient dy, in reverse order, before backward_impl (and before an
+//                  activation checkpoint's recompute);
+//   post_backward  the input gradient dx that backward_impl returned, in reverse order.
+// The backward runs the chain in reverse because that is the order autograd reaches the hooks in:
+// the gradient passes the last forward transform first, so the backward hooks nest the forward
+// ones (the first link's pre_forward is the outermost on the input, and its post_backward the
+// last to see dx). A link installed before a user's (fully_shard's, replicate's) thus wraps it:
+// a user's pre-backward sees dy before fully_shard's all-gathers, and its post-backward sees dx
+// before fully_shard's reduce-scatter is issued (fully_shard's hooks pass gradients unchanged).
+// A gradient is undefined where there is none (dy of a fused loss's root, dx of token ids); a
+// hook returns it as it came. A replacement keeps the shape of what it replaces
+// (Module::backward refuses another, naming the module and the link).
 class ModuleHooks {
  public:
   virtual ~ModuleHooks() = default;
   virtual Tensor pre_forward(Module&, const Tensor& x) { return x; }
   virtual Tensor post_forward(Module&, const Tensor& y) { return y; }
-  virtual void pre_backward(Module&) {}
-  virtual void post_backward(Module&) {}
+  virtual Tensor pre_backward(Module&, const Tensor& dy) { return dy; }
+  virtual Tensor post_backward(Module&, const Tensor& dx) { return dx; }
   // Hooks that own the gradients of their module's subtree (fully_shard's, in sharded
   // buffers): Module::zero_grad() asks them to clear them, and refuses below them.
   virtual bool owns_gradients() const { return false; }
   virtual void zero_grad_hook() {}
+};
+
+// A module's chain of hooks, in registration order, with the id each link's handle names. Shared
+// with the handles (weakly), so a handle outliving its module removes nothing.
+struct HookChain {
+  std::vector<std::pair<uint64_t, std::shared_ptr<ModuleHooks>>> links;
+  uint64_t next_id = 0;
+};
+
+// What Module::add_hooks returns: remove() takes that link out of the chain (PyTorch's
+// RemovableHandle). Removing twice, or after the module is gone, does nothing. A link removed
+// while its module's forward() or backward() is running still gets that call's remaining hooks
+// (the chain of a call is fixed when it begins), so pre and post calls stay paired.
+class HookHandle {
+ public:
+  HookHandle() = default;
+  HookHandle(std::weak_ptr<HookChain> chain, uint64_t id) : chain_(std::move(chain)), id_(id) {}
+  void remove();
+
+ private:
+  std::weak_ptr<HookChain> chain_;
+  uint64_t id_ = 0;
 };
 
 class Module {
@@ -88,13 +130,26 @@ class Module {
   virtual bool fuses_loss() const { return false; }
   // Dotted path from the top of the tree ("layers.3"); "" for the top.
   std::string path() const;
+  // For messages: "TransformerBlock 'layers.3'", or the type alone for the top ("Transformer").
+  std::string describe() const;
   // The context of the batch in flight: the root's (empty when none is set).
   const BatchContext& batch_context() const { return root()->context_; }
   void set_batch_context(BatchContext context) { context_ = std::move(context); }
   const Module* root() const;
   Module* parent() const { return parent_; }
-  void set_hooks(std::shared_ptr<ModuleHooks> hooks);
-  ModuleHooks* hooks() const { return hooks_.get(); }
+  // Appends a link to the module's chain of hooks (ModuleHooks gives the order they run in).
+  // fully_shard and replicate install theirs this way, and refuse each other and themselves twice.
+  HookHandle add_hooks(std::shared_ptr<ModuleHooks> hooks);
+  // The chain, in registration order.
+  std::vector<std::shared_ptr<ModuleHooks>> hooks() const;
+  // The first link of type H in the chain (fsdp_state: fully_shard's), or nullptr.
+  template <class H>
+  H* find_hooks() const {
+    if (hooks_)
+      for (auto& [id, h] : hooks_->links)
+        if (auto* found = dynamic_cast<H*>(h.get())) return found;
+    return nullptr;
+  }
   // Pre-order walk of this module and every descendant.
   void for_each_module(const std::function<void(Module&)>& fn);
   // Every parameter of the subtree with its dotted name ("layers.0.attn.in_proj_weight"),
@@ -111,12 +166,12 @@ class Module {
   void zero_grad();
 
   // Activation checkpointing (PyTorch's checkpoint_wrapper, llm.c's recompute): forward() keeps
-  // only this module's input and drops what its subtree saved; backward() runs forward_impl
-  // again on that input, after the pre-backward hook (so under fully_shard the recompute uses
-  // the parameters that hook all-gathered: one all-gather per block in the backward, not two),
-  // then the backward. The recompute calls forward_impl, never this module's forward hooks. The
-  // gradients are bit-identical to those without it; the memory saved is what the subtree's
-  // release_saved() frees.
+  // only this module's input (as the pre-forward hooks left it) and drops what its subtree saved;
+  // backward() runs forward_impl again on that input, after every pre-backward hook (so under
+  // fully_shard the recompute uses the parameters its hook all-gathered: one all-gather per block
+  // in the backward, not two), then the backward. The recompute calls forward_impl, never this
+  // module's forward hooks. The gradients are bit-identical to those without it; the memory saved
+  // is what the subtree's release_saved() frees.
   void set_activation_checkpoint(bool on) { checkpoint_ = on; }
   bool activation_checkpoint() const { return checkpoint_; }
   // Drops what forward_impl saved for backward_impl (the layers implement it; a module of one's
@@ -143,7 +198,7 @@ class Module {
   std::string type_name_;
   Module* parent_ = nullptr;
   std::string name_in_parent_;
-  std::shared_ptr<ModuleHooks> hooks_;
+  std::shared_ptr<HookChain> hooks_;  // created by the first add_hooks
   bool checkpoint_ = false;
   Tensor checkpoint_input_;  // the checkpointed forward's input, until the backward
   BatchContext context_;     // read on the root only
