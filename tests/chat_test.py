@@ -343,18 +343,21 @@ with tempfile.TemporaryDirectory() as work:
             except Exception as e:
                 check("This model takes no system prompt" in str(e), f"transformers' exception: {e}")
             want = f"{os.path.basename(chats)}:{first_system}: "
-            for how, args in (("--chat-template", ["--tokenizer", gguf_path, "--chat-template", hfile]),
-                              ("the GGUF's template", ["--tokenizer", hgguf])):
+            # The message names the template where it came from: its file, or the GGUF's field.
+            in_gguf = f"{os.path.basename(hgguf)}'s tokenizer.chat_template"
+            for how, args, source in (
+                    ("--chat-template", ["--tokenizer", gguf_path, "--chat-template", hfile], os.path.basename(hfile)),
+                    ("the GGUF's template", ["--tokenizer", hgguf], in_gguf)):
                 r = run([os.path.join(bindir, "fsdp-tokenize"), "--chat", chats, *args])
-                check(r.returncode != 0 and want in r.stderr and "This model takes no system prompt" in r.stderr,
-                      f"{label} ({how}): rc {r.returncode}, {r.stderr[-300:]!r}")
+                check(r.returncode != 0 and want in r.stderr and "This model takes no system prompt" in r.stderr
+                      and source in r.stderr, f"{label} ({how}): rc {r.returncode}, {r.stderr[-300:]!r}")
                 hostile_done += r.returncode != 0
             r = run([os.path.join(bindir, "fsdp-train"), "--init-from", hgguf, "--data", chats, "--steps", "1",
                      "--seq", "32", "--threads", "2"])
-            check(r.returncode != 0 and want in r.stderr and "This model takes no system prompt" in r.stderr,
-                  f"{label}: fsdp-train rc {r.returncode}, {r.stderr[-300:]!r}")
+            check(r.returncode != 0 and want in r.stderr and "This model takes no system prompt" in r.stderr
+                  and in_gguf in r.stderr, f"{label}: fsdp-train rc {r.returncode}, {r.stderr[-300:]!r}")
             r = run(gen)
-            check(r.returncode != 0 and "This model takes no system prompt" in r.stderr,
+            check(r.returncode != 0 and "This model takes no system prompt" in r.stderr and in_gguf in r.stderr,
                   f"{label}: fsdp-generate --chat rc {r.returncode}, {r.stderr[-300:]!r}")
             hostile_done += r.returncode != 0
             continue

@@ -943,9 +943,16 @@ TEST(Hooks, AReplacementOfAnotherShapeIsNamed) {
   const std::string e =
       test::error_of([&] { net.m.backward(Tensor::full(y.shape(), 1.0, DType::f64)); });
   EXPECT_NE(e.find("the post-backward hook (link 2 of 2) of '1' (Linear) replaced the input "
-                   "gradient, a tensor of shape [3, 7], with a tensor of shape [21]"),
+                   "gradient, a f64 tensor of shape [3, 7] on cpu, with a f64 tensor of shape [21] "
+                   "on cpu"),
             std::string::npos)
       << e;
+  // Another dtype, same shape: refused too (the layer below would read the wrong element type).
+  bad->replace_dx = [](const Tensor& dx) { return dx.to(DType::f32); };
+  y = net.m.forward(test::random_tensor({3, 5}, 1));
+  const std::string e2 =
+      test::error_of([&] { net.m.backward(Tensor::full(y.shape(), 1.0, DType::f64)); });
+  EXPECT_NE(e2.find("with a f32 tensor of shape [3, 7] on cpu"), std::string::npos) << e2;
 }
 }  // namespace
 }  // namespace fsdp

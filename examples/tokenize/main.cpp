@@ -66,7 +66,8 @@ void print_chats(const std::string& model, const std::string& jsonl,
   FSDP_CHECK(pre.tokenizer, "[fsdp-tokenize] --chat: {} has no tokenizer", model);
   FSDP_CHECK(!pre.chat_template.empty(), "[fsdp-tokenize] --chat: {} has no chat template", model);
   const auto tmpl = fsdp::data::ChatTemplate::of_model(pre.chat_template, *pre.tokenizer,
-                                                       pre.bos_id, pre.eos_id);
+                                                       pre.bos_id, pre.eos_id,
+                                                       fsdp::checkpoint::chat_template_name(pre));
   std::vector<int64_t> lines;
   const auto chats = fsdp::data::read_chat_jsonl(jsonl, &lines);
   for (size_t k = 0; k < chats.size(); ++k) {

@@ -124,6 +124,7 @@ void open_gguf(Pretrained& p, PretrainedSource& src) {
     p.tokenizer = gguf_tokenizer(f);
     p.tokenizer_pre = info.pre;
     p.chat_template = info.chat_template;
+    p.chat_template_source = f.path() + "'s tokenizer.chat_template";
     p.bos_id = info.bos;
     p.eos_id = info.eos;
     set_eot(p);

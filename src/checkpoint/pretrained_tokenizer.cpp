@@ -122,6 +122,7 @@ void read_hf_tokenizer(Pretrained& p, const fs::path& dir) {
                json_fields::described(tc));
     if (const json* t = json_fields::member(tc, "chat_template")) {
       const json_fields::Field f{"[pretrained]", where, "chat_template"};
+      p.chat_template_source = where + "'s chat_template";
       if (t->is_string()) {
         p.chat_template = t->get<std::string>();
       } else if (t->is_array()) {  // [{"name": "default", "template": ...}, ...]
@@ -141,8 +142,10 @@ void read_hf_tokenizer(Pretrained& p, const fs::path& dir) {
   }
   // transformers 5 saves the template beside tokenizer_config.json, as chat_template.jinja (and
   // reads it before tokenizer_config.json's).
-  if (fs::exists(dir / "chat_template.jinja"))
+  if (fs::exists(dir / "chat_template.jinja")) {
     p.chat_template = read_text(dir / "chat_template.jinja");
+    p.chat_template_source = (dir / "chat_template.jinja").string();
+  }
   if (fs::exists(dir / "generation_config.json")) {
     const std::string where = (dir / "generation_config.json").string();
     const json g = json_read::parse(read_text(dir / "generation_config.json"), where,
@@ -180,8 +183,13 @@ std::optional<int32_t> end_of_turn_id(const data::Tokenizer& tok, const std::str
 void set_chat_template(Pretrained& p, const std::string& jinja_file) {
   check_regular(jinja_file, "[pretrained] chat template");
   p.chat_template = read_text(jinja_file);
+  p.chat_template_source = jinja_file;
   FSDP_CHECK(!p.chat_template.empty(), "[pretrained] chat template {} is empty", jinja_file);
   set_eot(p);
+}
+
+std::string chat_template_name(const Pretrained& p) {
+  return p.chat_template_source.empty() ? "chat_template" : p.chat_template_source;
 }
 
 std::string render_chat(const Pretrained& p, const data::Tokenizer& tok, const std::string& user,
@@ -189,7 +197,8 @@ std::string render_chat(const Pretrained& p, const data::Tokenizer& tok, const s
   data::Conversation chat;
   if (system) chat.push_back({"system", *system});
   chat.push_back({"user", user});
-  return data::ChatTemplate::of_model(p.chat_template, tok, p.bos_id, p.eos_id)
+  return data::ChatTemplate::of_model(p.chat_template, tok, p.bos_id, p.eos_id,
+                                     chat_template_name(p))
       .text(chat, true);
 }
 

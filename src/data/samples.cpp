@@ -247,7 +247,8 @@ TokenizedSample chat_sample(const std::string& path, int64_t line, const Tokeniz
 std::unique_ptr<SampleSource> open_jsonl_samples(const std::string& path, const Tokenizer* tok,
                                                  const std::string& chat_template, int64_t vocab,
                                                  int64_t seq, std::optional<int32_t> bos,
-                                                 std::optional<int32_t> eos) {
+                                                 std::optional<int32_t> eos,
+                                                 const std::string& template_name) {
   std::optional<ChatTemplate> chat;  // parsed at the first chat line
   std::vector<TokenizedSample> samples;
   int64_t chats = 0, rows = 0;
@@ -259,7 +260,7 @@ std::unique_ptr<SampleSource> open_jsonl_samples(const std::string& path, const 
                  "pretrained model that has both: --init-from); {}",
                  path, line_no, !tok || tok->is_bytes() ? "the run's tokenizer is bytes"
                                                         : "the model has no chat template");
-      if (!chat) chat = ChatTemplate::of_model(chat_template, *tok, bos, eos);
+      if (!chat) chat = ChatTemplate::of_model(chat_template, *tok, bos, eos, template_name);
       TokenizedSample s =
           chat_sample(path, line_no, *tok, *chat, conversation_of(path, line_no, j));
       for (size_t i = 0; i < s.ids.size(); ++i)

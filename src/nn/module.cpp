@@ -62,17 +62,23 @@ ModuleHooks* gradient_owner(const std::shared_ptr<HookChain>& chain) {
   return nullptr;
 }
 
-// A backward hook's replacement keeps what it replaces: defined or not, and its shape.
+// A backward hook's replacement keeps what it replaces: defined or not, its shape, its dtype and
+// its device.
 void check_replacement(const Module& m, const char* hook, const char* what, size_t link,
                        size_t links, const Tensor& before, const Tensor& after) {
-  if (before.defined() == after.defined() && (!before.defined() || before.shape() == after.shape()))
+  if (before.defined() == after.defined() &&
+      (!before.defined() || (before.shape() == after.shape() && before.dtype() == after.dtype() &&
+                             before.device() == after.device())))
     return;
   auto desc = [](const Tensor& t) {
-    return t.defined() ? "a tensor of shape " + shape_str(t.shape()) : std::string("no tensor");
+    return t.defined() ? fmt::format("a {} tensor of shape {} on {}", dtype_name(t.dtype()),
+                                     shape_str(t.shape()), t.device().str())
+                       : std::string("no tensor");
   };
   FSDP_FAIL(
       "[Module] the {} hook (link {} of {}) of '{}' ({}) replaced the {} gradient, {}, with {}: "
-      "a replacement keeps the shape (return the gradient as it came to keep it)",
+      "a replacement keeps the shape, the dtype and the device (return the gradient as it came "
+      "to keep it)",
       hook, link + 1, links, where_of(m), m.type_name(), what, desc(before), desc(after));
 }
 }  // namespace

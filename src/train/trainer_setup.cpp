@@ -400,7 +400,9 @@ std::unique_ptr<data::SampleSource> Trainer::Impl::open_samples(const std::strin
   return data::open_jsonl_samples(spec, tokenizer ? &*tokenizer : nullptr,
                                   pretrained ? pretrained->chat_template : "", cfg.vocab, cfg.seq,
                                   pretrained ? pretrained->bos_id : std::nullopt,
-                                  pretrained ? pretrained->eos_id : std::nullopt);
+                                  pretrained ? pretrained->eos_id : std::nullopt,
+                                  pretrained ? checkpoint::chat_template_name(*pretrained)
+                                             : "chat_template");
 }
 
 // llm.c shards or bytes; a text file is encoded with the run's tokenizer when it is not bytes

@@ -56,6 +56,10 @@ struct Pretrained {
   std::string tokenizer_unread;
   std::string tokenizer_pre;                 // GGUF's tokenizer.ggml.pre ("smollm"), or derived
   std::string chat_template;                 // "" when the model has none
+  // Where chat_template came from, as its messages name it: a file (chat_template.jinja, a
+  // --chat-template file), a field ("tokenizer_config.json's chat_template", "model.gguf's
+  // tokenizer.chat_template"); "" names it "chat_template".
+  std::string chat_template_source;
   std::optional<int32_t> bos_id, eos_id;     // the model's own (not guessed from token names)
   std::optional<int32_t> eot_id;             // end of turn: <|im_end|> for ChatML, else EOS
   // The ids, template and pre-tokenizer name, as checkpoints and exports carry them.
@@ -110,6 +114,8 @@ nn::TransformerConfig config_from_gguf(const GgufFile& f);
 // The chat template of a Jinja file in place of the model's own (Gemma 3's base GGUF ships none:
 // its instruct template), and the end of turn it implies. Throws naming the file.
 void set_chat_template(Pretrained& p, const std::string& jinja_file);
+// What a chat template's messages call it: p.chat_template_source, or "chat_template".
+std::string chat_template_name(const Pretrained& p);
 
 // The end-of-turn id of a chat template, the token that ends the answer of fsdp-generate --chat:
 // ChatML's <|im_end|>, Gemma's <end_of_turn> or Llama 3's <|eot_id|> where the template's text

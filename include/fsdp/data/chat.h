@@ -23,6 +23,12 @@
 //         the reply and its end-of-turn token ("hi<|im_end|>" of ChatML's
 //         "<|im_start|>assistant\nhi<|im_end|>\n"; "hi<end_of_turn>" for Gemma 3;
 //         "hi<|eot_id|>" for Llama 3.x), not the header, not the newline after the token.
+//         The header is told apart only through the generation prompt: a template that ignores
+//         add_generation_prompt but writes a header in the turn trains on that header too
+//         (Mistral's [INST] templates write no header and no prompt, so nothing is lost there).
+//         A conversation that opens with an assistant turn is refused where the template writes
+//         something before the first turn only when there is one (SmolLM2's default system
+//         turn): its text up to that turn is not a prefix of the conversation's.
 //   - tokenize_chat() encodes the whole text once (never piece by piece, which would split BPE
 //     merges at the turns' edges) and marks a token a target when any of its bytes lies in a span,
 //     as transformers' return_assistant_tokens_mask does.
@@ -205,10 +211,12 @@ TokenizedSample chat_sample(const std::string& path, int64_t line, const Tokeniz
 // A JSONL file of either form, tokenized: chat lines need `tok` (not bytes) and the model's
 // `chat_template`, parsed at the first chat line (throws, saying which is missing, when either
 // is), with `bos` and `eos` as its bos_token and eos_token (the model's; none: the tokenizer's);
-// every id must be below `vocab`.
+// every id must be below `vocab`. `template_name` is what the template's messages call it (its
+// file, or the field it came from).
 std::unique_ptr<SampleSource> open_jsonl_samples(const std::string& path, const Tokenizer* tok,
                                                  const std::string& chat_template, int64_t vocab,
                                                  int64_t seq, std::optional<int32_t> bos = {},
-                                                 std::optional<int32_t> eos = {});
+                                                 std::optional<int32_t> eos = {},
+                                                 const std::string& template_name = "chat_template");
 
 }  // namespace fsdp::data

@@ -76,8 +76,8 @@ struct BatchContext {
 // a user's pre-backward sees dy before fully_shard's all-gathers, and its post-backward sees dx
 // before fully_shard's reduce-scatter is issued (fully_shard's hooks pass gradients unchanged).
 // A gradient is undefined where there is none (dy of a fused loss's root, dx of token ids); a
-// hook returns it as it came. A replacement keeps the shape of what it replaces
-// (Module::backward refuses another, naming the module and the link).
+// hook returns it as it came. A replacement keeps the shape, the dtype and the device of what it
+// replaces (Module::backward refuses another, naming the module and the link).
 class ModuleHooks {
  public:
   virtual ~ModuleHooks() = default;

@@ -12,6 +12,10 @@
 //
 // What a loss allocates while it runs (its forward to its backward) is the memory plan's "loss"
 // term, named by describe() (train/memory_plan.h), so a loss with buffers of its own is planned.
+// The plan runs the trainer's own loss object on the meta device first (two steps of tensors
+// that hold no values): a loss must not read a tensor's values on the host there (the z-loss
+// example skips its host math on meta tensors), and must not keep state from those calls that
+// changes the run's steps.
 #pragma once
 
 #include <memory>
