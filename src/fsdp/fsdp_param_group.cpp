@@ -360,6 +360,14 @@ void FSDPParamGroup::prepare_grads() {
   if (params_.empty() || frozen_) return;  // a frozen parameter's grad stays undefined
   const meta::TermScope term(meta::Term::grads);
   if (direct_) {
+    settle_grad();  // the layers add into it
+    for (auto& fp : params_)
+      fp.param->grad =
+          sharded_grad_.slice(fp.shard_offset, fp.shard_offset + fp.numel()).view(fp.param->shape);
+    return;
+  }
+  if (one_rank_ && reduce_dtype_ == master_) {  // the shard's own gradients, as direct_'s
+    settle_grad();
     for (auto& fp : params_)
       fp.param->grad =
           sharded_grad_.slice(fp.shard_offset, fp.shard_offset + fp.numel()).view(fp.param->shape);
@@ -382,7 +390,7 @@ void FSDPParamGroup::reduce_grads(FSDPCommContext& ctx) {
   if (params_.empty()) return;
   const meta::TermScope term(meta::Term::grads);
   for (auto& fp : params_) fp.param->grad = Tensor();
-  if (direct_ || frozen_) return;
+  if (direct_ || frozen_ || (one_rank_ && reduce_dtype_ == master_)) return;
   if (!requires_sync_) {  // accumulate over microbatches; reduce on the one that syncs
     grads_kept_ = true;
     return;
@@ -395,13 +403,18 @@ void FSDPParamGroup::reduce_grads(FSDPCommContext& ctx) {
     return;
   }
   trace::Scope prof(("FSDP::reduce_scatter " + label_).c_str(), trace::Kind::annotation);
-  Tensor in = Tensor::zeros({int64_t(n_) * g_}, reduce_dtype_, sharded_.device());
+  Tensor in = Tensor::empty({int64_t(n_) * g_}, reduce_dtype_, sharded_.device());
   std::vector<ops::Segment> chunk_cat;  // rank k's rows of each gradient into block k
   for (auto& fp : params_)
     fp.segments(n_, g_, FSDPParam::Direction::unsharded_to_blocks, chunk_cat);
+  zero_outside(in, chunk_cat);  // only the padding is zeroed: the chunk-cat writes the rest
   ops::copy_segments(in, unsharded_grad_, chunk_cat);
   unsharded_grad_ = Tensor();
-  Tensor out = Tensor::empty({g_}, reduce_dtype_, sharded_.device());
+  // The step's first reduced gradient is written straight into the sharded gradients (zero_grad
+  // left them to it); later ones (accumulation with a sync per microbatch, HSDP) are added.
+  const bool write = grad_stale_ && !replicate_group_ && reduce_dtype_ == master_;
+  if (write) grad_stale_ = false;
+  Tensor out = write ? sharded_grad_ : Tensor::empty({g_}, reduce_dtype_, sharded_.device());
   ctx.log("rs_issue", label_);
   ctx.queue_reduce_scatter(this,
                            {rs_group_->reduce_scatter_tensor(out, in, dist::ReduceOp::AVG), out});
@@ -410,18 +423,43 @@ void FSDPParamGroup::reduce_grads(FSDPCommContext& ctx) {
 std::optional<PendingCollective> FSDPParamGroup::finish_reduce_scatter(const Tensor& out) {
   if (replicate_group_)
     return PendingCollective{replicate_group_->all_reduce(out, dist::ReduceOp::AVG), out};
-  add_into_sharded_grad(out);
+  if (!out.shares_storage_with(sharded_grad_)) add_into_sharded_grad(out);  // else written there
   return std::nullopt;
 }
 
+// 0 + x is x bit for bit (but for -0, which no later use tells apart), so the first gradient
+// after zero_grad is copied rather than added to zeros: one write instead of a zeroing write
+// and a read-read-write add.
 void FSDPParamGroup::add_into_sharded_grad(const Tensor& reduced) {
+  if (grad_stale_) {
+    sharded_grad_.copy_(reduced);
+    grad_stale_ = false;
+    return;
+  }
   ops::add_(sharded_grad_, reduced);
 }
 
 void FSDPParamGroup::zero_grad() {
-  if (sharded_grad_.defined()) sharded_grad_.zero_();
+  grad_stale_ = sharded_grad_.defined();  // zeroed or written by the step's first gradient
   grads_kept_ = false;
   unsharded_grad_ = Tensor();
+}
+
+void FSDPParamGroup::settle_grad() {
+  if (!grad_stale_) return;
+  sharded_grad_.zero_();
+  grad_stale_ = false;
+}
+
+void FSDPParamGroup::zero_outside(const Tensor& buffer, std::vector<ops::Segment> segments) {
+  std::sort(segments.begin(), segments.end(),
+            [](const ops::Segment& a, const ops::Segment& b) { return a.dst_offset < b.dst_offset; });
+  int64_t at = 0;
+  for (const ops::Segment& g : segments) {
+    if (g.dst_offset > at) buffer.slice(at, g.dst_offset).zero_();
+    at = std::max(at, g.dst_offset + g.count);
+  }
+  if (at < buffer.numel()) buffer.slice(at, buffer.numel()).zero_();
 }
 
 }  // namespace fsdp

@@ -79,8 +79,15 @@ class FSDPParamGroup {
   // The reduce-scatter's output has arrived: under HSDP, all-reduce it over the replicas (the
   // returned collective); otherwise add it into the sharded gradients.
   std::optional<PendingCollective> finish_reduce_scatter(const Tensor& out);
+  // Adds a reduced gradient into the sharded gradients, or writes it there when it is the
+  // first since zero_grad.
   void add_into_sharded_grad(const Tensor& reduced);
+  // Leaves the sharded gradients to the step's first reduced gradient, which writes them (no
+  // zeroing pass, no add to zeros); settle_grad zeroes them where something must add into them
+  // (the layers, through direct views) or where no gradient reached them (the root's
+  // post-backward settles every group).
   void zero_grad();
+  void settle_grad();
   void set_requires_sync(bool sync) { requires_sync_ = sync; }
   ShardedState sharded_state() const { return state_; }
 
@@ -89,6 +96,8 @@ class FSDPParamGroup {
   void init_packed(const FullyShardOptions& opt);
   void decode_packed(const Tensor& blocks);
   void wait_for_all_gather(FSDPCommContext& ctx);
+  // Zeroes what no segment writes (the padding of a reduce-scatter's input).
+  static void zero_outside(const Tensor& buffer, std::vector<ops::Segment> segments);
 
   std::vector<FSDPParam> params_;
   std::shared_ptr<dist::DeviceMesh> mesh_;
@@ -103,13 +112,15 @@ class FSDPParamGroup {
   bool packed_ = false;  // frozen parameters kept as their stored bytes (PackedRows)
   bool direct_ = false;  // one rank, same dtypes: parameters are views of `sharded`
   // One rank with another compute or reduce dtype: no all-gather or reduce-scatter (nor their
-  // copy-in, copy-out and chunk-cat): the shards are cast straight into the compute dtype, the
-  // gradients are accumulated in the reduce dtype in the shards' layout and added into them.
+  // copy-in, copy-out and chunk-cat): the shards are cast straight into the compute dtype; the
+  // gradients are the shard's own where the reduce dtype is the master's, else accumulated in
+  // the reduce dtype in the shards' layout and added (the step's first: written) into them.
   bool one_rank_ = false;
   std::shared_ptr<dist::Work> ag_work_;
   Tensor ag_out_, unsharded_, unsharded_grad_;
   ShardedState state_ = ShardedState::sharded;
   bool grads_kept_ = false, shapes_checked_ = false, requires_sync_ = true;
+  bool grad_stale_ = false;  // zero_grad ran and no gradient has been written since
 };
 
 }  // namespace fsdp

@@ -7,6 +7,8 @@
 #include <optional>
 
 #include "fsdp/core/trace.h"
+#include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/nn/module.h"
 
 namespace fsdp {
 
@@ -232,7 +234,13 @@ void FSDPState::post_backward() {
   c.log("bwd_end", label);
   for (FSDPParamGroup& g : groups) g.reduce_grads(c);
   if (reshard_after_backward) reshard(c);
-  if (is_root()) c.finish_backward();
+  if (!is_root()) return;
+  c.finish_backward();
+  // A group no gradient reached this step (a module the forward skipped) still reads zeros.
+  module->for_each_module([](nn::Module& m) {
+    if (FSDPModule* s = fsdp_state(m))
+      for (FSDPParamGroup& g : s->state().groups) g.settle_grad();
+  });
 }
 
 }  // namespace fsdp

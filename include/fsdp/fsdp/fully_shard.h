@@ -116,7 +116,10 @@ class FSDPModule : public DataParallelModule {
   // decay_1d = false: 1-D parameters (norms, biases) get no weight decay.
   std::vector<nn::ParamGroup> param_groups(double weight_decay, bool decay_1d = true) override;
   // Clears the sharded gradients of every FSDP module under this one (module().zero_grad()
-  // does the same).
+  // does the same), lazily, as PyTorch's set_to_none: the next backward's first gradient is
+  // written over them rather than added to zeros, and the root's post-backward zeroes those no
+  // gradient reached. Between the two they still hold the last step's values (optim's
+  // Optimizer::zero_grad() zeroes at once).
   void zero_grad() override;
   // Parameter name -> its Shard(0) DTensor (the unpadded local shard). A packed frozen parameter
   // (FullyShardOptions::frozen_packed), whose shard is bytes, is left out.
