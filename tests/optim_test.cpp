@@ -1,6 +1,7 @@
 // optim: the learning-rate schedules against their closed forms, bad options named, and the
 // optimizer interface's state lookup.
 // (AdamW against PyTorch is in torch_ref_test; clipping across shards in fsdp_test.)
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "fsdp/core/error.h"
 #include "fsdp/core/tensor.h"
 #include "fsdp/optim/adamw.h"
+#include "fsdp/optim/clip.h"
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/optim/optimizer.h"
 
@@ -81,6 +83,52 @@ TEST(Optimizer, StateByParameterBufferAndZeroGrad) {
   opt.zero_grad();
   for (const ParamGroup& g : groups)
     EXPECT_EQ(g.grads.to_f64_vector(), std::vector<double>(size_t(g.grads.numel()), 0.0));
+}
+
+// AdamW::step_clipped scales each gradient as it reads it, in one multi-tensor pass: the same bits
+// as clipping in place (clip_grad_norm) and then stepping, over tensors of several sizes (one
+// under a tile, several over a thread's chunk), decayed and undecayed runs, f32 and f64, with
+// the clipping on and off; the gradients are left as they were.
+TEST(AdamW, ClippedStepInOnePassIsBitIdenticalToClippingFirst) {
+  for (DType dt : {DType::f32, DType::f64})
+    for (double max_norm : {0.5, 1e9}) {
+      uint64_t seed = 12345;
+      auto next = [&] {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        return double(int64_t(seed >> 11) - (int64_t(1) << 52)) / double(int64_t(1) << 52);
+      };
+      std::vector<ParamGroup> fused, first;
+      std::vector<std::vector<double>> grads;
+      for (int64_t n : {int64_t(3), int64_t(257), int64_t(40000), int64_t(70001)}) {
+        std::vector<double> p(static_cast<size_t>(n)), g(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) p[size_t(i)] = next(), g[size_t(i)] = next();
+        grads.push_back(g);
+        for (auto* groups : {&fused, &first}) {
+          ParamGroup pg{Tensor::from_vector(p, {n}).to(dt), Tensor::from_vector(g, {n}).to(dt), 0.1};
+          if (n > 300) pg.no_decay = {{100, 200}};
+          groups->push_back(pg);
+        }
+      }
+      AdamW a(fused, {.lr = 1e-2}), b(first, {.lr = 1e-2});
+      for (int step = 0; step < 3; ++step) {
+        const GradNorm norm = clip_grad_norm_async(fused, 0, nullptr);  // measured only
+        a.step_clipped({.total_sq = norm.total_sq, .max_norm = max_norm});
+        EXPECT_EQ(clip_grad_norm(first, max_norm, nullptr), norm.value());  // scaled in place
+        b.step();
+        for (size_t i = 0; i < fused.size(); ++i) {
+          const std::string where = fmt::format("{} max_norm {} step {} tensor {}",
+                                                dtype_name(dt), max_norm, step, i);
+          EXPECT_EQ(fused[i].params.to_f64_vector(), first[i].params.to_f64_vector()) << where;
+          EXPECT_EQ(a.exp_avg(i).to_f64_vector(), b.exp_avg(i).to_f64_vector()) << where;
+          EXPECT_EQ(a.exp_avg_sq(i).to_f64_vector(), b.exp_avg_sq(i).to_f64_vector()) << where;
+          const Tensor given = Tensor::from_vector(grads[i], {fused[i].grads.numel()}).to(dt);
+          EXPECT_EQ(fused[i].grads.to_f64_vector(), given.to_f64_vector())
+              << where << ": the gradients are read, not scaled";
+        }
+        if (max_norm < 1) ASSERT_GT(norm.value(), max_norm) << "the clipping must act";
+        for (size_t i = 0; i < first.size(); ++i) first[i].grads.copy_(fused[i].grads);
+      }
+    }
 }
 
 }  // namespace

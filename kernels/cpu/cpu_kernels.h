@@ -110,12 +110,23 @@ template <class T, class I>
 void softmax_xent_backward(const T* logits, const I* targets, const T* lse, T* dlogits,
                            double dloss, double divisor, int64_t n, int64_t v);
 
-// adamw.cpp: one fused AdamW step over a flat buffer, PyTorch's semantics.
+// adamw.cpp: one fused AdamW step over many flat buffers at once, PyTorch's semantics.
 struct AdamWArgs {
-  double lr, beta1, beta2, eps, weight_decay;
+  double lr, beta1, beta2, eps;
   int64_t step;  // 1-based, after the increment
 };
 template <class T>
-void adamw(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWArgs& a);
+struct AdamWSpan {
+  T* param;
+  const T* grad;
+  T* m;
+  T* v;
+  int64_t n;
+  double weight_decay;
+};
+// grad_scale: the clipping factor each gradient is multiplied by (rounded to T) as it is read,
+// or 1 for none.
+template <class T>
+void adamw_multi(const AdamWSpan<T>* spans, int64_t count, const AdamWArgs& a, T grad_scale);
 
 }  // namespace fsdp::kernels::cpu

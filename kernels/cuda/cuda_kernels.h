@@ -171,9 +171,19 @@ void softmax_xent_backward(const void* logits, const void* targets, DType tt, co
                            void* dlogits, DType t, double dloss, double divisor, int64_t n,
                            int64_t v, int device, Stream s);
 
-// adamw.cu: one fused step over flat f32 buffers (the master weights).
-void adamw(void* param, const void* grad, void* m, void* v, DType t, int64_t n, double lr,
-           double beta1, double beta2, double eps, double weight_decay, int64_t step, int device,
-           Stream s);
+// adamw.cu: one fused step over many flat buffers of dtype t (the master weights), one launch
+// per kAdamWTensorsPerLaunch of them. total_sq (a device f64, or null) and max_norm: clipping's
+// factor, applied to each gradient as it is read (clip_scale's rounding).
+struct AdamWBuffers {
+  void* param;
+  const void* grad;
+  void* m;
+  void* v;
+  int64_t n;
+  double weight_decay;
+};
+void adamw_multi(const AdamWBuffers* bufs, int64_t count, DType t, double lr, double beta1,
+                 double beta2, double eps, int64_t step, const double* total_sq, double max_norm,
+                 int device, Stream s);
 
 }  // namespace fsdp::kernels::cuda

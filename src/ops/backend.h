@@ -71,9 +71,9 @@
      double divisor))                                                                             \
   X(void, copy_segments,                                                                          \
     (const Tensor& dst, const Tensor& src, const std::vector<Segment>& segments))                 \
-  X(void, adamw_,                                                                                 \
-    (const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWHyper& h,     \
-     int64_t step))
+  X(void, adamw_multi_,                                                                           \
+    (const std::vector<AdamWTensors>& ts, const AdamWHyper& h, int64_t step,                      \
+     const GradClip& clip))
 
 #define FSDP_DECLARE_BACKEND_OP(ret, name, params) ret name params;
 #define FSDP_BACKEND_OP_NAME(ret, name, params) #name,

@@ -124,4 +124,14 @@ Cost adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, const Tens
   return {12.0 * n(param), bytes_of({&param, &grad, &m, &v}) + 3.0 * nbytes(param)};
 }
 
+Cost adamw_multi_(const std::vector<AdamWTensors>& ts) {
+  Cost c;
+  for (const AdamWTensors& a : ts) {
+    const Cost one = adamw_(a.param, a.grad, a.exp_avg, a.exp_avg_sq);
+    c.flops += one.flops;
+    c.bytes += one.bytes;
+  }
+  return c;
+}
+
 }  // namespace fsdp::ops::cost

@@ -9,8 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "fsdp/core/tensor.h"
+#include "fsdp/ops/ops.h"
 
 namespace fsdp::ops::cost {
 
@@ -43,5 +45,6 @@ Cost cross_entropy_forward(const Tensor& logits, const Tensor& targets);
 Cost cross_entropy_backward(const Tensor& logits, const Tensor& targets);
 Cost copy_segments(const Tensor& dst, const Tensor& src);
 Cost adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v);
+Cost adamw_multi_(const std::vector<AdamWTensors>& ts);
 
 }  // namespace fsdp::ops::cost

@@ -450,12 +450,20 @@ void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segme
           .copy_(src.slice(g.src_offset, g.src_offset + g.count));
 }
 
-void adamw_(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWHyper& h,
-            int64_t step) {
-  cpu::AdamWArgs a{h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step};
-  dispatch_compute(p.dtype(), "adamw", [&](auto tv) {
+void adamw_multi_(const std::vector<AdamWTensors>& ts, const AdamWHyper& h, int64_t step,
+                  const GradClip& clip) {
+  const cpu::AdamWArgs a{h.lr, h.beta1, h.beta2, h.eps, step};
+  // clip_scale_'s factor (a meta run computes nothing and reads no norm).
+  double coef = 1.0;
+  if (!kMeta && clip.total_sq.defined())
+    coef = std::min(1.0, clip.max_norm / (std::sqrt(clip.total_sq.data<double>()[0]) + 1e-6));
+  dispatch_compute(ts.front().param.dtype(), "adamw", [&](auto tv) {
     using T = decltype(tv);
-    cpu::adamw<T>(p.data<T>(), g.data<T>(), m.data<T>(), v.data<T>(), p.numel(), a);
+    std::vector<cpu::AdamWSpan<T>> spans;
+    for (const AdamWTensors& t : ts)
+      spans.push_back({t.param.data<T>(), t.grad.data<T>(), t.exp_avg.data<T>(),
+                       t.exp_avg_sq.data<T>(), t.param.numel(), t.weight_decay});
+    cpu::adamw_multi<T>(spans.data(), int64_t(spans.size()), a, T(coef));
   });
 }
 

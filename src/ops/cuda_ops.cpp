@@ -335,10 +335,16 @@ Tensor cross_entropy_backward_(const Tensor& logits, const Tensor& targets, cons
   return logits;
 }
 
-void adamw_(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWHyper& h,
-            int64_t step) {
-  kc::adamw(p.raw_data(), g.raw_data(), m.raw_data(), v.raw_data(), p.dtype(), p.numel(), h.lr,
-            h.beta1, h.beta2, h.eps, h.weight_decay, step, dev(p), cs(p));
+void adamw_multi_(const std::vector<AdamWTensors>& ts, const AdamWHyper& h, int64_t step,
+                  const GradClip& clip) {
+  std::vector<kc::AdamWBuffers> bufs;
+  for (const AdamWTensors& t : ts)
+    bufs.push_back({t.param.raw_data(), t.grad.raw_data(), t.exp_avg.raw_data(),
+                    t.exp_avg_sq.raw_data(), t.param.numel(), t.weight_decay});
+  const Tensor& p = ts.front().param;
+  kc::adamw_multi(bufs.data(), int64_t(bufs.size()), p.dtype(), h.lr, h.beta1, h.beta2, h.eps,
+                  step, clip.total_sq.defined() ? clip.total_sq.data<double>() : nullptr,
+                  clip.max_norm, dev(p), cs(p));
 }
 
 void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segment>& segments) {

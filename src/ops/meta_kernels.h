@@ -12,6 +12,7 @@
 namespace fsdp::kernels::meta {
 
 using cpu::AdamWArgs;
+using cpu::AdamWSpan;
 
 #define FSDP_META_KERNEL(name)   \
   template <class T, class... A> \
@@ -30,7 +31,7 @@ FSDP_META_KERNEL(rmsnorm_forward)
 FSDP_META_KERNEL(rmsnorm_backward)
 FSDP_META_KERNEL(rope_qkv)
 FSDP_META_KERNEL(attention_decode)
-FSDP_META_KERNEL(adamw)
+FSDP_META_KERNEL(adamw_multi)
 #undef FSDP_META_KERNEL
 
 template <class T, class I, class... A>

@@ -339,22 +339,38 @@ void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segme
 
 void adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
             const AdamWHyper& h, int64_t step) {
-  FSDP_OP_SCOPE("adamw", param, ({&param, &grad, &m, &v}), cost::adamw_(param, grad, m, v));
-  for (const Tensor* t : {&param, &grad, &m, &v}) {
-    FSDP_CHECK(t->is_contiguous() && t->numel() == param.numel() && t->dtype() == param.dtype(),
-               "[adamw] param, grad, exp_avg and exp_avg_sq must be contiguous {} buffers of {} "
-               "elements; got {} "
-               "{} elements",
-               dtype_name(param.dtype()), param.numel(), dtype_name(t->dtype()), t->numel());
-  }
+  adamw_multi_({{param, grad, m, v, h.weight_decay}}, h, step);
+}
+
+void adamw_multi_(const std::vector<AdamWTensors>& ts, const AdamWHyper& h, int64_t step,
+                  const GradClip& clip) {
+  if (ts.empty()) return;
+  const Tensor& first = ts.front().param;
+  FSDP_OP_SCOPE("adamw", first, ({&first}), cost::adamw_multi_(ts));
+  for (const AdamWTensors& a : ts)
+    for (const Tensor* t : {&a.param, &a.grad, &a.exp_avg, &a.exp_avg_sq}) {
+      FSDP_CHECK(t->is_contiguous() && t->numel() == a.param.numel() &&
+                     t->dtype() == first.dtype() && t->device() == first.device(),
+                 "[adamw] param, grad, exp_avg and exp_avg_sq must be contiguous {} buffers on {} "
+                 "of {} elements; got {} {} elements on {}",
+                 dtype_name(first.dtype()), first.device().str(), a.param.numel(),
+                 dtype_name(t->dtype()), t->numel(), t->device().str());
+    }
   FSDP_CHECK(step >= 1, "[adamw] step must be >= 1, got {}", step);
   FSDP_CHECK(h.lr >= 0 && h.eps >= 0 && h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1,
              "[adamw] bad hyper-parameters lr {} betas ({}, {}) eps {}", h.lr, h.beta1, h.beta2,
              h.eps);
-  if (on_meta({&param, &grad, &m, &v})) return meta_impl::adamw_(param, grad, m, v, h, step);
-  if (on_cuda("adamw", {&param, &grad, &m, &v}))
-    return cuda_impl::adamw_(param, grad, m, v, h, step);
-  return cpu_impl::adamw_(param, grad, m, v, h, step);
+  const bool clipped = clip.total_sq.defined() && clip.max_norm > 0;
+  if (clipped)
+    FSDP_CHECK(clip.total_sq.numel() == 1 && clip.total_sq.dtype() == DType::f64 &&
+                   clip.total_sq.device() == first.device(),
+               "[adamw] the clipping's squared norm must be one f64 on {}, got {} {} on {}",
+               first.device().str(), clip.total_sq.numel(), dtype_name(clip.total_sq.dtype()),
+               clip.total_sq.device().str());
+  const GradClip c = clipped ? clip : GradClip{};
+  if (on_meta({&first})) return meta_impl::adamw_multi_(ts, h, step, c);
+  if (on_cuda("adamw", {&first})) return cuda_impl::adamw_multi_(ts, h, step, c);
+  return cpu_impl::adamw_multi_(ts, h, step, c);
 }
 
 std::string attention_path(Device device, DType dtype, int64_t B, int64_t T, int64_t heads,

@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "fsdp/core/trace.h"
 
@@ -25,34 +26,38 @@ AdamW::AdamW(std::vector<ParamGroup> groups, ops::AdamWHyper hyper)
   }
 }
 
-void AdamW::step() {
+void AdamW::step() { step_clipped({}); }
+
+// Every group's update in one multi-tensor pass (one per dtype and device), the runs of a group
+// that alternate between decayed and undecayed ranges as tensors of their own.
+void AdamW::step_clipped(const ops::GradClip& clip) {
   trace::Scope prof("Optimizer.step#AdamW.step", trace::Kind::annotation);
   ++step_;
+  std::vector<std::vector<ops::AdamWTensors>> batches;  // one per (dtype, device)
+  auto add = [&](const ParamGroup& g, size_t i, int64_t b, int64_t e, double wd) {
+    if (e <= b) return;
+    ops::AdamWTensors t{g.params.slice(b, e), g.grads.slice(b, e), exp_avg_[i].slice(b, e),
+                        exp_avg_sq_[i].slice(b, e), wd};
+    for (auto& batch : batches)
+      if (batch.front().param.dtype() == t.param.dtype() &&
+          batch.front().param.device() == t.param.device()) {
+        batch.push_back(std::move(t));
+        return;
+      }
+    batches.push_back({std::move(t)});
+  };
   for (size_t i = 0; i < groups_.size(); ++i) {
     const ParamGroup& g = groups_[i];
     if (!g.grads.defined()) continue;  // frozen
-    ops::AdamWHyper h = hyper_;
-    h.weight_decay = g.weight_decay;
-    if (g.no_decay.empty()) {
-      ops::adamw_(g.params, g.grads, exp_avg_[i], exp_avg_sq_[i], h, step_);
-      continue;
-    }
-    // Runs alternate between decayed and undecayed ranges.
     int64_t at = 0;
-    auto run = [&](int64_t b, int64_t e, double wd) {
-      if (e <= b) return;
-      ops::AdamWHyper hh = h;
-      hh.weight_decay = wd;
-      ops::adamw_(g.params.slice(b, e), g.grads.slice(b, e), exp_avg_[i].slice(b, e),
-                  exp_avg_sq_[i].slice(b, e), hh, step_);
-    };
     for (auto [off, count] : g.no_decay) {
-      run(at, off, g.weight_decay);
-      run(off, off + count, 0.0);
+      add(g, i, at, off, g.weight_decay);
+      add(g, i, off, off + count, 0.0);
       at = off + count;
     }
-    run(at, g.params.numel(), g.weight_decay);
+    add(g, i, at, g.params.numel(), g.weight_decay);
   }
+  for (const auto& batch : batches) ops::adamw_multi_(batch, hyper_, step_, clip);
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state(const Tensor& params) const {

@@ -4,12 +4,20 @@
 #include <memory>
 
 #include "fsdp/core/error.h"
+#include "fsdp/ops/ops.h"
 
 namespace fsdp::optim {
 
 void Optimizer::zero_grad() {
   for (const ParamGroup& g : groups_)
     if (g.grads.defined()) g.grads.zero_();
+}
+
+void Optimizer::step_clipped(const ops::GradClip& clip) {
+  if (clip.total_sq.defined() && clip.max_norm > 0)
+    for (const ParamGroup& g : groups_)
+      if (g.grads.defined()) ops::clip_scale_(g.grads, clip.total_sq, clip.max_norm);
+  step();
 }
 
 size_t Optimizer::group_of(const Tensor& params) const {

@@ -79,8 +79,10 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
     p.loader.prefetch();  // the next batch is made and copied while this one's kernels run
   }
   const DataParallelModule::CommStats comm1 = p.parallel.comm_stats();
-  const optim::GradNorm norm = optim::clip_grad_norm_async(p.optimizer.param_groups(), o.grad_clip,
-                                                           p.parallel.shard_group());
+  // The norm is measured here; the clipping is applied by the optimizer's step as it reads the
+  // gradients (AdamW: one pass, no scaling pass of its own), after the check below.
+  const optim::GradNorm norm =
+      optim::clip_grad_norm_async(p.optimizer.param_groups(), 0, p.parallel.shard_group());
   // A stop signal reaches the ranks at different moments; all of them stop after the same step.
   profiler::StepMetrics m =
       profiler::gather_step_metrics(p.group, device,
@@ -100,7 +102,7 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
              "Lower the learning rate ({}) or clip the gradients, and check the data",
              step, m.loss, m.grad_norm, p.optimizer.lr());
   m.targets = targets;
-  if (targets != 0) p.optimizer.step();
+  if (targets != 0) p.optimizer.step_clipped({.total_sq = norm.total_sq, .max_norm = o.grad_clip});
   m.host_syncs = host_sync_count() - syncs0;
   m.comm_seconds = comm1.comm_seconds - comm0.comm_seconds;
   m.exposed_seconds = comm1.exposed_seconds - comm0.exposed_seconds;

@@ -148,4 +148,23 @@ struct AdamWHyper {
 void adamw_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
             const Tensor& exp_avg_sq, const AdamWHyper& h, int64_t step);
 
+// The buffers of one tensor's AdamW update, each flat and contiguous, of one dtype and length.
+struct AdamWTensors {
+  Tensor param, grad, exp_avg, exp_avg_sq;
+  double weight_decay = 0;
+};
+// Global-norm clipping applied as the gradients are read (clip_scale_'s rule and rounding:
+// scaled by max_norm / (sqrt(total_sq) + 1e-6) where that is below 1; the factor is read on the
+// device). total_sq undefined or max_norm <= 0: no clipping.
+struct GradClip {
+  Tensor total_sq;
+  double max_norm = 0;
+};
+// One AdamW step over many tensors of one dtype and device in one pass (one OpenMP region on
+// the CPU, one launch per 48 tensors on CUDA), each with its own weight decay (h.weight_decay is
+// not read): bit for bit clip_scale_ over every gradient, then adamw_ over each tensor, with
+// each gradient read once and left unscaled.
+void adamw_multi_(const std::vector<AdamWTensors>& ts, const AdamWHyper& h, int64_t step,
+                  const GradClip& clip = {});
+
 }  // namespace fsdp::ops

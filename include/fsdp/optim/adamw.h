@@ -1,7 +1,9 @@
 // AdamW with torch.optim.AdamW's semantics (decoupled weight decay, bias
-// correction), fused: each parameter group is one flat buffer and one kernel
-// call. State (exp_avg, exp_avg_sq) has the dtype of the parameters it
-// steps, f32 for the usual f32 master weights. Under fully_shard the groups
+// correction), fused and multi-tensor: every group (each one flat buffer) in one
+// pass, ops::adamw_multi_ (one OpenMP region on the CPU, one launch per 48
+// tensors on CUDA), with global-norm clipping's factor applied as it reads.
+// State (exp_avg, exp_avg_sq) has the dtype of the parameters it steps, f32
+// for the usual f32 master weights. Under fully_shard the groups
 // are the local shards, so the state is sharded too.
 #pragma once
 
@@ -22,6 +24,8 @@ class AdamW final : public Optimizer {
  public:
   AdamW(std::vector<ParamGroup> groups, ops::AdamWHyper hyper);
   void step() override;
+  // Reads each gradient once: clipping's factor is applied in AdamW's own pass.
+  void step_clipped(const ops::GradClip& clip) override;
   void set_lr(double lr) override { hyper_.lr = lr; }
   double lr() const override { return hyper_.lr; }
   int64_t step_count() const override { return step_; }

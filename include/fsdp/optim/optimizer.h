@@ -15,6 +15,7 @@
 
 #include "fsdp/core/tensor.h"
 #include "fsdp/nn/param_group.h"
+#include "fsdp/ops/ops.h"
 
 namespace fsdp::optim {
 
@@ -29,6 +30,10 @@ class Optimizer {
 
   // One step over every group with the current learning rate.
   virtual void step() = 0;
+  // One step with the gradients clipped: ops::clip_scale_(grads, clip.total_sq, clip.max_norm)
+  // over every group, then step(). An optimizer may instead scale each gradient as it reads it
+  // (AdamW does, leaving the gradients unscaled), with the same bits.
+  virtual void step_clipped(const ops::GradClip& clip);
   // Zeroes every group's gradient buffer (with fully_shard, model.zero_grad() does the same).
   void zero_grad();
   virtual void set_lr(double lr) = 0;
