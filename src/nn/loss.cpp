@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "fsdp/core/device.h"
 #include "fsdp/core/error.h"
+#include "fsdp/core/meta.h"
 #include "fsdp/ops/ops.h"
 
 namespace fsdp::nn {
@@ -30,6 +32,18 @@ Tensor LMLoss::backward(double scale) {
   return d;
 }
 
+int64_t ChunkedLMLoss::device_chunk_logits(Device device, int64_t rows, int64_t vocab) {
+  const bool planned = device.is_meta() && meta::target().device.is_cuda();
+  if (!(device.is_cuda() || planned) || rows < 2 || vocab < 1) return kChunkLogits;
+  const int64_t half = (rows + 1) / 2 * vocab;  // two chunks: one would keep the logits
+  // The memory plan (no GPU needed) plans the largest chunk a run takes: an upper bound.
+  if (planned) return std::max(kChunkLogits, half);
+  // A chunk's logits in the compute dtype, their f32 log-sum-exp work and dlogits written over
+  // them: 8 bytes a logit at most, held to a quarter of the free bytes.
+  const int64_t fit = cuda_memory_info(device.index).free / 4 / 8 / vocab * vocab;
+  return std::max(kChunkLogits, std::min(half, fit));
+}
+
 int64_t ChunkedLMLoss::chunk_rows(int64_t rows, int64_t vocab, int64_t chunk_logits) {
   const int64_t logits = chunk_logits > 0 ? chunk_logits : kChunkLogits;
   return std::max<int64_t>(1, std::min<int64_t>(rows, logits / std::max<int64_t>(vocab, 1)));
@@ -42,7 +56,9 @@ Tensor ChunkedLMLoss::forward(const Tensor& x, const Tensor& w, const Tensor& ta
              "[ChunkedLMLoss] x must be [B, T, D], w [V, D] and targets [B, T]; got {}, {} and {}",
              shape_str(x.shape()), shape_str(w.shape()), shape_str(targets.shape()));
   shape_ = x.shape();
-  const int64_t n = shape_[0] * shape_[1], c = chunk_rows(n, w.size(0), chunk_logits);
+  const int64_t n = shape_[0] * shape_[1];
+  const int64_t c = chunk_rows(
+      n, w.size(0), chunk_logits > 0 ? chunk_logits : device_chunk_logits(x.device(), n, w.size(0)));
   chunk_ = c;
   x_ = x.contiguous().view({n, shape_[2]});
   w_ = w;

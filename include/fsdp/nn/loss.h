@@ -38,7 +38,7 @@ class LMLoss {
 // cross-entropy and row log-sum-exps, and keeps only those; backward() takes each chunk's logits
 // again, writes dlogits over them, and from them dx (returned) and dw (added into the weight's
 // gradient). The largest tensor is one chunk's [rows, V]: chunk_rows() holds it to
-// kChunkLogits. The head's GEMM runs three times where the unfused loss runs it twice, so where
+// kChunkLogits on the CPU, device_chunk_logits() on CUDA. The head's GEMM runs three times where the unfused loss runs it twice, so where
 // every row fits in one chunk the logits are kept instead (the unfused loss's ops, bit for bit).
 //
 //   nn::ChunkedLMLoss loss;
@@ -51,6 +51,11 @@ class ChunkedLMLoss {
   // Rows per chunk for a vocabulary: chunk_logits (0: kChunkLogits) / vocab, at least 1, at most
   // rows.
   static int64_t chunk_rows(int64_t rows, int64_t vocab, int64_t chunk_logits = 0);
+  // The logits per chunk forward() takes when it is given 0: kChunkLogits on the CPU; on CUDA
+  // half the rows' (two chunks) where a chunk's logits, at 8 bytes each, fit in a quarter of
+  // the device's free memory, else as many as fit, never under kChunkLogits (fewer, larger GEMMs
+  // over the head). The meta device planning for CUDA takes two chunks, the most a run takes.
+  static int64_t device_chunk_logits(Device device, int64_t rows, int64_t vocab);
   // The loss as f64 [chunks] on x's device, each chunk's share: their sum is the loss (one
   // element where every row fits in one chunk).
   Tensor forward(const Tensor& x, const Tensor& w, const Tensor& targets, double divisor = 0,
