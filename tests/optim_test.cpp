@@ -11,6 +11,7 @@
 #include <memory>
 #include <numbers>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/core/error.h"

@@ -9,7 +9,9 @@
 // expressions unchanged, so the bits are those of clip_scale_ then one adamw_ per tensor.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
