@@ -16,6 +16,7 @@
 
 #include "fsdp/core/error.h"
 #include "fsdp/core/tensor.h"
+#include "fsdp/ops/ops.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/clip.h"
 #include "fsdp/optim/lr_schedule.h"
@@ -130,6 +131,28 @@ TEST(AdamW, ClippedStepInOnePassIsBitIdenticalToClippingFirst) {
         for (size_t i = 0; i < first.size(); ++i) first[i].grads.copy_(fused[i].grads);
       }
     }
+}
+
+// An optimizer that does not override step_clipped gets the gradients clipped in place first.
+TEST(Optimizer, StepClippedByDefaultScalesTheGradientsThenSteps) {
+  struct Sgd final : Optimizer {
+    using Optimizer::Optimizer;
+    void step() override {
+      for (const ParamGroup& g : groups_) ops::add_(g.params, g.grads);  // the clipped gradients
+    }
+    void set_lr(double) override {}
+    double lr() const override { return 1; }
+    int64_t step_count() const override { return 0; }
+    void set_step_count(int64_t) override {}
+    std::vector<std::pair<std::string, Tensor>> state(const Tensor&) const override { return {}; }
+  };
+  std::vector<ParamGroup> groups{{Tensor::zeros({2}, DType::f64),
+                                  Tensor::from_vector(std::vector<double>{3, 4}, {2}), 0.0}};
+  Sgd opt(groups);
+  const GradNorm norm = clip_grad_norm_async(groups, 0, nullptr);  // 5
+  opt.step_clipped({.total_sq = norm.total_sq, .max_norm = 1.0});
+  const double c = 1.0 / (5.0 + 1e-6);
+  EXPECT_EQ(groups[0].params.to_f64_vector(), (std::vector<double>{3 * c, 4 * c}));
 }
 
 }  // namespace
