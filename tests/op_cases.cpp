@@ -654,7 +654,7 @@ OpCase copy_segments_case(int64_t n, std::vector<ops::Segment> segments, bool ca
 OpCase adamw_case(int64_t n, int64_t steps, ops::AdamWHyper h, double tol_f32 = 1e-5) {
   OpCase c{.op = "adamw",
            .what = fmt::format("adamw {} x {} steps wd {:g}", n, steps, h.weight_decay),
-           .covers = {"adamw_"},
+           .covers = {"adamw_multi_"},  // adamw_ is adamw_multi_ of one tensor
            .dtypes = kFull,
            .inputs = {{{n}}, {{n}, -0.1, 0.1}, {{n}, 0, 0.01}},
            .tol_f32 = tol_f32};
@@ -684,6 +684,70 @@ OpCase adamw_case(int64_t n, int64_t steps, ops::AdamWHyper h, double tol_f32 = 
     Cost total;
     for (int64_t s = 1; s <= steps; ++s)
       total = total + cost::adamw_(in[0], in[size_t(2 + s)], in[1], in[2]);
+    return total;
+  };
+  return c;
+}
+
+// `steps` multi-tensor AdamW steps over tensors of sizes n0 and n1 (weight decay 0.1 and 0) in one
+// call, the gradients clipped as they are read by a global norm of 4 (total_sq 16) to max_norm.
+OpCase adamw_multi_case(int64_t n0, int64_t n1, int64_t steps, double max_norm) {
+  const ops::AdamWHyper h{.lr = 1e-2};
+  const double wd[2] = {0.1, 0.0};
+  const int64_t n[2] = {n0, n1};
+  OpCase c{.op = "adamw",
+           .what = fmt::format("adamw_multi_ {} + {} x {} steps, norm 4 clipped to {:g}", n0, n1,
+                               steps, max_norm),
+           .covers = {"adamw_multi_"},
+           .dtypes = kFull,
+           .inputs = {},
+           .tol_f32 = 1e-5};
+  for (int k = 0; k < 2; ++k)  // p, m, v of each tensor
+    for (OpInput in : {OpInput{{n[k]}}, OpInput{{n[k]}, -0.1, 0.1}, OpInput{{n[k]}, 0, 0.01}})
+      c.inputs.push_back(in);
+  for (int64_t s = 0; s < steps; ++s)
+    for (int k = 0; k < 2; ++k) c.inputs.push_back({{n[k]}});  // the gradients
+  c.forward = [=](const Tensors& in, bool in_place) {
+    Tensors st(in.begin(), in.begin() + 6);
+    if (!in_place)
+      for (Tensor& t : st) t = t.clone();
+    const Tensor total = Tensor::full({1}, 16.0, DType::f64, st[0].device());
+    for (int64_t s = 1; s <= steps; ++s) {
+      std::vector<ops::AdamWTensors> ts;
+      for (int k = 0; k < 2; ++k)
+        ts.push_back({st[size_t(3 * k)], in[size_t(6 + 2 * (s - 1) + k)], st[size_t(3 * k + 1)],
+                      st[size_t(3 * k + 2)], wd[k]});
+      ops::adamw_multi_(ts, h, s, {.total_sq = total, .max_norm = max_norm});
+    }
+    return OpRun{st, {}};
+  };
+  c.reference = [=](const Tensors& in) {
+    const double clip = std::min(1.0, max_norm / (4.0 + 1e-6));
+    Tensors out;
+    for (int k = 0; k < 2; ++k) {
+      auto P = f64(in[size_t(3 * k)]), M = f64(in[size_t(3 * k + 1)]), V = f64(in[size_t(3 * k + 2)]);
+      for (int64_t s = 1; s <= steps; ++s) {
+        auto G = f64(in[size_t(6 + 2 * (s - 1) + k)]);
+        for (size_t i = 0; i < P.size(); ++i) {
+          const double g = G[i] * clip;
+          P[i] *= 1 - h.lr * wd[k];
+          M[i] = h.beta1 * M[i] + (1 - h.beta1) * g;
+          V[i] = h.beta2 * V[i] + (1 - h.beta2) * g * g;
+          const double mhat = M[i] / (1 - std::pow(h.beta1, double(s)));
+          const double vhat = V[i] / (1 - std::pow(h.beta2, double(s)));
+          P[i] -= h.lr * mhat / (std::sqrt(vhat) + h.eps);
+        }
+      }
+      for (auto* t : {&P, &M, &V}) out.push_back(from(*t, {n[k]}));
+    }
+    return out;
+  };
+  c.forward_cost = [=](const Tensors& in, const OpRun&) {
+    Cost total;
+    for (int64_t s = 1; s <= steps; ++s)
+      for (int k = 0; k < 2; ++k)
+        total = total + cost::adamw_(in[size_t(3 * k)], in[size_t(6 + 2 * (s - 1) + k)],
+                                     in[size_t(3 * k + 1)], in[size_t(3 * k + 2)]);
     return total;
   };
   return c;
@@ -788,6 +852,8 @@ std::vector<OpCase> op_cases() {
   v.push_back(adamw_case(10, 3, {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
                                  .weight_decay = 0.1}));
   v.push_back(adamw_case(5000, 3, {.lr = 1e-2}, 1e-6));
+  v.push_back(adamw_multi_case(10, 5000, 3, 1.0));   // clipped
+  v.push_back(adamw_multi_case(7, 40000, 2, 10.0));  // under the limit
   return v;
 }
 
