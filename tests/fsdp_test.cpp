@@ -1025,6 +1025,61 @@ TEST(BadInput, ParameterOnAnotherDeviceThanTheMesh) {
   }
 }
 
+// A module that applies one Linear twice (shared weights).
+class LinearTwice : public nn::Module {
+ public:
+  LinearTwice() : Module("LinearTwice") {
+    lin_ = &register_module("lin", std::make_unique<nn::Linear>(6, 6, true));
+  }
+  nn::Linear& lin() { return *lin_; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override { return lin_->forward(lin_->forward(x)); }
+  Tensor backward_impl(const Tensor& dy) override { return lin_->backward(lin_->backward(dy)); }
+
+ private:
+  nn::Linear* lin_;
+};
+
+// A module called twice in one forward: sharded on its own, its second call is refused by name
+// (these hooks would reduce-scatter after each backward, not once after the last); sharded
+// inside the module that holds both uses (the root), it runs, and every rank's shard of the
+// gradient (the sum over both uses) equals those rows of the unsharded model's in f64.
+TEST(ReusedModule, ShardedAloneIsRefusedInsideTheShardedRootItTrains) {
+  auto mesh = dist::init_device_mesh({world()->size()});
+  const Tensor x = test::random_tensor({4, 6}, 3, DType::f64);
+  const Tensor dy = test::random_tensor({4, 6}, 4, DType::f64);
+  {
+    LinearTwice m;
+    fully_shard(m.lin(), mesh, {.init_dtype = DType::f64, .seed = kSeed});
+    fully_shard(m, mesh, {.init_dtype = DType::f64, .seed = kSeed});
+    const std::string e = test::error_of([&] { m.forward(x); });
+    EXPECT_NE(e.find("[fully_shard] 'lin' (Linear) is called a second time in one forward"),
+              std::string::npos)
+        << e;
+  }
+  LinearTwice ref;
+  auto flat = nn::materialize(ref, DType::f64, kSeed);
+  flat.grads.zero_();
+  const Tensor y_ref = ref.forward(x);
+  ref.backward(dy);
+  LinearTwice m;
+  FSDPModule& root = fully_shard(m, mesh, {.init_dtype = DType::f64, .seed = kSeed});
+  EXPECT_EQ(m.forward(x).to_f64_vector(), y_ref.to_f64_vector());
+  m.backward(dy);
+  const auto grads = local_grads(root);
+  for (const FSDPModule::ShardInfo& s : root.shard_infos()) {
+    const Tensor& g = ref.parameter(s.name).grad;
+    const int64_t row = g.numel() / g.size(0);
+    const std::vector<double> want =
+        g.view({-1}).slice(s.local_begin * row, (s.local_begin + s.local_rows) * row)
+            .to_f64_vector();
+    ASSERT_EQ(grads.at(s.name).size(), want.size()) << s.name;
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(grads.at(s.name)[i], want[i], 1e-12 * (1 + std::abs(want[i]))) << s.name << i;
+  }
+}
+
 // Linear layers of odd sizes with biases: packed one after another, most of their parameters
 // would start at odd offsets. backward records where each parameter and gradient lives while the
 // group has them unsharded.

@@ -181,6 +181,22 @@ Tensor FSDPState::pre_forward(const Tensor& x) {
   // From idle; or after a forward that threw part-way (its post-forward never ran).
   if (training_state != TrainingState::forward)
     expect_state(*this, TrainingState::idle, "pre-forward");
+  // One forward per module per step: saved records in its subtree are an earlier call's of this
+  // step (a root's forward drops older ones first), whose gradients would need accumulating over
+  // both backwards before one reduce-scatter, which these hooks do not do yet.
+  FSDP_CHECK(module->batch_context().microbatch == 0,
+             "[fully_shard] '{}': forward of microbatch {}; a fully_shard model takes one "
+             "microbatch in flight (BatchContext::microbatch 0): run each microbatch's forward "
+             "and backward before the next",
+             label, module->batch_context().microbatch);
+  size_t held = 0;
+  module->for_each_module([&](nn::Module& m) { held += m.saved_records(); });
+  FSDP_CHECK(held == 0,
+             "[fully_shard] '{}' ({}) is called a second time in one forward (its first call's "
+             "backward has not run): a sharded module runs once per forward; reuse a module "
+             "(shared weights) outside fully_shard, or shard the module that contains every use "
+             "of it",
+             label, module->type_name());
   training_state = TrainingState::forward;
   if (!root) lazy_init_root();
   FSDPRootContext& r = *root->root_ctx;
