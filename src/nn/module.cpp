@@ -113,6 +113,16 @@ namespace {
 struct CheckpointInput {
   Tensor x;
 };
+
+// Module::forward and backward calls in progress on this thread: a forward at depth 0 is an
+// outermost one (the root's, typically), which starts its microbatch afresh.
+thread_local int call_depth = 0;
+struct CallDepth {
+  CallDepth() { ++call_depth; }
+  ~CallDepth() { --call_depth; }
+  CallDepth(const CallDepth&) = delete;
+  CallDepth& operator=(const CallDepth&) = delete;
+};
 }  // namespace
 
 void Module::push_saved(std::any saved) {
@@ -125,9 +135,9 @@ std::any Module::pop_saved(const std::type_info& type) {
                          [&](const SavedRecord& r) { return r.microbatch == mb; });
   FSDP_CHECK(it != saved_.rend(),
              "[Module] backward() of {}'{}' ({}) has no saved record of microbatch {}: no "
-             "forward() before it, or more backward() calls than forward() calls (a forward of "
-             "the root drops its microbatch's records left from before: give each forward of the "
-             "root in flight its own BatchContext::microbatch)",
+             "forward() before it, or more backward() calls than forward() calls (an outermost "
+             "forward drops its microbatch's records left from before: give each outermost "
+             "forward in flight its own BatchContext::microbatch)",
              checkpoint_ ? "checkpointed " : "", where_of(*this), type_name_, mb);
   FSDP_CHECK(it->state.type() == type,
              "[Module] backward() of '{}' ({}): the latest record of microbatch {} holds {}, not "
@@ -162,7 +172,8 @@ void Module::truncate_saved(const std::vector<size_t>& keep) {
 Tensor Module::forward(const Tensor& x) {
   std::optional<meta::At> at;  // on the meta device: where the memory plan's peak falls
   if (x.defined() && x.device().is_meta()) at.emplace("forward of " + where_of(*this));
-  if (!parent_) drop_saved(context_.microbatch);  // records whose backward never ran
+  if (call_depth == 0) drop_saved(batch_context().microbatch);  // backwards that never ran
+  const CallDepth depth;
   const std::vector<std::shared_ptr<ModuleHooks>> chain = hooks();  // fixed for this call
   Tensor in = x;
   for (const auto& h : chain) in = h->pre_forward(*this, in);
@@ -182,6 +193,7 @@ Tensor Module::backward(const Tensor& dy) {
   std::optional<meta::At> at;
   // (No dy: the fused loss's root, whose device it cannot tell; named on every device.)
   if (!dy.defined() || dy.device().is_meta()) at.emplace("backward of " + where_of(*this));
+  const CallDepth depth;  // a recompute's forwards are inside this call
   const std::vector<std::shared_ptr<ModuleHooks>> chain = hooks();  // fixed for this call
   Tensor g = dy;
   for (size_t i = chain.size(); i-- > 0;) {  // reverse order: ModuleHooks says why

@@ -11,8 +11,16 @@
 // getting its own call's tensors. Records are tagged with the batch context's microbatch: a
 // backward pops the latest record of its own microbatch, so several microbatches may be in flight
 // (a pipeline schedule's 1F1B: forward m0, forward m1, backward m0, ...), each LIFO within itself.
-// A forward of the root starts its microbatch afresh: records of that microbatch left by a forward
-// whose backward never ran (evaluation, generation) are dropped there, so nothing accumulates.
+// An outermost forward (one called inside no other module's forward or backward: the root's, as a
+// trainer calls it) starts its microbatch afresh: the records of that microbatch in its subtree,
+// left by forwards whose backward never ran (evaluation, generation), are dropped there, so
+// nothing accumulates. A module reused in one forward is therefore called from inside another's
+// forward_impl (as a block from its model's).
+//
+// fully_shard on a module called several times in one forward all-gathers it before each call and
+// before each backward, adds the backwards' gradients into one unsharded buffer and reduce-scatters
+// them once, after the last backward (records still held in its subtree tell it more are to come),
+// as FSDP2 does.
 //
 // Callers use forward() and backward(), which run the module's chain of hooks
 // (add_hooks) around the implementation: this is where fully_shard plugs in its
@@ -74,7 +82,8 @@ struct BatchContext {
   bool no_backward = false;       // evaluation: the fused loss keeps nothing for a backward
   // Which microbatch in flight this forward or backward belongs to (Module's saved records): 0
   // unless a schedule keeps several forwards of one root in flight before their backwards (a
-  // pipeline stage), each with its own key. fully_shard takes microbatch 0 only.
+  // pipeline stage), each with its own key. fully_shard takes microbatch 0 only (its hooks keep
+  // one step's state per module).
   int64_t microbatch = 0;
 };
 
@@ -229,7 +238,7 @@ class Module {
   void zero_grad_below();
   void push_saved(std::any saved);
   std::any pop_saved(const std::type_info& type);
-  // Drops this microbatch's records in the subtree (a forward of the root), or those above the
+  // Drops this microbatch's records in the subtree (an outermost forward), or those above the
   // sizes `keep` holds in for_each_module order (a checkpointed forward's subtree).
   void drop_saved(int64_t microbatch);
   std::vector<size_t> saved_sizes();
