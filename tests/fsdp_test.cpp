@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <initializer_list>
 #include <map>
@@ -1024,6 +1025,80 @@ TEST(BadInput, ParameterOnAnotherDeviceThanTheMesh) {
     EXPECT_NE(std::string(e.what()).find("is on cuda:0 but the mesh is on cpu"), std::string::npos)
         << e.what();
   }
+}
+
+// A module that applies one Linear twice (shared weights).
+class LinearTwice : public nn::Module {
+ public:
+  LinearTwice() : Module("LinearTwice") {
+    lin_ = &register_module("lin", std::make_unique<nn::Linear>(6, 6, true));
+  }
+  nn::Linear& lin() { return *lin_; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override { return lin_->forward(lin_->forward(x)); }
+  Tensor backward_impl(const Tensor& dy) override { return lin_->backward(lin_->backward(dy)); }
+
+ private:
+  nn::Linear* lin_;
+};
+
+// A module called twice in one forward, as FSDP2 takes it: sharded on its own (and its parent),
+// it is all-gathered for each call, both backwards add into one unsharded gradient and it is
+// reduced once, after its last backward; checkpointed too; or only its parent sharded. Every
+// rank's shard of each gradient (the sum over both uses) equals those rows of the unsharded
+// model's in f64, and the forward equals it exactly.
+TEST(ReusedModule, AShardedModuleCalledTwiceIsReducedOnceWithBothUsesGradients) {
+  auto mesh = dist::init_device_mesh({world()->size()});
+  const Tensor x = test::random_tensor({4, 6}, 3, DType::f64);
+  const Tensor dy = test::random_tensor({4, 6}, 4, DType::f64);
+  LinearTwice ref;
+  auto flat = nn::materialize(ref, DType::f64, kSeed);
+  flat.grads.zero_();
+  const Tensor y_ref = ref.forward(x);
+  ref.backward(dy);
+  const FullyShardOptions opt{.init_dtype = DType::f64, .seed = kSeed};
+  for (const char* mode : {"root only", "lin and root", "lin checkpointed"}) {
+    SCOPED_TRACE(mode);
+    const bool lin_sharded = std::string(mode) != "root only";
+    LinearTwice m;
+    if (lin_sharded) fully_shard(m.lin(), mesh, opt);
+    if (std::string(mode) == "lin checkpointed") m.lin().set_activation_checkpoint(true);
+    FSDPModule& root = fully_shard(m, mesh, opt);
+    root.set_event_log(true);
+    for (int step = 0; step < 2; ++step) {  // the second step: nothing left over from the first
+      root.zero_grad();
+      EXPECT_EQ(m.forward(x).to_f64_vector(), y_ref.to_f64_vector());
+      m.backward(dy);
+      const auto grads = local_grads(root);
+      for (const FSDPModule::ShardInfo& s : root.shard_infos()) {
+        const Tensor& g = ref.parameter(s.name).grad;
+        const int64_t row = g.numel() / g.size(0);
+        const std::vector<double> want =
+            g.view({-1})
+                .slice(s.local_begin * row, (s.local_begin + s.local_rows) * row)
+                .to_f64_vector();
+        ASSERT_EQ(grads.at(s.name).size(), want.size()) << s.name;
+        for (size_t i = 0; i < want.size(); ++i)
+          EXPECT_NEAR(grads.at(s.name)[i], want[i], 1e-12 * (1 + std::abs(want[i])))
+              << s.name << " " << i;
+      }
+      int reduced = 0, gathered = 0;
+      for (const std::string& e : root.take_event_log()) {
+        reduced += e == "rs_issue:lin" || e == "grad_add:lin";
+        gathered += e == "ag_issue:lin";
+      }
+      if (world()->size() > 1) {  // (one rank's parameters and gradients are the shards)
+        EXPECT_EQ(reduced, lin_sharded ? 1 : 0);
+        EXPECT_EQ(gathered, lin_sharded ? 4 : 0);  // for 2 calls and 2 backwards
+      }
+    }
+  }
+  LinearTwice m;
+  fully_shard(m, mesh, opt);
+  const nn::BatchContextScope mb(m, {.microbatch = 1});
+  const std::string e = test::error_of([&] { m.forward(x); });
+  EXPECT_NE(e.find("[fully_shard] '<root>': forward of microbatch 1"), std::string::npos) << e;
 }
 
 // Linear layers of odd sizes with biases: packed one after another, most of their parameters

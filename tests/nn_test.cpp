@@ -954,5 +954,150 @@ TEST(Hooks, AReplacementOfAnotherShapeIsNamed) {
       test::error_of([&] { net.m.backward(Tensor::full(y.shape(), 1.0, DType::f64)); });
   EXPECT_NE(e2.find("with a f32 tensor of shape [3, 7] on cpu"), std::string::npos) << e2;
 }
+
+// ---------------------------------------------------------------- a module called twice
+
+// A test model that reuses its block: embedding, the same TransformerBlock applied `uses` times,
+// final norm, head. Each call of the block (and of every layer inside it) keeps its own record,
+// so the backward runs the block's backward `uses` times, in reverse, each on its own call's
+// activations, and the block's gradients are the sum over its uses.
+class ReusedBlock : public nn::Module {
+ public:
+  ReusedBlock(const nn::TransformerConfig& c, int uses) : Module("ReusedBlock"), uses_(uses) {
+    embed_ = &register_module("embed", std::make_unique<nn::Embedding>(c.vocab, c.dim));
+    const nn::AttentionOptions attn{.bias = false,
+                                    .causal = true,
+                                    .rope_theta = 10000.0,
+                                    .xavier_in_proj = false,
+                                    .qkv_bias = true,
+                                    .qk_norm = true,
+                                    .norm_eps = 1e-6};
+    block_ = &register_module(
+        "block", std::make_unique<nn::TransformerBlock>(c.dim, c.heads, c.ffn_hidden,
+                                                        nn::FeedForward::Kind::swiglu, attn,
+                                                        nn::NormOptions{.eps = 1e-6}));
+    norm_ = &register_module("norm", std::make_unique<nn::RMSNorm>(c.dim, 1e-6));
+    head_ = &register_module("head", std::make_unique<nn::Linear>(c.dim, c.vocab, false));
+  }
+  nn::Module& block() { return *block_; }
+
+ protected:
+  Tensor forward_impl(const Tensor& tokens) override {
+    Tensor h = embed_->forward(tokens);
+    for (int i = 0; i < uses_; ++i) h = block_->forward(h);
+    return head_->forward(norm_->forward(h));
+  }
+  Tensor backward_impl(const Tensor& dlogits) override {
+    Tensor d = norm_->backward(head_->backward(dlogits));
+    for (int i = 0; i < uses_; ++i) d = block_->backward(d);
+    return embed_->backward(d);
+  }
+
+ private:
+  int uses_;
+  nn::Embedding* embed_;
+  nn::TransformerBlock* block_;
+  nn::RMSNorm* norm_;
+  nn::Linear* head_;
+};
+
+// Random small biases and norm weights away from one, as expect_whole_model_gradient's.
+void perturb(nn::Module& m) {
+  for (auto& [n, p] : m.named_parameters()) {
+    if (n.find("bias") != std::string::npos)
+      nn::init_fill(nn::Init::uniform(-0.1, 0.1), 5, n, 0, p->data);
+    if (n.find("norm") != std::string::npos)
+      nn::init_fill(nn::Init::uniform(0.5, 1.5), 6, n, 0, p->data);
+  }
+}
+
+size_t records_held(nn::Module& m) {
+  size_t n = 0;
+  m.for_each_module([&](nn::Module& x) { n += x.saved_records(); });
+  return n;
+}
+
+// The acceptance test of a per-call context: every parameter's gradient, the shared block's
+// (the sum of both uses) among them, equals central finite differences in f64; nothing is left
+// on any module's stack after the backward. Three uses, and the block checkpointed (its calls'
+// inputs kept, recomputed in the backward), give the same: the checkpointed gradients bit for bit.
+TEST(ReusedModule, ABlockCalledTwiceGetsTheGradientsOfFiniteDifferences) {
+  const nn::TransformerConfig c = small_config(nn::Arch::llama);
+  Tensor tokens = test::random_ids({c.batch, c.seq}, c.vocab, 12);
+  Tensor targets = test::random_ids({c.batch * c.seq}, c.vocab, 13);
+  for (int uses : {2, 3}) {
+    SCOPED_TRACE(fmt::format("{} uses", uses));
+    ReusedBlock m(c, uses);
+    auto flat = nn::materialize(m, DType::f64, 11);
+    perturb(m);
+    auto loss = [&] {
+      Tensor logits = m.forward(tokens).view({c.batch * c.seq, c.vocab});
+      return ops::cross_entropy_forward(logits, targets).loss;
+    };
+    auto gradients = [&] {
+      flat.grads.zero_();
+      Tensor logits = m.forward(tokens).view({c.batch * c.seq, c.vocab});
+      auto x = ops::cross_entropy_forward(logits, targets);
+      EXPECT_GT(records_held(m), 0u);
+      m.backward(
+          ops::cross_entropy_backward(logits, targets, x.lse).view({c.batch, c.seq, c.vocab}));
+      EXPECT_EQ(records_held(m), 0u);
+      return flat.grads.clone();
+    };
+    const Tensor grads = gradients();
+    int block_params = 0;
+    for (auto& [n, p] : m.named_parameters()) {
+      const int64_t off = (static_cast<const char*>(p->grad.raw_data()) -
+                           static_cast<const char*>(flat.grads.raw_data())) /
+                          int64_t(sizeof(double));
+      Tensor g = grads.slice(off, off + p->grad.numel()).view(p->shape);
+      test::expect_grad_matches(n, loss, p->data, g, 8, 1e-6, 1e-8);
+      block_params += n.starts_with("block.");
+    }
+    EXPECT_EQ(block_params, 10);  // norm1, qkv weight and bias, q/k norms, out_proj, norm2, 3 FFN
+    m.block().set_activation_checkpoint(true);
+    EXPECT_EQ(gradients().to_f64_vector(), grads.to_f64_vector());
+  }
+}
+
+// Two microbatches in flight (a pipeline stage's 1F1B order: forward m0, forward m1, backward m0,
+// backward m1), each forward and backward under its own BatchContext::microbatch: each backward
+// takes its own forward's records, so the gradients equal those of the two run one after the
+// other. A backward with no forward of its microbatch left is named.
+TEST(ReusedModule, TwoMicrobatchesInFlightTakeTheirOwnRecords) {
+  const nn::TransformerConfig c = small_config(nn::Arch::llama);
+  ReusedBlock m(c, 2);
+  auto flat = nn::materialize(m, DType::f64, 11);
+  perturb(m);
+  const Tensor tokens[2] = {test::random_ids({c.batch, c.seq}, c.vocab, 12),
+                            test::random_ids({c.batch, c.seq}, c.vocab, 14)};
+  const Tensor targets[2] = {test::random_ids({c.batch * c.seq}, c.vocab, 13),
+                             test::random_ids({c.batch * c.seq}, c.vocab, 15)};
+  auto dlogits = [&](const Tensor& logits2, int k) {
+    Tensor logits = logits2.view({c.batch * c.seq, c.vocab});
+    auto x = ops::cross_entropy_forward(logits, targets[k]);
+    return ops::cross_entropy_backward(logits, targets[k], x.lse).view({c.batch, c.seq, c.vocab});
+  };
+  flat.grads.zero_();
+  for (int k : {0, 1}) m.backward(dlogits(m.forward(tokens[k]), k));
+  const std::vector<double> sequential = flat.grads.to_f64_vector();
+
+  flat.grads.zero_();
+  Tensor d[2];
+  for (int k : {0, 1}) {
+    const nn::BatchContextScope mb(m, {.microbatch = k});
+    d[k] = dlogits(m.forward(tokens[k]), k);
+  }
+  for (int k : {0, 1}) {
+    const nn::BatchContextScope mb(m, {.microbatch = k});
+    m.backward(d[k]);
+  }
+  EXPECT_EQ(flat.grads.to_f64_vector(), sequential);
+  EXPECT_EQ(records_held(m), 0u);
+  const std::string e = test::error_of([&] { m.backward(d[0]); });
+  EXPECT_NE(e.find("backward() of 'head' (Linear) has no saved record of microbatch 0"),
+            std::string::npos)
+      << e;
+}
 }  // namespace
 }  // namespace fsdp

@@ -386,6 +386,11 @@ void FSDPParamGroup::prepare_grads() {
                          .view(fp.param->shape);
 }
 
+void FSDPParamGroup::keep_grads() {
+  for (auto& fp : params_) fp.param->grad = Tensor();
+  if (!params_.empty() && !direct_ && !frozen_) grads_kept_ = true;
+}
+
 void FSDPParamGroup::reduce_grads(FSDPCommContext& ctx) {
   if (params_.empty()) return;
   const meta::TermScope term(meta::Term::grads);

@@ -76,6 +76,10 @@ class FSDPParamGroup {
   // while gradient sync is off.
   void prepare_grads();
   void reduce_grads(FSDPCommContext& ctx);
+  // After a backward of a module with more backwards to come in this step (a module called
+  // twice): the unsharded gradients are kept for the next backward to add into, as without
+  // gradient sync; its last backward reduces them once.
+  void keep_grads();
   // The reduce-scatter's output has arrived: under HSDP, all-reduce it over the replicas (the
   // returned collective); otherwise add it into the sharded gradients.
   std::optional<PendingCollective> finish_reduce_scatter(const Tensor& out);

@@ -183,6 +183,11 @@ Tensor FSDPState::pre_forward(const Tensor& x) {
   // From idle; or after a forward that threw part-way (its post-forward never ran).
   if (training_state != TrainingState::forward)
     expect_state(*this, TrainingState::idle, "pre-forward");
+  FSDP_CHECK(module->batch_context().microbatch == 0,
+             "[fully_shard] '{}': forward of microbatch {}; a fully_shard model takes one "
+             "microbatch in flight (BatchContext::microbatch 0): run each microbatch's forward "
+             "and backward before the next",
+             label, module->batch_context().microbatch);
   training_state = TrainingState::forward;
   if (!root) lazy_init_root();
   FSDPRootContext& r = *root->root_ctx;
@@ -192,9 +197,13 @@ Tensor FSDPState::pre_forward(const Tensor& x) {
     r.prev_fwd_order = std::exchange(r.fwd_order, {});
     r.post_fwd_order.clear();
   }
-  r.fwd_order.push_back(this);
+  // A module called again in this forward (shared weights) is gathered again; the orders keep
+  // its first call only, so no prefetch reaches a module whose last use has passed.
+  const bool again = std::find(r.fwd_order.begin(), r.fwd_order.end(), this) != r.fwd_order.end();
+  if (!again) r.fwd_order.push_back(this);
   unshard_issue(r.comm);
-  for (FSDPState* t : forward_prefetch_targets()) t->unshard_issue(r.comm);
+  if (!again)
+    for (FSDPState* t : forward_prefetch_targets()) t->unshard_issue(r.comm);
   unshard_wait(r.comm);
   r.comm.log("fwd_begin", label);
   if (opt.mp_policy.param_dtype && is_floating(x.dtype()) &&
@@ -208,7 +217,8 @@ Tensor FSDPState::post_forward(const Tensor& y) {
   training_state = TrainingState::idle;
   FSDPRootContext& r = *root->root_ctx;
   r.comm.log("fwd_end", label);
-  r.post_fwd_order.push_back(this);
+  if (std::find(r.post_fwd_order.begin(), r.post_fwd_order.end(), this) == r.post_fwd_order.end())
+    r.post_fwd_order.push_back(this);
   if (!is_root() && reshard_after_forward) reshard(r.comm);
   if (opt.mp_policy.output_dtype && is_floating(y.dtype()))
     return y.to(*opt.mp_policy.output_dtype);
@@ -232,7 +242,12 @@ void FSDPState::post_backward() {
   training_state = TrainingState::idle;
   FSDPCommContext& c = comm();
   c.log("bwd_end", label);
-  for (FSDPParamGroup& g : groups) g.reduce_grads(c);
+  // Records left in the subtree are another call's of this step (a module called twice; the
+  // root's forward drops older ones): its gradients add into the kept unsharded ones, reduced
+  // once after the last backward, as FSDP2 does.
+  size_t pending = 0;
+  module->for_each_module([&](nn::Module& m) { pending += m.saved_records(); });
+  for (FSDPParamGroup& g : groups) pending ? g.keep_grads() : g.reduce_grads(c);
   if (reshard_after_backward) reshard(c);
   if (!is_root()) return;
   c.finish_backward();

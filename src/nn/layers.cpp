@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/ops/ops.h"
@@ -74,27 +75,27 @@ Tensor LoraAdapter::full_b(const Tensor& b) const {
   return full.view({out_, width});
 }
 
-void LoraAdapter::forward(const Tensor& x, const Tensor& y, bool save) {
+Tensor LoraAdapter::forward(const Tensor& x, const Tensor& y) {
   // xa = scale x A^T, then y += xa full_b^T: the scale is applied once, on the narrow side.
   Tensor xa = ops::linear_forward(x, a_->data, Tensor());
   ops::scale_(xa, scale_);
   const int64_t rows = xa.numel() / a_->shape[0];
   ops::gemm(xa.view({rows, a_->shape[0]}), false, full_b(b_->data), true, y.view({rows, out_}), 1.0,
             1.0);
-  if (save) xa_ = xa;
+  return xa;
 }
 
-void LoraAdapter::backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+void LoraAdapter::backward(const Tensor& dy, const Tensor& x, Tensor xa, const Tensor& dx) {
   // dB += dy^T xa (the scale is in xa) and dxa = dy full_b; then dA += scale dxa^T x and
   // dx += scale dxa A.
   Tensor dxa;
   if (whole_) {
-    dxa = ops::linear_backward(dy, xa_, b_->data, b_->grad, Tensor());
+    dxa = ops::linear_backward(dy, xa, b_->data, b_->grad, Tensor());
   } else {
     Tensor dfull;
     if (b_->grad.defined())
       dfull = Tensor::zeros({out_, a_->shape[0]}, b_->grad.dtype(), b_->grad.device());
-    dxa = ops::linear_backward(dy, xa_, full_b(b_->data), dfull, Tensor());
+    dxa = ops::linear_backward(dy, xa, full_b(b_->data), dfull, Tensor());
     if (dfull.defined()) {  // B's rows back out of the block-diagonal form
       std::vector<ops::Segment> back;
       back.reserve(b_rows_.size());
@@ -104,7 +105,7 @@ void LoraAdapter::backward(const Tensor& dy, const Tensor& x, const Tensor& dx) 
       ops::add_(b_->grad, db.view(b_->grad.shape()));
     }
   }
-  xa_ = Tensor();
+  xa = Tensor();
   ops::scale_(dxa, scale_);
   ops::add_(dx, ops::linear_backward(dxa, x, a_->data, a_->grad, Tensor()));
 }
@@ -142,17 +143,16 @@ Linear::Linear(int64_t in, int64_t out, bool bias, LoraConfig lora) : Module("Li
 }
 
 Tensor Linear::forward_impl(const Tensor& x) {
-  x_ = x;
   Tensor y = ops::linear_forward(x, weight_->data, bias_ ? bias_->data : Tensor());
-  if (lora_) lora_->forward(x, y, true);
+  save_for_backward(Saved{x, lora_ ? lora_->forward(x, y) : Tensor()});
   return y;
 }
 
 Tensor Linear::backward_impl(const Tensor& dy) {
+  auto s = take_saved<Saved>();
   Tensor dx =
-      ops::linear_backward(dy, x_, weight_->data, weight_->grad, bias_ ? bias_->grad : Tensor());
-  if (lora_) lora_->backward(dy, x_, dx);
-  x_ = Tensor();
+      ops::linear_backward(dy, s.x, weight_->data, weight_->grad, bias_ ? bias_->grad : Tensor());
+  if (lora_) lora_->backward(dy, s.x, std::exchange(s.xa, Tensor()), dx);
   return dx;
 }
 
@@ -165,13 +165,13 @@ Embedding::Embedding(int64_t vocab, int64_t dim) : Module("Embedding") {
 }
 
 Tensor Embedding::forward_impl(const Tensor& ids) {
-  ids_ = ids;
+  save_for_backward(Saved{ids});
   return ops::embedding_forward(ids, weight_->data);
 }
 
 Tensor Embedding::backward_impl(const Tensor& dy) {
-  if (weight_->grad.defined()) ops::embedding_backward(dy, ids_, weight_->grad);
-  ids_ = Tensor();
+  const auto s = take_saved<Saved>();
+  if (weight_->grad.defined()) ops::embedding_backward(dy, s.ids, weight_->grad);
   return Tensor();
 }
 
@@ -185,15 +185,13 @@ RMSNorm::RMSNorm(int64_t dim, std::optional<double> eps, bool plus_one)
 Tensor RMSNorm::forward_impl(const Tensor& x) {
   auto r = ops::rmsnorm_forward(x, weight_->data,
                                 eps_.value_or(ops::default_rmsnorm_eps(x.dtype())), offset_);
-  x_ = x;
-  rstd_ = r.rstd;
+  save_for_backward(Saved{x, r.rstd});
   return r.y;
 }
 
 Tensor RMSNorm::backward_impl(const Tensor& dy) {
-  Tensor dx = ops::rmsnorm_backward(dy, x_, weight_->data, rstd_, weight_->grad, offset_);
-  x_ = rstd_ = Tensor();
-  return dx;
+  const auto s = take_saved<Saved>();
+  return ops::rmsnorm_backward(dy, s.x, weight_->data, s.rstd, weight_->grad, offset_);
 }
 
 // ---------------------------------------------------------------- attention
@@ -263,14 +261,13 @@ std::vector<ops::Segment> part_rows(int64_t n, int64_t stride, int64_t offset, i
 }
 }  // namespace
 
-void MultiheadAttention::qk_norm_forward(const Tensor& qkv, bool train) {
+void MultiheadAttention::qk_norm_forward(const Tensor& qkv) {
   const int64_t dq = heads_ * hd_, dkv = kv_heads_ * hd_, w = dq + 2 * dkv, n = qkv.numel() / w;
   Tensor flat = qkv.view({n * w});
   auto norm_part = [&](RMSNorm& norm, int64_t offset, int64_t width) {
     Tensor part = Tensor::empty({n * width}, qkv.dtype(), qkv.device());
     ops::copy_segments(part, flat, part_rows(n, w, offset, width, true));
     Tensor y = norm.forward(part.view({n * width / hd_, hd_}));
-    if (!train) norm.release_saved();
     ops::copy_segments(flat, y.view({n * width}), part_rows(n, w, offset, width, false));
   };
   norm_part(*q_norm_, 0, dq);
@@ -314,8 +311,8 @@ Tensor MultiheadAttention::forward_cached(const Tensor& x) {
              kv_cap_, kv_len_, n);
   Tensor qkv =
       ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());
-  if (lora_) lora_->forward(x, qkv, false);
-  if (opt_.qk_norm) qk_norm_forward(qkv, false);
+  if (lora_) (void)lora_->forward(x, qkv);
+  if (opt_.qk_norm) qk_norm_forward(qkv);
   if (opt_.rope_theta > 0)
     ops::rope_(qkv, heads_, {opt_.rope_theta, opt_.rope_scaling}, false, kv_len_, kv_heads_);
   if (!k_cache_.defined()) {  // sized by the kv heads
@@ -354,32 +351,29 @@ Tensor MultiheadAttention::forward_impl(const Tensor& x) {
   FSDP_CHECK(!ds.defined() || opt_.causal,
              "[MultiheadAttention] packed rows need causal attention (arch llama); this model's "
              "attention is bidirectional");
-  x_ = x;
   Tensor qkv =
       ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());
-  if (lora_) lora_->forward(x, qkv, true);
-  if (opt_.qk_norm) qk_norm_forward(qkv, true);
+  Tensor xa = lora_ ? lora_->forward(x, qkv) : Tensor();
+  if (opt_.qk_norm) qk_norm_forward(qkv);
   if (opt_.rope_theta > 0)
     ops::rope_(qkv, heads_, {opt_.rope_theta, opt_.rope_scaling}, false, 0, kv_heads_, ds);
   auto a = ops::attention_forward(qkv, heads_, opt_.causal, kv_heads_, ds, opt_.window);
-  doc_start_ = ds;
-  qkv_ = qkv;
-  out_ = a.out;
-  lse_ = a.lse;
+  save_for_backward(Saved{x, std::move(xa), qkv, a.out, a.lse, ds});
   return out_proj_->forward(a.out);
 }
 
 Tensor MultiheadAttention::backward_impl(const Tensor& dy) {
+  auto s = take_saved<Saved>();
   Tensor dattn = out_proj_->backward(dy);
-  Tensor dqkv = ops::attention_backward(dattn, qkv_, out_, lse_, heads_, opt_.causal, kv_heads_,
-                                        doc_start_, opt_.window);
+  Tensor dqkv = ops::attention_backward(dattn, s.qkv, s.out, s.lse, heads_, opt_.causal, kv_heads_,
+                                        s.doc_start, opt_.window);
   if (opt_.rope_theta > 0)
-    ops::rope_(dqkv, heads_, {opt_.rope_theta, opt_.rope_scaling}, true, 0, kv_heads_, doc_start_);
+    ops::rope_(dqkv, heads_, {opt_.rope_theta, opt_.rope_scaling}, true, 0, kv_heads_,
+               s.doc_start);
   if (opt_.qk_norm) qk_norm_backward(dqkv);
-  Tensor dx = ops::linear_backward(dqkv, x_, in_proj_weight_->data, in_proj_weight_->grad,
+  Tensor dx = ops::linear_backward(dqkv, s.x, in_proj_weight_->data, in_proj_weight_->grad,
                                    in_proj_bias_ ? in_proj_bias_->grad : Tensor());
-  if (lora_) lora_->backward(dqkv, x_, dx);
-  x_ = qkv_ = out_ = lse_ = doc_start_ = Tensor();
+  if (lora_) lora_->backward(dqkv, s.x, std::exchange(s.xa, Tensor()), dx);
   return dx;
 }
 
@@ -413,23 +407,25 @@ FeedForward::FeedForward(int64_t dim, int64_t hidden, Kind kind, LoraConfig lora
 
 Tensor FeedForward::forward_impl(const Tensor& x) {
   if (kind_ == Kind::silu_mlp) {
-    h_ = up_->forward(x);
-    return down_->forward(ops::silu_forward(h_));
+    Tensor h = up_->forward(x);
+    save_for_backward(Saved{h, Tensor(), Tensor()});
+    return down_->forward(ops::silu_forward(h));
   }
-  g_ = gate_->forward(x);
-  u_ = up_->forward(x);
-  return down_->forward(ops::swiglu_forward(g_, u_, gate_of(kind_)));
+  Tensor g = gate_->forward(x);
+  Tensor u = up_->forward(x);
+  save_for_backward(Saved{Tensor(), g, u});
+  return down_->forward(ops::swiglu_forward(g, u, gate_of(kind_)));
 }
 
 Tensor FeedForward::backward_impl(const Tensor& dy) {
+  auto s = take_saved<Saved>();
   Tensor dh = down_->backward(dy);
   if (kind_ == Kind::silu_mlp) {
-    Tensor dx = up_->backward(ops::silu_backward(dh, h_));
-    h_ = Tensor();
+    Tensor dx = up_->backward(ops::silu_backward(dh, s.h));
     return dx;
   }
-  auto [dg, du] = ops::swiglu_backward(dh, g_, u_, gate_of(kind_));
-  g_ = u_ = Tensor();
+  auto [dg, du] = ops::swiglu_backward(dh, s.g, s.u, gate_of(kind_));
+  s.g = s.u = Tensor();  // freed before the projections' backward
   Tensor dx = gate_->backward(dg);
   ops::add_(dx, up_->backward(du));
   return dx;
@@ -470,19 +466,5 @@ Tensor TransformerBlock::backward_impl(const Tensor& dy) {
   ops::add_(dx, dh);
   return dx;
 }
-
-// What each module saved for its backward, dropped (activation checkpointing keeps only a
-// checkpointed block's input and recomputes the rest). The KV cache is not an activation.
-void Linear::release_saved() {
-  x_ = Tensor();
-  if (lora_) lora_->release();
-}
-void Embedding::release_saved() { ids_ = Tensor(); }
-void RMSNorm::release_saved() { x_ = rstd_ = Tensor(); }
-void MultiheadAttention::release_saved() {
-  x_ = qkv_ = out_ = lse_ = doc_start_ = Tensor();
-  if (lora_) lora_->release();
-}
-void FeedForward::release_saved() { h_ = g_ = u_ = Tensor(); }
 
 }  // namespace fsdp::nn

@@ -2,8 +2,13 @@
 // into flat buffers.
 #include "fsdp/nn/module.h"
 
+#include <algorithm>
+#include <any>
+#include <cstddef>
+#include <iterator>
 #include <optional>
 #include <string>
+#include <typeinfo>
 #include <utility>
 
 #include "fsdp/core/meta.h"
@@ -103,16 +108,81 @@ void Module::zero_grad_below() {
   for (auto& [name, child] : children_) child->zero_grad_below();
 }
 
+namespace {
+// A checkpointed call's record: its input, as forward_impl saw it (after the hooks' dtype cast).
+struct CheckpointInput {
+  Tensor x;
+};
+
+// Module::forward and backward calls in progress on this thread: a forward at depth 0 is an
+// outermost one (the root's, typically), which starts its microbatch afresh.
+thread_local int call_depth = 0;
+struct CallDepth {
+  CallDepth() { ++call_depth; }
+  ~CallDepth() { --call_depth; }
+  CallDepth(const CallDepth&) = delete;
+  CallDepth& operator=(const CallDepth&) = delete;
+};
+}  // namespace
+
+void Module::push_saved(std::any saved) {
+  saved_.push_back({batch_context().microbatch, std::move(saved)});
+}
+
+std::any Module::pop_saved(const std::type_info& type) {
+  const int64_t mb = batch_context().microbatch;
+  auto it = std::find_if(saved_.rbegin(), saved_.rend(),
+                         [&](const SavedRecord& r) { return r.microbatch == mb; });
+  FSDP_CHECK(it != saved_.rend(),
+             "[Module] backward() of {}'{}' ({}) has no saved record of microbatch {}: no "
+             "forward() before it, or more backward() calls than forward() calls (an outermost "
+             "forward drops its microbatch's records left from before: give each outermost "
+             "forward in flight its own BatchContext::microbatch)",
+             checkpoint_ ? "checkpointed " : "", where_of(*this), type_name_, mb);
+  FSDP_CHECK(it->state.type() == type,
+             "[Module] backward() of '{}' ({}): the latest record of microbatch {} holds {}, not "
+             "the {} it takes (its forward_impl saves another type than its backward_impl takes)",
+             where_of(*this), type_name_, mb, it->state.type().name(), type.name());
+  std::any out = std::move(it->state);
+  saved_.erase(std::next(it).base());
+  return out;
+}
+
+void Module::drop_saved(int64_t microbatch) {
+  for_each_module([&](Module& m) {
+    std::erase_if(m.saved_, [&](const SavedRecord& r) { return r.microbatch == microbatch; });
+  });
+}
+
+std::vector<size_t> Module::saved_sizes() {
+  std::vector<size_t> sizes;
+  for_each_module([&](Module& m) { sizes.push_back(m.saved_.size()); });
+  return sizes;
+}
+
+void Module::truncate_saved(const std::vector<size_t>& keep) {
+  size_t i = 0;
+  for_each_module([&](Module& m) {
+    const size_t k = keep.at(i++);
+    if (m.saved_.size() > k) m.saved_.erase(m.saved_.begin() + std::ptrdiff_t(k), m.saved_.end());
+    m.release_saved();
+  });
+}
+
 Tensor Module::forward(const Tensor& x) {
   std::optional<meta::At> at;  // on the meta device: where the memory plan's peak falls
   if (x.defined() && x.device().is_meta()) at.emplace("forward of " + where_of(*this));
+  if (call_depth == 0) drop_saved(batch_context().microbatch);  // backwards that never ran
+  const CallDepth depth;
   const std::vector<std::shared_ptr<ModuleHooks>> chain = hooks();  // fixed for this call
   Tensor in = x;
   for (const auto& h : chain) in = h->pre_forward(*this, in);
+  std::vector<size_t> keep;  // checkpointed: what the subtree held before this call
+  if (checkpoint_) keep = saved_sizes();
   Tensor y = forward_impl(in);
-  if (checkpoint_) {
-    checkpoint_input_ = in;  // as forward_impl saw it (after the hooks' dtype cast)
-    for_each_module([](Module& m) { m.release_saved(); });
+  if (checkpoint_) {  // only the input stays, as this call's record
+    truncate_saved(keep);
+    push_saved(CheckpointInput{in});
   }
   for (const auto& h : chain) y = h->post_forward(*this, y);
   return y;
@@ -123,6 +193,7 @@ Tensor Module::backward(const Tensor& dy) {
   std::optional<meta::At> at;
   // (No dy: the fused loss's root, whose device it cannot tell; named on every device.)
   if (!dy.defined() || dy.device().is_meta()) at.emplace("backward of " + where_of(*this));
+  const CallDepth depth;  // a recompute's forwards are inside this call
   const std::vector<std::shared_ptr<ModuleHooks>> chain = hooks();  // fixed for this call
   Tensor g = dy;
   for (size_t i = chain.size(); i-- > 0;) {  // reverse order: ModuleHooks says why
@@ -130,12 +201,9 @@ Tensor Module::backward(const Tensor& dy) {
     check_replacement(*this, "pre-backward", "output", i, chain.size(), g, r);
     g = std::move(r);
   }
-  if (checkpoint_) {
-    FSDP_CHECK(checkpoint_input_.defined(),
-               "[Module] backward() of checkpointed '{}' ({}) without a forward() before it, or "
-               "twice",
-               path(), type_name_);
-    (void)forward_impl(std::exchange(checkpoint_input_, Tensor()));  // saves what backward needs
+  if (checkpoint_) {  // the recompute pushes the records backward_impl takes
+    std::any in = pop_saved(typeid(CheckpointInput));
+    (void)forward_impl(std::any_cast<CheckpointInput&>(in).x);
   }
   Tensor dx = backward_impl(g);
   for (size_t i = chain.size(); i-- > 0;) {

@@ -413,31 +413,38 @@ Tensor Transformer::forward_impl(const Tensor& tokens) {
   const meta::TermScope logits(meta::Term::logits);  // the head's output and the loss
   if (const BatchContext& ctx = batch_context(); ctx.targets.defined()) {
     Parameter& w = head_ ? head_->weight() : embed_->weight();
-    Tensor loss = loss_.forward(x, w.data, ctx.targets, ctx.loss_divisor, ctx.loss_chunk_logits);
-    if (ctx.no_backward) loss_.clear();
+    Saved s;
+    Tensor loss = s.loss.forward(x, w.data, ctx.targets, ctx.loss_divisor, ctx.loss_chunk_logits);
+    if (ctx.no_backward) s.loss.clear();
+    save_for_backward(std::move(s));
     return loss;
   }
-  if (head_) return head_->forward(x);
-  head_x_ = x;  // tied: logits = x embed^T
+  if (head_) {
+    save_for_backward(Saved{});
+    return head_->forward(x);
+  }
+  save_for_backward(Saved{ChunkedLMLoss(), x});  // tied: logits = x embed^T
   return ops::linear_forward(x, embed_->weight().data, Tensor());
 }
 
 Tensor Transformer::backward_impl(const Tensor& dlogits) {
   Tensor dx;
   std::optional<meta::TermScope> logits(meta::Term::logits);  // the head's and the loss's backward
-  if (loss_.pending()) {  // the fused loss: its dx, and the head's gradient added chunk by chunk
-    FSDP_CHECK(!dlogits.defined(),
-               "[model] backward after a fused loss takes no gradient (the context's "
-               "loss_scale is d(loss)); got {}",
-               shape_str(dlogits.shape()));
-    Parameter& w = head_ ? head_->weight() : embed_->weight();
-    dx = loss_.backward(batch_context().loss_scale, w.grad);
-  } else if (head_) {
-    dx = head_->backward(dlogits);
-  } else {  // adds dlogits^T x into the embedding's gradient; its backward adds the scatter
-    Parameter& w = embed_->weight();
-    dx = ops::linear_backward(dlogits, head_x_, w.data, w.grad, Tensor());
-    head_x_ = Tensor();
+  {
+    auto s = take_saved<Saved>();  // freed before the blocks' backward
+    if (s.loss.pending()) {  // the fused loss: its dx, and the head's gradient added chunk by chunk
+      FSDP_CHECK(!dlogits.defined(),
+                 "[model] backward after a fused loss takes no gradient (the context's "
+                 "loss_scale is d(loss)); got {}",
+                 shape_str(dlogits.shape()));
+      Parameter& w = head_ ? head_->weight() : embed_->weight();
+      dx = s.loss.backward(batch_context().loss_scale, w.grad);
+    } else if (head_) {
+      dx = head_->backward(dlogits);
+    } else {  // adds dlogits^T x into the embedding's gradient; its backward adds the scatter
+      Parameter& w = embed_->weight();
+      dx = ops::linear_backward(dlogits, s.head_x, w.data, w.grad, Tensor());
+    }
   }
   logits.reset();
   if (norm_) dx = norm_->backward(dx);

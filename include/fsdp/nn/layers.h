@@ -1,5 +1,7 @@
 // The building blocks of the Transformer, each with PyTorch's parameter names and
-// default initialisation, so that state_dicts line up name for name:
+// default initialisation, so that state_dicts line up name for name (each keeps what its backward
+// needs in a record of the call, its private Saved: Module's save_for_backward, so any of them
+// may run several times in one forward):
 //   Linear            weight [out, in], bias [out]     U(-1/sqrt(in), 1/sqrt(in))
 //   Embedding         weight [vocab, dim]              N(0, 1)
 //   RMSNorm           weight [dim]                     ones; eps defaults to the dtype's epsilon
@@ -48,15 +50,16 @@ std::string lora_target_names(uint32_t targets);
 
 // One adapter pair on a projection of `out` rows: `parts` are the row ranges [begin, end) it
 // adapts, each with its own rank-r pair (the packed in-projection's q, k and v); A's rows and B's
-// rows are the parts' in order. forward adds into the projection's output; backward adds into
-// A's and B's gradients and into dx.
+// rows are the parts' in order. forward adds into the projection's output and returns what the
+// backward needs (scale x A^T), which the owning module keeps in its call's record; backward
+// adds into A's and B's gradients and into dx. The adapter itself keeps nothing per call.
 class LoraAdapter {
  public:
   LoraAdapter(Parameter& a, Parameter& b, int64_t out,
               std::vector<std::pair<int64_t, int64_t>> parts, double scale);
-  void forward(const Tensor& x, const Tensor& y, bool save);
-  void backward(const Tensor& dy, const Tensor& x, const Tensor& dx);
-  void release() { xa_ = Tensor(); }
+  Tensor forward(const Tensor& x, const Tensor& y);
+  // xa: what forward returned, handed over (freed before dx's GEMM).
+  void backward(const Tensor& dy, const Tensor& x, Tensor xa, const Tensor& dx);
 
  private:
   // B laid out over the projection's rows: [out, parts * rank], zero off its parts' blocks.
@@ -67,7 +70,6 @@ class LoraAdapter {
   double scale_;
   bool whole_;                        // one part covering every row: B is its own full form
   std::vector<ops::Segment> b_rows_;  // B's rows -> full_b's
-  Tensor xa_;                         // scale * x A^T, saved for the backward
 };
 
 class Linear : public Module {
@@ -76,15 +78,16 @@ class Linear : public Module {
   Linear(int64_t in, int64_t out, bool bias, LoraConfig lora = {});
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
-  void release_saved() override;
   Parameter& weight() { return *weight_; }
   Parameter* bias() { return bias_; }
 
  private:
+  struct Saved {
+    Tensor x, xa;  // xa: the adapter's
+  };
   Parameter* weight_;
   Parameter* bias_ = nullptr;
   std::optional<LoraAdapter> lora_;
-  Tensor x_;
 };
 
 // forward() takes token ids [B, T] (i32/i64) and returns [B, T, dim];
@@ -94,12 +97,13 @@ class Embedding : public Module {
   Embedding(int64_t vocab, int64_t dim);
   Tensor forward_impl(const Tensor& ids) override;
   Tensor backward_impl(const Tensor& dy) override;
-  void release_saved() override;
   Parameter& weight() { return *weight_; }
 
  private:
+  struct Saved {
+    Tensor ids;
+  };
   Parameter* weight_;
-  Tensor ids_;
 };
 
 // plus_one: Gemma's RMSNorm, y = norm(x) * (1 + w) with w initialised to 0.
@@ -108,13 +112,14 @@ class RMSNorm : public Module {
   explicit RMSNorm(int64_t dim, std::optional<double> eps = std::nullopt, bool plus_one = false);
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
-  void release_saved() override;
 
  private:
+  struct Saved {
+    Tensor x, rstd;
+  };
   Parameter* weight_;
   std::optional<double> eps_;
   double offset_;
-  Tensor x_, rstd_;
 };
 
 struct AttentionOptions {
@@ -144,7 +149,6 @@ class MultiheadAttention : public Module {
   MultiheadAttention(int64_t dim, int64_t heads, AttentionOptions opt);
   Tensor forward_impl(const Tensor& x) override;  // x [B, T, dim]
   Tensor backward_impl(const Tensor& dy) override;
-  void release_saved() override;
 
   // Generation: between start_kv_cache and stop_kv_cache, forward takes the next positions of
   // one sequence (B = 1, causal attention only), appends their keys and values to a cache of
@@ -159,8 +163,8 @@ class MultiheadAttention : public Module {
  private:
   Tensor forward_cached(const Tensor& x);
   // QK-norm in place on the packed qkv [B, T, (heads + 2 kv_heads) hd]: q and k gathered per head,
-  // normalized by q_norm_ and k_norm_ (which save their inputs when `train`), scattered back.
-  void qk_norm_forward(const Tensor& qkv, bool train);
+  // normalized by q_norm_ and k_norm_ (each pushing its call's record), scattered back.
+  void qk_norm_forward(const Tensor& qkv);
   void qk_norm_backward(const Tensor& dqkv);
   int64_t dim_, heads_, kv_heads_, hd_;
   AttentionOptions opt_;
@@ -172,7 +176,9 @@ class MultiheadAttention : public Module {
   RMSNorm* q_norm_ = nullptr;  // qk_norm only
   RMSNorm* k_norm_ = nullptr;
   std::optional<LoraAdapter> lora_;  // on the in-projection's q, k, v rows
-  Tensor x_, qkv_, out_, lse_, doc_start_;
+  struct Saved {
+    Tensor x, xa, qkv, out, lse, doc_start;  // xa: the adapter's
+  };
 };
 
 class FeedForward : public Module {
@@ -182,14 +188,15 @@ class FeedForward : public Module {
   FeedForward(int64_t dim, int64_t hidden, Kind kind, LoraConfig lora = {});
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
-  void release_saved() override;
 
  private:
+  struct Saved {
+    Tensor h, g, u;  // silu_mlp: h; gated: g, u
+  };
   Kind kind_;
   Linear* up_;              // "0" or "w3"
   Linear* down_;            // "2" or "w2"
   Linear* gate_ = nullptr;  // "w1" (swiglu and geglu)
-  Tensor h_, g_, u_;
 };
 
 // x + attn(norm1(x)), then x + ffn(norm2(x)): the pre-norm block of the reference script. With

@@ -9,6 +9,10 @@
 //   Tensor l = loss.forward(model.forward(inputs), targets);  // f64 [1]
 //   model.backward(loss.backward());  // dlogits [B, T, V], in the logits' place
 //   ... l.item() when printing.
+//
+// Neither is a Module: an object holds one forward's state until its backward, so it is itself
+// that call's context (use one object per forward in flight; nn::Transformer keeps its fused
+// loss in its call's record).
 #pragma once
 
 #include <cstdint>

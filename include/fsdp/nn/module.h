@@ -4,6 +4,24 @@
 // into the gradients of the module's parameters. A container runs its
 // children's backward in reverse order.
 //
+// What a forward saves belongs to that call, not to the module: forward_impl() pushes one record
+// (save_for_backward) onto the module's stack of saved records and backward_impl() pops the latest
+// (take_saved), as PyTorch's ctx.save_for_backward / ctx.saved_tensors. So a module may run N times
+// in one forward (a block reused) and then backward N times, in reverse order, each backward
+// getting its own call's tensors. Records are tagged with the batch context's microbatch: a
+// backward pops the latest record of its own microbatch, so several microbatches may be in flight
+// (a pipeline schedule's 1F1B: forward m0, forward m1, backward m0, ...), each LIFO within itself.
+// An outermost forward (one called inside no other module's forward or backward: the root's, as a
+// trainer calls it) starts its microbatch afresh: the records of that microbatch in its subtree,
+// left by forwards whose backward never ran (evaluation, generation), are dropped there, so
+// nothing accumulates. A module reused in one forward is therefore called from inside another's
+// forward_impl (as a block from its model's).
+//
+// fully_shard on a module called several times in one forward all-gathers it before each call and
+// before each backward, adds the backwards' gradients into one unsharded buffer and reduce-scatters
+// them once, after the last backward (records still held in its subtree tell it more are to come),
+// as FSDP2 does.
+//
 // Callers use forward() and backward(), which run the module's chain of hooks
 // (add_hooks) around the implementation: this is where fully_shard plugs in its
 // pre-forward unshard, post-forward reshard, pre-backward unshard and
@@ -21,11 +39,13 @@
 // buffers in one fused call; fully_shard will instead materialise shards.
 #pragma once
 
+#include <any>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -60,6 +80,11 @@ struct BatchContext {
   double loss_divisor = 0, loss_scale = 1;
   int64_t loss_chunk_logits = 0;  // logits per chunk; 0: ChunkedLMLoss::kChunkLogits
   bool no_backward = false;       // evaluation: the fused loss keeps nothing for a backward
+  // Which microbatch in flight this forward or backward belongs to (Module's saved records): 0
+  // unless a schedule keeps several forwards of one root in flight before their backwards (a
+  // pipeline stage), each with its own key. fully_shard takes microbatch 0 only (its hooks keep
+  // one step's state per module).
+  int64_t microbatch = 0;
 };
 
 // Calls around a module's forward and backward, one link of the module's chain (Module::add_hooks).
@@ -166,21 +191,38 @@ class Module {
   void zero_grad();
 
   // Activation checkpointing (PyTorch's checkpoint_wrapper, llm.c's recompute): forward() keeps
-  // only this module's input (as the pre-forward hooks left it) and drops what its subtree saved;
-  // backward() runs forward_impl again on that input, after every pre-backward hook (so under
-  // fully_shard the recompute uses the parameters its hook all-gathered: one all-gather per block
-  // in the backward, not two), then the backward. The recompute calls forward_impl, never this
-  // module's forward hooks. The gradients are bit-identical to those without it; the memory saved
-  // is what the subtree's release_saved() frees.
+  // only this module's input (as the pre-forward hooks left it, as a record of this call) and
+  // drops the records its subtree pushed during the call; backward() runs forward_impl again on
+  // that input, after every pre-backward hook (so under fully_shard the recompute uses the
+  // parameters its hook all-gathered: one all-gather per block in the backward, not two), then the
+  // backward. The recompute calls forward_impl, never this module's forward hooks. The gradients
+  // are bit-identical to those without it.
   void set_activation_checkpoint(bool on) { checkpoint_ = on; }
   bool activation_checkpoint() const { return checkpoint_; }
-  // Drops what forward_impl saved for backward_impl (the layers implement it; a module of one's
-  // own that does not is still correct under checkpointing, and saves nothing).
+  // A module of one's own that keeps saved tensors in fields of its own rather than in records
+  // drops them here (called on the subtree of a checkpointed module after its forward); the
+  // library's layers keep records, which the checkpoint drops itself. Such a module runs once
+  // per step.
   virtual void release_saved() {}
+  // Records on this module's stack, every microbatch's (tests: none are left after a backward).
+  size_t saved_records() const { return saved_.size(); }
 
  protected:
   virtual Tensor forward_impl(const Tensor& x) = 0;
   virtual Tensor backward_impl(const Tensor& dy) = 0;
+
+  // This call's record of what backward_impl needs (any copyable type: a struct of Tensors),
+  // pushed from forward_impl; take_saved<S>() in backward_impl pops the latest record of the
+  // current microbatch, refusing by name when there is none or it is not an S.
+  template <class S>
+  void save_for_backward(S saved) {
+    push_saved(std::any(std::move(saved)));
+  }
+  template <class S>
+  S take_saved() {
+    std::any a = pop_saved(typeid(S));
+    return std::move(*std::any_cast<S>(&a));
+  }
 
   Parameter& register_parameter(std::string local_name, Shape shape, Init init);
   template <class M>
@@ -194,14 +236,27 @@ class Module {
 
  private:
   void zero_grad_below();
+  void push_saved(std::any saved);
+  std::any pop_saved(const std::type_info& type);
+  // Drops this microbatch's records in the subtree (an outermost forward), or those above the
+  // sizes `keep` holds in for_each_module order (a checkpointed forward's subtree).
+  void drop_saved(int64_t microbatch);
+  std::vector<size_t> saved_sizes();
+  void truncate_saved(const std::vector<size_t>& keep);
 
   std::string type_name_;
   Module* parent_ = nullptr;
   std::string name_in_parent_;
   std::shared_ptr<HookChain> hooks_;  // created by the first add_hooks
   bool checkpoint_ = false;
-  Tensor checkpoint_input_;  // the checkpointed forward's input, until the backward
-  BatchContext context_;     // read on the root only
+  // What forward_impl calls saved (and a checkpointed call's input), oldest first, each with
+  // its microbatch.
+  struct SavedRecord {
+    int64_t microbatch;
+    std::any state;
+  };
+  std::vector<SavedRecord> saved_;
+  BatchContext context_;  // read on the root only
   std::vector<std::unique_ptr<Parameter>> params_;
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
 };

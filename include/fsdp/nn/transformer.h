@@ -124,8 +124,11 @@ class Transformer : public Module {
   ModuleList* layers_;
   RMSNorm* norm_ = nullptr;
   Linear* head_ = nullptr;  // null when tied: the logits use embed_'s weight
-  Tensor head_x_;           // the tied head's input, saved for its backward
-  ChunkedLMLoss loss_;      // the fused head and loss, between a forward and its backward
+  // A call's record: the fused head and loss (its pending forward), or the tied head's input.
+  struct Saved {
+    ChunkedLMLoss loss;
+    Tensor head_x;
+  };
 };
 
 }  // namespace fsdp::nn
