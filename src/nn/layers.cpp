@@ -74,7 +74,16 @@ Tensor LoraAdapter::full_b(const Tensor& b) const {
   return full.view({out_, width});
 }
 
+static thread_local int lora_disabled_depth = 0;  // LoraDisabledScopes alive on this thread
+LoraDisabledScope::LoraDisabledScope() { ++lora_disabled_depth; }
+LoraDisabledScope::~LoraDisabledScope() { --lora_disabled_depth; }
+bool lora_disabled() { return lora_disabled_depth > 0; }
+
 void LoraAdapter::forward(const Tensor& x, const Tensor& y, bool save) {
+  if (lora_disabled()) {  // the base alone: y as the frozen projection wrote it
+    if (save) xa_ = Tensor();
+    return;
+  }
   // xa = scale x A^T, then y += xa full_b^T: the scale is applied once, on the narrow side.
   Tensor xa = ops::linear_forward(x, a_->data, Tensor());
   ops::scale_(xa, scale_);

@@ -60,6 +60,7 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
     // The loss stays on the device. Fused: the model's own, a chunk of rows at a time; else the
     // logits, then the loss (LMLoss's dlogits overwrite them).
     Loss& loss = p.loss ? *p.loss : default_loss;
+    loss.prepare(p.model, b);  // a forward of the loss's own (a reference model's), no backward
     const bool fused = loss.fused(p.model);
     const nn::BatchContextScope context(p.model, {.doc_start = b.doc_start,  // packed rows
                                                   .targets = fused ? b.targets : Tensor(),

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "fsdp/core/tensor.h"
+#include "fsdp/data/token_sources.h"
 #include "fsdp/nn/loss.h"
 #include "fsdp/nn/module.h"
 
@@ -43,6 +44,13 @@ class Loss {
   virtual bool fused(const nn::Module& model) const {
     (void)model;
     return false;
+  }
+  // Before the microbatch's training forward, with its batch on the device: a loss that needs a
+  // forward of its own runs it here (a preference loss's reference: the model with its LoRA
+  // adapters off, train/preference.h), with no backward. Default: nothing.
+  virtual void prepare(nn::Module& model, const data::Batch& batch) {
+    (void)model;
+    (void)batch;
   }
   // output: the logits [B, T, V] (the model's loss when fused); targets [B, T]. Returns the
   // loss, f64 [k] on the output's device, whose sum is this microbatch's. Keeps what backward()

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# fsdp-train --preference on TRL's standard pairs (a byte-level llama, LoRA adapters): the DPO
+# losses of one global batch of 6 pairs are equal at 1, 2 and 3 ranks (1e-6 relative, full
+# precision from --log-file), with pairs of very different lengths landing on different ranks;
+# the loss falls; IPO and SimPO give 1 rank's losses at 2 ranks; and bad input is refused naming
+# the file, the line and the field (a pair missing "rejected", an empty reply, a prompt longer
+# than --seq), as are odd rows per rank and a full fine-tune's DPO (no reference built).
+set -uo pipefail
+bin=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/testlib.sh"
+export OMP_WAIT_POLICY=PASSIVE FSDP_COLLECTIVE_TIMEOUT_S=120
+python3 - "$work/pairs.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(12):  # replies of 8 to ~300 bytes: short and long pairs on different ranks
+        long = i % 3 == 0
+        chosen = f"It is {4 * i}." + " Indeed, it is." * (18 if long else 0)
+        rejected = "No idea" + "!" * (40 if i % 4 == 1 else 1)
+        f.write(json.dumps({"prompt": f"Q{i}: what is {i} plus {3 * i}?", "chosen": chosen,
+                            "rejected": rejected}) + "\n")
+PY
+A=(--arch llama --vocab 256 --dim 32 --layers 2 --heads 2 --seq 96 --steps 4 --lr 1e-2
+  --data "$work/pairs.jsonl" --lora-rank 4 --threads 1 --sample-tokens 0)
+losses() { python3 -c "import json,sys; [print(repr(json.loads(l)['loss'])) for l in open(sys.argv[1]) if l.strip()]" "$1"; }
+same() {  # same NAME FILE1 FILE2 TOL
+  paste "$2" "$3" | awk -v t="$4" '{d = $1 - $2; if (d < 0) d = -d; if (NF != 2 || d > t * ($1 < 0 ? -$1 : $1)) bad = 1} END {exit bad || NR == 0}' \
+    && ok || bad "$1: $(paste -d' ' "$2" "$3" | tr '\n' ';')"
+}
+for np in 1 2 3; do
+  mpi_run -np $np "$bin" "${A[@]}" --preference dpo --batch $((12 / np)) --log-file "$work/dpo$np.jsonl" \
+    > "$work/dpo$np.out" 2>&1 || bad "dpo at $np ranks failed: $(tail -3 "$work/dpo$np.out")"
+  losses "$work/dpo$np.jsonl" > "$work/l$np"
+done
+[ "$(wc -l < "$work/l1")" -eq 4 ] && ok || bad "1 rank logged $(wc -l < "$work/l1") steps"
+awk 'NR == 1 {f = $1} END {exit !(f > 0.6931 && f < 0.6932 && $1 < f - 0.05)}' "$work/l1" && ok \
+  || bad "dpo starts at log 2 (policy = reference) and falls: $(tr '\n' ' ' < "$work/l1")"
+same "dpo np 2 vs 1" "$work/l1" "$work/l2" 1e-6
+same "dpo np 3 vs 1" "$work/l1" "$work/l3" 1e-6
+grep -q "(12 pairs, [0-9]* tokens; 4 truncated at --seq 96 + 1" "$work/dpo1.out" && ok || bad "the table does not count the 4 long pairs truncated: $(grep "| data" "$work/dpo1.out")"
+grep -q "loss .*dpo beta 0.1" "$work/dpo1.out" && ok || bad "the table does not name the loss"
+for kind in ipo simpo; do
+  for np in 1 2; do
+    mpi_run -np $np "$bin" "${A[@]}" --preference $kind --batch $((12 / np)) --log-file "$work/$kind$np.jsonl" \
+      > "$work/$kind$np.out" 2>&1 || bad "$kind at $np ranks failed: $(tail -3 "$work/$kind$np.out")"
+    losses "$work/$kind$np.jsonl" > "$work/$kind.l$np"
+  done
+  same "$kind np 2 vs 1" "$work/$kind.l1" "$work/$kind.l2" 1e-6
+done
+# A short --seq truncates the long pairs (at their end, TRL's keep_start) and counts them.
+"$bin" "${A[@]}" --preference dpo --batch 4 --steps 1 --seq 40 > "$work/cut.out" 2>&1 \
+  || bad "a short --seq failed: $(tail -3 "$work/cut.out")"
+grep -q "; 6 truncated at --seq 40" "$work/cut.out" && ok || bad "no truncated pairs counted: $(grep data "$work/cut.out")"
+
+refused() {  # refused NAME PATTERN ARGS...: exits non-zero with the message
+  local name=$1 pattern=$2
+  shift 2
+  if timeout 60 "$bin" "$@" > "$work/r.out" 2>&1; then
+    bad "$name: accepted"
+  else
+    grep -qE -- "$pattern" "$work/r.out" && ok || bad "$name: $(tail -2 "$work/r.out")"
+  fi
+}
+B=(--arch llama --vocab 256 --dim 32 --layers 2 --heads 2 --seq 32 --steps 1 --batch 2 --lora-rank 4
+  --threads 1 --sample-tokens 0 --preference dpo)
+printf '%s\n' '{"prompt": "a", "chosen": "b", "rejected": "c"}' '{"prompt": "a", "chosen": "b"}' > "$work/norej.jsonl"
+refused "missing rejected" "norej.jsonl:2: no \"rejected\"" "${B[@]}" --data "$work/norej.jsonl"
+printf '%s\n' '{"prompt": "a", "chosen": "", "rejected": "c"}' > "$work/empty.jsonl"
+refused "empty reply" "empty.jsonl:1: \"chosen\" is an empty string" "${B[@]}" --data "$work/empty.jsonl"
+python3 -c "import json; print(json.dumps({'prompt': 'x' * 50, 'chosen': 'b', 'rejected': 'c'}))" > "$work/long.jsonl"
+refused "long prompt" "long.jsonl:1: \"prompt\" is 50 tokens, longer than --seq 32" "${B[@]}" --data "$work/long.jsonl"
+refused "odd rows per rank" "--batch 3 rows per rank with --preference" "${B[@]}" --batch 3 --data "$work/pairs.jsonl"
+refused "dpo without a reference" "--preference dpo needs a reference model" "${B[@]}" --lora-rank 0 --data "$work/pairs.jsonl"
+refused "pairs without --preference" "holds preference pairs" --arch llama --vocab 256 --steps 1 --data "$work/pairs.jsonl"
+refused "--pref-reference" "--pref-reference base: another model as the reference is not built" "${B[@]}" \
+  --pref-reference base --data "$work/pairs.jsonl"
+summary
