@@ -2,7 +2,7 @@
 # fsdp-train --preference on TRL's standard pairs (a byte-level llama, LoRA adapters): the DPO
 # losses of one global batch of 6 pairs are equal at 1, 2 and 3 ranks (1e-6 relative, full
 # precision from --log-file), with pairs of very different lengths landing on different ranks;
-# the loss falls; IPO and SimPO give 1 rank's losses at 2 ranks; and bad input is refused naming
+# the loss falls; TRL's metrics (rewards/margins) agree across world sizes too; IPO and SimPO give 1 rank's losses at 2 ranks; and bad input is refused naming
 # the file, the line and the field (a pair missing "rejected", an empty reply, a prompt longer
 # than --seq), as are odd rows per rank and a full fine-tune's DPO (no reference built).
 set -uo pipefail
@@ -23,7 +23,9 @@ with open(sys.argv[1], "w") as f:
 PY
 A=(--arch llama --vocab 256 --dim 32 --layers 2 --heads 2 --seq 96 --steps 4 --lr 1e-2
   --data "$work/pairs.jsonl" --lora-rank 4 --threads 1 --sample-tokens 0)
-losses() { python3 -c "import json,sys; [print(repr(json.loads(l)['loss'])) for l in open(sys.argv[1]) if l.strip()]" "$1"; }
+losses() {  # losses FILE [KEY]: a --log-file's values of KEY (loss), one a step
+  python3 -c "import json,sys; [print(repr(json.loads(l)[sys.argv[2]])) for l in open(sys.argv[1]) if l.strip()]" "$1" "${2:-loss}"
+}
 same() {  # same NAME FILE1 FILE2 TOL
   paste "$2" "$3" | awk -v t="$4" '{d = $1 - $2; if (d < 0) d = -d; if (NF != 2 || d > t * ($1 < 0 ? -$1 : $1)) bad = 1} END {exit bad || NR == 0}' \
     && ok || bad "$1: $(paste -d' ' "$2" "$3" | tr '\n' ';')"
@@ -32,12 +34,20 @@ for np in 1 2 3; do
   mpi_run -np $np "$bin" "${A[@]}" --preference dpo --batch $((12 / np)) --log-file "$work/dpo$np.jsonl" \
     > "$work/dpo$np.out" 2>&1 || bad "dpo at $np ranks failed: $(tail -3 "$work/dpo$np.out")"
   losses "$work/dpo$np.jsonl" > "$work/l$np"
+  losses "$work/dpo$np.jsonl" rewards/margins > "$work/m$np"
 done
 [ "$(wc -l < "$work/l1")" -eq 4 ] && ok || bad "1 rank logged $(wc -l < "$work/l1") steps"
 awk 'NR == 1 {f = $1} END {exit !(f > 0.6931 && f < 0.6932 && $1 < f - 0.05)}' "$work/l1" && ok \
   || bad "dpo starts at log 2 (policy = reference) and falls: $(tr '\n' ' ' < "$work/l1")"
 same "dpo np 2 vs 1" "$work/l1" "$work/l2" 1e-6
 same "dpo np 3 vs 1" "$work/l1" "$work/l3" 1e-6
+# TRL's metrics, gathered with the loss: the margins agree too (0 at the first step: policy = ref).
+tail -n +2 "$work/m1" > "$work/m1t"; tail -n +2 "$work/m2" > "$work/m2t"; tail -n +2 "$work/m3" > "$work/m3t"
+same "rewards/margins np 2 vs 1" "$work/m1t" "$work/m2t" 1e-6
+same "rewards/margins np 3 vs 1" "$work/m1t" "$work/m3t" 1e-6
+[ "$(head -1 "$work/m1")" = "0.0" ] && ok || bad "the first step's margin is $(head -1 "$work/m1"), not 0"
+grep -q "rewards/accuracies [01]\.[0-9]* | rewards/margins" "$work/dpo1.out" && ok || bad "the step line has no rewards"
+grep -q '"host_syncs":1,' "$work/dpo1.jsonl" && ok || bad "a DPO step waits on the device more than once"
 grep -q "(12 pairs, [0-9]* tokens; 4 truncated at --seq 96 + 1" "$work/dpo1.out" && ok || bad "the table does not count the 4 long pairs truncated: $(grep "| data" "$work/dpo1.out")"
 grep -q "loss .*dpo beta 0.1" "$work/dpo1.out" && ok || bad "the table does not name the loss"
 for kind in ipo simpo; do

@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
+#include <initializer_list>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>

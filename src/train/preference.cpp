@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -20,6 +21,8 @@
 namespace fsdp::train {
 
 namespace {
+
+constexpr int64_t kMetrics = 6;  // PreferenceLoss::metric_names()
 
 double log_sigmoid(double x) { return x > 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
 double sigmoid(double x) { return std::exp(log_sigmoid(x)); }
@@ -124,11 +127,9 @@ PreferenceLoss::PreferenceLoss(PreferenceConfig config) : config_(config) {
              config_.label_smoothing);
 }
 
-const std::vector<std::string>& PreferenceLoss::metric_names() {
-  static const std::vector<std::string> names{"rewards/chosen",  "rewards/rejected",
-                                              "rewards/accuracies", "rewards/margins",
-                                              "logps/chosen",    "logps/rejected"};
-  return names;
+std::vector<std::string> PreferenceLoss::metric_names() const {
+  return {"rewards/chosen",  "rewards/rejected", "rewards/accuracies", "rewards/margins",
+          "logps/chosen", "logps/rejected"};
 }
 
 void PreferenceLoss::prepare(nn::Module& model, const data::Batch& batch) {
@@ -168,7 +169,7 @@ Tensor PreferenceLoss::forward(const Tensor& output, const Tensor& targets, cons
   lse_ = Tensor::empty({rows * seq}, DType::f64, device);
   targets_ = targets;
   Tensor out = Tensor::empty({1}, DType::f64, device);
-  metrics_ = Tensor::empty({int64_t(metric_names().size())}, DType::f64, device);
+  metrics_ = Tensor::empty({kMetrics}, DType::f64, device);
   if (device.is_meta()) return out;
   const Tensor tc = targets.contiguous().to(DType::i32);
   targets_ = tc;
@@ -188,7 +189,7 @@ Tensor PreferenceLoss::forward(const Tensor& output, const Tensor& targets, cons
   const double e = c.label_smoothing, beta = c.beta, k = a.scale / double(pairs);
   coef_.assign(size_t(rows), 0.0);
   double loss = 0;
-  std::vector<double> m(metric_names().size(), 0.0);
+  std::vector<double> m(size_t(kMetrics), 0.0);
   for (int64_t i = 0; i < pairs; ++i) {
     const size_t ch = size_t(2 * i), rj = ch + 1;
     const double nc = double(std::max<int64_t>(1, n[ch])), nr = double(std::max<int64_t>(1, n[rj]));

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "fsdp/core/error.h"
@@ -48,7 +49,7 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
     divisor = total > 0 ? total / double(int64_t(p.group.size()) * o.grad_accum) : 1.0;
   }
   CrossEntropy default_loss(o.fused_loss);  // StepParts::loss null: fsdp-train's
-  std::vector<Tensor> micro_losses;  // on the device until the gather reads them
+  std::vector<Tensor> micro_losses, micro_metrics;  // on the device until the gather reads them
   int64_t tokens = 0;
   Device device = Device::cpu();
   for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
@@ -73,6 +74,7 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
       micro_losses.push_back(loss.forward(
           output, b.targets,
           {.divisor = divisor, .scale = 1.0 / double(o.grad_accum), .fused = fused}));
+      if (const Tensor named = loss.metrics(); named.defined()) micro_metrics.push_back(named);
       const Tensor dloss = loss.backward();
       own.reset();
       p.model.backward(dloss);
@@ -87,6 +89,9 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
       profiler::gather_step_metrics(p.group, device,
                                     {.step = step,
                                      .losses = micro_losses,
+                                     .metric_names = p.loss ? p.loss->metric_names()
+                                                            : std::vector<std::string>(),
+                                     .metrics = micro_metrics,
                                      .grad_norm_sq = norm.total_sq,
                                      .stop = stop_requested() != 0,
                                      .ckpt_write = p.checkpointer ? p.checkpointer->write_state() : 0,

@@ -2,6 +2,7 @@
 // kept; the rest are built from the options, as fsdp-train's. The memory plan then plans the loss
 // and the optimizer held here, whichever they are.
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 

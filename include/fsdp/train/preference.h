@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/core/tensor.h"
@@ -67,8 +68,8 @@ class PreferenceLoss final : public Loss {
   bool needs_reference() const { return config_.kind != PreferenceKind::simpo; }
   // TRL's metric names, and the last forward's values (f64 [6] on the output's device), each the
   // microbatch's pairs' sum / its pair count: the step's mean over them is the mean over pairs.
-  static const std::vector<std::string>& metric_names();
-  const Tensor& metrics() const { return metrics_; }
+  std::vector<std::string> metric_names() const override;
+  Tensor metrics() const override { return metrics_; }
 
  private:
   PreferenceConfig config_;
