@@ -4,7 +4,8 @@
 # precision from --log-file), with pairs of very different lengths landing on different ranks;
 # the loss falls; TRL's metrics (rewards/margins) agree across world sizes too; IPO and SimPO give 1 rank's losses at 2 ranks; and bad input is refused naming
 # the file, the line and the field (a pair missing "rejected", an empty reply, a prompt longer
-# than --seq), as are odd rows per rank and a full fine-tune's DPO (no reference built).
+# than --seq), as are odd rows per rank and a frozen reference copy under --shard none. A full
+# fine-tune's DPO (a frozen sharded copy as the reference) gives 1 rank's losses at 2 ranks.
 set -uo pipefail
 bin=$1
 work=$(mktemp -d)
@@ -58,6 +59,16 @@ for kind in ipo simpo; do
   done
   same "$kind np 2 vs 1" "$work/$kind.l1" "$work/$kind.l2" 1e-6
 done
+# A full fine-tune: the reference is a frozen sharded copy of the initial model; np 2 = np 1.
+for np in 1 2; do
+  mpi_run -np $np "$bin" "${A[@]}" --lora-rank 0 --lr 1e-3 --preference dpo --batch $((12 / np)) \
+    --log-file "$work/full$np.jsonl" > "$work/full$np.out" 2>&1 || bad "full dpo at $np ranks failed: $(tail -3 "$work/full$np.out")"
+  losses "$work/full$np.jsonl" > "$work/full.l$np"
+done
+same "full fine-tune dpo np 2 vs 1" "$work/full.l1" "$work/full.l2" 1e-6
+awk 'NR == 1 {f = $1} END {exit !(f > 0.6931 && f < 0.6932 && $1 < f - 0.05)}' "$work/full.l1" && ok \
+  || bad "full fine-tune dpo starts at log 2 and falls: $(tr '\n' ' ' < "$work/full.l1")"
+grep -q "reference: a frozen copy of the initial model" "$work/full1.out" && ok || bad "the table does not name the frozen copy"
 # A short --seq truncates the long pairs (at their end, TRL's keep_start) and counts them.
 "$bin" "${A[@]}" --preference dpo --batch 4 --steps 1 --seq 40 > "$work/cut.out" 2>&1 \
   || bad "a short --seq failed: $(tail -3 "$work/cut.out")"
@@ -81,7 +92,8 @@ refused "empty reply" "empty.jsonl:1: \"chosen\" is an empty string" "${B[@]}" -
 python3 -c "import json; print(json.dumps({'prompt': 'x' * 50, 'chosen': 'b', 'rejected': 'c'}))" > "$work/long.jsonl"
 refused "long prompt" "long.jsonl:1: \"prompt\" is 50 tokens, longer than --seq 32" "${B[@]}" --data "$work/long.jsonl"
 refused "odd rows per rank" "--batch 3 rows per rank with --preference" "${B[@]}" --batch 3 --data "$work/pairs.jsonl"
-refused "dpo without a reference" "--preference dpo needs a reference model" "${B[@]}" --lora-rank 0 --data "$work/pairs.jsonl"
+refused "a frozen reference copy unsharded" "--preference dpo without --lora-rank keeps a frozen sharded copy" \
+  "${B[@]}" --lora-rank 0 --shard none --data "$work/pairs.jsonl"
 refused "pairs without --preference" "holds preference pairs" --arch llama --vocab 256 --steps 1 --data "$work/pairs.jsonl"
 refused "--pref-reference" "--pref-reference base: another model as the reference is not built" "${B[@]}" \
   --pref-reference base --data "$work/pairs.jsonl"

@@ -307,11 +307,10 @@ void TrainOptions::validate() const {
              pr.pref_reference);
   if (!pr.preference.empty()) {
     const PreferenceKind kind = parse_preference_kind(pr.preference);
-    FSDP_CHECK(kind == PreferenceKind::simpo || model.lora_rank > 0,
-               "[fsdp-train] --preference {} needs a reference model: under --lora-rank it is the "
-               "base with the adapters off; a full fine-tune's (a frozen copy, or log-probs "
-               "precomputed in a first pass) is not built yet. Add --lora-rank R, or use "
-               "--preference simpo",
+    FSDP_CHECK(kind == PreferenceKind::simpo || model.lora_rank > 0 || full,
+               "[fsdp-train] --preference {} without --lora-rank keeps a frozen sharded copy of "
+               "the initial model as the reference, which needs --shard full (replicate() takes "
+               "no frozen parameters)",
                pr.preference);
     FSDP_CHECK(!data.data.empty(), "[fsdp-train] --preference {} trains on pairs: give --data "
                "FILE.jsonl of {{\"prompt\", \"chosen\", \"rejected\"}}", pr.preference);

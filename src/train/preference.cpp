@@ -133,15 +133,17 @@ std::vector<std::string> PreferenceLoss::metric_names() const {
 }
 
 void PreferenceLoss::prepare(nn::Module& model, const data::Batch& batch) {
-  if (!needs_reference() || !config_.reference_adapters_off) return;
-  const nn::LoraDisabledScope base;  // the reference: the frozen base, adapters off
-  const nn::BatchContextScope context(model, {.doc_start = batch.doc_start,
+  if (!needs_reference() || (!config_.reference_adapters_off && !reference_model_)) return;
+  // On the memory plan's meta model (planned before the copy exists), the policy stands in for it.
+  nn::Module& ref = reference_model_ && !batch.inputs.device().is_meta() ? *reference_model_ : model;
+  const nn::LoraDisabledScope base;  // the policy's reference: the frozen base, adapters off
+  const nn::BatchContextScope context(ref, {.doc_start = batch.doc_start,
                                                        .targets = Tensor(),
                                                        .loss_divisor = 0,
                                                        .loss_scale = 1,
                                                        .loss_chunk_logits = 0,
                                                        .no_backward = true});
-  const Tensor logits = model.forward(batch.inputs);
+  const Tensor logits = ref.forward(batch.inputs);
   if (logits.device().is_meta()) {  // the memory plan: shapes only
     reference_.assign(size_t(batch.targets.size(0)), 0.0);
     return;
@@ -250,7 +252,9 @@ std::string PreferenceLoss::describe() const {
   if (c.label_smoothing > 0) what += fmt::format(" label smoothing {}", c.label_smoothing);
   if (c.kind == PreferenceKind::simpo) what += fmt::format(" gamma {}", c.simpo_gamma);
   if (needs_reference())
-    what += c.reference_adapters_off ? ", reference: the base (adapters off)" : ", reference given";
+    what += reference_model_           ? ", reference: a frozen copy of the initial model"
+            : c.reference_adapters_off ? ", reference: the base (adapters off)"
+                                       : ", reference given";
   return what + ", log-probs from the logits";
 }
 

@@ -46,6 +46,7 @@
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/tensorboard.h"
 #include "fsdp/train/memory_plan.h"
+#include "fsdp/train/preference.h"
 #include "src/core/json_read.h"
 #include "src/train/trainer_impl.h"
 
@@ -291,6 +292,31 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
   }
 }
 
+// A full fine-tune's preference reference (dpo, ipo without LoRA): a frozen sharded copy of the
+// initial model, built, sharded and loaded as the policy is, with no gradients and no optimizer
+// state (TRL's ref_model). Under LoRA the reference is the policy with its adapters off.
+void Trainer::Impl::build_reference() {
+  auto* pref = dynamic_cast<PreferenceLoss*>(parts.loss.get());
+  if (!pref || !pref->needs_reference() || cfg.lora.enabled()) return;
+  reference = family->build(cfg);
+  for (auto& [name, p] : reference->named_parameters()) p->requires_grad = false;
+  const models::Parallelized p = family->parallelize(
+      *reference, {.mesh = mesh,
+                   .replicate = false,
+                   .fsdp = {.reshard_after_forward = true,
+                            .mp_policy = mp,
+                            .init_dtype = dtype,
+                            .seed = o.run.seed,
+                            .frozen_dtype = frozen_dtype,
+                            .frozen_packed = frozen_packed},
+                   .checkpoint_every = 0});
+  if (pretrained) {
+    pretrained->load_into(*reference, p.root);
+    pretrained->release_file_pages();
+  }
+  pref->set_reference_model(reference.get());
+}
+
 void Trainer::Impl::build_model() {
   check_memory_plan();  // from the shapes alone, before any module or tensor exists
   model = family->build(cfg);
@@ -313,6 +339,7 @@ void Trainer::Impl::build_model() {
     pretrained->load_into(*model, root);
     pretrained->release_file_pages();  // the file's pages the load read are not held on
   }
+  build_reference();
   groups = parallel->param_groups(o.optimizer.weight_decay, !o.optimizer.wd_2d_only);
   opt = parts.optimizer(groups);
   FSDP_CHECK(opt != nullptr, "[fsdp-train] TrainerParts::optimizer made no optimizer");

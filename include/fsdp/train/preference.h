@@ -22,7 +22,8 @@
 //
 // The reference (dpo, ipo): prepare() runs the model on the microbatch with its LoRA adapters off
 // (nn::LoraDisabledScope: the sharded base, no second copy), no backward, before the policy's
-// forward; or set_reference() gives the rows' reference log-probs.
+// forward; or another model given by set_reference_model() (a full fine-tune's frozen sharded copy
+// of the initial model); or set_reference() gives the rows' reference log-probs.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +64,9 @@ class PreferenceLoss final : public Loss {
   Tensor forward(const Tensor& output, const Tensor& targets, const LossArgs& a) override;
   Tensor backward() override;
   std::string describe() const override;
+  // A model to run as the reference in prepare() in place of the policy with its adapters off (a
+  // full fine-tune's frozen copy of the initial model; null: the policy, adapters off).
+  void set_reference_model(nn::Module* model) { reference_model_ = model; }
   // The next forward's rows' reference log-probs (one per row).
   void set_reference(std::vector<double> logps) { reference_ = std::move(logps); }
   bool needs_reference() const { return config_.kind != PreferenceKind::simpo; }
@@ -74,6 +78,7 @@ class PreferenceLoss final : public Loss {
  private:
   PreferenceConfig config_;
   std::vector<double> reference_;
+  nn::Module* reference_model_ = nullptr;
   std::vector<double> coef_;  // d(microbatch loss) / d(row log-prob), times the scale
   Tensor logits_, lse_, metrics_;
   Tensor targets_;
