@@ -5,7 +5,8 @@
 # the loss falls; TRL's metrics (rewards/margins) agree across world sizes too; IPO and SimPO give 1 rank's losses at 2 ranks; and bad input is refused naming
 # the file, the line and the field (a pair missing "rejected", an empty reply, a prompt longer
 # than --seq), as are odd rows per rank and a frozen reference copy under --shard none. A full
-# fine-tune's DPO (a frozen sharded copy as the reference) gives 1 rank's losses at 2 ranks.
+# fine-tune's DPO (a frozen sharded copy as the reference) gives 1 rank's losses at 2 ranks, and
+# --pref-reference puts another model in its place.
 set -uo pipefail
 bin=$1
 work=$(mktemp -d)
@@ -68,7 +69,32 @@ done
 same "full fine-tune dpo np 2 vs 1" "$work/full.l1" "$work/full.l2" 1e-6
 awk 'NR == 1 {f = $1} END {exit !(f > 0.6931 && f < 0.6932 && $1 < f - 0.05)}' "$work/full.l1" && ok \
   || bad "full fine-tune dpo starts at log 2 and falls: $(tr '\n' ' ' < "$work/full.l1")"
-grep -q "reference: a frozen copy of the initial model" "$work/full1.out" && ok || bad "the table does not name the frozen copy"
+grep -q "reference: a frozen sharded model" "$work/full1.out" && ok || bad "the table does not name the frozen copy"
+# --pref-reference: two exported models, A (trained 2 steps) and B (the initial one), each the
+# other's reference at lr 0 on one pair: A against A gives log 2; A against B and B against A give
+# -log sigmoid(x) and -log sigmoid(-x), whose exp(-loss) add up to 1, and opposite margins.
+export_bin="$(dirname "$bin")/fsdp-export"
+C=(--arch llama --vocab 256 --dim 32 --layers 2 --heads 2 --seq 96 --threads 1 --sample-tokens 0
+  --data "$work/pairs.jsonl" --preference simpo --batch 4)
+"$bin" "${C[@]}" --steps 2 --lr 1e-2 --ckpt-dir "$work/ckA" --ckpt-every 2 > "$work/a.out" 2>&1 \
+  && "$bin" "${C[@]}" --steps 1 --lr 0 --ckpt-dir "$work/ckB" --ckpt-every 1 > "$work/b.out" 2>&1 \
+  && "$export_bin" --ckpt "$work/ckA" --out "$work/A/model.safetensors" > "$work/ea.out" 2>&1 \
+  && "$export_bin" --ckpt "$work/ckB" --out "$work/B/model.safetensors" > "$work/eb.out" 2>&1 \
+  || bad "making the two reference models failed: $(tail -2 "$work"/{a,b,ea,eb}.out)"
+for pr in AA AB BA; do
+  "$bin" "${C[@]}" --tokenizer bytes --init-from "$work/${pr:0:1}" --pref-reference "$work/${pr:1:1}" \
+    --preference dpo --lora-rank 4 --steps 1 --lr 0 --batch 2 --log-file "$work/$pr.jsonl" > "$work/$pr.out" 2>&1 \
+    || bad "--pref-reference $pr failed: $(tail -3 "$work/$pr.out")"
+done
+python3 - "$work" <<'PY' && ok || bad "--pref-reference: the losses and margins of A|A, A|B, B|A do not agree"
+import json, math, sys
+d = {p: json.loads(open(f"{sys.argv[1]}/{p}.jsonl").read().splitlines()[-1]) for p in ("AA", "AB", "BA")}
+print({p: (v["loss"], v["rewards/margins"]) for p, v in d.items()})
+assert abs(d["AA"]["loss"] - math.log(2)) < 1e-12 and d["AA"]["rewards/margins"] == 0
+assert abs(math.exp(-d["AB"]["loss"]) + math.exp(-d["BA"]["loss"]) - 1) < 1e-9
+assert abs(d["AB"]["rewards/margins"] + d["BA"]["rewards/margins"]) < 1e-9 and abs(d["AB"]["rewards/margins"]) > 1e-3
+PY
+grep -q "reference: a frozen sharded model" "$work/AB.out" && ok || bad "the table does not name the reference model"
 # A short --seq truncates the long pairs (at their end, TRL's keep_start) and counts them.
 "$bin" "${A[@]}" --preference dpo --batch 4 --steps 1 --seq 40 > "$work/cut.out" 2>&1 \
   || bad "a short --seq failed: $(tail -3 "$work/cut.out")"
@@ -92,9 +118,11 @@ refused "empty reply" "empty.jsonl:1: \"chosen\" is an empty string" "${B[@]}" -
 python3 -c "import json; print(json.dumps({'prompt': 'x' * 50, 'chosen': 'b', 'rejected': 'c'}))" > "$work/long.jsonl"
 refused "long prompt" "long.jsonl:1: \"prompt\" is 50 tokens, longer than --seq 32" "${B[@]}" --data "$work/long.jsonl"
 refused "odd rows per rank" "--batch 3 rows per rank with --preference" "${B[@]}" --batch 3 --data "$work/pairs.jsonl"
-refused "a frozen reference copy unsharded" "--preference dpo without --lora-rank keeps a frozen sharded copy" \
+refused "a frozen reference copy unsharded" "--preference dpo with --pref-reference or without --lora-rank keeps a frozen sharded model" \
   "${B[@]}" --lora-rank 0 --shard none --data "$work/pairs.jsonl"
 refused "pairs without --preference" "holds preference pairs" --arch llama --vocab 256 --steps 1 --data "$work/pairs.jsonl"
-refused "--pref-reference" "--pref-reference base: another model as the reference is not built" "${B[@]}" \
-  --pref-reference base --data "$work/pairs.jsonl"
+refused "--pref-reference with simpo" "--pref-reference base is the reference model of --preference dpo or ipo" \
+  "${B[@]}" --preference simpo --pref-reference base --data "$work/pairs.jsonl"
+refused "--pref-reference of another shape" "--pref-reference .*/B: its shape differs" "${B[@]}" --dim 64 \
+  --pref-reference "$work/B" --data "$work/pairs.jsonl"
 summary

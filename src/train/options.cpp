@@ -300,17 +300,17 @@ void TrainOptions::validate() const {
              "[fsdp-train] --backend must be nccl, mpi, gloo or local, got '{}'", run.backend);
   FSDP_CHECK(sh.grad_accum >= 1, "[fsdp-train] --grad-accum must be >= 1, got {}", sh.grad_accum);
   const PreferenceOptions& pr = preference;
-  FSDP_CHECK(pr.pref_reference.empty(),
-             "[fsdp-train] --pref-reference {}: another model as the reference is not built yet; "
-             "--preference dpo and ipo take the base with the adapters off under --lora-rank, "
-             "simpo needs none",
-             pr.pref_reference);
+  FSDP_CHECK(pr.pref_reference.empty() || pr.preference == "dpo" || pr.preference == "ipo",
+             "[fsdp-train] --pref-reference {} is the reference model of --preference dpo or ipo "
+             "(given: '{}')",
+             pr.pref_reference, pr.preference);
   if (!pr.preference.empty()) {
     const PreferenceKind kind = parse_preference_kind(pr.preference);
-    FSDP_CHECK(kind == PreferenceKind::simpo || model.lora_rank > 0 || full,
-               "[fsdp-train] --preference {} without --lora-rank keeps a frozen sharded copy of "
-               "the initial model as the reference, which needs --shard full (replicate() takes "
-               "no frozen parameters)",
+    FSDP_CHECK(kind == PreferenceKind::simpo || (model.lora_rank > 0 && pr.pref_reference.empty()) ||
+                   full,
+               "[fsdp-train] --preference {} with --pref-reference or without --lora-rank keeps a "
+               "frozen sharded model as the reference, which needs --shard full (replicate() "
+               "takes no frozen parameters)",
                pr.preference);
     FSDP_CHECK(!data.data.empty(), "[fsdp-train] --preference {} trains on pairs: give --data "
                "FILE.jsonl of {{\"prompt\", \"chosen\", \"rejected\"}}", pr.preference);

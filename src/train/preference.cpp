@@ -252,7 +252,7 @@ std::string PreferenceLoss::describe() const {
   if (c.label_smoothing > 0) what += fmt::format(" label smoothing {}", c.label_smoothing);
   if (c.kind == PreferenceKind::simpo) what += fmt::format(" gamma {}", c.simpo_gamma);
   if (needs_reference())
-    what += reference_model_           ? ", reference: a frozen copy of the initial model"
+    what += reference_model_           ? ", reference: a frozen sharded model"
             : c.reference_adapters_off ? ", reference: the base (adapters off)"
                                        : ", reference given";
   return what + ", log-probs from the logits";

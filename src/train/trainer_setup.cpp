@@ -292,13 +292,32 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
   }
 }
 
-// A full fine-tune's preference reference (dpo, ipo without LoRA): a frozen sharded copy of the
-// initial model, built, sharded and loaded as the policy is, with no gradients and no optimizer
-// state (TRL's ref_model). Under LoRA the reference is the policy with its adapters off.
+// The preference reference of dpo and ipo as a model of its own (TRL's ref_model): another model
+// (--pref-reference: a Hugging Face folder or a GGUF of the policy's shape and vocab), or, for a full
+// fine-tune, a copy of the initial model. Built and sharded as the policy is, frozen (no gradients,
+// no optimizer state). Under LoRA with no --pref-reference, the reference is the policy with its
+// adapters off, and nothing is built.
 void Trainer::Impl::build_reference() {
   auto* pref = dynamic_cast<PreferenceLoss*>(parts.loss.get());
-  if (!pref || !pref->needs_reference() || cfg.lora.enabled()) return;
-  reference = family->build(cfg);
+  const std::string& path = o.preference.pref_reference;
+  if (!pref || !pref->needs_reference() || (cfg.lora.enabled() && path.empty())) return;
+  nn::TransformerConfig rc = cfg;
+  rc.lora = {};  // the reference has no adapters
+  std::optional<checkpoint::Pretrained> other;
+  if (!path.empty()) {
+    other = checkpoint::load_pretrained(path);
+    FSDP_CHECK(other->config.has_value(),
+               "[fsdp-train] --pref-reference {}: the file does not say its architecture; give a "
+               "Hugging Face folder or a GGUF",
+               path);
+    nn::TransformerConfig want = *other->config;
+    want.seq = rc.seq, want.batch = rc.batch, want.lora = {};
+    FSDP_CHECK(want.to_json() == rc.to_json(),
+               "[fsdp-train] --pref-reference {}: its shape differs from the trained model's; the "
+               "reference must be of the same family, shape and vocab ({} against {})",
+               path, want.to_json(), rc.to_json());
+  }
+  reference = family->build(rc);
   for (auto& [name, p] : reference->named_parameters()) p->requires_grad = false;
   const models::Parallelized p = family->parallelize(
       *reference, {.mesh = mesh,
@@ -310,9 +329,9 @@ void Trainer::Impl::build_reference() {
                             .frozen_dtype = frozen_dtype,
                             .frozen_packed = frozen_packed},
                    .checkpoint_every = 0});
-  if (pretrained) {
-    pretrained->load_into(*reference, p.root);
-    pretrained->release_file_pages();
+  if (const checkpoint::Pretrained* from = other ? &*other : pretrained.get()) {
+    from->load_into(*reference, p.root);
+    from->release_file_pages();
   }
   pref->set_reference_model(reference.get());
 }
