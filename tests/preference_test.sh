@@ -43,6 +43,16 @@ awk 'NR == 1 {f = $1} END {exit !(f > 0.6931 && f < 0.6932 && $1 < f - 0.05)}' "
   || bad "dpo starts at log 2 (policy = reference) and falls: $(tr '\n' ' ' < "$work/l1")"
 same "dpo np 2 vs 1" "$work/l1" "$work/l2" 1e-6
 same "dpo np 3 vs 1" "$work/l1" "$work/l3" 1e-6
+# The reference's forward (no backward) before the policy's, under fully_shard's other schedules:
+# 3 microbatches of one pair a rank with the parameters kept unsharded after the forward, and
+# activation checkpointing, give the same losses.
+mpi_run -np 2 "$bin" "${A[@]}" --preference dpo --batch 2 --grad-accum 3 --reshard-after-forward false \
+  --log-file "$work/acc.jsonl" > "$work/acc.out" 2>&1 || bad "dpo with --grad-accum 3 failed: $(tail -3 "$work/acc.out")"
+mpi_run -np 2 "$bin" "${A[@]}" --preference dpo --batch 6 --activation-checkpoint full \
+  --log-file "$work/ac.jsonl" > "$work/ac.out" 2>&1 || bad "dpo with checkpointing failed: $(tail -3 "$work/ac.out")"
+losses "$work/acc.jsonl" > "$work/l_acc"; losses "$work/ac.jsonl" > "$work/l_ac"
+same "dpo grad-accum 3, no reshard vs 1 rank" "$work/l1" "$work/l_acc" 1e-6
+same "dpo activation checkpointing vs 1 rank" "$work/l1" "$work/l_ac" 1e-6
 # TRL's metrics, gathered with the loss: the margins agree too (0 at the first step: policy = ref).
 tail -n +2 "$work/m1" > "$work/m1t"; tail -n +2 "$work/m2" > "$work/m2t"; tail -n +2 "$work/m3" > "$work/m3t"
 same "rewards/margins np 2 vs 1" "$work/m1t" "$work/m2t" 1e-6
