@@ -20,13 +20,14 @@ def failer(name):
     return fail
 
 
-def under_torch_python(script):
-    """Re-runs `script` under FSDP_TORCH_PYTHON when that is set and is not this interpreter (a
-    venv's python is a link to its base interpreter: the paths are compared, not their targets)."""
-    want = os.environ.get("FSDP_TORCH_PYTHON")
+def under_torch_python(script, var="FSDP_TORCH_PYTHON"):
+    """Re-runs `script` under the interpreter $var names (FSDP_TORCH_PYTHON; dpo_ref_test's
+    FSDP_TRL_PYTHON) when that is set and is not this interpreter (a venv's python is a link to its
+    base interpreter: the paths are compared, not their targets)."""
+    want = os.environ.get(var)
     if want and os.path.abspath(want) != os.path.abspath(sys.executable) and not os.environ.get("FSDP_TORCH_REEXEC"):
         if not os.access(want, os.X_OK):
-            skip(f"FSDP_TORCH_PYTHON={want} is not an executable interpreter")
+            skip(f"{var}={want} is not an executable interpreter")
         os.environ["FSDP_TORCH_REEXEC"] = "1"
         os.execv(want, [want, os.path.abspath(script)] + sys.argv[1:])
 

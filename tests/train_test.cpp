@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -36,6 +37,7 @@
 #include "fsdp/core/device.h"
 #include "fsdp/core/dtype.h"
 #include "fsdp/core/error.h"
+#include "fsdp/core/ignore_index.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/token_sources.h"
 #include "fsdp/distributed/init.h"
@@ -49,6 +51,7 @@
 #include "fsdp/profiler/metrics.h"
 #include "fsdp/train/loss.h"
 #include "fsdp/train/memory_plan.h"
+#include "fsdp/train/preference.h"
 #include "fsdp/train/options.h"
 #include "fsdp/train/step.h"
 #include "fsdp/train/trainer.h"
@@ -693,4 +696,66 @@ TEST(TrainLoop, EvaluatesAndSavesAtTheirIntervalsAndAfterTheLastStep) {
       Error);
   EXPECT_THROW(train::train_loop(no_ckpt, {.steps = 1, .eval_every = 1}), Error);
   dist::destroy_process_group();
+}
+
+// The preference losses' dlogits (train/preference.h) against float64 central differences of their
+// value, for each kind, with label smoothing where it applies, ignored positions and rows of
+// different reply lengths; and DPO's value at a policy equal to its reference is log 2.
+TEST(Preference, DlogitsMatchFiniteDifferences) {
+  const int64_t rows = 4, seq = 5, vocab = 7;
+  std::vector<double> x(size_t(rows * seq * vocab));
+  uint64_t state = 12345;
+  for (double& v : x) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    v = double(state >> 11) / double(1ull << 53) * 4.0 - 2.0;
+  }
+  // Row 0 (chosen) 3 targets, row 1 (rejected) 1, row 2 4, row 3 2; the rest ignored.
+  std::vector<int32_t> t(size_t(rows * seq), int32_t(kIgnoreIndex));
+  const int64_t count[rows] = {3, 1, 4, 2};
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < count[r]; ++k) t[size_t(r * seq + seq - 1 - k)] = int32_t((r + 3 * k) % vocab);
+  const Tensor targets = Tensor::from_vector(t, {rows, seq});
+  const std::vector<double> ref{-5.0, -2.5, -7.0, -3.0};
+  struct Case {
+    train::PreferenceKind kind;
+    double smoothing;
+  };
+  for (const Case c : {Case{train::PreferenceKind::dpo, 0.0}, Case{train::PreferenceKind::dpo, 0.2},
+                       Case{train::PreferenceKind::ipo, 0.0}, Case{train::PreferenceKind::simpo, 0.0},
+                       Case{train::PreferenceKind::simpo, 0.1}}) {
+    SCOPED_TRACE(train::preference_kind_name(c.kind));
+    train::PreferenceLoss loss({.kind = c.kind,
+                                .beta = 0.5,
+                                .label_smoothing = c.smoothing,
+                                .simpo_gamma = 0.3,
+                                .reference_adapters_off = false});
+    const auto value = [&](const std::vector<double>& v) {
+      loss.set_reference(ref);
+      const Tensor l = Tensor::from_vector(v, {rows, seq, vocab});
+      const double out = loss.forward(l, targets, {.divisor = 0, .scale = 0.25}).to_f64_vector()[0];
+      loss.backward();
+      return out;
+    };
+    loss.set_reference(ref);
+    const Tensor logits = Tensor::from_vector(x, {rows, seq, vocab});
+    loss.forward(logits, targets, {.divisor = 0, .scale = 0.25});
+    const std::vector<double> grad = loss.backward().to_f64_vector();
+    double worst = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double h = 1e-6;
+      std::vector<double> up = x, down = x;
+      up[i] += h, down[i] -= h;
+      const double fd = 0.25 * (value(up) - value(down)) / (2 * h);  // d(step) = scale d(loss)
+      worst = std::max(worst, std::abs(fd - grad[i]));
+    }
+    EXPECT_LT(worst, 1e-8);
+  }
+  // A policy equal to its reference: every DPO pair's loss is log 2, the rewards 0.
+  train::PreferenceLoss dpo({.kind = train::PreferenceKind::dpo});
+  const Tensor logits = Tensor::from_vector(x, {rows, seq, vocab});
+  dpo.set_reference(train::row_target_logps(logits, targets));
+  EXPECT_NEAR(dpo.forward(logits, targets, {}).to_f64_vector()[0], std::log(2.0), 1e-15);
+  for (double m : {dpo.metrics().to_f64_vector()[0], dpo.metrics().to_f64_vector()[3]})
+    EXPECT_EQ(m, 0.0);
+  dpo.backward();
 }

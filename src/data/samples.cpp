@@ -23,27 +23,11 @@
 #include "fsdp/data/tokenizer.h"
 #include "src/core/json_read.h"
 #include "src/data/data_files.h"
+#include "src/data/jsonl_lines.h"
 
 namespace fsdp::data {
 
-namespace {
-
 using nlohmann::json;
-
-// A JSON value's kind, for messages: "a string", "a number", ...
-std::string kind_of(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::object: return "an object";
-    case json::value_t::array: return "an array";
-    case json::value_t::string: return "a string";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::discarded: return "nothing";
-    default: return "a number";
-  }
-}
-
-}  // namespace
 
 SampleSource::SampleSource(std::vector<TokenizedSample> samples, std::string description,
                            int32_t pad, int64_t seq)
@@ -137,32 +121,48 @@ json parse_line(const std::string& path, int64_t line_no, const std::string& lin
   return j;
 }
 
-Conversation conversation_of(const std::string& path, int64_t line_no, const json& j) {
-  const json& ms = j["messages"];
+}  // namespace
+
+std::string kind_of(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::object: return "an object";
+    case json::value_t::array: return "an array";
+    case json::value_t::string: return "a string";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::discarded: return "nothing";
+    default: return "a number";
+  }
+}
+
+Conversation messages_of(const std::string& path, int64_t line_no, const json& ms,
+                         const std::string& field) {
   FSDP_CHECK(ms.is_array() && !ms.empty(),
-             "[data] {}:{}: \"messages\" is {}; expected a non-empty array of "
+             "[data] {}:{}: \"{}\" is {}; expected a non-empty array of "
              "{{\"role\": ..., \"content\": ...}}",
-             path, line_no, ms.is_array() ? "an empty array" : kind_of(ms));
+             path, line_no, field, ms.is_array() ? "an empty array" : kind_of(ms));
   Conversation c;
   for (size_t i = 0; i < ms.size(); ++i) {
     const json& m = ms[i];
     FSDP_CHECK(m.is_object() && m.contains("role") && m["role"].is_string(),
-               "[data] {}:{}: messages[{}] has no string \"role\"", path, line_no, i);
+               "[data] {}:{}: {}[{}] has no string \"role\"", path, line_no, field, i);
     FSDP_CHECK(m.contains("content") && m["content"].is_string(),
-               "[data] {}:{}: messages[{}].content is {}; expected a string", path, line_no, i,
+               "[data] {}:{}: {}[{}].content is {}; expected a string", path, line_no, field, i,
                m.contains("content") ? kind_of(m["content"]) : "missing");
     c.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
     const std::string& role = c.back().role;
     FSDP_CHECK(role == "system" || role == "user" || role == "assistant",
-               "[data] {}:{}: messages[{}].role is '{}'; expected system, user or assistant",
-               path, line_no, i, role);
+               "[data] {}:{}: {}[{}].role is '{}'; expected system, user or assistant", path,
+               line_no, field, i, role);
     FSDP_CHECK(role != "system" || i == 0,
-               "[data] {}:{}: messages[{}] is a system turn after the first message; the system "
+               "[data] {}:{}: {}[{}] is a system turn after the first message; the system "
                "turn, when there is one, comes first",
-               path, line_no, i);
+               path, line_no, field, i);
   }
   return c;
 }
+
+namespace {
 
 // A tokenized row: input_ids, and labels (-100 or the id) when given.
 TokenizedSample row_of(const std::string& path, int64_t line_no, const json& j, int64_t vocab) {
@@ -198,26 +198,6 @@ TokenizedSample row_of(const std::string& path, int64_t line_no, const json& j, 
   return s;
 }
 
-// The file's non-empty lines, with their numbers.
-template <typename F>
-void for_each_line(const std::string& path, F&& f) {
-  check_regular_file(path);
-  std::ifstream in(path, std::ios::binary);
-  const int err = errno;
-  FSDP_CHECK(in.good(), "[data] cannot read {}: {}", path, std::strerror(err));
-  std::string line;
-  int64_t line_no = 0, seen = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    f(line_no, line);
-    ++seen;
-  }
-  FSDP_CHECK(seen > 0, "[data] {} has no samples (no non-empty line); expected one JSON object "
-             "per line", path);
-}
-
 }  // namespace
 
 std::vector<Conversation> read_chat_jsonl(const std::string& path, std::vector<int64_t>* lines) {
@@ -226,7 +206,7 @@ std::vector<Conversation> read_chat_jsonl(const std::string& path, std::vector<i
     const json j = parse_line(path, line_no, line);
     FSDP_CHECK(j.contains("messages"), "[data] {}:{}: no \"messages\"; expected {{\"messages\": "
                "[{{\"role\": ..., \"content\": ...}}, ...]}}", path, line_no);
-    out.push_back(conversation_of(path, line_no, j));
+    out.push_back(messages_of(path, line_no, j["messages"], "messages"));
     if (lines) lines->push_back(line_no);
   });
   return out;
@@ -262,7 +242,7 @@ std::unique_ptr<SampleSource> open_jsonl_samples(const std::string& path, const 
                                                         : "the model has no chat template");
       if (!chat) chat = ChatTemplate::of_model(chat_template, *tok, bos, eos, template_name);
       TokenizedSample s =
-          chat_sample(path, line_no, *tok, *chat, conversation_of(path, line_no, j));
+          chat_sample(path, line_no, *tok, *chat, messages_of(path, line_no, j["messages"], "messages"));
       for (size_t i = 0; i < s.ids.size(); ++i)
         FSDP_CHECK(s.ids[i] < vocab, "[data] {}:{}: token {} is id {}, outside the model's vocab "
                    "{}", path, line_no, i, s.ids[i], vocab);

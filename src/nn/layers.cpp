@@ -75,7 +75,13 @@ Tensor LoraAdapter::full_b(const Tensor& b) const {
   return full.view({out_, width});
 }
 
+static thread_local int lora_disabled_depth = 0;  // LoraDisabledScopes alive on this thread
+LoraDisabledScope::LoraDisabledScope() { ++lora_disabled_depth; }
+LoraDisabledScope::~LoraDisabledScope() { --lora_disabled_depth; }
+bool lora_disabled() { return lora_disabled_depth > 0; }
+
 Tensor LoraAdapter::forward(const Tensor& x, const Tensor& y) {
+  if (lora_disabled()) return Tensor();  // the base alone: y as the frozen projection wrote it
   // xa = scale x A^T, then y += xa full_b^T: the scale is applied once, on the narrow side.
   Tensor xa = ops::linear_forward(x, a_->data, Tensor());
   ops::scale_(xa, scale_);
@@ -86,6 +92,8 @@ Tensor LoraAdapter::forward(const Tensor& x, const Tensor& y) {
 }
 
 void LoraAdapter::backward(const Tensor& dy, const Tensor& x, Tensor xa, const Tensor& dx) {
+  FSDP_CHECK(xa.defined(), "[LoRA] a backward after a forward with the adapters switched off "
+                           "(LoraDisabledScope): that forward saved nothing for one");
   // dB += dy^T xa (the scale is in xa) and dxa = dy full_b; then dA += scale dxa^T x and
   // dx += scale dxa A.
   Tensor dxa;

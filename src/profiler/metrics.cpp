@@ -34,6 +34,7 @@ std::string StepMetrics::line() const {
     out += " | no targets (all masked): optimizer not stepped";
   else if (targets > 0)
     out += fmt::format(" | {} targets", targets);
+  for (const auto& [name, v] : named) out += fmt::format(" | {} {:.4f}", name, v);
   if (elapsed_seconds >= 0) out += fmt::format(" | elapsed {}", short_duration(elapsed_seconds));
   if (eta_seconds >= 0) out += fmt::format(" | eta {}", short_duration(eta_seconds));
   return out;
@@ -53,6 +54,7 @@ std::string StepMetrics::json() const {
   if (host_syncs >= 0) j["host_syncs"] = host_syncs;
   if (targets >= 0) j["targets"] = targets;
   if (all_gather_bytes > 0) j["all_gather_bytes"] = all_gather_bytes;
+  for (const auto& [name, v] : named) j[name] = v;
   return j.dump();
 }
 
@@ -64,7 +66,8 @@ StepMetrics gather_step_metrics(dist::ProcessGroup& group, Device device, const 
   int64_t nl = 0;
   for (const Tensor& l : in.losses) nl += l.numel();
   nl = std::max<int64_t>(1, nl);
-  const int64_t k = nl + 4;
+  const int64_t nm = int64_t(in.metric_names.size()), nmv = nm * int64_t(in.metrics.size());
+  const int64_t k = nl + 4 + nmv;  // the named metrics last, microbatch by microbatch
   Tensor mine = Tensor::empty({k}, DType::f64, device);
   if (in.losses.empty())
     mine.narrow(0, 0, 1).fill_(in.loss);
@@ -79,6 +82,8 @@ StepMetrics gather_step_metrics(dist::ProcessGroup& group, Device device, const 
   mine.narrow(0, nl + 1, 1).fill_(double(memory_stats(device).peak));
   mine.narrow(0, nl + 2, 1).fill_(in.stop ? 1.0 : 0.0);
   mine.narrow(0, nl + 3, 1).fill_(double(in.ckpt_write));
+  for (size_t i = 0; i < in.metrics.size(); ++i)
+    mine.narrow(0, nl + 4 + int64_t(i) * nm, nm).copy_(in.metrics[i].reshape({nm}));
   Tensor all = Tensor::empty({k * int64_t(n)}, DType::f64, device);
   group.all_gather_into_tensor(all, mine)->wait();
   const std::vector<double> v = all.to(Device::cpu()).to_f64_vector();
@@ -96,6 +101,13 @@ StepMetrics gather_step_metrics(dist::ProcessGroup& group, Device device, const 
     m.stop = m.stop || v[at + size_t(nl) + 2] != 0;
     m.ckpt_writing = m.ckpt_writing || v[at + size_t(nl) + 3] == 1;
     m.ckpt_write_failed = m.ckpt_write_failed || v[at + size_t(nl) + 3] == 3;
+  }
+  for (int64_t j = 0; j < nm && !in.metrics.empty(); ++j) {  // the mean over ranks and microbatches
+    double sum = 0;
+    for (int r = 0; r < n; ++r)
+      for (int64_t i = 0; i < int64_t(in.metrics.size()); ++i)
+        sum += v[size_t(r * k + nl + 4 + i * nm + j)];
+    m.named.emplace_back(in.metric_names[size_t(j)], sum / double(n * int64_t(in.metrics.size())));
   }
   m.tokens_per_s = in.step_seconds > 0 ? double(in.tokens) / in.step_seconds : 0;
   m.mfu = in.peak_flops > 0 ? in.flops_per_token * m.tokens_per_s / in.peak_flops : 0;

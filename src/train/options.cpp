@@ -21,6 +21,7 @@
 
 #include "fsdp/core/error.h"
 #include "fsdp/models/spec.h"
+#include "fsdp/train/preference.h"
 #include "src/core/json_read.h"
 
 namespace fsdp::train {
@@ -298,6 +299,27 @@ void TrainOptions::validate() const {
                  run.backend == "gloo" || run.backend == "local",
              "[fsdp-train] --backend must be nccl, mpi, gloo or local, got '{}'", run.backend);
   FSDP_CHECK(sh.grad_accum >= 1, "[fsdp-train] --grad-accum must be >= 1, got {}", sh.grad_accum);
+  const PreferenceOptions& pr = preference;
+  FSDP_CHECK(pr.pref_reference.empty() || pr.preference == "dpo" || pr.preference == "ipo",
+             "[fsdp-train] --pref-reference {} is the reference model of --preference dpo or ipo "
+             "(given: '{}')",
+             pr.pref_reference, pr.preference);
+  if (!pr.preference.empty()) {
+    const PreferenceKind kind = parse_preference_kind(pr.preference);
+    FSDP_CHECK(kind == PreferenceKind::simpo || (model.lora_rank > 0 && pr.pref_reference.empty()) ||
+                   full,
+               "[fsdp-train] --preference {} with --pref-reference or without --lora-rank keeps a "
+               "frozen sharded model as the reference, which needs --shard full (replicate() "
+               "takes no frozen parameters)",
+               pr.preference);
+    FSDP_CHECK(!data.data.empty(), "[fsdp-train] --preference {} trains on pairs: give --data "
+               "FILE.jsonl of {{\"prompt\", \"chosen\", \"rejected\"}}", pr.preference);
+    FSDP_CHECK(!data.pack, "[fsdp-train] --pack with --preference: each pair's rows are one "
+               "sequence each, not packed");
+    FSDP_CHECK(data.eval_every == 0 && data.val_data.empty(),
+               "[fsdp-train] --preference with --eval-every or --val-data: the validation of "
+               "preference pairs is not built yet");
+  }
   FSDP_CHECK(model.lora_rank == 0 || full,
              "[fsdp-train] --lora-rank {} needs --shard full: the frozen base is kept apart from "
              "the adapters by fully_shard (replicate steps one flat buffer of every parameter)",

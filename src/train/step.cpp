@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "fsdp/core/error.h"
@@ -48,7 +49,7 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
     divisor = total > 0 ? total / double(int64_t(p.group.size()) * o.grad_accum) : 1.0;
   }
   CrossEntropy default_loss(o.fused_loss);  // StepParts::loss null: fsdp-train's
-  std::vector<Tensor> micro_losses;  // on the device until the gather reads them
+  std::vector<Tensor> micro_losses, micro_metrics;  // on the device until the gather reads them
   int64_t tokens = 0;
   Device device = Device::cpu();
   for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
@@ -60,6 +61,7 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
     // The loss stays on the device. Fused: the model's own, a chunk of rows at a time; else the
     // logits, then the loss (LMLoss's dlogits overwrite them).
     Loss& loss = p.loss ? *p.loss : default_loss;
+    loss.prepare(p.model, b);  // a forward of the loss's own (a reference model's), no backward
     const bool fused = loss.fused(p.model);
     const nn::BatchContextScope context(p.model, {.doc_start = b.doc_start,  // packed rows
                                                   .targets = fused ? b.targets : Tensor(),
@@ -72,6 +74,7 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
       micro_losses.push_back(loss.forward(
           output, b.targets,
           {.divisor = divisor, .scale = 1.0 / double(o.grad_accum), .fused = fused}));
+      if (const Tensor named = loss.metrics(); named.defined()) micro_metrics.push_back(named);
       const Tensor dloss = loss.backward();
       own.reset();
       p.model.backward(dloss);
@@ -88,6 +91,9 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
       profiler::gather_step_metrics(p.group, device,
                                     {.step = step,
                                      .losses = micro_losses,
+                                     .metric_names = p.loss ? p.loss->metric_names()
+                                                            : std::vector<std::string>(),
+                                     .metrics = micro_metrics,
                                      .grad_norm_sq = norm.total_sq,
                                      .stop = stop_requested() != 0,
                                      .ckpt_write = p.checkpointer ? p.checkpointer->write_state() : 0,

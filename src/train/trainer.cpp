@@ -156,6 +156,7 @@ void Trainer::Impl::write_tensorboard(const profiler::StepMetrics& m) {
       {"tok_s", m.tokens_per_s}, {"mfu", m.mfu},         {"peak_mem_gb", m.peak_mem_bytes / 1e9},
       {"step_ms", m.step_seconds * 1e3}};
   for (const auto& [tag, v] : scalars) tensorboard->scalar(tag, m.step, v);
+  for (const auto& [tag, v] : m.named) tensorboard->scalar(tag, m.step, v);
   if (size > 1) tensorboard->scalar("comm_exposed_ms", m.step, m.exposed_seconds * 1e3);
   if (m.val_loss) tensorboard->scalar("val_loss", m.step, *m.val_loss);
   tensorboard->flush();

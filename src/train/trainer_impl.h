@@ -58,6 +58,7 @@ struct Trainer::Impl {
   std::optional<data::Tokenizer> tokenizer;
   bool model_tokenizer = false;  // the tokenizer came with the --init-from model
   std::unique_ptr<nn::Transformer> model;
+  std::unique_ptr<nn::Transformer> reference;  // a full fine-tune's preference reference, frozen
   std::vector<nn::ParamGroup> groups;
   DataParallelModule* parallel = nullptr;  // the step's one interface: root, or replicate's
   FSDPModule* root = nullptr;              // --shard full: the sharded root, for checkpoints
@@ -99,6 +100,7 @@ struct Trainer::Impl {
   int32_t pack_eos() const;
   void open_tokenizer();
   void build_model();
+  void build_reference();
   // The parts not handed in (TrainerParts), built from the options (trainer_parts.cpp).
   void fill_parts();
 

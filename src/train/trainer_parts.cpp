@@ -2,6 +2,7 @@
 // kept; the rest are built from the options, as fsdp-train's. The memory plan then plans the loss
 // and the optimizer held here, whichever they are.
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -11,11 +12,19 @@
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/optim/optimizer.h"
 #include "fsdp/train/loss.h"
+#include "fsdp/train/preference.h"
 #include "src/train/trainer_impl.h"
 
 namespace fsdp::train {
 
 void Trainer::Impl::fill_parts() {
+  if (!parts.loss && !o.preference.preference.empty())  // pairs: the preference loss
+    parts.loss = std::make_shared<PreferenceLoss>(
+        PreferenceConfig{.kind = parse_preference_kind(o.preference.preference),
+                         .beta = o.preference.pref_beta,
+                         .label_smoothing = o.preference.pref_label_smoothing,
+                         .simpo_gamma = o.preference.pref_simpo_gamma,
+                         .reference_adapters_off = true});
   if (!parts.loss) parts.loss = std::make_shared<CrossEntropy>(o.sharding.fused_loss);
   given_optimizer = bool(parts.optimizer);
   if (!parts.optimizer)

@@ -48,6 +48,19 @@ struct LoraConfig {
 uint32_t parse_lora_targets(const std::string& list);
 std::string lora_target_names(uint32_t targets);
 
+// While one lives, every LoRA adapter forward on this thread adds nothing: the model computes as
+// its frozen base alone, with no second copy of the weights (a preference loss's reference
+// forward, train/preference.h; PEFT's disable_adapter()). Such a forward keeps nothing for a
+// backward of the adapters. Scopes nest.
+class LoraDisabledScope {
+ public:
+  LoraDisabledScope();
+  ~LoraDisabledScope();
+  LoraDisabledScope(const LoraDisabledScope&) = delete;
+  LoraDisabledScope& operator=(const LoraDisabledScope&) = delete;
+};
+bool lora_disabled();  // a LoraDisabledScope lives on this thread
+
 // One adapter pair on a projection of `out` rows: `parts` are the row ranges [begin, end) it
 // adapts, each with its own rank-r pair (the packed in-projection's q, k and v); A's rows and B's
 // rows are the parts' in order. forward adds into the projection's output and returns what the

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/core/device.h"
@@ -38,6 +39,9 @@ struct StepMetrics {
   // The run's time so far and the time left (the mean of the recent steps times those left),
   // when the trainer set them (< 0: not).
   double elapsed_seconds = -1, eta_seconds = -1;
+  // A loss's own values (StepInputs::metric_names: a preference loss's rewards/margins, ...), each
+  // the mean over the step's microbatches and ranks, in the step line, its JSON and TensorBoard.
+  std::vector<std::pair<std::string, double>> named;
   // "step 3 | loss 7.1234 | 1234 tok/s | mfu 41.2% | peak mem 0.52 GB | lr 3.0e-04 | grad norm
   // 1.234 | elapsed 12s | eta 3m12s"
   std::string line() const;
@@ -53,6 +57,9 @@ struct StepInputs {
   // This rank's microbatch losses as device scalars: the rank's loss is their mean, read in the
   // same gather as the rest, so the step needs no host read of its own for them.
   std::vector<Tensor> losses;  // one per microbatch: f64, its elements' sum the loss
+  // A loss's named values: per microbatch, f64 [metric_names.size()] on the device (none: empty).
+  std::vector<std::string> metric_names;
+  std::vector<Tensor> metrics;
   double grad_norm = 0;
   Tensor grad_norm_sq;  // when defined: the global squared norm on the device; grad_norm = sqrt
   bool stop = false;    // this rank was asked to stop; every rank learns it from the gather

@@ -20,8 +20,10 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fsdp/core/tensor.h"
+#include "fsdp/data/token_sources.h"
 #include "fsdp/nn/loss.h"
 #include "fsdp/nn/module.h"
 
@@ -44,6 +46,13 @@ class Loss {
     (void)model;
     return false;
   }
+  // Before the microbatch's training forward, with its batch on the device: a loss that needs a
+  // forward of its own runs it here (a preference loss's reference: the model with its LoRA
+  // adapters off, train/preference.h), with no backward. Default: nothing.
+  virtual void prepare(nn::Module& model, const data::Batch& batch) {
+    (void)model;
+    (void)batch;
+  }
   // output: the logits [B, T, V] (the model's loss when fused); targets [B, T]. Returns the
   // loss, f64 [k] on the output's device, whose sum is this microbatch's. Keeps what backward()
   // needs.
@@ -51,6 +60,12 @@ class Loss {
   // The gradient the model's backward takes (dlogits; undefined when fused), for d(loss) =
   // the forward's a.scale. Once per forward; drops what the forward kept.
   virtual Tensor backward() = 0;
+  // Named values of the last forward beside the loss (a preference loss's rewards, with TRL's
+  // names): f64 [metric_names().size()] on the output's device, each averaged over the step's
+  // microbatches and ranks as the loss is. train_step gathers them with the loss, in the step's one
+  // gather (no host sync of their own), into StepMetrics::named. Default: none.
+  virtual std::vector<std::string> metric_names() const { return {}; }
+  virtual Tensor metrics() const { return Tensor(); }
   // What it is, for the memory plan's table: "cross-entropy".
   virtual std::string describe() const = 0;
 };

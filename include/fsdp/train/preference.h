@@ -1,0 +1,89 @@
+// Preference losses on pairs of rows (data/preference.h: row 2i the chosen reply, row 2i + 1 the
+// rejected one, targets on the replies' tokens only), as a train::Loss, with TRL 1.16's formulas:
+//   dpo    DPOTrainer's "sigmoid": -log sigmoid(beta d), d = (pi_c - ref_c) - (pi_r - ref_r), the
+//          log-probs summed over each reply's tokens. label_smoothing e > 0 gives the conservative
+//          form -(1 - e) log sigmoid(beta d) - e log sigmoid(-beta d) (cDPO; TRL 1.16's sigmoid
+//          has no smoothing, its "robust" and CPO's "sigmoid" take this e).
+//   ipo    DPOTrainer's "ipo": (d' - 1 / (2 beta))^2, d' the same log-ratios each divided by its
+//          reply's token count.
+//   simpo  CPOTrainer's "simpo" with cpo_alpha 0 (the SimPO paper's loss; CPO's default adds an NLL
+//          term): -(1 - e) log sigmoid(beta z) - e log sigmoid(-beta z), z = pi_c / n_c -
+//          pi_r / n_r - gamma / beta. No reference.
+// Metrics with TRL's names (rewards/chosen, rewards/rejected, rewards/accuracies, rewards/margins,
+// logps/chosen, logps/rejected): DPOTrainer's (rewards beta (pi - ref) of the summed log-probs) for
+// dpo and ipo, CPOTrainer's (rewards beta pi / n, logps pi / n) for simpo.
+//
+// The step's loss is the mean over every pair of the step (all ranks, all microbatches): a
+// microbatch's value is its pairs' sum / its pair count, which, with the step's mean over
+// microbatches and ranks, is the mean over the step's pairs whatever the world size (the target
+// counts, LossArgs::divisor, play no part). The log-probs are computed on the host from the
+// logits [B, T, V] (CPU runs; the fused head gives no per-row values), and dlogits overwrite the
+// logits as LMLoss's do. Its own buffer: each position's log-sum-exp, [B x T] f64.
+//
+// The reference (dpo, ipo): prepare() runs the model on the microbatch with its LoRA adapters off
+// (nn::LoraDisabledScope: the sharded base, no second copy), no backward, before the policy's
+// forward; or another model given by set_reference_model() (a full fine-tune's frozen sharded copy
+// of the initial model); or set_reference() gives the rows' reference log-probs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/core/tensor.h"
+#include "fsdp/data/token_sources.h"
+#include "fsdp/nn/module.h"
+#include "fsdp/train/loss.h"
+
+namespace fsdp::train {
+
+enum class PreferenceKind { dpo, ipo, simpo };
+PreferenceKind parse_preference_kind(const std::string& name);  // throws naming the choices
+const char* preference_kind_name(PreferenceKind kind);
+
+struct PreferenceConfig {
+  PreferenceKind kind = PreferenceKind::dpo;
+  double beta = 0.1;             // TRL's beta (DPOConfig, CPOConfig)
+  double label_smoothing = 0.0;  // dpo and simpo: in [0, 0.5)
+  double simpo_gamma = 0.5;      // CPOConfig's simpo_gamma
+  // dpo, ipo: prepare() computes the reference by the model with its adapters off. false: the
+  // caller gives it (set_reference) before each forward.
+  bool reference_adapters_off = true;
+};
+
+// Per-row sums of log-softmax at the targets (kIgnoreIndex: not counted) of logits [B, T, V] or
+// [B x T, V] (f32 or f64, on the host), and each row's count of targets.
+std::vector<double> row_target_logps(const Tensor& logits, const Tensor& targets,
+                                     std::vector<int64_t>* counts = nullptr);
+
+class PreferenceLoss final : public Loss {
+ public:
+  explicit PreferenceLoss(PreferenceConfig config);
+  void prepare(nn::Module& model, const data::Batch& batch) override;
+  Tensor forward(const Tensor& output, const Tensor& targets, const LossArgs& a) override;
+  Tensor backward() override;
+  std::string describe() const override;
+  // A model to run as the reference in prepare() in place of the policy with its adapters off (a
+  // full fine-tune's frozen copy of the initial model; null: the policy, adapters off).
+  void set_reference_model(nn::Module* model) { reference_model_ = model; }
+  // The next forward's rows' reference log-probs (one per row).
+  void set_reference(std::vector<double> logps) { reference_ = std::move(logps); }
+  bool needs_reference() const { return config_.kind != PreferenceKind::simpo; }
+  // TRL's metric names, and the last forward's values (f64 [6] on the output's device), each the
+  // microbatch's pairs' sum / its pair count: the step's mean over them is the mean over pairs.
+  std::vector<std::string> metric_names() const override;
+  Tensor metrics() const override { return metrics_; }
+
+ private:
+  PreferenceConfig config_;
+  std::vector<double> reference_;
+  nn::Module* reference_model_ = nullptr;
+  std::vector<double> coef_;  // d(microbatch loss) / d(row log-prob), times the scale
+  Tensor logits_, lse_, metrics_;
+  Tensor targets_;
+  DType out_dtype_ = DType::f32;
+  Shape out_shape_;
+};
+
+}  // namespace fsdp::train

@@ -1,0 +1,261 @@
+// The preference losses (fsdp/train/preference.h): per-row log-probs from the logits on the host,
+// the pairs' losses and their derivatives wrt each row's log-prob, then dlogits over the logits.
+#include "fsdp/train/preference.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/core/error.h"
+#include "fsdp/core/ignore_index.h"
+#include "fsdp/core/tensor.h"
+#include "fsdp/nn/layers.h"
+#include "fsdp/nn/module.h"
+
+namespace fsdp::train {
+
+namespace {
+
+constexpr int64_t kMetrics = 6;  // PreferenceLoss::metric_names()
+
+double log_sigmoid(double x) { return x > 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
+double sigmoid(double x) { return std::exp(log_sigmoid(x)); }
+
+// Each target position's log-sum-exp into lse (0 elsewhere), and the rows' sums of log-softmax at
+// their targets.
+template <typename T>
+std::vector<double> logps_of(const T* x, const int32_t* t, int64_t rows, int64_t seq, int64_t vocab,
+                             double* lse, std::vector<int64_t>* counts) {
+  const int64_t positions = rows * seq;
+  std::vector<double> at(size_t(positions), 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < positions; ++p) {
+    lse[p] = 0;
+    if (t[p] == int32_t(kIgnoreIndex)) continue;
+    const T* row = x + p * vocab;
+    double max = double(row[0]), sum = 0;
+    for (int64_t v = 1; v < vocab; ++v) max = std::max(max, double(row[v]));
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - max);
+    lse[p] = max + std::log(sum);
+    at[size_t(p)] = double(row[t[p]]) - lse[p];
+  }
+  std::vector<double> out(size_t(rows), 0.0);
+  if (counts) counts->assign(size_t(rows), 0);
+  for (int64_t p = 0; p < positions; ++p) {
+    if (t[p] == int32_t(kIgnoreIndex)) continue;
+    out[size_t(p / seq)] += at[size_t(p)];
+    if (counts) ++(*counts)[size_t(p / seq)];
+  }
+  return out;
+}
+
+// dlogits = coef[row] (onehot(target) - softmax) at the target positions, 0 elsewhere, in place.
+template <typename T>
+void dlogits_of(T* x, const int32_t* t, int64_t rows, int64_t seq, int64_t vocab, const double* lse,
+                const std::vector<double>& coef) {
+  const int64_t positions = rows * seq;
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < positions; ++p) {
+    T* row = x + p * vocab;
+    if (t[p] == int32_t(kIgnoreIndex)) {
+      std::fill(row, row + vocab, T(0));
+      continue;
+    }
+    const double k = coef[size_t(p / seq)];
+    for (int64_t v = 0; v < vocab; ++v) row[v] = T(-k * std::exp(double(row[v]) - lse[p]));
+    row[t[p]] += T(k);
+  }
+}
+
+void check_targets(const Tensor& logits, const Tensor& targets, int64_t* rows, int64_t* seq) {
+  FSDP_CHECK(targets.dim() == 2, "[preference] targets must be [B, T], got {} dims", targets.dim());
+  *rows = targets.size(0), *seq = targets.size(1);
+  const int64_t vocab = logits.size(logits.dim() - 1);
+  FSDP_CHECK(logits.numel() == *rows * *seq * vocab,
+             "[preference] logits of {} values for targets [{}, {}] and vocab {}", logits.numel(),
+             *rows, *seq, vocab);
+}
+
+}  // namespace
+
+PreferenceKind parse_preference_kind(const std::string& name) {
+  if (name == "dpo") return PreferenceKind::dpo;
+  if (name == "ipo") return PreferenceKind::ipo;
+  if (name == "simpo") return PreferenceKind::simpo;
+  FSDP_FAIL("[preference] --preference '{}': expected dpo, ipo or simpo (orpo is not built)", name);
+}
+
+const char* preference_kind_name(PreferenceKind kind) {
+  switch (kind) {
+    case PreferenceKind::dpo: return "dpo";
+    case PreferenceKind::ipo: return "ipo";
+    default: return "simpo";
+  }
+}
+
+std::vector<double> row_target_logps(const Tensor& logits, const Tensor& targets,
+                                     std::vector<int64_t>* counts) {
+  int64_t rows = 0, seq = 0;
+  check_targets(logits, targets, &rows, &seq);
+  FSDP_CHECK(logits.device().is_cpu() && targets.device().is_cpu(),
+             "[preference] the log-probs are computed on the host; the logits are on {}",
+             logits.device().str());
+  const int64_t vocab = logits.size(logits.dim() - 1);
+  const Tensor tc = targets.contiguous().to(DType::i32);
+  std::vector<double> lse(size_t(rows * seq));
+  if (logits.dtype() == DType::f64) {
+    const Tensor l = logits.contiguous();
+    return logps_of(l.data<double>(), tc.data<int32_t>(), rows, seq, vocab, lse.data(), counts);
+  }
+  const Tensor l = logits.dtype() == DType::f32 ? logits.contiguous() : logits.to(DType::f32);
+  return logps_of(l.data<float>(), tc.data<int32_t>(), rows, seq, vocab, lse.data(), counts);
+}
+
+PreferenceLoss::PreferenceLoss(PreferenceConfig config) : config_(config) {
+  FSDP_CHECK(config_.beta > 0, "[preference] --pref-beta must be positive, got {}", config_.beta);
+  FSDP_CHECK(config_.label_smoothing >= 0 && config_.label_smoothing < 0.5,
+             "[preference] --pref-label-smoothing must be in [0, 0.5), got {}",
+             config_.label_smoothing);
+  FSDP_CHECK(config_.kind != PreferenceKind::ipo || config_.label_smoothing == 0,
+             "[preference] --preference ipo takes no label smoothing (got {})",
+             config_.label_smoothing);
+}
+
+std::vector<std::string> PreferenceLoss::metric_names() const {
+  return {"rewards/chosen",  "rewards/rejected", "rewards/accuracies", "rewards/margins",
+          "logps/chosen", "logps/rejected"};
+}
+
+void PreferenceLoss::prepare(nn::Module& model, const data::Batch& batch) {
+  if (!needs_reference() || (!config_.reference_adapters_off && !reference_model_)) return;
+  // On the memory plan's meta model (planned before the copy exists), the policy stands in for it.
+  nn::Module& ref = reference_model_ && !batch.inputs.device().is_meta() ? *reference_model_ : model;
+  const nn::LoraDisabledScope base;  // the policy's reference: the frozen base, adapters off
+  const nn::BatchContextScope context(ref, {.doc_start = batch.doc_start,
+                                                       .targets = Tensor(),
+                                                       .loss_divisor = 0,
+                                                       .loss_scale = 1,
+                                                       .loss_chunk_logits = 0,
+                                                       .no_backward = true});
+  const Tensor logits = ref.forward(batch.inputs);
+  if (logits.device().is_meta()) {  // the memory plan: shapes only
+    reference_.assign(size_t(batch.targets.size(0)), 0.0);
+    return;
+  }
+  reference_ = row_target_logps(logits, batch.targets);
+}
+
+Tensor PreferenceLoss::forward(const Tensor& output, const Tensor& targets, const LossArgs& a) {
+  FSDP_CHECK(!a.fused, "[preference] the loss needs the logits; the model fused its own loss");
+  int64_t rows = 0, seq = 0;
+  check_targets(output, targets, &rows, &seq);
+  const int64_t vocab = output.size(output.dim() - 1);
+  FSDP_CHECK(rows % 2 == 0, "[preference] {} rows: a microbatch holds whole pairs (chosen, "
+             "rejected), so its rows must be even", rows);
+  const Device device = output.device();
+  FSDP_CHECK(device.is_cpu() || device.is_meta(),
+             "[preference] the log-probs are computed on the host (CPU runs); the logits are on {}",
+             device.str());
+  const int64_t pairs = rows / 2;
+  out_dtype_ = output.dtype();
+  out_shape_ = output.shape();
+  logits_ = output.dtype() == DType::f64 || output.dtype() == DType::f32
+                ? output.contiguous().view({rows * seq, vocab})
+                : output.to(DType::f32).view({rows * seq, vocab});
+  lse_ = Tensor::empty({rows * seq}, DType::f64, device);
+  targets_ = targets;
+  Tensor out = Tensor::empty({1}, DType::f64, device);
+  metrics_ = Tensor::empty({kMetrics}, DType::f64, device);
+  if (device.is_meta()) return out;
+  const Tensor tc = targets.contiguous().to(DType::i32);
+  targets_ = tc;
+  std::vector<int64_t> n;
+  const std::vector<double> pi =
+      logits_.dtype() == DType::f64
+          ? logps_of(logits_.data<double>(), tc.data<int32_t>(), rows, seq, vocab,
+                     lse_.data<double>(), &n)
+          : logps_of(logits_.data<float>(), tc.data<int32_t>(), rows, seq, vocab,
+                     lse_.data<double>(), &n);
+  const PreferenceConfig& c = config_;
+  if (needs_reference())
+    FSDP_CHECK(int64_t(reference_.size()) == rows,
+               "[preference] {}: {} reference log-probs for {} rows (prepare() or "
+               "set_reference() before each forward)",
+               preference_kind_name(c.kind), reference_.size(), rows);
+  const double e = c.label_smoothing, beta = c.beta, k = a.scale / double(pairs);
+  coef_.assign(size_t(rows), 0.0);
+  double loss = 0;
+  std::vector<double> m(size_t(kMetrics), 0.0);
+  for (int64_t i = 0; i < pairs; ++i) {
+    const size_t ch = size_t(2 * i), rj = ch + 1;
+    const double nc = double(std::max<int64_t>(1, n[ch])), nr = double(std::max<int64_t>(1, n[rj]));
+    double dl = 0, dc = 1, dr = 1;  // d(loss)/d(the pair's difference), d(difference)/d(row)
+    double reward_c = 0, reward_r = 0, logp_c = pi[ch], logp_r = pi[rj];
+    if (c.kind == PreferenceKind::simpo) {
+      logp_c = pi[ch] / nc, logp_r = pi[rj] / nr;
+      const double z = logp_c - logp_r - c.simpo_gamma / beta;
+      loss += -(1 - e) * log_sigmoid(beta * z) - e * log_sigmoid(-beta * z);
+      dl = -(1 - e) * beta * sigmoid(-beta * z) + e * beta * sigmoid(beta * z);
+      dc = 1 / nc, dr = 1 / nr;
+      reward_c = beta * logp_c, reward_r = beta * logp_r;
+    } else {
+      const double lc = pi[ch] - reference_[ch], lr = pi[rj] - reference_[rj];
+      reward_c = beta * lc, reward_r = beta * lr;
+      if (c.kind == PreferenceKind::dpo) {
+        const double d = lc - lr;
+        loss += -(1 - e) * log_sigmoid(beta * d) - e * log_sigmoid(-beta * d);
+        dl = -(1 - e) * beta * sigmoid(-beta * d) + e * beta * sigmoid(beta * d);
+      } else {  // ipo: the log-ratios averaged over each reply's tokens
+        const double d = lc / nc - lr / nr - 1 / (2 * beta);
+        loss += d * d;
+        dl = 2 * d;
+        dc = 1 / nc, dr = 1 / nr;
+      }
+    }
+    coef_[ch] = k * dl * dc;
+    coef_[rj] = -k * dl * dr;
+    m[0] += reward_c, m[1] += reward_r, m[2] += reward_c > reward_r ? 1.0 : 0.0;
+    m[3] += reward_c - reward_r, m[4] += logp_c, m[5] += logp_r;
+  }
+  for (double& v : m) v /= double(pairs);
+  reference_.clear();  // one forward's
+  out.fill_(loss / double(pairs));
+  metrics_ = Tensor::from_vector(m, {int64_t(m.size())});
+  return out;
+}
+
+Tensor PreferenceLoss::backward() {
+  FSDP_CHECK(logits_.defined(), "[preference] backward() without a forward");
+  Tensor d = logits_;
+  if (!d.device().is_meta()) {
+    const int64_t rows = targets_.size(0), seq = targets_.size(1), vocab = d.size(1);
+    if (d.dtype() == DType::f64)
+      dlogits_of(d.data<double>(), targets_.data<int32_t>(), rows, seq, vocab, lse_.data<double>(),
+                 coef_);
+    else
+      dlogits_of(d.data<float>(), targets_.data<int32_t>(), rows, seq, vocab, lse_.data<double>(),
+                 coef_);
+  }
+  logits_ = Tensor(), lse_ = Tensor(), targets_ = Tensor();
+  return (d.dtype() == out_dtype_ ? d : d.to(out_dtype_)).view(out_shape_);
+}
+
+std::string PreferenceLoss::describe() const {
+  const PreferenceConfig& c = config_;
+  std::string what = fmt::format("{} beta {}", preference_kind_name(c.kind), c.beta);
+  if (c.label_smoothing > 0) what += fmt::format(" label smoothing {}", c.label_smoothing);
+  if (c.kind == PreferenceKind::simpo) what += fmt::format(" gamma {}", c.simpo_gamma);
+  if (needs_reference())
+    what += reference_model_           ? ", reference: a frozen sharded model"
+            : c.reference_adapters_off ? ", reference: the base (adapters off)"
+                                       : ", reference given";
+  return what + ", log-probs from the logits";
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# fsdp-train --preference on TRL's standard pairs (a byte-level llama, LoRA adapters): the DPO
+# losses of one global batch of 6 pairs are equal at 1, 2 and 3 ranks (1e-6 relative, full
+# precision from --log-file), with pairs of very different lengths landing on different ranks;
+# the loss falls; TRL's metrics (rewards/margins) agree across world sizes too; IPO and SimPO give 1 rank's losses at 2 ranks; and bad input is refused naming
+# the file, the line and the field (a pair missing "rejected", an empty reply, a prompt longer
+# than --seq), as are odd rows per rank and a frozen reference copy under --shard none. A full
+# fine-tune's DPO (a frozen sharded copy as the reference) gives 1 rank's losses at 2 ranks, and
+# --pref-reference puts another model in its place.
+set -uo pipefail
+bin=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/testlib.sh"
+export OMP_WAIT_POLICY=PASSIVE FSDP_COLLECTIVE_TIMEOUT_S=120
+python3 - "$work/pairs.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(12):  # replies of 8 to ~300 bytes: short and long pairs on different ranks
+        long = i % 3 == 0
+        chosen = f"It is {4 * i}." + " Indeed, it is." * (18 if long else 0)
+        rejected = "No idea" + "!" * (40 if i % 4 == 1 else 1)
+        f.write(json.dumps({"prompt": f"Q{i}: what is {i} plus {3 * i}?", "chosen": chosen,
+                            "rejected": rejected}) + "\n")
+PY
+A=(--arch llama --vocab 256 --dim 32 --layers 2 --heads 2 --seq 96 --steps 4 --lr 1e-2
+  --data "$work/pairs.jsonl" --lora-rank 4 --threads 1 --sample-tokens 0)
+losses() {  # losses FILE [KEY]: a --log-file's values of KEY (loss), one a step
+  python3 -c "import json,sys; [print(repr(json.loads(l)[sys.argv[2]])) for l in open(sys.argv[1]) if l.strip()]" "$1" "${2:-loss}"
+}
+same() {  # same NAME FILE1 FILE2 TOL
+  paste "$2" "$3" | awk -v t="$4" '{d = $1 - $2; if (d < 0) d = -d; if (NF != 2 || d > t * ($1 < 0 ? -$1 : $1)) bad = 1} END {exit bad || NR == 0}' \
+    && ok || bad "$1: $(paste -d' ' "$2" "$3" | tr '\n' ';')"
+}
+for np in 1 2 3; do
+  mpi_run -np $np "$bin" "${A[@]}" --preference dpo --batch $((12 / np)) --log-file "$work/dpo$np.jsonl" \
+    > "$work/dpo$np.out" 2>&1 || bad "dpo at $np ranks failed: $(tail -3 "$work/dpo$np.out")"
+  losses "$work/dpo$np.jsonl" > "$work/l$np"
+  losses "$work/dpo$np.jsonl" rewards/margins > "$work/m$np"
+done
+[ "$(wc -l < "$work/l1")" -eq 4 ] && ok || bad "1 rank logged $(wc -l < "$work/l1") steps"
+awk 'NR == 1 {f = $1} END {exit !(f > 0.6931 && f < 0.6932 && $1 < f - 0.05)}' "$work/l1" && ok \
+  || bad "dpo starts at log 2 (policy = reference) and falls: $(tr '\n' ' ' < "$work/l1")"
+same "dpo np 2 vs 1" "$work/l1" "$work/l2" 1e-6
+same "dpo np 3 vs 1" "$work/l1" "$work/l3" 1e-6
+# The reference's forward (no backward) before the policy's, under fully_shard's other schedules:
+# 3 microbatches of one pair a rank with the parameters kept unsharded after the forward, and
+# activation checkpointing, give the same losses.
+mpi_run -np 2 "$bin" "${A[@]}" --preference dpo --batch 2 --grad-accum 3 --reshard-after-forward false \
+  --log-file "$work/acc.jsonl" > "$work/acc.out" 2>&1 || bad "dpo with --grad-accum 3 failed: $(tail -3 "$work/acc.out")"
+mpi_run -np 2 "$bin" "${A[@]}" --preference dpo --batch 6 --activation-checkpoint full \
+  --log-file "$work/ac.jsonl" > "$work/ac.out" 2>&1 || bad "dpo with checkpointing failed: $(tail -3 "$work/ac.out")"
+losses "$work/acc.jsonl" > "$work/l_acc"; losses "$work/ac.jsonl" > "$work/l_ac"
+same "dpo grad-accum 3, no reshard vs 1 rank" "$work/l1" "$work/l_acc" 1e-6
+same "dpo activation checkpointing vs 1 rank" "$work/l1" "$work/l_ac" 1e-6
+# TRL's metrics, gathered with the loss: the margins agree too (0 at the first step: policy = ref).
+tail -n +2 "$work/m1" > "$work/m1t"; tail -n +2 "$work/m2" > "$work/m2t"; tail -n +2 "$work/m3" > "$work/m3t"
+same "rewards/margins np 2 vs 1" "$work/m1t" "$work/m2t" 1e-6
+same "rewards/margins np 3 vs 1" "$work/m1t" "$work/m3t" 1e-6
+[ "$(head -1 "$work/m1")" = "0.0" ] && ok || bad "the first step's margin is $(head -1 "$work/m1"), not 0"
+grep -q "rewards/accuracies [01]\.[0-9]* | rewards/margins" "$work/dpo1.out" && ok || bad "the step line has no rewards"
+grep -q '"host_syncs":1,' "$work/dpo1.jsonl" && ok || bad "a DPO step waits on the device more than once"
+grep -q "(12 pairs, [0-9]* tokens; 4 truncated at --seq 96 + 1" "$work/dpo1.out" && ok || bad "the table does not count the 4 long pairs truncated: $(grep "| data" "$work/dpo1.out")"
+grep -q "loss .*dpo beta 0.1" "$work/dpo1.out" && ok || bad "the table does not name the loss"
+for kind in ipo simpo; do
+  for np in 1 2; do
+    mpi_run -np $np "$bin" "${A[@]}" --preference $kind --batch $((12 / np)) --log-file "$work/$kind$np.jsonl" \
+      > "$work/$kind$np.out" 2>&1 || bad "$kind at $np ranks failed: $(tail -3 "$work/$kind$np.out")"
+    losses "$work/$kind$np.jsonl" > "$work/$kind.l$np"
+  done
+  same "$kind np 2 vs 1" "$work/$kind.l1" "$work/$kind.l2" 1e-6
+done
+# A full fine-tune: the reference is a frozen sharded copy of the initial model; np 2 = np 1.
+for np in 1 2; do
+  mpi_run -np $np "$bin" "${A[@]}" --lora-rank 0 --lr 1e-3 --preference dpo --batch $((12 / np)) \
+    --log-file "$work/full$np.jsonl" > "$work/full$np.out" 2>&1 || bad "full dpo at $np ranks failed: $(tail -3 "$work/full$np.out")"
+  losses "$work/full$np.jsonl" > "$work/full.l$np"
+done
+same "full fine-tune dpo np 2 vs 1" "$work/full.l1" "$work/full.l2" 1e-6
+awk 'NR == 1 {f = $1} END {exit !(f > 0.6931 && f < 0.6932 && $1 < f - 0.05)}' "$work/full.l1" && ok \
+  || bad "full fine-tune dpo starts at log 2 and falls: $(tr '\n' ' ' < "$work/full.l1")"
+grep -q "reference: a frozen sharded model" "$work/full1.out" && ok || bad "the table does not name the frozen copy"
+# --pref-reference: two exported models, A (trained 2 steps) and B (the initial one), each the
+# other's reference at lr 0 on one pair: A against A gives log 2; A against B and B against A give
+# -log sigmoid(x) and -log sigmoid(-x), whose exp(-loss) add up to 1, and opposite margins.
+export_bin="$(dirname "$bin")/fsdp-export"
+C=(--arch llama --vocab 256 --dim 32 --layers 2 --heads 2 --seq 96 --threads 1 --sample-tokens 0
+  --data "$work/pairs.jsonl" --preference simpo --batch 4)
+"$bin" "${C[@]}" --steps 2 --lr 1e-2 --ckpt-dir "$work/ckA" --ckpt-every 2 > "$work/a.out" 2>&1 \
+  && "$bin" "${C[@]}" --steps 1 --lr 0 --ckpt-dir "$work/ckB" --ckpt-every 1 > "$work/b.out" 2>&1 \
+  && "$export_bin" --ckpt "$work/ckA" --out "$work/A/model.safetensors" > "$work/ea.out" 2>&1 \
+  && "$export_bin" --ckpt "$work/ckB" --out "$work/B/model.safetensors" > "$work/eb.out" 2>&1 \
+  || bad "making the two reference models failed: $(tail -2 "$work"/{a,b,ea,eb}.out)"
+for pr in AA AB BA; do
+  "$bin" "${C[@]}" --tokenizer bytes --init-from "$work/${pr:0:1}" --pref-reference "$work/${pr:1:1}" \
+    --preference dpo --lora-rank 4 --steps 1 --lr 0 --batch 2 --log-file "$work/$pr.jsonl" > "$work/$pr.out" 2>&1 \
+    || bad "--pref-reference $pr failed: $(tail -3 "$work/$pr.out")"
+done
+python3 - "$work" <<'PY' && ok || bad "--pref-reference: the losses and margins of A|A, A|B, B|A do not agree"
+import json, math, sys
+d = {p: json.loads(open(f"{sys.argv[1]}/{p}.jsonl").read().splitlines()[-1]) for p in ("AA", "AB", "BA")}
+print({p: (v["loss"], v["rewards/margins"]) for p, v in d.items()})
+assert abs(d["AA"]["loss"] - math.log(2)) < 1e-12 and d["AA"]["rewards/margins"] == 0
+assert abs(math.exp(-d["AB"]["loss"]) + math.exp(-d["BA"]["loss"]) - 1) < 1e-9
+assert abs(d["AB"]["rewards/margins"] + d["BA"]["rewards/margins"]) < 1e-9 and abs(d["AB"]["rewards/margins"]) > 1e-3
+PY
+grep -q "reference: a frozen sharded model" "$work/AB.out" && ok || bad "the table does not name the reference model"
+# A short --seq truncates the long pairs (at their end, TRL's keep_start) and counts them.
+"$bin" "${A[@]}" --preference dpo --batch 4 --steps 1 --seq 40 > "$work/cut.out" 2>&1 \
+  || bad "a short --seq failed: $(tail -3 "$work/cut.out")"
+grep -q "; 6 truncated at --seq 40" "$work/cut.out" && ok || bad "no truncated pairs counted: $(grep data "$work/cut.out")"
+
+refused() {  # refused NAME PATTERN ARGS...: exits non-zero with the message
+  local name=$1 pattern=$2
+  shift 2
+  if timeout 60 "$bin" "$@" > "$work/r.out" 2>&1; then
+    bad "$name: accepted"
+  else
+    grep -qE -- "$pattern" "$work/r.out" && ok || bad "$name: $(tail -2 "$work/r.out")"
+  fi
+}
+B=(--arch llama --vocab 256 --dim 32 --layers 2 --heads 2 --seq 32 --steps 1 --batch 2 --lora-rank 4
+  --threads 1 --sample-tokens 0 --preference dpo)
+printf '%s\n' '{"prompt": "a", "chosen": "b", "rejected": "c"}' '{"prompt": "a", "chosen": "b"}' > "$work/norej.jsonl"
+refused "missing rejected" "norej.jsonl:2: no \"rejected\"" "${B[@]}" --data "$work/norej.jsonl"
+printf '%s\n' '{"prompt": "a", "chosen": "", "rejected": "c"}' > "$work/empty.jsonl"
+refused "empty reply" "empty.jsonl:1: \"chosen\" is an empty string" "${B[@]}" --data "$work/empty.jsonl"
+python3 -c "import json; print(json.dumps({'prompt': 'x' * 50, 'chosen': 'b', 'rejected': 'c'}))" > "$work/long.jsonl"
+refused "long prompt" "long.jsonl:1: \"prompt\" is 50 tokens, longer than --seq 32" "${B[@]}" --data "$work/long.jsonl"
+refused "odd rows per rank" "--batch 3 rows per rank with --preference" "${B[@]}" --batch 3 --data "$work/pairs.jsonl"
+refused "a frozen reference copy unsharded" "--preference dpo with --pref-reference or without --lora-rank keeps a frozen sharded model" \
+  "${B[@]}" --lora-rank 0 --shard none --data "$work/pairs.jsonl"
+refused "pairs without --preference" "holds preference pairs" --arch llama --vocab 256 --steps 1 --data "$work/pairs.jsonl"
+refused "--pref-reference with simpo" "--pref-reference base is the reference model of --preference dpo or ipo" \
+  "${B[@]}" --preference simpo --pref-reference base --data "$work/pairs.jsonl"
+refused "--pref-reference of another shape" "--pref-reference .*/B: its shape differs" "${B[@]}" --dim 64 \
+  --pref-reference "$work/B" --data "$work/pairs.jsonl"
+summary
