@@ -135,4 +135,10 @@ refused "--pref-reference with simpo" "--pref-reference base is the reference mo
   "${B[@]}" --preference simpo --pref-reference base --data "$work/pairs.jsonl"
 refused "--pref-reference of another shape" "--pref-reference .*/B: its shape differs" "${B[@]}" --dim 64 \
   --pref-reference "$work/B" --data "$work/pairs.jsonl"
+# Pairs are recognized by a .jsonl's first line parsing as an object with "chosen" or "rejected",
+# not by the words: a text whose first line quotes them trains as text.
+python3 -c "print('He said \"chosen\" and \"rejected\" out loud. ' * 40)" > "$work/quotes.txt"
+"$bin" --arch llama --vocab 256 --dim 32 --layers 2 --heads 2 --seq 16 --batch 2 --steps 1 --threads 1 \
+  --sample-tokens 0 --data "$work/quotes.txt" > "$work/quotes.out" 2>&1 \
+  && ok || bad "a text quoting \"chosen\" is refused: $(tail -2 "$work/quotes.out")"
 summary

@@ -161,12 +161,28 @@ void PreferenceSource::set_shuffle(uint64_t seed) {
 }
 
 bool names_preference_pairs(const std::string& path) {
+  if (!path.ends_with(".jsonl")) return false;
   std::ifstream f(path, std::ios::binary);
+  // The first non-blank line, read a block at a time and no further than a line may be (the
+  // reader's own limit refuses a longer one later, by its line number).
   std::string line;
-  while (std::getline(f, line) && line.find_first_not_of(" \t\r") == std::string::npos) {
+  constexpr size_t kMaxLine = size_t(64) << 20;
+  for (char c; f.get(c);) {
+    if (c == '\n') {
+      if (line.find_first_not_of(" \t\r") != std::string::npos) break;
+      line.clear();
+    } else if (line.size() < kMaxLine) {
+      line.push_back(c);
+    } else {
+      return false;
+    }
   }
-  return line.find("\"chosen\"") != std::string::npos ||
-         line.find("\"rejected\"") != std::string::npos;
+  try {  // an object with a "chosen" or a "rejected" key; anything else is not a pair
+    const json j = json_read::parse(line, path + ":1", "[data]");
+    return j.is_object() && (j.contains("chosen") || j.contains("rejected"));
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 std::unique_ptr<PreferenceSource> open_preference_pairs(

@@ -39,8 +39,13 @@ int64_t ChunkedLMLoss::device_chunk_logits(Device device, int64_t rows, int64_t 
   // The memory plan (no GPU needed) plans the largest chunk a run takes: an upper bound.
   if (planned) return std::max(kChunkLogits, half);
   // A chunk's logits in the compute dtype, their f32 log-sum-exp work and dlogits written over
-  // them: 8 bytes a logit at most, held to a quarter of the free bytes.
-  const int64_t fit = cuda_memory_info(device.index).free / 4 / 8 / vocab * vocab;
+  // them: 8 bytes a logit at most, held to 1/32 of the device's total bytes. The total, not the
+  // free bytes: the chunk count must be the same on every rank (the step gathers each chunk's
+  // loss: ranks with different counts would gather different sizes) and in every run (the
+  // head's gradient sums its chunks in order: a resume must chunk as the first run did), and
+  // the free bytes differ between ranks and over time. Ranks on GPUs of different sizes would
+  // still differ: fsdp-train runs one GPU type a job.
+  const int64_t fit = cuda_memory_info(device.index).total / 32 / 8 / vocab * vocab;
   return std::max(kChunkLogits, std::min(half, fit));
 }
 

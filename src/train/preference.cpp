@@ -136,6 +136,17 @@ void PreferenceLoss::prepare(nn::Module& model, const data::Batch& batch) {
   if (!needs_reference() || (!config_.reference_adapters_off && !reference_model_)) return;
   // On the memory plan's meta model (planned before the copy exists), the policy stands in for it.
   nn::Module& ref = reference_model_ && !batch.inputs.device().is_meta() ? *reference_model_ : model;
+  // Adapters off must leave another model (the meta plan may run before the reference exists).
+  if (!reference_model_ && !checked_adapters_ && !batch.inputs.device().is_meta()) {
+    const auto named = model.named_parameters();
+    FSDP_CHECK(std::any_of(named.begin(), named.end(),
+                           [](const auto& p) { return p.first.find("lora_B") != std::string::npos; }),
+               "[preference] the {} reference is the model with its LoRA adapters off, but the "
+               "model has none: the policy would be its own reference (give a reference model: "
+               "set_reference_model, fsdp-train's frozen copy or --pref-reference)",
+               preference_kind_name(config_.kind));
+    checked_adapters_ = true;
+  }
   const nn::LoraDisabledScope base;  // the policy's reference: the frozen base, adapters off
   const nn::BatchContextScope context(ref, {.doc_start = batch.doc_start,
                                                        .targets = Tensor(),

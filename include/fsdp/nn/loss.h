@@ -56,8 +56,9 @@ class ChunkedLMLoss {
   // rows.
   static int64_t chunk_rows(int64_t rows, int64_t vocab, int64_t chunk_logits = 0);
   // The logits per chunk forward() takes when it is given 0: kChunkLogits on the CPU; on CUDA
-  // half the rows' (two chunks) where a chunk's logits, at 8 bytes each, fit in a quarter of
-  // the device's free memory, else as many as fit, never under kChunkLogits (fewer, larger GEMMs
+  // half the rows' (two chunks) where a chunk's logits, at 8 bytes each, fit in 1/32 of the
+  // device's total memory (not its free memory, which differs between ranks and runs: the chunk
+  // count must not), else as many as fit, never under kChunkLogits (fewer, larger GEMMs
   // over the head). The meta device planning for CUDA takes two chunks, the most a run takes.
   static int64_t device_chunk_logits(Device device, int64_t rows, int64_t vocab);
   // The loss as f64 [chunks] on x's device, each chunk's share: their sum is the loss (one

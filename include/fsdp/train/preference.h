@@ -79,6 +79,7 @@ class PreferenceLoss final : public Loss {
   PreferenceConfig config_;
   std::vector<double> reference_;
   nn::Module* reference_model_ = nullptr;
+  bool checked_adapters_ = false;  // prepare() found LoRA adapters to switch off
   std::vector<double> coef_;  // d(microbatch loss) / d(row log-prob), times the scale
   Tensor logits_, lse_, metrics_;
   Tensor targets_;
