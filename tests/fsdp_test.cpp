@@ -1101,6 +1101,43 @@ TEST(ReusedModule, AShardedModuleCalledTwiceIsReducedOnceWithBothUsesGradients) 
   EXPECT_NE(e.find("[fully_shard] '<root>': forward of microbatch 1"), std::string::npos) << e;
 }
 
+// A module that also calls its Linear for an output it does not train through (a probe): that
+// call's record is never popped. Under fully_shard its records would hold the Linear's gradients
+// back from their reduce-scatter, so the root's post-backward refuses the step by name instead of
+// letting the optimizer read gradients that were never reduced.
+class LinearProbed : public nn::Module {
+ public:
+  LinearProbed() : Module("LinearProbed") {
+    lin_ = &register_module("lin", std::make_unique<nn::Linear>(6, 6, true));
+  }
+  nn::Linear& lin() { return *lin_; }
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override {
+    (void)lin_->forward(x);  // the probe: no backward will pop its record
+    return lin_->forward(x);
+  }
+  Tensor backward_impl(const Tensor& dy) override { return lin_->backward(dy); }
+
+ private:
+  nn::Linear* lin_;
+};
+
+TEST(ReusedModule, AForwardWhoseBackwardNeverRunsIsRefusedNotLeftUnreduced) {
+  auto mesh = dist::init_device_mesh({world()->size()});
+  const Tensor x = test::random_tensor({4, 6}, 3, DType::f64);
+  const Tensor dy = test::random_tensor({4, 6}, 4, DType::f64);
+  const FullyShardOptions opt{.init_dtype = DType::f64, .seed = kSeed};
+  LinearProbed m;
+  fully_shard(m.lin(), mesh, opt);
+  FSDPModule& root = fully_shard(m, mesh, opt);
+  root.zero_grad();
+  m.forward(x);
+  const std::string e = test::error_of([&] { m.backward(dy); });
+  EXPECT_NE(e.find("left saved records whose backward never ran this step"), std::string::npos)
+      << e;
+}
+
 // Linear layers of odd sizes with biases: packed one after another, most of their parameters
 // would start at odd offsets. backward records where each parameter and gradient lives while the
 // group has them unsharded.

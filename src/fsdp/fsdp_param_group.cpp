@@ -387,11 +387,13 @@ void FSDPParamGroup::prepare_grads() {
 }
 
 void FSDPParamGroup::keep_grads() {
+  awaits_backward_ = true;
   for (auto& fp : params_) fp.param->grad = Tensor();
   if (!params_.empty() && !direct_ && !frozen_) grads_kept_ = true;
 }
 
 void FSDPParamGroup::reduce_grads(FSDPCommContext& ctx) {
+  awaits_backward_ = false;
   if (params_.empty()) return;
   const meta::TermScope term(meta::Term::grads);
   for (auto& fp : params_) fp.param->grad = Tensor();
@@ -445,6 +447,7 @@ void FSDPParamGroup::add_into_sharded_grad(const Tensor& reduced) {
 }
 
 void FSDPParamGroup::zero_grad() {
+  awaits_backward_ = false;
   grad_stale_ = sharded_grad_.defined();  // zeroed or written by the step's first gradient
   grads_kept_ = false;
   unsharded_grad_ = Tensor();

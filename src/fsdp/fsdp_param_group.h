@@ -80,6 +80,8 @@ class FSDPParamGroup {
   // twice): the unsharded gradients are kept for the next backward to add into, as without
   // gradient sync; its last backward reduces them once.
   void keep_grads();
+  // keep_grads() ran and no reduce_grads() since: a backward of this step is still to come.
+  bool awaits_backward() const { return awaits_backward_; }
   // The reduce-scatter's output has arrived: under HSDP, all-reduce it over the replicas (the
   // returned collective); otherwise add it into the sharded gradients.
   std::optional<PendingCollective> finish_reduce_scatter(const Tensor& out);
@@ -124,6 +126,7 @@ class FSDPParamGroup {
   Tensor ag_out_, unsharded_, unsharded_grad_;
   ShardedState state_ = ShardedState::sharded;
   bool grads_kept_ = false, shapes_checked_ = false, requires_sync_ = true;
+  bool awaits_backward_ = false;  // keep_grads() since the last reduce_grads()
   bool grad_stale_ = false;  // zero_grad ran and no gradient has been written since
 };
 

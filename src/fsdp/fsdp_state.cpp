@@ -251,6 +251,20 @@ void FSDPState::post_backward() {
   if (reshard_after_backward) reshard(c);
   if (!is_root()) return;
   c.finish_backward();
+  // Every call's backward has run by the root's: a module still waiting for one ran a forward
+  // inside it whose backward never came (a module called for its output only), and its records
+  // held the gradients back from their reduce-scatter. Stop rather than step on gradients that
+  // were never reduced.
+  module->for_each_module([](nn::Module& m) {
+    if (FSDPModule* s = fsdp_state(m))
+      for (const FSDPParamGroup& g : s->state().groups)
+        FSDP_CHECK(!g.awaits_backward(),
+                   "[fully_shard] {}: a forward inside it left saved records whose backward never "
+                   "ran this step (a module called for its output only), so its gradients were "
+                   "kept for a backward that did not come and never reduced; run that module's "
+                   "backward, or call it outside the sharded module",
+                   s->state().label);
+  });
   // A group no gradient reached this step (a module the forward skipped) still reads zeros.
   module->for_each_module([](nn::Module& m) {
     if (FSDPModule* s = fsdp_state(m))
