@@ -12,7 +12,8 @@
 #   5. the held-out pairs' reward accuracy (TRL's rewards/accuracies: the share of pairs whose
 #      chosen reply gains more log-probability over the reference than the rejected one does),
 #      before DPO (the SFT model against itself) and after (the DPO model against the SFT model,
-#      fsdp-train --pref-reference at --lr 0, one pair a step).
+#      fsdp-train --pref-reference at --lr 0, one pair a step);
+#   6. three held-out questions answered by the SFT model and by the DPO model.
 #
 #   scripts/dpo_demo.sh                 # about 10 minutes on 2 cores
 #   scripts/dpo_demo.sh -- --steps 60   # more fsdp-train flags for the DPO run
@@ -38,7 +39,7 @@ root=()
 mpi=(mpirun "${root[@]}" --oversubscribe --bind-to none -np 2)
 
 echo "== 1. the base model answers $questions of the corpus's questions"
-if [ ! -s "$out/replies.jsonl" ] || [ "$(wc -l < "$out/replies.jsonl")" -ne "$questions" ]; then
+if [ ! -s "$out/replies.jsonl" ] || [ "$(wc -l < "$out/replies.jsonl")" -lt "$questions" ]; then
   : > "$out/replies.jsonl"
   python3 scripts/corpus_pairs.py --questions "$questions" | while IFS= read -r q; do
     text=$(python3 -c "import json, sys; print(json.loads(sys.argv[1]))" "$q")
@@ -70,7 +71,7 @@ grep '^step ' "$out/sft.txt" | sed -n '1p;$p'
 
 echo "== 4. DPO: new adapters on the SFT model, its adapters-off self the reference, 2 ranks"
 "${mpi[@]}" "$bin/fsdp-train" --init-from "$out/sft" --data "$out/pairs.jsonl" --preference dpo \
-  --pref-beta 0.1 --seq 128 --batch 4 --steps 30 --lora-rank 16 --lora-alpha 32 --lr 1e-3 \
+  --pref-beta 0.1 --seq 128 --batch 4 --steps 30 --lora-rank 16 --lora-alpha 32 --lr 5e-5 \
   --grad-clip 1.0 --ckpt-dir "$out/dpo_ckpt" --ckpt-every 30 --keep 1 --sample-tokens 0 \
   --log-file "$out/dpo.jsonl" "$@" > "$out/dpo.txt" 2>&1 || { tail -20 "$out/dpo.txt"; exit 1; }
 grep '^step ' "$out/dpo.txt" | sed -n '1p;$p'
@@ -89,4 +90,13 @@ before=$(accuracy "$out/sft")
 after=$(accuracy "$out/dpo")
 echo "before DPO: $before (the SFT model is its own reference: no reward yet)"
 echo "after DPO:  $after"
+echo "== 6. three held-out questions, the SFT model's answer and the DPO model's (greedy)"
+python3 -c "import json, sys; [print(json.loads(l)['prompt'][0]['content']) for l in list(open(sys.argv[1]))[:3]]" \
+  "$out/pairs.jsonl.heldout.jsonl" | while IFS= read -r q; do
+  echo "Q: $q"
+  for m in sft dpo; do
+    printf '   %s: %s\n' "$m" "$(OMP_NUM_THREADS=2 "$bin/fsdp-generate" --model "$out/$m" --chat "$q" \
+      --temperature 0 --tokens 32 2> /dev/null | tr '\n' ' ' | sed 's/ *$//')"
+  done
+done
 echo "== the DPO model: $out/dpo (Hugging Face folder), its adapter (PEFT): $out/dpo/adapter"
