@@ -827,6 +827,37 @@ TEST(ZeroGrad, ModuleZeroGradClearsShardedGradientsOrRefuses) {
   }
 }
 
+// Blocks sharded on their own, under no sharded root: each is a root of its own backward. A step
+// that skips one block (its forward never runs) leaves that block's gradients zero after
+// zero_grad, not the last step's (zero_grad's lazy zeroing is settled when the gradients are read).
+TEST(ZeroGrad, ABlockTheStepSkipsReadsZerosWithNoShardedRoot) {
+  auto mesh = dist::init_device_mesh({world()->size()});
+  const FullyShardOptions opt{.init_dtype = DType::f64, .seed = kSeed};
+  nn::Linear a(6, 6, true), b(6, 6, true);
+  FSDPModule& sa = fully_shard(a, mesh, opt);
+  FSDPModule& sb = fully_shard(b, mesh, opt);
+  const Tensor x = test::random_tensor({4, 6}, 3, DType::f64);
+  const Tensor dy = test::random_tensor({4, 6}, 4, DType::f64);
+  auto norm = [&](FSDPModule& s) {
+    return optim::clip_grad_norm(s.param_groups(0), 0, mesh->group(0));
+  };
+  // Step 1: both blocks.
+  sa.zero_grad(), sb.zero_grad();
+  b.forward(a.forward(x));
+  a.backward(b.backward(dy));
+  const double first_a = norm(sa);
+  EXPECT_GT(norm(sb), 0.0);
+  // Step 2: b is skipped; a's gradient is step 2's alone, b's zero.
+  sa.zero_grad(), sb.zero_grad();
+  a.forward(x);
+  a.backward(dy);
+  EXPECT_GT(norm(sa), 0.0);
+  EXPECT_NE(norm(sa), first_a);
+  EXPECT_EQ(norm(sb), 0.0) << "a block the step skipped kept the last step's gradients";
+  for (const nn::ParamGroup& g : sb.param_groups(0))
+    for (double v : g.grads.to_f64_vector()) EXPECT_EQ(v, 0.0);
+}
+
 // ---------------------------------------------------------------- a user's hooks beside
 // fully_shard
 

@@ -91,7 +91,9 @@ class FSDPParamGroup {
   // Leaves the sharded gradients to the step's first reduced gradient, which writes them (no
   // zeroing pass, no add to zeros); settle_grad zeroes them where something must add into them
   // (the layers, through direct views) or where no gradient reached them (the root's
-  // post-backward settles every group).
+  // post-backward settles every group; a group with no root's backward above it this step, a
+  // block sharded alone that the step skipped, is settled when the optimizer or a norm reads it,
+  // nn::ParamGroup::settle).
   void zero_grad();
   void settle_grad();
   void set_requires_sync(bool sync) { requires_sync_ = sync; }

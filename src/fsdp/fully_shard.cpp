@@ -114,6 +114,8 @@ std::vector<nn::ParamGroup> FSDPModule::param_groups(double weight_decay, bool d
     for (FSDPParamGroup& group : s->groups) {
       if (group.empty()) continue;
       nn::ParamGroup g{group.sharded(), group.sharded_grad(), weight_decay};
+      FSDPParamGroup* settled = &group;  // the module's groups are fixed at its construction
+      g.settle_grads = [settled] { settled->settle_grad(); };
       if (!decay_1d)
         for (auto& fp : group.params())
           if (fp.param->shape.size() == 1)

@@ -49,6 +49,7 @@ void AdamW::step_clipped(const ops::GradClip& clip) {
   for (size_t i = 0; i < groups_.size(); ++i) {
     const ParamGroup& g = groups_[i];
     if (!g.grads.defined()) continue;  // frozen
+    g.settle();
     int64_t at = 0;
     for (auto [off, count] : g.no_decay) {
       add(g, i, at, off, g.weight_decay);

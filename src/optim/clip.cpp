@@ -13,7 +13,10 @@ GradNorm clip_grad_norm_async(const std::vector<nn::ParamGroup>& groups, double 
   const Device device = groups.empty() ? Device::cpu() : groups.front().params.device();
   Tensor total = Tensor::zeros({1}, DType::f64, device);
   for (const auto& g : groups)
-    if (g.grads.defined()) ops::sum_squares_into(g.grads, total);
+    if (g.grads.defined()) {
+      g.settle();
+      ops::sum_squares_into(g.grads, total);
+    }
   if (shard_group && shard_group->size() > 1)
     shard_group->all_reduce(total, dist::ReduceOp::SUM)->wait();  // on CUDA: a stream wait
   if (max_norm > 0)

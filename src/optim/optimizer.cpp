@@ -16,7 +16,10 @@ void Optimizer::zero_grad() {
 void Optimizer::step_clipped(const ops::GradClip& clip) {
   if (clip.total_sq.defined() && clip.max_norm > 0)
     for (const ParamGroup& g : groups_)
-      if (g.grads.defined()) ops::clip_scale_(g.grads, clip.total_sq, clip.max_norm);
+      if (g.grads.defined()) {
+        g.settle();
+        ops::clip_scale_(g.grads, clip.total_sq, clip.max_norm);
+      }
   step();
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,14 @@ struct ParamGroup {
   // [offset, offset + count) ranges that get no weight decay (1-D parameters
   // under --wd-2d-only); empty: the whole buffer decays.
   std::vector<std::pair<int64_t, int64_t>> no_decay = {};
+  // Makes grads hold this step's values before anything reads them: fully_shard's zero_grad
+  // leaves them to the step's first reduce-scatter, and zeroes them here where none came (a block
+  // the step skipped, with no sharded root above it to settle it). An optimizer or a norm calls
+  // settle() before it reads grads. Empty: nothing to do.
+  std::function<void()> settle_grads = {};
+  void settle() const {
+    if (settle_grads) settle_grads();
+  }
 };
 
 }  // namespace fsdp::nn
