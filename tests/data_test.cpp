@@ -30,6 +30,7 @@
 #include "fsdp/core/tensor.h"
 #include "fsdp/data/chat.h"
 #include "fsdp/data/loader.h"
+#include "fsdp/data/preference.h"
 #include "fsdp/data/token_sources.h"
 #include "fsdp/ops/ops.h"
 
@@ -541,6 +542,42 @@ TEST(Packing, WholeSamplesFillRowsAndEachPositionKnowsItsDocument) {
   } catch (const Error& err) {
     EXPECT_NE(std::string(err.what()).find("row 0 position 2: 1"), std::string::npos) << err.what();
   }
+}
+
+// A pair's rows (data/preference.h) under both of TRL's truncation modes, at --seq 4 (5 tokens a
+// row): keep_start keeps a long sequence's first tokens, keep_end its last (the prompt's start
+// goes), each row on its own; the targets are the reply's tokens in the row, and a sequence that
+// fits is the same either way, padded.
+TEST(PreferenceRows, KeepStartAndKeepEnd) {
+  constexpr int32_t X = int32_t(kIgnoreIndex);
+  const std::vector<PreferencePair> pairs{
+      {{1, 2, 3, 4}, {5, 6, 7}, {8}}, {{1, 2, 3, 4, 5, 6}, {7}, {9}}, {{1}, {2}, {3}}};
+  struct Want {
+    std::vector<int32_t> inputs, targets;
+  };
+  const auto rows = [&](bool keep_end) {
+    const PreferenceSource src(pairs, "pairs", 0, 4, keep_end);
+    const Batch b = src.windows(0, 6, 4);
+    return std::pair{b.inputs.to_f64_vector(), b.targets.to_f64_vector()};
+  };
+  const auto flat = [](const std::vector<Want>& w, bool targets) {
+    std::vector<double> out;
+    for (const Want& r : w)
+      for (int32_t v : targets ? r.targets : r.inputs) out.push_back(v);
+    return out;
+  };
+  const std::vector<Want> start{{{1, 2, 3, 4}, {X, X, X, 5}},  {{1, 2, 3, 4}, {X, X, X, 8}},
+                                {{1, 2, 3, 4}, {X, X, X, X}},  {{1, 2, 3, 4}, {X, X, X, X}},
+                                {{1, 2, 0, 0}, {2, X, X, X}},  {{1, 3, 0, 0}, {3, X, X, X}}};
+  const std::vector<Want> end{{{3, 4, 5, 6}, {X, 5, 6, 7}},  {{1, 2, 3, 4}, {X, X, X, 8}},
+                              {{3, 4, 5, 6}, {X, X, X, 7}},  {{3, 4, 5, 6}, {X, X, X, 9}},
+                              {{1, 2, 0, 0}, {2, X, X, X}},  {{1, 3, 0, 0}, {3, X, X, X}}};
+  EXPECT_EQ(rows(false).first, flat(start, false));
+  EXPECT_EQ(rows(false).second, flat(start, true));
+  EXPECT_EQ(rows(true).first, flat(end, false));
+  EXPECT_EQ(rows(true).second, flat(end, true));
+  const std::string what = PreferenceSource(pairs, "pairs", 0, 4, true).describe();
+  EXPECT_NE(what.find("2 truncated at --seq 4 + 1 keeping their ends"), std::string::npos) << what;
 }
 
 }  // namespace

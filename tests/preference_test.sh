@@ -2,7 +2,8 @@
 # fsdp-train --preference on TRL's standard pairs (a byte-level llama, LoRA adapters): the DPO
 # losses of one global batch of 6 pairs are equal at 1, 2 and 3 ranks (1e-6 relative, full
 # precision from --log-file), with pairs of very different lengths landing on different ranks;
-# the loss falls; TRL's metrics (rewards/margins) agree across world sizes too; IPO and SimPO give 1 rank's losses at 2 ranks; and bad input is refused naming
+# the loss falls; TRL's metrics (rewards/margins) agree across world sizes too; IPO and SimPO give
+# 1 rank's losses at 2 ranks, ORPO (a per-microbatch NLL) 1 rank's with --grad-accum 2; and bad input is refused naming
 # the file, the line and the field (a pair missing "rejected", an empty reply, a prompt longer
 # than --seq), as are odd rows per rank and a frozen reference copy under --shard none. A full
 # fine-tune's DPO (a frozen sharded copy as the reference) gives 1 rank's losses at 2 ranks, and
@@ -70,6 +71,18 @@ for kind in ipo simpo; do
   done
   same "$kind np 2 vs 1" "$work/$kind.l1" "$work/$kind.l2" 1e-6
 done
+# ORPO (no reference): its NLL term is a mean over each microbatch's chosen tokens (TRL's per
+# device), so 2 ranks of 3 pairs equal 1 rank's 2 microbatches of the same 3 pairs each; the loss
+# falls, and ORPO's metrics are logged.
+mpi_run -np 2 "$bin" "${A[@]}" --preference orpo --batch 6 --log-file "$work/orpo2.jsonl" \
+  > "$work/orpo2.out" 2>&1 || bad "orpo at 2 ranks failed: $(tail -3 "$work/orpo2.out")"
+mpi_run -np 1 "$bin" "${A[@]}" --preference orpo --batch 6 --grad-accum 2 --log-file "$work/orpo1.jsonl" \
+  > "$work/orpo1.out" 2>&1 || bad "orpo at 1 rank failed: $(tail -3 "$work/orpo1.out")"
+losses "$work/orpo1.jsonl" > "$work/orpo.l1"; losses "$work/orpo2.jsonl" > "$work/orpo.l2"
+same "orpo np 2 vs np 1 --grad-accum 2" "$work/orpo.l1" "$work/orpo.l2" 1e-6
+awk 'NR == 1 {f = $1} END {exit !($1 < f - 0.05)}' "$work/orpo.l1" && ok || bad "orpo's loss does not fall: $(tr '\n' ' ' < "$work/orpo.l1")"
+grep -q '"log_odds_chosen":' "$work/orpo1.jsonl" && grep -q "| nll_loss [0-9.]* | log_odds_ratio" "$work/orpo1.out" \
+  && ok || bad "orpo's metrics are not logged: $(tail -1 "$work/orpo1.jsonl")"
 # A full fine-tune: the reference is a frozen sharded copy of the initial model; np 2 = np 1.
 for np in 1 2; do
   mpi_run -np $np "$bin" "${A[@]}" --lora-rank 0 --lr 1e-3 --preference dpo --batch $((12 / np)) \
@@ -127,6 +140,12 @@ printf '%s\n' '{"prompt": "a", "chosen": "", "rejected": "c"}' > "$work/empty.js
 refused "empty reply" "empty.jsonl:1: \"chosen\" is an empty string" "${B[@]}" --data "$work/empty.jsonl"
 python3 -c "import json; print(json.dumps({'prompt': 'x' * 50, 'chosen': 'b', 'rejected': 'c'}))" > "$work/long.jsonl"
 refused "long prompt" "long.jsonl:1: \"prompt\" is 50 tokens, longer than --seq 32" "${B[@]}" --data "$work/long.jsonl"
+# TRL's keep_end keeps the sequence's end instead: the long prompt trains, its start cut.
+"$bin" "${B[@]}" --data "$work/long.jsonl" --pref-truncation keep_end > "$work/keepend.out" 2>&1 \
+  && grep -q "1 truncated at --seq 32 + 1 keeping their ends" "$work/keepend.out" && ok \
+  || bad "--pref-truncation keep_end: $(tail -2 "$work/keepend.out")"
+refused "a bad --pref-truncation" "--pref-truncation must be keep_start or keep_end, got 'middle'" \
+  "${B[@]}" --data "$work/pairs.jsonl" --pref-truncation middle
 refused "odd rows per rank" "--batch 3 rows per rank with --preference" "${B[@]}" --batch 3 --data "$work/pairs.jsonl"
 refused "a frozen reference copy unsharded" "--preference dpo with --pref-reference or without --lora-rank keeps a frozen sharded model" \
   "${B[@]}" --lora-rank 0 --shard none --data "$work/pairs.jsonl"

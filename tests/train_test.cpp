@@ -715,6 +715,9 @@ TEST(Preference, DlogitsMatchFiniteDifferences) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t k = 0; k < count[r]; ++k) t[size_t(r * seq + seq - 1 - k)] = int32_t((r + 3 * k) % vocab);
   const Tensor targets = Tensor::from_vector(t, {rows, seq});
+  std::vector<int32_t> in(size_t(rows * seq));  // orpo's NLL targets on the chosen rows
+  for (size_t i = 0; i < in.size(); ++i) in[i] = int32_t((5 * i + 1) % vocab);
+  const Tensor inputs = Tensor::from_vector(in, {rows, seq});
   const std::vector<double> ref{-5.0, -2.5, -7.0, -3.0};
   struct Case {
     train::PreferenceKind kind;
@@ -722,7 +725,8 @@ TEST(Preference, DlogitsMatchFiniteDifferences) {
   };
   for (const Case c : {Case{train::PreferenceKind::dpo, 0.0}, Case{train::PreferenceKind::dpo, 0.2},
                        Case{train::PreferenceKind::ipo, 0.0}, Case{train::PreferenceKind::simpo, 0.0},
-                       Case{train::PreferenceKind::simpo, 0.1}}) {
+                       Case{train::PreferenceKind::simpo, 0.1},
+                       Case{train::PreferenceKind::orpo, 0.0}}) {
     SCOPED_TRACE(train::preference_kind_name(c.kind));
     train::PreferenceLoss loss({.kind = c.kind,
                                 .beta = 0.5,
@@ -731,12 +735,14 @@ TEST(Preference, DlogitsMatchFiniteDifferences) {
                                 .reference_adapters_off = false});
     const auto value = [&](const std::vector<double>& v) {
       loss.set_reference(ref);
+      loss.set_inputs(inputs);
       const Tensor l = Tensor::from_vector(v, {rows, seq, vocab});
       const double out = loss.forward(l, targets, {.divisor = 0, .scale = 0.25}).to_f64_vector()[0];
       loss.backward();
       return out;
     };
     loss.set_reference(ref);
+    loss.set_inputs(inputs);
     const Tensor logits = Tensor::from_vector(x, {rows, seq, vocab});
     loss.forward(logits, targets, {.divisor = 0, .scale = 0.25});
     const std::vector<double> grad = loss.backward().to_f64_vector();

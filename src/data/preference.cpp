@@ -107,8 +107,12 @@ struct PairTokenizer {
 }  // namespace
 
 PreferenceSource::PreferenceSource(std::vector<PreferencePair> pairs, std::string description,
-                                   int32_t pad, int64_t seq)
-    : pairs_(std::move(pairs)), description_(std::move(description)), pad_(pad), seq_(seq) {
+                                   int32_t pad, int64_t seq, bool keep_end)
+    : pairs_(std::move(pairs)),
+      description_(std::move(description)),
+      pad_(pad),
+      seq_(seq),
+      keep_end_(keep_end) {
   FSDP_CHECK(!pairs_.empty(), "[data] {} has no pairs", description_);
   FSDP_CHECK(seq_ > 0, "[data] {}: seq must be positive, got {}", description_, seq_);
 }
@@ -127,13 +131,18 @@ Batch PreferenceSource::windows(int64_t first, int64_t rows, int64_t seq) const 
     const PreferencePair& p = pairs_[size_t(k)];
     const std::vector<int32_t>& reply = r % 2 == 0 ? p.chosen : p.rejected;
     const int64_t np = int64_t(p.prompt.size());
-    const int64_t len = std::min<int64_t>(np + int64_t(reply.size()), seq + 1);  // keep_start
-    const auto id = [&](int64_t t) { return t < np ? p.prompt[size_t(t)] : reply[size_t(t - np)]; };
+    // The row's seq + 1 tokens from `start`: the sequence's first (keep_start) or its last.
+    const int64_t total = np + int64_t(reply.size()), len = std::min<int64_t>(total, seq + 1);
+    const int64_t start = keep_end_ ? total - len : 0;
+    const auto id = [&](int64_t t) {
+      t += start;
+      return t < np ? p.prompt[size_t(t)] : reply[size_t(t - np)];
+    };
     int32_t* in = inputs.data<int32_t>() + r * seq;
     int32_t* tg = targets.data<int32_t>() + r * seq;
     for (int64_t t = 0; t < seq; ++t) {
       in[t] = t < len ? id(t) : pad_;
-      tg[t] = t + 1 < len && t + 1 >= np ? id(t + 1) : int32_t(kIgnoreIndex);
+      tg[t] = t + 1 < len && start + t + 1 >= np ? id(t + 1) : int32_t(kIgnoreIndex);
     }
   }
   return {std::move(inputs), std::move(targets), Tensor()};
@@ -150,9 +159,10 @@ std::string PreferenceSource::describe() const {
   int64_t tokens = 0;
   for (const PreferencePair& p : pairs_)
     tokens += int64_t(2 * p.prompt.size() + p.chosen.size() + p.rejected.size());
-  return fmt::format("{} ({} pairs, {} tokens; {} truncated at --seq {} + 1, chosen and rejected "
-                     "rows)",
-                     description_, pairs(), tokens, truncated(seq_), seq_);
+  return fmt::format("{} ({} pairs, {} tokens; {} truncated at --seq {} + 1{}, chosen and "
+                     "rejected rows)",
+                     description_, pairs(), tokens, truncated(seq_), seq_,
+                     keep_end_ ? " keeping their ends" : "");
 }
 
 void PreferenceSource::set_shuffle(uint64_t seed) {
@@ -188,7 +198,7 @@ bool names_preference_pairs(const std::string& path) {
 std::unique_ptr<PreferenceSource> open_preference_pairs(
     const std::string& path, const Tokenizer& tok, const std::string& chat_template, int64_t vocab,
     int64_t seq, std::optional<int32_t> bos, std::optional<int32_t> eos,
-    const std::string& template_name) {
+    const std::string& template_name, bool keep_end) {
   PairTokenizer pt{path, tok, chat_template, bos, eos, template_name, std::nullopt};
   std::vector<PreferencePair> pairs;
   int64_t conversational = 0;
@@ -218,9 +228,10 @@ std::unique_ptr<PreferenceSource> open_preference_pairs(
     for (const auto& [field, reply] : {std::pair{"chosen", &p.chosen}, {"rejected", &p.rejected}})
       FSDP_CHECK(!reply->empty(), "[data] {}:{}: \"{}\" adds no token to the prompt; expected a "
                  "reply", path, line, field);
-    FSDP_CHECK(int64_t(p.prompt.size()) <= seq,
+    FSDP_CHECK(keep_end || int64_t(p.prompt.size()) <= seq,
                "[data] {}:{}: \"prompt\" is {} tokens, longer than --seq {}: no reply token would "
-               "fit in the row (TRL drops such a pair); raise --seq or shorten the prompt",
+               "fit in the row (TRL drops such a pair); raise --seq, shorten the prompt or keep "
+               "the sequences' ends (--pref-truncation keep_end)",
                path, line, p.prompt.size(), seq);
     for (const auto& [field, part] :
          {std::pair{"prompt", &p.prompt}, {"chosen", &p.chosen}, {"rejected", &p.rejected}})
@@ -236,7 +247,7 @@ std::unique_ptr<PreferenceSource> open_preference_pairs(
                             : fmt::format("{}: {} conversational and {} standard pairs", path,
                                           conversational, n - conversational);
   const int32_t pad = tok.eos_id() ? *tok.eos_id() : 0;
-  return std::make_unique<PreferenceSource>(std::move(pairs), what, pad, seq);
+  return std::make_unique<PreferenceSource>(std::move(pairs), what, pad, seq, keep_end);
 }
 
 }  // namespace fsdp::data

@@ -304,9 +304,13 @@ void TrainOptions::validate() const {
              "[fsdp-train] --pref-reference {} is the reference model of --preference dpo or ipo "
              "(given: '{}')",
              pr.pref_reference, pr.preference);
+  FSDP_CHECK(pr.pref_truncation == "keep_start" || pr.pref_truncation == "keep_end",
+             "[fsdp-train] --pref-truncation must be keep_start or keep_end, got '{}'",
+             pr.pref_truncation);
   if (!pr.preference.empty()) {
     const PreferenceKind kind = parse_preference_kind(pr.preference);
-    FSDP_CHECK(kind == PreferenceKind::simpo || (model.lora_rank > 0 && pr.pref_reference.empty()) ||
+    FSDP_CHECK(kind == PreferenceKind::simpo || kind == PreferenceKind::orpo ||
+                   (model.lora_rank > 0 && pr.pref_reference.empty()) ||
                    full,
                "[fsdp-train] --preference {} with --pref-reference or without --lora-rank keeps a "
                "frozen sharded model as the reference, which needs --shard full (replicate() "

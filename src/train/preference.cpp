@@ -22,44 +22,53 @@ namespace fsdp::train {
 
 namespace {
 
-constexpr int64_t kMetrics = 6;  // PreferenceLoss::metric_names()
 
 double log_sigmoid(double x) { return x > 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
 double sigmoid(double x) { return std::exp(log_sigmoid(x)); }
 
-// Each target position's log-sum-exp into lse (0 elsewhere), and the rows' sums of log-softmax at
-// their targets.
+// Each target position's log-sum-exp into lse and log-softmax at its target into at (both 0 where
+// t[p] is kIgnoreIndex).
 template <typename T>
-std::vector<double> logps_of(const T* x, const int32_t* t, int64_t rows, int64_t seq, int64_t vocab,
-                             double* lse, std::vector<int64_t>* counts) {
-  const int64_t positions = rows * seq;
-  std::vector<double> at(size_t(positions), 0.0);
+void position_logps(const T* x, const int32_t* t, int64_t positions, int64_t vocab, double* lse,
+                    double* at) {
 #pragma omp parallel for schedule(static)
   for (int64_t p = 0; p < positions; ++p) {
-    lse[p] = 0;
+    lse[p] = 0, at[p] = 0;
     if (t[p] == int32_t(kIgnoreIndex)) continue;
     const T* row = x + p * vocab;
     double max = double(row[0]), sum = 0;
     for (int64_t v = 1; v < vocab; ++v) max = std::max(max, double(row[v]));
     for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - max);
     lse[p] = max + std::log(sum);
-    at[size_t(p)] = double(row[t[p]]) - lse[p];
+    at[p] = double(row[t[p]]) - lse[p];
   }
+}
+
+// The rows' sums of at over their targets t (and each row's count of them).
+std::vector<double> row_sums(const double* at, const int32_t* t, int64_t rows, int64_t seq,
+                             std::vector<int64_t>* counts) {
   std::vector<double> out(size_t(rows), 0.0);
   if (counts) counts->assign(size_t(rows), 0);
-  for (int64_t p = 0; p < positions; ++p) {
+  for (int64_t p = 0; p < rows * seq; ++p) {
     if (t[p] == int32_t(kIgnoreIndex)) continue;
-    out[size_t(p / seq)] += at[size_t(p)];
+    out[size_t(p / seq)] += at[p];
     if (counts) ++(*counts)[size_t(p / seq)];
   }
   return out;
 }
 
-// dlogits = coef[row] (onehot(target) - softmax) at the target positions, 0 elsewhere, in place.
 template <typename T>
-void dlogits_of(T* x, const int32_t* t, int64_t rows, int64_t seq, int64_t vocab, const double* lse,
+std::vector<double> logps_of(const T* x, const int32_t* t, int64_t rows, int64_t seq, int64_t vocab,
+                             double* lse, std::vector<int64_t>* counts) {
+  std::vector<double> at(size_t(rows * seq));
+  position_logps(x, t, rows * seq, vocab, lse, at.data());
+  return row_sums(at.data(), t, rows, seq, counts);
+}
+
+// dlogits = coef[p] (onehot(t[p]) - softmax) at the target positions, 0 elsewhere, in place.
+template <typename T>
+void dlogits_of(T* x, const int32_t* t, int64_t positions, int64_t vocab, const double* lse,
                 const std::vector<double>& coef) {
-  const int64_t positions = rows * seq;
 #pragma omp parallel for schedule(static)
   for (int64_t p = 0; p < positions; ++p) {
     T* row = x + p * vocab;
@@ -67,10 +76,15 @@ void dlogits_of(T* x, const int32_t* t, int64_t rows, int64_t seq, int64_t vocab
       std::fill(row, row + vocab, T(0));
       continue;
     }
-    const double k = coef[size_t(p / seq)];
+    const double k = coef[size_t(p)];
     for (int64_t v = 0; v < vocab; ++v) row[v] = T(-k * std::exp(double(row[v]) - lse[p]));
     row[t[p]] += T(k);
   }
+}
+
+// log(1 - exp(x)) for x < 0, TRL's log1mexp (the branch at -log 2 avoids cancellation).
+double log1mexp(double x) {
+  return x < -0.6931471805599453 ? std::log1p(-std::exp(x)) : std::log(-std::expm1(x));
 }
 
 void check_targets(const Tensor& logits, const Tensor& targets, int64_t* rows, int64_t* seq) {
@@ -88,14 +102,16 @@ PreferenceKind parse_preference_kind(const std::string& name) {
   if (name == "dpo") return PreferenceKind::dpo;
   if (name == "ipo") return PreferenceKind::ipo;
   if (name == "simpo") return PreferenceKind::simpo;
-  FSDP_FAIL("[preference] --preference '{}': expected dpo, ipo or simpo (orpo is not built)", name);
+  if (name == "orpo") return PreferenceKind::orpo;
+  FSDP_FAIL("[preference] --preference '{}': expected dpo, ipo, simpo or orpo", name);
 }
 
 const char* preference_kind_name(PreferenceKind kind) {
   switch (kind) {
     case PreferenceKind::dpo: return "dpo";
     case PreferenceKind::ipo: return "ipo";
-    default: return "simpo";
+    case PreferenceKind::simpo: return "simpo";
+    default: return "orpo";
   }
 }
 
@@ -122,17 +138,26 @@ PreferenceLoss::PreferenceLoss(PreferenceConfig config) : config_(config) {
   FSDP_CHECK(config_.label_smoothing >= 0 && config_.label_smoothing < 0.5,
              "[preference] --pref-label-smoothing must be in [0, 0.5), got {}",
              config_.label_smoothing);
-  FSDP_CHECK(config_.kind != PreferenceKind::ipo || config_.label_smoothing == 0,
-             "[preference] --preference ipo takes no label smoothing (got {})",
-             config_.label_smoothing);
+  FSDP_CHECK(config_.kind == PreferenceKind::dpo || config_.kind == PreferenceKind::simpo ||
+                 config_.label_smoothing == 0,
+             "[preference] --preference {} takes no label smoothing (got {})",
+             preference_kind_name(config_.kind), config_.label_smoothing);
 }
 
 std::vector<std::string> PreferenceLoss::metric_names() const {
-  return {"rewards/chosen",  "rewards/rejected", "rewards/accuracies", "rewards/margins",
-          "logps/chosen", "logps/rejected"};
+  std::vector<std::string> names{"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                                 "rewards/margins", "logps/chosen", "logps/rejected"};
+  if (config_.kind == PreferenceKind::orpo)
+    names.insert(names.end(), {"nll_loss", "log_odds_ratio", "log_odds_chosen"});
+  return names;
+}
+
+void PreferenceLoss::set_inputs(const Tensor& inputs) {
+  inputs_ = inputs.device().is_meta() ? inputs : inputs.contiguous().to(DType::i32);
 }
 
 void PreferenceLoss::prepare(nn::Module& model, const data::Batch& batch) {
+  if (config_.kind == PreferenceKind::orpo) set_inputs(batch.inputs);
   if (!needs_reference() || (!config_.reference_adapters_off && !reference_model_)) return;
   // On the memory plan's meta model (planned before the copy exists), the policy stands in for it.
   nn::Module& ref = reference_model_ && !batch.inputs.device().is_meta() ? *reference_model_ : model;
@@ -162,6 +187,29 @@ void PreferenceLoss::prepare(nn::Module& model, const data::Batch& batch) {
   reference_ = row_target_logps(logits, batch.targets);
 }
 
+// ORPO's NLL targets: on each chosen row (even), every position up to its last reply target
+// predicts the next input token (the prompt's and the reply's, as TRL's ORPO labels the whole
+// chosen sequence); other rows keep their reply targets.
+std::vector<int32_t> PreferenceLoss::nll_targets(const Tensor& targets, int64_t rows,
+                                                 int64_t seq) const {
+  FSDP_CHECK(inputs_.defined() && inputs_.dim() == 2 && inputs_.size(0) == rows &&
+                 inputs_.size(1) == seq,
+             "[preference] orpo: the microbatch's inputs [{}, {}] (prepare() or set_inputs() "
+             "before each forward)", rows, seq);
+  const int32_t* in = inputs_.data<int32_t>();
+  const int32_t* tg = targets.data<int32_t>();
+  std::vector<int32_t> out(tg, tg + rows * seq);
+  for (int64_t r = 0; r < rows; r += 2) {
+    int64_t last = seq - 1;
+    while (last >= 0 && tg[r * seq + last] == int32_t(kIgnoreIndex)) --last;
+    for (int64_t t = 0; t < last; ++t) {
+      int32_t& target = out[size_t(r * seq + t)];
+      if (target == int32_t(kIgnoreIndex)) target = in[r * seq + t + 1];
+    }
+  }
+  return out;
+}
+
 Tensor PreferenceLoss::forward(const Tensor& output, const Tensor& targets, const LossArgs& a) {
   FSDP_CHECK(!a.fused, "[preference] the loss needs the logits; the model fused its own loss");
   int64_t rows = 0, seq = 0;
@@ -173,26 +221,34 @@ Tensor PreferenceLoss::forward(const Tensor& output, const Tensor& targets, cons
   FSDP_CHECK(device.is_cpu() || device.is_meta(),
              "[preference] the log-probs are computed on the host (CPU runs); the logits are on {}",
              device.str());
-  const int64_t pairs = rows / 2;
+  const int64_t pairs = rows / 2, positions = rows * seq;
+  const bool orpo = config_.kind == PreferenceKind::orpo;
   out_dtype_ = output.dtype();
   out_shape_ = output.shape();
   logits_ = output.dtype() == DType::f64 || output.dtype() == DType::f32
-                ? output.contiguous().view({rows * seq, vocab})
-                : output.to(DType::f32).view({rows * seq, vocab});
-  lse_ = Tensor::empty({rows * seq}, DType::f64, device);
-  targets_ = targets;
+                ? output.contiguous().view({positions, vocab})
+                : output.to(DType::f32).view({positions, vocab});
+  lse_ = Tensor::empty({positions}, DType::f64, device);
+  targets_ = Tensor::empty({rows, seq}, DType::i32, device);
   Tensor out = Tensor::empty({1}, DType::f64, device);
-  metrics_ = Tensor::empty({kMetrics}, DType::f64, device);
-  if (device.is_meta()) return out;
+  metrics_ = Tensor::empty({int64_t(metric_names().size())}, DType::f64, device);
+  if (device.is_meta()) {
+    inputs_ = Tensor();
+    return out;
+  }
   const Tensor tc = targets.contiguous().to(DType::i32);
-  targets_ = tc;
+  // The positions whose log-softmax is needed: the replies' targets, and ORPO's NLL targets.
+  targets_ = orpo ? Tensor::from_vector(nll_targets(tc, rows, seq), {rows, seq}) : tc;
+  inputs_ = Tensor();
+  std::vector<double> at(static_cast<size_t>(positions), 0.0);
+  if (logits_.dtype() == DType::f64)
+    position_logps(logits_.data<double>(), targets_.data<int32_t>(), positions, vocab,
+                   lse_.data<double>(), at.data());
+  else
+    position_logps(logits_.data<float>(), targets_.data<int32_t>(), positions, vocab,
+                   lse_.data<double>(), at.data());
   std::vector<int64_t> n;
-  const std::vector<double> pi =
-      logits_.dtype() == DType::f64
-          ? logps_of(logits_.data<double>(), tc.data<int32_t>(), rows, seq, vocab,
-                     lse_.data<double>(), &n)
-          : logps_of(logits_.data<float>(), tc.data<int32_t>(), rows, seq, vocab,
-                     lse_.data<double>(), &n);
+  const std::vector<double> pi = row_sums(at.data(), tc.data<int32_t>(), rows, seq, &n);
   const PreferenceConfig& c = config_;
   if (needs_reference())
     FSDP_CHECK(int64_t(reference_.size()) == rows,
@@ -200,21 +256,32 @@ Tensor PreferenceLoss::forward(const Tensor& output, const Tensor& targets, cons
                "set_reference() before each forward)",
                preference_kind_name(c.kind), reference_.size(), rows);
   const double e = c.label_smoothing, beta = c.beta, k = a.scale / double(pairs);
-  coef_.assign(size_t(rows), 0.0);
+  std::vector<double> coef(size_t(rows), 0.0);  // d(step loss) / d(row log-prob)
   double loss = 0;
-  std::vector<double> m(size_t(kMetrics), 0.0);
+  std::vector<double> m(metric_names().size(), 0.0);
   for (int64_t i = 0; i < pairs; ++i) {
     const size_t ch = size_t(2 * i), rj = ch + 1;
     const double nc = double(std::max<int64_t>(1, n[ch])), nr = double(std::max<int64_t>(1, n[rj]));
     double dl = 0, dc = 1, dr = 1;  // d(loss)/d(the pair's difference), d(difference)/d(row)
     double reward_c = 0, reward_r = 0, logp_c = pi[ch], logp_r = pi[rj];
-    if (c.kind == PreferenceKind::simpo) {
+    if (c.kind == PreferenceKind::simpo || orpo) {
       logp_c = pi[ch] / nc, logp_r = pi[rj] / nr;
+      dc = 1 / nc, dr = 1 / nr;
+      reward_c = beta * logp_c, reward_r = beta * logp_r;
+    }
+    if (c.kind == PreferenceKind::simpo) {
       const double z = logp_c - logp_r - c.simpo_gamma / beta;
       loss += -(1 - e) * log_sigmoid(beta * z) - e * log_sigmoid(-beta * z);
       dl = -(1 - e) * beta * sigmoid(-beta * z) + e * beta * sigmoid(beta * z);
-      dc = 1 / nc, dr = 1 / nr;
-      reward_c = beta * logp_c, reward_r = beta * logp_r;
+    } else if (orpo) {
+      // The log odds ratio of the averaged log-probs; an average of exactly 0 (probability 1,
+      // infinite odds) is taken at the largest double below it, where TRL's would be infinite.
+      const double pc = std::min(logp_c, -1e-300), pr = std::min(logp_r, -1e-300);
+      const double odds = (pc - pr) - (log1mexp(pc) - log1mexp(pr));
+      loss += -beta * log_sigmoid(odds);
+      dl = -beta * sigmoid(-odds);
+      dc /= -std::expm1(pc), dr /= -std::expm1(pr);  // d(odds)/d(pc) = 1 / (1 - e^pc)
+      m[7] += log_sigmoid(odds), m[8] += odds;
     } else {
       const double lc = pi[ch] - reference_[ch], lr = pi[rj] - reference_[rj];
       reward_c = beta * lc, reward_r = beta * lr;
@@ -229,14 +296,37 @@ Tensor PreferenceLoss::forward(const Tensor& output, const Tensor& targets, cons
         dc = 1 / nc, dr = 1 / nr;
       }
     }
-    coef_[ch] = k * dl * dc;
-    coef_[rj] = -k * dl * dr;
+    coef[ch] = k * dl * dc;
+    coef[rj] = -k * dl * dr;
     m[0] += reward_c, m[1] += reward_r, m[2] += reward_c > reward_r ? 1.0 : 0.0;
     m[3] += reward_c - reward_r, m[4] += logp_c, m[5] += logp_r;
   }
   for (double& v : m) v /= double(pairs);
+  loss /= double(pairs);
+  // Each position's coefficient: its row's at the reply's targets, plus ORPO's NLL term (a mean
+  // over the microbatch's chosen rows' NLL targets, TRL's per-device mean) on the chosen rows.
+  const int32_t* reply = tc.data<int32_t>();
+  const int32_t* all = targets_.data<int32_t>();
+  coef_.assign(size_t(positions), 0.0);
+  double nll = 0;
+  int64_t nll_count = 0;
+  for (int64_t p = 0; p < positions; ++p) {
+    if (reply[p] != int32_t(kIgnoreIndex)) coef_[size_t(p)] = coef[size_t(p / seq)];
+    if (orpo && (p / seq) % 2 == 0 && all[p] != int32_t(kIgnoreIndex)) {
+      nll -= at[size_t(p)];
+      ++nll_count;
+    }
+  }
+  if (orpo && nll_count > 0) {
+    for (int64_t p = 0; p < positions; ++p)
+      if ((p / seq) % 2 == 0 && all[p] != int32_t(kIgnoreIndex))
+        coef_[size_t(p)] -= a.scale / double(nll_count);
+    nll /= double(nll_count);
+    loss += nll;
+    m[6] = nll;
+  }
   reference_.clear();  // one forward's
-  out.fill_(loss / double(pairs));
+  out.fill_(loss);
   metrics_ = Tensor::from_vector(m, {int64_t(m.size())});
   return out;
 }
@@ -245,12 +335,12 @@ Tensor PreferenceLoss::backward() {
   FSDP_CHECK(logits_.defined(), "[preference] backward() without a forward");
   Tensor d = logits_;
   if (!d.device().is_meta()) {
-    const int64_t rows = targets_.size(0), seq = targets_.size(1), vocab = d.size(1);
+    const int64_t positions = d.size(0), vocab = d.size(1);
     if (d.dtype() == DType::f64)
-      dlogits_of(d.data<double>(), targets_.data<int32_t>(), rows, seq, vocab, lse_.data<double>(),
+      dlogits_of(d.data<double>(), targets_.data<int32_t>(), positions, vocab, lse_.data<double>(),
                  coef_);
     else
-      dlogits_of(d.data<float>(), targets_.data<int32_t>(), rows, seq, vocab, lse_.data<double>(),
+      dlogits_of(d.data<float>(), targets_.data<int32_t>(), positions, vocab, lse_.data<double>(),
                  coef_);
   }
   logits_ = Tensor(), lse_ = Tensor(), targets_ = Tensor();

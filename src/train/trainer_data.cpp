@@ -58,7 +58,7 @@ void Trainer::Impl::open_data() {
              o.preference.preference, o.data.data);
   FSDP_CHECK(!pairs || !o.preference.preference.empty(),
              "[fsdp-train] --data {} holds preference pairs (\"chosen\", \"rejected\"): train on "
-             "them with --preference dpo, ipo or simpo",
+             "them with --preference dpo, ipo, simpo or orpo",
              o.data.data);
   if (pairs) {  // two rows a pair, chosen then rejected, whole pairs on each rank
     FSDP_CHECK(cfg.batch % 2 == 0,
@@ -71,7 +71,8 @@ void Trainer::Impl::open_data() {
         o.data.data, *tokenizer, pretrained ? pretrained->chat_template : "", cfg.vocab, cfg.seq,
         pretrained ? pretrained->bos_id : std::nullopt,
         pretrained ? pretrained->eos_id : std::nullopt,
-        pretrained ? checkpoint::chat_template_name(*pretrained) : "chat_template");
+        pretrained ? checkpoint::chat_template_name(*pretrained) : "chat_template",
+        o.preference.pref_truncation == "keep_end");
     if (o.data.shuffle) p->set_shuffle(o.run.seed);
     src = std::move(p);
   } else if (!o.data.data.empty() && data::is_jsonl(o.data.data)) {  // samples, one per row, masked

@@ -12,9 +12,11 @@
 // (apply_chat_template adds no special token). The reply starts where the prompt's tokens and the
 // prompt-and-reply's first differ (TRL's common_prefix_length, over both replies), so the prompt's
 // tokens are the same in both rows. A sequence longer than seq + 1 tokens (a row's seq positions)
-// is cut at its end, as TRL's truncation_mode "keep_start" (its default) cuts at max_length; the
-// count of pairs cut is in describe(). A prompt that leaves no reply token in a row (longer than
-// --seq tokens: TRL drops it) is refused, naming the file and the line.
+// is cut as TRL's collator cuts at max_length (= seq + 1): at its end under truncation_mode
+// "keep_start" (TRL's default), or at its start under "keep_end" (the prompt's start goes first,
+// each row on its own); the count of pairs cut is in describe(). Under keep_start a prompt that
+// leaves no reply token in a row (longer than --seq tokens: TRL drops it) is refused, naming the
+// file and the line.
 //
 // Row layout: pair k is two consecutive rows, chosen then rejected, the reply's tokens the only
 // targets. Window q of the run is row q mod 2 of pair q / 2 (mod the pairs; with the shuffle, the
@@ -43,7 +45,7 @@ struct PreferencePair {
 class PreferenceSource : public TokenSource {
  public:
   PreferenceSource(std::vector<PreferencePair> pairs, std::string description, int32_t pad,
-                   int64_t seq);
+                   int64_t seq, bool keep_end = false);
   // Rows [first, first + rows): first and rows must be even (whole pairs).
   Batch windows(int64_t first, int64_t rows, int64_t seq) const override;
   std::string describe() const override;
@@ -57,6 +59,7 @@ class PreferenceSource : public TokenSource {
   std::string description_;
   int32_t pad_ = 0;
   int64_t seq_ = 0;
+  bool keep_end_ = false;  // TRL's truncation_mode "keep_end": a long row keeps its last tokens
   bool shuffle_ = false;
   uint64_t seed_ = 0;
 };
@@ -67,11 +70,11 @@ bool names_preference_pairs(const std::string& path);
 // The pairs of a JSONL file, tokenized as above. Conversational lines need the model's
 // `chat_template` (and a tokenizer that is not bytes); `bos` and `eos` are its bos_token and
 // eos_token (none: the tokenizer's). Every line is checked: a missing or mistyped field, an empty
-// reply, a prompt that fills --seq, an id outside `vocab` is refused naming the file, the line and
-// the field.
+// reply, a prompt that fills --seq (keep_start), an id outside `vocab` is refused naming the file,
+// the line and the field. keep_end: TRL's truncation_mode "keep_end".
 std::unique_ptr<PreferenceSource> open_preference_pairs(
     const std::string& path, const Tokenizer& tok, const std::string& chat_template, int64_t vocab,
     int64_t seq, std::optional<int32_t> bos = {}, std::optional<int32_t> eos = {},
-    const std::string& template_name = "chat_template");
+    const std::string& template_name = "chat_template", bool keep_end = false);
 
 }  // namespace fsdp::data

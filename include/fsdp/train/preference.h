@@ -9,9 +9,16 @@
 //   simpo  CPOTrainer's "simpo" with cpo_alpha 0 (the SimPO paper's loss; CPO's default adds an NLL
 //          term): -(1 - e) log sigmoid(beta z) - e log sigmoid(-beta z), z = pi_c / n_c -
 //          pi_r / n_r - gamma / beta. No reference.
+//   orpo   ORPOTrainer's: the chosen rows' NLL minus beta log sigmoid(r), r the log odds ratio
+//          log(p_c / (1 - p_c)) - log(p_r / (1 - p_r)) of the averaged log-probs log p = pi / n.
+//          The NLL, as TRL's, covers each chosen row's whole sequence (its prompt too, from the
+//          inputs prepare() records) and is a mean over the microbatch's chosen tokens (TRL's per
+//          device): unlike the other terms, its weighting depends on how the pairs fall into
+//          microbatches and ranks. No reference.
 // Metrics with TRL's names (rewards/chosen, rewards/rejected, rewards/accuracies, rewards/margins,
 // logps/chosen, logps/rejected): DPOTrainer's (rewards beta (pi - ref) of the summed log-probs) for
-// dpo and ipo, CPOTrainer's (rewards beta pi / n, logps pi / n) for simpo.
+// dpo and ipo, CPOTrainer's (rewards beta pi / n, logps pi / n) for simpo and orpo, and ORPO's
+// nll_loss, log_odds_ratio (the mean log sigmoid(r)) and log_odds_chosen (the mean r).
 //
 // The step's loss is the mean over every pair of the step (all ranks, all microbatches): a
 // microbatch's value is its pairs' sum / its pair count, which, with the step's mean over
@@ -38,7 +45,7 @@
 
 namespace fsdp::train {
 
-enum class PreferenceKind { dpo, ipo, simpo };
+enum class PreferenceKind { dpo, ipo, simpo, orpo };
 PreferenceKind parse_preference_kind(const std::string& name);  // throws naming the choices
 const char* preference_kind_name(PreferenceKind kind);
 
@@ -69,9 +76,15 @@ class PreferenceLoss final : public Loss {
   void set_reference_model(nn::Module* model) { reference_model_ = model; }
   // The next forward's rows' reference log-probs (one per row).
   void set_reference(std::vector<double> logps) { reference_ = std::move(logps); }
-  bool needs_reference() const { return config_.kind != PreferenceKind::simpo; }
-  // TRL's metric names, and the last forward's values (f64 [6] on the output's device), each the
-  // microbatch's pairs' sum / its pair count: the step's mean over them is the mean over pairs.
+  bool needs_reference() const {
+    return config_.kind == PreferenceKind::dpo || config_.kind == PreferenceKind::ipo;
+  }
+  // orpo: the next forward's inputs [B, T] (prepare() records the batch's), whose tokens are the
+  // chosen rows' NLL targets.
+  void set_inputs(const Tensor& inputs);
+  // TRL's metric names, and the last forward's values (f64 [6], orpo's [9], on the output's
+  // device), each the microbatch's pairs' sum / its pair count (orpo's nll_loss: the microbatch's
+  // NLL): the step's mean over them is the mean over pairs.
   std::vector<std::string> metric_names() const override;
   Tensor metrics() const override { return metrics_; }
 
@@ -80,9 +93,12 @@ class PreferenceLoss final : public Loss {
   std::vector<double> reference_;
   nn::Module* reference_model_ = nullptr;
   bool checked_adapters_ = false;  // prepare() found LoRA adapters to switch off
-  std::vector<double> coef_;  // d(microbatch loss) / d(row log-prob), times the scale
+  std::vector<int32_t> nll_targets(const Tensor& targets, int64_t rows, int64_t seq) const;
+
+  std::vector<double> coef_;  // d(step loss) / d(each position's log-prob at its target)
   Tensor logits_, lse_, metrics_;
-  Tensor targets_;
+  Tensor targets_;  // the positions' targets: the replies', and orpo's NLL targets
+  Tensor inputs_;   // orpo: the microbatch's inputs (set_inputs)
   DType out_dtype_ = DType::f32;
   Shape out_shape_;
 };
