@@ -1099,5 +1099,19 @@ TEST(ReusedModule, TwoMicrobatchesInFlightTakeTheirOwnRecords) {
             std::string::npos)
       << e;
 }
+
+// A forward with no backward to come (an evaluation, a preference reference) keeps no record, so
+// its activations are not held until the next forward; its output is the training forward's.
+TEST(ReusedModule, AForwardWithNoBackwardKeepsNoRecords) {
+  const nn::TransformerConfig c = small_config(nn::Arch::llama);
+  ReusedBlock m(c, 2);
+  nn::materialize(m, DType::f64, 11);
+  const Tensor tokens = test::random_ids({c.batch, c.seq}, c.vocab, 12);
+  const std::vector<double> kept = m.forward(tokens).to_f64_vector();
+  EXPECT_GT(records_held(m), 0u);
+  const nn::BatchContextScope eval(m, {.no_backward = true});
+  EXPECT_EQ(m.forward(tokens).to_f64_vector(), kept);
+  EXPECT_EQ(records_held(m), 0u);
+}
 }  // namespace
 }  // namespace fsdp

@@ -126,6 +126,9 @@ struct CallDepth {
 }  // namespace
 
 void Module::push_saved(std::any saved) {
+  // A forward with no backward to come (an evaluation, a preference loss's reference) keeps no
+  // record: its activations are freed as it goes, not held until the next outermost forward.
+  if (batch_context().no_backward) return;
   saved_.push_back({batch_context().microbatch, std::move(saved)});
 }
 

@@ -15,6 +15,7 @@
 #include "fsdp/core/error.h"
 #include "fsdp/core/ignore_index.h"
 #include "fsdp/core/tensor.h"
+#include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/layers.h"
 #include "fsdp/nn/module.h"
 
@@ -180,6 +181,10 @@ void PreferenceLoss::prepare(nn::Module& model, const data::Batch& batch) {
                                                        .loss_chunk_logits = 0,
                                                        .no_backward = true});
   const Tensor logits = ref.forward(batch.inputs);
+  // A model of its own (no backward, no records kept) frees its root's gathered parameters now
+  // rather than through the policy's step; the policy (adapters off) keeps them for its forward.
+  if (&ref != &model)
+    if (FSDPModule* sharded = fsdp_state(ref)) sharded->reshard();
   if (logits.device().is_meta()) {  // the memory plan: shapes only
     reference_.assign(size_t(batch.targets.size(0)), 0.0);
     return;

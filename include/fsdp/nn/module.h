@@ -79,7 +79,9 @@ struct BatchContext {
   Tensor targets;  // [B, T] i32, kIgnoreIndex where not a target
   double loss_divisor = 0, loss_scale = 1;
   int64_t loss_chunk_logits = 0;  // logits per chunk; 0: ChunkedLMLoss::device_chunk_logits
-  bool no_backward = false;       // evaluation: the fused loss keeps nothing for a backward
+  // evaluation, a reference forward: no module keeps a saved record (save_for_backward does
+  // nothing), and the fused loss keeps nothing for a backward
+  bool no_backward = false;
   // Which microbatch in flight this forward or backward belongs to (Module's saved records): 0
   // unless a schedule keeps several forwards of one root in flight before their backwards (a
   // pipeline stage), each with its own key. fully_shard takes microbatch 0 only (its hooks keep
