@@ -402,6 +402,47 @@ TEST(DTensor, TwoByTwoMeshRoundTrips) {
   EXPECT_EQ(n.to_local().size(0), expect[W()->rank()]);
 }
 
+// The world ranks of a group, in the group's order.
+std::vector<int64_t> members(ProcessGroup& g) {
+  Tensor mine = Tensor::full({1}, double(W()->rank()), DType::i64);
+  Tensor all = Tensor::empty({g.size()}, DType::i64);
+  g.all_gather_into_tensor(all, mine)->wait();
+  std::vector<int64_t> v;
+  for (double x : all.to_f64_vector()) v.push_back(int64_t(x));
+  return v;
+}
+
+// Expert parallel's mesh (dp_shard_mod_ep x ep): at np 4 with EP 2, ranks {0, 1} and {2, 3}
+// exchange tokens and {0, 2}, {1, 3} hold the same experts; with EP = world, every rank exchanges
+// with every other and each holds its own experts alone.
+TEST(DeviceMesh, ExpertMeshGroups) {
+  const int R = W()->size(), me = W()->rank();
+  std::vector<int64_t> world_ranks;
+  for (int r = 0; r < R; ++r) world_ranks.push_back(r);
+  auto full_ep = init_expert_mesh(R);
+  EXPECT_EQ(full_ep->shape(), (std::vector<int64_t>{1, R}));
+  EXPECT_EQ(members(*full_ep->group("ep")), world_ranks);
+  EXPECT_EQ(members(*full_ep->group("dp_shard_mod_ep")), std::vector<int64_t>{me});
+  EXPECT_EQ(full_ep->group("ep")->rank(), me);
+  if (R % 2 == 0) {
+    auto mesh = init_expert_mesh(2);
+    EXPECT_EQ(mesh->names(), (std::vector<std::string>{"dp_shard_mod_ep", "ep"}));
+    const int64_t row = me / 2, col = me % 2;
+    EXPECT_EQ(members(*mesh->group("ep")), (std::vector<int64_t>{2 * row, 2 * row + 1}));
+    EXPECT_EQ(mesh->group("ep")->rank(), col);
+    std::vector<int64_t> same_experts;
+    for (int64_t r = col; r < R; r += 2) same_experts.push_back(r);
+    EXPECT_EQ(members(*mesh->group("dp_shard_mod_ep")), same_experts);
+    EXPECT_EQ((*mesh)["dp_shard_mod_ep"]->size(), R / 2);
+  }
+  try {
+    init_expert_mesh(R + 1);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be >= 1 and divide"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace fsdp::dist
 
