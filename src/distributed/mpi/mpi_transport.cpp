@@ -99,11 +99,13 @@ class MpiTransport final : public Transport {
       r_off += out_counts[j];
     }
     MPI_Datatype unit = MPI_DATATYPE_NULL;
-    MPI_CHECK(MPI_Type_contiguous(as_int(unit_bytes, "all_to_all_v element bytes"), MPI_BYTE, &unit));
+    MPI_CHECK(
+        MPI_Type_contiguous(as_int(unit_bytes, "all_to_all_v element bytes"), MPI_BYTE, &unit));
     MPI_CHECK(MPI_Type_commit(&unit));
-    const int rc_ = MPI_Alltoallv(in, sc.data(), sd.data(), unit, out, rc.data(), rd.data(), unit, comm_);
+    const int status =
+        MPI_Alltoallv(in, sc.data(), sd.data(), unit, out, rc.data(), rd.data(), unit, comm_);
     MPI_Type_free(&unit);
-    MPI_CHECK(rc_);
+    MPI_CHECK(status);  // after freeing the type
   }
   void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
   std::unique_ptr<Transport> split(int color, int key, const std::vector<int>&, int, int) override {
