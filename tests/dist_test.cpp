@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -18,9 +19,10 @@
 #include <variant>
 #include <vector>
 
+#include "dist_main.h"
+#include "fsdp/core/meta.h"
 #include "fsdp/distributed/device_mesh.h"
 #include "fsdp/distributed/dtensor.h"
-#include "fsdp/core/meta.h"
 #include "fsdp/distributed/init.h"
 #include "fsdp/ops/ops.h"
 #include "src/distributed/meta_group.h"
@@ -167,7 +169,8 @@ TEST(Collectives, AllToAllVUnevenAndEmptySplits) {
   W()->all_to_all_v(out, from, in, to0)->wait();
   if (me == 0)
     for (int r = 0; r < R; ++r)
-      ASSERT_EQ(out.slice(5 * r, 5 * r + 5).to_f64_vector(), filled(5000, DType::f64, r).to_f64_vector());
+      ASSERT_EQ(out.slice(5 * r, 5 * r + 5).to_f64_vector(),
+                filled(5000, DType::f64, r).to_f64_vector());
   W()->barrier()->wait();
 }
 
@@ -176,14 +179,11 @@ TEST(Collectives, AllToAllVRefusesBadSplits) {
   Tensor in = Tensor::zeros({4, 2}, DType::f32), out = Tensor::zeros({4, 2}, DType::f32);
   std::vector<int64_t> all_to_0(size_t(R), 0);
   all_to_0[0] = 4;
-  auto refused = [&](const std::vector<int64_t>& os, const std::vector<int64_t>& is, const Tensor& o,
-                     const char* says) {
-    try {
-      W()->all_to_all_v(o, os, in, is);
-      ADD_FAILURE() << "expected an error saying '" << says << "'";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
-    }
+  auto refused = [&](const std::vector<int64_t>& os, const std::vector<int64_t>& is,
+                     const Tensor& o, const char* says) {
+    const std::string err = test::error_of([&] { W()->all_to_all_v(o, os, in, is); });
+    EXPECT_NE(err.find(says), std::string::npos)
+        << "expected '" << says << "', got '" << err << "'";
   };
   refused(all_to_0, std::vector<int64_t>(size_t(R + 1), 0), out, "in_splits has");
   std::vector<int64_t> negative(all_to_0);
@@ -446,20 +446,4 @@ TEST(DeviceMesh, ExpertMeshGroups) {
 }  // namespace
 }  // namespace fsdp::dist
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  try {
-    fsdp::dist::init_process_group();
-  } catch (const fsdp::Error& e) {
-    fmt::print(stderr, "dist_test: error: {}\n", e.what());
-    return 1;
-  }
-  int rc = RUN_ALL_TESTS();
-  try {
-    fsdp::dist::destroy_process_group();
-  } catch (const fsdp::Error& e) {
-    fmt::print(stderr, "dist_test: error: {}\n", e.what());
-    fsdp::dist::abort_process(1);
-  }
-  return rc;
-}
+int main(int argc, char** argv) { return fsdp::test::dist_test_main(argc, argv, "dist_test"); }

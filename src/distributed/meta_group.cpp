@@ -1,6 +1,5 @@
 // MetaGroup (src/distributed/meta_group.h): collectives that complete at once, for the memory plan.
 #include "src/distributed/meta_group.h"
-#include "src/distributed/split_sizes.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -11,6 +10,7 @@
 #include "fsdp/core/error.h"
 #include "fsdp/core/meta.h"
 #include "fsdp/core/tensor.h"
+#include "src/distributed/split_sizes.h"
 
 namespace fsdp::dist {
 

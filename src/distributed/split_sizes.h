@@ -11,7 +11,7 @@
 namespace fsdp::dist {
 
 struct SplitLayout {
-  int64_t row_numel = 0;  // elements per row (the product of dims 1..)
+  int64_t row_numel = 0;                       // elements per row (the product of dims 1..)
   std::vector<int64_t> in_counts, out_counts;  // elements per rank
 };
 

@@ -65,7 +65,8 @@ class ProcessGroup {
   // rows [sum(out_splits[:j]), +out_splits[j]). Each list has one non-negative entry per rank and
   // sums to its tensor's rows; in and out share dtype and row shape. out_splits[j] on rank r must
   // equal in_splits[r] on rank j (checked across ranks with FSDP_DIST_CHECK=1).
-  virtual std::shared_ptr<Work> all_to_all_v(const Tensor& out, const std::vector<int64_t>& out_splits,
+  virtual std::shared_ptr<Work> all_to_all_v(const Tensor& out,
+                                             const std::vector<int64_t>& out_splits,
                                              const Tensor& in,
                                              const std::vector<int64_t>& in_splits) = 0;
   virtual std::shared_ptr<Work> barrier() = 0;
