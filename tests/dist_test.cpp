@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -18,6 +19,8 @@
 #include <variant>
 #include <vector>
 
+#include "dist_main.h"
+#include "fsdp/core/meta.h"
 #include "fsdp/distributed/device_mesh.h"
 #include "fsdp/distributed/dtensor.h"
 #include "fsdp/distributed/init.h"
@@ -123,6 +126,93 @@ TEST(Collectives, AllToAll) {
   W()->barrier()->wait();
 }
 
+// Rows rank r sends rank j in all_to_all_v: uneven, with zeros inside the pattern, rank 0 sends
+// nothing and the last rank receives nothing (at one rank: one empty block).
+int64_t rows_sent(int r, int j, int R) {
+  if (r == 0 || j == R - 1) return 0;
+  return (r * 7 + j * 3) % 4;
+}
+
+TEST(Collectives, AllToAllVUnevenAndEmptySplits) {
+  const int R = W()->size(), me = W()->rank();
+  const int64_t cols = 3;
+  std::vector<int64_t> in_splits, out_splits;
+  int64_t rows_in = 0, rows_out = 0;
+  for (int j = 0; j < R; ++j) {
+    in_splits.push_back(rows_sent(me, j, R));
+    out_splits.push_back(rows_sent(j, me, R));
+    rows_in += in_splits.back();
+    rows_out += out_splits.back();
+  }
+  for (DType dt : kAllDtypes) {
+    // Row i of rank r's input holds value(r, i * cols + c): the receiver knows what to expect.
+    Tensor in = filled(rows_in * cols, dt, me).reshape({rows_in, cols});
+    Tensor out = Tensor::full({rows_out, cols}, -1, dt);
+    W()->all_to_all_v(out, out_splits, in, in_splits)->wait();
+    auto got = out.to_f64_vector();
+    int64_t at = 0;
+    for (int src = 0; src < R; ++src) {
+      int64_t first = 0;  // the first row src sends me: after what it sends ranks before me
+      for (int j = 0; j < me; ++j) first += rows_sent(src, j, R);
+      for (int64_t i = 0; i < out_splits[size_t(src)]; ++i, ++at)
+        for (int64_t c = 0; c < cols; ++c)
+          ASSERT_EQ(got[size_t(at * cols + c)], value(src, (first + i) * cols + c))
+              << dtype_name(dt) << " row " << i << " from rank " << src;
+    }
+  }
+  // One rank sends everything to rank 0 and the others nothing, in f64, large rows.
+  std::vector<int64_t> to0(size_t(R), 0), from(size_t(R), 0);
+  to0[0] = 5;
+  if (me == 0) from.assign(size_t(R), 5);
+  Tensor in = filled(5 * 1000, DType::f64, me).reshape({5, 1000});
+  Tensor out = Tensor::full({me == 0 ? 5 * R : 0, 1000}, -1, DType::f64);
+  W()->all_to_all_v(out, from, in, to0)->wait();
+  if (me == 0)
+    for (int r = 0; r < R; ++r)
+      ASSERT_EQ(out.slice(5 * r, 5 * r + 5).to_f64_vector(),
+                filled(5000, DType::f64, r).to_f64_vector());
+  W()->barrier()->wait();
+}
+
+TEST(Collectives, AllToAllVRefusesBadSplits) {
+  const int R = W()->size();
+  Tensor in = Tensor::zeros({4, 2}, DType::f32), out = Tensor::zeros({4, 2}, DType::f32);
+  std::vector<int64_t> all_to_0(size_t(R), 0);
+  all_to_0[0] = 4;
+  auto refused = [&](const std::vector<int64_t>& os, const std::vector<int64_t>& is,
+                     const Tensor& o, const char* says) {
+    const std::string err = test::error_of([&] { W()->all_to_all_v(o, os, in, is); });
+    EXPECT_NE(err.find(says), std::string::npos)
+        << "expected '" << says << "', got '" << err << "'";
+  };
+  refused(all_to_0, std::vector<int64_t>(size_t(R + 1), 0), out, "in_splits has");
+  std::vector<int64_t> negative(all_to_0);
+  negative[0] = 5;
+  negative.back() -= 1;
+  if (R > 1) refused(all_to_0, negative, out, ">= 0");
+  refused(all_to_0, std::vector<int64_t>(size_t(R), 0), out, "sum to 0 rows");
+  refused(all_to_0, all_to_0, Tensor::zeros({4, 3}, DType::f32), "differ in shape");
+  refused(all_to_0, all_to_0, Tensor::zeros({4, 2}, DType::f64), "output is f64");
+}
+
+// Each rank's splits are right on their own, but rank 1 expects a row that rank 0 never sends:
+// every rank refuses, naming the pair, before anything moves.
+TEST(Collectives, AllToAllVSplitsThatDisagreeAcrossRanksAreNamed) {
+  if (W()->size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int R = W()->size(), me = W()->rank();
+  std::vector<int64_t> in_splits(size_t(R), 0), out_splits(size_t(R), 0);
+  if (me == 1) out_splits[0] = 1;
+  Tensor out = Tensor::zeros({me == 1 ? 1 : 0, 2}, DType::f32);
+  try {
+    W()->all_to_all_v(out, out_splits, Tensor::zeros({0, 2}, DType::f32), in_splits)->wait();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 sends 0 rows to rank 1"), std::string::npos)
+        << e.what();
+  }
+  W()->barrier()->wait();
+}
+
 TEST(Collectives, LocalMistakesAreRefusedBeforeTheCollective) {
   const int R = W()->size();
   try {
@@ -211,6 +301,31 @@ TEST(MetaGroup, StandsForRankZeroOfTheWorld) {
   EXPECT_THROW(dist::MetaGroup(4, 0, {3}), Error);
 }
 
+// The memory plan's all_to_all_v: checks the splits, moves nothing on meta tensors, holds both
+// buffers until waited for (as the CPU engines' tasks do), and on host tensors copies as a world of
+// ranks that all hold this one's data would.
+TEST(MetaGroup, AllToAllVHoldsItsBuffersUntilWaited) {
+  meta::reset({});
+  dist::MetaGroup g(4, 1);
+  std::shared_ptr<Work> w;
+  {
+    Tensor in = Tensor::empty({6, 8}, DType::f32, Device::meta());
+    Tensor out = Tensor::empty({10, 8}, DType::f32, Device::meta());
+    EXPECT_THROW(g.all_to_all_v(out, {1, 2, 3}, in, {0, 6, 0, 0}), Error);
+    EXPECT_THROW(g.all_to_all_v(out, {1, 2, 3, 3}, in, {0, 6, 0, 0}), Error);
+    w = g.all_to_all_v(out, {1, 2, 3, 4}, in, {0, 6, 0, 0});
+  }
+  EXPECT_TRUE(w->is_completed());
+  EXPECT_GE(meta::stats().live, int64_t((6 + 10) * 8 * sizeof(float)));
+  w->wait();
+  EXPECT_EQ(meta::stats().live, 0);
+  Tensor host_out = Tensor::zeros({3}, DType::f64);
+  g.all_to_all_v(host_out, {0, 1, 2, 0}, Tensor::from_vector<double>({1, 2, 3}, {3}), {0, 1, 2, 0})
+      ->wait();
+  EXPECT_EQ(host_out.to_f64_vector(), (std::vector<double>{1, 2, 3}));
+  EXPECT_THROW(g.all_to_all_v(host_out, {0, 1, 2, 0}, host_out, {1, 0, 2, 0}), Error);
+}
+
 TEST(Chunk, MatchesTorchChunk) {
   // torch.chunk(range(5), 4) -> [0,1] [2,3] [4] []
   using Range = std::pair<int64_t, int64_t>;
@@ -287,23 +402,48 @@ TEST(DTensor, TwoByTwoMeshRoundTrips) {
   EXPECT_EQ(n.to_local().size(0), expect[W()->rank()]);
 }
 
+// The world ranks of a group, in the group's order.
+std::vector<int64_t> members(ProcessGroup& g) {
+  Tensor mine = Tensor::full({1}, double(W()->rank()), DType::i64);
+  Tensor all = Tensor::empty({g.size()}, DType::i64);
+  g.all_gather_into_tensor(all, mine)->wait();
+  std::vector<int64_t> v;
+  for (double x : all.to_f64_vector()) v.push_back(int64_t(x));
+  return v;
+}
+
+// Expert parallel's mesh (dp_shard_mod_ep x ep): at np 4 with EP 2, ranks {0, 1} and {2, 3}
+// exchange tokens and {0, 2}, {1, 3} hold the same experts; with EP = world, every rank exchanges
+// with every other and each holds its own experts alone.
+TEST(DeviceMesh, ExpertMeshGroups) {
+  const int R = W()->size(), me = W()->rank();
+  std::vector<int64_t> world_ranks;
+  for (int r = 0; r < R; ++r) world_ranks.push_back(r);
+  auto full_ep = init_expert_mesh(R);
+  EXPECT_EQ(full_ep->shape(), (std::vector<int64_t>{1, R}));
+  EXPECT_EQ(members(*full_ep->group("ep")), world_ranks);
+  EXPECT_EQ(members(*full_ep->group("dp_shard_mod_ep")), std::vector<int64_t>{me});
+  EXPECT_EQ(full_ep->group("ep")->rank(), me);
+  if (R % 2 == 0) {
+    auto mesh = init_expert_mesh(2);
+    EXPECT_EQ(mesh->names(), (std::vector<std::string>{"dp_shard_mod_ep", "ep"}));
+    const int64_t row = me / 2, col = me % 2;
+    EXPECT_EQ(members(*mesh->group("ep")), (std::vector<int64_t>{2 * row, 2 * row + 1}));
+    EXPECT_EQ(mesh->group("ep")->rank(), col);
+    std::vector<int64_t> same_experts;
+    for (int64_t r = col; r < R; r += 2) same_experts.push_back(r);
+    EXPECT_EQ(members(*mesh->group("dp_shard_mod_ep")), same_experts);
+    EXPECT_EQ((*mesh)["dp_shard_mod_ep"]->size(), R / 2);
+  }
+  try {
+    init_expert_mesh(R + 1);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be >= 1 and divide"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace fsdp::dist
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  try {
-    fsdp::dist::init_process_group();
-  } catch (const fsdp::Error& e) {
-    fmt::print(stderr, "dist_test: error: {}\n", e.what());
-    return 1;
-  }
-  int rc = RUN_ALL_TESTS();
-  try {
-    fsdp::dist::destroy_process_group();
-  } catch (const fsdp::Error& e) {
-    fmt::print(stderr, "dist_test: error: {}\n", e.what());
-    fsdp::dist::abort_process(1);
-  }
-  return rc;
-}
+int main(int argc, char** argv) { return fsdp::test::dist_test_main(argc, argv, "dist_test"); }

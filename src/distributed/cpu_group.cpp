@@ -23,6 +23,7 @@
 #include "src/core/dispatch.h"
 #include "src/distributed/transport.h"
 #include "src/distributed/cpu_group.h"
+#include "src/distributed/split_sizes.h"
 
 namespace fsdp::dist {
 
@@ -81,6 +82,10 @@ class LocalTransport final : public Transport {
   void broadcast(void*, size_t, int) override {}
   void all_to_all(const void* in, void* out, size_t bytes) override {
     if (bytes) std::memmove(out, in, bytes);
+  }
+  void all_to_all_v(const void* in, const std::vector<int64_t>& in_counts, void* out,
+                    const std::vector<int64_t>&, size_t unit) override {
+    if (in_counts[0]) std::memmove(out, in, size_t(in_counts[0]) * unit);
   }
   void barrier() override {}
   std::unique_ptr<Transport> split(int, int, const std::vector<int>&, int, int) override {
@@ -367,6 +372,34 @@ std::shared_ptr<Work> CpuProcessGroup::all_to_all_single(const Tensor& out, cons
   return submit(op, double(in.nbytes()), [=, this] {
     check_signature(op, in.dtype(), in.numel(), 0);
     transport_->all_to_all(src.raw_data(), out.raw_data(), src.nbytes() / size_t(size()));
+  });
+}
+
+std::shared_ptr<Work> CpuProcessGroup::all_to_all_v(const Tensor& out,
+                                                    const std::vector<int64_t>& out_splits,
+                                                    const Tensor& in,
+                                                    const std::vector<int64_t>& in_splits) {
+  const char* op = "all_to_all_v";
+  check_tensor(op, out, "output");
+  check_tensor(op, in, "input");
+  const SplitLayout l = check_split_sizes(op, size(), out, out_splits, in, in_splits);
+  FSDP_CHECK(out.is_contiguous(), "[{}] output must be contiguous", op);
+  // (After the checks: a staged call runs this collective on host copies.)
+  if (on_device({&out, &in}))
+    return staged(op, {in}, {out}, [=, this](const std::vector<Tensor>& h) {
+      return all_to_all_v(h[1], out_splits, h[0], in_splits);
+    });
+  Tensor src = in.contiguous();
+  return submit(op, double(in.nbytes()), [=, this] {
+    check_signature(op, in.dtype(), l.row_numel, 0);
+    if (check_ && size() > 1) {  // every rank's splits, so that all refuse a mismatch together
+      std::vector<int64_t> mine(in_splits), all(size_t(2 * size() * size()));
+      mine.insert(mine.end(), out_splits.begin(), out_splits.end());
+      transport_->all_gather(mine.data(), all.data(), mine.size() * sizeof(int64_t));
+      check_split_agreement(op, size(), all);
+    }
+    transport_->all_to_all_v(src.raw_data(), l.in_counts, out.raw_data(), l.out_counts,
+                             dtype_size(in.dtype()));
   });
 }
 

@@ -40,6 +40,9 @@ class CpuProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op) override;
   std::shared_ptr<Work> broadcast(const Tensor& t, int root) override;
   std::shared_ptr<Work> all_to_all_single(const Tensor& out, const Tensor& in) override;
+  std::shared_ptr<Work> all_to_all_v(const Tensor& out, const std::vector<int64_t>& out_splits,
+                                     const Tensor& in,
+                                     const std::vector<int64_t>& in_splits) override;
   std::shared_ptr<Work> barrier() override;
   std::shared_ptr<ProcessGroup> split(int color, int key) override;
   // Check mode (FSDP_DIST_DEVICE_CHECK): this group stands in for the NCCL half of a device +

@@ -43,6 +43,12 @@ std::shared_ptr<Work> DeviceHostGroup::broadcast(const Tensor& t, int root) {
 std::shared_ptr<Work> DeviceHostGroup::all_to_all_single(const Tensor& out, const Tensor& in) {
   return owner("all_to_all_single", out, in).all_to_all_single(out, in);
 }
+std::shared_ptr<Work> DeviceHostGroup::all_to_all_v(const Tensor& out,
+                                                    const std::vector<int64_t>& out_splits,
+                                                    const Tensor& in,
+                                                    const std::vector<int64_t>& in_splits) {
+  return owner("all_to_all_v", out, in).all_to_all_v(out, out_splits, in, in_splits);
+}
 std::shared_ptr<Work> DeviceHostGroup::barrier() { return host_->barrier(); }
 
 std::shared_ptr<ProcessGroup> DeviceHostGroup::split(int color, int key) {

@@ -7,9 +7,11 @@
 // splits both. Private; made by init_process_group.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "fsdp/distributed/process_group.h"
 
@@ -30,6 +32,9 @@ class DeviceHostGroup final : public ProcessGroup {
   std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op) override;
   std::shared_ptr<Work> broadcast(const Tensor& t, int root) override;
   std::shared_ptr<Work> all_to_all_single(const Tensor& out, const Tensor& in) override;
+  std::shared_ptr<Work> all_to_all_v(const Tensor& out, const std::vector<int64_t>& out_splits,
+                                     const Tensor& in,
+                                     const std::vector<int64_t>& in_splits) override;
   std::shared_ptr<Work> barrier() override;  // on the host engine: it blocks the host
   std::shared_ptr<ProcessGroup> split(int color, int key) override;
   std::thread::id comm_thread_id() const override { return host_->comm_thread_id(); }

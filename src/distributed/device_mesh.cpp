@@ -106,4 +106,17 @@ std::shared_ptr<DeviceMesh> init_device_mesh(std::vector<int64_t> shape,
   return std::make_shared<DeviceMesh>(world(), std::move(shape), std::move(names));
 }
 
+std::shared_ptr<DeviceMesh> make_expert_mesh(std::shared_ptr<ProcessGroup> group, int64_t ep) {
+  FSDP_CHECK(group, "[expert mesh] no process group");
+  const int64_t n = group->size();
+  FSDP_CHECK(ep >= 1 && n % ep == 0,
+             "[expert mesh] expert parallel degree {} must be >= 1 and divide the group's {} "
+             "ranks (ep ranks exchange tokens; size / ep ranks hold the same experts)",
+             ep, n);
+  return std::make_shared<DeviceMesh>(std::move(group), std::vector<int64_t>{n / ep, ep},
+                                      std::vector<std::string>{"dp_shard_mod_ep", "ep"});
+}
+
+std::shared_ptr<DeviceMesh> init_expert_mesh(int64_t ep) { return make_expert_mesh(world(), ep); }
+
 }  // namespace fsdp::dist

@@ -10,6 +10,7 @@
 #include "fsdp/core/error.h"
 #include "fsdp/core/meta.h"
 #include "fsdp/core/tensor.h"
+#include "src/distributed/split_sizes.h"
 
 namespace fsdp::dist {
 
@@ -95,6 +96,20 @@ std::shared_ptr<Work> MetaGroup::all_to_all_single(const Tensor& out, const Tens
              out.numel(), in.numel());
   if (on_host(out)) out.copy_(in);
   return done();
+}
+
+std::shared_ptr<Work> MetaGroup::all_to_all_v(const Tensor& out,
+                                              const std::vector<int64_t>& out_splits,
+                                              const Tensor& in,
+                                              const std::vector<int64_t>& in_splits) {
+  check_split_sizes("meta group: all_to_all_v", size_, out, out_splits, in, in_splits);
+  if (on_host(out)) {
+    FSDP_CHECK(out_splits == in_splits,
+               "[meta group] all_to_all_v on host tensors needs out_splits equal to in_splits "
+               "(every rank is taken to hold what this one holds)");
+    out.copy_(in);
+  }
+  return done({in, out});
 }
 
 std::shared_ptr<Work> MetaGroup::barrier() { return done(); }

@@ -34,6 +34,11 @@ class MetaGroup final : public ProcessGroup {
   std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op) override;
   std::shared_ptr<Work> broadcast(const Tensor& t, int root) override;
   std::shared_ptr<Work> all_to_all_single(const Tensor& out, const Tensor& in) override;
+  // On host tensors every rank is taken to send this one what this one sends it, so the splits
+  // must be equal and out becomes a copy of in (as all_to_all_single); anything else is refused.
+  std::shared_ptr<Work> all_to_all_v(const Tensor& out, const std::vector<int64_t>& out_splits,
+                                     const Tensor& in,
+                                     const std::vector<int64_t>& in_splits) override;
   std::shared_ptr<Work> barrier() override;
   std::shared_ptr<ProcessGroup> split(int color, int key) override;
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,10 @@ class Transport {
                                   DType dtype) = 0;
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
   virtual void all_to_all(const void* in, void* out, size_t bytes_per_rank) = 0;
+  // Uneven all-to-all: rank j gets in_counts[j] units from in (blocks in rank order) and this
+  // rank receives out_counts[j] units from rank j into out (the same). A unit is unit_bytes.
+  virtual void all_to_all_v(const void* in, const std::vector<int64_t>& in_counts, void* out,
+                            const std::vector<int64_t>& out_counts, size_t unit_bytes) = 0;
   virtual void barrier() = 0;
   // Collective over this group. `members` are the parent ranks of the new
   // group in order; `index` is this rank's place among them; `seq` numbers

@@ -61,4 +61,17 @@ class DeviceMesh {
 std::shared_ptr<DeviceMesh> init_device_mesh(std::vector<int64_t> shape,
                                              std::vector<std::string> names = {});
 
+// Expert parallel beside FSDP, as torchtitan lays it out (dp_shard_mod_ep x ep): `group` as the 2-D
+// mesh {size / ep, ep} named {"dp_shard_mod_ep", "ep"}, rank r at (r / ep, r % ep).
+// - group("ep"): the ep consecutive ranks of r's row. They hold different experts (r holds expert
+//   shard r % ep: fsdp/distributed/expert_parallel.h) and exchange tokens with all_to_all_v.
+// - group("dp_shard_mod_ep"): the size / ep ranks of r's column, which hold the same experts:
+//   FSDP shards the experts over it (the sub-mesh mesh["dp_shard_mod_ep"]), while the other
+//   parameters are sharded over the whole group (a 1-D mesh over it).
+// ep = size is experts split over every rank (each expert then unsharded by FSDP); ep = 1 is
+// plain FSDP. Collective over `group`; refuses an ep that does not divide its size.
+std::shared_ptr<DeviceMesh> make_expert_mesh(std::shared_ptr<ProcessGroup> group, int64_t ep);
+// The same over the initialised world.
+std::shared_ptr<DeviceMesh> init_expert_mesh(int64_t ep);
+
 }  // namespace fsdp::dist

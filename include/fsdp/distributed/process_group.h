@@ -59,6 +59,16 @@ class ProcessGroup {
   // Rank r sends rows [j*n, (j+1)*n) of in to rank j and receives rank j's block r into out rows
   // [j*n, (j+1)*n).
   virtual std::shared_ptr<Work> all_to_all_single(const Tensor& out, const Tensor& in) = 0;
+  // All-to-all with split sizes in rows of dim 0 (torch.distributed.all_to_all_single with
+  // input_split_sizes and output_split_sizes): rank r sends in's rows
+  // [sum(in_splits[:j]), +in_splits[j]) to rank j and receives rank j's block for r into out's
+  // rows [sum(out_splits[:j]), +out_splits[j]). Each list has one non-negative entry per rank and
+  // sums to its tensor's rows; in and out share dtype and row shape. out_splits[j] on rank r must
+  // equal in_splits[r] on rank j (checked across ranks with FSDP_DIST_CHECK=1).
+  virtual std::shared_ptr<Work> all_to_all_v(const Tensor& out,
+                                             const std::vector<int64_t>& out_splits,
+                                             const Tensor& in,
+                                             const std::vector<int64_t>& in_splits) = 0;
   virtual std::shared_ptr<Work> barrier() = 0;
 
   // MPI_Comm_split: ranks with the same color form a group, ordered by key.

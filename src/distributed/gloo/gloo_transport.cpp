@@ -6,6 +6,7 @@
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
@@ -136,6 +137,32 @@ class GlooTransport final : public Transport {
     opts.setOutput(static_cast<uint8_t*>(out), bytes * size_t(size()));
     opts.setTag(tag_++);
     gloo::alltoall(opts);
+  }
+  void all_to_all_v(const void* in, const std::vector<int64_t>& in_counts, void* out,
+                    const std::vector<int64_t>& out_counts, size_t unit_bytes) override {
+    int64_t in_total = 0, out_total = 0;
+    for (size_t j = 0; j < in_counts.size(); ++j) {
+      in_total += in_counts[j];
+      out_total += out_counts[j];
+    }
+    if (size() == 1) {
+      if (in_total) std::memmove(out, in, size_t(in_total) * unit_bytes);
+      return;
+    }
+    // Gloo counts in bytes here; a rank with nothing to send or receive (an empty tensor has no
+    // data pointer) still takes part, through a placeholder byte that no count reaches.
+    std::vector<int64_t> in_bytes, out_bytes;
+    for (size_t j = 0; j < in_counts.size(); ++j) {
+      in_bytes.push_back(in_counts[j] * int64_t(unit_bytes));
+      out_bytes.push_back(out_counts[j] * int64_t(unit_bytes));
+    }
+    uint8_t placeholder[2] = {};
+    gloo::AlltoallvOptions opts(ctx_);
+    opts.setInput(in_total ? const_cast<uint8_t*>(static_cast<const uint8_t*>(in)) : placeholder,
+                  std::move(in_bytes));
+    opts.setOutput(out_total ? static_cast<uint8_t*>(out) : placeholder + 1, std::move(out_bytes));
+    opts.setTag(tag_++);
+    gloo::alltoallv(opts);
   }
   void barrier() override {
     if (size() == 1) return;

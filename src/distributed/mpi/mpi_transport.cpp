@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -82,6 +83,29 @@ class MpiTransport final : public Transport {
   void all_to_all(const void* in, void* out, size_t bytes) override {
     const int n = as_int(bytes, "all_to_all bytes");
     MPI_CHECK(MPI_Alltoall(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_));
+  }
+  // MPI_Alltoallv counts and displacements are ints in units of one element (a contiguous type
+  // of unit_bytes): a block or an offset past INT_MAX elements is refused, naming it.
+  void all_to_all_v(const void* in, const std::vector<int64_t>& in_counts, void* out,
+                    const std::vector<int64_t>& out_counts, size_t unit_bytes) override {
+    std::vector<int> sc, sd, rc, rd;
+    int64_t s_off = 0, r_off = 0;
+    for (size_t j = 0; j < in_counts.size(); ++j) {
+      sd.push_back(as_int(size_t(s_off), "all_to_all_v send offset (elements)"));
+      sc.push_back(as_int(size_t(in_counts[j]), "all_to_all_v send count (elements)"));
+      rd.push_back(as_int(size_t(r_off), "all_to_all_v receive offset (elements)"));
+      rc.push_back(as_int(size_t(out_counts[j]), "all_to_all_v receive count (elements)"));
+      s_off += in_counts[j];
+      r_off += out_counts[j];
+    }
+    MPI_Datatype unit = MPI_DATATYPE_NULL;
+    MPI_CHECK(
+        MPI_Type_contiguous(as_int(unit_bytes, "all_to_all_v element bytes"), MPI_BYTE, &unit));
+    MPI_CHECK(MPI_Type_commit(&unit));
+    const int status =
+        MPI_Alltoallv(in, sc.data(), sd.data(), unit, out, rc.data(), rd.data(), unit, comm_);
+    MPI_Type_free(&unit);
+    MPI_CHECK(status);  // after freeing the type
   }
   void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
   std::unique_ptr<Transport> split(int color, int key, const std::vector<int>&, int, int) override {

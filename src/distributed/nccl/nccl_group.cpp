@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "fsdp/core/error.h"
+#include "src/distributed/split_sizes.h"
 #include "src/distributed/transport.h"
 
 #define NCCL_CHECK(expr)                                                                     \
@@ -152,6 +153,32 @@ class NcclProcessGroup final : public ProcessGroup {
                             nccl_type(in.dtype()), peer, comm_, stream_));
         NCCL_CHECK(ncclRecv(static_cast<char*>(out.raw_data()) + bytes * size_t(peer), count,
                             nccl_type(in.dtype()), peer, comm_, stream_));
+      }
+      NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+  // One grouped send and receive per peer with anything to move (NCCL has no alltoallv; this is
+  // what PyTorch's ProcessGroupNCCL does). Compiled and linked on CPU-only machines, not yet run.
+  std::shared_ptr<Work> all_to_all_v(const Tensor& out, const std::vector<int64_t>& out_splits,
+                                     const Tensor& in,
+                                     const std::vector<int64_t>& in_splits) override {
+    const SplitLayout l = check_split_sizes("all_to_all_v", size_, out, out_splits, in, in_splits);
+    check("all_to_all_v", {out, in});
+    return launch({out, in}, [&] {
+      const size_t elem = dtype_size(in.dtype());
+      size_t in_off = 0, out_off = 0;
+      NCCL_CHECK(ncclGroupStart());
+      for (int peer = 0; peer < size_; ++peer) {
+        const size_t sc = size_t(l.in_counts[size_t(peer)]),
+                     rc = size_t(l.out_counts[size_t(peer)]);
+        if (sc)
+          NCCL_CHECK(ncclSend(static_cast<const char*>(in.raw_data()) + in_off * elem, sc,
+                              nccl_type(in.dtype()), peer, comm_, stream_));
+        if (rc)
+          NCCL_CHECK(ncclRecv(static_cast<char*>(out.raw_data()) + out_off * elem, rc,
+                              nccl_type(in.dtype()), peer, comm_, stream_));
+        in_off += sc;
+        out_off += rc;
       }
       NCCL_CHECK(ncclGroupEnd());
     });
