@@ -85,6 +85,7 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
                     : std::make_unique<optim::AdamW>(parallel->param_groups(0.0),
                                                      ops::AdamWHyper{});
     FSDP_CHECK(opt != nullptr, "[memory plan] the optimizer factory made no optimizer");
+    const std::unique_ptr<nn::Module> reference = o.reference ? o.reference(mesh, fsdp) : nullptr;
     setup.reset();
     p.persistent = meta::stats().live;
     data::DataLoader loader(std::make_shared<data::RandomTokenSource>(o.model.vocab, 0),
@@ -109,7 +110,10 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
       p.peak += bytes;
     };
     const auto t = [&](meta::Term term) { return s.at_peak[size_t(term)]; };
-    add("persistent", "sharded params, grads, AdamW m and v", t(meta::Term::persistent));
+    add("persistent",
+        o.reference ? "sharded params, grads, AdamW m and v; the reference's shards"
+                    : "sharded params, grads, AdamW m and v",
+        t(meta::Term::persistent));
     add("params in flight", "all-gathered and unsharded params", t(meta::Term::params));
     add("grads in flight", "unsharded grads, reduce-scatter buffers", t(meta::Term::grads));
     add("activations", "saved for the backward", t(meta::Term::activations));

@@ -160,8 +160,8 @@ void PreferenceLoss::set_inputs(const Tensor& inputs) {
 void PreferenceLoss::prepare(nn::Module& model, const data::Batch& batch) {
   if (config_.kind == PreferenceKind::orpo) set_inputs(batch.inputs);
   if (!needs_reference() || (!config_.reference_adapters_off && !reference_model_)) return;
-  // On the memory plan's meta model (planned before the copy exists), the policy stands in for it.
-  nn::Module& ref = reference_model_ && !batch.inputs.device().is_meta() ? *reference_model_ : model;
+  // The memory plan's steps run the meta copy it made (MemoryPlanOptions::reference).
+  nn::Module& ref = reference_model_ ? *reference_model_ : model;
   // Adapters off must leave another model (the meta plan may run before the reference exists).
   if (!reference_model_ && !checked_adapters_ && !batch.inputs.device().is_meta()) {
     const auto named = model.named_parameters();

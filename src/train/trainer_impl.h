@@ -39,6 +39,8 @@
 
 namespace fsdp::train {
 
+class PreferenceLoss;
+
 struct Trainer::Impl {
   TrainOptions o;
   std::shared_ptr<const checkpoint::Pretrained> pretrained;  // --init-from
@@ -101,6 +103,9 @@ struct Trainer::Impl {
   void open_tokenizer();
   void build_model();
   void build_reference();
+  // The preference loss whose reference is a model of its own (a full fine-tune's frozen copy,
+  // --pref-reference), or null: no second model is built.
+  PreferenceLoss* separate_reference_loss();
   // The parts not handed in (TrainerParts), built from the options (trainer_parts.cpp).
   void fill_parts();
 

@@ -22,7 +22,10 @@
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/profiler/ceilings.h"
 #include "fsdp/profiler/metrics.h"
+#include "fsdp/nn/module.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/train/memory_plan.h"
+#include "fsdp/train/preference.h"
 #include "src/train/trainer_impl.h"
 
 namespace fsdp::train {
@@ -51,9 +54,26 @@ void Trainer::Impl::check_memory_plan() {
       .fused_loss = o.sharding.fused_loss,
       .loss = parts.loss.get(),  // the parts this trainer holds, planned as they are
       .optimizer = parts.optimizer,
+      .reference = {},
       .threads = threads,
       .cpu_cache_bytes = int64_t(env_double("FSDP_CPU_CACHE_MB") * 1048576.0),
       .baseline_bytes = held};
+  // A preference loss's frozen reference model (build_reference's, of the policy's shape), planned
+  // as it will be made; the plan's copy is detached from the loss after the plan.
+  PreferenceLoss* pref = separate_reference_loss();
+  if (pref)
+    po.reference = [this, pref](std::shared_ptr<dist::DeviceMesh> m, const FullyShardOptions& f) {
+      nn::TransformerConfig rc = cfg;
+      rc.lora = {};
+      std::unique_ptr<nn::Transformer> ref = family->build(rc);
+      for (auto& [name, p] : ref->named_parameters()) p->requires_grad = false;
+      FullyShardOptions frozen = f;
+      frozen.reshard_after_forward = true;
+      family->parallelize(*ref, {.mesh = std::move(m), .replicate = false, .fsdp = frozen,
+                                 .checkpoint_every = 0});
+      pref->set_reference_model(ref.get());
+      return std::unique_ptr<nn::Module>(std::move(ref));
+    };
   const int local = device.is_cpu() ? std::max(1, dist::world_info().local_size) : 1;
   const auto [available, from] =
       device.is_cpu()
@@ -77,6 +97,9 @@ void Trainer::Impl::check_memory_plan() {
                                    (long double)dtype_size(frozen_dtype.value_or(dtype));
       }
   }
+  if (pref)  // the reference's frozen copy of the base
+    frozen_bytes += (long double)(cfg.num_parameters() - (cfg.lora.enabled() ? cfg.lora_parameters() : 0)) *
+                    (long double)dtype_size(frozen_dtype.value_or(dtype));
   const long double lower = (frozen_bytes + 4.0L * trained * (long double)dtype_size(dtype)) /
                             (long double)std::max<int64_t>(1, po.shards);
   std::string error;
@@ -92,7 +115,13 @@ void Trainer::Impl::check_memory_plan() {
         double(available) / 1e9, from);
   } else {
     try {
-      plan = plan_memory(po);          // the first steps run on the meta device
+      struct Detach {  // the plan's reference goes with the plan
+        PreferenceLoss* pref;
+        ~Detach() {
+          if (pref) pref->set_reference_model(nullptr);
+        }
+      } detach{pref};
+      plan = plan_memory(po);  // the first steps run on the meta device
     } catch (const std::bad_alloc&) {  // agreed below, as the refusals are
       error = fmt::format(
           "[fsdp-train] the memory plan of {} layers ({} parameters) ran out of memory itself: "

@@ -297,10 +297,17 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
 // fine-tune, a copy of the initial model. Built and sharded as the policy is, frozen (no gradients,
 // no optimizer state). Under LoRA with no --pref-reference, the reference is the policy with its
 // adapters off, and nothing is built.
-void Trainer::Impl::build_reference() {
+PreferenceLoss* Trainer::Impl::separate_reference_loss() {
   auto* pref = dynamic_cast<PreferenceLoss*>(parts.loss.get());
+  const bool separate = pref && pref->needs_reference() &&
+                        (!cfg.lora.enabled() || !o.preference.pref_reference.empty());
+  return separate ? pref : nullptr;
+}
+
+void Trainer::Impl::build_reference() {
+  PreferenceLoss* pref = separate_reference_loss();
   const std::string& path = o.preference.pref_reference;
-  if (!pref || !pref->needs_reference() || (cfg.lora.enabled() && path.empty())) return;
+  if (!pref) return;
   nn::TransformerConfig rc = cfg;
   rc.lora = {};  // the reference has no adapters
   std::optional<checkpoint::Pretrained> other;

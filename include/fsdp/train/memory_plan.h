@@ -80,6 +80,13 @@ struct MemoryPlanOptions {
   // groups' weight decay is 0, which changes no state's size).
   Loss* loss = nullptr;
   optim::OptimizerFactory optimizer;
+  // A second model the loss runs (a preference loss's frozen reference): made by this on the
+  // plan's mesh with `fsdp` (its shards in the persistent term), run by the loss through the
+  // planned steps, and destroyed after them. The callback attaches it to the loss; the caller
+  // detaches it after the plan. Empty: none.
+  std::function<std::unique_ptr<nn::Module>(std::shared_ptr<dist::DeviceMesh> mesh,
+                                            const FullyShardOptions& fsdp)>
+      reference;
   int threads = 1;               // CPU attention scratch is per thread
   int64_t cpu_cache_bytes = 0;   // the most freed bytes the CPU allocator keeps (FSDP_CPU_CACHE_MB)
   // What the process holds before any tensor (runtime, libraries, thread pools, the data) and
