@@ -36,7 +36,7 @@ blis=/usr/lib/x86_64-linux-gnu/blis-openmp/libblis.so.4
 [ -f "$blis" ] && candidates+=("blis|$blis||")
 for d in "$py_prefix/lib" /usr/local/lib /opt/intel/oneapi/mkl/latest/lib; do
   if [ -f "$d/libmkl_rt.so.3" ] || [ -f "$d/libmkl_rt.so.2" ]; then
-    mkl=$(ls "$d"/libmkl_rt.so.[23] | head -1)
+    mkl=$(find "$d" -maxdepth 1 -name 'libmkl_rt.so.[23]' | sort | head -1)
     candidates+=("mkl|$mkl||MKL_THREADING_LAYER=GNU MKL_INTERFACE_LAYER=GNU,LP64")
     candidates+=("mkl-avx2|$mkl||MKL_THREADING_LAYER=GNU MKL_INTERFACE_LAYER=GNU,LP64 MKL_ENABLE_INSTRUCTIONS=AVX2")
     break
@@ -52,6 +52,8 @@ case $deb_core in Prescott | Core2 | Penryn | Dunnington | Nehalem | Atom | Opte
 esac
 
 n=${#candidates[@]}
+# FSDP_BENCH_LOGS=DIR: only the report, from the outputs of an earlier (interrupted) run kept in DIR.
+if [ -n "${FSDP_BENCH_LOGS:-}" ]; then log=$FSDP_BENCH_LOGS; trap - EXIT; rounds=0; fi
 for r in $(seq 1 "$rounds"); do
   for threads in 1 2; do
     for i in $(seq 0 $((n - 1))); do
@@ -68,6 +70,7 @@ for r in $(seq 1 "$rounds"); do
   done
 done
 
+[ -n "${FSDP_BENCH_LOGS:-}" ] && rounds=$(find "$log" -maxdepth 1 -name 'openblas.1.*' -printf '%f\n' | sed -n 's/^openblas\.1\.\([0-9]*\)$/\1/p' | sort -n | tail -1)
 python3 - "$log" "$rounds" "$out" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs)" \
   "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)" "$(git rev-parse --short HEAD)" "$deb_core" \
   "${candidates[@]}" << 'PY'
@@ -86,7 +89,10 @@ for name in names:
         for r in range(1, rounds + 1):
             secs = collections.defaultdict(float)
             flops = collections.defaultdict(float)
-            for line in open(os.path.join(log, f"{name}.{t}.{r}")):
+            path = os.path.join(log, f"{name}.{t}.{r}")
+            if not os.path.exists(path):  # a round an interrupted run did not reach
+                continue
+            for line in open(path):
                 f = line.split()
                 if f[0] == "kernels":
                     kernels[name] = " ".join(f[1:])
@@ -111,14 +117,14 @@ L.append("")
 L.append(f"Run: `bench/gemm_libs.sh {rounds}` (fsdp.cpp {commit}) on {datetime.date.today()}, {cpu}, "
          f"{ncpu} cores ({', '.join(feat)}); load average at the end {load}: **measured under load** "
          "(a machine shared with other engineers' builds and tests), so single figures are noisy; "
-         f"the medians of {rounds} alternating rounds are what to compare.")
+         f"the medians of (up to) {rounds} alternating rounds are what to compare.")
 L.append("")
 L.append("| library | file | kernels |")
 L.append("| --- | --- | --- |")
 for n in names:
     k = kernels.get(n, "?")
-    if n == "openblas":
-        k += f" (OpenBLAS chose {deb_core})"
+    if n == "openblas" and deb_core != k:
+        k += f" (OpenBLAS chose {deb_core}; OPENBLAS_CORETYPE set as the binaries do)"
     L.append(f"| {n} | `{libs[n]}` | {k} |")
 L.append("")
 def model_table(dtype, clock, names, best=None):

@@ -21,7 +21,7 @@ dest=build/blas-steps
 libs=()
 for lib in ${FSDP_BENCH_LIBS:-openblas scipy-openblas blis mkl}; do
   if [ -z "${FSDP_BENCH_NO_BUILD:-}" ]; then
-    cmake -B build -DFSDP_BLAS=$lib . > "$dest.configure.log" 2>&1 || continue
+    cmake -B build -DFSDP_BLAS="$lib" . > "$dest.configure.log" 2>&1 || continue
     scripts/build.sh fsdp-train > /dev/null
     rm -rf "${dest:?}/$lib" && mkdir -p "$dest/$lib"
     cp -L build/examples/fsdp-train build/libfsdp.so.0 "$dest/$lib/"
