@@ -4,9 +4,11 @@
 //
 // Threads: MKL (GNU threading layer) and Debian's OpenBLAS (OpenMP build) run on our OpenMP pool
 // and follow omp_set_num_threads; inside an omp parallel region they run on the calling thread.
-// BLIS and scipy-openblas (pthreads) keep their own count, read from the environment once: each
-// GEMM hands them the OpenMP thread count first (1 inside a parallel region), so that
-// --threads and OMP_NUM_THREADS hold and no pool runs beside another.
+// BLIS and scipy-openblas (pthreads) keep their own count, read from the environment once: a GEMM
+// called outside a parallel region hands them the OpenMP thread count first, so that --threads
+// and OMP_NUM_THREADS hold. Inside one the count is left as it is: BLIS's nested OpenMP region
+// runs on one thread, but scipy-openblas's pool is its own and runs beside ours (its 2-thread
+// steps in bench/results/gemm-libs-step-cpu.md), one reason the build prefers the others.
 #if defined(FSDP_BLAS_MKL)
 #include <mkl_cblas.h>
 #include <mkl_service.h>
@@ -44,7 +46,8 @@ namespace {
 void sync_blas_threads() {
 #if defined(FSDP_BLAS_BLIS) || defined(FSDP_BLAS_SCIPY_OPENBLAS)
   static std::atomic<int> current{-1};
-  if (omp_in_parallel()) return;  // set from outside any region only (the library's count is global)
+  if (omp_in_parallel())
+    return;  // set from outside any region only (the library's count is global)
   const int want = omp_get_max_threads();
   if (current.exchange(want) == want) return;
 #if defined(FSDP_BLAS_BLIS)
@@ -62,8 +65,9 @@ void gemm<float>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   sync_blas_threads();
-  FSDP_CBLAS(sgemm)(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m),
-              int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+  FSDP_CBLAS(sgemm)
+  (CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n),
+   int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 
 template <>
@@ -71,8 +75,9 @@ void gemm<double>(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alph
                   int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   sync_blas_threads();
-  FSDP_CBLAS(dgemm)(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m),
-              int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
+  FSDP_CBLAS(dgemm)
+  (CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n),
+   int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 
 const char* blas_library() {
@@ -91,11 +96,16 @@ const char* blas_core_name() {
 #if defined(FSDP_BLAS_MKL)
   // The code path MKL's automatic choice takes on this CPU (mkl_types.h's MKL_CBWR_*).
   switch (mkl_cbwr_get_auto_branch()) {
-    case MKL_CBWR_AVX2: return "AVX2";
-    case MKL_CBWR_AVX512: return "AVX512";
-    case MKL_CBWR_AVX512_E1: return "AVX512_E1";
-    case MKL_CBWR_AVX10: return "AVX10";
-    default: return "generic";
+    case MKL_CBWR_AVX2:
+      return "AVX2";
+    case MKL_CBWR_AVX512:
+      return "AVX512";
+    case MKL_CBWR_AVX512_E1:
+      return "AVX512_E1";
+    case MKL_CBWR_AVX10:
+      return "AVX10";
+    default:
+      return "generic";
   }
 #elif defined(FSDP_BLAS_BLIS)
   return bli_arch_string(bli_arch_query_id());
@@ -115,7 +125,8 @@ std::string blas_version() {
   // "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Cooperlake MAX_THREADS=64": the version.
   const std::string config = FSDP_OPENBLAS(get_config)();
   const size_t at = config.find(' ');
-  return at == std::string::npos ? config : config.substr(at + 1, config.find(' ', at + 1) - at - 1);
+  return at == std::string::npos ? config
+                                 : config.substr(at + 1, config.find(' ', at + 1) - at - 1);
 #endif
 }
 

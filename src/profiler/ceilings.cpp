@@ -126,8 +126,8 @@ double raise_cached(const std::string& path, const std::string& key, double obse
 // choice stay valid).
 std::string sgemm_key(int threads) {
   const std::string library = kernels::cpu::blas_library();
-  return fmt::format("{} x{} {}{}", cpu_model(), threads, library == "openblas" ? "" : library + " ",
-                     kernels::cpu::blas_core_name());
+  return fmt::format("{} x{} {}{}", cpu_model(), threads,
+                     library == "openblas" ? "" : library + " ", kernels::cpu::blas_core_name());
 }
 
 std::string device_key(Device device, DType dtype, std::string* name) {
