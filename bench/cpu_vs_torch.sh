@@ -59,6 +59,10 @@ core=$(echo "$cores" | tail -1)
 chose=$(echo "$cores" | head -1)
 core="OpenBLAS core ${core:-unknown}${OPENBLAS_CORETYPE:+ (OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE)}"
 [ "$chose" != "$(echo "$cores" | tail -1)" ] && core="$core (fsdp-train re-executed with it; OpenBLAS chose $chose)"
+# The library the build chose (cmake/blas.cmake) and its kernels, from fsdp-train's table.
+blas=$(FSDP_GEMM_PEAK_GFLOPS=1 build/examples/fsdp-train --preset tiny --dim 64 --layers 1 --heads 2 \
+  --seq 32 --batch 1 --steps 1 2>&1 | sed -nE 's/^\| blas (library|kernels) +\| (.*[^ ]) +\|$/\2/p' | paste -sd' ')
+case $blas in openblas*) core="BLAS $blas; $core" ;; *) core="BLAS ${blas:-unknown}" ;; esac
 
 {
   echo "# CPU: fsdp-train vs PyTorch, tiny preset (seed architecture), f32"

@@ -67,12 +67,13 @@ gpu_cudnn_headers() {
 }
 
 # gpu_cmake_args BUILD_DIR: the check's configure command, into the array gpu_cmake (sm_90, the
-# H200; Release; cuDNN's SDPA; MPI and Gloo). Later -D arguments override these.
+# H200; Release; cuDNN's SDPA; MPI and Gloo; Debian's OpenBLAS, the CPU BLAS gpu_debs.sh stages).
+# Later -D arguments override these.
 gpu_cmake_args() {
   gpu_cmake=(cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON
     -DCMAKE_CUDA_COMPILER="$cuda_home/bin/nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 -DFSDP_CUDNN=ON
     ${cudnn_root:+-DFSDP_CUDNN_ROOT="$cudnn_root"} ${nccl_root:+-DFSDP_NCCL_ROOT="$nccl_root"}
-    -DFSDP_CUDNN_FRONTEND_DIR="$fe_dir" -DFSDP_MPI=ON -DFSDP_GLOO=ON)
+    -DFSDP_CUDNN_FRONTEND_DIR="$fe_dir" -DFSDP_MPI=ON -DFSDP_GLOO=ON -DFSDP_BLAS=openblas)
 }
 
 # gpu_nccl_why CONFIGURE_LOG: prints nothing where the build has NCCL, else where CMake looked for

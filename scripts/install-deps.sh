@@ -144,7 +144,24 @@ PY
   rm -rf "$tmp"
 }
 
-[ ${#missing[@]} -eq 0 ] && { cudnn_frontend; python_packages; gguf_model; gemma_model; chat_corpus; llama_templates; exit 0; }
+# The CPU BLAS that measured fastest for this CPU's vendor (bench/gemm_libs.sh, cmake/blas.cmake):
+# Debian's OpenBLAS above (the OpenMP build) everywhere, the fallback of every order, and the
+# fastest on AMD Zen 4; on an Intel CPU, Intel's MKL from PyPI (pinned, with its headers), which
+# FSDP_BLAS=auto then prefers there. FSDP_NO_MKL=1 skips it.
+intel_mkl() {
+  local version=2026.2.1
+  grep -q -m1 GenuineIntel /proc/cpuinfo 2> /dev/null || return 0
+  [ -z "${FSDP_NO_MKL:-}" ] || return 0
+  python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('mkl-devel') != '$version')" 2> /dev/null \
+    && return 0
+  echo "install-deps: pip installing mkl-devel==$version (Intel CPU: the fastest sgemm there)"
+  python3 -m pip install -q --disable-pip-version-check "mkl-devel==$version" 2>&1 \
+    | grep -v "as the 'root' user" >&2 || true
+  python3 -c "import importlib.metadata as m; m.version('mkl-devel')" 2> /dev/null \
+    || echo "install-deps: could not install mkl-devel==$version from PyPI; building with OpenBLAS" >&2
+}
+
+[ ${#missing[@]} -eq 0 ] && { cudnn_frontend; python_packages; intel_mkl; gguf_model; gemma_model; chat_corpus; llama_templates; exit 0; }
 
 sudo=()
 if [ "$(id -u)" -ne 0 ]; then
@@ -157,6 +174,7 @@ export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
 cudnn_frontend
 python_packages
+intel_mkl
 gguf_model
 gemma_model
 chat_corpus

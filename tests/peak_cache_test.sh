@@ -22,10 +22,15 @@ mkdir -p "$FSDP_CACHE_DIR"
 model=$(grep -m1 '^model name' /proc/cpuinfo | sed 's/^[^:]*: //')
 [ -n "$model" ] || model=unknown
 cpus=$(getconf _NPROCESSORS_ONLN)
-# The key names OpenBLAS's kernels too: those fsdp-train runs (after choosing better ones, ops/blas.h).
-kernel=$(OPENBLAS_VERBOSE=2 "$dir/fsdp-train" --help 2>&1 | sed -n 's/^Core: //p' | tail -1)
-[ -n "$kernel" ] || { echo "FAIL: OPENBLAS_VERBOSE=2 printed no 'Core:' line"; exit 1; }
 small=(--preset tiny --vocab 256 --dim 64 --layers 2 --heads 2 --seq 64 --batch 4 --threads 2)
+# The key names the BLAS's kernels too: those fsdp-train runs (after choosing better ones,
+# ops/blas.h), from its table's rows (a forced peak: the cache is not touched), and the library
+# where it is not Debian's OpenBLAS ("blis zen3").
+FSDP_GEMM_PEAK_GFLOPS=1 "$dir/fsdp-train" "${small[@]}" --steps 1 > "$work/blas.out" 2>&1
+kernel=$(sed -nE 's/^\| blas kernels +\| ([^ (]+).*\|$/\1/p' "$work/blas.out")
+library=$(sed -nE 's/^\| blas library +\| ([^ ]+) .*\|$/\1/p' "$work/blas.out")
+[ -n "$kernel" ] && [ -n "$library" ] || { echo "FAIL: no blas rows in fsdp-train's table: $(tail -3 "$work/blas.out")"; exit 1; }
+[ "$library" = openblas ] || kernel="$library $kernel"
 
 # Writes the cache with every thread count of this CPU at $1 FLOP/s, and one other CPU's entry.
 seed() {

@@ -7,20 +7,27 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "fsdp/core/ignore_index.h"
 #include "fsdp/core/tensor.h"
 
 namespace fsdp::kernels::cpu {
 
-// gemm.cpp: C[m,n] = alpha * op(A) op(B) + beta * C, row-major, through OpenBLAS.
+// gemm.cpp: C[m,n] = alpha * op(A) op(B) + beta * C, row-major, through the BLAS library the
+// build chose (cmake/blas.cmake).
 template <class T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
           const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
 // The best sgemm FLOP/s of `repeats` timed [m, k] x [k, n] products (after one warm-up) with
 // the current threads.
 double measure_sgemm_flops(int64_t m, int64_t n, int64_t k, int repeats);
-// The kernels OpenBLAS chose when it loaded, as it names them ("SkylakeX", "Prescott").
+// The library, as FSDP_BLAS names it: "mkl", "openblas", "scipy-openblas" or "blis".
+const char* blas_library();
+// Its version ("0.3.21", "0.9.0", "2026.2").
+std::string blas_version();
+// The kernels it runs on this CPU, as it names them: OpenBLAS's core ("SkylakeX", "Prescott",
+// chosen when it loaded), BLIS's configuration ("zen3"), MKL's processor path.
 const char* blas_core_name();
 
 // elementwise.cpp

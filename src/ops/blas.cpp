@@ -1,4 +1,4 @@
-// Choosing OpenBLAS's kernels (fsdp/ops/blas.h).
+// The CPU BLAS library and its kernels; choosing OpenBLAS's (fsdp/ops/blas.h).
 #include "fsdp/ops/blas.h"
 
 #include <fmt/core.h>
@@ -35,8 +35,14 @@ bool is_generic(std::string_view core) {
 
 std::string blas_kernel() { return kernels::cpu::blas_core_name(); }
 
+std::string blas_library() {
+  return fmt::format("{} {}", kernels::cpu::blas_library(), kernels::cpu::blas_version());
+}
+
 std::string blas_better_kernel() {
 #if defined(__x86_64__) || defined(__i386__)
+  // Only Debian's OpenBLAS (0.3.21) falls back to generic kernels on a CPU newer than it.
+  if (std::string_view(kernels::cpu::blas_library()) != "openblas") return "";
   if (!is_generic(blas_kernel())) return "";
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

@@ -121,9 +121,13 @@ double raise_cached(const std::string& path, const std::string& key, double obse
   return observed;
 }
 
-// The CPU, the threads and OpenBLAS's kernels (ops/blas.h: a generic fallback runs at a fraction).
+// The CPU, the threads and the BLAS's kernels (ops/blas.h: a generic fallback runs at a
+// fraction); a library other than Debian's OpenBLAS is named too (the keys before there was a
+// choice stay valid).
 std::string sgemm_key(int threads) {
-  return fmt::format("{} x{} {}", cpu_model(), threads, kernels::cpu::blas_core_name());
+  const std::string library = kernels::cpu::blas_library();
+  return fmt::format("{} x{} {}{}", cpu_model(), threads,
+                     library == "openblas" ? "" : library + " ", kernels::cpu::blas_core_name());
 }
 
 std::string device_key(Device device, DType dtype, std::string* name) {

@@ -152,7 +152,10 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
     row("attention", path(0));
   }
   row("threads", std::to_string(threads));
-  if (device.is_cpu()) row("blas kernels", ops::blas_kernel_note());
+  if (device.is_cpu()) {
+    row("blas library", ops::blas_library());
+    row("blas kernels", ops::blas_kernel_note());
+  }
   row("sgemm peak", fmt::format("{:.1f} GFLOP/s, all ranks (MFU denominator)", peak / 1e9));
   row("FLOPs / token", fmt::format("{:.3g}", cfg.flops_per_token()));
   fmt::print("+{:-<24}+{:-<46}+\n", "", "");

@@ -1,23 +1,31 @@
-// OpenBLAS, the CPU GEMM's library: the kernels it runs, and better ones where it fell back.
+// The CPU GEMM's library (chosen at build time by measurement, cmake/blas.cmake: MKL, OpenBLAS,
+// PyPI's scipy-openblas or BLIS): its name, the kernels it runs, and, for Debian's OpenBLAS,
+// better ones where it fell back.
 //
 // OpenBLAS chooses its kernels once, as it loads, from the CPU's model. A CPU newer than the
 // library gets a generic SSE kernel: Debian 12's OpenBLAS 0.3.21 knows no Sapphire or Emerald
 // Rapids Xeon and no Zen 4, runs Prescott's kernels there, and fsdp-train's steps took 3.4x as
 // long as with SkylakeX's (bench/results/cpu-tiny*.md). OPENBLAS_CORETYPE names the kernels to
 // use instead, but only before the library loads: so a binary calls use_best_blas_kernel(argv)
-// first thing in main(), and it re-executes itself with the variable set when that helps.
+// first thing in main(), and it re-executes itself with the variable set when that helps. The
+// other libraries know this generation (scipy-openblas 0.3.34, BLIS's zen3 and skx
+// configurations, MKL): with them nothing re-executes.
 #pragma once
 
 #include <string>
 
 namespace fsdp::ops {
 
-// The kernels OpenBLAS runs, as it names them ("SkylakeX", "Haswell", "Prescott").
+// The library and its version, for a run's table: "openblas 0.3.21", "blis 0.9.0", "mkl 2026.2".
+std::string blas_library();
+
+// The kernels the library runs, as it names them ("SkylakeX", "Haswell", "Prescott" for
+// OpenBLAS; "zen3" for BLIS).
 std::string blas_kernel();
 
 // Better kernels than OpenBLAS's generic fallback that this CPU runs: "SkylakeX" (AVX-512 F, BW,
 // VL, DQ and CD) or "Haswell" (AVX2 and FMA); "" when OpenBLAS chose a CPU-specific kernel itself,
-// or the CPU has neither.
+// the CPU has neither, or the library is not Debian's OpenBLAS.
 std::string blas_better_kernel();
 
 // When blas_better_kernel() names one, OPENBLAS_CORETYPE is unset, FSDP_BLAS_REEXEC is 1 (2 also
