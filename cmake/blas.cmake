@@ -9,7 +9,7 @@
 # Debian's OpenBLAS (OpenMP, its threads wait passively) keeps its step time on a loaded machine,
 # where BLIS's and scipy-openblas's spinning threads made 2-thread steps several times slower:
 # openblas first. On Intel CPUs MKL first (issue 55: 293 against OpenBLAS's 201 GFLOP/s on an
-# Emerald Rapids Xeon; install-deps.sh installs it there). Debian's OpenBLAS, which
+# Emerald Rapids Xeon; install-deps.sh installs it there with FSDP_WITH_MKL=1). Debian's OpenBLAS, which
 # install-deps.sh always installs, is in every order.
 set(FSDP_BLAS auto CACHE STRING "CPU BLAS: auto, mkl, openblas, scipy-openblas or blis")
 set_property(CACHE FSDP_BLAS PROPERTY STRINGS auto mkl openblas scipy-openblas blis)

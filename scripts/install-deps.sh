@@ -146,12 +146,14 @@ PY
 
 # The CPU BLAS that measured fastest for this CPU's vendor (bench/gemm_libs.sh, cmake/blas.cmake):
 # Debian's OpenBLAS above (the OpenMP build) everywhere, the fallback of every order, and the
-# fastest on AMD Zen 4; on an Intel CPU, Intel's MKL from PyPI (pinned, with its headers), which
-# FSDP_BLAS=auto then prefers there. FSDP_NO_MKL=1 skips it.
+# fastest on AMD Zen 4 (bench/results/gemm-libs-cpu.md). On an Intel CPU, with FSDP_WITH_MKL=1,
+# Intel's MKL from PyPI (pinned, with its headers), which FSDP_BLAS=auto then prefers there. Not by
+# default: the test suite has not run against MKL on an Intel CPU (its bit-identical checks across
+# world sizes hold within OpenBLAS; MKL's kernels there are unmeasured by this project).
 intel_mkl() {
   local version=2026.2.1
   grep -q -m1 GenuineIntel /proc/cpuinfo 2> /dev/null || return 0
-  [ -z "${FSDP_NO_MKL:-}" ] || return 0
+  [ -n "${FSDP_WITH_MKL:-}" ] || return 0
   python3 -c "import importlib.metadata as m, sys; sys.exit(m.version('mkl-devel') != '$version')" 2> /dev/null \
     && return 0
   echo "install-deps: pip installing mkl-devel==$version (Intel CPU: the fastest sgemm there)"
