@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,7 +21,9 @@
 #include "fsdp/core/dtype.h"
 #include "fsdp/core/tensor.h"
 #include "fsdp/nn/module.h"
+#include "fsdp/nn/loss.h"
 #include "fsdp/nn/moe.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/ops/ops.h"
 #include "test_util.h"
 
@@ -342,6 +345,145 @@ TEST(MoE, RefusesBadOptionsByName) {
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no last dim 6"), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------- in the Transformer
+
+// A Qwen3-MoE-shaped model: layer 0 dense (mlp_only_layers), layers 1 and 2 MoE, GQA, QK-norm.
+nn::TransformerConfig moe_model() {
+  nn::TransformerConfig c;
+  c.arch = nn::Arch::llama;
+  c.vocab = 13, c.dim = kDim, c.layers = 3, c.heads = 2, c.kv_heads = 1, c.head_dim = 4;
+  c.seq = 5, c.batch = 2, c.ffn_hidden = 7, c.qk_norm = true, c.norm_eps = 1e-6;
+  c.moe = {.experts = kExperts, .top_k = 2, .hidden = kHidden, .norm_topk_prob = true,
+           .dense_layers = {0}, .aux_coef = 0.05, .z_coef = 0.01};
+  return c;
+}
+
+// The fused loss of a batch: its chunks' sum, the router loss among them.
+double fused_loss(nn::Transformer& m, const Tensor& tokens, const Tensor& targets,
+                  double scale = 1, bool backward = false) {
+  const nn::BatchContextScope ctx(m, {.targets = targets, .loss_scale = scale});
+  double sum = 0;
+  for (double part : m.forward(tokens).to_f64_vector()) sum += part;
+  if (backward) m.backward(Tensor());
+  return sum;
+}
+
+TEST(MoEModel, ConfigCountsAndNames) {
+  const nn::TransformerConfig c = moe_model();
+  nn::Transformer m(c);
+  EXPECT_EQ(c.num_parameters(), m.num_parameters());
+  EXPECT_EQ(m.moe_layers().size(), 2u);
+  EXPECT_EQ(c.active_parameters(), c.num_parameters() - 2 * 3 * (kExperts - 2) * kHidden * kDim);
+  EXPECT_EQ(m.parameter("layers.1.ffn.experts.gate_proj").shape,
+            (Shape{kExperts, kHidden, kDim}));
+  EXPECT_EQ(m.parameter("layers.1.ffn.gate.weight").shape, (Shape{kExperts, kDim}));
+  EXPECT_EQ(m.parameter("layers.0.ffn.w1.weight").shape, (Shape{7, kDim}));
+  nn::MoEConfig steps = c.moe;  // the closed-form count of sparse layers against the loop
+  steps.sparse_step = 2, steps.dense_layers = {1, 3, 3, 4};
+  for (int64_t layers : {1, 2, 7, 8}) {
+    int64_t loop = 0;
+    for (int64_t i = 0; i < layers; ++i) loop += steps.sparse(i);
+    EXPECT_EQ(steps.sparse_layers(layers), loop) << layers;
+  }
+  EXPECT_EQ(nn::TransformerConfig::from_json(c.to_json()).moe, c.moe);
+  EXPECT_EQ(nn::TransformerConfig::from_json(c.to_json()).to_json(), c.to_json());
+  nn::TransformerConfig bad = c;
+  bad.moe.dense_layers = {3};
+  EXPECT_THROW(bad.validate(), Error);
+  bad = c;
+  bad.moe.top_k = 5;
+  EXPECT_THROW(bad.validate(), Error);
+  std::string j = c.to_json();
+  j.replace(j.find("\"top_k\":2"), 9, "\"top_k\":\"2\"");
+  try {
+    nn::TransformerConfig::from_json(j);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("moe.top_k"), std::string::npos) << e.what();
+  }
+}
+
+// Every parameter's gradient of the fused loss with the router loss (aux and z) in it, against
+// float64 finite differences; the loss is the cross-entropy plus the router term.
+TEST(MoEModel, WholeModelGradientWithTheRouterLoss) {
+  const nn::TransformerConfig c = moe_model();
+  nn::Transformer m(c);
+  auto flat = nn::materialize(m, DType::f64, 11);
+  for (auto& [n, p] : m.named_parameters())
+    if (n.find("ffn.gate.weight") != std::string::npos)  // routers apart from ties
+      p->data.copy_(test::random_tensor(p->shape, 5, DType::f64));
+  Tensor tokens = test::random_ids({c.batch, c.seq}, c.vocab, 12);
+  Tensor targets = test::random_ids({c.batch, c.seq}, c.vocab, 13);
+  flat.grads.zero_();
+  const double loss = fused_loss(m, tokens, targets, 1, true);
+  EXPECT_GT(m.router_loss(), 0.05 * 0.99);  // aux >= 1 (E sum f P), times its coefficient
+  {
+    nn::LMLoss ce;
+    const double plain = ce.forward(m.forward(tokens), targets, 0).item();
+    EXPECT_NEAR(loss, plain + m.router_loss(), 1e-12);
+  }
+  const Tensor grads = flat.grads.clone();
+  auto f = [&] { return fused_loss(m, tokens, targets); };
+  for (auto& [n, p] : m.named_parameters()) {
+    const int64_t off = (static_cast<const char*>(p->grad.raw_data()) -
+                         static_cast<const char*>(flat.grads.raw_data())) /
+                        int64_t(sizeof(double));
+    test::expect_grad_matches(n, f, p->data, grads.slice(off, off + p->grad.numel()).view(p->shape),
+                              12, 1e-6, 1e-8);
+  }
+}
+
+// Two ranks' halves of a batch with the router statistics summed over them (set_router_reduce)
+// give the whole batch's loss and, averaged as the data-parallel backward averages, its gradients:
+// the router loss is the global batch's at any world size.
+TEST(MoEModel, GlobalRouterStatisticsMakeTwoRanksOne) {
+  const nn::TransformerConfig c = moe_model();
+  nn::Transformer m(c);
+  auto flat = nn::materialize(m, DType::f64, 11);
+  for (auto& [n, p] : m.named_parameters())
+    if (n.find("ffn.gate.weight") != std::string::npos)
+      p->data.copy_(test::random_tensor(p->shape, 5, DType::f64));
+  Tensor tokens = test::random_ids({c.batch, c.seq}, c.vocab, 12);
+  Tensor targets = test::random_ids({c.batch, c.seq}, c.vocab, 13);
+  flat.grads.zero_();
+  const double whole = fused_loss(m, tokens, targets, 1, true);
+  const std::vector<double> want = flat.grads.to_f64_vector();
+  // Each rank's statistics, for the other's reduce.
+  std::vector<double> stats[2];
+  for (int r : {0, 1}) {
+    fused_loss(m, tokens.slice(r, r + 1), targets.slice(r, r + 1));
+    nn::RouterTotals t;
+    for (nn::MoE* l : m.moe_layers()) t.add(*l->last_call());
+    stats[r] = t.as_vector();
+  }
+  flat.grads.zero_();
+  double mean = 0;
+  for (int r : {0, 1}) {
+    m.set_router_reduce(
+        [&](std::vector<double>& v) {
+          for (size_t i = 0; i < v.size(); ++i) v[i] += stats[1 - r][i];
+        },
+        2);
+    mean += fused_loss(m, tokens.slice(r, r + 1), targets.slice(r, r + 1), 0.5, true) / 2;
+  }
+  EXPECT_NEAR(mean, whole, 1e-13);
+  const std::vector<double> got = flat.grads.to_f64_vector();
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << i;
+}
+
+// Without the fused loss the logits' loss cannot carry the router's: a backward is refused.
+TEST(MoEModel, LogitsBackwardRefusedWithARouterLoss) {
+  nn::Transformer m(moe_model());
+  nn::materialize(m, DType::f64, 11);
+  Tensor logits = m.forward(test::random_ids({2, 5}, 13, 12));
+  try {
+    m.backward(logits);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fused loss only"), std::string::npos) << e.what();
   }
 }
 

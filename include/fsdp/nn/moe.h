@@ -62,6 +62,33 @@ struct MoEOptions {
   bool norm_topk_prob = false;  // softmax_topk only: the k weights divided by their sum
 };
 
+// A model's mixture of experts (nn::TransformerConfig::moe): which blocks' FFN is an MoE and its
+// options. Block i is sparse when experts > 0, i is not in dense_layers and (i + 1) is a multiple
+// of sparse_step (transformers' Qwen3-MoE: mlp_only_layers, decoder_sparse_step); a dense block
+// keeps the config's FFN (ffn_hidden).
+struct MoEConfig {
+  int64_t experts = 0;  // 0: no MoE
+  int64_t top_k = 0, hidden = 0;
+  RouterKind router = RouterKind::softmax_topk;
+  bool norm_topk_prob = false;
+  int64_t sparse_step = 1;
+  std::vector<int64_t> dense_layers;
+  double aux_coef = 0;  // router_aux_loss_coef: the load-balancing loss's weight in the loss
+  double z_coef = 0;    // the router z-loss's (0: none)
+  bool enabled() const { return experts > 0; }
+  bool sparse(int64_t layer) const;
+  int64_t sparse_layers(int64_t layers) const;
+  MoEOptions options() const {
+    return {.experts = experts, .top_k = top_k, .hidden = hidden, .router = router,
+            .norm_topk_prob = norm_topk_prob};
+  }
+  // Refuses, naming the field, what no model holds (top_k over experts, a dense layer index
+  // outside [0, layers)).
+  void validate(int64_t layers) const;
+  bool operator==(const MoEConfig&) const = default;
+};
+const char* router_kind_name(RouterKind kind);  // "softmax_topk", "topk_softmax"
+
 // One call's routing statistics (MoE::last_call()).
 struct RouterCall {
   int64_t rows = 0;              // this call's rows (tokens)

@@ -24,12 +24,12 @@ Parallelized parallelize(nn::Transformer& model, const Parallelism& p);
 // (A LoRA run's adapters, "lora", are part of the model: a resume must have the same ones.)
 // Gemma 3's options are among them: a resume without --geglu, or with another window, would
 // compute another function of the same weights.
-inline constexpr std::array<std::string_view, 22> kShapeKeys = {
+inline constexpr std::array<std::string_view, 23> kShapeKeys = {
     "arch",          "vocab",           "dim",          "layers",         "heads",
     "ffn_hidden",    "kv_heads",        "head_dim",     "tie_embeddings", "qkv_bias",
     "qk_norm",       "rope_theta",      "rope_scaling", "norm_eps",       "lora",
     "norm_plus_one", "sandwich_norms",  "geglu",        "embed_scale",    "sliding_window",
-    "global_every",  "rope_local_theta"};
+    "global_every",  "rope_local_theta", "moe"};
 std::vector<profiler::GemmShape> gemm_shapes(const nn::TransformerConfig& config);
 
 // Whether a llama config has any of Gemma 3's options (then it is gemma3's, or no family's).

@@ -282,7 +282,8 @@ std::vector<std::pair<std::string, Tensor>> gguf_rope_freqs(const nn::Transforme
 namespace {
 
 bool matches(const nn::TransformerConfig& c) {
-  return c.arch == nn::Arch::llama && !c.qkv_bias && !c.qk_norm && !has_gemma_options(c);
+  return c.arch == nn::Arch::llama && !c.qkv_bias && !c.qk_norm && !has_gemma_options(c) &&
+         !c.moe.enabled();
 }
 
 nn::TransformerConfig read(const std::string& text, const std::string& where) {
