@@ -474,6 +474,23 @@ TEST(MoEModel, GlobalRouterStatisticsMakeTwoRanksOne) {
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << i;
 }
 
+// Activation checkpointing recomputes the MoE blocks in the backward: the router's gradient (set
+// for the microbatch, not the call) still reaches them; the gradients are bit for bit the same.
+TEST(MoEModel, ActivationCheckpointingKeepsTheRouterGradient) {
+  const nn::TransformerConfig c = moe_model();
+  std::vector<double> grads[2];
+  for (bool checkpoint : {false, true}) {
+    nn::Transformer m(c);
+    auto flat = nn::materialize(m, DType::f64, 11);
+    for (nn::Module& block : m.layers()) block.set_activation_checkpoint(checkpoint);
+    flat.grads.zero_();
+    fused_loss(m, test::random_ids({c.batch, c.seq}, c.vocab, 12),
+               test::random_ids({c.batch, c.seq}, c.vocab, 13), 1, true);
+    grads[checkpoint] = flat.grads.to_f64_vector();
+  }
+  EXPECT_EQ(grads[0], grads[1]);
+}
+
 // Without the fused loss the logits' loss cannot carry the router's: a backward is refused.
 TEST(MoEModel, LogitsBackwardRefusedWithARouterLoss) {
   nn::Transformer m(moe_model());

@@ -16,6 +16,7 @@
   X(qwen3)                     \
   X(gemma3)                    \
   X(mistral)                   \
+  X(qwen3_moe)                 \
   /* the end of the list */
 
 namespace fsdp::models {
@@ -46,6 +47,10 @@ const ModelSpec& spec_of(const nn::TransformerConfig& c) {
   // No family holds it: say which options do not go together.
   FSDP_CHECK(!(c.norm_plus_one && c.sandwich_norms && c.geglu && c.embed_scale && c.qk_norm),
              "[models] a Gemma 3 model with q/k/v biases is no family's: gemma3 has none");
+  FSDP_CHECK(!c.moe.enabled(),
+             "[models] a mixture of experts with qk_norm {}, router {} is no family's: qwen3_moe "
+             "has QK-norm, no biases and router softmax_topk",
+             c.qk_norm, nn::router_kind_name(c.moe.router));
   FSDP_CHECK(!(c.qk_norm && c.qkv_bias),
              "[models] a model with q/k norms and q/k/v biases (no o_proj bias) is no family's: "
              "qwen3 has QK-norm and no biases, qwen2 biases and no QK-norm");
