@@ -57,8 +57,13 @@ std::vector<std::pair<std::string, nn::TransformerConfig>> one_of_each() {
   qwen3_moe.tie_embeddings = false;
   qwen3_moe.moe = {.experts = 8, .top_k = 2, .hidden = 64, .norm_topk_prob = true,
                    .dense_layers = {0}, .aux_coef = 0.001};
-  return {{"seed", seed},   {"llama", llama},   {"qwen2", qwen2},         {"qwen3", qwen3},
-          {"gemma3", gemma3}, {"mistral", mistral}, {"qwen3_moe", qwen3_moe}};
+  nn::TransformerConfig mixtral = llama_like();
+  mixtral.ffn_hidden = 64;
+  mixtral.moe = {.experts = 4, .top_k = 2, .hidden = 64, .router = nn::RouterKind::topk_softmax,
+                 .aux_coef = 0.02};
+  return {{"seed", seed},       {"llama", llama},     {"qwen2", qwen2},
+          {"qwen3", qwen3},     {"gemma3", gemma3},   {"mistral", mistral},
+          {"qwen3_moe", qwen3_moe}, {"mixtral", mixtral}};
 }
 
 }  // namespace
@@ -94,10 +99,10 @@ TEST(ModelSpec, EachFamilysConfigIsItsAndNoOtherFamilys) {
   EXPECT_NE(models::spec_named("qwen3")->read_gguf_config, nullptr);
 }
 
-// qwen3_moe's experts: our stacked [E, ...] parameters are Hugging Face's tensors one per expert;
+// qwen3_moe's and mixtral's experts: our stacked [E, ...] parameters are Hugging Face's tensors one per expert;
 // a mixture of experts without QK-norm is no family's (it trains as llama's form, no export).
-TEST(ModelSpec, Qwen3MoeNamesItsExpertsOnePerExpert) {
-  const nn::TransformerConfig c = one_of_each().back().second;
+TEST(ModelSpec, MoeFamiliesNameTheirExpertsOnePerExpert) {
+  const nn::TransformerConfig c = one_of_each()[6].second;
   const models::StateDictAdapter& a = *models::spec_of(c).adapter;
   EXPECT_EQ(a.stacked_names("layers.2.ffn.experts.down_proj", models::Naming::hf, 3),
             (std::vector<std::string>{"model.layers.2.mlp.experts.0.down_proj.weight",
@@ -115,6 +120,16 @@ TEST(ModelSpec, Qwen3MoeNamesItsExpertsOnePerExpert) {
             std::string::npos);
   EXPECT_EQ(models::spec_to_train(no_qk).name, "llama");
   EXPECT_NE(error_of([&] { models::spec_of(c).check_gguf(c); }).find("not written yet"),
+            std::string::npos);
+  // Mixtral's: w1, w3, w2 under block_sparse_moe.
+  const nn::TransformerConfig m = one_of_each()[7].second;
+  EXPECT_EQ(models::spec_of(m).adapter->stacked_names("layers.0.ffn.experts.up_proj",
+                                                      models::Naming::hf, 1),
+            (std::vector<std::string>{"model.layers.0.block_sparse_moe.experts.0.w3.weight"}));
+  nlohmann::json j = nlohmann::json::parse(models::spec_of(m).write_hf_config(m));
+  j["sliding_window"] = 4096;
+  EXPECT_NE(error_of([&] { (void)models::spec_of(m).read_hf_config(j.dump(), "x/config.json"); })
+                .find("x/config.json: sliding_window 4096"),
             std::string::npos);
 }
 

@@ -49,6 +49,12 @@ nn::TransformerConfig read_gguf_keys(const GgufHeader& f, const std::string& arc
 // Llama 3's rope scaling refused for llama.cpp architectures that take none (qwen2, qwen3).
 void check_no_rope_scaling_in_gguf(const nn::TransformerConfig& c, std::string_view arch);
 
+// transformers' MoE families add the router's load-balancing loss (router_aux_loss_coef, default
+// 0.001) to the loss only with output_router_logits: our MoEConfig::aux_coef, from and to a
+// config.json (qwen3_moe, mixtral).
+double read_router_aux_coef(const nlohmann::json& j, const std::string& where);
+void write_router_aux_coef(const nn::TransformerConfig& c, nlohmann::json& j);
+
 // A relative's spec functions, by its spec (Relative: &<family>::spec), for a relative whose
 // config.json is LlamaForCausalLM's form under its model_type and whose GGUF keys are llama's under
 // its architecture, with no rope scaling there (qwen2, qwen3): what their specs share.

@@ -62,10 +62,7 @@ nn::TransformerConfig read(const std::string& text, const std::string& where) {
     if (!dense->is_array()) f.wrong("an array of layer indices", *dense);
     for (size_t i = 0; i < dense->size(); ++i) m.dense_layers.push_back(f.at(i).integer((*dense)[i]));
   }
-  const json* coef = jf::member(j, "router_aux_loss_coef");
-  const double aux = coef ? field("router_aux_loss_coef").number(*coef) : 0.001;
-  // transformers adds the load-balancing loss to the loss only with output_router_logits.
-  m.aux_coef = boolean("output_router_logits", false) ? aux : 0.0;
+  m.aux_coef = llama::read_router_aux_coef(j, where);
   FSDP_CHECK(m.experts > 0, "[hf] {}: num_experts {} must be positive (a dense model is qwen3's)",
              where, m.experts);
   FSDP_CHECK(m.sparse_step > 0, "[hf] {}: decoder_sparse_step {} must be positive", where,
@@ -83,25 +80,13 @@ std::string write(const nn::TransformerConfig& c) {
   j["norm_topk_prob"] = c.moe.norm_topk_prob;
   j["decoder_sparse_step"] = c.moe.sparse_step;
   j["mlp_only_layers"] = c.moe.dense_layers;
-  j["router_aux_loss_coef"] = c.moe.aux_coef > 0 ? c.moe.aux_coef : 0.001;
-  j["output_router_logits"] = c.moe.aux_coef > 0;
+  llama::write_router_aux_coef(c, j);
   return j.dump();
 }
 
 void check_gguf(const nn::TransformerConfig&) {
   FSDP_FAIL("[gguf] qwen3_moe: the GGUF export of a mixture of experts (llama.cpp's qwen3moe) "
             "is not written yet; export to Hugging Face's format instead");
-}
-
-std::vector<profiler::GemmShape> gemm_shapes(const nn::TransformerConfig& c) {
-  std::vector<profiler::GemmShape> s = llama::gemm_shapes(c);
-  const int64_t rows = c.batch * c.seq, d = c.dim, h = c.moe.hidden;
-  // One expert's share of the routed rows (rows k / E on average), and the router.
-  const int64_t expert_rows = std::max<int64_t>(1, rows * c.moe.top_k / c.moe.experts);
-  s.push_back({expert_rows, h, d});
-  s.push_back({expert_rows, d, h});
-  s.push_back({rows, c.moe.experts, d});
-  return s;
 }
 
 // The router's rows, then the experts' stacked ones.
@@ -114,15 +99,9 @@ constexpr NameRow kStackedNames[] = {
     {"ffn.experts.down_proj", "mlp.experts.{}.down_proj.weight", ""},
 };
 
-constexpr StateDictAdapter make_adapter() {
-  StateDictAdapter a = llama::relative_adapter({}, kMoeBlockNames);
-  a.stacked = kStackedNames;
-  return a;
-}
-
 }  // namespace
 
-constexpr StateDictAdapter adapter = make_adapter();
+constexpr StateDictAdapter adapter = llama::moe_adapter(kMoeBlockNames, kStackedNames);
 
 const ModelSpec spec = {
     .name = "qwen3_moe",
@@ -139,7 +118,7 @@ const ModelSpec spec = {
     .build = llama::build,
     .parallelize = llama::parallelize,
     .shape_keys = llama::kShapeKeys,
-    .gemm_shapes = gemm_shapes,
+    .gemm_shapes = llama::gemm_shapes,
 };
 
 }  // namespace fsdp::models::qwen3_moe
