@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cstdint>
 #include <exception>
 #include <initializer_list>
 #include <map>
@@ -52,8 +53,17 @@ std::vector<std::pair<std::string, nn::TransformerConfig>> one_of_each() {
   gemma3.sliding_window = 32, gemma3.global_every = 2, gemma3.rope_local_theta = 10000;
   gemma3.rope_theta = 1e6;
   mistral.sliding_window = 16;
-  return {{"seed", seed},   {"llama", llama},   {"qwen2", qwen2},
-          {"qwen3", qwen3}, {"gemma3", gemma3}, {"mistral", mistral}};
+  nn::TransformerConfig qwen3_moe = qwen3;
+  qwen3_moe.tie_embeddings = false;
+  qwen3_moe.moe = {.experts = 8, .top_k = 2, .hidden = 64, .norm_topk_prob = true,
+                   .dense_layers = {0}, .aux_coef = 0.001};
+  nn::TransformerConfig mixtral = llama_like();
+  mixtral.ffn_hidden = 64;
+  mixtral.moe = {.experts = 4, .top_k = 2, .hidden = 64, .router = nn::RouterKind::topk_softmax,
+                 .aux_coef = 0.02};
+  return {{"seed", seed},       {"llama", llama},     {"qwen2", qwen2},
+          {"qwen3", qwen3},     {"gemma3", gemma3},   {"mistral", mistral},
+          {"qwen3_moe", qwen3_moe}, {"mixtral", mixtral}};
 }
 
 }  // namespace
@@ -87,6 +97,40 @@ TEST(ModelSpec, EachFamilysConfigIsItsAndNoOtherFamilys) {
   EXPECT_NE(models::spec_named("gemma3")->read_gguf_config, nullptr);
   EXPECT_NE(models::spec_named("qwen2")->read_gguf_config, nullptr);
   EXPECT_NE(models::spec_named("qwen3")->read_gguf_config, nullptr);
+}
+
+// qwen3_moe's and mixtral's experts: our stacked [E, ...] parameters are Hugging Face's tensors one per expert;
+// a mixture of experts without QK-norm is no family's (it trains as llama's form, no export).
+TEST(ModelSpec, MoeFamiliesNameTheirExpertsOnePerExpert) {
+  const nn::TransformerConfig c = one_of_each()[6].second;
+  const models::StateDictAdapter& a = *models::spec_of(c).adapter;
+  EXPECT_EQ(a.stacked_names("layers.2.ffn.experts.down_proj", models::Naming::hf, 3),
+            (std::vector<std::string>{"model.layers.2.mlp.experts.0.down_proj.weight",
+                                      "model.layers.2.mlp.experts.1.down_proj.weight",
+                                      "model.layers.2.mlp.experts.2.down_proj.weight"}));
+  EXPECT_TRUE(a.stacked_names("layers.2.ffn.w1.weight", models::Naming::hf, 3).empty());
+  EXPECT_TRUE(a.stacked_names("layers.2.ffn.experts.up_proj", models::Naming::gguf, 3).empty());
+  EXPECT_EQ(a.rename("layers.1.ffn.gate.weight", models::Naming::ours, models::Naming::hf),
+            "model.layers.1.mlp.gate.weight");
+  EXPECT_EQ(a.rename("layers.0.ffn.w1.weight", models::Naming::ours, models::Naming::hf),
+            "model.layers.0.mlp.gate_proj.weight");
+  nn::TransformerConfig no_qk = c;
+  no_qk.qk_norm = false;
+  EXPECT_NE(error_of([&] { (void)models::spec_of(no_qk); }).find("mixture of experts"),
+            std::string::npos);
+  EXPECT_EQ(models::spec_to_train(no_qk).name, "llama");
+  EXPECT_NE(error_of([&] { models::spec_of(c).check_gguf(c); }).find("not written yet"),
+            std::string::npos);
+  // Mixtral's: w1, w3, w2 under block_sparse_moe.
+  const nn::TransformerConfig m = one_of_each()[7].second;
+  EXPECT_EQ(models::spec_of(m).adapter->stacked_names("layers.0.ffn.experts.up_proj",
+                                                      models::Naming::hf, 1),
+            (std::vector<std::string>{"model.layers.0.block_sparse_moe.experts.0.w3.weight"}));
+  nlohmann::json j = nlohmann::json::parse(models::spec_of(m).write_hf_config(m));
+  j["sliding_window"] = 4096;
+  EXPECT_NE(error_of([&] { (void)models::spec_of(m).read_hf_config(j.dump(), "x/config.json"); })
+                .find("x/config.json: sliding_window 4096"),
+            std::string::npos);
 }
 
 // config.json both ways: the family's writer, then its reader, give back the same model (its

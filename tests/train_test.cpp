@@ -305,6 +305,7 @@ TEST(ModelSpec, ArchReadsTheFormsAndEachFamilysKeysAreItsConfigs) {
     every.lora = {.rank = 4, .alpha = 8, .targets = nn::parse_lora_targets("q,v")};
     every.norm_plus_one = every.sandwich_norms = every.geglu = every.embed_scale = true;
     every.sliding_window = 8, every.global_every = 2, every.rope_local_theta = 1e4;
+    every.moe = {.experts = 4, .top_k = 2, .hidden = 8};
     const nlohmann::json j = nlohmann::json::parse(every.to_json());
     for (std::string_view key : f->shape_keys) EXPECT_TRUE(j.contains(key)) << key;
     const std::vector<profiler::GemmShape> shapes = f->gemm_shapes(c);

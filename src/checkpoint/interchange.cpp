@@ -274,7 +274,10 @@ NamedTensors to_hf(const nn::TransformerConfig& cfg, const NamedTensors& ours) {
   NamedTensors out;
   const auto rows = in_proj_rows(cfg);
   for (auto& [name, t] : ours) {
-    if (is_in_proj(name) || is_in_proj_bias(name)) {
+    if (const auto experts = names.stacked_names(name, Naming::hf, cfg.moe.experts);
+        !experts.empty()) {
+      for (size_t e = 0; e < experts.size(); ++e) out.emplace_back(experts[e], t.select(int64_t(e)));
+    } else if (is_in_proj(name) || is_in_proj_bias(name)) {
       const auto qkv = names.in_proj_names(name, Naming::hf);
       for (size_t i = 0; i < 3; ++i)
         out.emplace_back(qkv[i], t.slice(rows[i].first, rows[i].second));

@@ -85,7 +85,14 @@ struct Stored {
   const PretrainedSource* src = nullptr;
   std::string name;
   Shape shape;
+  // One expert of a stacked parameter: the whole tensor is one row of ours (shape [1, ...]).
+  bool one_row = false;
   Tensor rows(int64_t a, int64_t b) const {
+    if (one_row) {
+      Shape whole(shape.begin() + 1, shape.end());
+      Tensor t = Stored{src, name, whole}.rows(0, whole[0]);
+      return t.view(shape);
+    }
     if (src->gguf) {
       if (shape.size() == 1) {
         Tensor t = src->gguf->read(name, RowOrder::hf).slice(a, b).contiguous();
@@ -135,6 +142,17 @@ std::vector<std::pair<Stored, int64_t>> parts_of(const PretrainedSource& s,
   const models::StateDictAdapter* names = models::spec_to_train(cfg).adapter;
   if (!names) missing("");
   const Naming naming = s.gguf ? Naming::gguf : Naming::hf;
+  if (const auto experts = names->stacked_names(name, naming, cfg.moe.experts); !experts.empty()) {
+    std::vector<std::pair<Stored, int64_t>> out;
+    for (size_t e = 0; e < experts.size(); ++e) {
+      auto st = stored(s, experts[e]);
+      if (!st) missing(experts[e]);
+      st->shape.insert(st->shape.begin(), 1);
+      st->one_row = true;
+      out.emplace_back(*st, int64_t(e));
+    }
+    return out;
+  }
   if (is_in_proj(name) || is_in_proj_bias(name)) {
     const auto rows = in_proj_rows(cfg);
     const auto qkv = names->in_proj_names(name, naming);
@@ -160,7 +178,10 @@ void check_shape(const PretrainedSource& s, const nn::TransformerConfig& cfg,
   for (size_t i = 0; i < parts.size(); ++i) {
     const Stored& st = parts[i].first;
     Shape need = want;
-    if (parts.size() == 3) need[0] = rows[i].second - rows[i].first;
+    if (st.one_row)
+      need[0] = 1;
+    else if (parts.size() == 3)
+      need[0] = rows[i].second - rows[i].first;
     FSDP_CHECK(st.shape == need,
                "[init-from] {}: '{}' has shape {} but the model ({} heads, {} kv heads of {}, "
                "dim {}) needs {} for '{}'",
@@ -218,7 +239,7 @@ Tensor Pretrained::read_rows(const nn::TransformerConfig& cfg, const std::string
                              int64_t begin, int64_t end) const {
   auto parts = parts_of(*source, cfg, name);
   Shape shape = parts[0].first.shape;
-  if (parts.size() == 3) shape[0] = in_proj_rows(cfg)[2].second;
+  shape[0] = parts.back().second + parts.back().first.shape[0];  // q/k/v's or experts' together
   FSDP_CHECK(0 <= begin && begin <= end && end <= shape[0],
              "[pretrained] {}: rows [{}, {}) of '{}' are outside its {} rows", path, begin, end,
              name, shape[0]);
@@ -238,7 +259,7 @@ Tensor Pretrained::read(const nn::TransformerConfig& cfg, const std::string& nam
       return *t;
     }
   }
-  const int64_t rows = parts.size() == 3 ? in_proj_rows(cfg)[2].second : parts[0].first.shape[0];
+  const int64_t rows = parts.back().second + parts.back().first.shape[0];
   return read_rows(cfg, name, 0, rows);
 }
 

@@ -16,6 +16,8 @@
   X(qwen3)                     \
   X(gemma3)                    \
   X(mistral)                   \
+  X(qwen3_moe)                 \
+  X(mixtral)                   \
   /* the end of the list */
 
 namespace fsdp::models {
@@ -46,6 +48,12 @@ const ModelSpec& spec_of(const nn::TransformerConfig& c) {
   // No family holds it: say which options do not go together.
   FSDP_CHECK(!(c.norm_plus_one && c.sandwich_norms && c.geglu && c.embed_scale && c.qk_norm),
              "[models] a Gemma 3 model with q/k/v biases is no family's: gemma3 has none");
+  FSDP_CHECK(!c.moe.enabled(),
+             "[models] a mixture of experts with qk_norm {}, router {} and {} of {} blocks sparse "
+             "is no family's: qwen3_moe has QK-norm and router softmax_topk, mixtral no QK-norm, "
+             "router topk_softmax and every block sparse (neither has biases)",
+             c.qk_norm, nn::router_kind_name(c.moe.router), c.moe.sparse_layers(c.layers),
+             c.layers);
   FSDP_CHECK(!(c.qk_norm && c.qkv_bias),
              "[models] a model with q/k norms and q/k/v biases (no o_proj bias) is no family's: "
              "qwen3 has QK-norm and no biases, qwen2 biases and no QK-norm");

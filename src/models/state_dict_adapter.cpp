@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace fsdp::models {
 
@@ -64,6 +66,25 @@ std::array<std::string, 3> StateDictAdapter::in_proj_names(const std::string& ou
   for (size_t i = 0; i < 3; ++i)
     out[i] = to == Naming::ours ? "" : block + std::string(in(qkv[first + i], to));
   return out;
+}
+
+std::vector<std::string> StateDictAdapter::stacked_names(const std::string& ours, Naming to,
+                                                         int64_t count) const {
+  const auto parts = split_block(ours, Naming::ours);
+  if (!parts || to == Naming::ours) return {};
+  for (const NameRow& r : stacked) {
+    if ((*parts)[1] != r.ours) continue;
+    const std::string_view pattern = in(r, to);
+    const size_t hole = pattern.find("{}");
+    if (pattern.empty() || hole == std::string_view::npos) return {};
+    const std::string block = std::string(kBlockPrefix[at(to)]) + (*parts)[0] + ".";
+    std::vector<std::string> out;
+    for (int64_t e = 0; e < count; ++e)
+      out.push_back(block + std::string(pattern.substr(0, hole)) + std::to_string(e) +
+                    std::string(pattern.substr(hole + 2)));
+    return out;
+  }
+  return {};
 }
 
 bool StateDictAdapter::spells_spm_by_id(std::string_view arch) const {

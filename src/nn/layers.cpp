@@ -443,15 +443,18 @@ Tensor FeedForward::backward_impl(const Tensor& dy) {
 
 TransformerBlock::TransformerBlock(int64_t dim, int64_t heads, int64_t ffn_hidden,
                                    FeedForward::Kind ffn_kind, AttentionOptions attn,
-                                   NormOptions norms)
+                                   NormOptions norms, std::unique_ptr<Module> ffn)
     : Module("TransformerBlock") {
   auto norm = [&] { return std::make_unique<RMSNorm>(dim, norms.eps, norms.plus_one); };
   norm1_ = &register_module("norm1", norm());
   attn_ = &register_module("attn", std::make_unique<MultiheadAttention>(dim, heads, attn));
   if (norms.sandwich) post_attn_norm_ = &register_module("post_attn_norm", norm());
   norm2_ = &register_module("norm2", norm());
-  ffn_ =
-      &register_module("ffn", std::make_unique<FeedForward>(dim, ffn_hidden, ffn_kind, attn.lora));
+  if (ffn)
+    ffn_ = &register_module("ffn", std::move(ffn));
+  else
+    ffn_ = &register_module("ffn",
+                            std::make_unique<FeedForward>(dim, ffn_hidden, ffn_kind, attn.lora));
   if (norms.sandwich) post_ffn_norm_ = &register_module("post_ffn_norm", norm());
 }
 

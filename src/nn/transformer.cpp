@@ -16,6 +16,7 @@
 #include "fsdp/core/meta.h"
 #include "fsdp/ops/ops.h"
 #include "src/core/json_read.h"
+#include "src/nn/transformer_moe.h"
 
 namespace fsdp::nn {
 
@@ -69,6 +70,7 @@ std::string TransformerConfig::to_json() const {
     j["global_every"] = global_every;
   }
   if (rope_local_theta > 0) j["rope_local_theta"] = rope_local_theta;
+  if (moe.enabled()) j["moe"] = moe_to_json(moe);
   if (lora.rank > 0)
     j["lora"] = {
         {"rank", lora.rank}, {"alpha", lora.alpha}, {"targets", lora_target_names(lora.targets)}};
@@ -141,6 +143,7 @@ TransformerConfig TransformerConfig::from_json(const std::string& text) {
                 .alpha = l["alpha"].get<double>(),
                 .targets = parse_lora_targets(l["targets"].get<std::string>())};
     }
+    if (j.contains("moe")) c.moe = moe_from_json(j["moe"]);
     if (j.contains("rope_scaling")) {
       const nlohmann::json& s = j["rope_scaling"];
       FSDP_CHECK(s.is_object() && s.value("type", "") == "llama3",
@@ -255,6 +258,16 @@ void TransformerConfig::validate() const {
                "[model] rope_local_theta {} must be >= 0 (0: rope_theta)", rope_local_theta);
   }
   if (norm_eps) FSDP_CHECK(*norm_eps >= 0, "[model] norm eps must be >= 0, got {}", *norm_eps);
+  moe.validate(layers);
+  if (moe.enabled()) {
+    FSDP_CHECK(arch == Arch::llama, "[model] moe is for arch llama; seed has no SwiGLU FFN");
+    FSDP_CHECK(!geglu, "[model] moe's experts are SwiGLU; geglu is Gemma's dense FFN");
+    FSDP_CHECK(!lora.on(LoraTarget::gate) && !lora.on(LoraTarget::up) &&
+                   !lora.on(LoraTarget::down),
+               "[model] LoRA targets gate, up and down are not supported with moe (the experts "
+               "have no adapters yet); got targets '{}'",
+               lora_target_names(lora.targets));
+  }
   if (lora.rank != 0 || lora.targets != 0) {
     FSDP_CHECK(lora.rank > 0 && lora.rank <= (int64_t(1) << 20) && lora.alpha > 0 &&
                    std::isfinite(lora.alpha) && lora.targets != 0,
@@ -271,7 +284,15 @@ int64_t TransformerConfig::matmul_params() const {
   const int64_t ffn = (arch == Arch::seed ? 2 : 3) * dim * h;
   const int64_t hd = resolved_head_dim(), q = heads * hd, kv = resolved_kv_heads() * hd;
   const int64_t attn = dim * (q + 2 * kv) + q * dim;  // q, k, v, o; biases are not matmul work
-  return layers * (attn + ffn) + vocab * dim;         // the head, tied or not
+  const int64_t sparse = moe.sparse_layers(layers);   // the router and top_k experts
+  return layers * attn + (layers - sparse) * ffn +
+         sparse * (moe.experts * dim + 3 * moe.top_k * moe.hidden * dim) +
+         vocab * dim;  // the head, tied or not
+}
+
+int64_t TransformerConfig::active_parameters() const {
+  const int64_t idle = moe.sparse_layers(layers) * 3 * (moe.experts - moe.top_k) * moe.hidden * dim;
+  return num_parameters() - idle;
 }
 
 int64_t TransformerConfig::num_parameters() const {
@@ -283,12 +304,15 @@ int64_t TransformerConfig::num_parameters() const {
   if (arch == Arch::seed) {
     block += 3 * d * d + 3 * d + d * d + d + 2 * d * h;  // in_proj (+bias), out_proj (+bias), ffn
   } else {
-    block += d * (q + 2 * kv) + q * d + 3 * d * h;
+    block += d * (q + 2 * kv) + q * d;
     if (qkv_bias) block += q + 2 * kv;
     if (qk_norm) block += 2 * hd;
     if (sandwich_norms) block += 2 * d;
   }
-  LD n = LD(vocab) * d + LD(layers) * block;  // embedding, blocks
+  const LD sparse = LD(moe.sparse_layers(layers));  // FFNs: dense, or a router and experts
+  if (arch == Arch::llama) block += 3 * d * h;
+  LD n = LD(vocab) * d + LD(layers) * block - sparse * 3 * d * h +
+         sparse * (LD(moe.experts) * d + 3 * LD(moe.experts) * LD(moe.hidden) * d);
   if (arch == Arch::llama) n += d;            // final norm
   if (!tie_embeddings) n += d * LD(vocab);    // head
   n += LD(lora_parameters());                 // validated: small beside the blocks
@@ -364,8 +388,13 @@ Transformer::Transformer(const TransformerConfig& cfg) : Module("Transformer"), 
       if (cfg.rope_local_theta > 0) a.rope_theta = cfg.rope_local_theta;
       a.rope_scaling = {};
     }
+    std::unique_ptr<MoE> moe;
+    if (cfg.moe.sparse(i)) {
+      moe = std::make_unique<MoE>(cfg.dim, cfg.moe.options());
+      moe_.push_back(moe.get());
+    }
     layers_->append(std::make_unique<TransformerBlock>(
-        cfg.dim, cfg.heads, cfg.resolved_ffn_hidden(), ffn_kind, a, norms));
+        cfg.dim, cfg.heads, cfg.resolved_ffn_hidden(), ffn_kind, a, norms, std::move(moe)));
   }
   if (cfg.arch == Arch::llama)
     norm_ = &register_module("norm",
@@ -417,8 +446,9 @@ Tensor Transformer::forward_impl(const Tensor& tokens) {
     Tensor loss = s.loss.forward(x, w.data, ctx.targets, ctx.loss_divisor, ctx.loss_chunk_logits);
     if (ctx.no_backward) s.loss.clear();
     save_for_backward(std::move(s));
-    return loss;
+    return moe_.empty() ? loss : with_router_loss(loss);
   }
+  for (MoE* m : moe_) m->set_router_grad({});  // the logits' loss carries no router loss
   if (head_) {
     save_for_backward(Saved{});
     return head_->forward(x);
@@ -432,6 +462,10 @@ Tensor Transformer::backward_impl(const Tensor& dlogits) {
   std::optional<meta::TermScope> logits(meta::Term::logits);  // the head's and the loss's backward
   {
     auto s = take_saved<Saved>();  // freed before the blocks' backward
+    FSDP_CHECK(s.loss.pending() || moe_.empty() || (cfg_.moe.aux_coef == 0 && cfg_.moe.z_coef == 0),
+               "[model] the router's loss (moe.aux_coef {}, moe.z_coef {}) is added by the fused "
+               "loss only (--fused-loss); a backward of the logits would leave it out",
+               cfg_.moe.aux_coef, cfg_.moe.z_coef);
     if (s.loss.pending()) {  // the fused loss: its dx, and the head's gradient added chunk by chunk
       FSDP_CHECK(!dlogits.defined(),
                  "[model] backward after a fused loss takes no gradient (the context's "

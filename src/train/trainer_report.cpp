@@ -78,6 +78,14 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
                   o.sharding.grad_accum, cfg.seq * cfg.batch * size * o.sharding.grad_accum));
   const int64_t nparams = model->num_parameters();
   row("parameters", fmt::format("{} ({:.2f} M)", nparams, double(nparams) / 1e6));
+  if (const nn::MoEConfig& moe = cfg.moe; moe.enabled())
+    row("experts",
+        fmt::format("{} per MoE block ({} of {} blocks), top {} of {} wide{}: {} active "
+                    "parameters ({:.2f} M; FLOPs and MFU count these), router loss x{:g}{}",
+                    moe.experts, moe.sparse_layers(cfg.layers), cfg.layers, moe.top_k,
+                    moe.hidden, moe.norm_topk_prob ? ", renormalized" : "",
+                    cfg.active_parameters(), double(cfg.active_parameters()) / 1e6, moe.aux_coef,
+                    moe.z_coef > 0 ? fmt::format(", z-loss x{:g}", moe.z_coef) : ""));
   if (cfg.lora.enabled())
     row("LoRA",
         fmt::format("rank {} alpha {} on {}: {} trained ({:.2f}%), the rest frozen", cfg.lora.rank,

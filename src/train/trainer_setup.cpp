@@ -359,6 +359,16 @@ void Trainer::Impl::build_model() {
                .checkpoint_every = o.sharding.activation_checkpoint.every});
   parallel = p.parallel;
   root = p.root;
+  // The router loss of an MoE over the global batch's statistics (2E + 2 sums, one host
+  // all-reduce per forward), so that every world size computes np 1's loss and gradients.
+  if (!model->moe_layers().empty() && size > 1)
+    model->set_router_reduce(
+        [group = pg](std::vector<double>& v) {
+          Tensor t = Tensor::from_vector(v, {int64_t(v.size())});
+          group->all_reduce(t, dist::ReduceOp::SUM)->wait();
+          v = t.to_f64_vector();
+        },
+        size);
   // --init-from: sharded, each rank reads only its own rows of each parameter into its shards;
   // replicated (no root), every rank reads them whole.
   if (pretrained) {

@@ -70,7 +70,7 @@ class GgufHeader {
 };
 
 struct ModelSpec {
-  std::string_view name;  // the family: seed, llama, qwen2, qwen3, gemma3, mistral
+  std::string_view name;  // the family: seed, llama, qwen2, qwen3, gemma3, mistral, qwen3_moe, mixtral
   std::string_view what;
   nn::Arch arch;  // the module tree's form: the seed's or llama's (the config JSON's "arch")
   // Hugging Face: config.json's model_type and the class ("" for none: no Hugging Face export).

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -50,6 +51,11 @@ struct StateDictAdapter {
   std::span<const NameRow> own_block = {}, block = {};
   // The in-projection's parts in the other namings: q, k, v weights, then q, k, v biases (6 rows).
   std::span<const NameRow> qkv = {};
+  // Block parameters stacked over experts in ours ([E, ...]: an MoE's experts) that the other
+  // namings hold one tensor per expert: `ours` after the block's prefix, and the others' names
+  // with "{}" where the expert's index goes ("mlp.experts.{}.gate_proj.weight"; "" where the
+  // naming has none).
+  std::span<const NameRow> stacked = {};
 
   // llama.cpp's general.architecture, the prefix of its <arch>.* keys ("": the family has no GGUF
   // export and its files are not read).
@@ -78,6 +84,9 @@ struct StateDictAdapter {
   // The q, k and v names, in `to` (hf or gguf), of our in-projection `ours` (weight or bias) of
   // block N.
   std::array<std::string, 3> in_proj_names(const std::string& ours, Naming to) const;
+  // The names, in `to`, of each of the `count` experts of our stacked parameter `ours`; empty when
+  // `ours` is not a stacked one (or `to` names none).
+  std::vector<std::string> stacked_names(const std::string& ours, Naming to, int64_t count) const;
   // Whether a GGUF of general.architecture `arch` spells its SentencePiece vocabulary this
   // family's way (gguf_spm_by_id).
   bool spells_spm_by_id(std::string_view arch) const;

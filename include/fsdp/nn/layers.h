@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -222,8 +223,10 @@ struct NormOptions {
 };
 class TransformerBlock : public Module {
  public:
+  // attn.lora adapts the FFN too. ffn: the block's feed-forward in place of a FeedForward (an MoE),
+  // registered as "ffn".
   TransformerBlock(int64_t dim, int64_t heads, int64_t ffn_hidden, FeedForward::Kind ffn_kind,
-                   AttentionOptions attn, NormOptions norms);  // attn.lora adapts the FFN too
+                   AttentionOptions attn, NormOptions norms, std::unique_ptr<Module> ffn = nullptr);
   Tensor forward_impl(const Tensor& x) override;
   Tensor backward_impl(const Tensor& dy) override;
   MultiheadAttention& attn() { return *attn_; }
@@ -233,7 +236,7 @@ class TransformerBlock : public Module {
   MultiheadAttention* attn_;
   RMSNorm* post_attn_norm_ = nullptr;  // sandwich only
   RMSNorm* norm2_;
-  FeedForward* ffn_;
+  Module* ffn_;
   RMSNorm* post_ffn_norm_ = nullptr;  // sandwich only
 };
 

@@ -24,11 +24,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "fsdp/nn/layers.h"
 #include "fsdp/nn/loss.h"
+#include "fsdp/nn/moe.h"
 
 namespace fsdp::nn {
 
@@ -63,6 +66,9 @@ struct TransformerConfig {
   // LoRA adapters on the projections lora.targets names, in every block; with them every other
   // parameter is frozen (requires_grad false): only the adapters train.
   LoraConfig lora;
+  // A mixture of experts in the blocks moe.sparse(i) names (llama only; Qwen3-MoE, Mixtral): their
+  // FFN is an nn::MoE, and the fused loss adds the router's loss (MoEConfig::aux_coef, z_coef).
+  MoEConfig moe;
   // Layer i's attention: its window (0: full) and its rotary frequencies.
   int64_t layer_window(int64_t i) const;
   bool layer_global(int64_t i) const;
@@ -79,14 +85,16 @@ struct TransformerConfig {
   int64_t resolved_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : dim / heads; }
   void validate() const;
-  // Parameters that take part in matmuls (all but the embedding; a tied head counts, since it
-  // still does its matmul), for MFU.
+  // Parameters that take part in a token's matmuls (all but the embedding; a tied head counts,
+  // since it still does its matmul; of an MoE block the router and top_k experts), for MFU.
   int64_t matmul_params() const;
+  // Every parameter but the experts a token does not reach (num_parameters() without MoE).
+  int64_t active_parameters() const;
   // Every parameter's element count, from the shape alone (nn_test holds it to a built model's
   // num_parameters()): the size checked against memory and against a file's tensors before any
   // module exists. Saturates at INT64_MAX rather than overflowing.
   int64_t num_parameters() const;
-  // Training FLOPs per token: 6 * matmul_params + 12 * heads * head_dim * seq per layer, a
+  // Training FLOPs per token: 6 * matmul_params (active) + 12 * heads * head_dim * seq per layer, a
   // windowed layer counting min(window, seq) keys in place of seq (its kernels skip the rest).
   // With LoRA the frozen weights count 4 (no weight gradient), the adapters 6.
   double flops_per_token() const;
@@ -116,14 +124,29 @@ class Transformer : public Module {
   void start_kv_cache(int64_t capacity);
   void stop_kv_cache();
   int64_t kv_length();
+  // The MoE blocks' FFNs, in layer order (none without cfg.moe).
+  const std::vector<MoE*>& moe_layers() const { return moe_; }
+  // The router loss over the global batch: `reduce` sums a vector of numbers over the ranks (an
+  // all-reduce; RouterTotals' 2E + 2), and the gradient is then `world` times this rank's part,
+  // since the data-parallel backward averages the ranks' gradients. Unset: each rank's own rows.
+  void set_router_reduce(std::function<void(std::vector<double>&)> reduce, int64_t world);
+  // The latest fused forward's router loss term (0 without MoE), within the loss it returned.
+  double router_loss() const { return router_loss_; }
 
  private:
+  // The router loss of the forward just run, appended to the fused loss's chunks; sets each MoE
+  // layer's gradient for its backward.
+  Tensor with_router_loss(const Tensor& loss);
   double embed_scale(DType dtype) const;
   TransformerConfig cfg_;
   Embedding* embed_;
   ModuleList* layers_;
   RMSNorm* norm_ = nullptr;
   Linear* head_ = nullptr;  // null when tied: the logits use embed_'s weight
+  std::vector<MoE*> moe_;
+  std::function<void(std::vector<double>&)> reduce_;
+  int64_t world_ = 1;
+  double router_loss_ = 0;
   // A call's record: the fused head and loss (its pending forward), or the tied head's input.
   struct Saved {
     ChunkedLMLoss loss;

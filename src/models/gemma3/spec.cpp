@@ -31,7 +31,8 @@ using json = nlohmann::json;
 
 bool matches(const nn::TransformerConfig& c) {
   return c.arch == nn::Arch::llama && c.qk_norm && c.norm_plus_one && c.sandwich_norms && c.geglu &&
-         c.embed_scale && !c.qkv_bias;
+         c.embed_scale && !c.qkv_bias &&
+         !c.moe.enabled();
 }
 
 // A Gemma3ForCausalLM config.json (model_type gemma3_text) as our config: arch llama with QK-norm,

@@ -24,12 +24,12 @@ Parallelized parallelize(nn::Transformer& model, const Parallelism& p);
 // (A LoRA run's adapters, "lora", are part of the model: a resume must have the same ones.)
 // Gemma 3's options are among them: a resume without --geglu, or with another window, would
 // compute another function of the same weights.
-inline constexpr std::array<std::string_view, 22> kShapeKeys = {
+inline constexpr std::array<std::string_view, 23> kShapeKeys = {
     "arch",          "vocab",           "dim",          "layers",         "heads",
     "ffn_hidden",    "kv_heads",        "head_dim",     "tie_embeddings", "qkv_bias",
     "qk_norm",       "rope_theta",      "rope_scaling", "norm_eps",       "lora",
     "norm_plus_one", "sandwich_norms",  "geglu",        "embed_scale",    "sliding_window",
-    "global_every",  "rope_local_theta"};
+    "global_every",  "rope_local_theta", "moe"};
 std::vector<profiler::GemmShape> gemm_shapes(const nn::TransformerConfig& config);
 
 // Whether a llama config has any of Gemma 3's options (then it is gemma3's, or no family's).
@@ -48,6 +48,12 @@ nlohmann::json hf_config(const nn::TransformerConfig& c, const ModelSpec& spec);
 nn::TransformerConfig read_gguf_keys(const GgufHeader& f, const std::string& arch);
 // Llama 3's rope scaling refused for llama.cpp architectures that take none (qwen2, qwen3).
 void check_no_rope_scaling_in_gguf(const nn::TransformerConfig& c, std::string_view arch);
+
+// transformers' MoE families add the router's load-balancing loss (router_aux_loss_coef, default
+// 0.001) to the loss only with output_router_logits: our MoEConfig::aux_coef, from and to a
+// config.json (qwen3_moe, mixtral).
+double read_router_aux_coef(const nlohmann::json& j, const std::string& where);
+void write_router_aux_coef(const nn::TransformerConfig& c, nlohmann::json& j);
 
 // A relative's spec functions, by its spec (Relative: &<family>::spec), for a relative whose
 // config.json is LlamaForCausalLM's form under its model_type and whose GGUF keys are llama's under

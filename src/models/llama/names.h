@@ -61,4 +61,13 @@ constexpr StateDictAdapter relative_adapter(StateDictAdapter options,
   return options;
 }
 
+// A mixture of experts of llama's form (qwen3_moe, mixtral): llama's names, the family's router
+// rows, and its experts' stacked rows (StateDictAdapter::stacked).
+constexpr StateDictAdapter moe_adapter(std::span<const NameRow> own_block,
+                                       std::span<const NameRow> stacked) {
+  StateDictAdapter a = relative_adapter({}, own_block);
+  a.stacked = stacked;
+  return a;
+}
+
 }  // namespace fsdp::models::llama

@@ -53,12 +53,20 @@ Parallelized parallelize(nn::Transformer& model, const Parallelism& p) {
 std::vector<profiler::GemmShape> gemm_shapes(const nn::TransformerConfig& c) {
   const int64_t rows = c.batch * c.seq, d = c.dim, hd = c.resolved_head_dim();
   const int64_t f = c.resolved_ffn_hidden(), q = c.heads * hd;
-  return {{rows, q + 2 * c.resolved_kv_heads() * hd, d},  // q, k and v, packed
-          {rows, d, q},                                   // the attention's output
-          {rows, f, d},                                   // the FFN's up (and gate)
-          {rows, d, f},                                   // its down
-          {rows, c.vocab, d},                             // the head
-          {f, d, rows}};                                  // the FFN's weight gradient
+  std::vector<profiler::GemmShape> s = {
+      {rows, q + 2 * c.resolved_kv_heads() * hd, d},  // q, k and v, packed
+      {rows, d, q},                                   // the attention's output
+      {rows, f, d},                                   // the FFN's up (and gate)
+      {rows, d, f},                                   // its down
+      {rows, c.vocab, d},                             // the head
+      {f, d, rows}};                                  // the FFN's weight gradient
+  if (c.moe.enabled()) {  // an expert's share of the routed rows (k / E on average), the router
+    const int64_t expert_rows = std::max<int64_t>(1, rows * c.moe.top_k / c.moe.experts);
+    s.push_back({expert_rows, c.moe.hidden, d});
+    s.push_back({expert_rows, d, c.moe.hidden});
+    s.push_back({rows, c.moe.experts, d});
+  }
+  return s;
 }
 
 bool has_gemma_options(const nn::TransformerConfig& c) {
@@ -193,6 +201,19 @@ json hf_config(const nn::TransformerConfig& c, const ModelSpec& spec) {
   return j;
 }
 
+double read_router_aux_coef(const json& j, const std::string& where) {
+  namespace jf = json_fields;
+  const json* coef = jf::member(j, "router_aux_loss_coef");
+  const double aux = coef ? jf::Field{"[hf]", where, "router_aux_loss_coef"}.number(*coef) : 0.001;
+  const json* out = jf::member(j, "output_router_logits");
+  return out && jf::Field{"[hf]", where, "output_router_logits"}.boolean(*out) ? aux : 0.0;
+}
+
+void write_router_aux_coef(const nn::TransformerConfig& c, json& j) {
+  j["router_aux_loss_coef"] = c.moe.aux_coef > 0 ? c.moe.aux_coef : 0.001;
+  j["output_router_logits"] = c.moe.aux_coef > 0;
+}
+
 void check_no_rope_scaling_in_gguf(const nn::TransformerConfig& c, std::string_view arch) {
   FSDP_CHECK(!c.rope_scaling.enabled(),
              "[gguf] llama.cpp's {} takes no Llama 3 rope scaling (rope_freqs)", arch);
@@ -282,7 +303,8 @@ std::vector<std::pair<std::string, Tensor>> gguf_rope_freqs(const nn::Transforme
 namespace {
 
 bool matches(const nn::TransformerConfig& c) {
-  return c.arch == nn::Arch::llama && !c.qkv_bias && !c.qk_norm && !has_gemma_options(c);
+  return c.arch == nn::Arch::llama && !c.qkv_bias && !c.qk_norm && !has_gemma_options(c) &&
+         !c.moe.enabled();
 }
 
 nn::TransformerConfig read(const std::string& text, const std::string& where) {

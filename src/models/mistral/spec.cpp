@@ -24,7 +24,8 @@ namespace {
 bool matches(const nn::TransformerConfig& c) {
   return c.arch == nn::Arch::llama && c.sliding_window > 0 && c.global_every == 0 &&
          c.rope_local_theta == 0 && !c.qkv_bias && !c.qk_norm && !c.norm_plus_one &&
-         !c.sandwich_norms && !c.geglu && !c.embed_scale;
+         !c.sandwich_norms && !c.geglu && !c.embed_scale &&
+         !c.moe.enabled();
 }
 
 nn::TransformerConfig read(const std::string& text, const std::string& where) {

@@ -15,7 +15,8 @@ extern const ModelSpec spec;
 namespace {
 
 bool matches(const nn::TransformerConfig& c) {
-  return c.arch == nn::Arch::llama && c.qkv_bias && !c.qk_norm && !llama::has_gemma_options(c);
+  return c.arch == nn::Arch::llama && c.qkv_bias && !c.qk_norm && !llama::has_gemma_options(c) &&
+         !c.moe.enabled();
 }
 
 std::string write(const nn::TransformerConfig& c) {

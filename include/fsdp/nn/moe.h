@@ -1,0 +1,193 @@
+// nn::MoE: a mixture-of-experts feed-forward layer (Qwen3-MoE's sparse block, Mixtral's
+// block_sparse_moe), dropless, with the load-balancing auxiliary loss as transformers computes it.
+//
+// Parameters (stacked per expert, so fully_shard shards them as any other parameter and an expert
+// parallel split is rows of dim 0):
+//   gate.weight                [E, dim]     the router (a Linear, no bias)
+//   experts.gate_proj          [E, H, dim]  SwiGLU: down(silu(gate x) * up x), per expert
+//   experts.up_proj            [E, H, dim]
+//   experts.down_proj          [E, dim, H]
+//
+// One forward, over the rows x [N, dim] (any leading dims):
+//   route     logits = x gate^T; Qwen3-MoE: p = softmax(logits), the top k of p, optionally
+//             renormalized over the k (norm_topk_prob); Mixtral: the top k of the logits, softmax
+//             over the k. Ties go to the lower expert index. Computed in f64 on the host.
+//   permute   the N k (token, choice) pairs stably sorted by expert, so each expert's rows are
+//             contiguous (offsets[e] .. offsets[e + 1]); xp [N k, dim] holds their inputs
+//   [exchange: where expert parallel will send each expert's rows to its owner]
+//   experts   one GEMM per expert per projection over its rows (views of xp and of the stacked
+//             weights: no copies), the SwiGLU over all rows at once
+//   [exchange back]
+//   combine   out[t] = sum_j w[t, j] y[t, j], for each token its k choices in order, in f64: the
+//             result of a token depends on nothing but its own rows, so not on the world size.
+// Every token reaches its k experts (no capacity factor); an expert may get no rows.
+//
+// The auxiliary loss (transformers' load_balancing_loss_func) is over every MoE layer's router
+// probabilities at once, not a sum of per-layer losses: with T the rows of all layers together,
+// C_e the (token, choice) pairs routed to e and P_e the sum of e's probabilities over those rows,
+//   aux = E * sum_e C_e P_e / T^2,
+// added to the loss times router_aux_loss_coef; the router z-loss (ST-MoE), optional, is
+// z_coef * sum_rows logsumexp(logits)^2 / T. So each call records its statistics (RouterCall:
+// C, P, T and the z sum), the model sums them over its layers (and, for the global batch's
+// statistics, over the ranks: 2E + 2 numbers) after the forward, router_aux_loss() gives the term
+// and its gradient (d aux / d p[t, e] = E C_e / T^2 for every row: the one-hot choice has none),
+// and each layer is handed that gradient (set_router_grad), which its backward adds.
+//
+// Device: the routing, the permutation and the combine are host loops over CPU tensors; on the
+// meta device (the memory plan) they allocate what the CPU does and compute nothing (every token
+// goes to experts 0..k-1). CUDA tensors are refused by name: its kernels are not written yet.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "fsdp/core/tensor.h"
+#include "fsdp/nn/layers.h"
+#include "fsdp/nn/module.h"
+
+namespace fsdp::nn {
+
+enum class RouterKind : uint8_t {
+  softmax_topk,  // Qwen3-MoE: softmax over the experts, top k, renormalized when norm_topk_prob
+  topk_softmax,  // Mixtral: top k of the logits, softmax over the k
+};
+
+struct MoEOptions {
+  int64_t experts = 0;  // E
+  int64_t top_k = 0;    // k, in [1, E]
+  int64_t hidden = 0;   // H: each expert's intermediate size (moe_intermediate_size)
+  RouterKind router = RouterKind::softmax_topk;
+  bool norm_topk_prob = false;  // softmax_topk only: the k weights divided by their sum
+};
+
+// A model's mixture of experts (nn::TransformerConfig::moe): which blocks' FFN is an MoE and its
+// options. Block i is sparse when experts > 0, i is not in dense_layers and (i + 1) is a multiple
+// of sparse_step (transformers' Qwen3-MoE: mlp_only_layers, decoder_sparse_step); a dense block
+// keeps the config's FFN (ffn_hidden).
+struct MoEConfig {
+  int64_t experts = 0;  // 0: no MoE
+  int64_t top_k = 0, hidden = 0;
+  RouterKind router = RouterKind::softmax_topk;
+  bool norm_topk_prob = false;
+  int64_t sparse_step = 1;
+  std::vector<int64_t> dense_layers;
+  double aux_coef = 0;  // router_aux_loss_coef: the load-balancing loss's weight in the loss
+  double z_coef = 0;    // the router z-loss's (0: none)
+  bool enabled() const { return experts > 0; }
+  bool sparse(int64_t layer) const;
+  int64_t sparse_layers(int64_t layers) const;
+  MoEOptions options() const {
+    return {.experts = experts, .top_k = top_k, .hidden = hidden, .router = router,
+            .norm_topk_prob = norm_topk_prob};
+  }
+  // Refuses, naming the field, what no model holds (top_k over experts, a dense layer index
+  // outside [0, layers)).
+  void validate(int64_t layers) const;
+  bool operator==(const MoEConfig&) const = default;
+};
+const char* router_kind_name(RouterKind kind);  // "softmax_topk", "topk_softmax"
+
+// One call's routing statistics (MoE::last_call()).
+struct RouterCall {
+  int64_t rows = 0;              // this call's rows (tokens)
+  std::vector<double> pairs;     // [E] C_e: (token, choice) pairs routed to e
+  std::vector<double> prob_sum;  // [E] P_e: the sum over rows of softmax(logits)[e]
+  double z_sum = 0;              // the sum over rows of logsumexp(logits)^2
+};
+
+// The statistics of several calls (a model's MoE layers; after an all-reduce, every rank's), as
+// one vector of 2E + 2 numbers: C, P, T, z sum.
+struct RouterTotals {
+  std::vector<double> pairs, prob_sum;
+  double rows = 0, z_sum = 0;
+  void add(const RouterCall& call);
+  std::vector<double> as_vector() const;
+  static RouterTotals from_vector(const std::vector<double>& v);  // [2E + 2]
+};
+
+struct RouterLossOptions {
+  int64_t experts = 0;
+  double aux_coef = 0;  // router_aux_loss_coef
+  double z_coef = 0;    // 0: no z-loss
+  // d(total loss) / d(this term) on this rank: the backward's loss scale, times the world size when
+  // the totals are the global batch's and the gradients are then averaged over the ranks.
+  double grad_scale = 1;
+};
+
+// What the router's backward adds: d loss / d p[t, e] = dprob[e] for every row t of every call
+// (the aux loss: the choices' one-hot has no gradient, so it is the same for every row), and
+// d loss / d logsumexp(logits[t])^2 = dz. The same for every call that the totals cover.
+struct RouterGrad {
+  std::vector<double> dprob;
+  double dz = 0;
+};
+struct RouterLoss {
+  double value = 0;  // aux_coef * aux + z_coef * z
+  RouterGrad grad;   // times grad_scale
+};
+RouterLoss router_aux_loss(const RouterTotals& totals, const RouterLossOptions& opt);
+
+// The experts' stacked weights and their grouped GEMMs. Called by MoE only (its forward takes the
+// permuted rows and the experts' row offsets, which a Module's forward cannot carry).
+class Experts : public Module {
+ public:
+  Experts(int64_t dim, int64_t experts, int64_t hidden);
+  // xp [R, dim] permuted rows, expert e's rows offsets[e] .. offsets[e + 1] -> [R, dim]
+  Tensor grouped_forward(const Tensor& xp, const std::vector<int64_t>& offsets);
+  Tensor grouped_backward(const Tensor& dyp);
+
+ protected:
+  Tensor forward_impl(const Tensor& x) override;
+  Tensor backward_impl(const Tensor& dy) override;
+
+ private:
+  struct Saved {
+    Tensor xp, g, u;
+    std::vector<int64_t> offsets;
+  };
+  int64_t experts_;
+  Parameter* gate_proj_;
+  Parameter* up_proj_;
+  Parameter* down_proj_;
+};
+
+class MoE : public Module {
+ public:
+  MoE(int64_t dim, MoEOptions opt);
+  Tensor forward_impl(const Tensor& x) override;  // x [..., dim]
+  Tensor backward_impl(const Tensor& dy) override;
+  const MoEOptions& options() const { return opt_; }
+  // The latest forward's statistics (null before one).
+  const std::shared_ptr<RouterCall>& last_call() const { return last_; }
+  // The router loss's gradient for the backwards of the batch context's microbatch (each call's
+  // recompute under activation checkpointing included), until set again. Unset: none.
+  void set_router_grad(RouterGrad grad);
+
+ private:
+  // Where each (token, choice) pair went: expert, weight and row of the permuted layout.
+  struct Routing {
+    std::vector<int32_t> expert;    // [N k]
+    std::vector<double> weight;     // [N k]
+    std::vector<int64_t> pos;       // [N k] row in xp
+    std::vector<int64_t> offsets;   // [E + 1]
+    std::vector<double> prob;       // [N E] softmax of the logits (the aux loss's gradient)
+    std::vector<double> logits;     // [N E] (Mixtral's weights' gradient; the z-loss's)
+  };
+  Routing route(const Tensor& logits, RouterCall& call) const;
+  std::vector<double> router_backward(const Routing& r, const std::vector<double>& dw) const;
+  struct Saved {
+    Routing routing;
+    Tensor yp;  // the experts' outputs, permuted (the weights' gradient)
+    Shape shape;
+  };
+  int64_t dim_;
+  MoEOptions opt_;
+  Linear* gate_;
+  Experts* experts_;
+  std::shared_ptr<RouterCall> last_;
+  std::map<int64_t, RouterGrad> grads_;  // by microbatch
+};
+
+}  // namespace fsdp::nn

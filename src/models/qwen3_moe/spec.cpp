@@ -1,0 +1,124 @@
+// The qwen3_moe family (Qwen3MoeForCausalLM: Qwen3-30B-A3B and its kind): Qwen3's attention
+// (QK-norm, GQA, no biases) with a mixture of experts in place of the FFN in every block that
+// decoder_sparse_step picks and mlp_only_layers leaves dense (nn::MoE: softmax over the experts,
+// top k, renormalized when norm_topk_prob; its load-balancing loss times router_aux_loss_coef when
+// output_router_logits, as transformers adds it). Its experts are stacked parameters
+// ("layers.N.ffn.experts.gate_proj" [E, H, dim]) that Hugging Face holds one tensor per expert
+// ("model.layers.N.mlp.experts.E.gate_proj.weight"): the adapter's stacked rows.
+// No GGUF export or GGUF reading yet (llama.cpp's qwen3moe): refused by name.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fsdp/core/error.h"
+#include "fsdp/models/spec.h"
+#include "src/core/json_fields.h"
+#include "src/core/json_read.h"
+#include "src/models/llama/llama.h"
+#include "src/models/llama/names.h"
+
+namespace fsdp::models::qwen3_moe {
+
+extern const ModelSpec spec;
+
+namespace {
+
+using json = nlohmann::json;
+
+bool matches(const nn::TransformerConfig& c) {
+  return c.arch == nn::Arch::llama && c.qk_norm && !c.qkv_bias && !llama::has_gemma_options(c) &&
+         c.moe.enabled() && c.moe.router == nn::RouterKind::softmax_topk;
+}
+
+nn::TransformerConfig read(const std::string& text, const std::string& where) {
+  // Qwen3's part (sizes, rope, GQA, QK-norm; the dense blocks' intermediate_size), then the MoE.
+  nn::TransformerConfig c = llama::read_hf_config(text, where, "qwen3");
+  const json j = json_read::parse(text, where, "[hf]", json_read::kSmallMaxBytes);
+  namespace jf = json_fields;
+  auto field = [&](const char* key) { return jf::Field{"[hf]", where, key}; };
+  auto integer = [&](const char* key, int64_t fallback) {
+    const json* v = jf::member(j, key);
+    return v ? field(key).integer(*v) : fallback;
+  };
+  auto boolean = [&](const char* key, bool fallback) {
+    const json* v = jf::member(j, key);
+    return v ? field(key).boolean(*v) : fallback;
+  };
+  // transformers' Qwen3MoeConfig defaults where a key is absent.
+  nn::MoEConfig& m = c.moe;
+  m.experts = integer("num_experts", 128);
+  m.top_k = integer("num_experts_per_tok", 8);
+  m.hidden = integer("moe_intermediate_size", 768);
+  m.norm_topk_prob = boolean("norm_topk_prob", false);
+  m.sparse_step = integer("decoder_sparse_step", 1);
+  if (const json* dense = jf::member(j, "mlp_only_layers"); dense && !dense->is_null()) {
+    const jf::Field f = field("mlp_only_layers");
+    if (!dense->is_array()) f.wrong("an array of layer indices", *dense);
+    for (size_t i = 0; i < dense->size(); ++i) m.dense_layers.push_back(f.at(i).integer((*dense)[i]));
+  }
+  m.aux_coef = llama::read_router_aux_coef(j, where);
+  FSDP_CHECK(m.experts > 0, "[hf] {}: num_experts {} must be positive (a dense model is qwen3's)",
+             where, m.experts);
+  FSDP_CHECK(m.sparse_step > 0, "[hf] {}: decoder_sparse_step {} must be positive", where,
+             m.sparse_step);
+  c.validate();
+  return c;
+}
+
+std::string write(const nn::TransformerConfig& c) {
+  json j = llama::hf_config(c, spec);
+  j["use_sliding_window"] = false;
+  j["num_experts"] = c.moe.experts;
+  j["num_experts_per_tok"] = c.moe.top_k;
+  j["moe_intermediate_size"] = c.moe.hidden;
+  j["norm_topk_prob"] = c.moe.norm_topk_prob;
+  j["decoder_sparse_step"] = c.moe.sparse_step;
+  j["mlp_only_layers"] = c.moe.dense_layers;
+  llama::write_router_aux_coef(c, j);
+  return j.dump();
+}
+
+void check_gguf(const nn::TransformerConfig&) {
+  FSDP_FAIL("[gguf] qwen3_moe: the GGUF export of a mixture of experts (llama.cpp's qwen3moe) "
+            "is not written yet; export to Hugging Face's format instead");
+}
+
+// The router's rows, then the experts' stacked ones.
+constexpr NameRow kMoeBlockNames[] = {
+    {"ffn.gate.weight", "mlp.gate.weight", ""},
+};
+constexpr NameRow kStackedNames[] = {
+    {"ffn.experts.gate_proj", "mlp.experts.{}.gate_proj.weight", ""},
+    {"ffn.experts.up_proj", "mlp.experts.{}.up_proj.weight", ""},
+    {"ffn.experts.down_proj", "mlp.experts.{}.down_proj.weight", ""},
+};
+
+}  // namespace
+
+constexpr StateDictAdapter adapter = llama::moe_adapter(kMoeBlockNames, kStackedNames);
+
+const ModelSpec spec = {
+    .name = "qwen3_moe",
+    .what = "Qwen3-MoE: Qwen3's attention with a mixture of experts (dropless, top k) as the FFN",
+    .arch = nn::Arch::llama,
+    .hf_model_type = "qwen3_moe",
+    .hf_class = "Qwen3MoeForCausalLM",
+    .adapter = &adapter,
+    .matches = matches,
+    .read_hf_config = read,
+    .write_hf_config = write,
+    .read_gguf_config = nullptr,
+    .check_gguf = check_gguf,
+    .build = llama::build,
+    .parallelize = llama::parallelize,
+    .shape_keys = llama::kShapeKeys,
+    .gemm_shapes = llama::gemm_shapes,
+};
+
+}  // namespace fsdp::models::qwen3_moe
