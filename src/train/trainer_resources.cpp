@@ -54,7 +54,6 @@ void Trainer::Impl::check_memory_plan() {
       .fused_loss = o.sharding.fused_loss,
       .loss = parts.loss.get(),  // the parts this trainer holds, planned as they are
       .optimizer = parts.optimizer,
-      .reference = {},
       .threads = threads,
       .cpu_cache_bytes = int64_t(env_double("FSDP_CPU_CACHE_MB") * 1048576.0),
       .baseline_bytes = held};
