@@ -83,6 +83,25 @@ same "orpo np 2 vs np 1 --grad-accum 2" "$work/orpo.l1" "$work/orpo.l2" 1e-6
 awk 'NR == 1 {f = $1} END {exit !($1 < f - 0.05)}' "$work/orpo.l1" && ok || bad "orpo's loss does not fall: $(tr '\n' ' ' < "$work/orpo.l1")"
 grep -q '"log_odds_chosen":' "$work/orpo1.jsonl" && grep -q "| nll_loss [0-9.]* | log_odds_ratio" "$work/orpo1.out" \
   && ok || bad "orpo's metrics are not logged: $(tail -1 "$work/orpo1.jsonl")"
+# Validation pairs (--val-data, the first 6 pairs): the loss and TRL's metrics with its "eval_"
+# prefix, log 2 before training (policy = reference), the same at 1 and 2 ranks; --eval-every
+# alone holds out the last pairs of --data.
+head -6 "$work/pairs.jsonl" > "$work/val.jsonl"
+for np in 1 2; do
+  mpi_run -np $np "$bin" "${A[@]}" --preference dpo --batch $((4 / np)) --eval-every 2 --eval-batches 3 \
+    --eval-at-start --val-data "$work/val.jsonl" --log-file "$work/eval$np.jsonl" > "$work/eval$np.out" 2>&1 \
+    || bad "dpo with --val-data at $np ranks failed: $(tail -3 "$work/eval$np.out")"
+  python3 -c "import json,sys; [print(repr(json.loads(l)['val_loss'])) for l in open(sys.argv[1]) if 'val_loss' in l]" \
+    "$work/eval$np.jsonl" > "$work/eval.l$np"
+done
+[ "$(wc -l < "$work/eval.l1")" -eq 2 ] && ok || bad "2 validations logged? $(cat "$work/eval.l1")"
+same "validation pairs' loss np 2 vs 1" "$work/eval.l1" "$work/eval.l2" 1e-6
+grep -q "^step 0 | val loss 0.6931 | eval_rewards/chosen 0.0000 .*(before training)" "$work/eval1.out" && ok \
+  || bad "the validation before training is not log 2: $(grep 'step 0 | val' "$work/eval1.out")"
+grep -q '"eval_rewards/accuracies":' "$work/eval1.jsonl" && ok || bad "no eval_ metrics in the log"
+"$bin" "${A[@]}" --preference dpo --batch 4 --steps 2 --eval-every 2 > "$work/tail.out" 2>&1 \
+  && grep -q "standard pairs \[first 11\]" "$work/tail.out" && grep -q "^step 1 | val loss" "$work/tail.out" && ok \
+  || bad "--eval-every without --val-data: $(grep -E 'data |val loss' "$work/tail.out")"
 # A full fine-tune: the reference is a frozen sharded copy of the initial model; np 2 = np 1.
 for np in 1 2; do
   mpi_run -np $np "$bin" "${A[@]}" --lora-rank 0 --lr 1e-3 --preference dpo --batch $((12 / np)) \
@@ -150,6 +169,9 @@ refused "odd rows per rank" "--batch 3 rows per rank with --preference" "${B[@]}
 refused "a frozen reference copy unsharded" "--preference dpo with --pref-reference or without --lora-rank keeps a frozen sharded model" \
   "${B[@]}" --lora-rank 0 --shard none --data "$work/pairs.jsonl"
 refused "pairs without --preference" "holds preference pairs" --arch llama --vocab 256 --steps 1 --data "$work/pairs.jsonl"
+printf 'plain text, not pairs\n' > "$work/plain.txt"
+refused "text as validation pairs" "--val-data .*plain.txt with --preference: expected a .jsonl of preference pairs" \
+  "${B[@]}" --eval-every 2 --val-data "$work/plain.txt" --data "$work/pairs.jsonl"
 refused "--pref-reference with simpo" "--pref-reference base is the reference model of --preference dpo or ipo" \
   "${B[@]}" --preference simpo --pref-reference base --data "$work/pairs.jsonl"
 refused "--pref-reference of another shape" "--pref-reference .*/B: its shape differs" "${B[@]}" --dim 64 \

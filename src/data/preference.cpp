@@ -165,6 +165,22 @@ std::string PreferenceSource::describe() const {
                      keep_end_ ? " keeping their ends" : "");
 }
 
+std::pair<std::unique_ptr<PreferenceSource>, std::unique_ptr<PreferenceSource>>
+PreferenceSource::split_tail(double fraction) const {
+  FSDP_CHECK(fraction > 0 && fraction < 1, "[data] validation fraction must be in (0, 1), got {}",
+             fraction);
+  const int64_t n = pairs();
+  FSDP_CHECK(n >= 2, "[data] {}: {} pair; a validation split needs at least 2", description_, n);
+  const int64_t val = std::clamp<int64_t>(int64_t(double(n) * fraction + 0.5), 1, n - 1);
+  const auto cut = pairs_.begin() + std::ptrdiff_t(n - val);
+  return {std::make_unique<PreferenceSource>(
+              std::vector<PreferencePair>(pairs_.begin(), cut),
+              fmt::format("{} [first {}]", description_, n - val), pad_, seq_, keep_end_),
+          std::make_unique<PreferenceSource>(std::vector<PreferencePair>(cut, pairs_.end()),
+                                             fmt::format("{} [last {}]", description_, val), pad_,
+                                             seq_, keep_end_)};
+}
+
 void PreferenceSource::set_shuffle(uint64_t seed) {
   shuffle_ = true;
   seed_ = seed;

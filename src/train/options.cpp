@@ -320,9 +320,6 @@ void TrainOptions::validate() const {
                "FILE.jsonl of {{\"prompt\", \"chosen\", \"rejected\"}}", pr.preference);
     FSDP_CHECK(!data.pack, "[fsdp-train] --pack with --preference: each pair's rows are one "
                "sequence each, not packed");
-    FSDP_CHECK(data.eval_every == 0 && data.val_data.empty(),
-               "[fsdp-train] --preference with --eval-every or --val-data: the validation of "
-               "preference pairs is not built yet");
   }
   FSDP_CHECK(model.lora_rank == 0 || full,
              "[fsdp-train] --lora-rank {} needs --shard full: the frozen base is kept apart from "

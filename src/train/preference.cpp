@@ -336,6 +336,12 @@ Tensor PreferenceLoss::forward(const Tensor& output, const Tensor& targets, cons
   return out;
 }
 
+void PreferenceLoss::release() {
+  logits_ = Tensor(), lse_ = Tensor(), targets_ = Tensor(), inputs_ = Tensor();
+  coef_.clear();
+  reference_.clear();
+}
+
 Tensor PreferenceLoss::backward() {
   FSDP_CHECK(logits_.defined(), "[preference] backward() without a forward");
   Tensor d = logits_;

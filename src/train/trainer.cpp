@@ -33,6 +33,7 @@
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/profiler/metrics.h"
 #include "fsdp/profiler/tensorboard.h"
+#include "fsdp/train/preference.h"
 #include "fsdp/train/step.h"
 #include "src/train/profile_window.h"
 #include "src/train/trainer_impl.h"
@@ -86,7 +87,43 @@ double Trainer::Impl::eval_loss(const data::Batch& b, double divisor) {
   return ops::cross_entropy_forward(logits, targets, true, divisor).loss;
 }
 
+// The preference loss and its metrics (TRL's names with its "eval_" prefix) over eval_batches
+// batches of validation pairs: each batch's value is its pairs' mean (the reference's forward and
+// the policy's, neither with a backward), and every batch holds as many pairs, so the mean over
+// batches and ranks is the mean over the pairs evaluated, at any world size.
+double Trainer::Impl::evaluate_pairs(PreferenceLoss& pref) {
+  const int64_t B = cfg.batch, T = cfg.seq;
+  const std::vector<std::string> names = pref.metric_names();
+  std::vector<double> sums(names.size() + 1, 0.0);
+  for (int64_t e = 0; e < o.data.eval_batches; ++e) {
+    data::Batch b = val->batch(e, B * size, rank * B, B, T);
+    b.inputs = b.inputs.to(device), b.targets = b.targets.to(device);
+    pref.prepare(*model, b);
+    Tensor logits;
+    {
+      const nn::BatchContextScope context(*model, {.doc_start = Tensor(),
+                                                   .targets = Tensor(),
+                                                   .loss_divisor = 0,
+                                                   .loss_scale = 1.0,
+                                                   .no_backward = true});
+      logits = model->forward(b.inputs);
+    }
+    sums[0] += pref.forward(logits, b.targets, {.divisor = 0, .scale = 1.0}).to_f64_vector()[0];
+    const std::vector<double> m = pref.metrics().to_f64_vector();
+    for (size_t i = 0; i < m.size(); ++i) sums[i + 1] += m[i];
+    pref.release();
+  }
+  Tensor v = Tensor::from_vector(sums, {int64_t(sums.size())}).to(device);
+  pg->all_reduce(v, dist::ReduceOp::AVG)->wait();
+  const std::vector<double> mean = v.to_f64_vector();
+  eval_named.clear();
+  for (size_t i = 0; i < names.size(); ++i)
+    eval_named.emplace_back("eval_" + names[i], mean[i + 1] / double(o.data.eval_batches));
+  return mean[0] / double(o.data.eval_batches);
+}
+
 double Trainer::Impl::evaluate() {
+  if (auto* pref = dynamic_cast<PreferenceLoss*>(parts.loss.get())) return evaluate_pairs(*pref);
   const int64_t B = cfg.batch, T = cfg.seq;
   if (val->masks_targets()) {
     // The summed loss over every rank's targets, divided by their count: a batch with few
@@ -199,7 +236,10 @@ void Trainer::Impl::fit() {
     }
     if (m.val_loss) {
       if (!best_val_loss || *m.val_loss < *best_val_loss) best_val_loss = m.val_loss;
-      if (main()) fmt::print("step {} | val loss {:.4f}\n", s, *m.val_loss);
+      std::string named;  // a preference loss's metrics on the validation pairs
+      for (const auto& [name, v] : eval_named) named += fmt::format(" | {} {:.4f}", name, v);
+      if (main()) fmt::print("step {} | val loss {:.4f}{}\n", s, *m.val_loss, named);
+      m.named.insert(m.named.end(), eval_named.begin(), eval_named.end());  // TensorBoard, log
     }
     if (tensorboard) write_tensorboard(m);
     if (log.is_open()) {
@@ -238,7 +278,9 @@ void Trainer::Impl::fit() {
   };
   if (val && o.data.eval_at_start && start_step == 0) {  // llm.c's step-0 validation
     const double v = evaluate();
-    if (main()) fmt::print("step 0 | val loss {:.4f} (before training)\n", v);
+    std::string named;
+    for (const auto& [name, x] : eval_named) named += fmt::format(" | {} {:.4f}", name, x);
+    if (main()) fmt::print("step 0 | val loss {:.4f}{} (before training)\n", v, named);
   }
   steps_done = train_loop({.model = *model,
                            .parallel = *parallel,

@@ -67,12 +67,27 @@ void Trainer::Impl::open_data() {
                cfg.batch);
     FSDP_CHECK(tokenizer.has_value(), "[fsdp-train] --preference needs a tokenizer (--init-from "
                "a model, or --tokenizer)");
-    std::unique_ptr<data::PreferenceSource> p = data::open_preference_pairs(
-        o.data.data, *tokenizer, pretrained ? pretrained->chat_template : "", cfg.vocab, cfg.seq,
-        pretrained ? pretrained->bos_id : std::nullopt,
-        pretrained ? pretrained->eos_id : std::nullopt,
-        pretrained ? checkpoint::chat_template_name(*pretrained) : "chat_template",
-        o.preference.pref_truncation == "keep_end");
+    const auto open_pairs = [&](const std::string& path) {
+      return data::open_preference_pairs(
+          path, *tokenizer, pretrained ? pretrained->chat_template : "", cfg.vocab, cfg.seq,
+          pretrained ? pretrained->bos_id : std::nullopt,
+          pretrained ? pretrained->eos_id : std::nullopt,
+          pretrained ? checkpoint::chat_template_name(*pretrained) : "chat_template",
+          o.preference.pref_truncation == "keep_end");
+    };
+    std::unique_ptr<data::PreferenceSource> p = open_pairs(o.data.data);
+    if (!o.data.val_data.empty()) {  // validation pairs (the evaluation runs the preference loss)
+      FSDP_CHECK(std::filesystem::is_regular_file(o.data.val_data) &&
+                     data::names_preference_pairs(o.data.val_data),
+                 "[fsdp-train] --val-data {} with --preference: expected a .jsonl of preference "
+                 "pairs (its first line an object with \"chosen\" and \"rejected\")",
+                 o.data.val_data);
+      val = open_pairs(o.data.val_data);
+    } else if (o.data.eval_every > 0) {  // the last pairs of --data
+      std::unique_ptr<data::PreferenceSource> tail;
+      std::tie(p, tail) = p->split_tail(o.data.val_fraction);
+      val = std::move(tail);
+    }
     if (o.data.shuffle) p->set_shuffle(o.run.seed);
     src = std::move(p);
   } else if (!o.data.data.empty() && data::is_jsonl(o.data.data)) {  // samples, one per row, masked
@@ -131,7 +146,7 @@ void Trainer::Impl::open_data() {
     if (o.data.eval_every > 0)
       val = std::make_shared<data::RandomTokenSource>(cfg.vocab, o.run.seed + 1);
   }
-  if (!o.data.val_data.empty())
+  if (!o.data.val_data.empty() && !pairs)
     val = !data::is_jsonl(o.data.val_data)
               ? (o.data.pack ? std::shared_ptr<data::TokenSource>(data::PackedSource::of_documents(
                                    open_stream(o.data.val_data), pack_eos(), cfg.seq))

@@ -125,6 +125,9 @@ struct Trainer::Impl {
   void account(profiler::StepMetrics& m);
   double evaluate();
   double eval_loss(const data::Batch& b, double divisor);
+  // A preference loss's validation: the loss and its metrics over the validation pairs.
+  double evaluate_pairs(PreferenceLoss& pref);
+  std::vector<std::pair<std::string, double>> eval_named;  // the last one's metrics, "eval_" names
   void save(int64_t step);
   void write_tensorboard(const profiler::StepMetrics& m);
   void finish_async_save();

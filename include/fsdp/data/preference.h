@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/data/chat.h"
@@ -53,6 +54,10 @@ class PreferenceSource : public TokenSource {
   int64_t pairs() const { return int64_t(pairs_.size()); }
   int64_t truncated(int64_t seq) const;  // pairs with a sequence longer than seq + 1 tokens
   void set_shuffle(uint64_t seed);
+  // The first pairs and the last round(fraction x pairs) (at least 1 each), as SampleSource's
+  // split_tail: the training and the validation pairs.
+  std::pair<std::unique_ptr<PreferenceSource>, std::unique_ptr<PreferenceSource>> split_tail(
+      double fraction) const;
 
  private:
   std::vector<PreferencePair> pairs_;

@@ -74,6 +74,8 @@ class PreferenceLoss final : public Loss {
   // A model to run as the reference in prepare() in place of the policy with its adapters off (a
   // full fine-tune's frozen copy of the initial model; null: the policy, adapters off).
   void set_reference_model(nn::Module* model) { reference_model_ = model; }
+  // Drops what the last forward kept for its backward (an evaluation: no backward comes).
+  void release();
   // The next forward's rows' reference log-probs (one per row).
   void set_reference(std::vector<double> logps) { reference_ = std::move(logps); }
   bool needs_reference() const {
