@@ -39,13 +39,23 @@ function(_fsdp_blas_target name inc libs)
   set(FSDP_BLAS_DEFINITION "FSDP_BLAS_${up}=1" CACHE INTERNAL "")
 endfunction()
 
-# Debian's OpenBLAS (the OpenMP build) through pkg-config, or by its Debian paths (machines
-# without pkg-config, like the bare GPU machine with Debian's packages unpacked).
+# Debian's OpenBLAS (the OpenMP build first) by its Debian paths (they also serve machines without
+# pkg-config, like the bare GPU machine with Debian's packages unpacked); elsewhere (Fedora's
+# lib64, Arch, conda) where pkg-config says, then the default search paths.
 function(_fsdp_find_openblas)
   find_path(FSDP_OPENBLAS_INCLUDE_DIR cblas.h PATHS ${_fsdp_triplet_inc}/openblas-openmp
     ${_fsdp_triplet_inc}/openblas-pthread /usr/include/openblas NO_DEFAULT_PATH)
   find_library(FSDP_OPENBLAS_LIBRARY openblas PATHS ${_fsdp_triplet_lib}/openblas-openmp
     ${_fsdp_triplet_lib}/openblas-pthread ${_fsdp_triplet_lib} NO_DEFAULT_PATH)
+  if(NOT FSDP_OPENBLAS_INCLUDE_DIR OR NOT FSDP_OPENBLAS_LIBRARY)
+    find_package(PkgConfig QUIET)
+    if(PKG_CONFIG_FOUND)
+      pkg_check_modules(FSDP_OPENBLAS_PC QUIET openblas)
+    endif()
+    find_path(FSDP_OPENBLAS_INCLUDE_DIR cblas.h HINTS ${FSDP_OPENBLAS_PC_INCLUDE_DIRS}
+      PATH_SUFFIXES openblas)
+    find_library(FSDP_OPENBLAS_LIBRARY openblas HINTS ${FSDP_OPENBLAS_PC_LIBRARY_DIRS})
+  endif()
   if(FSDP_OPENBLAS_INCLUDE_DIR AND FSDP_OPENBLAS_LIBRARY)
     _fsdp_blas_target(openblas "${FSDP_OPENBLAS_INCLUDE_DIR}" "${FSDP_OPENBLAS_LIBRARY}")
   endif()

@@ -102,8 +102,10 @@ const char* blas_core_name() {
       return "AVX512";
     case MKL_CBWR_AVX512_E1:
       return "AVX512_E1";
+#ifdef MKL_CBWR_AVX10  // newer oneMKL releases only
     case MKL_CBWR_AVX10:
       return "AVX10";
+#endif
     default:
       return "generic";
   }

@@ -78,9 +78,12 @@ double Trainer::Impl::eval_loss(const data::Batch& b, double divisor) {
                .loss_scale = 1.0,
                .no_backward = true});
   if (fused) {  // its chunks' shares, summed
+    std::vector<double> parts = model->forward(b.inputs.to(device)).to(Device::cpu()).to_f64_vector();
+    // An MoE's last chunk is the router's loss: the validation loss is the tokens' alone (as the
+    // unfused path's), whatever the targets' weighting.
+    if (!model->moe_layers().empty()) parts.pop_back();
     double sum = 0;
-    for (double part : model->forward(b.inputs.to(device)).to(Device::cpu()).to_f64_vector())
-      sum += part;
+    for (double part : parts) sum += part;
     return sum;
   }
   Tensor logits = model->forward(b.inputs.to(device)).view({cfg.batch * cfg.seq, cfg.vocab});

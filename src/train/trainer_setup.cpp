@@ -344,6 +344,17 @@ void Trainer::Impl::build_reference() {
 }
 
 void Trainer::Impl::build_model() {
+  // The router's loss reaches the step through the fused loss alone (nn::Transformer's backward
+  // refuses the logits' gradient without it): refused here, before anything is built.
+  FSDP_CHECK(!cfg.moe.enabled() || (cfg.moe.aux_coef == 0 && cfg.moe.z_coef == 0) ||
+                 (o.sharding.fused_loss && o.preference.preference.empty()),
+             "[fsdp-train] the model's router loss (moe aux coefficient {}, z coefficient {}: "
+             "config.json's router_aux_loss_coef with output_router_logits true) is added by the "
+             "fused loss only, which {} leaves out; train without it (output_router_logits false "
+             "in the model's config.json) or {}",
+             cfg.moe.aux_coef, cfg.moe.z_coef,
+             o.preference.preference.empty() ? "--fused-loss false" : "--preference (it needs the logits)",
+             o.preference.preference.empty() ? "with the fused loss" : "without --preference");
   check_memory_plan();  // from the shapes alone, before any module or tensor exists
   model = family->build(cfg);
   // fully_shard on each block and the root, or replicate(); then activation checkpointing.
