@@ -139,6 +139,32 @@ TEST(MoE, ForwardIsThePerTokenLoopOfTransformers) {
   }
 }
 
+// The host loops a chunk of tokens at a time (1, 3 and all tokens a chunk) give the same output
+// and gradients bit for bit, in f64 and bf16.
+TEST(MoE, HostChunksChangeNoBit) {
+  for (DType dt : {DType::f64, DType::bf16}) {
+    std::vector<std::vector<double>> seen;
+    for (int64_t tokens : {int64_t(1) << 20, int64_t(3), int64_t(1)}) {
+      const int64_t before = nn::MoE::set_host_chunk_values(tokens * kDim * 2);  // top 2
+      nn::MoE m(kDim, options(nn::RouterKind::softmax_topk, true));
+      auto flat = nn::materialize(m, dt, 3);
+      randomize(m, 40);
+      flat.grads.zero_();
+      Tensor x = test::random_tensor({kRows, kDim}, 8, DType::f64).to(dt);
+      std::vector<double> all = m.forward(x).to_f64_vector();
+      const std::vector<double> dx =
+          m.backward(test::random_tensor({kRows, kDim}, 9, DType::f64).to(dt)).to_f64_vector();
+      const std::vector<double> grads = flat.grads.to_f64_vector();
+      all.insert(all.end(), dx.begin(), dx.end());
+      all.insert(all.end(), grads.begin(), grads.end());
+      seen.push_back(std::move(all));
+      nn::MoE::set_host_chunk_values(before);
+    }
+    EXPECT_EQ(seen[1], seen[0]);
+    EXPECT_EQ(seen[2], seen[0]);
+  }
+}
+
 // In f32 (and bf16) the layer computes as in f64 up to the dtype's rounding; backward too.
 TEST(MoE, LowerPrecisionsFollowF64) {
   std::vector<double> out[3], dx[3];

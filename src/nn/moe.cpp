@@ -39,6 +39,40 @@ void gather_rows(const Tensor& dst, const Tensor& src, const std::vector<int64_t
   if (!segs.empty()) ops::copy_segments(dst.flatten(), src.flatten(), segs);
 }
 
+// dst row to[i] = src row i.
+void scatter_rows(const Tensor& dst, const Tensor& src, const std::vector<int64_t>& to,
+                  int64_t dim) {
+  std::vector<ops::Segment> segs(to.size());
+  for (size_t i = 0; i < to.size(); ++i) segs[i] = {to[i] * dim, int64_t(i) * dim, dim};
+  if (!segs.empty()) ops::copy_segments(dst.flatten(), src.flatten(), segs);
+}
+
+// The host loops over tokens go a chunk of tokens at a time, so their f64 copies of the k rows a
+// token reads hold at most about this many values (32 MB), whatever the batch.
+int64_t chunk_values = int64_t(1) << 22;
+
+int64_t tokens_per_chunk(int64_t k, int64_t dim) {
+  return std::max<int64_t>(1, chunk_values / std::max<int64_t>(1, k * dim));
+}
+
+// The rows of tokens [t0, t1)'s k choices (pos[t k + j]) of a permuted [N k, dim] tensor, in f64,
+// token by token.
+std::vector<double> chosen_rows(const Tensor& permuted, const std::vector<int64_t>& pos, int64_t t0,
+                                int64_t t1, int64_t k, int64_t dim) {
+  Tensor rows = Tensor::empty({(t1 - t0) * k, dim}, permuted.dtype(), permuted.device());
+  gather_rows(rows, permuted, {pos.begin() + t0 * k, pos.begin() + t1 * k}, dim);
+  return rows.to_f64_vector();
+}
+
+// Rows [t0, t1) of an [N, dim] tensor, in f64; and written back from f64.
+std::vector<double> token_rows(const Tensor& t, int64_t t0, int64_t t1, int64_t dim) {
+  return t.flatten().slice(t0 * dim, t1 * dim).to_f64_vector();
+}
+void set_token_rows(const Tensor& t, int64_t t0, int64_t t1, int64_t dim,
+                    const std::vector<double>& v) {
+  t.flatten().slice(t0 * dim, t1 * dim).copy_(Tensor::from_vector<double>(v, {(t1 - t0) * dim}).to(t.dtype()));
+}
+
 // The k largest of v[0..n), larger first, ties to the lower index (torch.topk on the CPU).
 void top_k(const double* v, int64_t n, int64_t k, int32_t* out) {
   std::vector<int32_t> idx(static_cast<size_t>(n));
@@ -293,18 +327,22 @@ Tensor MoE::forward_impl(const Tensor& x) {
   Tensor out;
   if (x.device().is_meta()) {
     out = Tensor::empty({N, dim_}, x.dtype(), x.device());
-  } else {  // combine: each token's k choices in order, in f64
-    const std::vector<double> y = yp.to_f64_vector();
-    std::vector<double> o(size_t(N * dim_), 0.0);
-    for (int64_t t = 0; t < N; ++t)
-      for (int64_t j = 0; j < k; ++j) {
-        const size_t i = size_t(t * k + j);
-        const double w = r.weight[i];
-        const double* src = &y[size_t(r.pos[i] * dim_)];
-        double* dst = &o[size_t(t * dim_)];
-        for (int64_t d = 0; d < dim_; ++d) dst[d] += w * src[d];
-      }
-    out = rows_tensor(o, N, dim_, x.dtype());
+  } else {  // combine: each token's k choices in order, in f64, a chunk of tokens at a time
+    out = Tensor::empty({N, dim_}, x.dtype(), x.device());
+    const int64_t chunk = tokens_per_chunk(k, dim_);
+    for (int64_t t0 = 0; t0 < N; t0 += chunk) {
+      const int64_t t1 = std::min(N, t0 + chunk);
+      const std::vector<double> y = chosen_rows(yp, r.pos, t0, t1, k, dim_);
+      std::vector<double> o(size_t((t1 - t0) * dim_), 0.0);
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t j = 0; j < k; ++j) {
+          const double w = r.weight[size_t(t * k + j)];
+          const double* src = &y[size_t(((t - t0) * k + j) * dim_)];
+          double* dst = &o[size_t((t - t0) * dim_)];
+          for (int64_t d = 0; d < dim_; ++d) dst[d] += w * src[d];
+        }
+      set_token_rows(out, t0, t1, dim_, o);
+    }
   }
   last_ = call;
   save_for_backward(Saved{std::move(r), std::move(yp), x.shape()});
@@ -352,6 +390,11 @@ std::vector<double> MoE::router_backward(const Routing& r, const std::vector<dou
   return dl;
 }
 
+int64_t MoE::set_host_chunk_values(int64_t values) {
+  FSDP_CHECK(values > 0, "[MoE] host chunk of {} values: expected a positive count", values);
+  return std::exchange(chunk_values, values);
+}
+
 Tensor MoE::backward_impl(const Tensor& dy) {
   auto s = take_saved<Saved>();
   const int64_t k = opt_.top_k, N = int64_t(s.routing.expert.size()) / k;
@@ -363,22 +406,28 @@ Tensor MoE::backward_impl(const Tensor& dy) {
   std::vector<double> dw(size_t(N * k), 0.0);
   if (meta) {
     dyp = Tensor::empty({N * k, dim_}, dy.dtype(), dy.device());
-  } else {  // d yp[pos] = w dy[t]; d w = <dy[t], yp[pos]>
-    const std::vector<double> g = dy2.to_f64_vector(), y = s.yp.to_f64_vector();
-    std::vector<double> d(size_t(N * k * dim_));
-    for (int64_t t = 0; t < N; ++t)
-      for (int64_t j = 0; j < k; ++j) {
-        const size_t i = size_t(t * k + j);
-        const size_t row = size_t(s.routing.pos[i] * dim_);
-        double dot = 0;
-        for (int64_t c = 0; c < dim_; ++c) {
-          const double gc = g[size_t(t * dim_ + c)];
-          d[row + size_t(c)] = s.routing.weight[i] * gc;
-          dot += gc * y[row + size_t(c)];
+  } else {  // d yp[pos] = w dy[t]; d w = <dy[t], yp[pos]>, a chunk of tokens at a time
+    dyp = Tensor::empty({N * k, dim_}, dy.dtype(), dy.device());
+    const int64_t chunk = tokens_per_chunk(k, dim_);
+    for (int64_t t0 = 0; t0 < N; t0 += chunk) {
+      const int64_t t1 = std::min(N, t0 + chunk);
+      const std::vector<double> g = token_rows(dy2, t0, t1, dim_);
+      const std::vector<double> y = chosen_rows(s.yp, s.routing.pos, t0, t1, k, dim_);
+      std::vector<double> d(size_t((t1 - t0) * k * dim_));
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t j = 0; j < k; ++j) {
+          const size_t i = size_t(t * k + j), row = size_t(((t - t0) * k + j) * dim_);
+          double dot = 0;
+          for (int64_t c = 0; c < dim_; ++c) {
+            const double gc = g[size_t((t - t0) * dim_ + c)];
+            d[row + size_t(c)] = s.routing.weight[i] * gc;
+            dot += gc * y[row + size_t(c)];
+          }
+          dw[i] = dot;
         }
-        dw[i] = dot;
-      }
-    dyp = rows_tensor(d, N * k, dim_, dy.dtype());
+      scatter_rows(dyp, rows_tensor(d, (t1 - t0) * k, dim_, dy.dtype()),
+                   {s.routing.pos.begin() + t0 * k, s.routing.pos.begin() + t1 * k}, dim_);
+    }
   }
   s.yp = Tensor();
   Tensor dxp = experts_->grouped_backward(dyp);
@@ -390,14 +439,20 @@ Tensor MoE::backward_impl(const Tensor& dy) {
     dlogits = rows_tensor(router_backward(s.routing, dw), N, opt_.experts, dy.dtype());
   Tensor dx = gate_->backward(dlogits);
   if (!meta) {  // unpermute: each token's k rows summed in order, onto the router's dx
-    const std::vector<double> g = dxp.to_f64_vector();
-    std::vector<double> d = dx.to_f64_vector();
-    for (int64_t t = 0; t < N; ++t)
-      for (int64_t j = 0; j < k; ++j) {
-        const size_t row = size_t(s.routing.pos[size_t(t * k + j)] * dim_);
-        for (int64_t c = 0; c < dim_; ++c) d[size_t(t * dim_ + c)] += g[row + size_t(c)];
-      }
-    dx = rows_tensor(d, N, dim_, dy.dtype());
+    Tensor sum = Tensor::empty({N, dim_}, dy.dtype(), dy.device());
+    const int64_t chunk = tokens_per_chunk(k, dim_);
+    for (int64_t t0 = 0; t0 < N; t0 += chunk) {
+      const int64_t t1 = std::min(N, t0 + chunk);
+      const std::vector<double> g = chosen_rows(dxp, s.routing.pos, t0, t1, k, dim_);
+      std::vector<double> d = token_rows(dx, t0, t1, dim_);
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t j = 0; j < k; ++j) {
+          const size_t row = size_t(((t - t0) * k + j) * dim_);
+          for (int64_t c = 0; c < dim_; ++c) d[size_t((t - t0) * dim_ + c)] += g[row + size_t(c)];
+        }
+      set_token_rows(sum, t0, t1, dim_, d);
+    }
+    dx = sum;
   }
   return dx.view(s.shape);
 }

@@ -164,6 +164,10 @@ class MoE : public Module {
   // The router loss's gradient for the backwards of the batch context's microbatch (each call's
   // recompute under activation checkpointing included), until set again. Unset: none.
   void set_router_grad(RouterGrad grad);
+  // The host loops (combine, its backward, the unpermute) go a chunk of tokens at a time, their
+  // f64 copies of the rows holding at most this many values (default 4 Mi: 32 MB). Returns the
+  // previous value. For tests: any positive value gives the same results bit for bit.
+  static int64_t set_host_chunk_values(int64_t values);
 
  private:
   // Where each (token, choice) pair went: expert, weight and row of the permuted layout.
