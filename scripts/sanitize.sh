@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The sanitizer and fuzz steps of CI (.ci/run), with clang and without CUDA:
 #   1. AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/): the unit suites (core, ops,
-#      nn, data, optim), dist_test at 1 rank and at 2 under mpirun, fsdp_test at 2 under mpirun;
+#      nn, data, optim, moe), dist_test at 1 rank and at 2 under mpirun, fsdp_test and
+#      expert_parallel_test at 2 under mpirun;
 #   2. ThreadSanitizer (build-tsan/): the communication-thread suites, core_test (CpuStream)
 #      and dist_test at 1 rank and at 2 under mpirun; reports from inside the uninstrumented
 #      OpenMP and MPI runtimes are suppressed (scripts/tsan.supp), ours are not;
@@ -42,12 +43,14 @@ mkdir -p build-sanitize-logs
 configure asan
 fuzzers=(safetensors checkpoint shards tokenizer store gguf jinja)
 cmake --build build-asan --target core_test ops_test nn_test data_test optim_test dist_test fsdp_test \
+  moe_test expert_parallel_test \
   "${fuzzers[@]/#/fuzz_}" > build-sanitize-logs/build-asan.build.log 2>&1 || { tail -30 build-sanitize-logs/build-asan.build.log; exit 1; }
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
 cd build-sanitize-logs
-for t in core_test ops_test nn_test data_test optim_test dist_test; do check "asan-$t" ../build-asan/tests/$t; done
+for t in core_test ops_test nn_test data_test optim_test dist_test moe_test; do check "asan-$t" ../build-asan/tests/$t; done
 check asan-dist_test-np2 "${mpi[@]}" ../build-asan/tests/dist_test
 check asan-fsdp_test-np2 "${mpi[@]}" ../build-asan/tests/fsdp_test
+check asan-expert_parallel_test-np2 "${mpi[@]}" ../build-asan/tests/expert_parallel_test
 # A fixed seed and a fixed number of runs per target (about 20 s each here), so CI is
 # repeatable; FSDP_FUZZ_SECONDS > 0 fuzzes for that long instead, with a random seed.
 declare -A runs=([safetensors]=60000 [checkpoint]=60000 [shards]=100000 [tokenizer]=10000 [store]=3000 [gguf]=60000
