@@ -649,6 +649,54 @@ OpCase copy_segments_case(int64_t n, std::vector<ops::Segment> segments, bool ca
   return c;
 }
 
+// ---------------------------------------------------------------- mixture of experts
+
+// The MoE combine of n tokens with k choices each over rows [n k, d] in a fixed shuffled order
+// (pos a permutation, as nn::MoE's stable sort by expert makes it), weighted, onto a base:
+// inputs rows, weight (cast to f64 for the op) and base, each with its gradient.
+OpCase moe_combine_case(int64_t n, int64_t k, int64_t d) {
+  OpCase c{.op = "moe_combine",
+           .what = fmt::format("moe_combine {} tokens x {} of {}", n, k, d),
+           .covers = {"moe_combine", "moe_combine_backward"},
+           .dtypes = kAll,
+           .inputs = {{{n * k, d}, -1, 1, Grad::returned},
+                      {{n * k}, 0, 1, Grad::returned},
+                      {{n, d}, -1, 1, Grad::returned}},
+           .ref_tol = 1e-15};
+  std::vector<int64_t> perm(static_cast<size_t>(n * k));
+  for (size_t i = 0; i < perm.size(); ++i) perm[i] = int64_t(i);
+  for (size_t i = perm.size(); i > 1; --i) std::swap(perm[i - 1], perm[(i * 7919 + 13) % i]);
+  auto pos_on = [perm, n, k](Device dev) {
+    return Tensor::from_vector<int64_t>(perm, {n * k}).to(dev);
+  };
+  c.forward = [=](const Tensors& in, bool) {
+    return OpRun{{ops::moe_combine(in[0], pos_on(in[0].device()), in[1].to(DType::f64), in[2], k)},
+                 {}};
+  };
+  c.backward = [=](const BackwardArgs& a) {
+    auto g = ops::moe_combine_backward(a.dout, a.in[0], pos_on(a.in[0].device()),
+                                       a.in[1].to(DType::f64), k);
+    return Tensors{g.drows, g.dweight.to(a.in[1].dtype()), a.dout};
+  };
+  c.reference = [=](const Tensors& in) {
+    auto R = f64(in[0]), W = f64(in[1]), out = f64(in[2]);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < k; ++j)
+        for (int64_t col = 0; col < d; ++col)
+          out[size_t(t * d + col)] +=
+              W[size_t(t * k + j)] * R[size_t(perm[size_t(t * k + j)] * d + col)];
+    return Tensors{from(out, {n, d})};
+  };
+  c.forward_cost = [=](const Tensors& in, const OpRun&) {
+    return cost::moe_combine(in[0], pos_on(Device::cpu()), in[1].to(DType::f64), in[2], k);
+  };
+  c.backward_cost = [=](const BackwardArgs& a) {
+    return cost::moe_combine_backward(a.dout, a.in[0], pos_on(Device::cpu()),
+                                      a.in[1].to(DType::f64));
+  };
+  return c;
+}
+
 // `steps` AdamW steps (torch.optim.AdamW's single-tensor formula) from state m, v with the
 // gradients g_1 .. g_steps; out: p, m, v.
 OpCase adamw_case(int64_t n, int64_t steps, ops::AdamWHyper h, double tol_f32 = 1e-5) {
@@ -782,6 +830,10 @@ std::vector<OpCase> op_cases() {
   v.push_back(swiglu_case({1000}, 4));
   v.push_back(swiglu_case({4, 6}, 3, ops::Gate::gelu_tanh));
   v.push_back(swiglu_case({1000}, 5, ops::Gate::gelu_tanh));
+  // One token of one choice; more columns than a CUDA block's threads, and k 8.
+  v.push_back(moe_combine_case(1, 1, 4));
+  v.push_back(moe_combine_case(7, 2, 300));
+  v.push_back(moe_combine_case(5, 8, 24));
   v.push_back(rope_case(qkv_of(1, 3, 2, 4), 10000.0, 0));
   v.push_back(rope_case(qkv_of(2, 5, 4, 6, 2), 100000.0, 3));
   v.push_back(rope_case(qkv_of(1, 5, 2, 64), 10000.0, 295));  // generation at an offset

@@ -440,5 +440,35 @@ TEST(BadInput, MessagesNameTheValue) {
   EXPECT_THROW(ops::cross_entropy_forward(random_tensor({2, 9}, 4), targets), Error);
 }
 
+// The MoE combine's row indices: the CPU reads them and names the bad one; its backward, whose
+// writes would collide, refuses a row named twice; the weights must be f64 of pos's shape.
+TEST(BadInput, MoECombineNamesTheRow) {
+  Tensor rows = random_tensor({4, 3}, 5), dout = random_tensor({2, 3}, 6);
+  auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  Tensor out_of_range = Tensor::from_vector<int64_t>({0, 1, 4, 2}, {4});
+  EXPECT_NE(message([&] { ops::moe_combine(rows, out_of_range, Tensor(), Tensor(), 2); })
+                .find("pos[2] = 4 is outside the 4 rows"),
+            std::string::npos);
+  Tensor twice = Tensor::from_vector<int64_t>({0, 1, 1, 2}, {4});
+  EXPECT_NO_THROW(ops::moe_combine(rows, twice, Tensor(), Tensor(), 2));  // a gather may repeat
+  EXPECT_NE(message([&] { ops::moe_combine_backward(dout, rows, twice, Tensor(), 2); })
+                .find("pos[2] = 1 names a row a second time"),
+            std::string::npos);
+  Tensor pos = Tensor::from_vector<int64_t>({3, 1, 0, 2}, {4});
+  EXPECT_NE(message([&] { ops::moe_combine(rows, pos, random_tensor({4}, 7, DType::f32), Tensor(), 2); })
+                .find("weight must be f64"),
+            std::string::npos);
+  EXPECT_NE(message([&] { ops::moe_combine(rows, pos, Tensor(), Tensor(), 3); })
+                .find("pos must be i64 [N k] with k 3"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace fsdp

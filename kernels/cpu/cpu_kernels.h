@@ -136,4 +136,14 @@ struct AdamWSpan {
 template <class T>
 void adamw_multi(const AdamWSpan<T>* spans, int64_t count, const AdamWArgs& a, T grad_scale);
 
+// moe.cpp: a mixture of experts' combine, out[t] = base[t] + sum_j weight[t k + j] rows[pos[..]]
+// in f64 (base, weight null: 0, 1), and its backward: drows[pos[i]] = weight[i] dout[t],
+// dweight[i] = <dout[t], rows[pos[i]]>. pos in [0, R), each row named at most once.
+template <class T>
+void moe_combine(const T* rows, const int64_t* pos, const double* weight, const T* base, T* out,
+                 int64_t n, int64_t k, int64_t d);
+template <class T>
+void moe_combine_backward(const T* dout, const T* rows, const int64_t* pos, const double* weight,
+                          T* drows, double* dweight, int64_t n, int64_t k, int64_t d);
+
 }  // namespace fsdp::kernels::cpu

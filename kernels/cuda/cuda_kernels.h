@@ -29,6 +29,15 @@ void copy_segments(void* dst, DType dst_t, const void* src, DType src_t, const i
                    const int64_t* src_off, const int64_t* count, int64_t segments, int device,
                    Stream s);
 
+// moe.cu: a mixture of experts' combine and its backward (fsdp::ops::moe_combine): f64 sums, one
+// rounding to t (f32, bf16 or f16); pos i64 and weight f64 (or null: ones) on the device.
+void moe_combine(const void* rows, const int64_t* pos, const double* weight, const void* base,
+                 void* out, DType t, int64_t R, int64_t n, int64_t k, int64_t d, int device,
+                 Stream s);
+void moe_combine_backward(const void* dout, const void* rows, const int64_t* pos,
+                          const double* weight, void* drows, double* dweight, DType t, int64_t R,
+                          int64_t n, int64_t k, int64_t d, int device, Stream s);
+
 // elementwise.cu
 void add(const void* a, const void* b, void* out, DType t, int64_t n, int device, Stream s);
 void add_inplace(void* a, DType at, const void* b, DType bt, int64_t n, int device, Stream s);

@@ -71,6 +71,10 @@
      double divisor))                                                                             \
   X(void, copy_segments,                                                                          \
     (const Tensor& dst, const Tensor& src, const std::vector<Segment>& segments))                 \
+  X(Tensor, moe_combine,                                                                          \
+    (const Tensor& rows, const Tensor& pos, const Tensor& weight, const Tensor& base, int64_t k)) \
+  X(MoECombineGrad, moe_combine_backward,                                                         \
+    (const Tensor& dout, const Tensor& rows, const Tensor& pos, const Tensor& weight, int64_t k)) \
   X(void, adamw_multi_,                                                                           \
     (const std::vector<AdamWTensors>& ts, const AdamWHyper& h, int64_t step,                      \
      const GradClip& clip))

@@ -134,4 +134,17 @@ Cost adamw_multi_(const std::vector<AdamWTensors>& ts) {
   return c;
 }
 
+Cost moe_combine(const Tensor& rows, const Tensor& pos, const Tensor& weight, const Tensor& base,
+                 int64_t k) {
+  const double d = rows.dim() == 2 ? double(rows.size(1)) : 0.0, pairs = n(pos);
+  const double size = double(dtype_size(rows.dtype()));
+  const double out = pairs / double(std::max<int64_t>(k, 1)) * d * size;  // [N, d]
+  return {2.0 * pairs * d, pairs * d * size + bytes_of({&pos, &weight, &base}) + out};
+}
+
+Cost moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& pos,
+                          const Tensor& weight) {
+  return {3.0 * n(rows), bytes_of({&dout, &rows, &pos, &weight}) + nbytes(rows) + 8.0 * n(pos)};
+}
+
 }  // namespace fsdp::ops::cost

@@ -46,5 +46,11 @@ Cost cross_entropy_backward(const Tensor& logits, const Tensor& targets);
 Cost copy_segments(const Tensor& dst, const Tensor& src);
 Cost adamw_(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v);
 Cost adamw_multi_(const std::vector<AdamWTensors>& ts);
+// The MoE combine: every (token, choice) row read once (2 FLOPs an element); its backward reads
+// dout and the rows and writes drows (3 FLOPs an element: the product and the dot).
+Cost moe_combine(const Tensor& rows, const Tensor& pos, const Tensor& weight, const Tensor& base,
+                 int64_t k);
+Cost moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& pos,
+                          const Tensor& weight);
 
 }  // namespace fsdp::ops::cost

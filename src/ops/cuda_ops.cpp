@@ -356,6 +356,34 @@ void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segme
                     c.data(), int64_t(segments.size()), dev(dst), cs(dst));
 }
 
+Tensor moe_combine(const Tensor& rows, const Tensor& pos, const Tensor& weight, const Tensor& base,
+                   int64_t k) {
+  if (base.defined()) same_dtype("moe_combine", rows, base);
+  const Tensor R = dense(rows), P = dense(pos), W = weight.defined() ? dense(weight) : Tensor(),
+               B = base.defined() ? dense(base) : Tensor();
+  const int64_t n = P.numel() / k, d = R.size(1);
+  Tensor out = Tensor::empty({n, d}, rows.dtype(), rows.device());
+  kc::moe_combine(R.raw_data(), P.data<int64_t>(), W.defined() ? W.data<double>() : nullptr,
+                  B.defined() ? B.raw_data() : nullptr, out.raw_data(), rows.dtype(), R.size(0), n,
+                  k, d, dev(rows), cs(rows));
+  return out;
+}
+
+MoECombineGrad moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& pos,
+                                    const Tensor& weight, int64_t k) {
+  same_dtype("moe_combine_backward", rows, dout);
+  const Tensor R = dense(rows), G = dense(dout), P = dense(pos),
+               W = weight.defined() ? dense(weight) : Tensor();
+  const int64_t n = P.numel() / k, d = R.size(1);
+  Tensor drows = Tensor::zeros(rows.shape(), rows.dtype(), rows.device());
+  Tensor dweight = Tensor::empty({n * k}, DType::f64, rows.device());
+  kc::moe_combine_backward(G.raw_data(), R.raw_data(), P.data<int64_t>(),
+                           W.defined() ? W.data<double>() : nullptr, drows.raw_data(),
+                           dweight.data<double>(), rows.dtype(), R.size(0), n, k, d, dev(rows),
+                           cs(rows));
+  return {drows, dweight};
+}
+
 double gemm_peak_flops(Device device, DType dtype) {
   return kc::measure_gemm_flops(8192, dtype, device.index);
 }

@@ -32,6 +32,8 @@ FSDP_META_KERNEL(rmsnorm_backward)
 FSDP_META_KERNEL(rope_qkv)
 FSDP_META_KERNEL(attention_decode)
 FSDP_META_KERNEL(adamw_multi)
+FSDP_META_KERNEL(moe_combine)
+FSDP_META_KERNEL(moe_combine_backward)
 #undef FSDP_META_KERNEL
 
 template <class T, class I, class... A>

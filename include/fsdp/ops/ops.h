@@ -141,6 +141,27 @@ struct Segment {
 };
 void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segment>& segments);
 
+// A mixture of experts' combine (nn::MoE). Token t's k choices i = t k + j (j = 0 .. k-1) sit at
+// rows pos[i] of the expert outputs `rows` [R, d]; pos is i64 [N k] on the rows' device, each in
+// [0, R). Returns [N, d]:
+//   out[t] = base[t] + sum_j weight[i] rows[pos[i]],
+// summed in f64 in the order j = 0 .. k-1 and rounded once to the rows' dtype. weight (f64 [N k],
+// on the rows' device) undefined: every weight is 1; base ([N, d] in the rows' dtype) undefined:
+// 0. A token's result depends on its own k rows only, not on the batch or the world size.
+// The CPU reads pos on the host and refuses a row outside [0, R); CUDA, which does not read back,
+// writes NaN for that token instead.
+Tensor moe_combine(const Tensor& rows, const Tensor& pos, const Tensor& weight, const Tensor& base,
+                   int64_t k);
+// moe_combine's backward for rows and weight, given dout [N, d] (base's gradient is dout itself):
+// drows[pos[i]] = weight[i] dout[t] in the rows' dtype (a row pos does not name is 0), and
+// dweight[i] = <dout[t], rows[pos[i]]>, f64 [N k], summed in f64 over the d columns in order
+// (the CPU; CUDA sums in f64 in a tree). weight undefined: 1 (dweight is still returned).
+struct MoECombineGrad {
+  Tensor drows, dweight;
+};
+MoECombineGrad moe_combine_backward(const Tensor& dout, const Tensor& rows, const Tensor& pos,
+                                    const Tensor& weight, int64_t k);
+
 // One AdamW step in place over flat, contiguous buffers of one dtype.
 struct AdamWHyper {
   double lr = 3e-4, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
