@@ -21,6 +21,7 @@
 #include "fsdp/distributed/init.h"
 #include "fsdp/nn/moe.h"
 #include "fsdp/nn/module.h"
+#include "src/distributed/meta_group.h"
 #include "test_util.h"
 
 namespace fsdp::nn {
@@ -104,6 +105,22 @@ TEST(MoEExpertParallel, EqualsOneRankOverTheGroupsTokens) {
         }
       }
     }
+}
+
+// The memory plan's run: over a meta group an MoE with its share of the experts allocates the
+// planned shapes and computes nothing.
+TEST(MoEExpertParallel, RunsOnTheMetaDevice) {
+  MoE m(kDim, {.experts = kExperts, .top_k = kTopK, .hidden = kHidden});
+  m.set_expert_parallel(std::make_shared<dist::MetaGroup>(2, 1));
+  materialize(m, DType::bf16, 3, Device::meta());
+  EXPECT_EQ(m.first_local_expert(), kExperts / 2);
+  EXPECT_EQ(m.parameter("experts.gate_proj").data.shape(), (Shape{kExperts / 2, kHidden, kDim}));
+  EXPECT_EQ(m.parameter("experts.down_proj").data.shape(), (Shape{kExperts / 2, kDim, kHidden}));
+  const Tensor y = m.forward(Tensor::empty({2, 3, kDim}, DType::bf16, Device::meta()));
+  EXPECT_TRUE(y.device().is_meta());
+  EXPECT_EQ(y.shape(), (Shape{2, 3, kDim}));
+  EXPECT_EQ(m.backward(Tensor::empty({2, 3, kDim}, DType::bf16, Device::meta())).shape(),
+            (Shape{2, 3, kDim}));
 }
 
 TEST(MoEExpertParallel, RefusesExpertsTheGroupDoesNotSplit) {
