@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -20,6 +21,8 @@
 #include "fsdp/core/device.h"
 #include "fsdp/core/dtype.h"
 #include "fsdp/core/error.h"
+#include "fsdp/distributed/expert_parallel.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/nn/init.h"
 #include "fsdp/ops/ops.h"
 
@@ -85,69 +88,6 @@ void top_k(const double* v, int64_t n, int64_t k, int32_t* out) {
 
 }  // namespace
 
-// ---------------------------------------------------------------- router loss
-
-void RouterTotals::add(const RouterCall& call) {
-  if (pairs.empty()) {
-    pairs.assign(call.pairs.size(), 0.0);
-    prob_sum.assign(call.pairs.size(), 0.0);
-  }
-  FSDP_CHECK(call.pairs.size() == pairs.size(),
-             "[MoE] router statistics of {} experts added to totals of {}", call.pairs.size(),
-             pairs.size());
-  for (size_t e = 0; e < pairs.size(); ++e) {
-    pairs[e] += call.pairs[e];
-    prob_sum[e] += call.prob_sum[e];
-  }
-  rows += double(call.rows);
-  z_sum += call.z_sum;
-}
-
-std::vector<double> RouterTotals::as_vector() const {
-  std::vector<double> v = pairs;
-  v.insert(v.end(), prob_sum.begin(), prob_sum.end());
-  v.push_back(rows);
-  v.push_back(z_sum);
-  return v;
-}
-
-RouterTotals RouterTotals::from_vector(const std::vector<double>& v) {
-  FSDP_CHECK(v.size() >= 4 && v.size() % 2 == 0,
-             "[MoE] router totals need 2E + 2 numbers (C, P, T, z), got {}", v.size());
-  const size_t e = (v.size() - 2) / 2;
-  RouterTotals t;
-  t.pairs.assign(v.begin(), v.begin() + ptrdiff_t(e));
-  t.prob_sum.assign(v.begin() + ptrdiff_t(e), v.begin() + ptrdiff_t(2 * e));
-  t.rows = v[2 * e];
-  t.z_sum = v[2 * e + 1];
-  return t;
-}
-
-RouterLoss router_aux_loss(const RouterTotals& totals, const RouterLossOptions& opt) {
-  const auto E = size_t(opt.experts);
-  FSDP_CHECK(opt.experts > 0 && totals.pairs.size() == E && totals.prob_sum.size() == E,
-             "[MoE] router loss over {} experts, but the totals hold {}", opt.experts,
-             totals.pairs.size());
-  RouterLoss out;
-  out.grad.dprob.assign(E, 0.0);
-  if (totals.rows <= 0) return out;
-  const double T = totals.rows;
-  if (opt.aux_coef != 0) {
-    // transformers: E * sum_{j,e} mean_t(onehot[t, j, e]) * mean_t(p[t, e])
-    double aux = 0;
-    for (size_t e = 0; e < E; ++e) {
-      aux += totals.pairs[e] * totals.prob_sum[e];
-      out.grad.dprob[e] = opt.aux_coef * double(E) * totals.pairs[e] / (T * T) * opt.grad_scale;
-    }
-    out.value += opt.aux_coef * double(E) * aux / (T * T);
-  }
-  if (opt.z_coef != 0) {
-    out.value += opt.z_coef * totals.z_sum / T;
-    out.grad.dz = opt.z_coef / T * opt.grad_scale;
-  }
-  return out;
-}
-
 // ---------------------------------------------------------------- experts
 
 Experts::Experts(int64_t dim, int64_t experts, int64_t hidden) : Module("Experts"), experts_(experts) {
@@ -156,6 +96,16 @@ Experts::Experts(int64_t dim, int64_t experts, int64_t hidden) : Module("Experts
   gate_proj_ = &register_parameter("gate_proj", {experts, hidden, dim}, Init::uniform(-a, a));
   up_proj_ = &register_parameter("up_proj", {experts, hidden, dim}, Init::uniform(-a, a));
   down_proj_ = &register_parameter("down_proj", {experts, dim, hidden}, Init::uniform(-b, b));
+}
+
+void Experts::set_local_experts(int64_t local) {
+  FSDP_CHECK(!gate_proj_->data.defined(),
+             "[MoE] {}: the experts split over expert parallel after the parameters materialized; "
+             "set it before",
+             describe());
+  FSDP_CHECK(local >= 1, "[MoE] {}: {} local experts; expected at least 1", describe(), local);
+  experts_ = local;
+  for (Parameter* p : {gate_proj_, up_proj_, down_proj_}) p->shape[0] = local;
 }
 
 Tensor Experts::forward_impl(const Tensor&) {
@@ -247,6 +197,32 @@ MoE::MoE(int64_t dim, MoEOptions opt) : Module("MoE"), dim_(dim), opt_(opt) {
   experts_ = &register_module("experts", std::make_unique<Experts>(dim, opt.experts, opt.hidden));
 }
 
+void MoE::set_expert_parallel(std::shared_ptr<dist::ProcessGroup> ep) {
+  const int n = ep ? ep->size() : 1;
+  FSDP_CHECK(opt_.experts % n == 0,
+             "[MoE] {}: {} experts do not split evenly over an expert-parallel group of {} ranks",
+             describe(), opt_.experts, n);
+  experts_->set_local_experts(opt_.experts / n);
+  ep_ = n > 1 ? std::move(ep) : nullptr;
+}
+
+int64_t MoE::first_local_expert() const {
+  return ep_ ? dist::local_experts(opt_.experts, ep_->size(), ep_->rank()).first : 0;
+}
+
+Tensor MoE::run_experts(Tensor xp, const std::vector<int64_t>& offsets,
+                        std::shared_ptr<const dist::ExpertDispatch>& dispatch) {
+  if (!ep_) return experts_->grouped_forward(xp, offsets);
+  std::vector<int64_t> counts(size_t(opt_.experts));
+  for (size_t e = 0; e < counts.size(); ++e) counts[e] = offsets[e + 1] - offsets[e];
+  dispatch = std::make_shared<const dist::ExpertDispatch>(ep_, opt_.experts, std::move(counts));
+  Tensor received = dispatch->dispatch(xp);
+  xp = Tensor();
+  std::vector<int64_t> local(1, 0);
+  for (int64_t c : dispatch->local_counts()) local.push_back(local.back() + c);
+  return dispatch->combine(experts_->grouped_forward(received, local));
+}
+
 void MoE::set_router_grad(RouterGrad grad) {
   FSDP_CHECK(grad.dprob.empty() || int64_t(grad.dprob.size()) == opt_.experts,
              "[MoE] {}: a router gradient of {} experts, the layer has {}", describe(),
@@ -321,9 +297,8 @@ Tensor MoE::forward_impl(const Tensor& x) {
     for (size_t i = 0; i < from.size(); ++i) from[size_t(r.pos[i])] = int64_t(i) / k;
     gather_rows(xp, x2, from, dim_);
   }
-  // (expert parallel: xp's rows of each expert go to its owner here, and come back after.)
-  Tensor yp = experts_->grouped_forward(xp, r.offsets);
-  xp = Tensor();
+  std::shared_ptr<const dist::ExpertDispatch> dispatch;
+  Tensor yp = run_experts(std::move(xp), r.offsets, dispatch);
   Tensor out;
   if (x.device().is_meta()) {
     out = Tensor::empty({N, dim_}, x.dtype(), x.device());
@@ -345,7 +320,7 @@ Tensor MoE::forward_impl(const Tensor& x) {
     }
   }
   last_ = call;
-  save_for_backward(Saved{std::move(r), std::move(yp), x.shape()});
+  save_for_backward(Saved{std::move(r), std::move(yp), x.shape(), std::move(dispatch)});
   return out.view(x.shape());
 }
 
@@ -430,7 +405,11 @@ Tensor MoE::backward_impl(const Tensor& dy) {
     }
   }
   s.yp = Tensor();
-  Tensor dxp = experts_->grouped_backward(dyp);
+  // Through expert parallel's exchanges: the combine's backward sends the gradients to the
+  // experts' ranks, the dispatch's brings the inputs' gradients back.
+  Tensor dxp = s.dispatch ? s.dispatch->dispatch_backward(
+                                experts_->grouped_backward(s.dispatch->combine_backward(dyp)))
+                          : experts_->grouped_backward(dyp);
   dyp = Tensor();
   Tensor dlogits;
   if (meta)

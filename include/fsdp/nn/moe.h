@@ -14,13 +14,23 @@
 //             over the k. Ties go to the lower expert index. Computed in f64 on the host.
 //   permute   the N k (token, choice) pairs stably sorted by expert, so each expert's rows are
 //             contiguous (offsets[e] .. offsets[e + 1]); xp [N k, dim] holds their inputs
-//   [exchange: where expert parallel will send each expert's rows to its owner]
+//   exchange  expert parallel only (set_expert_parallel): each expert's rows sent to the rank of
+//             the ep group that holds it (dist::ExpertDispatch), which gets its local experts'
+//             rows from every rank of the group, grouped by expert
 //   experts   one GEMM per expert per projection over its rows (views of xp and of the stacked
 //             weights: no copies), the SwiGLU over all rows at once
-//   [exchange back]
+//   exchange back  the experts' outputs returned to the ranks the rows came from, in xp's order
 //   combine   out[t] = sum_j w[t, j] y[t, j], for each token its k choices in order, in f64: the
 //             result of a token depends on nothing but its own rows, so not on the world size.
 // Every token reaches its k experts (no capacity factor); an expert may get no rows.
+//
+// Expert parallel: with an ep group of n ranks, rank j holds experts [j E/n, (j + 1) E/n) only
+// (the stacked weights' rows of dim 0: experts.* is [E/n, ...]); the router stays whole and
+// replicated, and every rank routes its own tokens over all E experts. An expert receives the
+// group's rows in rank order (the order one rank over the group's tokens concatenated would give),
+// and each token's combine reads its own k rows in a fixed order, so the results do not depend on
+// n. The backward runs the exchanges' backwards (each the other's inverse permutation). Every rank
+// of the group calls each forward and backward together (collectives).
 //
 // The auxiliary loss (transformers' load_balancing_loss_func) is over every MoE layer's router
 // probabilities at once, not a sum of per-layer losses: with T the rows of all layers together,
@@ -46,6 +56,11 @@
 #include "fsdp/core/tensor.h"
 #include "fsdp/nn/layers.h"
 #include "fsdp/nn/module.h"
+
+namespace fsdp::dist {
+class ProcessGroup;
+class ExpertDispatch;
+}  // namespace fsdp::dist
 
 namespace fsdp::nn {
 
@@ -137,6 +152,10 @@ class Experts : public Module {
   // xp [R, dim] permuted rows, expert e's rows offsets[e] .. offsets[e + 1] -> [R, dim]
   Tensor grouped_forward(const Tensor& xp, const std::vector<int64_t>& offsets);
   Tensor grouped_backward(const Tensor& dyp);
+  int64_t experts() const { return experts_; }
+  // Holds `local` experts' rows of the stack ([local, ...]) in place of all of them. Before the
+  // parameters materialize only.
+  void set_local_experts(int64_t local);
 
  protected:
   Tensor forward_impl(const Tensor& x) override;
@@ -159,6 +178,15 @@ class MoE : public Module {
   Tensor forward_impl(const Tensor& x) override;  // x [..., dim]
   Tensor backward_impl(const Tensor& dy) override;
   const MoEOptions& options() const { return opt_; }
+  // Expert parallel over `ep` (null or one rank: none): this rank holds its share of the experts
+  // (experts.* [E / size, ...], rank r's rows from r E / size) and exchanges the permuted rows with
+  // the group. Before the parameters materialize; refuses an E that the group's size does not
+  // divide.
+  void set_expert_parallel(std::shared_ptr<dist::ProcessGroup> ep);
+  const std::shared_ptr<dist::ProcessGroup>& expert_parallel() const { return ep_; }
+  // The first global expert this rank holds (0 without expert parallel) and how many.
+  int64_t first_local_expert() const;
+  int64_t local_experts() const { return experts_->experts(); }
   // The latest forward's statistics (null before one).
   const std::shared_ptr<RouterCall>& last_call() const { return last_; }
   // The router loss's gradient for the backwards of the batch context's microbatch (each call's
@@ -181,15 +209,21 @@ class MoE : public Module {
   };
   Routing route(const Tensor& logits, RouterCall& call) const;
   std::vector<double> router_backward(const Routing& r, const std::vector<double>& dw) const;
+  // The experts over the permuted rows, through the ep group's exchange where there is one
+  // (`dispatch` is set to it, for the backward).
+  Tensor run_experts(Tensor xp, const std::vector<int64_t>& offsets,
+                     std::shared_ptr<const dist::ExpertDispatch>& dispatch);
   struct Saved {
     Routing routing;
     Tensor yp;  // the experts' outputs, permuted (the weights' gradient)
     Shape shape;
+    std::shared_ptr<const dist::ExpertDispatch> dispatch;  // expert parallel's exchange
   };
   int64_t dim_;
   MoEOptions opt_;
   Linear* gate_;
   Experts* experts_;
+  std::shared_ptr<dist::ProcessGroup> ep_;
   std::shared_ptr<RouterCall> last_;
   std::map<int64_t, RouterGrad> grads_;  // by microbatch
 };
