@@ -1,10 +1,10 @@
 // nn::MoE: routing, permutation, the experts' grouped GEMMs, the combine and their backward; the
 // router's auxiliary loss. fsdp/nn/moe.h holds the design; this file the arithmetic.
 //
-// The host loops (routing, combine, their backward) read and write f64: the weights, each token's
-// sum over its k choices and the router's gradient are exact to f64, then rounded once to the
-// activations' dtype. The permutation is ops::copy_segments (one row per segment) and the
-// experts' work is ops::gemm over row views, so those run where the tensors live.
+// The routing and the router's backward are host loops in f64 over the logits read back; the
+// weights and each token's sum over its k choices (ops::moe_combine) are exact to f64, then rounded
+// once to the activations' dtype. The permutation is ops::copy_segments (one row per segment) and
+// the experts' work is ops::gemm over row views, so those run where the tensors live.
 #include "fsdp/nn/moe.h"
 
 #include <algorithm>
@@ -29,8 +29,10 @@
 namespace fsdp::nn {
 namespace {
 
-Tensor rows_tensor(const std::vector<double>& v, int64_t rows, int64_t cols, DType dtype) {
-  return Tensor::from_vector<double>(v, {rows, cols}).to(dtype);
+// v [rows, cols] as a tensor of `dtype` on `device`.
+Tensor rows_tensor(const std::vector<double>& v, int64_t rows, int64_t cols, DType dtype,
+                   Device device) {
+  return Tensor::from_vector<double>(v, {rows, cols}).to(dtype).to(device);
 }
 
 // dst row i = src row from[i], for flat [rows, dim] buffers: one segment per row.
@@ -42,38 +44,20 @@ void gather_rows(const Tensor& dst, const Tensor& src, const std::vector<int64_t
   if (!segs.empty()) ops::copy_segments(dst.flatten(), src.flatten(), segs);
 }
 
-// dst row to[i] = src row i.
-void scatter_rows(const Tensor& dst, const Tensor& src, const std::vector<int64_t>& to,
-                  int64_t dim) {
-  std::vector<ops::Segment> segs(to.size());
-  for (size_t i = 0; i < to.size(); ++i) segs[i] = {to[i] * dim, int64_t(i) * dim, dim};
-  if (!segs.empty()) ops::copy_segments(dst.flatten(), src.flatten(), segs);
+// A host vector as a tensor on `device` (the meta device: its allocation only).
+template <class T>
+Tensor on_device(const std::vector<T>& v, Device device) {
+  if (device.is_meta()) return Tensor::empty({int64_t(v.size())}, dtype_of<T>(), device);
+  return Tensor::from_vector<T>(v, {int64_t(v.size())}).to(device);
 }
 
-// The host loops over tokens go a chunk of tokens at a time, so their f64 copies of the k rows a
-// token reads hold at most about this many values (32 MB), whatever the batch.
-int64_t chunk_values = int64_t(1) << 22;
-
-int64_t tokens_per_chunk(int64_t k, int64_t dim) {
-  return std::max<int64_t>(1, chunk_values / std::max<int64_t>(1, k * dim));
-}
-
-// The rows of tokens [t0, t1)'s k choices (pos[t k + j]) of a permuted [N k, dim] tensor, in f64,
-// token by token.
-std::vector<double> chosen_rows(const Tensor& permuted, const std::vector<int64_t>& pos, int64_t t0,
-                                int64_t t1, int64_t k, int64_t dim) {
-  Tensor rows = Tensor::empty({(t1 - t0) * k, dim}, permuted.dtype(), permuted.device());
-  gather_rows(rows, permuted, {pos.begin() + t0 * k, pos.begin() + t1 * k}, dim);
-  return rows.to_f64_vector();
-}
-
-// Rows [t0, t1) of an [N, dim] tensor, in f64; and written back from f64.
-std::vector<double> token_rows(const Tensor& t, int64_t t0, int64_t t1, int64_t dim) {
-  return t.flatten().slice(t0 * dim, t1 * dim).to_f64_vector();
-}
-void set_token_rows(const Tensor& t, int64_t t0, int64_t t1, int64_t dim,
-                    const std::vector<double>& v) {
-  t.flatten().slice(t0 * dim, t1 * dim).copy_(Tensor::from_vector<double>(v, {(t1 - t0) * dim}).to(t.dtype()));
+// p = softmax(l) over E values; returns logsumexp(l).
+double softmax_row(const double* l, double* p, int64_t E) {
+  const double m = *std::max_element(l, l + E);
+  double sum = 0;
+  for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - m));
+  for (int64_t e = 0; e < E; ++e) p[e] /= sum;
+  return m + std::log(sum);
 }
 
 // The k largest of v[0..n), larger first, ties to the lower index (torch.topk on the CPU).
@@ -244,25 +228,18 @@ MoE::Routing MoE::route(const Tensor& logits, RouterCall& call) const {
     for (int64_t t = 0; t < N; ++t)
       for (int64_t j = 0; j < k; ++j) r.expert[size_t(t * k + j)] = int32_t(j);
   } else {
-    r.logits = logits.to_f64_vector();
-    r.prob.resize(r.logits.size());
-        for (int64_t t = 0; t < N; ++t) {
-      const double* l = &r.logits[size_t(t * E)];
-      double* p = &r.prob[size_t(t * E)];
-      const double m = *std::max_element(l, l + E);
-      double sum = 0;
-      for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - m));
-      for (int64_t e = 0; e < E; ++e) {
-        p[e] /= sum;
-        call.prob_sum[size_t(e)] += p[e];
-      }
-      const double lse = m + std::log(sum);
+    const std::vector<double> all = logits.to_f64_vector();
+    std::vector<double> p(static_cast<size_t>(E));
+    for (int64_t t = 0; t < N; ++t) {
+      const double* l = &all[size_t(t * E)];
+      const double lse = softmax_row(l, p.data(), E);
+      for (int64_t e = 0; e < E; ++e) call.prob_sum[size_t(e)] += p[size_t(e)];
       call.z_sum += lse * lse;
       int32_t* chosen = &r.expert[size_t(t * k)];
       double* w = &r.weight[size_t(t * k)];
-      top_k(opt_.router == RouterKind::softmax_topk ? p : l, E, k, chosen);
+      top_k(opt_.router == RouterKind::softmax_topk ? p.data() : l, E, k, chosen);
       double norm = 0;
-      for (int64_t j = 0; j < k; ++j) norm += (w[j] = p[chosen[j]]);
+      for (int64_t j = 0; j < k; ++j) norm += (w[j] = p[size_t(chosen[j])]);
       // Mixtral's softmax over the k logits is the k probabilities over their sum.
       if (opt_.norm_topk_prob || opt_.router == RouterKind::topk_softmax)
         for (int64_t j = 0; j < k; ++j) w[j] /= norm;
@@ -276,14 +253,11 @@ MoE::Routing MoE::route(const Tensor& logits, RouterCall& call) const {
   }
   std::vector<int64_t> next(r.offsets.begin(), r.offsets.end() - 1);
   for (size_t i = 0; i < r.expert.size(); ++i) r.pos[i] = next[size_t(r.expert[i])]++;
+  r.logits = logits;
   return r;
 }
 
 Tensor MoE::forward_impl(const Tensor& x) {
-  FSDP_CHECK(!x.device().is_cuda(),
-             "[MoE] {}: the routing, permutation and combine run on the CPU only (their CUDA "
-             "kernels are not written yet); the input is on {}",
-             describe(), x.device().str());
   FSDP_CHECK(x.dim() >= 1 && x.size(x.dim() - 1) == dim_, "[MoE] {}: input {} has no last dim {}",
              describe(), shape_str(x.shape()), dim_);
   const Tensor x2 = x.reshape({-1, dim_});
@@ -299,28 +273,12 @@ Tensor MoE::forward_impl(const Tensor& x) {
   }
   std::shared_ptr<const dist::ExpertDispatch> dispatch;
   Tensor yp = run_experts(std::move(xp), r.offsets, dispatch);
-  Tensor out;
-  if (x.device().is_meta()) {
-    out = Tensor::empty({N, dim_}, x.dtype(), x.device());
-  } else {  // combine: each token's k choices in order, in f64, a chunk of tokens at a time
-    out = Tensor::empty({N, dim_}, x.dtype(), x.device());
-    const int64_t chunk = tokens_per_chunk(k, dim_);
-    for (int64_t t0 = 0; t0 < N; t0 += chunk) {
-      const int64_t t1 = std::min(N, t0 + chunk);
-      const std::vector<double> y = chosen_rows(yp, r.pos, t0, t1, k, dim_);
-      std::vector<double> o(size_t((t1 - t0) * dim_), 0.0);
-      for (int64_t t = t0; t < t1; ++t)
-        for (int64_t j = 0; j < k; ++j) {
-          const double w = r.weight[size_t(t * k + j)];
-          const double* src = &y[size_t(((t - t0) * k + j) * dim_)];
-          double* dst = &o[size_t((t - t0) * dim_)];
-          for (int64_t d = 0; d < dim_; ++d) dst[d] += w * src[d];
-        }
-      set_token_rows(out, t0, t1, dim_, o);
-    }
-  }
+  // combine: each token's k choices in order, in f64
+  Tensor pos = on_device(r.pos, x.device()), weight = on_device(r.weight, x.device());
+  Tensor out = ops::moe_combine(yp, pos, weight, Tensor(), k);
   last_ = call;
-  save_for_backward(Saved{std::move(r), std::move(yp), x.shape(), std::move(dispatch)});
+  save_for_backward(Saved{std::move(r), std::move(pos), std::move(weight), std::move(yp),
+                          x.shape(), std::move(dispatch)});
   return out.view(x.shape());
 }
 
@@ -328,9 +286,12 @@ std::vector<double> MoE::router_backward(const Routing& r, const std::vector<dou
   const int64_t E = opt_.experts, k = opt_.top_k, N = int64_t(dw.size()) / k;
   const auto it = grads_.find(batch_context().microbatch);
   const RouterGrad* aux = it == grads_.end() ? nullptr : &it->second;
-  std::vector<double> dl(static_cast<size_t>(N * E), 0.0), dp(static_cast<size_t>(E));
+  const std::vector<double> logits = r.logits.to_f64_vector();
+  std::vector<double> dl(static_cast<size_t>(N * E), 0.0), dp(static_cast<size_t>(E)),
+      prob(static_cast<size_t>(E));
   for (int64_t t = 0; t < N; ++t) {
-    const double* p = &r.prob[size_t(t * E)];
+    const double* p = prob.data();
+    const double lse = softmax_row(&logits[size_t(t * E)], prob.data(), E);
     const int32_t* chosen = &r.expert[size_t(t * k)];
     const double* w = &r.weight[size_t(t * k)];
     const double* g = &dw[size_t(t * k)];
@@ -353,21 +314,10 @@ std::vector<double> MoE::router_backward(const Routing& r, const std::vector<dou
     double pdp = 0;  // through p = softmax(logits)
     for (int64_t e = 0; e < E; ++e) pdp += p[e] * dp[size_t(e)];
     for (int64_t e = 0; e < E; ++e) d[e] += p[e] * (dp[size_t(e)] - pdp);
-    if (aux && aux->dz != 0) {  // d lse^2 = 2 lse p
-      const double* l = &r.logits[size_t(t * E)];
-      const double m = *std::max_element(l, l + E);
-      double sum = 0;
-      for (int64_t e = 0; e < E; ++e) sum += std::exp(l[e] - m);
-      const double lse = m + std::log(sum);
+    if (aux && aux->dz != 0)  // d lse^2 = 2 lse p
       for (int64_t e = 0; e < E; ++e) d[e] += aux->dz * 2.0 * lse * p[e];
-    }
   }
   return dl;
-}
-
-int64_t MoE::set_host_chunk_values(int64_t values) {
-  FSDP_CHECK(values > 0, "[MoE] host chunk of {} values: expected a positive count", values);
-  return std::exchange(chunk_values, values);
 }
 
 Tensor MoE::backward_impl(const Tensor& dy) {
@@ -377,62 +327,23 @@ Tensor MoE::backward_impl(const Tensor& dy) {
   FSDP_CHECK(dy2.size(0) == N, "[MoE] {}: gradient {} for input {}", describe(),
              shape_str(dy.shape()), shape_str(s.shape));
   const bool meta = dy.device().is_meta();
-  Tensor dyp;
-  std::vector<double> dw(size_t(N * k), 0.0);
-  if (meta) {
-    dyp = Tensor::empty({N * k, dim_}, dy.dtype(), dy.device());
-  } else {  // d yp[pos] = w dy[t]; d w = <dy[t], yp[pos]>, a chunk of tokens at a time
-    dyp = Tensor::empty({N * k, dim_}, dy.dtype(), dy.device());
-    const int64_t chunk = tokens_per_chunk(k, dim_);
-    for (int64_t t0 = 0; t0 < N; t0 += chunk) {
-      const int64_t t1 = std::min(N, t0 + chunk);
-      const std::vector<double> g = token_rows(dy2, t0, t1, dim_);
-      const std::vector<double> y = chosen_rows(s.yp, s.routing.pos, t0, t1, k, dim_);
-      std::vector<double> d(size_t((t1 - t0) * k * dim_));
-      for (int64_t t = t0; t < t1; ++t)
-        for (int64_t j = 0; j < k; ++j) {
-          const size_t i = size_t(t * k + j), row = size_t(((t - t0) * k + j) * dim_);
-          double dot = 0;
-          for (int64_t c = 0; c < dim_; ++c) {
-            const double gc = g[size_t((t - t0) * dim_ + c)];
-            d[row + size_t(c)] = s.routing.weight[i] * gc;
-            dot += gc * y[row + size_t(c)];
-          }
-          dw[i] = dot;
-        }
-      scatter_rows(dyp, rows_tensor(d, (t1 - t0) * k, dim_, dy.dtype()),
-                   {s.routing.pos.begin() + t0 * k, s.routing.pos.begin() + t1 * k}, dim_);
-    }
-  }
+  // d yp[pos] = w dy[t]; d w = <dy[t], yp[pos]>
+  ops::MoECombineGrad g = ops::moe_combine_backward(dy2.contiguous(), s.yp, s.pos, s.weight, k);
   s.yp = Tensor();
   // Through expert parallel's exchanges: the combine's backward sends the gradients to the
   // experts' ranks, the dispatch's brings the inputs' gradients back.
   Tensor dxp = s.dispatch ? s.dispatch->dispatch_backward(
-                                experts_->grouped_backward(s.dispatch->combine_backward(dyp)))
-                          : experts_->grouped_backward(dyp);
-  dyp = Tensor();
+                                experts_->grouped_backward(s.dispatch->combine_backward(g.drows)))
+                          : experts_->grouped_backward(g.drows);
+  g.drows = Tensor();
   Tensor dlogits;
   if (meta)
     dlogits = Tensor::empty({N, opt_.experts}, dy.dtype(), dy.device());
   else
-    dlogits = rows_tensor(router_backward(s.routing, dw), N, opt_.experts, dy.dtype());
-  Tensor dx = gate_->backward(dlogits);
-  if (!meta) {  // unpermute: each token's k rows summed in order, onto the router's dx
-    Tensor sum = Tensor::empty({N, dim_}, dy.dtype(), dy.device());
-    const int64_t chunk = tokens_per_chunk(k, dim_);
-    for (int64_t t0 = 0; t0 < N; t0 += chunk) {
-      const int64_t t1 = std::min(N, t0 + chunk);
-      const std::vector<double> g = chosen_rows(dxp, s.routing.pos, t0, t1, k, dim_);
-      std::vector<double> d = token_rows(dx, t0, t1, dim_);
-      for (int64_t t = t0; t < t1; ++t)
-        for (int64_t j = 0; j < k; ++j) {
-          const size_t row = size_t(((t - t0) * k + j) * dim_);
-          for (int64_t c = 0; c < dim_; ++c) d[size_t((t - t0) * dim_ + c)] += g[row + size_t(c)];
-        }
-      set_token_rows(sum, t0, t1, dim_, d);
-    }
-    dx = sum;
-  }
+    dlogits = rows_tensor(router_backward(s.routing, g.dweight.to_f64_vector()), N, opt_.experts,
+                          dy.dtype(), dy.device());
+  // unpermute: each token's k rows summed in order, onto the router's dx
+  Tensor dx = ops::moe_combine(dxp, s.pos, Tensor(), gate_->backward(dlogits).contiguous(), k);
   return dx.view(s.shape);
 }
 

@@ -43,9 +43,13 @@
 // and its gradient (d aux / d p[t, e] = E C_e / T^2 for every row: the one-hot choice has none),
 // and each layer is handed that gradient (set_router_grad), which its backward adds.
 //
-// Device: the routing, the permutation and the combine are host loops over CPU tensors; on the
-// meta device (the memory plan) they allocate what the CPU does and compute nothing (every token
-// goes to experts 0..k-1). CUDA tensors are refused by name: its kernels are not written yet.
+// Device: the routing (the top k, the weights and the stable sort) and the router's backward are
+// host loops in f64 over the logits read back (a sync on CUDA), E values a token; the permutation
+// (ops::copy_segments), the experts' GEMMs and the combine and its backward (ops::moe_combine) run
+// where the tensors live: the CPU, CUDA (compiled, never run on a GPU yet) and the meta device (the
+// memory plan), which allocates what the CPU does and computes nothing (every token goes to
+// experts 0..k-1). Kept for the backward: the router's logits as a tensor in the activations'
+// dtype (the probabilities are recomputed from them), and the N k choices, weights and rows.
 #pragma once
 
 #include <cstdint>
@@ -192,10 +196,6 @@ class MoE : public Module {
   // The router loss's gradient for the backwards of the batch context's microbatch (each call's
   // recompute under activation checkpointing included), until set again. Unset: none.
   void set_router_grad(RouterGrad grad);
-  // The host loops (combine, its backward, the unpermute) go a chunk of tokens at a time, their
-  // f64 copies of the rows holding at most this many values (default 4 Mi: 32 MB). Returns the
-  // previous value. For tests: any positive value gives the same results bit for bit.
-  static int64_t set_host_chunk_values(int64_t values);
 
  private:
   // Where each (token, choice) pair went: expert, weight and row of the permuted layout.
@@ -204,10 +204,10 @@ class MoE : public Module {
     std::vector<double> weight;     // [N k]
     std::vector<int64_t> pos;       // [N k] row in xp
     std::vector<int64_t> offsets;   // [E + 1]
-    std::vector<double> prob;       // [N E] softmax of the logits (the aux loss's gradient)
-    std::vector<double> logits;     // [N E] (Mixtral's weights' gradient; the z-loss's)
+    Tensor logits;                  // [N, E] the router's, in the activations' dtype
   };
   Routing route(const Tensor& logits, RouterCall& call) const;
+  // d loss / d logits [N E] from the weights' gradient dw [N k] and the router loss's.
   std::vector<double> router_backward(const Routing& r, const std::vector<double>& dw) const;
   // The experts over the permuted rows, through the ep group's exchange where there is one
   // (`dispatch` is set to it, for the backward).
@@ -215,6 +215,7 @@ class MoE : public Module {
                      std::shared_ptr<const dist::ExpertDispatch>& dispatch);
   struct Saved {
     Routing routing;
+    Tensor pos, weight;  // routing.pos (i64) and .weight (f64) on the input's device
     Tensor yp;  // the experts' outputs, permuted (the weights' gradient)
     Shape shape;
     std::shared_ptr<const dist::ExpertDispatch> dispatch;  // expert parallel's exchange
