@@ -4,9 +4,9 @@
 # measured peak resident set and the allocator's peak must lie within 10% of the plan, at the
 # tiny preset (np 1 and 2, checkpointing none, full and every:2; np 1 with Qwen3's QK-norm and
 # with Gemma 3's shape, none and full; LoRA at np 2, on an f32 and a bf16 base; DPO with a frozen
-# reference copy at np 2, with its log-probs precomputed at np 2, and with LoRA's at np 1) and a 12-block, dim-512 model
-# with the seed vocabulary (np 1, none and full); and checkpointing's drop in each peak (none to
-# full, none to every:2) within 10% of the plan's. Peaks are byte counts, not times: the test does
+# reference copy at np 2, with its log-probs precomputed at np 2, and with LoRA's at np 1) and a
+# 12-block, dim-512 model with the seed vocabulary (np 1, none and full); and checkpointing's drop
+# in each peak (none to full, none to every:2) within 10% of the plan's. Peaks are byte counts, not times: the test does
 # not depend on the machine's load.
 set -uo pipefail
 bin=$1

@@ -7,7 +7,10 @@
 # the file, the line and the field (a pair missing "rejected", an empty reply, a prompt longer
 # than --seq), as are odd rows per rank and a frozen reference copy under --shard none. A full
 # fine-tune's DPO (a frozen sharded copy as the reference) gives 1 rank's losses at 2 ranks, and
-# --pref-reference puts another model in its place.
+# --pref-reference puts another model in its place. --pref-precompute-ref (the reference's
+# log-probs computed before training and kept in a file) gives the reference model's losses at 1
+# and 2 ranks (full fine-tune, LoRA and its validation pairs, --pref-reference) with a lower peak;
+# its file is read back (and by a resume), computed again when stale, refused when damaged.
 set -uo pipefail
 bin=$1
 work=$(mktemp -d)
