@@ -256,6 +256,8 @@ refused "--pref-precompute-ref with simpo" "--pref-precompute-ref computes the r
   "${B[@]}" --preference simpo --pref-precompute-ref --data "$work/pairs.jsonl"
 refused "--pref-ref-cache alone" "--pref-ref-cache x.json is the file of --pref-precompute-ref" \
   "${B[@]}" --pref-ref-cache x.json --data "$work/pairs.jsonl"
+refused "an unwritable --pref-ref-cache" "--pref-precompute-ref: cannot write .*pairs.jsonl/ref.json: .*Not a directory" \
+  "${A[@]}" --lora-rank 0 --preference dpo --batch 12 --steps 1 --pref-precompute-ref --pref-ref-cache "$work/pairs.jsonl/ref.json"
 refused "pairs without --preference" "holds preference pairs" --arch llama --vocab 256 --steps 1 --data "$work/pairs.jsonl"
 printf 'plain text, not pairs\n' > "$work/plain.txt"
 refused "text as validation pairs" "--val-data .*plain.txt with --preference: expected a .jsonl of preference pairs" \

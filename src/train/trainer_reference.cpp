@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -167,38 +168,50 @@ void Trainer::Impl::precompute_reference() {
   for (auto [name, s] : {std::pair{"train", src.get()}, std::pair{"val", val.get()}})
     if (auto* p = dynamic_cast<data::PreferenceSource*>(s)) sets.push_back({name, p, {}});
   FSDP_CHECK(!sets.empty(), "{}: the run has no preference pairs (--data FILE.jsonl)", kWhere);
-  // What determines the values.
-  const std::string& other = o.preference.pref_reference;
-  const std::string& init = o.model.init_from;
-  nn::TransformerConfig shape = cfg;
-  shape.lora = {}, shape.batch = 0, shape.seq = 0;  // seq: its own field
-  nlohmann::json key{
-      {"reference", !other.empty() ? "--pref-reference " + checkpoint::model_identity(other)
-                    : !init.empty() ? "the initial model " + checkpoint::model_identity(init)
-                                    : fmt::format("the initial model from seed {}", o.run.seed)},
-      {"model", nlohmann::json::parse(shape.to_json())},
-      {"dtype", dtype_name(dtype)},
-      {"param_dtype", dtype_name(mp.param_dtype.value_or(dtype))},
-      {"seq", cfg.seq},
-      {"truncation", o.preference.pref_truncation},
-      {"tokenizer", tokenizer ? tokenizer->hash() : ""}};
-  for (const RefSet& s : sets) {
-    const std::string& file = s.name == std::string("train") || o.data.val_data.empty()
-                                  ? o.data.data
-                                  : o.data.val_data;
-    key[s.name] = nlohmann::json{{"data", data::data_identity(file).str()},
-                                 {"pairs", s.source->pairs()},
-                                 {"tokens", fmt::format("{:016x}", s.source->content_hash())}};
-  }
   const std::string path = !o.preference.pref_ref_cache.empty() ? o.preference.pref_ref_cache
                            : !o.checkpoint.ckpt_dir.empty()
                                ? (std::filesystem::path(o.checkpoint.ckpt_dir) / "pref_ref_logps.json")
                                      .string()
                                : "";
-  // Rank 0 reads; every rank learns what it found (and the values) from one all-reduce.
+  // What determines the values (rank 0 alone reads and writes the file).
+  const std::string& other = o.preference.pref_reference;
+  const auto make_key = [&] {
+    const std::string& init = o.model.init_from;
+    nn::TransformerConfig shape = cfg;
+    shape.lora = {}, shape.batch = 0, shape.seq = 0;  // seq: its own field
+    nlohmann::json key{
+        {"reference", !other.empty() ? "--pref-reference " + checkpoint::model_identity(other)
+                      : !init.empty() ? "the initial model " + checkpoint::model_identity(init)
+                                      : fmt::format("the initial model from seed {}", o.run.seed)},
+        {"model", nlohmann::json::parse(shape.to_json())},
+        {"dtype", dtype_name(dtype)},
+        {"param_dtype", dtype_name(mp.param_dtype.value_or(dtype))},
+        {"seq", cfg.seq},
+        {"truncation", o.preference.pref_truncation},
+        {"tokenizer", tokenizer ? tokenizer->hash() : ""}};
+    for (const RefSet& s : sets) {
+      const std::string& file = s.name == std::string("train") || o.data.val_data.empty()
+                                    ? o.data.data
+                                    : o.data.val_data;
+      key[s.name] = nlohmann::json{{"data", data::data_identity(file).str()},
+                                   {"pairs", s.source->pairs()},
+                                   {"tokens", fmt::format("{:016x}", s.source->content_hash())}};
+    }
+    return key;
+  };
+  // Rank 0 reads; every rank learns what it found (and the values) from one all-reduce, a
+  // refusal too (an error of rank 0's alone would leave the others waiting in it).
   std::string why;
   Cached found = Cached::compute;
-  if (main() && !path.empty()) found = read_cache(path, key, sets, &why);
+  nlohmann::json key;
+  if (main() && !path.empty()) {
+    try {
+      key = make_key();
+      found = read_cache(path, key, sets, &why);
+    } catch (const std::exception& e) {
+      why = e.what(), found = Cached::refused;
+    }
+  }
   std::vector<double> shared{double(int(found))};
   for (const RefSet& s : sets) {
     const int64_t n = 2 * s.source->pairs();
@@ -255,7 +268,20 @@ void Trainer::Impl::precompute_reference() {
       pref->set_reference_model(nullptr);
       reference.reset();
     }
-    if (main() && !path.empty()) write_cache(path, key, sets);
+    if (!path.empty()) {  // rank 0 writes; all ranks agree on whether it could
+      std::string failed;
+      if (main()) try {
+          write_cache(path, key, sets);
+        } catch (const std::exception& e) {
+          failed = fmt::format("{}: cannot write {}: {}", kWhere, path, e.what());
+        }
+      Tensor t = Tensor::from_vector(std::vector<double>{failed.empty() ? 0.0 : 1.0}, {1}).to(device);
+      pg->all_reduce(t, dist::ReduceOp::SUM)->wait();
+      if (t.to_f64_vector()[0] > 0) {
+        FSDP_CHECK(failed.empty(), "{}", failed);
+        FSDP_FAIL("{}: rank 0 could not write {} (its message says why)", kWhere, path);
+      }
+    }
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
