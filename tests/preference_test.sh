@@ -150,6 +150,13 @@ awk -v a="$(peak "$work/full1.out")" -v b="$(peak "$work/pre1.out")" 'BEGIN {exi
   || bad "the peak does not drop without the frozen copy: $(peak "$work/full1.out") MB -> $(peak "$work/pre1.out") MB"
 cmp -s "$work/pre1/pref_ref_logps.json" "$work/pre2/pref_ref_logps.json" && ok \
   || bad "np 1 and np 2 computed different reference log-probs"
+# Shuffled pairs over two epochs (each row's value goes with its pair): the frozen copy's losses.
+for how in "" --pref-precompute-ref; do
+  "$bin" "${A[@]}" --lora-rank 0 --lr 1e-3 --preference dpo --batch 4 --steps 8 --shuffle $how \
+    --log-file "$work/shuf$how.jsonl" > "$work/shuf.out" 2>&1 || bad "shuffled dpo $how failed: $(tail -2 "$work/shuf.out")"
+  losses "$work/shuf$how.jsonl" > "$work/shuf$how.l"
+done
+same "shuffled full fine-tune dpo precomputed vs the frozen copy" "$work/shuf.l" "$work/shuf--pref-precompute-ref.l" 1e-6
 # The file is read back by a run of the same key (and a resume), computed again for another
 # (--seq), refused when damaged (its checksum) or not such a file, which is left as it was.
 "$bin" "${A[@]}" --lora-rank 0 --lr 1e-3 --preference dpo --batch 12 --pref-precompute-ref \
