@@ -17,8 +17,9 @@
 // count and its rows' token hash), "sets" (each set's 2P values, exact: JSON's shortest
 // round-trip digits) and "checksum" (FNV-1a over the key's text and the values' bytes). Rank 0
 // reads it and all ranks agree: a file of this key is used; one of another key (stale) is computed
-// again and replaced, saying which field differs; a file that is not such a cache, or is damaged
-// (unparsable, wrong counts, checksum), is refused by name and never overwritten. It is written
+// again and replaced, saying which field differs; a file that is not such a cache (not a regular
+// file, larger than one of these pairs can be, no "format"), or is damaged (unparsable, wrong
+// counts, checksum), is refused by name and never overwritten. It is written
 // through an AtomicFile (a temporary renamed over it).
 #include <fmt/core.h>
 
@@ -98,6 +99,17 @@ Cached read_cache(const std::string& path, const nlohmann::json& key, std::vecto
     check_regular(path, kWhere);
   } catch (const Error& e) {
     *why = e.what();
+    return Cached::refused;
+  }
+  // No more than such a file of these pairs can hold (a value is at most 24 characters and a
+  // comma), so a large file named by mistake is refused, not read.
+  uint64_t values = 0;
+  for (const RefSet& s : sets) values += 2 * uint64_t(s.source->pairs());
+  const uint64_t limit = (uint64_t(1) << 20) + 32 * values;
+  if (std::filesystem::file_size(path, ec) > limit) {
+    *why = fmt::format("{}: {} is {} bytes, more than a file of reference log-probs for {} values "
+                       "can be ({} bytes); it is not one, and is left as it is",
+                       kWhere, path, std::filesystem::file_size(path, ec), values, limit);
     return Cached::refused;
   }
   std::ifstream f(path, std::ios::binary);
