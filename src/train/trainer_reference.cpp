@@ -65,7 +65,7 @@ namespace {
 constexpr const char* kFormat = "fsdp.cpp preference reference log-probs 1";
 constexpr const char* kWhere = "[fsdp-train] --pref-precompute-ref";
 
-struct RefSet {  // a source whose pairs need their reference log-probs
+struct RefSet {      // a source whose pairs need their reference log-probs
   std::string name;  // "train", "val"
   data::PreferenceSource* source;
   std::vector<double> logps;  // 2 a pair
@@ -107,47 +107,53 @@ Cached read_cache(const std::string& path, const nlohmann::json& key, std::vecto
   for (const RefSet& s : sets) values += 2 * uint64_t(s.source->pairs());
   const uint64_t limit = (uint64_t(1) << 20) + 32 * values;
   if (std::filesystem::file_size(path, ec) > limit) {
-    *why = fmt::format("{}: {} is {} bytes, more than a file of reference log-probs for {} values "
-                       "can be ({} bytes); it is not one, and is left as it is",
-                       kWhere, path, std::filesystem::file_size(path, ec), values, limit);
+    *why = fmt::format(
+        "{}: {} is {} bytes, more than a file of reference log-probs for {} values "
+        "can be ({} bytes); it is not one, and is left as it is",
+        kWhere, path, std::filesystem::file_size(path, ec), values, limit);
     return Cached::refused;
   }
   std::ifstream f(path, std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   const auto refuse = [&](const std::string& what) {
-    *why = fmt::format("{}: {} {}; remove it (or give another --pref-ref-cache) to compute the "
-                       "reference log-probs again",
-                       kWhere, path, what);
+    *why = fmt::format(
+        "{}: {} {}; remove it (or give another --pref-ref-cache) to compute the "
+        "reference log-probs again",
+        kWhere, path, what);
     return Cached::refused;
   };
   if (j.is_discarded())
-    return refuse("is not JSON (a damaged file of reference log-probs, or another file), and is "
-                  "left as it is");
+    return refuse(
+        "is not JSON (a damaged file of reference log-probs, or another file), and is "
+        "left as it is");
   if (!j.is_object() || !j.contains("format") || j["format"] != kFormat)
-    return refuse(fmt::format("is not a file of reference log-probs (no \"format\": \"{}\"), and "
-                              "is left as it is",
-                              kFormat));
+    return refuse(
+        fmt::format("is not a file of reference log-probs (no \"format\": \"{}\"), and "
+                    "is left as it is",
+                    kFormat));
   if (!j.contains("key") || !j["key"].is_object()) return refuse("is damaged: no \"key\" object");
   if (j["key"] != key) {
     for (const auto& [field, value] : key.items())
       if (!j["key"].contains(field) || j["key"][field] != value) {
-        *why = fmt::format("its \"{}\" was {}, this run's is {}", field,
-                           j["key"].contains(field) ? j["key"][field].dump() : "absent",
-                           value.dump());
+        *why =
+            fmt::format("its \"{}\" was {}, this run's is {}", field,
+                        j["key"].contains(field) ? j["key"][field].dump() : "absent", value.dump());
         return Cached::compute;
       }
     *why = "its key holds other fields";
     return Cached::compute;
   }
-  if (!j.contains("sets") || !j["sets"].is_object()) return refuse("is damaged: no \"sets\" object");
+  if (!j.contains("sets") || !j["sets"].is_object())
+    return refuse("is damaged: no \"sets\" object");
   for (RefSet& s : sets) {
     const int64_t want = 2 * s.source->pairs();
     const nlohmann::json* v = j["sets"].contains(s.name) ? &j["sets"][s.name] : nullptr;
     if (!v || !v->is_array() || int64_t(v->size()) != want)
-      return refuse(fmt::format("is damaged: \"sets\".\"{}\" is not an array of {} numbers (2 a "
-                                "pair)",
-                                s.name, want));
+      return refuse(
+          fmt::format("is damaged: \"sets\".\"{}\" is not an array of {} numbers (2 a "
+                      "pair)",
+                      s.name, want));
     s.logps.clear();
     for (const nlohmann::json& x : *v) {
       if (!x.is_number() || !std::isfinite(x.get<double>()))
@@ -180,11 +186,11 @@ void Trainer::Impl::precompute_reference() {
   for (auto [name, s] : {std::pair{"train", src.get()}, std::pair{"val", val.get()}})
     if (auto* p = dynamic_cast<data::PreferenceSource*>(s)) sets.push_back({name, p, {}});
   FSDP_CHECK(!sets.empty(), "{}: the run has no preference pairs (--data FILE.jsonl)", kWhere);
-  const std::string path = !o.preference.pref_ref_cache.empty() ? o.preference.pref_ref_cache
-                           : !o.checkpoint.ckpt_dir.empty()
-                               ? (std::filesystem::path(o.checkpoint.ckpt_dir) / "pref_ref_logps.json")
-                                     .string()
-                               : "";
+  const std::string path =
+      !o.preference.pref_ref_cache.empty() ? o.preference.pref_ref_cache
+      : !o.checkpoint.ckpt_dir.empty()
+          ? (std::filesystem::path(o.checkpoint.ckpt_dir) / "pref_ref_logps.json").string()
+          : "";
   // What determines the values (rank 0 alone reads and writes the file).
   const std::string& other = o.preference.pref_reference;
   const auto make_key = [&] {
@@ -192,7 +198,7 @@ void Trainer::Impl::precompute_reference() {
     nn::TransformerConfig shape = cfg;
     shape.lora = {}, shape.batch = 0, shape.seq = 0;  // seq: its own field
     nlohmann::json key{
-        {"reference", !other.empty() ? "--pref-reference " + checkpoint::model_identity(other)
+        {"reference", !other.empty()  ? "--pref-reference " + checkpoint::model_identity(other)
                       : !init.empty() ? "the initial model " + checkpoint::model_identity(init)
                                       : fmt::format("the initial model from seed {}", o.run.seed)},
         {"model", nlohmann::json::parse(shape.to_json())},
@@ -202,14 +208,18 @@ void Trainer::Impl::precompute_reference() {
         {"truncation", o.preference.pref_truncation},
         {"tokenizer", tokenizer ? tokenizer->hash() : ""}};
     for (const RefSet& s : sets) {
-      const std::string& file = s.name == std::string("train") || o.data.val_data.empty()
-                                    ? o.data.data
-                                    : o.data.val_data;
+      const std::string& file =
+          s.name == std::string("train") || o.data.val_data.empty() ? o.data.data : o.data.val_data;
       key[s.name] = nlohmann::json{{"data", data::data_identity(file).str()},
                                    {"pairs", s.source->pairs()},
                                    {"tokens", fmt::format("{:016x}", s.source->content_hash())}};
     }
     return key;
+  };
+  const auto all_sum = [this](std::vector<double> v) {  // exact where one rank holds each value
+    Tensor t = Tensor::from_vector(v, {int64_t(v.size())}).to(device);
+    pg->all_reduce(t, dist::ReduceOp::SUM)->wait();
+    return t.to_f64_vector();
   };
   // Rank 0 reads; every rank learns what it found (and the values) from one all-reduce, a
   // refusal too (an error of rank 0's alone would leave the others waiting in it).
@@ -227,14 +237,12 @@ void Trainer::Impl::precompute_reference() {
   std::vector<double> shared{double(int(found))};
   for (const RefSet& s : sets) {
     const int64_t n = 2 * s.source->pairs();
-    if (found == Cached::valid) shared.insert(shared.end(), s.logps.begin(), s.logps.end());
-    else shared.resize(shared.size() + size_t(n), 0.0);
+    if (found == Cached::valid)
+      shared.insert(shared.end(), s.logps.begin(), s.logps.end());
+    else
+      shared.resize(shared.size() + size_t(n), 0.0);
   }
-  {
-    Tensor t = Tensor::from_vector(shared, {int64_t(shared.size())}).to(device);
-    pg->all_reduce(t, dist::ReduceOp::SUM)->wait();
-    shared = t.to_f64_vector();
-  }
+  shared = all_sum(std::move(shared));
   found = Cached(int(shared[0]));
   if (found == Cached::refused) {
     FSDP_CHECK(!main(), "{}", why);
@@ -264,17 +272,15 @@ void Trainer::Impl::precompute_reference() {
         data::Batch b = s.source->pair_rows(begin, per_rank, cfg.seq);
         b.inputs = b.inputs.to(device), b.targets = b.targets.to(device);
         const std::vector<double> logps = reference_row_logps(ref, b, true);
-        for (int64_t r = 0; r < 2 * per_rank && begin + r / 2 < pairs; ++r) {
-          FSDP_CHECK(std::isfinite(logps[size_t(r)]),
-                     "{}: the reference log-prob of {} pair {}'s {} row is {}: the reference "
-                     "model's logits are not finite",
-                     kWhere, s.name, begin + r / 2, r % 2 ? "rejected" : "chosen", logps[size_t(r)]);
+        for (int64_t r = 0; r < 2 * per_rank && begin + r / 2 < pairs; ++r)
           mine[size_t(2 * begin + r)] = logps[size_t(r)];
-        }
       }
-      Tensor t = Tensor::from_vector(mine, {int64_t(mine.size())}).to(device);
-      pg->all_reduce(t, dist::ReduceOp::SUM)->wait();
-      s.logps = t.to_f64_vector();
+      s.logps = all_sum(std::move(mine));
+      for (size_t i = 0; i < s.logps.size(); ++i)  // every rank holds them all: all refuse alike
+        FSDP_CHECK(std::isfinite(s.logps[i]),
+                   "{}: the reference log-prob of {} pair {}'s {} row is {}: the reference "
+                   "model's logits are not finite",
+                   kWhere, s.name, i / 2, i % 2 ? "rejected" : "chosen", s.logps[i]);
     }
     if (reference) {  // training holds no reference model
       pref->set_reference_model(nullptr);
@@ -287,9 +293,7 @@ void Trainer::Impl::precompute_reference() {
         } catch (const std::exception& e) {
           failed = fmt::format("{}: cannot write {}: {}", kWhere, path, e.what());
         }
-      Tensor t = Tensor::from_vector(std::vector<double>{failed.empty() ? 0.0 : 1.0}, {1}).to(device);
-      pg->all_reduce(t, dist::ReduceOp::SUM)->wait();
-      if (t.to_f64_vector()[0] > 0) {
+      if (all_sum({failed.empty() ? 0.0 : 1.0})[0] > 0) {
         FSDP_CHECK(failed.empty(), "{}", failed);
         FSDP_FAIL("{}: rank 0 could not write {} (its message says why)", kWhere, path);
       }
@@ -306,7 +310,8 @@ void Trainer::Impl::precompute_reference() {
     fmt::print("reference log-probs: {}, read from {}\n", what, path);
   else
     fmt::print("reference log-probs: {}, computed in {:.2f} s ({} forwards a rank{}){}\n", what,
-               seconds, forwards, why.empty() ? "" : fmt::format("; the file held other ones: {}", why),
+               seconds, forwards,
+               why.empty() ? "" : fmt::format("; the file held other ones: {}", why),
                path.empty() ? ", not stored (no --pref-ref-cache or --ckpt-dir)"
                             : fmt::format(", written to {}", path));
   std::fflush(stdout);
