@@ -261,6 +261,8 @@ refused "a bad --pref-truncation" "--pref-truncation must be keep_start or keep_
 refused "odd rows per rank" "--batch 3 rows per rank with --preference" "${B[@]}" --batch 3 --data "$work/pairs.jsonl"
 refused "a frozen reference copy unsharded" "--preference dpo with --pref-reference or without --lora-rank keeps a frozen sharded model" \
   "${B[@]}" --lora-rank 0 --shard none --data "$work/pairs.jsonl"
+"$bin" "${B[@]}" --lora-rank 0 --shard none --pref-precompute-ref --data "$work/pairs.jsonl" > "$work/none.out" 2>&1 \
+  && ok || bad "precomputed log-probs under --shard none (no frozen copy needed): $(tail -2 "$work/none.out")"
 refused "--pref-precompute-ref with simpo" "--pref-precompute-ref computes the reference log-probs of --preference dpo or ipo" \
   "${B[@]}" --preference simpo --pref-precompute-ref --data "$work/pairs.jsonl"
 refused "--pref-ref-cache alone" "--pref-ref-cache x.json is the file of --pref-precompute-ref" \
