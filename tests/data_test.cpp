@@ -580,5 +580,47 @@ TEST(PreferenceRows, KeepStartAndKeepEnd) {
   EXPECT_NE(what.find("2 truncated at --seq 4 + 1 keeping their ends"), std::string::npos) << what;
 }
 
+// Precomputed reference log-probs (--pref-precompute-ref): pair_rows gives pairs in the file's
+// order whatever the shuffle (wrapping past the last), and windows() hands out each row's value
+// with its pair, shuffled or not; a count other than 2 a pair is refused; the content hash
+// changes with the tokens, the seq and the truncation.
+TEST(PreferenceRows, ReferenceLogpsFollowTheirPairs) {
+  std::vector<PreferencePair> pairs;
+  for (int32_t k = 0; k < 5; ++k) pairs.push_back({{1}, {int32_t(10 + k)}, {int32_t(20 + k)}});
+  PreferenceSource src(pairs, "pairs", 0, 4);
+  EXPECT_THROW(src.set_reference({1.0, 2.0}), Error);
+  std::vector<double> ref;
+  for (int k = 0; k < 5; ++k) ref.insert(ref.end(), {-double(k) - 0.25, -double(k) - 0.75});
+  src.set_reference(ref);
+  src.set_shuffle(7);
+  const Batch all = src.pair_rows(3, 4, 4);  // pairs 3, 4, 0, 1
+  const std::vector<double> in = all.inputs.to_f64_vector();
+  EXPECT_EQ(in[1], 13);  // row 0: the chosen reply of pair 3 after its prompt
+  EXPECT_EQ(in[4 * 3 + 1], 24);
+  EXPECT_EQ(in[4 * 4 + 1], 10);
+  EXPECT_TRUE(all.reference_logps.empty());
+  for (int64_t first = 0; first < 20; first += 4) {  // two epochs, shuffled
+    const Batch b = src.windows(first, 4, 4);
+    ASSERT_EQ(b.reference_logps.size(), 4u);
+    const std::vector<double> x = b.inputs.to_f64_vector();
+    for (int r = 0; r < 4; ++r) {
+      const int k = int(x[size_t(4 * r + 1)]) % 10;  // the pair's index from its reply token
+      EXPECT_EQ(b.reference_logps[size_t(r)], ref[size_t(2 * k + r % 2)]) << first << " " << r;
+    }
+  }
+  // A DataLoader's rank gets its rows' values with them.
+  DataLoader loader(std::make_shared<PreferenceSource>(src), 4, 1, 2, 4, Device::cpu());
+  const Batch mine = loader.next(), whole = src.windows(0, 4, 4);
+  ASSERT_EQ(mine.reference_logps.size(), 2u);
+  EXPECT_EQ(mine.reference_logps[0], whole.reference_logps[2]);
+  EXPECT_EQ(mine.reference_logps[1], whole.reference_logps[3]);
+  const uint64_t h = PreferenceSource(pairs, "pairs", 0, 4).content_hash();
+  EXPECT_EQ(h, PreferenceSource(pairs, "other name", 0, 4).content_hash());
+  EXPECT_NE(h, PreferenceSource(pairs, "pairs", 0, 5).content_hash());
+  EXPECT_NE(h, PreferenceSource(pairs, "pairs", 0, 4, true).content_hash());
+  pairs[4].rejected.push_back(3);
+  EXPECT_NE(h, PreferenceSource(pairs, "pairs", 0, 4).content_hash());
+}
+
 }  // namespace
 }  // namespace fsdp::data

@@ -4,9 +4,9 @@
 # measured peak resident set and the allocator's peak must lie within 10% of the plan, at the
 # tiny preset (np 1 and 2, checkpointing none, full and every:2; np 1 with Qwen3's QK-norm and
 # with Gemma 3's shape, none and full; LoRA at np 2, on an f32 and a bf16 base; DPO with a frozen
-# reference copy at np 2 and with LoRA's at np 1) and a 12-block, dim-512 model
-# with the seed vocabulary (np 1, none and full); and checkpointing's drop in each peak (none to
-# full, none to every:2) within 10% of the plan's. Peaks are byte counts, not times: the test does
+# reference copy at np 2, with its log-probs precomputed at np 2, and with LoRA's at np 1) and a
+# 12-block, dim-512 model with the seed vocabulary (np 1, none and full); and checkpointing's drop
+# in each peak (none to full, none to every:2) within 10% of the plan's. Peaks are byte counts, not times: the test does
 # not depend on the machine's load.
 set -uo pipefail
 bin=$1
@@ -104,6 +104,9 @@ dpo=(--arch llama --vocab 256 --dim 256 --layers 4 --heads 4 --seq 96 --steps 2 
   --sample-tokens 0 --data "$work/pairs.jsonl" --preference dpo)
 check "dpo full fine-tune np2" "${mpi[@]}" -np 2 "$bin" "${dpo[@]}" --batch 6
 check "dpo lora np1" "$bin" "${dpo[@]}" --batch 12 --lora-rank 8
+# --pref-precompute-ref: the reference's log-probs computed before training, no reference model
+# held (MemoryPlanOptions::reference none), at np 2.
+check "dpo full fine-tune precomputed np2" "${mpi[@]}" -np 2 "$bin" "${dpo[@]}" --batch 6 --pref-precompute-ref
 wide=(--preset seed --dim 512 --heads 8 --layers 12 --batch 2 --seq 512 --steps 2 --threads 1)
 for ac in none full; do
   check "L12 d512 vocab 32000 np1 $ac" "$bin" "${wide[@]}" --activation-checkpoint "$ac"

@@ -7,7 +7,10 @@
 # the file, the line and the field (a pair missing "rejected", an empty reply, a prompt longer
 # than --seq), as are odd rows per rank and a frozen reference copy under --shard none. A full
 # fine-tune's DPO (a frozen sharded copy as the reference) gives 1 rank's losses at 2 ranks, and
-# --pref-reference puts another model in its place.
+# --pref-reference puts another model in its place. --pref-precompute-ref (the reference's
+# log-probs computed before training and kept in a file) gives the reference model's losses at 1
+# and 2 ranks (full fine-tune, LoRA and its validation pairs, --pref-reference) with a lower peak;
+# its file is read back (and by a resume), computed again when stale, refused when damaged.
 set -uo pipefail
 bin=$1
 work=$(mktemp -d)
@@ -99,6 +102,23 @@ same "validation pairs' loss np 2 vs 1" "$work/eval.l1" "$work/eval.l2" 1e-6
 grep -q "^step 0 | val loss 0.6931 | eval_rewards/chosen 0.0000 .*(before training)" "$work/eval1.out" && ok \
   || bad "the validation before training is not log 2: $(grep 'step 0 | val' "$work/eval1.out")"
 grep -q '"eval_rewards/accuracies":' "$work/eval1.jsonl" && ok || bad "no eval_ metrics in the log"
+values() {  # values FILE KEY: KEY's values in the lines of a --log-file that have it
+  python3 -c "import json,sys; [print(repr(d[sys.argv[2]])) for d in map(json.loads, open(sys.argv[1])) if sys.argv[2] in d]" "$1" "$2"
+}
+# LoRA (the reference: the base with the adapters off) precomputed, the validation pairs' too:
+# the training's and the validation's losses are the adapters-off reference's at np 1 and 2.
+for np in 1 2; do
+  mpi_run -np $np "$bin" "${A[@]}" --preference dpo --batch $((4 / np)) --eval-every 2 --eval-batches 3 \
+    --eval-at-start --val-data "$work/val.jsonl" --pref-precompute-ref --log-file "$work/evalp$np.jsonl" \
+    > "$work/evalp$np.out" 2>&1 || bad "precomputed dpo with --val-data at $np ranks failed: $(tail -3 "$work/evalp$np.out")"
+  for key in loss val_loss; do
+    values "$work/evalp$np.jsonl" $key > "$work/evalp.$key$np"
+    values "$work/eval1.jsonl" $key > "$work/eval.$key"
+    same "lora dpo precomputed np $np vs the adapters off: $key" "$work/eval.$key" "$work/evalp.$key$np" 1e-6
+  done
+done
+grep -q "^reference log-probs: 12 train pairs, 6 val pairs, computed" "$work/evalp2.out" && ok \
+  || bad "the pass does not name the validation pairs: $(grep 'reference log' "$work/evalp2.out")"
 "$bin" "${A[@]}" --preference dpo --batch 4 --steps 2 --eval-every 2 > "$work/tail.out" 2>&1 \
   && grep -q "standard pairs \[first 11\]" "$work/tail.out" && grep -q "^step 1 | val loss" "$work/tail.out" && ok \
   || bad "--eval-every without --val-data: $(grep -E 'data |val loss' "$work/tail.out")"
@@ -112,6 +132,70 @@ same "full fine-tune dpo np 2 vs 1" "$work/full.l1" "$work/full.l2" 1e-6
 awk 'NR == 1 {f = $1} END {exit !(f > 0.6931 && f < 0.6932 && $1 < f - 0.05)}' "$work/full.l1" && ok \
   || bad "full fine-tune dpo starts at log 2 and falls: $(tr '\n' ' ' < "$work/full.l1")"
 grep -q "reference: a frozen sharded model" "$work/full1.out" && ok || bad "the table does not name the frozen copy"
+# --pref-precompute-ref: the reference's log-probs computed in a pass before training (each rank
+# its pairs, then gathered) and kept in --ckpt-dir; the training holds no reference model, so the
+# allocator's peak drops, and the losses are the frozen copy's at np 1 and 2 (1e-6 relative).
+peak() { sed -nE 's/^summary .*\| peak mem ([0-9.]+) MB .*/\1/p' "$1"; }
+for np in 1 2; do
+  mpi_run -np $np "$bin" "${A[@]}" --lora-rank 0 --lr 1e-3 --preference dpo --batch $((12 / np)) --pref-precompute-ref \
+    --ckpt-dir "$work/pre$np" --log-file "$work/pre$np.jsonl" > "$work/pre$np.out" 2>&1 \
+    || bad "precomputed full dpo at $np ranks failed: $(tail -3 "$work/pre$np.out")"
+  losses "$work/pre$np.jsonl" > "$work/pre.l$np"
+  same "full fine-tune dpo precomputed np $np vs the frozen copy" "$work/full.l1" "$work/pre.l$np" 1e-6
+done
+grep -q "reference: precomputed log-probs" "$work/pre1.out" \
+  && grep -q "^reference log-probs: 12 train pairs, computed in .*written to $work/pre1/pref_ref_logps.json" "$work/pre1.out" \
+  && ok || bad "the table or the pass's line: $(grep reference "$work/pre1.out")"
+awk -v a="$(peak "$work/full1.out")" -v b="$(peak "$work/pre1.out")" 'BEGIN {exit !(b > 0 && b < a)}' && ok \
+  || bad "the peak does not drop without the frozen copy: $(peak "$work/full1.out") MB -> $(peak "$work/pre1.out") MB"
+cmp -s "$work/pre1/pref_ref_logps.json" "$work/pre2/pref_ref_logps.json" && ok \
+  || bad "np 1 and np 2 computed different reference log-probs"
+# Shuffled pairs over two epochs (each row's value goes with its pair): the frozen copy's losses.
+for how in "" --pref-precompute-ref; do
+  "$bin" "${A[@]}" --lora-rank 0 --lr 1e-3 --preference dpo --batch 4 --steps 8 --shuffle $how \
+    --log-file "$work/shuf$how.jsonl" > "$work/shuf.out" 2>&1 || bad "shuffled dpo $how failed: $(tail -2 "$work/shuf.out")"
+  losses "$work/shuf$how.jsonl" > "$work/shuf$how.l"
+done
+same "shuffled full fine-tune dpo precomputed vs the frozen copy" "$work/shuf.l" "$work/shuf--pref-precompute-ref.l" 1e-6
+# The file is read back by a run of the same key (and a resume), computed again for another
+# (--seq), refused when damaged (its checksum) or not such a file, which is left as it was.
+"$bin" "${A[@]}" --lora-rank 0 --lr 1e-3 --preference dpo --batch 12 --pref-precompute-ref \
+  --pref-ref-cache "$work/pre1/pref_ref_logps.json" --log-file "$work/pre3.jsonl" > "$work/pre3.out" 2>&1 \
+  && grep -q "^reference log-probs: 12 train pairs, read from" "$work/pre3.out" && ok \
+  || bad "the cache is not read back: $(grep -i reference "$work/pre3.out" | tail -2)"
+losses "$work/pre3.jsonl" > "$work/pre.l3"
+same "full fine-tune dpo from the cache vs the frozen copy" "$work/full.l1" "$work/pre.l3" 1e-6
+mpi_run -np 2 "$bin" "${A[@]}" --lora-rank 0 --lr 1e-3 --preference dpo --batch 6 --pref-precompute-ref \
+  --steps 2 --ckpt-dir "$work/res" --ckpt-every 2 > "$work/res1.out" 2>&1 \
+  && mpi_run -np 2 "$bin" "${A[@]}" --lora-rank 0 --lr 1e-3 --preference dpo --batch 6 --pref-precompute-ref \
+    --ckpt-dir "$work/res" --ckpt-every 2 --resume --log-file "$work/res.jsonl" > "$work/res2.out" 2>&1 \
+  && grep -q "^reference log-probs: 12 train pairs, read from $work/res/pref_ref_logps.json" "$work/res2.out" \
+  && ok || bad "a resume does not read the cache: $(tail -2 "$work/res2.out")"
+losses "$work/res.jsonl" > "$work/res.l"; tail -2 "$work/full.l1" > "$work/full.tail"
+same "a resumed precomputed dpo vs the frozen copy's last steps" "$work/full.tail" "$work/res.l" 1e-6
+"$bin" "${A[@]}" --lora-rank 0 --preference dpo --batch 12 --steps 1 --seq 80 --pref-precompute-ref \
+  --pref-ref-cache "$work/pre1/pref_ref_logps.json" > "$work/stale.out" 2>&1 \
+  && grep -q "computed in .*the file held other ones: its \"seq\" was 96, this run's is 80" "$work/stale.out" && ok \
+  || bad "a stale cache: $(grep -i reference "$work/stale.out" | tail -2)"
+python3 - "$work/pre2/pref_ref_logps.json" <<'PY2'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["sets"]["train"][3] += 1e-9
+open(sys.argv[1], "w").write(json.dumps(j))
+PY2
+cp "$work/pairs.jsonl" "$work/notacache.jsonl"
+head -c 2000000 /dev/zero > "$work/large.bin"
+for f in "$work/pre2/pref_ref_logps.json:is damaged: its \"checksum\" does not match" \
+         "$work/notacache.jsonl:is not JSON .*left as it is" \
+         "$work/large.bin:is 2000000 bytes, more than a file of reference log-probs for 24 values"; do
+  if "$bin" "${A[@]}" --lora-rank 0 --preference dpo --batch 12 --steps 1 --pref-precompute-ref \
+       --pref-ref-cache "${f%%:*}" > "$work/damaged.out" 2>&1; then
+    bad "--pref-ref-cache ${f%%:*} is used"
+  else
+    grep -qE -- "--pref-precompute-ref: ${f%%:*} ${f#*:}" "$work/damaged.out" && ok || bad "$(tail -1 "$work/damaged.out")"
+  fi
+done
+cmp -s "$work/pairs.jsonl" "$work/notacache.jsonl" && ok || bad "a file that is not a cache was changed"
 # --pref-reference: two exported models, A (trained 2 steps) and B (the initial one), each the
 # other's reference at lr 0 on one pair: A against A gives log 2; A against B and B against A give
 # -log sigmoid(x) and -log sigmoid(-x), whose exp(-loss) add up to 1, and opposite margins.
@@ -137,6 +221,15 @@ assert abs(math.exp(-d["AB"]["loss"]) + math.exp(-d["BA"]["loss"]) - 1) < 1e-9
 assert abs(d["AB"]["rewards/margins"] + d["BA"]["rewards/margins"]) < 1e-9 and abs(d["AB"]["rewards/margins"]) > 1e-3
 PY
 grep -q "reference: a frozen sharded model" "$work/AB.out" && ok || bad "the table does not name the reference model"
+# --pref-precompute-ref with --pref-reference: the pass builds the other model, then frees it; the
+# loss and margins are the frozen model's.
+"$bin" "${C[@]}" --tokenizer bytes --init-from "$work/A" --pref-reference "$work/B" --pref-precompute-ref \
+  --preference dpo --lora-rank 4 --steps 1 --lr 0 --batch 2 --log-file "$work/ABp.jsonl" > "$work/ABp.out" 2>&1 \
+  || bad "--pref-reference precomputed failed: $(tail -3 "$work/ABp.out")"
+for key in loss rewards/margins; do
+  losses "$work/AB.jsonl" $key > "$work/ab.$$"; losses "$work/ABp.jsonl" $key > "$work/abp.$$"
+  same "--pref-reference precomputed vs frozen: $key" "$work/ab.$$" "$work/abp.$$" 1e-6
+done
 # A short --seq truncates the long pairs (at their end, TRL's keep_start) and counts them.
 "$bin" "${A[@]}" --preference dpo --batch 4 --steps 1 --seq 40 > "$work/cut.out" 2>&1 \
   || bad "a short --seq failed: $(tail -3 "$work/cut.out")"
@@ -168,6 +261,14 @@ refused "a bad --pref-truncation" "--pref-truncation must be keep_start or keep_
 refused "odd rows per rank" "--batch 3 rows per rank with --preference" "${B[@]}" --batch 3 --data "$work/pairs.jsonl"
 refused "a frozen reference copy unsharded" "--preference dpo with --pref-reference or without --lora-rank keeps a frozen sharded model" \
   "${B[@]}" --lora-rank 0 --shard none --data "$work/pairs.jsonl"
+"$bin" "${B[@]}" --lora-rank 0 --shard none --pref-precompute-ref --data "$work/pairs.jsonl" > "$work/none.out" 2>&1 \
+  && ok || bad "precomputed log-probs under --shard none (no frozen copy needed): $(tail -2 "$work/none.out")"
+refused "--pref-precompute-ref with simpo" "--pref-precompute-ref computes the reference log-probs of --preference dpo or ipo" \
+  "${B[@]}" --preference simpo --pref-precompute-ref --data "$work/pairs.jsonl"
+refused "--pref-ref-cache alone" "--pref-ref-cache x.json is the file of --pref-precompute-ref" \
+  "${B[@]}" --pref-ref-cache x.json --data "$work/pairs.jsonl"
+refused "an unwritable --pref-ref-cache" "--pref-precompute-ref: cannot write .*pairs.jsonl/ref.json: .*Not a directory" \
+  "${A[@]}" --lora-rank 0 --preference dpo --batch 12 --steps 1 --pref-precompute-ref --pref-ref-cache "$work/pairs.jsonl/ref.json"
 refused "pairs without --preference" "holds preference pairs" --arch llama --vocab 256 --steps 1 --data "$work/pairs.jsonl"
 printf 'plain text, not pairs\n' > "$work/plain.txt"
 refused "text as validation pairs" "--val-data .*plain.txt with --preference: expected a .jsonl of preference pairs" \

@@ -37,7 +37,8 @@ Batch DataLoader::make(int64_t position) {
   const meta::TermScope data(meta::Term::data);  // the batch on the device
   if (b.doc_start.defined()) ops::check_doc_start(b.doc_start, rows_, seq_);
   return {uploader_.upload(b.inputs), uploader_.upload(b.targets),
-          b.doc_start.defined() ? uploader_.upload(b.doc_start) : Tensor()};
+          b.doc_start.defined() ? uploader_.upload(b.doc_start) : Tensor(),
+          std::move(b.reference_logps)};
 }
 
 Batch DataLoader::next() {

@@ -117,35 +117,72 @@ PreferenceSource::PreferenceSource(std::vector<PreferencePair> pairs, std::strin
   FSDP_CHECK(seq_ > 0, "[data] {}: seq must be positive, got {}", description_, seq_);
 }
 
+void PreferenceSource::fill_row(int64_t k, int which, int64_t seq, int32_t* in,
+                                int32_t* tg) const {
+  const PreferencePair& p = pairs_[size_t(k)];
+  const std::vector<int32_t>& reply = which == 0 ? p.chosen : p.rejected;
+  const int64_t np = int64_t(p.prompt.size());
+  // The row's seq + 1 tokens from `start`: the sequence's first (keep_start) or its last.
+  const int64_t total = np + int64_t(reply.size()), len = std::min<int64_t>(total, seq + 1);
+  const int64_t start = keep_end_ ? total - len : 0;
+  const auto id = [&](int64_t t) {
+    t += start;
+    return t < np ? p.prompt[size_t(t)] : reply[size_t(t - np)];
+  };
+  for (int64_t t = 0; t < seq; ++t) {
+    in[t] = t < len ? id(t) : pad_;
+    tg[t] = t + 1 < len && start + t + 1 >= np ? id(t + 1) : int32_t(kIgnoreIndex);
+  }
+}
+
 Batch PreferenceSource::windows(int64_t first, int64_t rows, int64_t seq) const {
   FSDP_CHECK(first >= 0 && rows >= 0 && seq > 0 && first % 2 == 0 && rows % 2 == 0,
              "[data] windows({}, {}, seq {}) of {}: preference rows come in pairs (chosen, "
              "rejected), so the first row and the count must be even",
              first, rows, seq, description_);
-  Tensor inputs = Tensor::empty({rows, seq}, DType::i32);
-  Tensor targets = Tensor::empty({rows, seq}, DType::i32);
+  Batch b{Tensor::empty({rows, seq}, DType::i32), Tensor::empty({rows, seq}, DType::i32), Tensor()};
   const int64_t n = pairs();
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t q = (first + r) / 2;
     const int64_t k = shuffle_ ? shuffle_window(q % n, n, seed_, q / n) : q % n;
-    const PreferencePair& p = pairs_[size_t(k)];
-    const std::vector<int32_t>& reply = r % 2 == 0 ? p.chosen : p.rejected;
-    const int64_t np = int64_t(p.prompt.size());
-    // The row's seq + 1 tokens from `start`: the sequence's first (keep_start) or its last.
-    const int64_t total = np + int64_t(reply.size()), len = std::min<int64_t>(total, seq + 1);
-    const int64_t start = keep_end_ ? total - len : 0;
-    const auto id = [&](int64_t t) {
-      t += start;
-      return t < np ? p.prompt[size_t(t)] : reply[size_t(t - np)];
-    };
-    int32_t* in = inputs.data<int32_t>() + r * seq;
-    int32_t* tg = targets.data<int32_t>() + r * seq;
-    for (int64_t t = 0; t < seq; ++t) {
-      in[t] = t < len ? id(t) : pad_;
-      tg[t] = t + 1 < len && start + t + 1 >= np ? id(t + 1) : int32_t(kIgnoreIndex);
-    }
+    fill_row(k, int(r % 2), seq, b.inputs.data<int32_t>() + r * seq,
+             b.targets.data<int32_t>() + r * seq);
+    if (!reference_.empty()) b.reference_logps.push_back(reference_[size_t(2 * k + r % 2)]);
   }
-  return {std::move(inputs), std::move(targets), Tensor()};
+  return b;
+}
+
+Batch PreferenceSource::pair_rows(int64_t first, int64_t count, int64_t seq) const {
+  FSDP_CHECK(first >= 0 && count >= 0 && seq > 0,
+             "[data] pair_rows({}, {}, seq {}) of {}: expected first >= 0, count >= 0, seq > 0",
+             first, count, seq, description_);
+  Batch b{Tensor::empty({2 * count, seq}, DType::i32), Tensor::empty({2 * count, seq}, DType::i32),
+          Tensor()};
+  for (int64_t r = 0; r < 2 * count; ++r)
+    fill_row((first + r / 2) % pairs(), int(r % 2), seq, b.inputs.data<int32_t>() + r * seq,
+             b.targets.data<int32_t>() + r * seq);
+  return b;
+}
+
+void PreferenceSource::set_reference(std::vector<double> logps) {
+  FSDP_CHECK(int64_t(logps.size()) == 2 * pairs(),
+             "[data] {}: {} reference log-probs for {} pairs; expected 2 a pair", description_,
+             logps.size(), pairs());
+  reference_ = std::move(logps);
+}
+
+uint64_t PreferenceSource::content_hash() const {
+  uint64_t h = 14695981039346656037ull;
+  const auto mix = [&h](int64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ uint64_t((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+  };
+  mix(seq_), mix(keep_end_ ? 1 : 0), mix(pairs());
+  for (const PreferencePair& p : pairs_)
+    for (const std::vector<int32_t>* v : {&p.prompt, &p.chosen, &p.rejected}) {
+      mix(int64_t(v->size()));
+      for (const int32_t id : *v) mix(id);
+    }
+  return h;
 }
 
 int64_t PreferenceSource::truncated(int64_t seq) const {

@@ -307,14 +307,22 @@ void TrainOptions::validate() const {
   FSDP_CHECK(pr.pref_truncation == "keep_start" || pr.pref_truncation == "keep_end",
              "[fsdp-train] --pref-truncation must be keep_start or keep_end, got '{}'",
              pr.pref_truncation);
+  FSDP_CHECK(!pr.pref_precompute_ref || pr.preference == "dpo" || pr.preference == "ipo",
+             "[fsdp-train] --pref-precompute-ref computes the reference log-probs of --preference "
+             "dpo or ipo (given: '{}')",
+             pr.preference);
+  FSDP_CHECK(pr.pref_ref_cache.empty() || pr.pref_precompute_ref,
+             "[fsdp-train] --pref-ref-cache {} is the file of --pref-precompute-ref; give both",
+             pr.pref_ref_cache);
   if (!pr.preference.empty()) {
     const PreferenceKind kind = parse_preference_kind(pr.preference);
     FSDP_CHECK(kind == PreferenceKind::simpo || kind == PreferenceKind::orpo ||
                    (model.lora_rank > 0 && pr.pref_reference.empty()) ||
-                   full,
+                   (pr.pref_precompute_ref && pr.pref_reference.empty()) || full,
                "[fsdp-train] --preference {} with --pref-reference or without --lora-rank keeps a "
                "frozen sharded model as the reference, which needs --shard full (replicate() "
-               "takes no frozen parameters)",
+               "takes no frozen parameters), or --pref-precompute-ref without --pref-reference (the "
+               "initial model's log-probs computed before training)",
                pr.preference);
     FSDP_CHECK(!data.data.empty(), "[fsdp-train] --preference {} trains on pairs: give --data "
                "FILE.jsonl of {{\"prompt\", \"chosen\", \"rejected\"}}", pr.preference);

@@ -159,7 +159,18 @@ void PreferenceLoss::set_inputs(const Tensor& inputs) {
 
 void PreferenceLoss::prepare(nn::Module& model, const data::Batch& batch) {
   if (config_.kind == PreferenceKind::orpo) set_inputs(batch.inputs);
-  if (!needs_reference() || (!config_.reference_adapters_off && !reference_model_)) return;
+  if (!needs_reference()) return;
+  if (precomputed_) {  // the batch's rows carry them (PreferenceSource::set_reference)
+    const int64_t rows = batch.targets.size(0);
+    FSDP_CHECK(int64_t(batch.reference_logps.size()) == rows || batch.inputs.device().is_meta(),
+               "[preference] {}: the reference log-probs are precomputed, but the batch of {} "
+               "rows carries {} (a PreferenceSource given them by set_reference)",
+               preference_kind_name(config_.kind), rows, batch.reference_logps.size());
+    reference_ = batch.reference_logps;
+    if (reference_.empty()) reference_.assign(size_t(rows), 0.0);  // the memory plan's
+    return;
+  }
+  if (!config_.reference_adapters_off && !reference_model_) return;
   // The memory plan's steps run the meta copy it made (MemoryPlanOptions::reference).
   nn::Module& ref = reference_model_ ? *reference_model_ : model;
   // Adapters off must leave another model (the meta plan may run before the reference exists).
@@ -174,22 +185,28 @@ void PreferenceLoss::prepare(nn::Module& model, const data::Batch& batch) {
     checked_adapters_ = true;
   }
   const nn::LoraDisabledScope base;  // the policy's reference: the frozen base, adapters off
-  const nn::BatchContextScope context(ref, {.doc_start = batch.doc_start,
-                                                       .targets = Tensor(),
-                                                       .loss_divisor = 0,
-                                                       .loss_scale = 1,
-                                                       .loss_chunk_logits = 0,
-                                                       .no_backward = true});
-  const Tensor logits = ref.forward(batch.inputs);
   // A model of its own (no backward, no records kept) frees its root's gathered parameters now
   // rather than through the policy's step; the policy (adapters off) keeps them for its forward.
-  if (&ref != &model)
-    if (FSDPModule* sharded = fsdp_state(ref)) sharded->reshard();
-  if (logits.device().is_meta()) {  // the memory plan: shapes only
-    reference_.assign(size_t(batch.targets.size(0)), 0.0);
-    return;
+  reference_ = reference_row_logps(ref, batch, &ref != &model);
+}
+
+std::vector<double> reference_row_logps(nn::Module& model, const data::Batch& batch,
+                                        bool reshard) {
+  Tensor logits;
+  {
+    const nn::BatchContextScope context(model, {.doc_start = batch.doc_start,
+                                                .targets = Tensor(),
+                                                .loss_divisor = 0,
+                                                .loss_scale = 1,
+                                                .loss_chunk_logits = 0,
+                                                .no_backward = true});
+    logits = model.forward(batch.inputs);
   }
-  reference_ = row_target_logps(logits, batch.targets);
+  if (reshard)
+    if (FSDPModule* sharded = fsdp_state(model)) sharded->reshard();
+  if (logits.device().is_meta())  // the memory plan: shapes only
+    return std::vector<double>(size_t(batch.targets.size(0)), 0.0);
+  return row_target_logps(logits, batch.targets);
 }
 
 // ORPO's NLL targets: on each chosen row (even), every position up to its last reply target
@@ -364,7 +381,8 @@ std::string PreferenceLoss::describe() const {
   if (c.label_smoothing > 0) what += fmt::format(" label smoothing {}", c.label_smoothing);
   if (c.kind == PreferenceKind::simpo) what += fmt::format(" gamma {}", c.simpo_gamma);
   if (needs_reference())
-    what += reference_model_           ? ", reference: a frozen sharded model"
+    what += precomputed_               ? ", reference: precomputed log-probs"
+            : reference_model_           ? ", reference: a frozen sharded model"
             : c.reference_adapters_off ? ", reference: the base (adapters off)"
                                        : ", reference given";
   return what + ", log-probs from the logits";

@@ -103,7 +103,12 @@ struct Trainer::Impl {
   int32_t pack_eos() const;
   void open_tokenizer();
   void build_model();
-  void build_reference();
+  // The reference model of pref (null: none): --pref-reference's, or a copy of the initial model.
+  void build_reference(PreferenceLoss* pref);
+  // --pref-precompute-ref (trainer_reference.cpp): every pair's reference log-probs (training's and
+  // validation's), read from the run's cache file or computed in one pass, sharded as training
+  // is, and handed to the sources; the loss then runs no reference model.
+  void precompute_reference();
   // The preference loss whose reference is a model of its own (a full fine-tune's frozen copy,
   // --pref-reference), or null: no second model is built.
   PreferenceLoss* separate_reference_loss();

@@ -25,6 +25,9 @@ void Trainer::Impl::fill_parts() {
                          .label_smoothing = o.preference.pref_label_smoothing,
                          .simpo_gamma = o.preference.pref_simpo_gamma,
                          .reference_adapters_off = true});
+  // --pref-precompute-ref: the batches carry the reference's log-probs (precompute_reference).
+  if (auto* pref = dynamic_cast<PreferenceLoss*>(parts.loss.get()))
+    pref->set_precomputed(o.preference.pref_precompute_ref && pref->needs_reference());
   if (!parts.loss) parts.loss = std::make_shared<CrossEntropy>(o.sharding.fused_loss);
   given_optimizer = bool(parts.optimizer);
   if (!parts.optimizer)

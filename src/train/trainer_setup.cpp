@@ -239,6 +239,7 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
     print_config(plan.persistent, persistent_measured);
     std::fflush(stdout);
   }
+  precompute_reference();  // --pref-precompute-ref: before a resume loads the trained weights
   // The run's config, saved in checkpoints; its model keys must match on resume.
   nlohmann::json run_config = nlohmann::json::parse(cfg.to_json());
   // Paths (a Linux file name may hold any byte) escaped where not UTF-8, as JSON must.
@@ -296,16 +297,16 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
 // (--pref-reference: a Hugging Face folder or a GGUF of the policy's shape and vocab), or, for a full
 // fine-tune, a copy of the initial model. Built and sharded as the policy is, frozen (no gradients,
 // no optimizer state). Under LoRA with no --pref-reference, the reference is the policy with its
-// adapters off, and nothing is built.
+// adapters off, and nothing is built. With --pref-precompute-ref, none is kept for training: the
+// pass before it (precompute_reference) builds --pref-reference's for itself and frees it.
 PreferenceLoss* Trainer::Impl::separate_reference_loss() {
   auto* pref = dynamic_cast<PreferenceLoss*>(parts.loss.get());
-  const bool separate = pref && pref->needs_reference() &&
+  const bool separate = pref && pref->needs_reference() && !pref->precomputed() &&
                         (!cfg.lora.enabled() || !o.preference.pref_reference.empty());
   return separate ? pref : nullptr;
 }
 
-void Trainer::Impl::build_reference() {
-  PreferenceLoss* pref = separate_reference_loss();
+void Trainer::Impl::build_reference(PreferenceLoss* pref) {
   const std::string& path = o.preference.pref_reference;
   if (!pref) return;
   nn::TransformerConfig rc = cfg;
@@ -386,7 +387,7 @@ void Trainer::Impl::build_model() {
     pretrained->load_into(*model, root);
     pretrained->release_file_pages();  // the file's pages the load read are not held on
   }
-  build_reference();
+  build_reference(separate_reference_loss());
   groups = parallel->param_groups(o.optimizer.weight_decay, !o.optimizer.wd_2d_only);
   opt = parts.optimizer(groups);
   FSDP_CHECK(opt != nullptr, "[fsdp-train] TrainerParts::optimizer made no optimizer");

@@ -47,8 +47,18 @@ class PreferenceSource : public TokenSource {
  public:
   PreferenceSource(std::vector<PreferencePair> pairs, std::string description, int32_t pad,
                    int64_t seq, bool keep_end = false);
-  // Rows [first, first + rows): first and rows must be even (whole pairs).
+  // Rows [first, first + rows): first and rows must be even (whole pairs). With set_reference,
+  // each row's reference log-prob comes with them (Batch::reference_logps).
   Batch windows(int64_t first, int64_t rows, int64_t seq) const override;
+  // The rows of pairs [first, first + count) in the file's order (no shuffle; past the last pair
+  // they wrap to the first), for a pass over every pair (the reference's log-probs).
+  Batch pair_rows(int64_t first, int64_t count, int64_t seq) const;
+  // The pairs' reference log-probs, 2 a pair (chosen, rejected), which windows() hands out.
+  void set_reference(std::vector<double> logps);
+  bool has_reference() const { return !reference_.empty(); }
+  // FNV-1a over every pair's tokens (prompt, chosen, rejected, with their lengths), the seq and
+  // the truncation: what the rows are made of, whatever file, template or split made them.
+  uint64_t content_hash() const;
   std::string describe() const override;
   bool masks_targets() const override { return true; }
   int64_t pairs() const { return int64_t(pairs_.size()); }
@@ -67,6 +77,9 @@ class PreferenceSource : public TokenSource {
   bool keep_end_ = false;  // TRL's truncation_mode "keep_end": a long row keeps its last tokens
   bool shuffle_ = false;
   uint64_t seed_ = 0;
+  std::vector<double> reference_;  // set_reference's, 2 a pair
+  // Pair k's row (chosen: which 0, rejected: 1) into in[seq] and tg[seq].
+  void fill_row(int64_t k, int which, int64_t seq, int32_t* in, int32_t* tg) const;
 };
 
 // Whether `path`'s first line is a preference pair (an object with "chosen" or "rejected").

@@ -30,6 +30,9 @@ struct Batch {
   // Packed rows (PackedSource): [rows, T] i32, the position where each token's document begins
   // (fsdp/ops/ops.h); undefined: one document per row.
   Tensor doc_start;
+  // Each row's reference log-prob, from a source that holds them (PreferenceSource::set_reference:
+  // precomputed before training, train/preference.h), on the host; empty: none.
+  std::vector<double> reference_logps = {};
 };
 
 class TokenSource {

@@ -30,7 +30,9 @@
 // The reference (dpo, ipo): prepare() runs the model on the microbatch with its LoRA adapters off
 // (nn::LoraDisabledScope: the sharded base, no second copy), no backward, before the policy's
 // forward; or another model given by set_reference_model() (a full fine-tune's frozen sharded copy
-// of the initial model); or set_reference() gives the rows' reference log-probs.
+// of the initial model); or set_reference() gives the rows' reference log-probs; or, with
+// set_precomputed(true), each batch carries its rows' (data::Batch::reference_logps: computed in a
+// pass over the pairs before training, TRL's precompute_ref_log_probs) and no reference model runs.
 #pragma once
 
 #include <cstdint>
@@ -64,6 +66,12 @@ struct PreferenceConfig {
 std::vector<double> row_target_logps(const Tensor& logits, const Tensor& targets,
                                      std::vector<int64_t>* counts = nullptr);
 
+// Each row's reference log-prob: `model`'s forward on the batch with no backward (no records
+// kept; under an nn::LoraDisabledScope for the base with its adapters off), the row sums of
+// row_target_logps; reshard: the model's root is resharded after it (a model of its own). On the
+// meta device (the memory plan), zeros.
+std::vector<double> reference_row_logps(nn::Module& model, const data::Batch& batch, bool reshard);
+
 class PreferenceLoss final : public Loss {
  public:
   explicit PreferenceLoss(PreferenceConfig config);
@@ -76,6 +84,9 @@ class PreferenceLoss final : public Loss {
   void set_reference_model(nn::Module* model) { reference_model_ = model; }
   // Drops what the last forward kept for its backward (an evaluation: no backward comes).
   void release();
+  // Whether prepare() takes the reference log-probs from the batch (Batch::reference_logps).
+  void set_precomputed(bool on) { precomputed_ = on; }
+  bool precomputed() const { return precomputed_; }
   // The next forward's rows' reference log-probs (one per row).
   void set_reference(std::vector<double> logps) { reference_ = std::move(logps); }
   bool needs_reference() const {
@@ -95,6 +106,7 @@ class PreferenceLoss final : public Loss {
   std::vector<double> reference_;
   nn::Module* reference_model_ = nullptr;
   bool checked_adapters_ = false;  // prepare() found LoRA adapters to switch off
+  bool precomputed_ = false;       // set_precomputed
   std::vector<int32_t> nll_targets(const Tensor& targets, int64_t rows, int64_t seq) const;
 
   std::vector<double> coef_;  // d(step loss) / d(each position's log-prob at its target)
