@@ -39,7 +39,7 @@ out=bench/results/moe-fsdp2-cpu.md
 "$py" -c "from transformers import Qwen3MoeForCausalLM; import torch.distributed as d; assert d.is_gloo_available()" 2> /dev/null \
   || { echo "moe_fsdp2.sh: $py cannot import torch (with gloo) and transformers' Qwen3MoeForCausalLM; run bench/setup_torch_ref.sh" >&2; exit 1; }
 [ -x /usr/bin/time ] || { echo "moe_fsdp2.sh: needs GNU time (apt-get install time)" >&2; exit 1; }
-[ -n "${FSDP_BIN:-}" ] || scripts/build.sh fsdp-train > /dev/null
+[ -n "${FSDP_BIN:-}${FSDP_BENCH_NO_BUILD:-}" ] || scripts/build.sh fsdp-train > /dev/null  # set: the build is done
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 export OMP_NUM_THREADS=1 FSDP_CACHE_DIR=${FSDP_CACHE_DIR:-$log/cache}
