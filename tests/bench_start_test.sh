@@ -4,7 +4,8 @@
 # --dry-run (a tiny model, results to a temporary file), finetune.sh
 # --dry-run (runs nothing, checks what it needs), collectives.sh up to 4 KiB, fsdp_cpu.sh 2 steps,
 # generate.sh, cpu_vs_torch.sh 1 thread 3 steps (where the python it uses has torch; else
-# reported skipped). Results go to a scratch folder (FSDP_BENCH_OUT), never bench/results/.
+# reported skipped), moe_fsdp2.sh --tiny (where FSDP_TORCH_PYTHON, default /opt/torchref/bin/python,
+# has torch and transformers' Qwen3-MoE; else reported skipped; it writes to stdout only). Results go to a scratch folder (FSDP_BENCH_OUT), never bench/results/.
 #   tests/bench_start_test.sh BUILD_DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +43,12 @@ if "${PYTHON:-/usr/bin/python3}" -c "import torch" 2> /dev/null; then
   check cpu_vs_torch "$work/cpu-tiny.md" bash bench/cpu_vs_torch.sh 1 3
 else
   echo "skipped cpu_vs_torch: ${PYTHON:-/usr/bin/python3} has no torch (Debian: python3-torch)"
+fi
+torch_py=${FSDP_TORCH_PYTHON:-/opt/torchref/bin/python}
+if "$torch_py" -c "from transformers import Qwen3MoeForCausalLM" 2> /dev/null; then
+  check moe_fsdp2 - bash bench/moe_fsdp2.sh --tiny
+else
+  echo "skipped moe_fsdp2: $torch_py has no torch and transformers with Qwen3-MoE (bench/setup_torch_ref.sh)"
 fi
 [ $failed = 0 ] || exit 1
 echo "bench_start_test: every bench script started and wrote its results"
