@@ -1,6 +1,7 @@
 // fsdp::ops' mixture-of-experts combine on CPU tensors (src/ops/backend.h; its checks in
-// moe_ops.cpp). f32 and f64 rows are read as they are; bf16 and f16 rows are widened to f64
-// (exactly), so that every dtype sums in f64 and rounds once to its own.
+// moe_ops.cpp). f32 and f64 rows are read as they are; bf16 and f16 rows are widened to f32
+// (exactly), as every CPU op does. The sums are in f64 in every dtype, rounded to the rows' dtype
+// (bf16 and f16 through f32, as Tensor::to narrows f64).
 //
 // Compiled twice, as cpu_ops.cpp is: here as cpu_impl over kernels/cpu, and by
 // src/ops/moe_meta_ops.cpp (FSDP_OPS_META) as meta_impl over src/ops/meta_kernels.h, which
@@ -34,8 +35,8 @@ namespace {
 
 Device moe_home() { return kMoeMeta ? Device::meta() : Device::cpu(); }
 
-// The dtype the kernels read: f32 and f64 as they are, the half types widened to f64.
-DType moe_compute(DType t) { return t == DType::f32 ? DType::f32 : DType::f64; }
+// The dtype the kernels read: f64 as it is, the others as f32.
+DType moe_compute(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
 Tensor widened(const Tensor& t, DType ct) {
   return t.defined() ? t.to(ct).contiguous() : Tensor();

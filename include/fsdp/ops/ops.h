@@ -145,7 +145,8 @@ void copy_segments(const Tensor& dst, const Tensor& src, const std::vector<Segme
 // rows pos[i] of the expert outputs `rows` [R, d]; pos is i64 [N k] on the rows' device, each in
 // [0, R). Returns [N, d]:
 //   out[t] = base[t] + sum_j weight[i] rows[pos[i]],
-// summed in f64 in the order j = 0 .. k-1 and rounded once to the rows' dtype. weight (f64 [N k],
+// summed in f64 in the order j = 0 .. k-1 and rounded to the rows' dtype (on the CPU bf16 and f16
+// through f32, as Tensor::to narrows f64). weight (f64 [N k],
 // on the rows' device) undefined: every weight is 1; base ([N, d] in the rows' dtype) undefined:
 // 0. A token's result depends on its own k rows only, not on the batch or the world size.
 // The CPU reads pos on the host and refuses a row outside [0, R); CUDA, which does not read back,
