@@ -12,7 +12,7 @@ fsdp-train and exported by fsdp-export to a Hugging Face folder and a GGUF:
     loader asks for, ffn_{gate,up,down}_exps as 3-D tensors (ne [dim, H, E], [H, dim, E]) and
     ffn_gate_inp ne [dim, E], each expert's matrix bit-equal to the Hugging Face export's;
   - fsdp-generate --model on the GGUF (the MoE read back from its keys, each expert's rows of the 3-D
-    tensors) gives the checkpoint's logits;
+    tensors) gives the checkpoint's logits, and on an f16 GGUF those of the export rounded to f16;
   - what llama.cpp's qwen3moe cannot represent is refused by name: norm_topk_prob false, a dense
     block (mlp_only_layers);
   - where llama-cpp-python imports under FSDP_TORCH_PYTHON (bench/setup_torch_ref.sh with
@@ -26,6 +26,7 @@ fsdp-train and exported by fsdp-export to a Hugging Face folder and a GGUF:
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -220,12 +221,26 @@ def logits(*model):
     return np.array(json.loads(out.strip().splitlines()[-1])["logits"])
 
 
-def read_back(family, ck, gg):
+def read_back(family, ck, gg, hf):
     """fsdp-generate --model on the GGUF (the MoE read back: keys, each rank's experts' rows) gives the
     checkpoint's logits."""
     d = np.abs(logits("--model", gg) - logits("--ckpt", ck)).max()
     print(f"{family}: fsdp-generate on the GGUF vs on the checkpoint: max |logit diff| {d:.2e}")
     check(d < 1e-5, f"{family}: the GGUF read back gives logits {d} from the checkpoint's")
+    # F16: the GGUF read back is the f32 Hugging Face export with its matrices rounded to f16 (the
+    # GGUF keeps 1-D tensors F32), computed in f32.
+    gg16, hf16 = os.path.join(work, family + ".f16.gguf"), os.path.join(work, family + "_hf16")
+    run(export, "--ckpt", ck, "--dtype", "f16", "--gguf", gg16)
+    types = {t.tensor_type.name for t in GGUFReader(gg16).tensors if "_exps" in t.name}
+    os.makedirs(hf16)
+    shutil.copy(os.path.join(hf, "config.json"), hf16)
+    save_safetensors(os.path.join(hf16, "model.safetensors"),
+                     {k: v.astype(np.float16).astype(np.float32) if v.ndim > 1 else v
+                      for k, v in load_safetensors(os.path.join(hf, "model.safetensors")).items()})
+    d = np.abs(logits("--model", gg16) - logits("--model", hf16)).max()
+    print(f"{family}: fsdp-generate on the f16 GGUF (experts {sorted(types)}) vs on the f32 export rounded to "
+          f"f16: max |logit diff| {d:.2e}")
+    check(types == {"F16"} and d < 1e-5, f"{family}: the f16 GGUF ({types}) gives logits {d} from the rounded export's")
 
 
 def against_llama_cpp(family, ck, gg):
@@ -267,7 +282,7 @@ for family, arch, experts, moe_ff in (("qwen3_moe", "qwen3moe", 8, 64), ("mixtra
     folder = model_folder(family, family, experts, moe_ff)
     ck, hf, gg = fine_tune(family, folder)
     check_gguf(family, gg, hf, arch, experts, moe_ff)
-    read_back(family, ck, gg)
+    read_back(family, ck, gg, hf)
     against_llama_cpp(family, ck, gg)
 
 QUANTIZE = r"""
