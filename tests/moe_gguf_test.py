@@ -19,7 +19,8 @@ fsdp-train and exported by fsdp-export to a Hugging Face folder and a GGUF:
     WITH_LLAMA_CPP=1; else said and skipped): llama.cpp's logits on the exported GGUF equal
     fsdp-generate's on the checkpoint within 1e-3, and its 20 greedy tokens are fsdp-generate's;
     quantized by llama.cpp to Q8_0 (the experts too), fsdp-generate reads it nearer to llama.cpp on
-    that file than the unquantized model is; quantized by llama.cpp to Q4_K_M (a 256-wide
+    that file than the unquantized model is; LoRA of the attention trained from the GGUF, its
+    adapter exported with --gguf-lora, gives in llama.cpp fsdp-generate's logits; quantized by llama.cpp to Q4_K_M (a 256-wide
     Qwen3-MoE), LoRA on the attention trains with --base-quant keep (the experts kept as their
     Q4_K/Q6_K blocks) at 1 and 2 ranks with the dequantized-first run's losses, bit for bit, and
     --lora-targets naming an expert projection is refused by name.
@@ -194,13 +195,14 @@ except ImportError as e:
     print(json.dumps({"skip": str(e)}))
     sys.exit(0)
 path, ids, quantized = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], sys.argv[3]
+lora = sys.argv[4] if len(sys.argv) > 4 else None  # a GGUF LoRA adapter (llama.cpp's --lora)
 if quantized:  # llama.cpp's llama-quantize, Q8_0
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
     if llama_cpp.llama_model_quantize(path.encode(), quantized.encode(), params) != 0:
         sys.exit("llama_model_quantize failed")
     path = quantized
-m = llama_cpp.Llama(model_path=path, n_ctx=128, n_threads=2, logits_all=True, type_k=0, type_v=0, verbose=False)
+m = llama_cpp.Llama(model_path=path, lora_path=lora, n_ctx=128, n_threads=2, logits_all=True, type_k=0, type_v=0, verbose=False)
 m.eval(ids)
 scores = np.array(m.scores[:len(ids)]).tolist()
 got = []
@@ -276,6 +278,17 @@ def against_llama_cpp(family, ck, gg):
     print(f"{family}: llama.cpp on its Q8_0 quantization vs fsdp-generate on the same file: max |logit diff| "
           f"{d_q8:.2e} (vs the unquantized model {d_f32:.2e})")
     check(d_q8 < d_f32, f"{family}: our reading of the Q8_0 file is {d_q8} from llama.cpp's, the f32 model {d_f32}")
+    # LoRA of the attention from the GGUF (the experts frozen), its adapter exported for llama.cpp's --lora.
+    lck, adapter = os.path.join(work, family + "_lora_ck"), os.path.join(work, family + ".lora.gguf")
+    run(train, "--init-from", gg, *common, "--lora-rank", "4", "--lora-alpha", "8", "--ckpt-dir", lck)
+    run(export, "--ckpt", lck, "--gguf-lora", adapter)
+    _, out = run(python, "-c", LLAMA_CPP, gg, IDS, "", adapter, stdout=True)
+    got = json.loads(out.strip().splitlines()[-1])
+    ours = logits("--ckpt", lck)
+    d, moved = np.abs(ours - np.array(got["scores"])[:, :ours.shape[1]]).max(), np.abs(ours - logits("--model", gg)).max()
+    print(f"{family}: llama.cpp with our LoRA adapter vs fsdp-generate on the LoRA checkpoint: max |logit diff| "
+          f"{d:.2e} (the adapters moved the logits {moved:.2e})")
+    check(d < 1e-3 and moved > 1e-2, f"{family}: llama.cpp with our adapter is {d} from ours (moved {moved})")
 
 
 for family, arch, experts, moe_ff in (("qwen3_moe", "qwen3moe", 8, 64), ("mixtral", "llama", 4, 96)):
