@@ -99,8 +99,9 @@ TEST(ModelSpec, EachFamilysConfigIsItsAndNoOtherFamilys) {
   EXPECT_NE(models::spec_named("qwen3")->read_gguf_config, nullptr);
 }
 
-// qwen3_moe's and mixtral's experts: our stacked [E, ...] parameters are Hugging Face's tensors one per expert;
-// a mixture of experts without QK-norm is no family's (it trains as llama's form, no export).
+// qwen3_moe's and mixtral's experts: our stacked [E, ...] parameters are Hugging Face's tensors one per expert
+// and llama.cpp's one 3-D tensor per projection; a mixture of experts without QK-norm is no family's (it
+// trains as llama's form, no export); what llama.cpp's qwen3moe cannot represent is refused by name.
 TEST(ModelSpec, MoeFamiliesNameTheirExpertsOnePerExpert) {
   const nn::TransformerConfig c = one_of_each()[6].second;
   const models::StateDictAdapter& a = *models::spec_of(c).adapter;
@@ -119,7 +120,24 @@ TEST(ModelSpec, MoeFamiliesNameTheirExpertsOnePerExpert) {
   EXPECT_NE(error_of([&] { (void)models::spec_of(no_qk); }).find("mixture of experts"),
             std::string::npos);
   EXPECT_EQ(models::spec_to_train(no_qk).name, "llama");
-  EXPECT_NE(error_of([&] { models::spec_of(c).check_gguf(c); }).find("not written yet"),
+  EXPECT_EQ(a.rename("layers.2.ffn.experts.down_proj", models::Naming::ours, models::Naming::gguf),
+            "blk.2.ffn_down_exps.weight");
+  EXPECT_EQ(a.rename("blk.0.ffn_gate_exps.weight", models::Naming::gguf, models::Naming::ours),
+            "layers.0.ffn.experts.gate_proj");
+  EXPECT_EQ(a.rename("layers.1.ffn.gate.weight", models::Naming::ours, models::Naming::gguf),
+            "blk.1.ffn_gate_inp.weight");
+  EXPECT_EQ(a.rename("layers.2.ffn.experts.down_proj", models::Naming::ours, models::Naming::hf), "");
+  // c's first block is dense (mlp_only_layers [0]): llama.cpp's qwen3moe has experts in each.
+  EXPECT_NE(error_of([&] { models::spec_of(c).check_gguf(c); }).find("1 of 4 blocks are dense"),
+            std::string::npos);
+  nn::TransformerConfig all_sparse = c;
+  all_sparse.moe.dense_layers.clear();
+  EXPECT_EQ(error_of([&] { models::spec_of(all_sparse).check_gguf(all_sparse); }), "");
+  nn::TransformerConfig no_norm = all_sparse;
+  no_norm.moe.norm_topk_prob = false;
+  EXPECT_NE(error_of([&] { models::spec_of(no_norm).check_gguf(no_norm); })
+                .find("norm_topk_prob false (the top k's weights not renormalized) is not "
+                      "representable in llama.cpp's qwen3moe"),
             std::string::npos);
   // Mixtral's: w1, w3, w2 under block_sparse_moe.
   const nn::TransformerConfig m = one_of_each()[7].second;
@@ -311,7 +329,10 @@ TEST(StateDictAdapter, TheRegistryFindsEachFamilysConventions) {
   EXPECT_FALSE(models::spec_named("llama")->adapter->spells_spm_by_id("gemma2"));
   EXPECT_EQ(models::spec_for_gguf_arch("gemma"), nullptr);
   EXPECT_EQ(models::spec_for_gguf_arch(""), nullptr);  // mistral's: no llama.cpp architecture
-  EXPECT_EQ(models::gguf_archs(), "llama, qwen2, qwen3, gemma3");
+  EXPECT_EQ(models::gguf_archs(), "llama, qwen2, qwen3, gemma3, qwen3moe");
+  // Mixtral's files are llama's (with experts): llama's reader reads them.
+  EXPECT_EQ(models::spec_for_gguf_arch("qwen3moe"), models::spec_named("qwen3_moe"));
+  EXPECT_EQ(models::spec_named("mixtral")->adapter->gguf_arch, "llama");
   nn::TransformerConfig seed = nn::TransformerConfig::preset("tiny");
   seed.arch = nn::Arch::seed;
   EXPECT_EQ(models::spec_of(seed).adapter, nullptr);

@@ -260,6 +260,8 @@ TEST(Options, ValidateNamesTheFlagsOfTheRuleItRefuses) {
   EXPECT_EQ(all.lora_config(nn::Arch::llama).targets,
             nn::parse_lora_targets("q,k,v,o,gate,up,down"));
   EXPECT_EQ(all.lora_config(nn::Arch::seed).targets, nn::parse_lora_targets("q,k,v,o,up,down"));
+  // A mixture of experts: its attention (the experts and the router stay frozen).
+  EXPECT_EQ(all.lora_config(nn::Arch::llama, true).targets, nn::parse_lora_targets("q,k,v,o"));
 }
 
 TEST(Options, ModelConfigIsThePresetWithTheOverrides) {

@@ -1,7 +1,8 @@
 // GGUF v3 for llama.cpp (write_gguf): our names -> llama.cpp's and its architecture's keys, as the
 // family's state-dict adapter says (q and k rows permuted from Hugging Face's half-split rotary
 // pairs to llama.cpp's neighbouring ones where its converter does so, norms stored as 1 + w where
-// it does that), 1-D tensors kept F32, and the tokenizer as a "gpt2" or SentencePiece vocabulary.
+// it does that), an MoE's stacked experts as llama.cpp's 3-D tensors, 1-D tensors kept F32, and
+// the tokenizer as a "gpt2" or SentencePiece vocabulary.
 // The file is written whole through write_file_atomic.
 #include <algorithm>
 #include <array>
@@ -180,7 +181,17 @@ void write_gguf(const std::string& path, const nn::TransformerConfig& cfg, const
   kv.kv_u32(a + "context_length", uint32_t(cfg.seq));
   kv.kv_u32(a + "embedding_length", uint32_t(cfg.dim));
   kv.kv_u32(a + "block_count", uint32_t(cfg.layers));
-  kv.kv_u32(a + "feed_forward_length", uint32_t(cfg.resolved_ffn_hidden()));
+  // A mixture of experts: its sizes; the experts' width in expert_feed_forward_length beside the
+  // dense blocks' (qwen3moe's), or as feed_forward_length itself (llama's with experts).
+  const bool experts_in_ffn_key = cfg.moe.enabled() && !names.gguf_expert_ffn_key;
+  kv.kv_u32(a + "feed_forward_length",
+            uint32_t(experts_in_ffn_key ? cfg.moe.hidden : cfg.resolved_ffn_hidden()));
+  if (cfg.moe.enabled()) {
+    kv.kv_u32(a + "expert_count", uint32_t(cfg.moe.experts));
+    kv.kv_u32(a + "expert_used_count", uint32_t(cfg.moe.top_k));
+    if (names.gguf_expert_ffn_key)
+      kv.kv_u32(a + "expert_feed_forward_length", uint32_t(cfg.moe.hidden));
+  }
   kv.kv_u32(a + "rope.dimension_count", uint32_t(cfg.resolved_head_dim()));
   kv.kv_u32(a + "attention.head_count", uint32_t(cfg.heads));
   kv.kv_u32(a + "attention.head_count_kv", uint32_t(kv_heads));

@@ -87,6 +87,11 @@ struct Stored {
   Shape shape;
   // One expert of a stacked parameter: the whole tensor is one row of ours (shape [1, ...]).
   bool one_row = false;
+  // The file's rows (GGUF's ne[1] * ne[2] * ...) in one row of ours: H for a stacked tensor of
+  // experts ([E, H, dim], llama.cpp's ffn_gate_exps), else 1.
+  int64_t file_rows_per_row() const {
+    return shape.size() < 3 ? 1 : shape_numel(shape) / std::max<int64_t>(shape[0], 1) / shape.back();
+  }
   Tensor rows(int64_t a, int64_t b) const {
     if (one_row) {
       Shape whole(shape.begin() + 1, shape.end());
@@ -104,7 +109,8 @@ struct Stored {
         }
         return t;
       }
-      Tensor t = src->gguf->read_rows(name, a, b, RowOrder::hf);
+      const int64_t inner = file_rows_per_row();
+      Tensor t = src->gguf->read_rows(name, a * inner, b * inner, RowOrder::hf);
       Shape s = shape;
       s[0] = b - a;
       check_finite(src->path, name, t);
@@ -269,7 +275,8 @@ std::optional<PackedRows> Pretrained::packed_rows(const nn::TransformerConfig& c
                                                   const std::string& name) const {
   if (!source->gguf) return std::nullopt;
   auto parts = parts_of(*source, cfg, name);
-  if (parts[0].first.shape.size() != 2) return std::nullopt;
+  // Matrices, and an MoE's stacked experts (each expert's rows: whole blocks, one after another).
+  if (parts[0].first.shape.size() < 2) return std::nullopt;
   PackedRows out;
   int64_t rows = 0;
   for (const auto& [st, at] : parts) {
@@ -279,8 +286,9 @@ std::optional<PackedRows> Pretrained::packed_rows(const nn::TransformerConfig& c
     FSDP_CHECK(ggml_type_readable(ti.type),
                "[init-from] {}: tensor '{}' is {}; fsdp.cpp dequantizes {}", path, st.name,
                ggml_type_name(ti.type), ggml_readable_type_names());
-    out.runs.push_back({ti.rows(), int64_t(ti.row_bytes()), ti.type});
-    rows += ti.rows();
+    const int64_t inner = st.file_rows_per_row();
+    out.runs.push_back({ti.rows() / inner, int64_t(ti.row_bytes()) * inner, ti.type});
+    rows += ti.rows() / inner;
   }
   out.decode = [](uint32_t type, const uint8_t* src, float* dst, int64_t n) {
     dequantize_row(type, src, dst, n);
@@ -319,8 +327,10 @@ void Pretrained::load_into(nn::Transformer& model, FSDPModule* root) const {
       for (const auto& [st, at] : parts) {
         const int64_t lo = std::max(a, at), hi = std::min(b, at + st.shape[0]);
         if (lo >= hi) continue;
-        source->gguf->read_row_bytes(st.name, lo - at, hi - at, RowOrder::hf, dst + wrote);
-        wrote += (hi - lo) * int64_t(source->gguf->tensor(st.name).row_bytes());
+        const int64_t inner = st.file_rows_per_row();
+        source->gguf->read_row_bytes(st.name, (lo - at) * inner, (hi - at) * inner, RowOrder::hf,
+                                     dst + wrote);
+        wrote += (hi - lo) * inner * int64_t(source->gguf->tensor(st.name).row_bytes());
       }
       FSDP_CHECK(wrote == in.packed_bytes,
                  "[init-from] {}: '{}' took {} bytes of this rank's rows where its shard holds {}",

@@ -264,8 +264,9 @@ void TransformerConfig::validate() const {
     FSDP_CHECK(!geglu, "[model] moe's experts are SwiGLU; geglu is Gemma's dense FFN");
     FSDP_CHECK(!lora.on(LoraTarget::gate) && !lora.on(LoraTarget::up) &&
                    !lora.on(LoraTarget::down),
-               "[model] LoRA targets gate, up and down are not supported with moe (the experts "
-               "have no adapters yet); got targets '{}'",
+               "[model] LoRA targets gate, up and down are not supported with moe: a mixture of "
+               "experts' experts and router stay frozen (no adapters on them), LoRA adapts its "
+               "attention (q, k, v, o); got targets '{}'",
                lora_target_names(lora.targets));
   }
   if (lora.rank != 0 || lora.targets != 0) {

@@ -258,12 +258,12 @@ nn::TransformerConfig TrainOptions::model_config() const {
   if (m.sliding_window) cfg.sliding_window = *m.sliding_window;
   if (m.global_every) cfg.global_every = *m.global_every;
   if (m.rope_local_theta) cfg.rope_local_theta = *m.rope_local_theta;
-  cfg.lora = lora_config(cfg.arch);
+  cfg.lora = lora_config(cfg.arch, cfg.moe.enabled());
   cfg.validate();
   return cfg;
 }
 
-nn::LoraConfig TrainOptions::lora_config(nn::Arch arch) const {
+nn::LoraConfig TrainOptions::lora_config(nn::Arch arch, bool moe) const {
   const ModelOptions& m = model;
   FSDP_CHECK(m.lora_rank >= 0, "[fsdp-train] --lora-rank must be >= 0 (0: no LoRA), got {}",
              m.lora_rank);
@@ -273,8 +273,8 @@ nn::LoraConfig TrainOptions::lora_config(nn::Arch arch) const {
   const double alpha = m.lora_alpha.value_or(double(m.lora_rank));
   FSDP_CHECK(alpha > 0 && std::isfinite(alpha),
              "[fsdp-train] --lora-alpha must be a positive number, got {}", alpha);
-  uint32_t targets =
-      nn::parse_lora_targets(m.lora_targets == "all" ? "q,k,v,o,gate,up,down" : m.lora_targets);
+  const char* all = moe ? "q,k,v,o" : "q,k,v,o,gate,up,down";  // an MoE's experts stay frozen
+  uint32_t targets = nn::parse_lora_targets(m.lora_targets == "all" ? all : m.lora_targets);
   if (m.lora_targets == "all" && arch == nn::Arch::seed) targets &= ~uint32_t(nn::LoraTarget::gate);
   return {.rank = m.lora_rank, .alpha = alpha, .targets = targets};
 }

@@ -142,7 +142,7 @@ nn::TransformerConfig config_from_model(const TrainOptions& o, const checkpoint:
   const nn::TransformerConfig preset = nn::TransformerConfig::preset(o.model.preset);
   c.seq = o.model.seq.value_or(preset.seq);
   c.batch = o.model.batch.value_or(preset.batch);
-  c.lora = o.lora_config(c.arch);  // the run's adapters on the model's weights
+  c.lora = o.lora_config(c.arch, c.moe.enabled());  // the run's adapters on the model's weights
   c.validate();
   return c;
 }

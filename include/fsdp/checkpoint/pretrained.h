@@ -107,8 +107,8 @@ nn::TransformerConfig config_from_family(const std::string& family, const std::s
                                          const std::string& where);
 
 // The model config of a GGUF file: the family of its general.architecture reads it
-// (models::ModelSpec::read_gguf_config: llama, qwen2, qwen3, gemma3); another architecture, or one whose family
-// reads no GGUF, is refused by name.
+// (models::ModelSpec::read_gguf_config: llama, with experts Mixtral's, qwen2, qwen3, gemma3,
+// qwen3moe); another architecture, or one whose family reads no GGUF, is refused by name.
 nn::TransformerConfig config_from_gguf(const GgufFile& f);
 
 // The chat template of a Jinja file in place of the model's own (Gemma 3's base GGUF ships none:

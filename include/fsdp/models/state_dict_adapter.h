@@ -76,6 +76,10 @@ struct StateDictAdapter {
   // files spell their vocabulary so (their weights are not read here).
   bool gguf_spm_by_id = false;
   std::span<const std::string_view> gguf_spm_by_id_arches = {};
+  // A mixture of experts' width (MoEConfig::hidden) as <arch>.expert_feed_forward_length beside
+  // the dense blocks' feed_forward_length (qwen3moe); false: feed_forward_length is the experts'
+  // width (llama's architecture with experts, Mixtral's).
+  bool gguf_expert_ffn_key = false;
 
   // `name` (in naming `from`) in naming `to`; "" when it has none there: a name `from` does not
   // have, one of Hugging Face's or GGUF's q, k or v asked for in ours, or our in-projection asked

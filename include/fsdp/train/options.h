@@ -54,8 +54,9 @@ struct TrainOptions {
   // The preset with its overrides applied, validated.
   nn::TransformerConfig model_config() const;
   // --lora-rank, --lora-alpha and --lora-targets for a model of `arch`, checked (rank 0: none;
-  // targets "all": every projection the architecture has).
-  nn::LoraConfig lora_config(nn::Arch arch) const;
+  // targets "all": every projection the architecture has; with `moe`, a mixture of experts, the
+  // attention's q, k, v and o: its experts and router stay frozen).
+  nn::LoraConfig lora_config(nn::Arch arch, bool moe = false) const;
   // Throws, naming the flag and the value, on any option out of range or inconsistent with
   // another (the model's own checks are model_config's).
   void validate() const;

@@ -43,8 +43,9 @@ nn::TransformerConfig read_hf_config(const std::string& text, const std::string&
                                      std::string_view model_type);
 // config.json's model fields of LlamaForCausalLM's form for the family `spec`.
 nlohmann::json hf_config(const nn::TransformerConfig& c, const ModelSpec& spec);
-// A GGUF header of llama.cpp's architecture `arch` (llama, qwen2 or qwen3), read by its <arch>.*
-// keys; qwen2's biases and qwen3's q/k norms are required of their files and refused in others.
+// A GGUF header of llama.cpp's architecture `arch` (llama, qwen2, qwen3 or qwen3moe), read by its
+// <arch>.* keys; qwen2's biases and qwen3's q/k norms are required of their files and refused in
+// others; llama's and qwen3moe's experts (expert_count) are an MoE in every block.
 nn::TransformerConfig read_gguf_keys(const GgufHeader& f, const std::string& arch);
 // Llama 3's rope scaling refused for llama.cpp architectures that take none (qwen2, qwen3).
 void check_no_rope_scaling_in_gguf(const nn::TransformerConfig& c, std::string_view arch);

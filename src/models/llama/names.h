@@ -61,11 +61,13 @@ constexpr StateDictAdapter relative_adapter(StateDictAdapter options,
   return options;
 }
 
-// A mixture of experts of llama's form (qwen3_moe, mixtral): llama's names, the family's router
-// rows, and its experts' stacked rows (StateDictAdapter::stacked).
-constexpr StateDictAdapter moe_adapter(std::span<const NameRow> own_block,
+// A mixture of experts of llama's form (qwen3_moe, mixtral) with its llama.cpp options: llama's
+// names, the family's own rows (the router; the experts' stacked tensors as llama.cpp holds them,
+// one 3-D tensor per projection: "ffn_gate_exps.weight" [E, H, dim], ne [dim, H, E]), and its
+// experts' stacked rows in Hugging Face's naming (StateDictAdapter::stacked).
+constexpr StateDictAdapter moe_adapter(StateDictAdapter options, std::span<const NameRow> own_block,
                                        std::span<const NameRow> stacked) {
-  StateDictAdapter a = relative_adapter({}, own_block);
+  StateDictAdapter a = relative_adapter(options, own_block);
   a.stacked = stacked;
   return a;
 }

@@ -219,10 +219,41 @@ void check_no_rope_scaling_in_gguf(const nn::TransformerConfig& c, std::string_v
              "[gguf] llama.cpp's {} takes no Llama 3 rope scaling (rope_freqs)", arch);
 }
 
+// A mixture of experts in a GGUF of llama.cpp's `arch`, as its loader reads one: llama's with
+// expert_count (Mixtral: the top k of the logits, softmax over the k, which is llama.cpp's softmax
+// then the top k renormalized) or qwen3moe (softmax, the top k renormalized); an MoE in every
+// block, the experts' width expert_feed_forward_length (qwen3moe) or feed_forward_length.
+namespace {
+void read_gguf_experts(const GgufHeader& f, const std::string& arch, nn::TransformerConfig& c) {
+  const std::string a = arch + ".";
+  const int64_t experts = f.get_int(a + "expert_count", 0);
+  if (arch != "llama" && arch != "qwen3moe") {
+    FSDP_CHECK(experts == 0, "[gguf] {}: {}expert_count {} in a {} file; llama.cpp's {} has no "
+               "experts (a Qwen3-MoE is qwen3moe)", f.path(), a, experts, arch, arch);
+    return;
+  }
+  FSDP_CHECK(experts > 0 || arch == "llama",
+             "[gguf] {}: qwen3moe.expert_count is {}; expected the number of experts (> 0)",
+             f.path(), experts);
+  if (experts == 0) return;
+  nn::MoEConfig& m = c.moe;
+  m.experts = experts;
+  m.top_k = f.get_int(a + "expert_used_count");
+  m.hidden = arch == "qwen3moe" ? f.get_int(a + "expert_feed_forward_length") : c.ffn_hidden;
+  m.router = arch == "llama" ? nn::RouterKind::topk_softmax : nn::RouterKind::softmax_topk;
+  m.norm_topk_prob = arch == "qwen3moe";
+  FSDP_CHECK(m.top_k > 0 && m.top_k <= m.experts && m.hidden > 0,
+             "[gguf] {}: {}expert_used_count {} of expert_count {} experts of width {}: expected "
+             "1 to {} experts used and a positive width",
+             f.path(), a, m.top_k, m.experts, m.hidden, m.experts);
+}
+}  // namespace
+
 // A GGUF file of llama.cpp's architecture `arch` (llama, qwen2, qwen3: its <arch>.* keys, in the
 // terms of Hugging Face's LlamaConfig): GQA, a head dim of its own (attention.key_length), the
 // head tied when output.weight is absent, Llama 3's scaling from rope_freqs.weight (llama.cpp's
-// form of it); a rope over part of the head and another rope scaling type refused by name.
+// form of it), a mixture of experts (read_gguf_experts); a rope over part of the head and another
+// rope scaling type refused by name.
 nn::TransformerConfig read_gguf_keys(const GgufHeader& f, const std::string& arch) {
   const std::string& path = f.path();
   const std::string a = arch + ".";
@@ -284,11 +315,12 @@ nn::TransformerConfig read_gguf_keys(const GgufHeader& f, const std::string& arc
              "[gguf] {}: a {} file {} q/k/v biases (blk.0.attn_q.bias); {}", path, arch,
              c.qkv_bias ? "with" : "without",
              arch == "qwen2" ? "qwen2 has them" : "only qwen2 has them here");
+  const bool qwen3 = arch == "qwen3" || arch == "qwen3moe";
   c.qk_norm = f.contains("blk.0.attn_q_norm.weight");
-  FSDP_CHECK(c.qk_norm == (arch == "qwen3"),
-             "[gguf] {}: a {} file {} q/k norms (blk.0.attn_q_norm.weight); {}", path, arch,
-             c.qk_norm ? "with" : "without",
-             arch == "qwen3" ? "qwen3 has them" : "only qwen3 has them here");
+  FSDP_CHECK(c.qk_norm == qwen3, "[gguf] {}: a {} file {} q/k norms (blk.0.attn_q_norm.weight); {}",
+             path, arch, c.qk_norm ? "with" : "without",
+             qwen3 ? "qwen3 and qwen3moe have them" : "only qwen3 and qwen3moe have them here");
+  read_gguf_experts(f, arch, c);
   c.validate();
   return c;
 }

@@ -4,7 +4,10 @@
 // output_router_logits, as transformers adds it). Hugging Face holds the experts one tensor per
 // expert ("model.layers.N.block_sparse_moe.experts.E.w1.weight": w1 the gate, w3 the up, w2 the
 // down projection): the adapter's stacked rows. A sliding window and router jitter noise are
-// refused by name; no GGUF export or GGUF reading yet.
+// refused by name. Its GGUF is llama.cpp's llama with experts (as convert_hf_to_gguf.py writes
+// Mixtral: q and k permuted to neighbouring rotary pairs, the router "blk.N.ffn_gate_inp.weight",
+// the experts one 3-D tensor per projection, "blk.N.ffn_gate_exps.weight" ne [dim, H, E],
+// expert_count, expert_used_count, feed_forward_length the experts' width).
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -75,13 +78,11 @@ std::string write(const nn::TransformerConfig& c) {
   return j.dump();
 }
 
-void check_gguf(const nn::TransformerConfig&) {
-  FSDP_FAIL("[gguf] mixtral: the GGUF export of a mixture of experts (llama.cpp's llama with "
-            "experts) is not written yet; export to Hugging Face's format instead");
-}
-
 constexpr NameRow kMoeBlockNames[] = {
-    {"ffn.gate.weight", "block_sparse_moe.gate.weight", ""},
+    {"ffn.gate.weight", "block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},
+    {"ffn.experts.gate_proj", "", "ffn_gate_exps.weight"},
+    {"ffn.experts.up_proj", "", "ffn_up_exps.weight"},
+    {"ffn.experts.down_proj", "", "ffn_down_exps.weight"},
 };
 constexpr NameRow kStackedNames[] = {
     {"ffn.experts.gate_proj", "block_sparse_moe.experts.{}.w1.weight", ""},
@@ -91,7 +92,8 @@ constexpr NameRow kStackedNames[] = {
 
 }  // namespace
 
-constexpr StateDictAdapter adapter = llama::moe_adapter(kMoeBlockNames, kStackedNames);
+constexpr StateDictAdapter adapter =
+    llama::moe_adapter({.gguf_arch = "llama"}, kMoeBlockNames, kStackedNames);
 
 const ModelSpec spec = {
     .name = "mixtral",
@@ -105,7 +107,7 @@ const ModelSpec spec = {
     .read_hf_config = read,
     .write_hf_config = write,
     .read_gguf_config = nullptr,
-    .check_gguf = check_gguf,
+    .check_gguf = nullptr,
     .build = llama::build,
     .parallelize = llama::parallelize,
     .shape_keys = llama::kShapeKeys,

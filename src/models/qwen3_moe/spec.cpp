@@ -5,7 +5,11 @@
 // output_router_logits, as transformers adds it). Its experts are stacked parameters
 // ("layers.N.ffn.experts.gate_proj" [E, H, dim]) that Hugging Face holds one tensor per expert
 // ("model.layers.N.mlp.experts.E.gate_proj.weight"): the adapter's stacked rows.
-// No GGUF export or GGUF reading yet (llama.cpp's qwen3moe): refused by name.
+// Its GGUF is llama.cpp's qwen3moe (q and k in Hugging Face's half-split order, as qwen3's): the
+// router "blk.N.ffn_gate_inp.weight", the experts one 3-D tensor per projection
+// ("blk.N.ffn_gate_exps.weight", ne [dim, H, E]), expert_count, expert_used_count and
+// expert_feed_forward_length. llama.cpp's qwen3moe renormalizes the top k's weights and has an MoE
+// in every block: a model without norm_topk_prob, or with a dense block, is refused by name.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -84,14 +88,28 @@ std::string write(const nn::TransformerConfig& c) {
   return j.dump();
 }
 
-void check_gguf(const nn::TransformerConfig&) {
-  FSDP_FAIL("[gguf] qwen3_moe: the GGUF export of a mixture of experts (llama.cpp's qwen3moe) "
-            "is not written yet; export to Hugging Face's format instead");
+// What llama.cpp's qwen3moe cannot represent, by name.
+void check_gguf(const nn::TransformerConfig& c) {
+  llama::check_no_rope_scaling_in_gguf(c, "qwen3moe");
+  FSDP_CHECK(c.moe.norm_topk_prob,
+             "[gguf] qwen3_moe: norm_topk_prob false (the top k's weights not renormalized) is not "
+             "representable in llama.cpp's qwen3moe, which always renormalizes them; export to "
+             "Hugging Face's format instead");
+  const int64_t sparse = c.moe.sparse_layers(c.layers);
+  FSDP_CHECK(sparse == c.layers,
+             "[gguf] qwen3_moe: {} of {} blocks are dense (mlp_only_layers {}, decoder_sparse_step "
+             "{}); llama.cpp's qwen3moe has a mixture of experts in every block; export to Hugging "
+             "Face's format instead",
+             c.layers - sparse, c.layers, fmt::join(c.moe.dense_layers, ","), c.moe.sparse_step);
 }
 
-// The router's rows, then the experts' stacked ones.
+// The router's rows and the experts' 3-D tensors in llama.cpp's naming, then the experts' stacked
+// rows in Hugging Face's.
 constexpr NameRow kMoeBlockNames[] = {
-    {"ffn.gate.weight", "mlp.gate.weight", ""},
+    {"ffn.gate.weight", "mlp.gate.weight", "ffn_gate_inp.weight"},
+    {"ffn.experts.gate_proj", "", "ffn_gate_exps.weight"},
+    {"ffn.experts.up_proj", "", "ffn_up_exps.weight"},
+    {"ffn.experts.down_proj", "", "ffn_down_exps.weight"},
 };
 constexpr NameRow kStackedNames[] = {
     {"ffn.experts.gate_proj", "mlp.experts.{}.gate_proj.weight", ""},
@@ -101,7 +119,9 @@ constexpr NameRow kStackedNames[] = {
 
 }  // namespace
 
-constexpr StateDictAdapter adapter = llama::moe_adapter(kMoeBlockNames, kStackedNames);
+constexpr StateDictAdapter adapter = llama::moe_adapter(
+    {.gguf_arch = "qwen3moe", .gguf_half_split = true, .gguf_expert_ffn_key = true},
+    kMoeBlockNames, kStackedNames);
 
 const ModelSpec spec = {
     .name = "qwen3_moe",
@@ -113,7 +133,7 @@ const ModelSpec spec = {
     .matches = matches,
     .read_hf_config = read,
     .write_hf_config = write,
-    .read_gguf_config = nullptr,
+    .read_gguf_config = llama::read_relative_gguf<&spec>,
     .check_gguf = check_gguf,
     .build = llama::build,
     .parallelize = llama::parallelize,
