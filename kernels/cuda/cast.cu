@@ -83,9 +83,16 @@ void copy_segments(void* dst, DType dst_t, const void* src, DType src_t, const i
       for (int64_t i = 0; packed && i < segments; ++i)
         packed = dst_off[i] % N == 0 && src_off[i] % N == 0 && count[i] % N == 0;
       const int w = packed ? N : 1;
-      const dim3 grid(grid_for((longest + w - 1) / w, 256, 1024), unsigned(segments));
       auto kernel = packed ? copy_segments_kernel<N, D, S> : copy_segments_kernel<1, D, S>;
-      kernel<<<grid, 256, 0, cudaStream_t(s)>>>(d, sp, meta, meta + segments, meta + 2 * segments);
+      // A segment a row of the grid, at most 65535 rows a launch (gridDim.y's limit: an MoE's
+      // permutation is a segment per (token, choice) row).
+      constexpr int64_t kMaxRows = 65535;
+      for (int64_t first = 0; first < segments; first += kMaxRows) {
+        const dim3 grid(grid_for((longest + w - 1) / w, 256, 1024),
+                        unsigned(std::min(kMaxRows, segments - first)));
+        kernel<<<grid, 256, 0, cudaStream_t(s)>>>(d, sp, meta + first, meta + segments + first,
+                                                  meta + 2 * segments + first);
+      }
     });
   });
   CUDA_CHECK(cudaGetLastError());
