@@ -118,6 +118,16 @@ if failed == 0:
     a, b = losses(os.path.join(work, "plain1.jsonl")), losses(os.path.join(work, "plain2.jsonl"))
     check(len(a) == 3 and all(abs(x - y) <= 1e-6 * abs(x) for x, y in zip(a, b)), f"np 2 {b} != np 1 {a}")
 
+# Mixed precision (bf16 parameters and activations, f32 gradients): the experts' weight gradients
+# are computed in bf16 and added into FSDP's f32 buffers; the losses follow f32's.
+log = os.path.join(work, "bf16.jsonl")
+rc, out = run(*mpirun, train, "--init-from", plain, *common, "--batch", "2", "--param-dtype", "bf16",
+              "--reduce-dtype", "f32", "--log-file", log)
+check(rc == 0, f"bf16 parameters with f32 gradients: {out[-600:]}")
+if rc == 0 and failed == 0:
+    a, b = losses(os.path.join(work, "plain1.jsonl")), losses(log)
+    check(len(b) == 3 and all(abs(x - y) <= 2e-2 * abs(x) for x, y in zip(a, b)), f"bf16 {b} vs f32 {a}")
+
 aux = model_folder("aux", True)
 # The validation loss is the tokens' alone: before training it is the same with the router's
 # loss on (the fused loss's last chunk) as without.

@@ -60,6 +60,18 @@ double softmax_row(const double* l, double* p, int64_t E) {
   return m + std::log(sum);
 }
 
+// grad += op(a) op(b): into grad directly when it holds the activations' dtype, else through a
+// temporary of theirs (FSDP keeps gradients in its reduce dtype: f32 under bf16 parameters).
+void add_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& grad) {
+  if (grad.dtype() == a.dtype()) {
+    ops::gemm(a, ta, b, tb, grad, 1.0, 1.0);
+    return;
+  }
+  Tensor part = Tensor::empty(grad.shape(), a.dtype(), a.device());
+  ops::gemm(a, ta, b, tb, part);
+  ops::add_(grad, part);
+}
+
 // The k largest of v[0..n), larger first, ties to the lower index (torch.topk on the CPU).
 void top_k(const double* v, int64_t n, int64_t k, int32_t* out) {
   std::vector<int32_t> idx(static_cast<size_t>(n));
@@ -141,8 +153,7 @@ Tensor Experts::grouped_backward(const Tensor& dyp) {
       if (b == end) continue;
       ops::gemm(dyp.slice(b, end), false, down_proj_->data.select(e), false, da.slice(b, end));
       if (down_proj_->grad.defined())
-        ops::gemm(dyp.slice(b, end), true, a.slice(b, end), false, down_proj_->grad.select(e), 1.0,
-                  1.0);
+        add_gemm(dyp.slice(b, end), true, a.slice(b, end), false, down_proj_->grad.select(e));
     }
   }
   auto [dg, du] = ops::swiglu_backward(da, s.g, s.u);
@@ -155,11 +166,9 @@ Tensor Experts::grouped_backward(const Tensor& dyp) {
     ops::gemm(du.slice(b, end), false, up_proj_->data.select(e), false, dxp.slice(b, end), 1.0,
               1.0);
     if (gate_proj_->grad.defined())
-      ops::gemm(dg.slice(b, end), true, s.xp.slice(b, end), false, gate_proj_->grad.select(e), 1.0,
-                1.0);
+      add_gemm(dg.slice(b, end), true, s.xp.slice(b, end), false, gate_proj_->grad.select(e));
     if (up_proj_->grad.defined())
-      ops::gemm(du.slice(b, end), true, s.xp.slice(b, end), false, up_proj_->grad.select(e), 1.0,
-                1.0);
+      add_gemm(du.slice(b, end), true, s.xp.slice(b, end), false, up_proj_->grad.select(e));
   }
   return dxp;
 }
@@ -197,6 +206,10 @@ int64_t MoE::first_local_expert() const {
 Tensor MoE::run_experts(Tensor xp, const std::vector<int64_t>& offsets,
                         std::shared_ptr<const dist::ExpertDispatch>& dispatch) {
   if (!ep_) return experts_->grouped_forward(xp, offsets);
+  FSDP_CHECK(!xp.device().is_cuda(),
+             "[MoE] {}: expert parallel on CUDA is not supported yet (its count exchange runs on "
+             "host tensors, which an NCCL group refuses); run without expert parallel",
+             describe());
   std::vector<int64_t> counts(size_t(opt_.experts));
   for (size_t e = 0; e < counts.size(); ++e) counts[e] = offsets[e + 1] - offsets[e];
   dispatch = std::make_shared<const dist::ExpertDispatch>(ep_, opt_.experts, std::move(counts));
