@@ -286,6 +286,9 @@ std::optional<PackedRows> Pretrained::packed_rows(const nn::TransformerConfig& c
     FSDP_CHECK(ggml_type_readable(ti.type),
                "[init-from] {}: tensor '{}' is {}; fsdp.cpp dequantizes {}", path, st.name,
                ggml_type_name(ti.type), ggml_readable_type_names());
+    for (int64_t d : st.shape)  // a zero dimension would divide by zero below
+      FSDP_CHECK(d > 0, "[init-from] {}: tensor '{}' has shape {}; expected every dimension > 0",
+                 path, st.name, shape_str(st.shape));
     const int64_t inner = st.file_rows_per_row();
     out.runs.push_back({ti.rows() / inner, int64_t(ti.row_bytes()) * inner, ti.type});
     rows += ti.rows() / inner;
