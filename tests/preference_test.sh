@@ -184,10 +184,10 @@ j["sets"]["train"][3] += 1e-9
 open(sys.argv[1], "w").write(json.dumps(j))
 PY2
 cp "$work/pairs.jsonl" "$work/notacache.jsonl"
-head -c 2000000 /dev/zero > "$work/large.bin"
+truncate -s 300000000 "$work/large.bin"  # sparse: over the 256 MiB a cache may be
 for f in "$work/pre2/pref_ref_logps.json:is damaged: its \"checksum\" does not match" \
          "$work/notacache.jsonl:is not JSON .*left as it is" \
-         "$work/large.bin:is 2000000 bytes, more than a file of reference log-probs for 24 values"; do
+         "$work/large.bin:is 300000000 bytes, more than a file of reference log-probs for 24 values"; do
   if "$bin" "${A[@]}" --lora-rank 0 --preference dpo --batch 12 --steps 1 --pref-precompute-ref \
        --pref-ref-cache "${f%%:*}" > "$work/damaged.out" 2>&1; then
     bad "--pref-ref-cache ${f%%:*} is used"

@@ -102,10 +102,11 @@ Cached read_cache(const std::string& path, const nlohmann::json& key, std::vecto
     return Cached::refused;
   }
   // No more than such a file of these pairs can hold (a value is at most 24 characters and a
-  // comma), so a large file named by mistake is refused, not read.
+  // comma), or 256 MiB (some 5 M pairs: a cache of a larger data set than this run's is read, found
+  // outdated and recomputed), so a large file named by mistake is refused, not read.
   uint64_t values = 0;
   for (const RefSet& s : sets) values += 2 * uint64_t(s.source->pairs());
-  const uint64_t limit = (uint64_t(1) << 20) + 32 * values;
+  const uint64_t limit = std::max<uint64_t>(uint64_t(256) << 20, (uint64_t(1) << 20) + 32 * values);
   if (std::filesystem::file_size(path, ec) > limit) {
     *why = fmt::format(
         "{}: {} is {} bytes, more than a file of reference log-probs for {} values "
