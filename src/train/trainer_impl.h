@@ -54,6 +54,9 @@ struct Trainer::Impl {
   std::function<std::optional<PackedRows>(const std::string&)> frozen_packed;
   std::shared_ptr<dist::ProcessGroup> pg;
   std::shared_ptr<dist::DeviceMesh> mesh;
+  // --expert-parallel N > 1: dist::init_expert_mesh(N), whose "ep" groups split the experts and
+  // whose "dp_shard_mod_ep" groups shard them; null otherwise.
+  std::shared_ptr<dist::DeviceMesh> expert_mesh;
   int rank = 0, size = 1, threads = 1;
   Device device;
   MixedPrecisionPolicy mp;
