@@ -8,11 +8,17 @@ top 2, the router's loss on, no torch).
     (EP 2), np 4 (EP 2 x FSDP 2) and np 4 (EP 4): the losses and gradient norms equal np 1's to
     1e-6 relative in f32, and to 1e-12 in f64 (the ranks' sums are in another order than one
     rank's, so not bit for bit); the table shows the experts per rank;
+  - a checkpoint written at EP 2 x FSDP 2 (the experts' chunks at their global rows) resumes
+    there bit for bit and loads at np 1 and np 3 (no EP) with the uninterrupted run's losses, and
+    fsdp-export writes the weights of a run without EP;
   - refused, naming the flag: N not dividing the world size or the experts, N > 1 on a dense
-    model, N < 1, and the options expert parallel does not cover yet (--hsdp, --ckpt-dir).
+    model, N < 1, and an option expert parallel does not cover yet (--hsdp).
 """
+import array
 import json
 import os
+import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -39,6 +45,17 @@ def run(np_, *args):
 
 def metrics(path):
     return [(r["loss"], r["grad_norm"]) for r in (json.loads(l) for l in open(path) if l.strip())]
+
+
+def read_safetensors(path):  # name -> f32 values
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    out = {}
+    for name, e in json.loads(raw[8:8 + n]).items():
+        if name != "__metadata__":
+            a, b = e["data_offsets"]
+            out[name] = array.array("f", raw[8 + n + a:8 + n + b])
+    return out
 
 
 def close(a, b, tol):
@@ -69,6 +86,56 @@ for dtype, tol in (("f32", 1e-6), ("f64", 1e-12)):
         if key != (1, 1) and base:
             check(close(base, got, tol), f"{dtype} np {key[0]} EP {key[1]}: {got} != np 1's {base}")
 
+# Checkpoints: written at EP 2 x FSDP 2 after 2 of 4 steps (global batch 12, so np 3 splits it),
+# resumed there bit for bit, and loaded at np 1 and np 3 without expert parallel: steps 2 and 3
+# give the uninterrupted run's losses.
+ckpt = os.path.join(work, "ckpt")
+full_log, resumed = os.path.join(work, "full.jsonl"), {}
+ck_common = [a for a in common if a not in ("--steps", "3")]
+rc, out = run(4, *ck_common, "--steps", "4", "--batch", "3", "--expert-parallel", "2", "--log-file", full_log)
+check(rc == 0, f"the uninterrupted EP 2 x FSDP 2 run failed: {out[-800:]}")
+rc, out = run(4, *ck_common, "--steps", "2", "--batch", "3", "--expert-parallel", "2", "--ckpt-dir", ckpt,
+              "--ckpt-every", "2")
+check(rc == 0, f"the EP 2 x FSDP 2 run that saves failed: {out[-800:]}")
+if check.failed == 0:
+    meta = json.load(open(os.path.join(ckpt, "step_00000002", "metadata.json")))
+    chunks = meta["tensors"]["layers.0.ffn.experts.gate_proj"]["chunks"]
+    # rank r holds ep rank r % 2's experts [2 (r % 2), ...), of them FSDP shard r // 2's row
+    check(chunks == [[0, 1], [2, 1], [1, 1], [3, 1]], f"the experts' chunks: {chunks}")
+    for np_, batch, ep in ((4, 3, 2), (1, 12, 1), (3, 4, 1)):
+        d = os.path.join(work, f"ckpt_np{np_}")
+        shutil.copytree(ckpt, d)
+        log = os.path.join(work, f"resumed_np{np_}.jsonl")
+        rc, out = run(np_, *ck_common, "--steps", "4", "--batch", str(batch), "--expert-parallel", str(ep),
+                      "--ckpt-dir", d, "--resume", "--log-file", log)
+        check(rc == 0 and "resume: loaded" in out, f"np {np_}: the resume failed: {out[-800:]}")
+        if rc == 0:
+            resumed[np_] = [r["loss"] for r in (json.loads(l) for l in open(log) if l.strip())]
+    # fsdp-export puts every expert at its row: the weights of a run without EP (np 2), to the
+    # rounding that 2 AdamW steps make of the ranks' other sums (a misplaced row is off by ~0.1).
+    plain_ckpt = os.path.join(work, "plain_ckpt")
+    rc, out = run(2, *ck_common, "--steps", "2", "--batch", "6", "--ckpt-dir", plain_ckpt, "--ckpt-every", "2")
+    check(rc == 0, f"np 2 without EP, saving: {out[-600:]}")
+    exported = {}
+    for name, d in (("ep", ckpt), ("plain", plain_ckpt)):
+        path = os.path.join(work, f"export_{name}", "model.safetensors")
+        os.makedirs(os.path.dirname(path))
+        rc, out = subprocess.run([os.path.join(bins, "fsdp-export"), "--ckpt", d, "--out", path, "--names", "ours"],
+                                 env=env, capture_output=True, text=True, timeout=300).returncode, ""
+        check(rc == 0, f"fsdp-export of {d} failed")
+        if rc == 0:
+            exported[name] = read_safetensors(path)
+    if len(exported) == 2:
+        a, b = exported["ep"], exported["plain"]
+        worst = max((abs(x - y) for k in a for x, y in zip(a[k], b.get(k, []))), default=1.0)
+        check(sorted(a) == sorted(b) and worst <= 1e-4, f"the EP checkpoint's export differs by {worst}")
+    want = [r["loss"] for r in (json.loads(l) for l in open(full_log) if l.strip())][2:]
+    check(resumed.get(4) == want, f"EP 2 x FSDP 2 resumed {resumed.get(4)} != the uninterrupted {want}")
+    for np_ in (1, 3):
+        got = resumed.get(np_, [])
+        check(len(got) == 2 and all(abs(x - y) <= 1e-6 * abs(y) for x, y in zip(got, want)),
+              f"np {np_} from the EP checkpoint: {got} != {want}")
+
 # Refusals, each naming the flag and the value.
 dense = ["--preset", "tiny", "--steps", "1", "--threads", "1", "--sample-tokens", "0"]
 for np_, args, want in (
@@ -80,9 +147,7 @@ for np_, args, want in (
                                                 "and the model is dense"),
         (1, [*common, "--expert-parallel", "0"], "--expert-parallel must be >= 1"),
         (2, [*common, "--batch", "2", "--expert-parallel", "2", "--hsdp", "2"],
-         "--expert-parallel 2 is not supported with --hsdp"),
-        (2, [*common, "--batch", "2", "--expert-parallel", "2", "--ckpt-dir", os.path.join(work, "ck")],
-         "--expert-parallel 2 is not supported with --ckpt-dir")):
+         "--expert-parallel 2 is not supported with --hsdp")):
     rc, out = run(np_, *args)
     check(rc != 0 and want in out, f"np {np_} {args[-2:]}: not refused with '{want}': rc {rc} {out[-600:]}")
 check.finish()

@@ -363,7 +363,6 @@ void TrainOptions::validate() const {
     refuse(sh.grad_accum > 1, "--grad-accum above 1");
     refuse(model.lora_rank > 0, "--lora-rank");
     refuse(!preference.preference.empty(), "--preference");
-    refuse(!ck.ckpt_dir.empty(), "--ckpt-dir (checkpoints of split experts are not written yet)");
   }
   FSDP_CHECK(sh.activation_checkpoint.every >= 0,
              "[fsdp-train] --activation-checkpoint every:{} must be >= 1",
