@@ -7,7 +7,8 @@ top 2, the router's loss on, no torch).
   - 3 AdamW steps, the gradients clipped (so the norm counts every expert row once), at np 2
     (EP 2), np 4 (EP 2 x FSDP 2) and np 4 (EP 4): the losses and gradient norms equal np 1's to
     1e-6 relative in f32, and to 1e-12 in f64 (the ranks' sums are in another order than one
-    rank's, so not bit for bit); the table shows the experts per rank;
+    rank's, so not bit for bit); the table shows the experts per rank; the step line and the log
+    show the experts' load, np 1's in every layout;
   - a checkpoint written at EP 2 x FSDP 2 (the experts' chunks at their global rows) resumes
     there bit for bit and loads at np 1 and np 3 (no EP) with the uninterrupted run's losses, and
     fsdp-export writes the weights of a run without EP;
@@ -47,6 +48,11 @@ def metrics(path):
     return [(r["loss"], r["grad_norm"]) for r in (json.loads(l) for l in open(path) if l.strip())]
 
 
+def load(path):  # the MoE layer's experts' load per step: the most and the fewest (token, choice) pairs
+    return [(r["load_max/layers.0.ffn"], r["load_min/layers.0.ffn"]) for r in
+            (json.loads(l) for l in open(path) if l.strip())]
+
+
 def read_safetensors(path):  # name -> f32 values
     raw = open(path, "rb").read()
     n = struct.unpack("<Q", raw[:8])[0]
@@ -66,6 +72,7 @@ model = moe_folder.model_folder(work, "aux", True)
 common = ["--init-from", model, "--steps", "3", "--seq", "16", "--lr", "1e-2", "--clip", "0.05",
           "--threads", "1", "--sample-tokens", "0"]
 GLOBAL_BATCH = 4
+loads = {}
 for dtype, tol in (("f32", 1e-6), ("f64", 1e-12)):
     runs = {}
     for np_, ep in ((1, 1), (2, 2), (4, 2), (4, 4)):
@@ -78,6 +85,8 @@ for dtype, tol in (("f32", 1e-6), ("f64", 1e-12)):
         if rc != 0:
             continue
         runs[(np_, ep)] = metrics(log)
+        loads[(dtype, np_, ep)] = load(log)
+        check("| load_max/layers.0.ffn " in out, f"np {np_} EP {ep}: the step line has no experts' load")
         if ep > 1:
             want = f"EP {ep} x FSDP {np_ // ep}: {4 // ep} experts per rank (of 4)"
             check(want in out, f"np {np_} EP {ep}: the table does not say '{want}': {out[:2500]}")
@@ -85,6 +94,13 @@ for dtype, tol in (("f32", 1e-6), ("f64", 1e-12)):
     for key, got in runs.items():
         if key != (1, 1) and base:
             check(close(base, got, tol), f"{dtype} np {key[0]} EP {key[1]}: {got} != np 1's {base}")
+
+# The load is the global batch's: every layout routes the same tokens alike (2 choices of 64 tokens).
+first = loads.get(("f32", 1, 1))
+check(first and all(hi >= lo >= 0 and hi <= 128 and hi * 4 >= 128 for hi, lo in first), f"the load: {first}")
+for key, got in loads.items():
+    want = loads.get((key[0], 1, 1))
+    check(got == want, f"{key}: the experts' load {got} != np 1's {want}")
 
 # Checkpoints: written at EP 2 x FSDP 2 after 2 of 4 steps (global batch 12, so np 3 splits it),
 # resumed there bit for bit, and loaded at np 1 and np 3 without expert parallel: steps 2 and 3
