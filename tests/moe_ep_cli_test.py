@@ -9,6 +9,7 @@ top 2, the router's loss on, no torch).
     1e-6 relative in f32, and to 1e-12 in f64 (the ranks' sums are in another order than one
     rank's, so not bit for bit); the table shows the experts per rank; the step line and the log
     show the experts' load, np 1's in every layout;
+  - at EP 2 x FSDP 2, activation checkpointing and --grad-accum 2 give np 1's losses too;
   - a checkpoint written at EP 2 x FSDP 2 (the experts' chunks at their global rows) resumes
     there bit for bit and loads at np 1 and np 3 (no EP) with the uninterrupted run's losses, and
     fsdp-export writes the weights of a run without EP;
@@ -94,6 +95,23 @@ for dtype, tol in (("f32", 1e-6), ("f64", 1e-12)):
     for key, got in runs.items():
         if key != (1, 1) and base:
             check(close(base, got, tol), f"{dtype} np {key[0]} EP {key[1]}: {got} != np 1's {base}")
+
+# Activation checkpointing (the MoE's forward again in its block's backward) and gradient
+# accumulation (2 microbatches, the experts' gradients reduced on the last; in f64, as f32's
+# rounding of the microbatches' sums alone moves plain FSDP's gradient norm by 1e-6) at EP 2 x FSDP 2.
+extra = {}
+for name, np_, batch, ep, args in (("ckpt", 4, 1, 2, ["--activation-checkpoint", "full"]),
+                                   ("accum1", 1, 4, 1, ["--grad-accum", "2", "--dtype", "f64"]),
+                                   ("accum4", 4, 1, 2, ["--grad-accum", "2", "--dtype", "f64"])):
+    log = os.path.join(work, f"{name}.jsonl")
+    rc, out = run(np_, *common, "--batch", str(batch), "--expert-parallel", str(ep), *args, "--log-file", log)
+    check(rc == 0, f"{name}: np {np_} EP {ep} {args} did not train: {out[-800:]}")
+    if rc == 0:
+        extra[name] = metrics(log)
+f32_np1 = metrics(os.path.join(work, "f32_np1_ep1.jsonl"))
+check(close(f32_np1, extra.get("ckpt", []), 1e-6), f"activation checkpointing: {extra.get('ckpt')} != {f32_np1}")
+check(close(extra.get("accum1", []), extra.get("accum4", []), 1e-12),
+      f"--grad-accum 2: EP 2 x FSDP 2 {extra.get('accum4')} != np 1's {extra.get('accum1')}")
 
 # The load is the global batch's: every layout routes the same tokens alike (2 choices of 64 tokens).
 first = loads.get(("f32", 1, 1))

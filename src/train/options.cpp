@@ -359,8 +359,6 @@ void TrainOptions::validate() const {
     };
     refuse(!full, "--shard none (the experts are sharded by fully_shard)");
     refuse(sh.hsdp > 0, "--hsdp");
-    refuse(sh.activation_checkpoint.every > 0, "--activation-checkpoint");
-    refuse(sh.grad_accum > 1, "--grad-accum above 1");
     refuse(model.lora_rank > 0, "--lora-rank");
     refuse(!preference.preference.empty(), "--preference");
   }
