@@ -9,7 +9,8 @@ top 2, the router's loss on, no torch).
     1e-6 relative in f32, and to 1e-12 in f64 (the ranks' sums are in another order than one
     rank's, so not bit for bit); the table shows the experts per rank; the step line and the log
     show the experts' load, np 1's in every layout;
-  - at EP 2 x FSDP 2, activation checkpointing and --grad-accum 2 give np 1's losses too;
+  - at EP 2 x FSDP 2, activation checkpointing, --grad-accum 2 and Gloo (scripts/fsdprun) in
+    place of MPI give np 1's losses too;
   - a checkpoint written at EP 2 x FSDP 2 (the experts' chunks at their global rows) resumes
     there bit for bit and loads at np 1 and np 3 (no EP) with the uninterrupted run's losses, and
     fsdp-export writes the weights of a run without EP;
@@ -108,7 +109,18 @@ for name, np_, batch, ep, args in (("ckpt", 4, 1, 2, ["--activation-checkpoint",
     check(rc == 0, f"{name}: np {np_} EP {ep} {args} did not train: {out[-800:]}")
     if rc == 0:
         extra[name] = metrics(log)
+# Gloo (scripts/fsdprun's torchrun-style launch) in place of MPI: its all-to-all and groups.
+fsdprun = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "fsdprun")
+log = os.path.join(work, "gloo.jsonl")
+p = subprocess.run([fsdprun, "--standalone", "--nproc_per_node", "4", train, *common, "--batch", "1",
+                    "--expert-parallel", "2", "--log-file", log], env=env, capture_output=True, text=True,
+                   timeout=300)
+check(p.returncode == 0 and "(gloo, torchrun)" in p.stdout + p.stderr,
+      f"gloo EP 2 x FSDP 2 did not train: {(p.stdout + p.stderr)[-800:]}")
+if p.returncode == 0:
+    extra["gloo"] = metrics(log)
 f32_np1 = metrics(os.path.join(work, "f32_np1_ep1.jsonl"))
+check(close(f32_np1, extra.get("gloo", []), 1e-6), f"gloo: {extra.get('gloo')} != {f32_np1}")
 check(close(f32_np1, extra.get("ckpt", []), 1e-6), f"activation checkpointing: {extra.get('ckpt')} != {f32_np1}")
 check(close(extra.get("accum1", []), extra.get("accum4", []), 1e-12),
       f"--grad-accum 2: EP 2 x FSDP 2 {extra.get('accum4')} != np 1's {extra.get('accum1')}")

@@ -137,8 +137,8 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
   if (expert_mesh) {
     const int64_t ep = expert_mesh->size(1), per_rank = cfg.moe.experts / ep;
     row("expert parallel",
-        fmt::format("EP {} x FSDP {}: {} experts per rank (of {}), sharded over {} ranks; tokens "
-                    "by all-to-all",
+        fmt::format("EP {} x FSDP {}: {} experts per rank (of {}), sharded over the {} rank(s) "
+                    "that hold them; tokens by all-to-all",
                     ep, expert_mesh->size(0), per_rank, cfg.moe.experts, expert_mesh->size(0)));
   }
   if (const int64_t every = o.sharding.activation_checkpoint.every; every > 0)
