@@ -10,7 +10,7 @@ top 2, the router's loss on, no torch).
     rank's, so not bit for bit); the table shows the experts per rank; the step line and the log
     show the experts' load, np 1's in every layout;
   - at EP 2 x FSDP 2, activation checkpointing, --grad-accum 2 and Gloo (scripts/fsdprun) in
-    place of MPI give np 1's losses too;
+    place of MPI give np 1's losses too, and a TOML config's [sharding] expert_parallel sets it;
   - a checkpoint written at EP 2 x FSDP 2 (the experts' chunks at their global rows) resumes
     there bit for bit and loads at np 1 and np 3 (no EP) with the uninterrupted run's losses, and
     fsdp-export writes the weights of a run without EP;
@@ -119,6 +119,12 @@ check(p.returncode == 0 and "(gloo, torchrun)" in p.stdout + p.stderr,
       f"gloo EP 2 x FSDP 2 did not train: {(p.stdout + p.stderr)[-800:]}")
 if p.returncode == 0:
     extra["gloo"] = metrics(log)
+# A TOML run config sets it as the command line does.
+toml = os.path.join(work, "ep.toml")
+with open(toml, "w") as f:
+    f.write("[sharding]\nexpert_parallel = 2\n")
+rc, out = run(2, *common, "--batch", "2", "--config", toml)
+check(rc == 0 and "EP 2 x FSDP 1: 2 experts per rank (of 4)" in out, f"--config's expert_parallel: {out[-800:]}")
 f32_np1 = metrics(os.path.join(work, "f32_np1_ep1.jsonl"))
 check(close(f32_np1, extra.get("gloo", []), 1e-6), f"gloo: {extra.get('gloo')} != {f32_np1}")
 check(close(f32_np1, extra.get("ckpt", []), 1e-6), f"activation checkpointing: {extra.get('ckpt')} != {f32_np1}")
