@@ -9,8 +9,8 @@ top 2, the router's loss on, no torch).
     1e-6 relative in f32, and to 1e-12 in f64 (the ranks' sums are in another order than one
     rank's, so not bit for bit); the table shows the experts per rank; the step line and the log
     show the experts' load, np 1's in every layout;
-  - at EP 2 x FSDP 2, activation checkpointing, --grad-accum 2 and Gloo (scripts/fsdprun) in
-    place of MPI give np 1's losses too, and a TOML config's [sharding] expert_parallel sets it;
+  - at EP 2 x FSDP 2, activation checkpointing, --grad-accum 2, LoRA on the attention (the
+    experts frozen) and Gloo (scripts/fsdprun) in place of MPI give np 1's losses too, and a TOML config's [sharding] expert_parallel sets it;
   - a checkpoint written at EP 2 x FSDP 2 (the experts' chunks at their global rows) resumes
     there bit for bit and loads at np 1 and np 3 (no EP) with the uninterrupted run's losses, and
     fsdp-export writes the weights of a run without EP;
@@ -102,6 +102,8 @@ for dtype, tol in (("f32", 1e-6), ("f64", 1e-12)):
 # rounding of the microbatches' sums alone moves plain FSDP's gradient norm by 1e-6) at EP 2 x FSDP 2.
 extra = {}
 for name, np_, batch, ep, args in (("ckpt", 4, 1, 2, ["--activation-checkpoint", "full"]),
+                                   ("lora1", 1, 4, 1, ["--lora-rank", "4", "--lora-targets", "q,k,v,o"]),
+                                   ("lora4", 4, 1, 2, ["--lora-rank", "4", "--lora-targets", "q,k,v,o"]),
                                    ("accum1", 1, 4, 1, ["--grad-accum", "2", "--dtype", "f64"]),
                                    ("accum4", 4, 1, 2, ["--grad-accum", "2", "--dtype", "f64"])):
     log = os.path.join(work, f"{name}.jsonl")
@@ -128,6 +130,8 @@ check(rc == 0 and "EP 2 x FSDP 1: 2 experts per rank (of 4)" in out, f"--config'
 f32_np1 = metrics(os.path.join(work, "f32_np1_ep1.jsonl"))
 check(close(f32_np1, extra.get("gloo", []), 1e-6), f"gloo: {extra.get('gloo')} != {f32_np1}")
 check(close(f32_np1, extra.get("ckpt", []), 1e-6), f"activation checkpointing: {extra.get('ckpt')} != {f32_np1}")
+check(close(extra.get("lora1", []), extra.get("lora4", []), 1e-6),
+      f"LoRA on the attention, the experts frozen: EP 2 x FSDP 2 {extra.get('lora4')} != np 1's {extra.get('lora1')}")
 check(close(extra.get("accum1", []), extra.get("accum4", []), 1e-12),
       f"--grad-accum 2: EP 2 x FSDP 2 {extra.get('accum4')} != np 1's {extra.get('accum1')}")
 
@@ -199,7 +203,9 @@ for np_, args, want in (
                                                 "and the model is dense"),
         (1, [*common, "--expert-parallel", "0"], "--expert-parallel must be >= 1"),
         (2, [*common, "--batch", "2", "--expert-parallel", "2", "--hsdp", "2"],
-         "--expert-parallel 2 is not supported with --hsdp")):
+         "--expert-parallel 2 is not supported with --hsdp"),
+        (2, [*common, "--batch", "2", "--expert-parallel", "2", "--lora-rank", "4", "--base-quant", "keep"],
+         "--expert-parallel 2 is not supported with --base-quant keep")):
     rc, out = run(np_, *args)
     check(rc != 0 and want in out, f"np {np_} {args[-2:]}: not refused with '{want}': rc {rc} {out[-600:]}")
 check.finish()

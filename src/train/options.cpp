@@ -359,8 +359,8 @@ void TrainOptions::validate() const {
     };
     refuse(!full, "--shard none (the experts are sharded by fully_shard)");
     refuse(sh.hsdp > 0, "--hsdp");
-    refuse(model.lora_rank > 0, "--lora-rank");
     refuse(!preference.preference.empty(), "--preference");
+    refuse(model.base_quant == "keep", "--base-quant keep (the GGUF's packed rows are whole tensors)");
   }
   FSDP_CHECK(sh.activation_checkpoint.every >= 0,
              "[fsdp-train] --activation-checkpoint every:{} must be >= 1",
