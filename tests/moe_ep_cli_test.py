@@ -10,7 +10,7 @@ top 2, the router's loss on, no torch).
     rank's, so not bit for bit); the table shows the experts per rank; the step line and the log
     show the experts' load, np 1's in every layout;
   - at EP 2 x FSDP 2, activation checkpointing, --grad-accum 2, LoRA on the attention (the
-    experts frozen) and Gloo (scripts/fsdprun) in place of MPI give np 1's losses too, and a TOML config's [sharding] expert_parallel sets it;
+    experts frozen), DPO (its reference model split alike) and Gloo (scripts/fsdprun) in place of MPI give np 1's losses too, and a TOML config's [sharding] expert_parallel sets it;
   - a checkpoint written at EP 2 x FSDP 2 (the experts' chunks at their global rows) resumes
     there bit for bit and loads at np 1 and np 3 (no EP) with the uninterrupted run's losses, and
     fsdp-export writes the weights of a run without EP;
@@ -111,6 +111,23 @@ for name, np_, batch, ep, args in (("ckpt", 4, 1, 2, ["--activation-checkpoint",
     check(rc == 0, f"{name}: np {np_} EP {ep} {args} did not train: {out[-800:]}")
     if rc == 0:
         extra[name] = metrics(log)
+# DPO (the reference model split alike; the router's loss off: it needs the fused loss).
+plain = moe_folder.model_folder(work, "plain", False)
+pairs = os.path.join(work, "pairs.jsonl")
+with open(pairs, "w") as f:
+    for i in range(8):
+        f.write(json.dumps({"prompt": f"question {i}?", "chosen": "yes indeed", "rejected": "no way"}) + "\n")
+dpo = ["--init-from", plain, "--steps", "3", "--seq", "32", "--lr", "1e-2", "--threads", "1", "--sample-tokens", "0",
+       "--tokenizer", "bytes", "--data", pairs, "--preference", "dpo"]
+for name, np_, batch, ep in (("dpo1", 1, 8, 1), ("dpo4", 4, 2, 2)):
+    log = os.path.join(work, f"{name}.jsonl")
+    rc, out = run(np_, *dpo, "--batch", str(batch), "--expert-parallel", str(ep), "--log-file", log)
+    check(rc == 0, f"DPO at np {np_} EP {ep} did not train: {out[-800:]}")
+    if rc == 0:
+        extra[name] = metrics(log)
+check(close(extra.get("dpo1", []), extra.get("dpo4", []), 1e-6),
+      f"DPO: EP 2 x FSDP 2 {extra.get('dpo4')} != np 1's {extra.get('dpo1')}")
+
 # Gloo (scripts/fsdprun's torchrun-style launch) in place of MPI: its all-to-all and groups.
 fsdprun = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "fsdprun")
 log = os.path.join(work, "gloo.jsonl")

@@ -359,7 +359,6 @@ void TrainOptions::validate() const {
     };
     refuse(!full, "--shard none (the experts are sharded by fully_shard)");
     refuse(sh.hsdp > 0, "--hsdp");
-    refuse(!preference.preference.empty(), "--preference");
     refuse(model.base_quant == "keep", "--base-quant keep (the GGUF's packed rows are whole tensors)");
   }
   FSDP_CHECK(sh.activation_checkpoint.every >= 0,

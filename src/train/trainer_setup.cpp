@@ -347,7 +347,8 @@ void Trainer::Impl::build_reference() {
                             .seed = o.run.seed,
                             .frozen_dtype = frozen_dtype,
                             .frozen_packed = frozen_packed},
-                   .checkpoint_every = 0});
+                   .checkpoint_every = 0,
+                   .expert_mesh = expert_mesh});
   if (const checkpoint::Pretrained* from = other ? &*other : pretrained.get()) {
     from->load_into(*reference, p.root);
     from->release_file_pages();
