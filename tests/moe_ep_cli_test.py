@@ -8,7 +8,8 @@ top 2, the router's loss on, no torch).
     (EP 2), np 4 (EP 2 x FSDP 2) and np 4 (EP 4): the losses and gradient norms equal np 1's to
     1e-6 relative in f32, and to 1e-12 in f64 (the ranks' sums are in another order than one
     rank's, so not bit for bit); the table shows the experts per rank; the step line and the log
-    show the experts' load, np 1's in every layout;
+    show the experts' load, np 1's in every layout; the memory plan's allocated peak is within 10%
+    of the run's;
   - at EP 2 x FSDP 2, activation checkpointing, --grad-accum 2, LoRA on the attention (the
     experts frozen), DPO (its reference model split alike) and Gloo (scripts/fsdprun) in place of MPI give np 1's losses too, and a TOML config's [sharding] expert_parallel sets it;
   - a checkpoint written at EP 2 x FSDP 2 (the experts' chunks at their global rows) resumes
@@ -20,6 +21,7 @@ top 2, the router's loss on, no torch).
 import array
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -92,6 +94,10 @@ for dtype, tol in (("f32", 1e-6), ("f64", 1e-12)):
         if ep > 1:
             want = f"EP {ep} x FSDP {np_ // ep}: {4 // ep} experts per rank (of 4)"
             check(want in out, f"np {np_} EP {ep}: the table does not say '{want}': {out[:2500]}")
+            # the memory plan lays the experts out alike: its allocated peak within 10% of the run's
+            ratio = re.search(r"MB allocated \(([0-9.]+)\)", out)
+            check(ratio and 0.9 <= float(ratio.group(1)) <= 1.1,
+                  f"np {np_} EP {ep}: measured/plan {ratio and ratio.group(1)}: {out[-600:]}")
     base = runs.get((1, 1))
     for key, got in runs.items():
         if key != (1, 1) and base:
