@@ -1206,6 +1206,39 @@ void expect_aligned(const std::vector<std::pair<std::string, const void*>>& seen
 // cuBLASLt's fast kernels and its bias epilogue need 16-byte-aligned operands: every unsharded
 // parameter (weights and biases) and gradient starts 16-byte aligned, whatever the sizes before it,
 // at every world size, in f32 (at one rank the shard itself is the parameter) and in bf16.
+// Expert parallel's options (the trainer's experts over dp_shard_mod_ep): a divide factor in
+// place of the shard group's mean, applied even at one rank, and parameters that are rows of a
+// bigger global tensor, which shard_infos() reports at their global rows.
+TEST(Options, GradientDivideFactorAndGlobalRows) {
+  const int N = world()->size(), me = world()->rank();
+  auto mesh = dist::init_device_mesh({N});
+  nn::Linear mean(6, 5, false), halved(6, 5, false);
+  fully_shard(mean, mesh, {.init_dtype = DType::f64, .seed = kSeed});
+  FSDPModule& h = fully_shard(halved, mesh,
+                              {.init_dtype = DType::f64,
+                               .seed = kSeed,
+                               .gradient_divide_factor = 2.0 * N,
+                               .global_rows = {.offset = 3, .rows = 10}});
+  const Tensor x = test::random_tensor({4, 6}, 11, DType::f64);  // the same rows on every rank
+  for (nn::Linear* m : {&mean, &halved}) m->backward(Tensor::full(m->forward(x).shape(), 1.0, DType::f64));
+  const std::vector<double> g = fsdp_state(mean)->param_groups(0)[0].grads.to_f64_vector();
+  const std::vector<double> gh = h.param_groups(0)[0].grads.to_f64_vector();
+  ASSERT_EQ(g.size(), gh.size());
+  double most = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    EXPECT_NEAR(gh[i], 0.5 * g[i], 1e-14 * (1 + std::abs(g[i]))) << i;  // the sum over 2N ranks
+    most = std::max(most, std::abs(g[i]));
+  }
+  if (!g.empty() && dist::chunk_range(5, N, me).second > 0) EXPECT_GT(most, 0.0);
+  const auto infos = h.shard_infos();
+  ASSERT_EQ(infos.size(), 1u);
+  EXPECT_EQ(infos[0].global_shape, (Shape{10, 6}));
+  const auto [begin, rows] = dist::chunk_range(5, N, me);
+  EXPECT_EQ(infos[0].local_begin, 3 + begin);
+  EXPECT_EQ(infos[0].local_rows, rows);
+  EXPECT_EQ(fsdp_state(mean)->shard_infos()[0].global_shape, (Shape{5, 6}));
+}
+
 TEST(Layout, UnshardedParametersAndGradientsAre16ByteAligned) {
   auto mesh = dist::init_device_mesh({world()->size()});
   for (std::optional<DType> pd : {std::optional<DType>(), std::optional<DType>(DType::bf16)}) {

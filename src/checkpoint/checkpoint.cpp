@@ -150,6 +150,7 @@ SaveSnapshot snapshot(const std::string& dir, int64_t step, FSDPModule& root,
   auto groups = root.param_groups(0);
   const int shards = root.shard_count();
   s.shards = shards;
+  const auto all_chunks = detail::shard_chunks(infos, s.shard, shards, world);  // collective
   if (s.first_replica) {
     // Each flat buffer is staged once; the parameters' rows are views of the staged copies.
     std::vector<Tensor> params;
@@ -189,10 +190,8 @@ SaveSnapshot snapshot(const std::string& dir, int64_t step, FSDPModule& root,
         continue;
       }
       json chunks = json::array();
-      for (int c = 0; c < shards; ++c) {
-        auto [b, len] = dist::chunk_range(in.global_shape[0], shards, c);
-        chunks.push_back({b, len});
-      }
+      for (const detail::Chunk& c : all_chunks[size_t(&in - infos.data())])
+        chunks.push_back({c.begin, c.rows});
       tensors[in.name] = {{"shape", in.global_shape},
                           {"dtype", std::string(dtype_name(groups[in.group].params.dtype()))},
                           {"placement", "Shard(0)"},

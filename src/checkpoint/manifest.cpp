@@ -138,7 +138,7 @@ void check_fields(Manifest& m, const std::string& where) {
                "[checkpoint] {}: files '{}' has no checksum", where, name);
     m.checksums[name] = f["checksum"].get<std::string>();
   }
-  // Chunk coverage, exactly: one chunk per shard, in shard order, each where the last ended.
+  // Chunk coverage, exactly: one chunk per shard; by first row, each where the last ended.
   FSDP_CHECK(meta.contains("tensors") && meta["tensors"].is_object(),
              "[checkpoint] {}: 'tensors' is not an object", where);
   for (const auto& [name, t] : meta["tensors"].items()) {
@@ -163,7 +163,6 @@ void check_fields(Manifest& m, const std::string& where) {
         "per shard",
         where, name, t.contains("chunks") ? json_read::brief(t["chunks"]) : "no", m.shards);
     const int64_t dim = e.shape[0];
-    int64_t end = 0;
     for (int c = 0; c < m.shards; ++c) {
       const json& ch = t["chunks"][size_t(c)];
       FSDP_CHECK(
@@ -174,6 +173,20 @@ void check_fields(Manifest& m, const std::string& where) {
       FSDP_CHECK(b >= 0 && len >= 0,
                  "[checkpoint] {}: tensor '{}' chunk {} is [{}, {}]: a negative {}", where, name, c,
                  b, len, b < 0 ? "first row" : "row count");
+      e.chunks.push_back({b, len});
+    }
+    // By first row: a shard's rows need not follow the shard order (expert parallel's experts).
+    // Empty chunks first, where they sit does not matter.
+    std::vector<int> order(size_t(m.shards));
+    for (int c = 0; c < m.shards; ++c) order[size_t(c)] = c;
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+      const Chunk &a = e.chunks[size_t(x)], &b = e.chunks[size_t(y)];
+      return (a.rows > 0) != (b.rows > 0) ? a.rows == 0 : a.begin < b.begin;
+    });
+    int64_t end = 0;
+    for (int c : order) {
+      const int64_t b = e.chunks[size_t(c)].begin, len = e.chunks[size_t(c)].rows;
+      if (len == 0 && b <= dim) continue;
       FSDP_CHECK(b == end,
                  "[checkpoint] {}: tensor '{}' chunk {} is [{}, {}]: it starts at row {} but the "
                  "chunks before it end at row {} ({} rows {}..{})",
@@ -184,7 +197,6 @@ void check_fields(Manifest& m, const std::string& where) {
                  "[checkpoint] {}: tensor '{}' chunk {} is [{}, {}]: it runs past the tensor's "
                  "{} rows (shape {})",
                  where, name, c, b, len, dim, shape_str(e.shape));
-      e.chunks.push_back({b, len});
       end = b + len;
     }
     FSDP_CHECK(end == dim,
@@ -318,6 +330,35 @@ void check_finite(const Tensor& t, const std::string& file, const std::string& n
   const float* v = f.data<float>();
   for (int64_t i = 0; i < n; ++i)
     if (!std::isfinite(v[i])) refuse(i, double(v[i]));
+}
+
+std::vector<std::vector<Chunk>> shard_chunks(const std::vector<FSDPModule::ShardInfo>& infos,
+                                             int shard, int shards,
+                                             const std::shared_ptr<dist::ProcessGroup>& world) {
+  std::vector<double> all;
+  for (const auto& in : infos)
+    all.insert(all.end(), {double(shard), double(in.local_begin), double(in.local_rows)});
+  int ranks = 1;
+  if (world && world->size() > 1 && !all.empty()) {
+    ranks = world->size();
+    Tensor out = Tensor::empty({int64_t(ranks) * int64_t(all.size())}, DType::f64);
+    world->all_gather_into_tensor(out, Tensor::from_vector(all, {int64_t(all.size())}))->wait();
+    all = out.to_f64_vector();
+  }
+  std::vector<std::vector<Chunk>> chunks(infos.size(),
+                                         std::vector<Chunk>(size_t(shards), Chunk{-1, -1}));
+  for (size_t r = 0; r < size_t(ranks); ++r)
+    for (size_t i = 0; i < infos.size(); ++i) {
+      const double* v = &all[(r * infos.size() + i) * 3];
+      FSDP_CHECK(v[0] >= 0 && v[0] < shards, "[checkpoint] rank {} names shard {} of {}", r, v[0],
+                 shards);
+      chunks[i][size_t(v[0])] = {int64_t(v[1]), int64_t(v[2])};  // replicas (HSDP) agree
+    }
+  for (size_t i = 0; i < infos.size(); ++i)
+    for (int s = 0; s < shards; ++s)
+      FSDP_CHECK(chunks[i][size_t(s)].rows >= 0, "[checkpoint] '{}': no rank holds shard {} of {}",
+                 infos[i].name, s, shards);
+  return chunks;
 }
 
 }  // namespace detail

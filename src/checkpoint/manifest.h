@@ -10,9 +10,9 @@
 // metadata.json cannot be told from the original; a shard that names a run (written after the
 // seal existed) in a format-1 folder is refused (a seal removed by hand).
 //
-// The checks (check_manifest): every tensor's chunks are exactly one per shard, in shard order,
-// none negative, each starting where the one before ended and together covering the tensor's
-// rows; the shard files present are exactly shard_00000..shard_{shards-1}. Each shard file
+// The checks (check_manifest): every tensor's chunks are exactly one per shard, none negative,
+// and, taken by first row, each starting where the one before ended and together covering the
+// tensor's rows (expert parallel's shards hold their experts' rows out of shard order); the shard files present are exactly shard_00000..shard_{shards-1}. Each shard file
 // (open_shard): its checksum, then its safetensors header's identity (shard number, shard count,
 // writing rank, world size, run id, step) against the manifest, then every tensor's shape against
 // its chunk.
@@ -27,6 +27,8 @@
 
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/core/tensor.h"
+#include "fsdp/distributed/process_group.h"
+#include "fsdp/fsdp/fully_shard.h"
 
 namespace fsdp::checkpoint::detail {
 
@@ -47,7 +49,7 @@ struct Chunk {
 struct TensorEntry {
   Shape shape;
   DType dtype = DType::f32;
-  std::vector<Chunk> chunks;  // one per shard, in shard order
+  std::vector<Chunk> chunks;  // one per shard, in shard order (their rows in any order)
 };
 
 struct Manifest {
@@ -68,6 +70,14 @@ std::string complete_record(const std::string& metadata_bytes, const std::string
 
 // Reads dir/metadata.json, checks its seal and every field; throws naming the file and the field.
 Manifest read_manifest(const std::string& dir);
+
+// Each of `infos`'s chunks, one per shard, as the shards hold them: every rank's (shard, first
+// row, rows), all-gathered over `world` (null: one rank). A part of a global tensor (expert
+// parallel's experts, FullyShardOptions::global_rows) starts where its layout puts it, which the
+// shard count alone does not say. Collective over `world`.
+std::vector<std::vector<Chunk>> shard_chunks(const std::vector<FSDPModule::ShardInfo>& infos,
+                                             int shard, int shards,
+                                             const std::shared_ptr<dist::ProcessGroup>& world);
 
 // Opens shard s of a checked manifest: the file's checksum, its header's identity and its
 // tensors' shapes, checked against the manifest.

@@ -69,15 +69,18 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
         local.copy_(
             p.data.narrow(0, fp.local_begin, fp.local_rows).reshape({fp.local_rows * fp.row}));
     } else {
-      nn::init_fill(p.init, opt.seed, fp.name, fp.local_begin * fp.row, local);
+      nn::init_fill(p.init, opt.seed, fp.name, (opt.global_rows.offset + fp.local_begin) * fp.row,
+                    local);
     }
     p.data = Tensor();  // nothing unsharded until the first unshard
     p.grad = Tensor();
   }
   // (A frozen group reduces nothing: its reduce dtype does not matter.)
+  divide_ = frozen_ ? 0 : opt.gradient_divide_factor;
   direct_ = n_ == 1 && !replicate_group_ && param_dtype_ == master_ &&
-            (frozen_ || reduce_dtype_ == master_);
-  one_rank_ = n_ == 1 && !replicate_group_ && !direct_ && env_double("FSDP_ONE_RANK_CAST") != 0;
+            (frozen_ || reduce_dtype_ == master_) && divide_ == 0;
+  one_rank_ = n_ == 1 && !replicate_group_ && !direct_ && divide_ == 0 &&
+              env_double("FSDP_ONE_RANK_CAST") != 0;
   if (!params_.empty() && !direct_ && !one_rank_) {
     // The CPU form of FSDP2's all-gather and reduce-scatter streams: two more
     // communicators shared by every group on this mesh, each with its own
@@ -423,8 +426,11 @@ void FSDPParamGroup::reduce_grads(FSDPCommContext& ctx) {
   if (write) grad_stale_ = false;
   Tensor out = write ? sharded_grad_ : Tensor::empty({g_}, reduce_dtype_, sharded_.device());
   ctx.log("rs_issue", label_);
-  ctx.queue_reduce_scatter(this,
-                           {rs_group_->reduce_scatter_tensor(out, in, dist::ReduceOp::AVG), out});
+  if (divide_ > 0) ops::scale_(in, 1.0 / divide_);  // then summed: the sum over divide_ ranks
+  ctx.queue_reduce_scatter(
+      this, {rs_group_->reduce_scatter_tensor(
+                 out, in, divide_ > 0 ? dist::ReduceOp::SUM : dist::ReduceOp::AVG),
+             out});
 }
 
 std::optional<PendingCollective> FSDPParamGroup::finish_reduce_scatter(const Tensor& out) {

@@ -118,6 +118,7 @@ class FSDPParamGroup {
   Tensor sharded_, sharded_grad_;
   bool frozen_ = false;
   bool packed_ = false;  // frozen parameters kept as their stored bytes (PackedRows)
+  double divide_ = 0;    // FullyShardOptions::gradient_divide_factor (0: the mean)
   bool direct_ = false;  // one rank, same dtypes: parameters are views of `sharded`
   // One rank with another compute or reduce dtype: no all-gather or reduce-scatter (nor their
   // copy-in, copy-out and chunk-cat): the shards are cast straight into the compute dtype; the

@@ -157,21 +157,28 @@ std::vector<std::pair<std::string, dist::DTensor>> FSDPModule::sharded_parameter
 }
 
 std::vector<FSDPModule::ShardInfo> FSDPModule::shard_infos() {
-  std::map<const nn::Parameter*, std::pair<size_t, const FSDPParam*>> where;
+  struct Where {
+    size_t group;
+    const FSDPParam* fp;
+    FullyShardOptions::GlobalRows global;
+  };
+  std::map<const nn::Parameter*, Where> where;
   size_t group = 0;
   for (FSDPState* s : subtree_states(*impl_->module))
     for (const FSDPParamGroup& g : s->groups) {
       if (g.empty()) continue;
-      for (auto& fp : g.params()) where[fp.param] = {group, &fp};
+      for (auto& fp : g.params()) where[fp.param] = {group, &fp, s->opt.global_rows};
       ++group;
     }
   std::vector<ShardInfo> out;
   for (auto& [rel, p] : impl_->module->named_parameters()) {
     auto it = where.find(p);
     FSDP_CHECK(it != where.end(), "[fully_shard] parameter '{}' is not sharded", rel);
-    auto [g, fp] = it->second;
-    out.push_back({fp->name, p->shape, fp->local_begin, fp->local_rows, g, fp->shard_offset,
-                   fp->packed.has_value(), fp->local_bytes});
+    const auto& [g, fp, global] = it->second;
+    Shape shape = p->shape;  // a part of a global tensor (expert parallel) reports the global rows
+    if (global.rows > 0) shape[0] = global.rows;
+    out.push_back({fp->name, shape, global.offset + fp->local_begin, fp->local_rows, g,
+                   fp->shard_offset, fp->packed.has_value(), fp->local_bytes});
   }
   return out;
 }
@@ -258,6 +265,12 @@ FSDPModule& fully_shard(nn::Module& module, std::shared_ptr<dist::DeviceMesh> me
   FSDP_CHECK(mesh->ndim() == 1 || mesh->ndim() == 2,
              "[fully_shard] the mesh must be 1-D (shard) or 2-D (replicate, shard), got {}",
              mesh->str());
+  FSDP_CHECK(options.gradient_divide_factor >= 0,
+             "[fully_shard] {}: gradient_divide_factor {} is negative", where,
+             options.gradient_divide_factor);
+  FSDP_CHECK(options.global_rows.offset >= 0 && options.global_rows.rows >= 0,
+             "[fully_shard] {}: global rows {} from {}; expected neither negative", where,
+             options.global_rows.rows, options.global_rows.offset);
 
   std::vector<FSDPParam> params;
   collect(module, module.path(), true, params);

@@ -73,11 +73,18 @@ MemoryPlan plan_memory(const MemoryPlanOptions& o) {
       const models::ModelSpec& spec = models::spec_to_train(o.model);
       model = spec.build(o.model);
       setup.emplace(meta::Term::persistent);
-      parallel = spec.parallelize(*dynamic_cast<nn::Transformer*>(model.get()),
-                                  {.mesh = mesh,
-                                   .replicate = !o.fully_shard,
-                                   .fsdp = fsdp,
-                                   .checkpoint_every = o.checkpoint_every})
+      FSDP_CHECK(o.expert_parallel == 1 || (o.fully_shard && o.replicas == 1),
+                 "[memory plan] expert parallel {} plans fully_shard without replicas",
+                 o.expert_parallel);
+      parallel = spec.parallelize(
+                         *dynamic_cast<nn::Transformer*>(model.get()),
+                         {.mesh = mesh,
+                          .replicate = !o.fully_shard,
+                          .fsdp = fsdp,
+                          .checkpoint_every = o.checkpoint_every,
+                          .expert_mesh = o.expert_parallel > 1
+                                             ? dist::make_expert_mesh(group, o.expert_parallel)
+                                             : nullptr})
                      .parallel;
     }
     std::unique_ptr<optim::Optimizer> opt =

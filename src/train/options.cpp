@@ -356,6 +356,19 @@ void TrainOptions::validate() const {
              profile.profile_steps.end);
   FSDP_CHECK(sh.hsdp >= 0, "[fsdp-train] --hsdp must be >= 0 (0 = off), got {}", sh.hsdp);
   FSDP_CHECK(sh.hsdp == 0 || full, "[fsdp-train] --hsdp needs --shard full");
+  FSDP_CHECK(sh.expert_parallel >= 1,
+             "[fsdp-train] --expert-parallel must be >= 1 (1 = off), got {}", sh.expert_parallel);
+  if (sh.expert_parallel > 1) {
+    // What expert parallel does not cover yet, refused rather than run with experts laid out as
+    // the rest of the model expects.
+    const auto refuse = [&](bool bad, const char* what) {
+      FSDP_CHECK(!bad, "[fsdp-train] --expert-parallel {} is not supported with {}",
+                 sh.expert_parallel, what);
+    };
+    refuse(!full, "--shard none (the experts are sharded by fully_shard)");
+    refuse(sh.hsdp > 0, "--hsdp");
+    refuse(model.base_quant == "keep", "--base-quant keep (the GGUF's packed rows are whole tensors)");
+  }
   FSDP_CHECK(sh.activation_checkpoint.every >= 0,
              "[fsdp-train] --activation-checkpoint every:{} must be >= 1",
              sh.activation_checkpoint.every);

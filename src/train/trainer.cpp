@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cmath>
 #include <csignal>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/checkpoint/checkpoint.h"
@@ -28,6 +30,7 @@
 #include "fsdp/data/token_sources.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/nn/module.h"
+#include "fsdp/nn/moe.h"
 #include "fsdp/ops/ops.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/lr_schedule.h"
@@ -189,6 +192,31 @@ void Trainer::Impl::finish_async_save() {
                step, seconds_since(tc));
 }
 
+std::vector<std::pair<std::string, double>> Trainer::Impl::expert_load() {
+  const std::vector<nn::MoE*>& layers = model->moe_layers();
+  if (layers.empty()) return {};
+  std::vector<double> pairs;  // [layers x E], this rank's tokens
+  for (const nn::MoE* moe : layers) {
+    FSDP_CHECK(moe->last_call(), "[fsdp-train] {} has run no forward", moe->describe());
+    const std::vector<double>& c = moe->last_call()->pairs;
+    pairs.insert(pairs.end(), c.begin(), c.end());
+  }
+  if (size > 1) {
+    Tensor t = Tensor::from_vector(pairs, {int64_t(pairs.size())});
+    pg->all_reduce(t, dist::ReduceOp::SUM)->wait();
+    pairs = t.to_f64_vector();
+  }
+  std::vector<std::pair<std::string, double>> out;
+  const auto experts = std::ptrdiff_t(cfg.moe.experts);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const auto [lo, hi] = std::minmax_element(pairs.begin() + std::ptrdiff_t(i) * experts,
+                                              pairs.begin() + std::ptrdiff_t(i + 1) * experts);
+    out.emplace_back("load_max/" + layers[i]->path(), *hi);
+    out.emplace_back("load_min/" + layers[i]->path(), *lo);
+  }
+  return out;
+}
+
 // The step's scalars (and its validation loss) as TensorBoard events, flushed each step.
 void Trainer::Impl::write_tensorboard(const profiler::StepMetrics& m) {
   const std::pair<const char*, double> scalars[] = {
@@ -215,8 +243,17 @@ void Trainer::Impl::fit() {
     step.peak_flops = peak;  // raised by the steps before
     if (parts.on_step_begin) parts.on_step_begin(s);
   };
-  if (val) hooks.evaluate = [&](int64_t) { return evaluate(); };
+  // The experts' load is the training forward's: read before a validation forward replaces it.
+  std::optional<std::vector<std::pair<std::string, double>>> load;
+  if (val)
+    hooks.evaluate = [&](int64_t) {
+      load = expert_load();
+      return evaluate();
+    };
   hooks.on_step_end = [&](profiler::StepMetrics& m) {
+    if (!load) load = expert_load();
+    m.named.insert(m.named.end(), load->begin(), load->end());  // the line, TensorBoard, the log
+    load.reset();
     account(m);
     const int64_t s = m.step;
     // The ETA: the mean wall time of the recent iterations (the step with its validation, log and

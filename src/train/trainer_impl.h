@@ -54,6 +54,9 @@ struct Trainer::Impl {
   std::function<std::optional<PackedRows>(const std::string&)> frozen_packed;
   std::shared_ptr<dist::ProcessGroup> pg;
   std::shared_ptr<dist::DeviceMesh> mesh;
+  // --expert-parallel N > 1: dist::init_expert_mesh(N), whose "ep" groups split the experts and
+  // whose "dp_shard_mod_ep" groups shard them; null otherwise.
+  std::shared_ptr<dist::DeviceMesh> expert_mesh;
   int rank = 0, size = 1, threads = 1;
   Device device;
   MixedPrecisionPolicy mp;
@@ -134,6 +137,10 @@ struct Trainer::Impl {
   // A preference loss's validation: the loss and its metrics over the validation pairs.
   double evaluate_pairs(PreferenceLoss& pref);
   std::vector<std::pair<std::string, double>> eval_named;  // the last one's metrics, "eval_" names
+  // Each MoE layer's experts' load in the latest training forward (its last microbatch's) over
+  // the global batch: the most and the fewest (token, choice) pairs an expert got, as
+  // "load_max/<layer>" and "load_min/<layer>". Collective (one all-reduce); none for a dense model.
+  std::vector<std::pair<std::string, double>> expert_load();
   void save(int64_t step);
   void write_tensorboard(const profiler::StepMetrics& m);
   void finish_async_save();

@@ -134,6 +134,13 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
           ? std::string("none (DDP-style baseline)")
           : fmt::format("fully_shard on {}{}", mesh->str(),
                         o.sharding.reshard_after_forward ? "" : ", no reshard after forward"));
+  if (expert_mesh) {
+    const int64_t ep = expert_mesh->size(1), per_rank = cfg.moe.experts / ep;
+    row("expert parallel",
+        fmt::format("EP {} x FSDP {}: {} experts per rank (of {}), sharded over the {} rank(s) "
+                    "that hold them; tokens by all-to-all",
+                    ep, expert_mesh->size(0), per_rank, cfg.moe.experts, expert_mesh->size(0)));
+  }
   if (const int64_t every = o.sharding.activation_checkpoint.every; every > 0)
     row("activation ckpt", every == 1 ? std::string("every block (recomputed in the backward)")
                                       : fmt::format("blocks 0, {0}, 2x{0}, ... (recomputed in the "

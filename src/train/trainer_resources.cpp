@@ -51,6 +51,7 @@ void Trainer::Impl::check_memory_plan() {
       .frozen_packed = frozen_packed,
       .grad_accum = o.sharding.grad_accum,
       .checkpoint_every = o.sharding.activation_checkpoint.every,
+      .expert_parallel = o.sharding.expert_parallel,
       .fused_loss = o.sharding.fused_loss,
       .loss = parts.loss.get(),  // the parts this trainer holds, planned as they are
       .optimizer = parts.optimizer,
@@ -68,8 +69,12 @@ void Trainer::Impl::check_memory_plan() {
       for (auto& [name, p] : ref->named_parameters()) p->requires_grad = false;
       FullyShardOptions frozen = f;
       frozen.reshard_after_forward = true;
-      family->parallelize(*ref, {.mesh = std::move(m), .replicate = false, .fsdp = frozen,
-                                 .checkpoint_every = 0});
+      family->parallelize(*ref, {.mesh = m, .replicate = false, .fsdp = frozen,
+                                 .checkpoint_every = 0,
+                                 .expert_mesh = o.sharding.expert_parallel > 1
+                                                    ? dist::make_expert_mesh(m->group(0),
+                                                                             o.sharding.expert_parallel)
+                                                    : nullptr});
       pref->set_reference_model(ref.get());
       return std::unique_ptr<nn::Module>(std::move(ref));
     };

@@ -222,6 +222,18 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
     mesh = dist::init_device_mesh({size},
                                   {o.sharding.shard == ShardMode::none ? "replicate" : "shard"});
   }
+  if (const int64_t ep = o.sharding.expert_parallel; ep > 1) {
+    FSDP_CHECK(cfg.moe.enabled(),
+               "[fsdp-train] --expert-parallel {} splits a mixture of experts' experts, and the "
+               "model is dense (no MoE layer)",
+               ep);
+    FSDP_CHECK(size % ep == 0, "[fsdp-train] --expert-parallel {} does not divide the world size {}",
+               ep, size);
+    FSDP_CHECK(cfg.moe.experts % ep == 0,
+               "[fsdp-train] --expert-parallel {} does not divide the model's {} experts", ep,
+               cfg.moe.experts);
+    expert_mesh = dist::init_expert_mesh(ep);
+  }
   threads = rank_threads(o.run.threads, dist::world_info().local_size);
   omp_set_num_threads(threads);
   open_tokenizer();  // first: a text file is encoded with it
@@ -336,7 +348,8 @@ void Trainer::Impl::build_reference(PreferenceLoss* pref) {
                             .seed = o.run.seed,
                             .frozen_dtype = frozen_dtype,
                             .frozen_packed = frozen_packed},
-                   .checkpoint_every = 0});
+                   .checkpoint_every = 0,
+                   .expert_mesh = expert_mesh});
   if (const checkpoint::Pretrained* from = other ? &*other : pretrained.get()) {
     from->load_into(*reference, p.root);
     from->release_file_pages();
@@ -368,7 +381,8 @@ void Trainer::Impl::build_model() {
                         .seed = o.run.seed,
                         .frozen_dtype = frozen_dtype,
                         .frozen_packed = frozen_packed},
-               .checkpoint_every = o.sharding.activation_checkpoint.every});
+               .checkpoint_every = o.sharding.activation_checkpoint.every,
+               .expert_mesh = expert_mesh});
   parallel = p.parallel;
   root = p.root;
   // The router loss of an MoE over the global batch's statistics (2E + 2 sums, one host

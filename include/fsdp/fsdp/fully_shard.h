@@ -87,6 +87,19 @@ struct FullyShardOptions {
   // Frozen parameters to keep packed, by full name (nullopt: the others, as frozen_dtype). They
   // form a group of their own, filled by the caller through shard_infos() (no initialiser runs).
   std::function<std::optional<PackedRows>(const std::string& name)> frozen_packed;
+  // > 0: the reduce-scatter sums the gradients and divides by this in place of averaging over
+  // the shard group (torchtitan's gradient_divide_factor). Expert parallel's experts, sharded
+  // over dp_shard_mod_ep, whose gradient on each rank already sums its ep group's tokens, divide
+  // by the world size, so that their gradient is one rank's over the global batch. A group with
+  // a factor always reduces, even over one rank.
+  double gradient_divide_factor = 0;
+  // The parameters are rows [offset, offset + dim 0) of global tensors of `rows` rows on dim 0
+  // (rows 0: the parameters are the global tensors). Expert parallel: an ep rank's experts, rows
+  // [ep_rank E/ep, ...) of [E, ...]. shard_infos() (so checkpoints and pretrained loading) and
+  // the initialiser see global rows, so a tensor is the same whatever the layout.
+  struct GlobalRows {
+    int64_t offset = 0, rows = 0;
+  } global_rows;
 };
 
 struct FSDPState;  // the runtime (src/fsdp/fsdp_state.h)
@@ -129,8 +142,8 @@ class FSDPModule : public DataParallelModule {
   // is the shard's start in that group's flat buffer.
   struct ShardInfo {
     std::string name;
-    Shape global_shape;
-    int64_t local_begin = 0, local_rows = 0;  // rows of dim 0 this rank holds
+    Shape global_shape;  // dim 0: FullyShardOptions::global_rows where given
+    int64_t local_begin = 0, local_rows = 0;  // rows of dim 0 this rank holds, in global rows
     size_t group = 0;
     int64_t offset = 0;
     // A packed parameter (FullyShardOptions::frozen_packed): `offset` is in bytes of the group's

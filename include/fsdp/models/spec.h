@@ -43,6 +43,10 @@ struct Parallelism {
   FullyShardOptions fsdp;  // fully_shard's, each block's and the root's; replicate: its init_dtype
                            // and seed
   int64_t checkpoint_every = 0;  // > 0: blocks 0, N, 2N, ... recompute in the backward
+  // Expert parallel (dist::init_expert_mesh's dp_shard_mod_ep x ep mesh; null: none): every MoE
+  // layer splits its experts over the "ep" group and its experts are fully_shard'ed over
+  // "dp_shard_mod_ep", their gradients divided by the world size; fully_shard only.
+  std::shared_ptr<dist::DeviceMesh> expert_mesh;
 };
 
 struct Parallelized {

@@ -73,6 +73,9 @@ struct MemoryPlanOptions {
   std::function<std::optional<PackedRows>(const std::string& name)> frozen_packed;
   int64_t grad_accum = 1;
   int64_t checkpoint_every = 0;  // checkpoint_every_blocks(): 0 none, 1 full, N blocks 0, N, ...
+  // > 1: the MoE layers' experts split over ep groups of this many ranks (make_expert_mesh over
+  // the plan's group), as fsdp-train --expert-parallel lays them out; fully_shard, no replicas.
+  int64_t expert_parallel = 1;
   bool fused_loss = true;        // nn::ChunkedLMLoss: one chunk's logits, not [rows, vocab]
   // The parts the trainer holds (train::TrainerParts), planned as they are, not rebuilt from
   // options: its loss, run by train_step as in training (null: CrossEntropy{fused_loss}), and

@@ -20,7 +20,10 @@
 #include "fsdp/core/error.h"
 #include "fsdp/distributed/device_mesh.h"
 #include "fsdp/distributed/init.h"
+#include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/fsdp/replicate.h"
+#include "fsdp/nn/module.h"
+#include "fsdp/nn/moe.h"
 #include "fsdp/ops/rope.h"
 #include "src/core/json_fields.h"
 #include "src/models/llama/llama.h"
@@ -34,9 +37,63 @@ std::unique_ptr<nn::Transformer> build(const nn::TransformerConfig& config) {
   return std::make_unique<nn::Transformer>(config);
 }
 
+namespace {
+
+// Runs an inner module's fully_shard hooks around the module that calls it. An MoE runs its
+// experts through Experts::grouped_forward, not their own forward(), so the MoE's forward and
+// backward gather the experts and reduce their gradients (the router stays the block's).
+class CallerHooks : public nn::ModuleHooks {
+ public:
+  CallerHooks(nn::Module& inner, FSDPModule& state) : inner_(&inner), state_(&state) {}
+  Tensor pre_forward(nn::Module&, const Tensor& x) override {
+    return state_->pre_forward(*inner_, x);
+  }
+  Tensor post_forward(nn::Module&, const Tensor& y) override {
+    return state_->post_forward(*inner_, y);
+  }
+  Tensor pre_backward(nn::Module&, const Tensor& dy) override {
+    return state_->pre_backward(*inner_, dy);
+  }
+  Tensor post_backward(nn::Module&, const Tensor& dx) override {
+    return state_->post_backward(*inner_, dx);
+  }
+
+ private:
+  nn::Module* inner_;
+  FSDPModule* state_;
+};
+
+// Expert parallel: each MoE holds its ep rank's E/ep experts, fully_shard'ed over the ranks that
+// hold the same ones (dp_shard_mod_ep), before the blocks take the rest over the world. Each
+// local expert's gradient sums the ep group's tokens, so the reduce-scatter divides by the world
+// (torchtitan's gradient_divide_factor); the experts' rows are global rows of [E, ...].
+void shard_experts(nn::Transformer& model, const dist::DeviceMesh& expert_mesh,
+                   const FullyShardOptions& fsdp) {
+  const auto ep = expert_mesh.group("ep");
+  const auto experts_mesh = expert_mesh["dp_shard_mod_ep"];
+  for (nn::MoE* moe : model.moe_layers()) {
+    moe->set_expert_parallel(ep);
+    nn::Module* experts = nullptr;
+    for (auto& [name, child] : moe->named_children())
+      if (name == "experts") experts = child;
+    FSDP_CHECK(experts, "[parallelize] {} has no experts module", moe->describe());
+    FullyShardOptions o = fsdp;
+    o.gradient_divide_factor = double(expert_mesh.size());
+    o.global_rows = {.offset = moe->first_local_expert(), .rows = moe->options().experts};
+    FSDPModule& state = fully_shard(*experts, experts_mesh, o);
+    moe->add_hooks(std::make_shared<CallerHooks>(*experts, state));
+  }
+}
+
+}  // namespace
+
 Parallelized parallelize(nn::Transformer& model, const Parallelism& p) {
   Parallelized out;
   const auto mesh = p.mesh ? p.mesh : dist::init_device_mesh({dist::world()->size()});
+  FSDP_CHECK(!p.expert_mesh || !p.replicate,
+             "[parallelize] expert parallel shards the experts with fully_shard; replicate() "
+             "holds every expert on every rank");
+  if (p.expert_mesh) shard_experts(model, *p.expert_mesh, p.fsdp);
   if (!p.replicate) {
     for (nn::Module& block : model.layers()) fully_shard(block, mesh, p.fsdp);
     out.parallel = out.root = &fully_shard(model, mesh, p.fsdp);
