@@ -61,7 +61,7 @@ log = os.path.join(work, "bf16.jsonl")
 rc, out = run(*mpirun, train, "--init-from", plain, *common, "--batch", "2", "--param-dtype", "bf16",
               "--reduce-dtype", "f32", "--log-file", log)
 check(rc == 0, f"bf16 parameters with f32 gradients: {out[-600:]}")
-if rc == 0 and failed == 0:
+if rc == 0 and check.failed == 0:
     a, b = losses(os.path.join(work, "plain1.jsonl")), losses(log)
     check(len(b) == 3 and all(abs(x - y) <= 2e-2 * abs(x) for x, y in zip(a, b)), f"bf16 {b} vs f32 {a}")
 
