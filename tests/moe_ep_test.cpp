@@ -18,6 +18,7 @@
 #include "fsdp/core/error.h"
 #include "fsdp/core/tensor.h"
 #include "fsdp/distributed/device_mesh.h"
+#include "fsdp/distributed/expert_parallel.h"
 #include "fsdp/distributed/init.h"
 #include "fsdp/nn/moe.h"
 #include "fsdp/nn/module.h"
@@ -74,7 +75,7 @@ TEST(MoEExpertParallel, EqualsOneRankOverTheGroupsTokens) {
                            .router = router,
                            .norm_topk_prob = router == RouterKind::softmax_topk};
       MoE whole(kDim, opt), part(kDim, opt);
-      part.set_expert_parallel(group);
+      part.set_expert_parallel(dist::expert_parallel(group, kExperts));
       materialize(whole, DType::f64, 3);
       materialize(part, DType::f64, 4);
       const int64_t first = part.first_local_expert(), local = part.local_experts();
@@ -111,7 +112,7 @@ TEST(MoEExpertParallel, EqualsOneRankOverTheGroupsTokens) {
 // planned shapes and computes nothing.
 TEST(MoEExpertParallel, RunsOnTheMetaDevice) {
   MoE m(kDim, {.experts = kExperts, .top_k = kTopK, .hidden = kHidden});
-  m.set_expert_parallel(std::make_shared<dist::MetaGroup>(2, 1));
+  m.set_expert_parallel(dist::expert_parallel(std::make_shared<dist::MetaGroup>(2, 1), kExperts));
   materialize(m, DType::bf16, 3, Device::meta());
   EXPECT_EQ(m.first_local_expert(), kExperts / 2);
   EXPECT_EQ(m.parameter("experts.gate_proj").data.shape(), (Shape{kExperts / 2, kHidden, kDim}));
@@ -130,7 +131,7 @@ TEST(MoEExpertParallel, RefusesExpertsTheGroupDoesNotSplit) {
   EXPECT_THROW(
       {
         try {
-          m.set_expert_parallel(group);
+          m.set_expert_parallel(dist::expert_parallel(group, 3));
         } catch (const Error& e) {
           EXPECT_NE(std::string(e.what()).find("3 experts do not split evenly over an "
                                                "expert-parallel group of 2 ranks"),
@@ -141,9 +142,9 @@ TEST(MoEExpertParallel, RefusesExpertsTheGroupDoesNotSplit) {
       },
       Error);
   MoE ok(kDim, {.experts = 4, .top_k = 1, .hidden = kHidden});
-  ok.set_expert_parallel(group);
+  ok.set_expert_parallel(dist::expert_parallel(group, 4));
   materialize(ok, DType::f32, 3);
-  EXPECT_THROW(ok.set_expert_parallel(group), Error);  // after the parameters materialized
+  EXPECT_THROW(ok.set_expert_parallel(dist::expert_parallel(group, 4)), Error);  // after the parameters materialized
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ __device__ __forceinline__ T from_f64(double v) {
 }
 
 // The block's sum of v (blockDim.x a multiple of 32, at most 1024), valid in thread 0.
-__device__ double block_sum_f64(double v) {
+__device__ __forceinline__ double block_sum_f64(double v) {
   __shared__ double partial[32];
   for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;

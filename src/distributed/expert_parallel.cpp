@@ -4,6 +4,8 @@
 #include "fsdp/distributed/expert_parallel.h"
 
 #include <cstddef>
+#include <functional>
+#include <type_traits>
 #include <utility>
 
 #include "fsdp/core/dtype.h"
@@ -118,6 +120,15 @@ Tensor ExpertDispatch::combine(const Tensor& expert_rows) const {
   Tensor out = Tensor::empty(with_rows(expert_rows, num_sent_), raw.dtype(), raw.device());
   ep_->all_to_all_v(out, send_splits_, raw, recv_splits_)->wait();
   return out;
+}
+
+nn::ExpertParallel expert_parallel(std::shared_ptr<ProcessGroup> ep, int64_t num_experts) {
+  if (!ep || ep->size() == 1) return {};
+  nn::ExpertParallel p{.size = ep->size(), .rank = ep->rank()};
+  p.exchange = [ep = std::move(ep), num_experts](std::vector<int64_t> counts) {
+    return std::make_shared<const ExpertDispatch>(ep, num_experts, std::move(counts));
+  };
+  return p;
 }
 
 }  // namespace fsdp::dist

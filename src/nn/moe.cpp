@@ -21,8 +21,6 @@
 #include "fsdp/core/device.h"
 #include "fsdp/core/dtype.h"
 #include "fsdp/core/error.h"
-#include "fsdp/distributed/expert_parallel.h"
-#include "fsdp/distributed/process_group.h"
 #include "fsdp/nn/init.h"
 #include "fsdp/ops/ops.h"
 
@@ -190,29 +188,30 @@ MoE::MoE(int64_t dim, MoEOptions opt) : Module("MoE"), dim_(dim), opt_(opt) {
   experts_ = &register_module("experts", std::make_unique<Experts>(dim, opt.experts, opt.hidden));
 }
 
-void MoE::set_expert_parallel(std::shared_ptr<dist::ProcessGroup> ep) {
-  const int n = ep ? ep->size() : 1;
+void MoE::set_expert_parallel(ExpertParallel ep) {
+  const int n = ep.size;
+  FSDP_CHECK(n >= 1 && ep.rank >= 0 && ep.rank < n && (n == 1 || ep.exchange),
+             "[MoE] {}: expert parallel rank {} of {} ranks{}", describe(), ep.rank, n,
+             n > 1 && !ep.exchange ? " without an exchange" : "");
   FSDP_CHECK(opt_.experts % n == 0,
              "[MoE] {}: {} experts do not split evenly over an expert-parallel group of {} ranks",
              describe(), opt_.experts, n);
   experts_->set_local_experts(opt_.experts / n);
-  ep_ = n > 1 ? std::move(ep) : nullptr;
+  ep_ = n > 1 ? std::move(ep) : ExpertParallel{};
 }
 
-int64_t MoE::first_local_expert() const {
-  return ep_ ? dist::local_experts(opt_.experts, ep_->size(), ep_->rank()).first : 0;
-}
+int64_t MoE::first_local_expert() const { return int64_t(ep_.rank) * (opt_.experts / ep_.size); }
 
 Tensor MoE::run_experts(Tensor xp, const std::vector<int64_t>& offsets,
-                        std::shared_ptr<const dist::ExpertDispatch>& dispatch) {
-  if (!ep_) return experts_->grouped_forward(xp, offsets);
+                        std::shared_ptr<const ExpertExchange>& dispatch) {
+  if (ep_.size == 1) return experts_->grouped_forward(xp, offsets);
   FSDP_CHECK(!xp.device().is_cuda(),
              "[MoE] {}: expert parallel on CUDA is not supported yet (its count exchange runs on "
              "host tensors, which an NCCL group refuses); run without expert parallel",
              describe());
   std::vector<int64_t> counts(size_t(opt_.experts));
   for (size_t e = 0; e < counts.size(); ++e) counts[e] = offsets[e + 1] - offsets[e];
-  dispatch = std::make_shared<const dist::ExpertDispatch>(ep_, opt_.experts, std::move(counts));
+  dispatch = ep_.exchange(std::move(counts));
   Tensor received = dispatch->dispatch(xp);
   xp = Tensor();
   std::vector<int64_t> local(1, 0);
@@ -284,7 +283,7 @@ Tensor MoE::forward_impl(const Tensor& x) {
     for (size_t i = 0; i < from.size(); ++i) from[size_t(r.pos[i])] = int64_t(i) / k;
     gather_rows(xp, x2, from, dim_);
   }
-  std::shared_ptr<const dist::ExpertDispatch> dispatch;
+  std::shared_ptr<const ExpertExchange> dispatch;
   Tensor yp = run_experts(std::move(xp), r.offsets, dispatch);
   // combine: each token's k choices in order, in f64
   Tensor pos = on_device(r.pos, x.device()), weight = on_device(r.weight, x.device());
@@ -345,8 +344,8 @@ Tensor MoE::backward_impl(const Tensor& dy) {
   s.yp = Tensor();
   // Through expert parallel's exchanges: the combine's backward sends the gradients to the
   // experts' ranks, the dispatch's brings the inputs' gradients back.
-  Tensor dxp = s.dispatch ? s.dispatch->dispatch_backward(
-                                experts_->grouped_backward(s.dispatch->combine_backward(g.drows)))
+  Tensor dxp = s.dispatch ? s.dispatch->combine(
+                                experts_->grouped_backward(s.dispatch->dispatch(g.drows)))
                           : experts_->grouped_backward(g.drows);
   g.drows = Tensor();
   Tensor dlogits;

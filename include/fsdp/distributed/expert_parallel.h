@@ -24,6 +24,7 @@
 
 #include "fsdp/core/tensor.h"
 #include "fsdp/distributed/process_group.h"
+#include "fsdp/nn/moe.h"
 
 namespace fsdp::dist {
 
@@ -34,7 +35,7 @@ struct LocalExperts {
 };
 LocalExperts local_experts(int64_t num_experts, int ep_size, int ep_rank);
 
-class ExpertDispatch {
+class ExpertDispatch final : public nn::ExpertExchange {
  public:
   // Collective over `ep` (every rank, the same num_experts): exchanges the counts. counts[e] is
   // the number of this rank's rows routed to global expert e (>= 0; one per expert).
@@ -44,18 +45,18 @@ class ExpertDispatch {
   // rows [sum(counts), ...] -> [num_received(), ...]: the rows of this rank's local experts from
   // every rank of the group, grouped by local expert (local_counts() rows each), source rank
   // order within each. Collective over the group.
-  Tensor dispatch(const Tensor& rows) const;
+  Tensor dispatch(const Tensor& rows) const override;
   // expert_rows [num_received(), ...] in dispatch's order -> [sum(counts), ...] in the order of
   // the rows handed to dispatch. The row shape may differ from dispatch's (an expert's output).
   // Collective over the group.
-  Tensor combine(const Tensor& expert_rows) const;
+  Tensor combine(const Tensor& expert_rows) const override;
   // The gradients: a permutation's backward is its inverse.
   Tensor dispatch_backward(const Tensor& d_received) const { return combine(d_received); }
   Tensor combine_backward(const Tensor& d_rows) const { return dispatch(d_rows); }
 
   LocalExperts experts() const { return experts_; }
   // Rows each local expert receives (sum over sources), in local expert order.
-  const std::vector<int64_t>& local_counts() const { return local_counts_; }
+  const std::vector<int64_t>& local_counts() const override { return local_counts_; }
   // received_counts()[s * L + e]: rows that ep rank s sends for local expert e.
   const std::vector<int64_t>& received_counts() const { return recv_counts_; }
   int64_t num_received() const { return num_received_; }
@@ -72,5 +73,9 @@ class ExpertDispatch {
   std::vector<int64_t> send_splits_, recv_splits_;  // rows per ep rank
   int64_t num_sent_ = 0, num_received_ = 0;
 };
+
+// An MoE's expert parallel over `ep` (nn::MoE::set_expert_parallel): its rank and size, and an
+// ExpertDispatch over the group for each forward. Null or one rank: none.
+nn::ExpertParallel expert_parallel(std::shared_ptr<ProcessGroup> ep, int64_t num_experts);
 
 }  // namespace fsdp::dist

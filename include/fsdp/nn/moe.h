@@ -15,8 +15,8 @@
 //   permute   the N k (token, choice) pairs stably sorted by expert, so each expert's rows are
 //             contiguous (offsets[e] .. offsets[e + 1]); xp [N k, dim] holds their inputs
 //   exchange  expert parallel only (set_expert_parallel): each expert's rows sent to the rank of
-//             the ep group that holds it (dist::ExpertDispatch), which gets its local experts'
-//             rows from every rank of the group, grouped by expert
+//             the ep group that holds it (an ExpertExchange: dist::ExpertDispatch), which
+//             gets its local experts' rows from every rank of the group, grouped by expert
 //   experts   one GEMM per expert per projection over its rows (views of xp and of the stacked
 //             weights: no copies), the SwiGLU over all rows at once
 //   exchange back  the experts' outputs returned to the ranks the rows came from, in xp's order
@@ -53,6 +53,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -61,12 +62,29 @@
 #include "fsdp/nn/layers.h"
 #include "fsdp/nn/module.h"
 
-namespace fsdp::dist {
-class ProcessGroup;
-class ExpertDispatch;
-}  // namespace fsdp::dist
-
 namespace fsdp::nn {
+
+// Expert parallel's exchange as the layer sees it, so that nn names no process group (the
+// distributed layer sits above it): dist::ExpertDispatch is one. Made for each forward from this
+// rank's rows per global expert; a permutation of rows, so each one's backward is the other.
+class ExpertExchange {
+ public:
+  virtual ~ExpertExchange() = default;
+  // rows [sum(counts), ...] in global expert order -> this rank's experts' rows from every rank,
+  // grouped by local expert (local_counts() rows each).
+  virtual Tensor dispatch(const Tensor& rows) const = 0;
+  // The inverse: the experts' outputs in dispatch's order -> rows in the order given to dispatch.
+  virtual Tensor combine(const Tensor& expert_rows) const = 0;
+  virtual const std::vector<int64_t>& local_counts() const = 0;
+};
+
+// An MoE's expert parallel: its rank in a group of `size` (rank r holds the global experts
+// [r E / size, (r + 1) E / size)), and how to make the exchange from this rank's rows per global
+// expert (dist::expert_parallel(group, experts) makes one over a process group).
+struct ExpertParallel {
+  int size = 1, rank = 0;
+  std::function<std::shared_ptr<const ExpertExchange>(std::vector<int64_t> counts)> exchange;
+};
 
 enum class RouterKind : uint8_t {
   softmax_topk,  // Qwen3-MoE: softmax over the experts, top k, renormalized when norm_topk_prob
@@ -182,12 +200,11 @@ class MoE : public Module {
   Tensor forward_impl(const Tensor& x) override;  // x [..., dim]
   Tensor backward_impl(const Tensor& dy) override;
   const MoEOptions& options() const { return opt_; }
-  // Expert parallel over `ep` (null or one rank: none): this rank holds its share of the experts
-  // (experts.* [E / size, ...], rank r's rows from r E / size) and exchanges the permuted rows with
-  // the group. Before the parameters materialize; refuses an E that the group's size does not
-  // divide.
-  void set_expert_parallel(std::shared_ptr<dist::ProcessGroup> ep);
-  const std::shared_ptr<dist::ProcessGroup>& expert_parallel() const { return ep_; }
+  // Expert parallel (size 1: none): this rank holds its share of the experts (experts.*
+  // [E / size, ...], rank r's rows from r E / size) and exchanges the permuted rows through
+  // ep.exchange. Before the parameters materialize; refuses an E that the size does not divide.
+  void set_expert_parallel(ExpertParallel ep);
+  int expert_parallel_size() const { return ep_.size; }
   // The first global expert this rank holds (0 without expert parallel) and how many.
   int64_t first_local_expert() const;
   int64_t local_experts() const { return experts_->experts(); }
@@ -212,19 +229,19 @@ class MoE : public Module {
   // The experts over the permuted rows, through the ep group's exchange where there is one
   // (`dispatch` is set to it, for the backward).
   Tensor run_experts(Tensor xp, const std::vector<int64_t>& offsets,
-                     std::shared_ptr<const dist::ExpertDispatch>& dispatch);
+                     std::shared_ptr<const ExpertExchange>& dispatch);
   struct Saved {
     Routing routing;
     Tensor pos, weight;  // routing.pos (i64) and .weight (f64) on the input's device
     Tensor yp;  // the experts' outputs, permuted (the weights' gradient)
     Shape shape;
-    std::shared_ptr<const dist::ExpertDispatch> dispatch;  // expert parallel's exchange
+    std::shared_ptr<const ExpertExchange> dispatch;  // expert parallel's exchange
   };
   int64_t dim_;
   MoEOptions opt_;
   Linear* gate_;
   Experts* experts_;
-  std::shared_ptr<dist::ProcessGroup> ep_;
+  ExpertParallel ep_;
   std::shared_ptr<RouterCall> last_;
   std::map<int64_t, RouterGrad> grads_;  // by microbatch
 };

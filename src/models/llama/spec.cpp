@@ -19,6 +19,7 @@
 
 #include "fsdp/core/error.h"
 #include "fsdp/distributed/device_mesh.h"
+#include "fsdp/distributed/expert_parallel.h"
 #include "fsdp/distributed/init.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/fsdp/replicate.h"
@@ -72,7 +73,7 @@ void shard_experts(nn::Transformer& model, const dist::DeviceMesh& expert_mesh,
   const auto ep = expert_mesh.group("ep");
   const auto experts_mesh = expert_mesh["dp_shard_mod_ep"];
   for (nn::MoE* moe : model.moe_layers()) {
-    moe->set_expert_parallel(ep);
+    moe->set_expert_parallel(dist::expert_parallel(ep, moe->options().experts));
     nn::Module* experts = nullptr;
     for (auto& [name, child] : moe->named_children())
       if (name == "experts") experts = child;
