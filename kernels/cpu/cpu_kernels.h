@@ -30,6 +30,13 @@ std::string blas_version();
 // chosen when it loaded), BLIS's configuration ("zen3"), MKL's processor path.
 const char* blas_core_name();
 
+// gemm_bf16.cpp: C[m,n] = alpha * op(A) op(B) + beta * C for bf16 A and B (their bits, uint16)
+// and f32 C, accumulated in f32 with AVX512_BF16's dot products (has_bf16_gemm: this CPU has
+// them; gemm_bf16 must not be called where it has not). beta 0 never reads C.
+bool has_bf16_gemm();
+void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+               int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
 // elementwise.cpp
 template <class T>
 void add(const T* a, const T* b, T* out, int64_t n);

@@ -54,6 +54,14 @@ std::string blas_better_kernel() {
   return "";
 }
 
+bool bf16_gemm_native() {
+  static const bool on = [] {
+    const char* e = std::getenv("FSDP_BF16_GEMM");
+    return kernels::cpu::has_bf16_gemm() && !(e && std::string_view(e) == "0");
+  }();
+  return on;
+}
+
 void use_best_blas_kernel(char** argv) {
   double mode = 1;
   try {

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/ops/blas.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "src/core/dispatch.h"
 #include "src/ops/backend.h"
@@ -108,10 +109,30 @@ void xent_backward(const Tensor& logits, const Tensor& targets, const Tensor& ls
   });
 }
 
+// bf16 x bf16 -> f32 products on this CPU's AVX512_BF16 dot products (kernels/cpu/gemm_bf16.cpp),
+// where both operands are stored in bf16 and the CPU has them (FSDP_BF16_GEMM=0 turns it off, for
+// comparison): no widened f32 copies of them are made. Elsewhere bf16 computes on f32 copies.
+bool bf16_gemm(const Tensor& a, const Tensor& b) {
+  return a.dtype() == DType::bf16 && b.dtype() == DType::bf16 && bf16_gemm_native();
+}
+const uint16_t* bits(const Tensor& t) { return kMeta ? nullptr : &t.data<bf16>()->bits; }
+
+// C (f32 or bf16; an f32 work copy of a bf16 one) = alpha * op(A) op(B) + beta * C on bf16 A, B.
+void gemm_bf16_into(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c,
+                    double alpha, double beta) {
+  const int64_t m = c.size(0), n = c.size(1), k = ta ? a.size(0) : a.size(1);
+  Tensor A = a.contiguous(), B = b.contiguous();
+  Accum C(c, DType::f32);
+  cpu::gemm_bf16(ta, tb, m, n, k, float(alpha), bits(A), a.size(1), bits(B), b.size(1),
+                 float(beta), C.data<float>(), n);
+  C.finish();
+}
+
 }  // namespace
 
 void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha,
           double beta) {
+  if (bf16_gemm(a, b)) return gemm_bf16_into(a, ta, b, tb, c, alpha, beta);
   const int64_t m = c.size(0), n = c.size(1), k = ta ? a.size(0) : a.size(1);
   const DType ct = compute_dtype(a.dtype());
   Tensor A = as_compute(a, ct), B = as_compute(b, ct);
@@ -127,6 +148,17 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
 Tensor linear_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
   const int64_t out = w.size(0), in = w.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
   const DType ct = compute_dtype(x.dtype());
+  if (bf16_gemm(x, w)) {
+    Tensor X = x.contiguous(), W = w.contiguous();
+    Shape ys = x.shape();
+    ys.back() = out;
+    Tensor y = Tensor::empty(ys, ct, home());
+    cpu::gemm_bf16(false, true, rows, out, in, 1.0f, bits(X), in, bits(W), in, 0.0f,
+                   y.data<float>(), out);
+    if (b.defined())
+      cpu::bias_add_rows<float>(y.data<float>(), as_compute(b, ct).data<float>(), rows, out);
+    return as_storage(y, x.dtype());
+  }
   Tensor X = as_compute(x, ct), W = as_compute(w, ct);
   Shape ys = x.shape();
   ys.back() = out;
@@ -144,6 +176,21 @@ Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const
                        const Tensor& db) {
   const int64_t out = w.size(0), in = w.size(1), rows = x.numel() / std::max<int64_t>(in, 1);
   const DType ct = compute_dtype(x.dtype());
+  if (bf16_gemm(x, w) && dy.dtype() == DType::bf16) {
+    Tensor DY = dy.contiguous(), X = x.contiguous(), W = w.contiguous();
+    Tensor dx = Tensor::empty(x.shape(), ct, home());
+    Accum DW(dw, ct), DB(db, ct);
+    cpu::gemm_bf16(false, false, rows, in, out, 1.0f, bits(DY), out, bits(W), in, 0.0f,
+                   dx.data<float>(), in);
+    if (dw.defined())
+      cpu::gemm_bf16(true, false, out, in, rows, 1.0f, bits(DY), out, bits(X), in, 1.0f,
+                     DW.data<float>(), in);
+    if (db.defined())
+      cpu::sum_rows_into<float>(as_compute(DY, ct).data<float>(), DB.data<float>(), rows, out);
+    DW.finish();
+    DB.finish();
+    return as_storage(dx, x.dtype());
+  }
   Tensor DY = as_compute(dy, ct), X = as_compute(x, ct), W = as_compute(w, ct);
   Tensor dx = Tensor::empty(x.shape(), ct, home());
   Accum DW(dw, ct), DB(db, ct);

@@ -36,6 +36,9 @@ FSDP_META_KERNEL(moe_combine)
 FSDP_META_KERNEL(moe_combine_backward)
 #undef FSDP_META_KERNEL
 
+template <class... A>
+void gemm_bf16(A&&...) {}
+
 template <class T, class I, class... A>
 void embedding_forward(A&&...) {}
 template <class T, class I, class... A>

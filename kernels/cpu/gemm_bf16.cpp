@@ -1,0 +1,224 @@
+// A GEMM of bf16 inputs with f32 accumulation on AVX512_BF16 (VDPBF16PS), for --param-dtype bf16
+// on CPUs that have it: none of the BLAS libraries the build takes has one that is faster than
+// their f32 GEMM on this project's CPUs (bench/results/gemm-libs-cpu.md), so this is our own.
+//
+// The loops are GotoBLAS's: a panel of B (KC x NC) packed once and kept in L2/L3, a block of A
+// (MC x KC) packed per thread and kept in L2, and a 12 x 32 micro-kernel whose 24 accumulators
+// stay in registers. Packed operands hold k in pairs, as VDPBF16PS reads them: each 32-bit lane is
+// (x[k], x[k+1]), so one instruction multiplies 16 lanes of 2 products each and adds both into
+// the f32 lane. An odd k is padded with a zero. Every product of two bf16 values is exact in f32;
+// the sums are in another order than an f32 GEMM's, and VDPBF16PS rounds to nearest even with
+// denormals flushed, whatever MXCSR says.
+//
+// Threads: the A blocks (rows of C) are split over the OpenMP threads, each with its own packed A,
+// and the B panel is packed by all of them together. Inside a parallel region it runs on the
+// calling thread.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "fsdp/core/error.h"
+#include "kernels/cpu/cpu_kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace fsdp::kernels::cpu {
+
+#if defined(__x86_64__)
+namespace {
+
+constexpr int64_t kMR = 12, kNR = 32;
+constexpr int64_t kKC = 384;   // k per packed block (even): a B micro-panel is 24 KB, in L1
+constexpr int64_t kMC = 384;   // rows of A per block (a multiple of kMR): 288 KB, in L2
+constexpr int64_t kNC = 4096;  // columns of B per panel (a multiple of kNR): 3 MB
+
+inline uint32_t pair(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
+
+// A's rows [i0, i0 + mc) and k [k0, k0 + kc) -> panels of kMR rows, each kp-major: panel p holds
+// at [kp * kMR + r] the pair (A(i0 + p*kMR + r, k0 + 2kp), A(.., k0 + 2kp + 1)); rows past mc are 0.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_a(bool ta, const uint16_t* a,
+                                                                  int64_t lda, int64_t i0,
+                                                                  int64_t mc, int64_t k0,
+                                                                  int64_t kc, uint32_t* out) {
+  const int64_t kp_n = (kc + 1) / 2;
+  for (int64_t p = 0; p < mc; p += kMR) {
+    uint32_t* dst = out + (p / kMR) * kp_n * kMR;
+    const int64_t rows = std::min(kMR, mc - p);
+    if (ta) {  // A(i, k) = a[k * lda + i]: the panel's rows are contiguous in each of a's rows, so
+               // a pair is two of a's rows interleaved, kMR lanes at a time
+      const __mmask16 m = __mmask16((1u << rows) - 1);
+      for (int64_t kp = 0; kp < kp_n; ++kp) {
+        const uint16_t* r0 = a + (k0 + 2 * kp) * lda + i0 + p;
+        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r0));
+        const __m512i hi = 2 * kp + 1 < kc
+                               ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r0 + lda))
+                               : _mm512_setzero_si512();
+        _mm512_mask_storeu_epi32(dst + kp * kMR, __mmask16((1u << kMR) - 1),
+                                 _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      }
+      continue;
+    }
+    for (int64_t r = 0; r < kMR; ++r) {
+      if (r >= rows) {
+        for (int64_t kp = 0; kp < kp_n; ++kp) dst[kp * kMR + r] = 0;
+        continue;
+      }
+      const uint16_t* row = a + (i0 + p + r) * lda + k0;
+      for (int64_t kp = 0; kp < kc / 2; ++kp) {
+        uint32_t v;
+        std::memcpy(&v, row + 2 * kp, 4);
+        dst[kp * kMR + r] = v;
+      }
+      if (kc % 2) dst[(kc / 2) * kMR + r] = pair(row[kc - 1], 0);
+    }
+  }
+}
+
+// B's k [k0, k0 + kc) and columns [j0 + q*kNR, ..) -> micro-panel q, kp-major: [kp * kNR + j] is
+// the pair (B(k0 + 2kp, j), B(k0 + 2kp + 1, j)); columns past nc are 0.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_b_panel(bool tb, const uint16_t* b,
+                                                               int64_t ldb, int64_t k0, int64_t kc,
+                                                               int64_t j0, int64_t cols,
+                                                               uint32_t* dst) {
+  const int64_t kp_n = (kc + 1) / 2;
+  if (!tb) {  // rows of B are contiguous in j: interleave rows 2kp and 2kp + 1, 16 columns a time
+    for (int64_t kp = 0; kp < kp_n; ++kp) {
+      const uint16_t* r0 = b + (k0 + 2 * kp) * ldb + j0;
+      const uint16_t* r1 = 2 * kp + 1 < kc ? r0 + ldb : nullptr;
+      for (int64_t j = 0; j < kNR; j += 16) {
+        const int64_t n = std::clamp<int64_t>(cols - j, 0, 16);
+        const __mmask16 m = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+        const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r0 + j));
+        const __m512i hi = r1 ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r1 + j))
+                              : _mm512_setzero_si512();
+        _mm512_storeu_si512(dst + kp * kNR + j, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      }
+    }
+    return;
+  }
+  // B(k, j) = b[j * ldb + k]: a column's pairs are contiguous; 16 columns' pair kp are gathered
+  // at once (index j * ldb + 2kp, in bf16 units), a column past `cols` masked to 0.
+  const __m512i step = _mm512_mullo_epi32(_mm512_set1_epi32(int(ldb)),
+                                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                                            12, 13, 14, 15));
+  for (int64_t j = 0; j < kNR; j += 16) {
+    const int64_t n = std::clamp<int64_t>(cols - j, 0, 16);
+    const __mmask16 m = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+    const uint16_t* base = b + (j0 + j) * ldb + k0;
+    for (int64_t kp = 0; kp < kc / 2; ++kp) {
+      const __m512i idx = _mm512_add_epi32(step, _mm512_set1_epi32(int(2 * kp)));
+      _mm512_storeu_si512(dst + kp * kNR + j,
+                          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, base, 2));
+    }
+    if (kc % 2 && kc > 1) {  // the pair that ends at B(kc-1, j), shifted down: never past it
+      const __m512i idx = _mm512_add_epi32(step, _mm512_set1_epi32(int(kc - 2)));
+      const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, base, 2);
+      _mm512_storeu_si512(dst + (kc / 2) * kNR + j, _mm512_srli_epi32(v, 16));
+    } else if (kc == 1) {
+      for (int64_t q = 0; q < 16; ++q) dst[j + q] = q < n ? base[q * ldb] : 0;
+    }
+  }
+}
+
+// C[0:rows, 0:cols] (row stride ldc) = alpha * Ap Bp + (first ? beta * C : C), over kp_n pairs.
+__attribute__((target("avx512f,avx512bf16"))) void micro_kernel(
+    int64_t kp_n, const uint32_t* ap, const uint32_t* bp, float* c, int64_t ldc, int64_t rows,
+    int64_t cols, float alpha, float beta, bool first) {
+  __m512 acc[kMR][2];
+#pragma GCC unroll 12
+  for (int r = 0; r < kMR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t kp = 0; kp < kp_n; ++kp) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + kp * kNR);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + kp * kNR + 16);
+    const uint32_t* a = ap + kp * kMR;
+#pragma GCC unroll 12
+    for (int r = 0; r < kMR; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(a[r]));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], av, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  const int64_t n0 = std::min<int64_t>(cols, 16), n1 = std::clamp<int64_t>(cols - 16, 0, 16);
+  const __mmask16 m0 = n0 == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n0) - 1);
+  const __mmask16 m1 = n1 == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n1) - 1);
+  for (int r = 0; r < rows; ++r) {
+    float* cr = c + r * ldc;
+    __m512 y0 = _mm512_mul_ps(acc[r][0], va), y1 = _mm512_mul_ps(acc[r][1], va);
+    if (!first || beta != 0.0f) {
+      const __m512 s = first ? vb : _mm512_set1_ps(1.0f);
+      y0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, cr), s, y0);
+      y1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, cr + 16), s, y1);
+    }
+    _mm512_mask_storeu_ps(cr, m0, y0);
+    if (m1) _mm512_mask_storeu_ps(cr + 16, m1, y1);
+  }
+}
+
+}  // namespace
+
+bool has_bf16_gemm() {
+  static const bool yes = __builtin_cpu_supports("avx512bf16") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f");
+  return yes;
+}
+
+void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+               int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // C = beta * C (beta 0 writes zeros, whatever C held)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  // Rows per A block: every thread gets one where m is small.
+  const int64_t per_thread = (m + threads - 1) / threads;
+  const int64_t mc_max = std::min(kMC, (per_thread + kMR - 1) / kMR * kMR);
+  const int64_t nc_max = std::min(kNC, (n + kNR - 1) / kNR * kNR);
+  thread_local std::vector<uint32_t> b_pack;
+  b_pack.resize(size_t(nc_max / 2 * kKC + kNR));
+  uint32_t* bp = b_pack.data();
+#pragma omp parallel num_threads(threads)
+  {
+    thread_local std::vector<uint32_t> a_pack;
+    a_pack.resize(size_t(mc_max / 2 * kKC + kMR));
+    for (int64_t jc = 0; jc < n; jc += kNC) {
+      const int64_t nc = std::min(kNC, n - jc), panels = (nc + kNR - 1) / kNR;
+      for (int64_t pc = 0; pc < k; pc += kKC) {
+        const int64_t kc = std::min(kKC, k - pc), kp_n = (kc + 1) / 2;
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < panels; ++q)
+          pack_b_panel(tb, b, ldb, pc, kc, jc + q * kNR, nc - q * kNR, bp + q * kp_n * kNR);
+#pragma omp for schedule(static)
+        for (int64_t ic = 0; ic < m; ic += mc_max) {
+          const int64_t mc = std::min(mc_max, m - ic);
+          pack_a(ta, a, lda, ic, mc, pc, kc, a_pack.data());
+          for (int64_t q = 0; q < panels; ++q)
+            for (int64_t ir = 0; ir < mc; ir += kMR)
+              micro_kernel(kp_n, a_pack.data() + (ir / kMR) * kp_n * kMR, bp + q * kp_n * kNR,
+                           c + (ic + ir) * ldc + jc + q * kNR, ldc, std::min(kMR, mc - ir),
+                           std::min(kNR, nc - q * kNR), alpha, beta, pc == 0);
+        }
+      }
+    }
+  }
+}
+
+#else  // no AVX512_BF16 outside x86-64: bf16 GEMMs compute in f32 on widened copies
+
+bool has_bf16_gemm() { return false; }
+
+void gemm_bf16(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t,
+               const uint16_t*, int64_t, float, float*, int64_t) {
+  FSDP_FAIL("[gemm_bf16] this CPU has no AVX512_BF16 (has_bf16_gemm() is false)");
+}
+
+#endif
+
+}  // namespace fsdp::kernels::cpu
