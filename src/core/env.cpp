@@ -46,6 +46,10 @@ const std::vector<EnvKnob>& env_knobs() {
        "re-execute with OPENBLAS_CORETYPE set to better ones (ops/blas.h); 0: keep OpenBLAS's "
        "choice; 2 (tests): also when OPENBLAS_CORETYPE named the generic kernels",
        EnvKind::integer, 0, 2},
+      {"FSDP_BF16_GEMM", "1",
+       "0: GEMMs of bf16 operands compute in f32 on widened copies even where the CPU has "
+       "AVX512_BF16 (1: on its dot products, kernels/cpu/gemm_bf16.cpp)",
+       EnvKind::flag},
       {"FSDP_BLAS_REEXEC_FROM", "",
        "set by the binaries, not by hand: the generic kernels OpenBLAS chose before they "
        "re-executed with better ones"},

@@ -55,10 +55,7 @@ std::string blas_better_kernel() {
 }
 
 bool bf16_gemm_native() {
-  static const bool on = [] {
-    const char* e = std::getenv("FSDP_BF16_GEMM");
-    return kernels::cpu::has_bf16_gemm() && !(e && std::string_view(e) == "0");
-  }();
+  static const bool on = kernels::cpu::has_bf16_gemm() && env_double("FSDP_BF16_GEMM") != 0;
   return on;
 }
 
