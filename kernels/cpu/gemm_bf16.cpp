@@ -79,6 +79,31 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_a(bool ta, const 
   }
 }
 
+// r[0..16) as a 16 x 16 matrix of dwords, transposed in place: r[c][q] <- r[q][c].
+__attribute__((target("avx512f"))) inline void transpose16(__m512i* r) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {  // t[i]: rows i, i+1 interleaved by dword (lo, hi halves)
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // u[i + q]: in each 128-bit lane L, column 4L + q of rows i..i+3
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int q = 0; q < 4; ++q) {  // columns q, 4 + q, 8 + q, 12 + q from the lanes of u[q + 4g]
+    const __m512i v0 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x88);
+    const __m512i v1 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x88);
+    const __m512i w0 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xdd);
+    const __m512i w1 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xdd);
+    r[q] = _mm512_shuffle_i32x4(v0, v1, 0x88);
+    r[8 + q] = _mm512_shuffle_i32x4(v0, v1, 0xdd);
+    r[4 + q] = _mm512_shuffle_i32x4(w0, w1, 0x88);
+    r[12 + q] = _mm512_shuffle_i32x4(w0, w1, 0xdd);
+  }
+}
+
 // B's k [k0, k0 + kc) and columns [j0 + q*kNR, ..) -> micro-panel q, kp-major: [kp * kNR + j] is
 // the pair (B(k0 + 2kp, j), B(k0 + 2kp + 1, j)); columns past nc are 0.
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_b_panel(bool tb, const uint16_t* b,
@@ -101,27 +126,24 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_b_panel(bool tb, 
     }
     return;
   }
-  // B(k, j) = b[j * ldb + k]: a column's pairs are contiguous; 16 columns' pair kp are gathered
-  // at once (index j * ldb + 2kp, in bf16 units), a column past `cols` masked to 0.
-  const __m512i step = _mm512_mullo_epi32(_mm512_set1_epi32(int(ldb)),
-                                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                                            12, 13, 14, 15));
+  // B(k, j) = b[j * ldb + k]: a column's pairs are contiguous, so 16 columns x 16 pairs are read
+  // as 16 rows of 16 dwords and transposed in registers; columns past `cols` read as 0.
+  const int64_t full = kc / 2;
   for (int64_t j = 0; j < kNR; j += 16) {
-    const int64_t n = std::clamp<int64_t>(cols - j, 0, 16);
-    const __mmask16 m = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
     const uint16_t* base = b + (j0 + j) * ldb + k0;
-    for (int64_t kp = 0; kp < kc / 2; ++kp) {
-      const __m512i idx = _mm512_add_epi32(step, _mm512_set1_epi32(int(2 * kp)));
-      _mm512_storeu_si512(dst + kp * kNR + j,
-                          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, base, 2));
+    const int64_t n = std::clamp<int64_t>(cols - j, 0, 16);
+    for (int64_t kp = 0; kp < full; kp += 16) {
+      const int64_t t = std::min<int64_t>(16, full - kp);
+      const __mmask16 km = t == 16 ? __mmask16(0xFFFF) : __mmask16((1u << t) - 1);
+      __m512i r[16];
+      for (int q = 0; q < 16; ++q)
+        r[q] = q < n ? _mm512_maskz_loadu_epi32(km, base + q * ldb + 2 * kp)
+                     : _mm512_setzero_si512();
+      transpose16(r);
+      for (int64_t q = 0; q < t; ++q) _mm512_storeu_si512(dst + (kp + q) * kNR + j, r[q]);
     }
-    if (kc % 2 && kc > 1) {  // the pair that ends at B(kc-1, j), shifted down: never past it
-      const __m512i idx = _mm512_add_epi32(step, _mm512_set1_epi32(int(kc - 2)));
-      const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx, base, 2);
-      _mm512_storeu_si512(dst + (kc / 2) * kNR + j, _mm512_srli_epi32(v, 16));
-    } else if (kc == 1) {
-      for (int64_t q = 0; q < 16; ++q) dst[j + q] = q < n ? base[q * ldb] : 0;
-    }
+    if (kc % 2)  // the last pair: (B(kc-1, j), 0)
+      for (int64_t q = 0; q < 16; ++q) dst[full * kNR + j + q] = q < n ? base[q * ldb + kc - 1] : 0;
   }
 }
 
