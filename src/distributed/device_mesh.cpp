@@ -6,6 +6,7 @@
 
 #include "fsdp/distributed/init.h"
 #include "fsdp/distributed/placement.h"
+#include "src/distributed/meta_group.h"
 
 namespace fsdp::dist {
 
@@ -113,6 +114,12 @@ std::shared_ptr<DeviceMesh> make_expert_mesh(std::shared_ptr<ProcessGroup> group
              "[expert mesh] expert parallel degree {} must be >= 1 and divide the group's {} "
              "ranks (ep ranks exchange tokens; size / ep ranks hold the same experts)",
              ep, n);
+  // A meta group (the memory plan's) splits into the sizes of the mesh it was made for, which is
+  // the run's main mesh: the expert mesh gets a meta group of its own shape, at the same rank, or
+  // its two groups would be the whole world (the experts planned at 1 / (ep x world) of their
+  // bytes).
+  if (group->device().is_meta())
+    group = std::make_shared<MetaGroup>(int(n), group->rank(), std::vector<int64_t>{n / ep, ep});
   return std::make_shared<DeviceMesh>(std::move(group), std::vector<int64_t>{n / ep, ep},
                                       std::vector<std::string>{"dp_shard_mod_ep", "ep"});
 }
