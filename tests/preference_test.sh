@@ -177,15 +177,20 @@ same "a resumed precomputed dpo vs the frozen copy's last steps" "$work/full.tai
   --pref-ref-cache "$work/pre1/pref_ref_logps.json" > "$work/stale.out" 2>&1 \
   && grep -q "computed in .*the file held other ones: its \"seq\" was 96, this run's is 80" "$work/stale.out" && ok \
   || bad "a stale cache: $(grep -i reference "$work/stale.out" | tail -2)"
-python3 - "$work/pre2/pref_ref_logps.json" <<'PY2'
+python3 - "$work/pre2/pref_ref_logps.json" "$work/pre1/pref_ref_logps.json" "$work/badkey.json" <<'PY2'
 import json, sys
 j = json.load(open(sys.argv[1]))
 j["sets"]["train"][3] += 1e-9
 open(sys.argv[1], "w").write(json.dumps(j))
+j = json.load(open(sys.argv[2]))  # a damaged key is damaged, not another run's (and not replaced)
+j["key"]["seq"] += 1
+open(sys.argv[3], "w").write(json.dumps(j))
 PY2
 cp "$work/pairs.jsonl" "$work/notacache.jsonl"
 truncate -s 300000000 "$work/large.bin"  # sparse: over the 256 MiB a cache may be
+cp "$work/badkey.json" "$work/badkey.orig"
 for f in "$work/pre2/pref_ref_logps.json:is damaged: its \"checksum\" does not match" \
+         "$work/badkey.json:is damaged: its \"checksum\" does not match its key" \
          "$work/notacache.jsonl:is not JSON .*left as it is" \
          "$work/large.bin:is 300000000 bytes, more than a file of reference log-probs for 24 values"; do
   if "$bin" "${A[@]}" --lora-rank 0 --preference dpo --batch 12 --steps 1 --pref-precompute-ref \
@@ -196,6 +201,7 @@ for f in "$work/pre2/pref_ref_logps.json:is damaged: its \"checksum\" does not m
   fi
 done
 cmp -s "$work/pairs.jsonl" "$work/notacache.jsonl" && ok || bad "a file that is not a cache was changed"
+cmp -s "$work/badkey.json" "$work/badkey.orig" && ok || bad "a cache with a damaged key was changed"
 # --pref-reference: two exported models, A (trained 2 steps) and B (the initial one), each the
 # other's reference at lr 0 on one pair: A against A gives log 2; A against B and B against A give
 # -log sigmoid(x) and -log sigmoid(-x), whose exp(-loss) add up to 1, and opposite margins.

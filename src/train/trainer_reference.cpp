@@ -19,7 +19,8 @@
 // reads it and all ranks agree: a file of this key is used; one of another key (stale) is computed
 // again and replaced, saying which field differs; a file that is not such a cache (not a regular
 // file, larger than one of these pairs can be, no "format"), or is damaged (unparsable, wrong
-// counts, checksum), is refused by name and never overwritten. It is written
+// counts, its checksum, which is checked before its key, so that a damaged key is not taken for
+// another run's), is refused by name and never overwritten. It is written
 // through an AtomicFile (a temporary renamed over it).
 #include <fmt/core.h>
 
@@ -77,11 +78,18 @@ uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
   return h;
 }
 
-std::string checksum(const nlohmann::json& key, const std::vector<RefSet>& sets) {
+// Over the key's text and each set's values in the sets' order (a file's: its "sets" object's
+// names, sorted, which is the order a run writes them: "train", then "val").
+std::string checksum(const nlohmann::json& key, const std::vector<std::vector<double>>& values) {
   const std::string text = key.dump();
   uint64_t h = fnv1a(text.data(), text.size(), 14695981039346656037ull);
-  for (const RefSet& s : sets) h = fnv1a(s.logps.data(), s.logps.size() * sizeof(double), h);
+  for (const std::vector<double>& v : values) h = fnv1a(v.data(), v.size() * sizeof(double), h);
   return fmt::format("{:016x}", h);
+}
+std::string checksum(const nlohmann::json& key, const std::vector<RefSet>& sets) {
+  std::vector<std::vector<double>> values;
+  for (const RefSet& s : sets) values.push_back(s.logps);
+  return checksum(key, values);
 }
 
 // What a rank-0 read of the cache found.
@@ -134,6 +142,25 @@ Cached read_cache(const std::string& path, const nlohmann::json& key, std::vecto
                     "is left as it is",
                     kFormat));
   if (!j.contains("key") || !j["key"].is_object()) return refuse("is damaged: no \"key\" object");
+  if (!j.contains("sets") || !j["sets"].is_object())
+    return refuse("is damaged: no \"sets\" object");
+  // The file's own checksum first, over its own key and values: a damaged key is refused as
+  // damaged, and only an intact file of another key is stale (computed again and replaced).
+  std::map<std::string, std::vector<double>> held;
+  for (const auto& [name, v] : j["sets"].items()) {
+    if (!v.is_array()) return refuse(fmt::format("is damaged: \"sets\".\"{}\" is not an array", name));
+    std::vector<double>& out = held[name];
+    for (const nlohmann::json& x : v) {
+      if (!x.is_number() || !std::isfinite(x.get<double>()))
+        return refuse(fmt::format("is damaged: \"sets\".\"{}\" holds {}, not a finite number",
+                                  name, x.dump()));
+      out.push_back(x.get<double>());
+    }
+  }
+  std::vector<std::vector<double>> file_values;
+  for (const auto& [name, v] : held) file_values.push_back(v);
+  if (!j.contains("checksum") || j["checksum"] != checksum(j["key"], file_values))
+    return refuse("is damaged: its \"checksum\" does not match its key and values");
   if (j["key"] != key) {
     for (const auto& [field, value] : key.items())
       if (!j["key"].contains(field) || j["key"][field] != value) {
@@ -145,26 +172,16 @@ Cached read_cache(const std::string& path, const nlohmann::json& key, std::vecto
     *why = "its key holds other fields";
     return Cached::compute;
   }
-  if (!j.contains("sets") || !j["sets"].is_object())
-    return refuse("is damaged: no \"sets\" object");
-  for (RefSet& s : sets) {
+  for (RefSet& s : sets) {  // this key's file: its sets are this run's, whole
     const int64_t want = 2 * s.source->pairs();
-    const nlohmann::json* v = j["sets"].contains(s.name) ? &j["sets"][s.name] : nullptr;
-    if (!v || !v->is_array() || int64_t(v->size()) != want)
+    const auto it = held.find(s.name);
+    if (it == held.end() || int64_t(it->second.size()) != want)
       return refuse(
           fmt::format("is damaged: \"sets\".\"{}\" is not an array of {} numbers (2 a "
                       "pair)",
                       s.name, want));
-    s.logps.clear();
-    for (const nlohmann::json& x : *v) {
-      if (!x.is_number() || !std::isfinite(x.get<double>()))
-        return refuse(fmt::format("is damaged: \"sets\".\"{}\" holds {}, not a finite number",
-                                  s.name, x.dump()));
-      s.logps.push_back(x.get<double>());
-    }
+    s.logps = it->second;
   }
-  if (!j.contains("checksum") || j["checksum"] != checksum(key, sets))
-    return refuse("is damaged: its \"checksum\" does not match its values");
   return Cached::valid;
 }
 
