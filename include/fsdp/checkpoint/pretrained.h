@@ -83,8 +83,10 @@ struct Pretrained {
   // each Shard(0) parameter (a packed one's stored bytes, the values checked finite as the
   // others' are); without, the whole tensors in place (p->data must be allocated).
   void load_into(nn::Transformer& model, FSDPModule* root = nullptr) const;
-  // After load_into: a GGUF file's pages that the load read are given back (the mapping stays;
-  // a later read refaults them), so that a training run does not hold the model file resident.
+  // After load_into: the pages of the mapped model files (a GGUF, or a Hugging Face folder's
+  // safetensors) that the load read are given back (the mapping stays; a later read refaults them
+  // from the file), so that a training run does not hold the model file resident. A view from
+  // read() that its holder wrote since reads the file's bytes again.
   void release_file_pages() const;
 
   std::shared_ptr<const PretrainedSource> source;
