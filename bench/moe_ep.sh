@@ -35,24 +35,10 @@ fi
 source bench/moe_model.sh
 moe_model_args "$mode"
 py=${FSDP_TORCH_PYTHON:-/opt/torchref/bin/python}
-build=${FSDP_BUILD_DIR:-build}
-bin=${FSDP_BIN:-$build/examples}
 out=bench/results/moe-ep-cpu.md
 
-moe_model_check moe_ep.sh
-[ -x /usr/bin/time ] || { echo "moe_ep.sh: needs GNU time (apt-get install time)" >&2; exit 1; }
-[ -n "${FSDP_BIN:-}${FSDP_BENCH_NO_BUILD:-}" ] || scripts/build.sh fsdp-train > /dev/null  # set: the build is done
-log=$(mktemp -d)
-trap 'rm -rf "$log"' EXIT
-export OMP_NUM_THREADS=1 FSDP_CACHE_DIR=${FSDP_CACHE_DIR:-$log/cache}
-
-moe_model_make "$log/model" "$seq" "$log/make.txt"
-moe_model_tokens "$log/data.bin" $((gbatch * seq * (steps + 1)))
-load0=$(cut -d" " -f1-3 /proc/loadavg)
+moe_bench_setup moe_ep.sh "$seq" $((gbatch * seq * (steps + 1)))
 layouts=("1 1" "2 1" "2 2" "4 1" "4 2" "4 4")  # np, expert parallel
-# Each rank under GNU time, which prints its ru_maxrss with the rank the launcher gave it.
-# shellcheck disable=SC2016 # $RANK and $@ are the rank's shell's
-maxrss=(sh -c 'exec /usr/bin/time -f "rank $RANK maxrss_kb %M" "$@"' sh)
 train() {  # NAME NP EP STEPS [ARGS...]: one run, its output in $log/NAME.txt, its log NAME.jsonl
   local name=$1 np=$2 ep=$3 n=$4
   shift 4

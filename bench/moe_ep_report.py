@@ -122,23 +122,32 @@ def main():
           "layouts' order reversed every other round.")
     print()
     print("| layout | experts per rank | ms/step | tok/s | vs FSDP alone | rounds' own ratios | "
-          "peak RSS per rank (GB) | plan (rank 0) | measured / plan: resident, allocated |")
-    print("| --- | --- | ---: | ---: | ---: | --- | --- | ---: | --- |")
+          "peak RSS per rank (GB) | plan (rank 0) | measured / plan: resident, allocated | "
+          "persistent MB: plan, measured |")
+    print("| --- | --- | ---: | ---: | ---: | --- | --- | ---: | --- | --- |")
+    off = []
     for lay in layouts:
         m = ms[lay, best[lay]]
         q = ratio(lay)
         own = ", ".join(f"{ratio(lay, r):.2f}x" for r in range(1, a.rounds + 1)) if q else "-"
         s = summary(lay)
         plan = re.search(r"plan ([0-9.]+) MB resident \(measured/plan ([0-9.]+)\), ([0-9.]+) MB allocated \(([0-9.]+)\)", s)
+        pers = re.search(r"persistent mem / rank +\| ([0-9.]+) MB formula, ([0-9.]+) MB measured", txt[lay, best[lay]])
+        if pers and rel(float(pers.group(1)), float(pers.group(2))) > 0.01:
+            off.append(f"{label(lay)} ({float(pers.group(1)) / float(pers.group(2)):.3f})")
         print(f"| {label(lay)} | {experts_per_rank(lay)} | {m:.1f} | {tokens / m * 1e3:.1f} | "
               f"{f'{q:.2f}x' if q else '-'} | {own} | {rss(lay)} | "
-              f"{plan.group(1) + ' MB' if plan else '?'} | {plan.group(2) + ', ' + plan.group(4) if plan else '?'} |")
+              f"{plan.group(1) + ' MB' if plan else '?'} | {plan.group(2) + ', ' + plan.group(4) if plan else '?'} | "
+              f"{pers.group(1) + ', ' + pers.group(2) if pers else '?'} |")
     print()
     print("\"vs FSDP alone\": FSDP alone's ms/step at the same np over the layout's (above 1: the layout is "
           "faster), each side's better round; the rounds' own ratios pair the two runs of one round. Peak RSS "
           "is each rank's ru_maxrss (/usr/bin/time %M) over the whole process, loading included; the plan is "
           "the meta-device memory plan of rank 0 (resident: with the process baseline and the allocator's "
-          "cache; allocated: the allocator's own peak).")
+          "cache; allocated: the allocator's own peak); persistent: the table's \"persistent mem / rank\" row, "
+          "the plan's sharded parameters, gradients and AdamW moments against what the rank holds. "
+          + (f"The plan's persistent bytes differ from the rank's by more than 1% at: {', '.join(off)} "
+             "(plan / measured)." if off else "The plan's persistent bytes are the rank's (within 1%) everywhere."))
     print()
     print("## Communication per step")
     print()
@@ -197,10 +206,19 @@ def main():
           "time-slicing, not scaling, and np 4 against np 2 or np 1 says nothing about more hardware. The "
           "ratios at one np compare layouts under the same oversubscription and are the closer comparison; "
           "still, where a rank waits for a descheduled peer, the collectives' times include the wait.")
-    print("- Meaningful whatever the load: the experts per rank, the peak RSS per rank (it falls as EP "
-          "keeps fewer experts' weights, gradients and AdamW moments and all-gathers fewer), the memory plan "
+    print("- Meaningful whatever the load: the experts per rank, the peak RSS per rank, the memory plan "
           "against it, FSDP's all-gather bytes and the all-to-all's bytes (the rows each rank sends its "
-          "experts' ranks, which depend on the routing, not the speed), and the losses.")
+          "experts' ranks, which depend on the routing, not the speed), and the losses. At one np, EP N holds "
+          "what FSDP alone holds of the experts (E / N of them sharded over np / N ranks: E / np experts' "
+          "worth, the same persistent bytes); what it saves is the unsharded experts in flight (a block's "
+          "E / N experts, against all E) and their all-gather and reduce-scatter traffic (none between "
+          "ranks at N = np, where the experts' FSDP group is one rank: its \"all-gather\" is a copy, which "
+          "the all-gather MB still count, as they count what the all-gathers write), for an all-to-all of "
+          "the tokens' rows.")
+    print("- Where the plan's persistent bytes are not the rank's (the last column of the first table), "
+          "measured / plan is the plan's error, not the run's.")
+    print("- np 1 against np 2 on these 2 shared cores: a rank's compute is not spread over more cores "
+          "than the machine has free, so np 2 need not be faster than np 1 here.")
     print("- Over Gloo on one host an all-to-all is a memory copy through the loopback; on a cluster's "
           "network the bytes above, not these times, are what carries over.")
     print()

@@ -30,24 +30,10 @@ source bench/moe_model.sh
 moe_model_args "$mode"
 np=2
 py=${FSDP_TORCH_PYTHON:-/opt/torchref/bin/python}
-build=${FSDP_BUILD_DIR:-build}
-bin=${FSDP_BIN:-$build/examples}
 out=bench/results/moe-fsdp2-cpu.md
 
-moe_model_check moe_fsdp2.sh
-[ -x /usr/bin/time ] || { echo "moe_fsdp2.sh: needs GNU time (apt-get install time)" >&2; exit 1; }
-[ -n "${FSDP_BIN:-}${FSDP_BENCH_NO_BUILD:-}" ] || scripts/build.sh fsdp-train > /dev/null  # set: the build is done
-log=$(mktemp -d)
-trap 'rm -rf "$log"' EXIT
-export OMP_NUM_THREADS=1 FSDP_CACHE_DIR=${FSDP_CACHE_DIR:-$log/cache}
-
-moe_model_make "$log/model" "$seq" "$log/make.txt"
-moe_model_tokens "$log/data.bin" $((np * batch * seq * (steps + 1)))
-load0=$(cut -d" " -f1-3 /proc/loadavg)
+moe_bench_setup moe_fsdp2.sh "$seq" $((np * batch * seq * (steps + 1)))
 common=(--steps "$steps" --batch "$batch" --seq "$seq" --threads 1)
-# Each rank under GNU time, which prints its ru_maxrss with the rank the launcher gave it.
-# shellcheck disable=SC2016 # $RANK and $@ are the rank's shell's
-maxrss=(sh -c 'exec /usr/bin/time -f "rank $RANK maxrss_kb %M" "$@"' sh)
 torch=("$(dirname "$py")/torchrun" --standalone --nproc_per_node "$np" --no-python "${maxrss[@]}"
   "$py" bench/moe_fsdp2_ref.py --train "$log/model" --data "$log/data.bin" "${common[@]}")
 for round in $(seq 1 "$rounds"); do

@@ -9,7 +9,13 @@
 #   moe_model_check NAME         exits unless $py imports torch (with gloo) and Qwen3-MoE
 #   moe_model_make DIR SEQ LOG   writes DIR (config.json, model.safetensors); its line in LOG
 #   moe_model_tokens FILE COUNT  writes COUNT random token ids below $vocab to FILE
-# shellcheck shell=bash disable=SC2154 # py is the caller's
+#   moe_bench_setup NAME SEQ COUNT   what both benches do before their runs: the checks (the
+#       reference stack, GNU time), fsdp-train built (unless FSDP_BIN or FSDP_BENCH_NO_BUILD is
+#       set: the build is done), one thread per rank, and log (a temporary folder, removed at exit)
+#       holding the model (log/model, its line in log/make.txt) and COUNT tokens (log/data.bin);
+#       sets bin, log, load0 (the load average now) and maxrss (the prefix that runs a rank under
+#       GNU time, which prints its ru_maxrss with the rank the launcher gave it)
+# shellcheck shell=bash disable=SC2154,SC2034 # py is the caller's, and so are what the functions set
 
 moe_model_args() {
   if [ "$1" = tiny ]; then
@@ -34,4 +40,19 @@ moe_model_make() {
 
 moe_model_tokens() {
   "$py" bench/moe_fsdp2_ref.py --tokens "$1" --vocab "$vocab" --count "$2" > /dev/null
+}
+
+moe_bench_setup() {
+  moe_model_check "$1"
+  [ -x /usr/bin/time ] || { echo "$1: needs GNU time (apt-get install time)" >&2; exit 1; }
+  bin=${FSDP_BIN:-${FSDP_BUILD_DIR:-build}/examples}
+  [ -n "${FSDP_BIN:-}${FSDP_BENCH_NO_BUILD:-}" ] || scripts/build.sh fsdp-train > /dev/null
+  log=$(mktemp -d)
+  trap 'rm -rf "$log"' EXIT
+  export OMP_NUM_THREADS=1 FSDP_CACHE_DIR=${FSDP_CACHE_DIR:-$log/cache}
+  moe_model_make "$log/model" "$2" "$log/make.txt"
+  moe_model_tokens "$log/data.bin" "$3"
+  load0=$(cut -d" " -f1-3 /proc/loadavg)
+  # shellcheck disable=SC2016 # $RANK and $@ are the rank's shell's
+  maxrss=(sh -c 'exec /usr/bin/time -f "rank $RANK maxrss_kb %M" "$@"' sh)
 }
