@@ -4,9 +4,10 @@
 # (bench/moe_fsdp2_ref.py: fully_shard on every decoder layer and the root, output_router_logits,
 # the load-balancing loss with the global batch's router statistics), both at 2 ranks over gloo
 # (scripts/fsdprun, torchrun), one thread per rank, AdamW with fsdp-train's defaults, on the same
-# windows of one shard of random tokens. Model (bench-sized, so that the experts' GEMMs matter):
-# vocab 8192, dim 512, 4 layers (layer 0 dense, ffn 1536; layers 1-3 MoE: 16 experts of hidden
-# 512, top 2, norm_topk_prob), 8 heads / 4 KV heads of dim 64, QK-norm, untied, aux coef 0.02.
+# windows of one shard of random tokens. Model (bench/moe_model.sh, bench-sized, so that the
+# experts' GEMMs matter): vocab 8192, dim 512, 4 layers (layer 0 dense, ffn 1536; layers 1-3 MoE:
+# 16 experts of hidden 512, top 2, norm_topk_prob), 8 heads / 4 KV heads of dim 64, QK-norm,
+# untied, aux coef 0.02.
 # Reports ms/step (mean over steps 1.., the first warms up; the better of alternating rounds),
 # tokens/s and their ratio, each rank's peak RSS (ru_maxrss, /usr/bin/time, on both sides) and the
 # losses side by side. Writes bench/results/moe-fsdp2-cpu.md.
@@ -23,37 +24,16 @@ steps=${1:-4}
 seq=${2:-256}
 batch=${3:-2}
 rounds=${ROUNDS:-2}
-model_args=(--vocab 8192 --dim 512 --inter 1536 --layers 4 --heads 8 --kv-heads 4 --head-dim 64
-  --experts "${EXPERTS:-16}" --top-k 2 --moe-inter "${MOE_HIDDEN:-512}" --dense-layers 0 --aux-coef 0.02)
-if [ "$mode" = tiny ]; then
-  steps=2 seq=16 batch=1 rounds=1
-  model_args=(--vocab 256 --dim 64 --inter 96 --layers 3 --heads 4 --kv-heads 2 --head-dim 16
-    --experts 8 --top-k 2 --moe-inter 32 --dense-layers 0 --aux-coef 0.02)
-fi
+[ "$mode" = tiny ] && steps=2 seq=16 batch=1 rounds=1
+# shellcheck source=bench/moe_model.sh
+source bench/moe_model.sh
+moe_model_args "$mode"
 np=2
 py=${FSDP_TORCH_PYTHON:-/opt/torchref/bin/python}
-build=${FSDP_BUILD_DIR:-build}
-bin=${FSDP_BIN:-$build/examples}
 out=bench/results/moe-fsdp2-cpu.md
 
-"$py" -c "from transformers import Qwen3MoeForCausalLM; import torch.distributed as d; assert d.is_gloo_available()" 2> /dev/null \
-  || { echo "moe_fsdp2.sh: $py cannot import torch (with gloo) and transformers' Qwen3MoeForCausalLM; run bench/setup_torch_ref.sh" >&2; exit 1; }
-[ -x /usr/bin/time ] || { echo "moe_fsdp2.sh: needs GNU time (apt-get install time)" >&2; exit 1; }
-[ -n "${FSDP_BIN:-}${FSDP_BENCH_NO_BUILD:-}" ] || scripts/build.sh fsdp-train > /dev/null  # set: the build is done
-log=$(mktemp -d)
-trap 'rm -rf "$log"' EXIT
-export OMP_NUM_THREADS=1 FSDP_CACHE_DIR=${FSDP_CACHE_DIR:-$log/cache}
-
-"$py" bench/moe_fsdp2_ref.py --make "$log/model" "${model_args[@]}" --max-seq "$seq" > "$log/make.txt" 2>&1 \
-  || { cat "$log/make.txt"; exit 1; }
-vocab=${model_args[1]}
-"$py" bench/moe_fsdp2_ref.py --tokens "$log/data.bin" --vocab "$vocab" --count $((np * batch * seq * (steps + 1))) \
-  > /dev/null
-load0=$(cut -d" " -f1-3 /proc/loadavg)
+moe_bench_setup moe_fsdp2.sh "$seq" $((np * batch * seq * (steps + 1)))
 common=(--steps "$steps" --batch "$batch" --seq "$seq" --threads 1)
-# Each rank under GNU time, which prints its ru_maxrss with the rank the launcher gave it.
-# shellcheck disable=SC2016 # $RANK and $@ are the rank's shell's
-maxrss=(sh -c 'exec /usr/bin/time -f "rank $RANK maxrss_kb %M" "$@"' sh)
 torch=("$(dirname "$py")/torchrun" --standalone --nproc_per_node "$np" --no-python "${maxrss[@]}"
   "$py" bench/moe_fsdp2_ref.py --train "$log/model" --data "$log/data.bin" "${common[@]}")
 for round in $(seq 1 "$rounds"); do

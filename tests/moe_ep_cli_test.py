@@ -10,6 +10,9 @@ top 2, the router's loss on, no torch).
     rank's, so not bit for bit); the table shows the experts per rank; the step line and the log
     show the experts' load, np 1's in every layout; the memory plan's allocated peak is within 10%
     of the run's;
+  - a Mixtral folder (moe_folder.py: Mixtral's router, the top 2 of the logits then softmax over
+    them; both blocks sparse) at np 2 (EP 2) gives np 1's losses, gradient norms and both layers'
+    load, 1e-6 relative in f32;
   - at EP 2 x FSDP 2, activation checkpointing, --grad-accum 2, LoRA on the attention (the
     experts frozen), DPO (its reference model split alike) and Gloo (scripts/fsdprun) in place of MPI give np 1's losses too, and a TOML config's [sharding] expert_parallel sets it;
   - a checkpoint written at EP 2 x FSDP 2 (the experts' chunks at their global rows) resumes
@@ -102,6 +105,29 @@ for dtype, tol in (("f32", 1e-6), ("f64", 1e-12)):
     for key, got in runs.items():
         if key != (1, 1) and base:
             check(close(base, got, tol), f"{dtype} np {key[0]} EP {key[1]}: {got} != np 1's {base}")
+
+# Mixtral: its own router and names, every block sparse, at EP 2 against np 1 (f32).
+mixtral = moe_folder.model_folder(work, "mixtral", True, family="mixtral")
+mix_common = [mixtral if a == model else a for a in common]
+mix_runs, mix_loads = {}, {}
+for np_, ep in ((1, 1), (2, 2)):
+    log = os.path.join(work, f"mixtral_np{np_}_ep{ep}.jsonl")
+    rc, out = run(np_, *mix_common, "--batch", str(GLOBAL_BATCH // np_),
+                  "--expert-parallel", str(ep), "--log-file", log)
+    check(rc == 0, f"mixtral np {np_} EP {ep} did not train: {out[-800:]}")
+    if rc != 0:
+        continue
+    check("| hf mixtral / llama " in out and "4 per MoE block (2 of 2 blocks), top 2 of 16 wide:" in out,
+          f"mixtral np {np_}: the table does not show a Mixtral of 2 sparse blocks: {out[:2500]}")
+    if ep > 1:
+        check("EP 2 x FSDP 1: 2 experts per rank (of 4)" in out, f"mixtral np {np_} EP {ep}: {out[:2500]}")
+    mix_runs[np_] = metrics(log)
+    mix_loads[np_] = [(r["load_max/layers.0.ffn"], r["load_min/layers.1.ffn"]) for r in
+                      (json.loads(l) for l in open(log) if l.strip())]
+check(close(mix_runs.get(1, []), mix_runs.get(2, []), 1e-6),
+      f"mixtral np 2 EP 2: {mix_runs.get(2)} != np 1's {mix_runs.get(1)}")
+check(mix_loads.get(1) and mix_loads.get(1) == mix_loads.get(2),
+      f"mixtral np 2 EP 2: the experts' load {mix_loads.get(2)} != np 1's {mix_loads.get(1)}")
 
 # Activation checkpointing (the MoE's forward again in its block's backward) and gradient
 # accumulation (2 microbatches, the experts' gradients reduced on the last; in f64, as f32's

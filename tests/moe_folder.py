@@ -1,6 +1,8 @@
-"""A small Qwen3-MoE Hugging Face folder written by hand (random f32 weights, no torch), for the
-tests that train one with fsdp-train: 4 experts, top 2, its second layer dense (mlp_only_layers
-[1]), GQA and QK-norm. Every folder holds the same weights."""
+"""A small mixture-of-experts Hugging Face folder written by hand (random f32 weights, no torch),
+for the tests that train one with fsdp-train: 4 experts, top 2, GQA. A Qwen3-MoE (the default) has
+QK-norm and its second layer dense (mlp_only_layers [1]); a Mixtral (family "mixtral": the top k of
+the router's logits, then softmax over them) has both layers sparse and no QK-norm. Every folder of
+a family holds the same weights."""
 import json
 import os
 import random
@@ -31,7 +33,9 @@ class Checks:
 D, HEADS, KV, HD, FF, MOE_FF, E, V, L = 32, 2, 1, 16, 64, 16, 4, 256, 2
 
 
-def model_folder(work, name, router_logits):
+def model_folder(work, name, router_logits, family="qwen3_moe"):
+    assert family in ("qwen3_moe", "mixtral"), family
+    qwen = family == "qwen3_moe"
     rng = random.Random(5)
 
     def tensor(*shape, scale=0.08, ones=False):
@@ -50,16 +54,18 @@ def model_folder(work, name, router_logits):
                         p + "self_attn.q_proj.weight": tensor(HEADS * HD, D),
                         p + "self_attn.k_proj.weight": tensor(KV * HD, D),
                         p + "self_attn.v_proj.weight": tensor(KV * HD, D),
-                        p + "self_attn.o_proj.weight": tensor(D, HEADS * HD),
-                        p + "self_attn.q_norm.weight": tensor(HD, ones=True),
-                        p + "self_attn.k_norm.weight": tensor(HD, ones=True)})
-        if layer == 0:  # sparse
-            tensors[p + "mlp.gate.weight"] = tensor(E, D)
+                        p + "self_attn.o_proj.weight": tensor(D, HEADS * HD)})
+        if qwen:
+            tensors.update({p + "self_attn.q_norm.weight": tensor(HD, ones=True),
+                            p + "self_attn.k_norm.weight": tensor(HD, ones=True)})
+        if layer == 0 or not qwen:  # sparse
+            moe, (gate, up, down) = ("mlp", ("gate_proj", "up_proj", "down_proj")) if qwen else \
+                ("block_sparse_moe", ("w1", "w3", "w2"))
+            tensors[f"{p}{moe}.gate.weight"] = tensor(E, D)
             for e in range(E):
-                q = f"{p}mlp.experts.{e}."
-                tensors.update({q + "gate_proj.weight": tensor(MOE_FF, D),
-                                q + "up_proj.weight": tensor(MOE_FF, D),
-                                q + "down_proj.weight": tensor(D, MOE_FF)})
+                q = f"{p}{moe}.experts.{e}."
+                tensors.update({f"{q}{gate}.weight": tensor(MOE_FF, D), f"{q}{up}.weight": tensor(MOE_FF, D),
+                                f"{q}{down}.weight": tensor(D, MOE_FF)})
         else:  # mlp_only_layers
             tensors.update({p + "mlp.gate_proj.weight": tensor(FF, D), p + "mlp.up_proj.weight": tensor(FF, D),
                             p + "mlp.down_proj.weight": tensor(D, FF)})
@@ -73,14 +79,18 @@ def model_folder(work, name, router_logits):
     os.makedirs(folder)
     with open(os.path.join(folder, "model.safetensors"), "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-    config = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": V,
-              "hidden_size": D, "intermediate_size": FF, "moe_intermediate_size": MOE_FF,
-              "num_hidden_layers": L, "num_attention_heads": HEADS, "num_key_value_heads": KV,
-              "head_dim": HD, "num_experts": E, "num_experts_per_tok": 2, "norm_topk_prob": True,
-              "decoder_sparse_step": 1, "mlp_only_layers": [1], "max_position_embeddings": 128,
+    config = {"vocab_size": V, "hidden_size": D, "num_hidden_layers": L, "num_attention_heads": HEADS,
+              "num_key_value_heads": KV, "head_dim": HD, "num_experts_per_tok": 2, "max_position_embeddings": 128,
               "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
               "attention_bias": False, "router_aux_loss_coef": 0.01, "output_router_logits": router_logits,
               "torch_dtype": "float32"}
+    if qwen:
+        config.update({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "intermediate_size": FF,
+                       "moe_intermediate_size": MOE_FF, "num_experts": E, "norm_topk_prob": True,
+                       "decoder_sparse_step": 1, "mlp_only_layers": [1]})
+    else:  # intermediate_size is each expert's width
+        config.update({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                       "intermediate_size": MOE_FF, "num_local_experts": E, "sliding_window": None})
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f)
     return folder
