@@ -11,6 +11,7 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -288,8 +289,9 @@ TEST(MiniLLM, MaterializeIsOneFlatBuffer) {
   EXPECT_EQ(flat.params.to_f64_vector(), flat2.params.to_f64_vector());
 }
 
-void expect_whole_model_gradient(const nn::TransformerConfig& c) {
-  nn::Transformer m(c);
+void expect_whole_model_gradient(const nn::TransformerConfig& c,
+                                 const nn::BlockFactory& blocks = nn::default_block) {
+  nn::Transformer m(c, blocks);
   auto flat = nn::materialize(m, DType::f64, 11);
   // Random small biases and norm weights away from one, so that their gradients are tested away
   // from their init.
@@ -710,6 +712,32 @@ TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {
 // The KV cache with grouped-query attention (cache sized by the kv heads), a head dim of its own,
 // q/k/v biases, a tied head and rope theta 1e5: prefill and one-at-a-time decode give the full
 // forward's logits.
+// The KV-cached decode of 8 ids (3 at once, then one at a time) against the full forward, in f64
+// with biases and norm weights away from their init.
+void expect_kv_cache_equals_full_forward(nn::Transformer& model, const std::string& what) {
+  const nn::TransformerConfig& c = model.config();
+  nn::materialize(model, DType::f64, 9);
+  for (auto& [n, p] : model.named_parameters()) {
+    if (n.find("bias") != std::string::npos)
+      nn::init_fill(nn::Init::uniform(-0.5, 0.5), 5, n, 0, p->data);
+    if (n.find("_norm") != std::string::npos)
+      nn::init_fill(nn::Init::uniform(0.5, 1.5), 6, n, 0, p->data);
+  }
+  const std::vector<int32_t> ids = {3, 14, 15, 9, 2, 6, 5, 35};
+  Tensor full = model.forward(Tensor::from_vector(ids, {1, 8})).view({8, c.vocab});
+  model.start_kv_cache(c.seq);
+  Tensor pre =
+      model.forward(Tensor::from_vector(std::vector<int32_t>(ids.begin(), ids.begin() + 3), {1, 3}))
+          .view({3, c.vocab});
+  EXPECT_LT(test::rel_error(pre, full.slice(0, 3)), 1e-12) << what;
+  for (int64_t t = 3; t < 8; ++t) {
+    Tensor row = model.forward(Tensor::from_vector(std::vector<int32_t>{ids[size_t(t)]}, {1, 1}))
+                     .view({1, c.vocab});
+    EXPECT_LT(test::rel_error(row, full.slice(t, t + 1)), 1e-12) << what << " position " << t;
+  }
+  model.stop_kv_cache();
+}
+
 TEST(Sample, GroupedQueryKvCacheEqualsTheFullForward) {
   for (int64_t kv : {2, 1, 3, 4}) {  // 3: kv 2 with QK-norm (Qwen3); 4: with Llama 3's rope scaling
     nn::TransformerConfig c = gqa_config(kv == 1 ? 1 : 2, true, true);
@@ -717,29 +745,45 @@ TEST(Sample, GroupedQueryKvCacheEqualsTheFullForward) {
     if (kv == 4) c.rope_scaling = {.factor = 8.0, .original_context = 16.0};
     c.vocab = 50, c.dim = 16, c.seq = 16;
     nn::Transformer model(c);
-    nn::materialize(model, DType::f64, 9);
-    for (auto& [n, p] : model.named_parameters()) {
-      if (n.find("bias") != std::string::npos)
-        nn::init_fill(nn::Init::uniform(-0.5, 0.5), 5, n, 0, p->data);
-      if (n.find("_norm") != std::string::npos)
-        nn::init_fill(nn::Init::uniform(0.5, 1.5), 6, n, 0, p->data);
-    }
-    const std::vector<int32_t> ids = {3, 14, 15, 9, 2, 6, 5, 35};
-    Tensor full = model.forward(Tensor::from_vector(ids, {1, 8})).view({8, c.vocab});
-    model.start_kv_cache(c.seq);
-    Tensor pre = model
-                     .forward(Tensor::from_vector(
-                         std::vector<int32_t>(ids.begin(), ids.begin() + 3), {1, 3}))
-                     .view({3, c.vocab});
-    EXPECT_LT(test::rel_error(pre, full.slice(0, 3)), 1e-12) << "kv " << kv;
-    for (int64_t t = 3; t < 8; ++t) {
-      Tensor row = model.forward(Tensor::from_vector(std::vector<int32_t>{ids[size_t(t)]}, {1, 1}))
-                       .view({1, c.vocab});
-      EXPECT_LT(test::rel_error(row, full.slice(t, t + 1)), 1e-12)
-          << "kv " << kv << " position " << t;
-    }
-    model.stop_kv_cache();
+    expect_kv_cache_equals_full_forward(model, fmt::format("kv {}", kv));
   }
+}
+
+// A family's own blocks in the generic decoder (a BlockFactory): here nn::TransformerBlock with a
+// QK-norm over the whole width of q and of k (AttentionOptions::qk_norm_whole, OLMo-2's): its
+// weights are [heads hd] and [kv_heads hd]; every gradient matches f64 finite differences and the
+// KV-cached decode (the cache found in the family's blocks) equals the full forward.
+nn::BlockFactory whole_width_qk_norm_blocks() {
+  return [](const nn::TransformerConfig& c, int64_t) -> std::unique_ptr<nn::Module> {
+    const nn::AttentionOptions attn{.bias = false,
+                                    .causal = true,
+                                    .rope_theta = c.rope_theta,
+                                    .xavier_in_proj = false,
+                                    .kv_heads = c.kv_heads,
+                                    .head_dim = c.head_dim,
+                                    .qk_norm = true,
+                                    .qk_norm_whole = true,
+                                    .norm_eps = c.norm_eps};
+    return std::make_unique<nn::TransformerBlock>(c.dim, c.heads, c.resolved_ffn_hidden(),
+                                                  nn::FeedForward::Kind::swiglu, attn,
+                                                  nn::NormOptions{.eps = c.norm_eps});
+  };
+}
+
+TEST(WholeModelGradient, FamilyBlocksWithAWholeWidthQkNorm) {
+  nn::TransformerConfig c = gqa_config(2, false, false);
+  c.norm_eps = 1e-6;
+  nn::Transformer m(c, whole_width_qk_norm_blocks());
+  std::map<std::string, std::vector<int64_t>> norms;
+  for (auto& [n, p] : m.named_parameters())
+    if (n.find("_norm.weight") != std::string::npos) norms[n] = p->shape;
+  EXPECT_EQ(norms["layers.1.attn.q_norm.weight"], (std::vector<int64_t>{4 * 6}));
+  EXPECT_EQ(norms["layers.1.attn.k_norm.weight"], (std::vector<int64_t>{2 * 6}));
+  EXPECT_EQ(norms.size(), 2 * size_t(c.layers));
+  expect_whole_model_gradient(c, whole_width_qk_norm_blocks());
+  c.vocab = 50, c.dim = 16, c.seq = 16;
+  nn::Transformer cached(c, whole_width_qk_norm_blocks());
+  expect_kv_cache_equals_full_forward(cached, "whole-width QK-norm");
 }
 
 INSTANTIATE_TEST_SUITE_P(BothArchs, WholeModelGradient,

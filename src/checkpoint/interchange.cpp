@@ -105,7 +105,8 @@ NamedTensors consolidate_unchecked(const std::string& ckpt_path, nn::Transformer
              ckpt_path, cfg.layers, cfg.dim, cfg.vocab, cfg.resolved_ffn_hidden(),
              lora ? cfg.lora_parameters() : cfg.num_parameters(), lora ? "adapter " : "",
              double(listed));
-  nn::Transformer model(cfg);
+  const std::unique_ptr<nn::Transformer> built = models::spec_to_train(cfg).build(cfg);
+  nn::Transformer& model = *built;
   std::optional<nn::FlatParameters> base;  // LoRA: the base, built as the run built it
   if (lora) base = lora_base(m, ckpt_path, model);
   NamedTensors out;

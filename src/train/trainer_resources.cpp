@@ -20,6 +20,7 @@
 #include "fsdp/distributed/device_mesh.h"
 #include "fsdp/distributed/init.h"
 #include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/models/spec.h"
 #include "fsdp/profiler/ceilings.h"
 #include "fsdp/profiler/metrics.h"
 #include "fsdp/nn/module.h"
@@ -92,8 +93,8 @@ void Trainer::Impl::check_memory_plan() {
                              (long double)dtype_size(frozen_dtype.value_or(dtype));
   if (frozen_packed) {  // a kept base: its stored bytes (the file's layers, checked on opening)
     frozen_bytes = 0;
-    nn::Transformer shapes(cfg);  // no storage
-    for (auto& [name, p] : shapes.named_parameters())
+    const auto shapes = models::spec_to_train(cfg).build(cfg);  // no storage
+    for (auto& [name, p] : shapes->named_parameters())
       if (!p->requires_grad) {
         const auto rows = frozen_packed(name);
         frozen_bytes += rows ? (long double)rows->bytes(0, rows->rows())

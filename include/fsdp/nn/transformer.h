@@ -1,6 +1,7 @@
-// nn::Transformer, the module tree every model family builds (fsdp/models/spec.h: each family is
-// a set of these options, read from its files): embedding, N transformer blocks, [final norm],
-// head (untied, or llama's tied to the embedding).
+// nn::Transformer, the generic decoder every model family builds (fsdp/models/spec.h): embedding,
+// N blocks, [final norm], head (untied, or llama's tied to the embedding). The blocks are the
+// family's (a BlockFactory: OLMo-2's is its own module, src/models/olmo2/); by default they are
+// nn::TransformerBlock driven by this config's options, which llama's relatives set.
 //
 // Two forms (Arch):
 //   seed   the reference script's model, exactly: bidirectional
@@ -105,9 +106,22 @@ struct TransformerConfig {
 // Whether a parameter name is a LoRA adapter's ("layers.0.attn.lora_A", "...ffn.w2.lora_B").
 bool is_lora_parameter(const std::string& name);
 
+// A model family's block for layer `layer` of a config, composed from this header's layers with
+// its own forward and backward (src/models/<family>/); the Transformer registers it as
+// "layers.<layer>". Its attention modules (MultiheadAttention, anywhere in it) take the KV cache,
+// and its MoE modules the router loss.
+using BlockFactory =
+    std::function<std::unique_ptr<Module>(const TransformerConfig& config, int64_t layer)>;
+// The block the config's options describe: nn::TransformerBlock of the seed's form or of llama's
+// (a relative of llama's sets its options: biases, QK-norm, Gemma 3's norms, GeGLU, its window
+// and rope base on layer `layer`, an MoE where moe.sparse(layer)).
+std::unique_ptr<Module> default_block(const TransformerConfig& config, int64_t layer);
+
+// The generic decoder: embedding, the family's blocks, [final norm], head, the fused loss, the KV
+// cache.
 class Transformer : public Module {
  public:
-  explicit Transformer(const TransformerConfig& cfg);
+  explicit Transformer(const TransformerConfig& cfg, const BlockFactory& blocks = default_block);
   // tokens [B, T] (i32/i64) -> logits [B, T, vocab]; with the batch context's targets, the loss
   // instead (fuses_loss: nn::ChunkedLMLoss over the head, never the whole logits).
   Tensor forward_impl(const Tensor& tokens) override;
@@ -144,6 +158,7 @@ class Transformer : public Module {
   RMSNorm* norm_ = nullptr;
   Linear* head_ = nullptr;  // null when tied: the logits use embed_'s weight
   std::vector<MoE*> moe_;
+  std::vector<MultiheadAttention*> attention_;  // every block's, in layer order (the KV cache)
   std::function<void(std::vector<double>&)> reduce_;
   int64_t world_ = 1;
   double router_loss_ = 0;
