@@ -217,6 +217,51 @@ TEST(ModelSpec, AMixOfOptionsNoFamilyHoldsIsRefusedForExportAndTrainsAsItsForm) 
     EXPECT_EQ(models::spec_to_train(c).name, "llama");
 }
 
+// A config names its family ("family" in the config JSON and so in the checkpoint): spec_of takes
+// that family, refusing by name one that is none or that does not hold the config's options; the
+// key and the family's own options object (under its name) round-trip through the JSON; a config
+// without the key (written before it) still finds its family by its options.
+TEST(ModelSpec, AConfigNamesItsFamilyAndCarriesItsOptionsUnderItsName) {
+  nn::TransformerConfig q = one_of_each()[3].second;  // qwen3's options
+  q.family = "qwen3";
+  EXPECT_EQ(models::spec_of(q).name, "qwen3");
+  const nlohmann::json j = nlohmann::json::parse(q.to_json());
+  EXPECT_EQ(j.at("family"), "qwen3");
+  EXPECT_EQ(nn::TransformerConfig::from_json(q.to_json()).to_json(), q.to_json());
+  q.family_options = R"({"x":1})";
+  const nlohmann::json with = nlohmann::json::parse(q.to_json());
+  EXPECT_EQ(with.at("qwen3"), nlohmann::json::parse(R"({"x":1})"));
+  EXPECT_EQ(nn::TransformerConfig::from_json(q.to_json()).family_options, q.family_options);
+  nn::TransformerConfig wrong = llama_like();  // llama's options, named qwen3
+  wrong.family = "qwen3";
+  EXPECT_NE(error_of([&] { (void)models::spec_of(wrong); })
+                .find("the config names the family qwen3 (Qwen3: llama with QK-norm and no "
+                      "biases) but holds options that are not its (arch llama, qkv_bias false, "
+                      "qk_norm false"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { (void)models::spec_to_train(wrong); }).find("names the family qwen3"),
+            std::string::npos);
+  wrong.family = "gpt2";
+  EXPECT_NE(error_of([&] { (void)models::spec_of(wrong); })
+                .find("the config names the family 'gpt2', which is none of seed, llama,"),
+            std::string::npos);
+  nlohmann::json bad = nlohmann::json::parse(llama_like().to_json());
+  bad["family"] = 3;
+  EXPECT_NE(error_of([&] { (void)nn::TransformerConfig::from_json(bad.dump()); })
+                .find("config field 'family' must be a string, got 3"),
+            std::string::npos);
+  bad["family"] = "Qwen 3";
+  EXPECT_NE(error_of([&] { (void)nn::TransformerConfig::from_json(bad.dump()); })
+                .find("config field 'family' must be a family's name (a-z, 0-9, _), got 'Qwen 3'"),
+            std::string::npos);
+  bad["family"] = "qwen3";
+  bad["qwen3"] = 5;
+  EXPECT_NE(error_of([&] { (void)nn::TransformerConfig::from_json(bad.dump()); })
+                .find("config field 'qwen3' (the qwen3 family's options) must be an object, got 5"),
+            std::string::npos);
+  EXPECT_EQ(nlohmann::json::parse(llama_like().to_json()).count("family"), 0u);  // as before
+}
+
 namespace {
 // Our parameter `name` through the adapter's Hugging Face and GGUF names and back: both exist and
 // each leads back to it. Returns its Hugging Face name.

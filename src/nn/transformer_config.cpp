@@ -70,6 +70,10 @@ std::string TransformerConfig::to_json() const {
   if (lora.rank > 0)
     j["lora"] = {
         {"rank", lora.rank}, {"alpha", lora.alpha}, {"targets", lora_target_names(lora.targets)}};
+  if (!family.empty()) {
+    j["family"] = family;
+    if (!family_options.empty()) j[family] = nlohmann::json::parse(family_options);
+  }
   if (rope_scaling.enabled())
     j["rope_scaling"] = {{"type", "llama3"},
                          {"factor", rope_scaling.factor},
@@ -140,6 +144,20 @@ TransformerConfig TransformerConfig::from_json(const std::string& text) {
                 .targets = parse_lora_targets(l["targets"].get<std::string>())};
     }
     if (j.contains("moe")) c.moe = moe_from_json(j["moe"]);
+    if (j.contains("family")) {
+      FSDP_CHECK(j["family"].is_string(), "[model] config field 'family' must be a string, got {}",
+                 json_read::brief(j["family"]));
+      c.family = j["family"].get<std::string>();
+      FSDP_CHECK(is_family_name(c.family),
+                 "[model] config field 'family' must be a family's name (a-z, 0-9, _), got '{}'",
+                 json_read::printable(c.family, 80));
+      if (j.contains(c.family)) {
+        FSDP_CHECK(j[c.family].is_object(),
+                   "[model] config field '{}' (the {} family's options) must be an object, got {}",
+                   c.family, c.family, json_read::brief(j[c.family]));
+        c.family_options = j[c.family].dump();
+      }
+    }
     if (j.contains("rope_scaling")) {
       const nlohmann::json& s = j["rope_scaling"];
       FSDP_CHECK(s.is_object() && s.value("type", "") == "llama3",
@@ -161,6 +179,13 @@ TransformerConfig TransformerConfig::from_json(const std::string& text) {
   }
   c.validate();
   return c;
+}
+
+bool is_family_name(const std::string& name) {
+  return !name.empty() && name.size() <= 64 &&
+         std::all_of(name.begin(), name.end(), [](char ch) {
+           return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_';
+         });
 }
 
 int64_t TransformerConfig::resolved_ffn_hidden() const {
@@ -254,6 +279,10 @@ void TransformerConfig::validate() const {
                "[model] rope_local_theta {} must be >= 0 (0: rope_theta)", rope_local_theta);
   }
   if (norm_eps) FSDP_CHECK(*norm_eps >= 0, "[model] norm eps must be >= 0, got {}", *norm_eps);
+  FSDP_CHECK(family.empty() || is_family_name(family),
+             "[model] family must be a family's name (a-z, 0-9, _), got '{}'", family);
+  FSDP_CHECK(!family.empty() || family_options.empty(),
+             "[model] family options {} without a family", family_options);
   moe.validate(layers);
   if (moe.enabled()) {
     FSDP_CHECK(arch == Arch::llama, "[model] moe is for arch llama; seed has no SwiGLU FFN");

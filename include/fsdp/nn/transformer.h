@@ -70,6 +70,12 @@ struct TransformerConfig {
   // A mixture of experts in the blocks moe.sparse(i) names (llama only; Qwen3-MoE, Mixtral): their
   // FFN is an nn::MoE, and the fused loss adds the router's loss (MoEConfig::aux_coef, z_coef).
   MoEConfig moe;
+  // The family that owns the config (the config JSON's "family" key; "": a config written before
+  // families named themselves, whose family models::spec_of finds by its options) and that
+  // family's own options: a JSON object's text, saved under the family's name ("olmo2": {...})
+  // and read by its folder (src/models/<family>/); "" for none (the family's defaults).
+  std::string family;
+  std::string family_options;
   // Layer i's attention: its window (0: full) and its rotary frequencies.
   int64_t layer_window(int64_t i) const;
   bool layer_global(int64_t i) const;
@@ -79,7 +85,8 @@ struct TransformerConfig {
   // seq, rope_theta, norm_eps when set, and kv_heads, head_dim, tie_embeddings, qkv_bias, qk_norm,
   // rope_scaling when they differ from the default, so older configs read and compare unchanged):
   // checkpoints and exports carry it, and from_json rebuilds the config, validated (absent keys are
-  // defaults). A missing or mistyped key is an error that names it.
+  // defaults; "family" and the family's options object when set). A missing or mistyped key is an
+  // error that names it.
   std::string to_json() const;
   static TransformerConfig from_json(const std::string& json);
   int64_t resolved_ffn_hidden() const;
@@ -93,7 +100,8 @@ struct TransformerConfig {
   int64_t active_parameters() const;
   // Every parameter's element count, from the shape alone (nn_test holds it to a built model's
   // num_parameters()): the size checked against memory and against a file's tensors before any
-  // module exists. Saturates at INT64_MAX rather than overflowing.
+  // module exists. Saturates at INT64_MAX rather than overflowing. (nn::TransformerBlock's: a
+  // family with blocks of its own counts its own, models::num_parameters.)
   int64_t num_parameters() const;
   // Training FLOPs per token: 6 * matmul_params (active) + 12 * heads * head_dim * seq per layer, a
   // windowed layer counting min(window, seq) keys in place of seq (its kernels skip the rest).
@@ -102,6 +110,9 @@ struct TransformerConfig {
   // The adapters' element count (0 without LoRA), within num_parameters().
   int64_t lora_parameters() const;
 };
+
+// Whether `name` may name a family in a config: a-z, 0-9 and _, 1 to 64 characters.
+bool is_family_name(const std::string& name);
 
 // Whether a parameter name is a LoRA adapter's ("layers.0.attn.lora_A", "...ffn.w2.lora_B").
 bool is_lora_parameter(const std::string& name);
