@@ -28,6 +28,7 @@
 #include "fsdp/nn/sample.h"
 #include "fsdp/nn/transformer.h"
 #include "fsdp/ops/ops.h"
+#include "src/models/olmo2/olmo2.h"
 #include "test_util.h"
 
 namespace fsdp {
@@ -784,6 +785,31 @@ TEST(WholeModelGradient, FamilyBlocksWithAWholeWidthQkNorm) {
   c.vocab = 50, c.dim = 16, c.seq = 16;
   nn::Transformer cached(c, whole_width_qk_norm_blocks());
   expect_kv_cache_equals_full_forward(cached, "whole-width QK-norm");
+}
+
+// OLMo-2's block (src/models/olmo2/: norms after the attention and the FFN, QK-norm over the whole
+// q and k width), as its family builds it, with grouped-query attention (4 query heads over 2 kv
+// heads of 6 dims) and with and without its attention biases: every gradient against f64 finite
+// differences, and the KV-cached decode equals the full forward.
+TEST(WholeModelGradient, Olmo2Block) {
+  for (const char* options : {R"({"attention_bias":false})", R"({"attention_bias":true})"}) {
+    SCOPED_TRACE(options);
+    nn::TransformerConfig c = gqa_config(2, false, false);
+    c.norm_eps = 1e-6;
+    c.family = "olmo2";
+    c.family_options = options;
+    nn::Transformer m(c, models::olmo2::make_block);
+    int post_norms = 0;
+    for (auto& [n, p] : m.named_parameters()) {
+      post_norms += n.ends_with("post_attn_norm.weight") || n.ends_with("post_ffn_norm.weight");
+      EXPECT_EQ(n.find("norm1"), std::string::npos) << n;  // no norm before a sublayer
+    }
+    EXPECT_EQ(post_norms, 2 * int(c.layers));
+    expect_whole_model_gradient(c, models::olmo2::make_block);
+    c.vocab = 50, c.dim = 16, c.seq = 16;
+    nn::Transformer cached(c, models::olmo2::make_block);
+    expect_kv_cache_equals_full_forward(cached, options);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(BothArchs, WholeModelGradient,

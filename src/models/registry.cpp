@@ -1,5 +1,6 @@
 // The registry of model families (fsdp/models/spec.h): one line each in FSDP_MODEL_FAMILIES.
 #include <array>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -18,6 +19,7 @@
   X(mistral)                   \
   X(qwen3_moe)                 \
   X(mixtral)                   \
+  X(olmo2)                     \
   /* the end of the list */
 
 namespace fsdp::models {

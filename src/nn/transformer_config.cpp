@@ -5,9 +5,12 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "fsdp/core/error.h"
 #include "fsdp/nn/transformer.h"
