@@ -14,14 +14,18 @@
   (b) that model fine-tuned 2 steps by fsdp-train --init-from its folder and exported by fsdp-export:
       transformers loads the folder as Olmo2ForCausalLM with no missing, unexpected or mismatched
       keys, to the checkpoint's logits within 1e-4; 2 AdamW steps moved the logits;
-  (c) fsdp-export --gguf refuses it by name (llama.cpp's olmo2 is not written here).
+  (c) fsdp-export --gguf refuses it by name (llama.cpp's olmo2 is not written here);
+  (d) fsdp-train at 2 ranks (mpirun; fully_shard on each OLMo-2 block) gives the 1-rank run's losses
+      on the same global batch within 1e-6 relative.
 
 PyTorch and transformers come from FSDP_TORCH_PYTHON (bench/setup_torch_ref.sh makes one), else
 this interpreter; where they do not import, the test prints "skipped: ..." and exits 0 (CI does
 not install PyTorch). By hand:
     FSDP_TORCH_PYTHON=/opt/torchref/bin/python ctest -R olmo2_ref -V
 """
+import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -87,4 +91,23 @@ p = subprocess.run([os.path.join(family.bins, "fsdp-export"), "--ckpt", ck, "--o
 print(f"(c) fsdp-export to GGUF: exit {p.returncode}: {p.stderr.strip()[-200:]}")
 check(p.returncode != 0 and "the olmo2 family has no llama.cpp architecture" in p.stderr,
       f"the GGUF export of an olmo2 checkpoint was not refused by name: {p.returncode} {p.stderr[-400:]}")
+# (d) sharded: fsdp-train at 2 ranks (fully_shard on each OLMo-2 block) gives the 1-rank run's
+# losses on the same global batch (4 rows: 4 at 1 rank, 2 a rank at 2), to f32 reduction-order
+# rounding.
+if shutil.which("mpirun"):
+    def losses(np_):
+        log = os.path.join(family.work, f"d-{np_}.jsonl")
+        mpirun = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_)]
+        if os.geteuid() == 0:
+            mpirun.insert(1, "--allow-run-as-root")
+        family.run(*mpirun, os.path.join(family.bins, "fsdp-train"), "--init-from", folder, "--data",
+                   "/usr/share/common-licenses/Apache-2.0", "--tokenizer", "bytes", "--seq", "64", "--batch",
+                   str(4 // np_), "--steps", "3", "--sample-tokens", "0", "--threads", "1", "--log-file", log)
+        return [json.loads(line)["loss"] for line in open(log) if line.strip()]
+    one, two = losses(1), losses(2)
+    worst = max(abs(a - b) / abs(a) for a, b in zip(one, two))
+    print(f"(d) 3 steps at np 1 {one}, at np 2 {two}: max relative difference {worst:.1e}")
+    check(len(one) == len(two) == 3 and worst < 1e-6, f"np 2's losses {two} are not np 1's {one}")
+else:
+    print("(d) no mpirun: the 2-rank run is not checked")
 print(f"{family.passed} passed, 0 failed")
