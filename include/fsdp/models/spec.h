@@ -84,7 +84,10 @@ struct ModelSpec {
   // Its state-dict adapter: its parameters' Hugging Face and GGUF names, llama.cpp's architecture
   // and what its converter does (state_dict_adapter.h). Null: only our own names (seed).
   const StateDictAdapter* adapter = nullptr;
-  // Whether a config is this family's, by its options (spec_of asks each family).
+  // Whether a config is this family's: for a config that names it (its "family"), whether it
+  // holds the config's options (refusing its own options' bad fields by name); for a config
+  // without the key (written before it), by its options alone (spec_of asks each family). A
+  // family newer than the key (olmo2) holds only configs that name it.
   bool (*matches)(const nn::TransformerConfig& config);
   // config.json's text -> our config, validated; refuses, naming `where` and the field, what the
   // family's model here cannot hold. Null where hf_model_type is "".
