@@ -45,46 +45,25 @@ not install PyTorch). By hand:
 """
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
-from torch_ref import failer, skip, under_torch_python
+from torch_ref import skip, under_torch_python
 
-fail = failer("families_ref_test")
 under_torch_python(__file__)
 try:
     import torch
-    from transformers import (AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
+    from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
                               LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen3Config,
                               Qwen3ForCausalLM)
 except ImportError as e:
     skip(f"PyTorch and transformers (with Qwen3) do not import here ({e}); set FSDP_TORCH_PYTHON")
+from family_ref import PROMPT, FamilyRef
 
-bins = sys.argv[1]
-work = tempfile.mkdtemp()
-env = dict(os.environ, OMP_NUM_THREADS="2")
-gen = os.path.join(bins, "fsdp-generate")
-passed = 0
-
-
-def run(*args, raw=False):
-    p = subprocess.run(list(args), capture_output=True, env=env)
-    if p.returncode:
-        fail(f"{' '.join(args[:3])} ...: {p.stderr.decode(errors='replace').strip()[-600:]}")
-    return p.stdout if raw else p.stdout.decode(errors="replace")
-
-
-def check(ok, what):
-    global passed
-    if not ok:
-        fail(what)
-    passed += 1
-
-
-# 96 bytes: the bytes tokenizer gives 96 ids.
-prompt = "Queries and keys are normalized per head before their rotation; 96 bytes make the prompt longer."
-assert len(prompt.encode()) == 96, len(prompt.encode())
+family = FamilyRef("families_ref_test", sys.argv[1])
+work, gen = family.work, family.gen
+run, check, logits_of = family.run, family.check, family.logits_of
+finetune_and_export = family.finetune_and_export
+prompt = PROMPT
 
 
 def qwen3(tied, seed, heads=4, kv_heads=2, head_dim=32):
@@ -103,12 +82,6 @@ def qwen3(tied, seed, heads=4, kv_heads=2, head_dim=32):
     return m
 
 
-def logits_of(*source):
-    j = json.loads(run(gen, *source, "--tokenizer", "bytes", "--prompt", prompt, "--print-logits",
-                       "--threads", "2"))
-    return j.get("ids", j.get("prompt_ids")), torch.tensor(j["logits"])
-
-
 # (a) transformers' Qwen3 read by fsdp-generate.
 model = qwen3(tied=True, seed=0)
 qdir = os.path.join(work, "qwen3")
@@ -121,44 +94,7 @@ diff = (ours - ref).abs().max().item()
 print(f"(a) qwen3 QK-norm, GQA 4/2, head dim 32 of hidden 64, tied: {len(ids)} tokens, "
       f"max |logit diff| {diff:.2e} (logits of scale {ref.abs().max().item():.1f})")
 check(diff < 1e-4, f"qwen3 logits differ from transformers' by {diff}")
-with torch.no_grad():
-    want_ids = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              max_new_tokens=20, do_sample=False, pad_token_id=0)[0][len(ids):].tolist()
-text = run(gen, "--model", qdir, "--tokenizer", "bytes", "--prompt", prompt, "--tokens", "20",
-           "--temperature", "0", "--ignore-eos", "--threads", "2", raw=True)
-print(f"(a) greedy 20 tokens: transformers {want_ids}")
-check(bytes(want_ids) in text, f"greedy bytes differ: fsdp-generate {text!r}, transformers {bytes(want_ids)!r}")
-
-
-def finetune_and_export(src, name, gguf, cls="Qwen3ForCausalLM"):
-    ck = os.path.join(work, name + "-ck")
-    run(os.path.join(bins, "fsdp-train"), "--init-from", src, "--data", "/usr/share/common-licenses/Apache-2.0",
-        "--tokenizer", "bytes", "--seq", "64", "--batch", "2", "--steps", "2", "--sample-tokens", "0",
-        "--ckpt-dir", ck, "--ckpt-every", "2", "--threads", "2")
-    hf = os.path.join(work, name + "-export")
-    run(os.path.join(bins, "fsdp-export"), "--ckpt", ck, "--out", os.path.join(hf, "model.safetensors"),
-        *(["--gguf", os.path.join(hf, "model.gguf")] if gguf else []))
-    loaded, info = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32, output_loading_info=True)
-    keys = {k: info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-    print(f"({name}) transformers loads the fine-tuned export as {type(loaded).__name__}: {keys}")
-    check(not any(keys.values()) and not info.get("error_msgs") and type(loaded).__name__ == cls,
-          f"loading the {name} export: {type(loaded).__name__} {info}")
-    _, from_ckpt = logits_of("--ckpt", ck)
-    with torch.no_grad():
-        ref = loaded.eval()(torch.tensor([list(prompt.encode())])).logits[0]
-    diff = (from_ckpt - ref).abs().max().item()
-    print(f"({name}) fine-tuned: max |logit diff| checkpoint vs export in transformers {diff:.2e}")
-    check(diff < 1e-4, f"the fine-tuned {name} export's logits differ by {diff}")
-    if gguf == "transformers":
-        g = AutoModelForCausalLM.from_pretrained(hf, gguf_file="model.gguf", dtype=torch.float32)
-        with torch.no_grad():
-            ref = g.eval()(torch.tensor([list(prompt.encode())])).logits[0]
-        diff = (from_ckpt - ref).abs().max().item()
-        print(f"({name}) the GGUF export read by transformers' GGUF loader as {type(g).__name__} "
-              f"(architecture {g.config.model_type}): max |logit diff| {diff:.2e}")
-        check(type(g).__name__ == cls and diff < 1e-4,
-              f"the GGUF export: {type(g).__name__}, diff {diff}")
-    return from_ckpt, ck, hf
+family.greedy_tokens_equal("a", model, qdir)
 
 
 # (b) fine-tuned, exported to Hugging Face.
@@ -277,13 +213,7 @@ def windowed_against_transformers(label, model, unwindowed, name, what, cls):
           f"{ref.abs().max().item():.1f}); without the window the logits move by {apart:.2e}")
     check(diff < 1e-4, f"{name} logits differ from transformers' by {diff}")
     check(apart > 1e-3, f"the window hardly changes the logits ({apart}): the check would be vacuous")
-    with torch.no_grad():
-        want_ids = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
-                                  pad_token_id=0)[0][ids.shape[1]:].tolist()
-    text = run(gen, "--model", folder, "--tokenizer", "bytes", "--prompt", prompt, "--tokens", "20",
-               "--temperature", "0", "--ignore-eos", "--threads", "2", raw=True)
-    print(f"({label}) greedy 20 tokens: transformers {want_ids}")
-    check(bytes(want_ids) in text, f"{name} greedy bytes differ: fsdp-generate {text!r}, transformers {bytes(want_ids)!r}")
+    family.greedy_tokens_equal(label, model, folder)
     finetune_and_export(folder, label, gguf=None, cls=cls)
 
 
@@ -325,4 +255,4 @@ with torch.no_grad():
             p.normal_(0.0, 0.2)
 windowed_against_transformers("g", mistral, MistralForCausalLM(MistralConfig(sliding_window=None, **mcfg)),
                               "mistral", "mistral, window 32 on every layer", "MistralForCausalLM")
-print(f"{passed} passed, 0 failed")
+print(f"{family.passed} passed, 0 failed")

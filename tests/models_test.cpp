@@ -3,6 +3,7 @@
 // finds a family by model_type and by name; a mix of options no family holds is refused by name
 // for export (spec_of) and trains as its form's (spec_to_train). The families' numbers against
 // transformers are families_ref_test's and gemma3_ref_test's (with torch).
+#include <cstddef>
 #include <gtest/gtest.h>
 
 #include <array>
@@ -13,6 +14,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -61,9 +63,13 @@ std::vector<std::pair<std::string, nn::TransformerConfig>> one_of_each() {
   mixtral.ffn_hidden = 64;
   mixtral.moe = {.experts = 4, .top_k = 2, .hidden = 64, .router = nn::RouterKind::topk_softmax,
                  .aux_coef = 0.02};
+  nn::TransformerConfig olmo2 = llama_like();  // OLMo-2's by its family key alone
+  olmo2.family = "olmo2";
+  olmo2.family_options = R"({"attention_bias":false})";
+  olmo2.norm_eps = 1e-5;
   return {{"seed", seed},       {"llama", llama},     {"qwen2", qwen2},
           {"qwen3", qwen3},     {"gemma3", gemma3},   {"mistral", mistral},
-          {"qwen3_moe", qwen3_moe}, {"mixtral", mixtral}};
+          {"qwen3_moe", qwen3_moe}, {"mixtral", mixtral}, {"olmo2", olmo2}};
 }
 
 }  // namespace
@@ -76,7 +82,12 @@ TEST(ModelSpec, EachFamilysConfigIsItsAndNoOtherFamilys) {
     c.validate();
     int matched = 0;
     for (const models::ModelSpec* s : models::model_specs()) matched += s->matches(c);
-    EXPECT_EQ(matched, 1);
+    // A config that names its family is that family's (its options held); one without the key
+    // finds it by `matches`, which holds it for one family only.
+    if (c.family.empty())
+      EXPECT_EQ(matched, 1);
+    else
+      EXPECT_TRUE(models::spec_named(c.family)->matches(c));
     EXPECT_EQ(models::spec_of(c).name, name);
     EXPECT_EQ(&models::spec_to_train(c), &models::spec_of(c));
     const models::ModelSpec* named = models::spec_named(name);
@@ -215,6 +226,121 @@ TEST(ModelSpec, AMixOfOptionsNoFamilyHoldsIsRefusedForExportAndTrainsAsItsForm) 
             std::string::npos);
   for (const nn::TransformerConfig& c : {both, some, gemma_biased})
     EXPECT_EQ(models::spec_to_train(c).name, "llama");
+}
+
+// A config names its family ("family" in the config JSON and so in the checkpoint): spec_of takes
+// that family, refusing by name one that is none or that does not hold the config's options; the
+// key and the family's own options object (under its name) round-trip through the JSON; a config
+// without the key (written before it) still finds its family by its options.
+TEST(ModelSpec, AConfigNamesItsFamilyAndCarriesItsOptionsUnderItsName) {
+  nn::TransformerConfig q = one_of_each()[3].second;  // qwen3's options
+  q.family = "qwen3";
+  EXPECT_EQ(models::spec_of(q).name, "qwen3");
+  const nlohmann::json j = nlohmann::json::parse(q.to_json());
+  EXPECT_EQ(j.at("family"), "qwen3");
+  EXPECT_EQ(nn::TransformerConfig::from_json(q.to_json()).to_json(), q.to_json());
+  q.family_options = R"({"x":1})";
+  const nlohmann::json with = nlohmann::json::parse(q.to_json());
+  EXPECT_EQ(with.at("qwen3"), nlohmann::json::parse(R"({"x":1})"));
+  EXPECT_EQ(nn::TransformerConfig::from_json(q.to_json()).family_options, q.family_options);
+  nn::TransformerConfig wrong = llama_like();  // llama's options, named qwen3
+  wrong.family = "qwen3";
+  EXPECT_NE(error_of([&] { (void)models::spec_of(wrong); })
+                .find("the config names the family qwen3 (Qwen3: llama with QK-norm and no "
+                      "biases) but holds options that are not its (arch llama, qkv_bias false, "
+                      "qk_norm false"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { (void)models::spec_to_train(wrong); }).find("names the family qwen3"),
+            std::string::npos);
+  wrong.family = "gpt2";
+  EXPECT_NE(error_of([&] { (void)models::spec_of(wrong); })
+                .find("the config names the family 'gpt2', which is none of seed, llama,"),
+            std::string::npos);
+  nlohmann::json bad = nlohmann::json::parse(llama_like().to_json());
+  bad["family"] = 3;
+  EXPECT_NE(error_of([&] { (void)nn::TransformerConfig::from_json(bad.dump()); })
+                .find("config field 'family' must be a string, got 3"),
+            std::string::npos);
+  bad["family"] = "Qwen 3";
+  EXPECT_NE(error_of([&] { (void)nn::TransformerConfig::from_json(bad.dump()); })
+                .find("config field 'family' must be a family's name (a-z, 0-9, _), got 'Qwen 3'"),
+            std::string::npos);
+  bad["family"] = "qwen3";
+  bad["qwen3"] = 5;
+  EXPECT_NE(error_of([&] { (void)nn::TransformerConfig::from_json(bad.dump()); })
+                .find("config field 'qwen3' (the qwen3 family's options) must be an object, got 5"),
+            std::string::npos);
+  EXPECT_EQ(nlohmann::json::parse(llama_like().to_json()).count("family"), 0u);  // as before
+}
+
+// OLMo-2 (src/models/olmo2/): its options live under "olmo2" in the config JSON and round-trip;
+// its config.json both ways keeps attention_bias and Olmo2Config's rms_norm_eps default (1e-5);
+// what its block cannot hold is refused by name; its parameters are named as Olmo2ForCausalLM's;
+// the count from the config is the built model's; its GGUF export is refused by name.
+TEST(ModelSpec, Olmo2OptionsLiveUnderItsNameAndItsNamesAreOlmo2ForCausalLMs) {
+  nn::TransformerConfig c = one_of_each()[8].second;
+  c.family_options = R"({"attention_bias":true})";
+  const models::ModelSpec& s = models::spec_of(c);
+  ASSERT_EQ(s.name, "olmo2");
+  const nlohmann::json j = nlohmann::json::parse(c.to_json());
+  EXPECT_EQ(j.at("family"), "olmo2");
+  EXPECT_EQ(j.at("olmo2"), nlohmann::json::parse(R"({"attention_bias":true})"));
+  EXPECT_EQ(nn::TransformerConfig::from_json(c.to_json()).to_json(), c.to_json());
+  const std::string hf = s.write_hf_config(c);
+  EXPECT_EQ(nlohmann::json::parse(hf).at("attention_bias"), true);
+  EXPECT_EQ(s.read_hf_config(hf, "o/config.json").to_json(), c.to_json());
+  nlohmann::json no_eps = nlohmann::json::parse(hf);
+  no_eps.erase("rms_norm_eps");
+  EXPECT_EQ(s.read_hf_config(no_eps.dump(), "o/config.json").norm_eps, 1e-5);
+  for (bool bias : {true, false}) {
+    c.family_options = bias ? R"({"attention_bias":true})" : R"({"attention_bias":false})";
+    EXPECT_EQ(models::num_parameters(c), s.build(c)->num_parameters()) << bias;
+  }
+  // Its names: Hugging Face's and back; the in-projection's parts are q_proj, k_proj, v_proj.
+  const models::StateDictAdapter& a = *s.adapter;
+  std::set<std::string> hf_names;
+  const auto model = s.build(c);
+  for (auto& [name, p] : model->named_parameters()) {
+    if (models::is_in_proj(name)) {
+      for (const std::string& n : a.in_proj_names(name, models::Naming::hf)) hf_names.insert(n);
+      continue;
+    }
+    const std::string h = a.rename(name, models::Naming::ours, models::Naming::hf);
+    EXPECT_EQ(a.rename(h, models::Naming::hf, models::Naming::ours), name);
+    hf_names.insert(h);
+  }
+  for (const char* n :
+       {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+        "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.0.self_attn.v_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.self_attn.q_norm.weight", "model.layers.0.self_attn.k_norm.weight",
+        "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.0.post_feedforward_layernorm.weight", "model.layers.3.mlp.gate_proj.weight",
+        "model.layers.3.mlp.up_proj.weight", "model.layers.3.mlp.down_proj.weight"})
+    EXPECT_EQ(hf_names.count(n), 1u) << n;
+  EXPECT_EQ(hf_names.count("model.layers.0.input_layernorm.weight"), 0u);
+  EXPECT_EQ(hf_names.size(), size_t(3 + 4 * 11));  // without the biases: 3 + 4 * 11 names
+  // Refusals by name: an option that is not OLMo-2's, a shared option its block does not hold,
+  // rope scaling in config.json, and llama.cpp's olmo2 (not written here).
+  c.family_options = R"({"attention_bias":false,"sliding_window":4})";
+  EXPECT_NE(error_of([&] { (void)models::spec_of(c); })
+                .find("config field 'olmo2.sliding_window' is not an option of OLMo-2's"),
+            std::string::npos);
+  c.family_options = R"({"attention_bias":1})";
+  EXPECT_NE(error_of([&] { (void)models::spec_of(c); }).find("olmo2.attention_bias: expected true or false"),
+            std::string::npos);
+  c.family_options = "";
+  c.qk_norm = true;
+  EXPECT_NE(error_of([&] { (void)models::spec_of(c); })
+                .find("the config names the family olmo2 (OLMo-2: norms after"),
+            std::string::npos);
+  nlohmann::json scaled = nlohmann::json::parse(hf);
+  scaled["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  EXPECT_NE(error_of([&] { (void)s.read_hf_config(scaled.dump(), "o/config.json"); })
+                .find("o/config.json: rope_scaling"),
+            std::string::npos);
+  EXPECT_EQ(a.gguf_arch, "");  // fsdp-export --gguf refuses it: the olmo2 family has no llama.cpp
+                               // architecture (checkpoint_test's export refusals)
 }
 
 namespace {

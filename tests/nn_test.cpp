@@ -11,6 +11,7 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +28,7 @@
 #include "fsdp/nn/sample.h"
 #include "fsdp/nn/transformer.h"
 #include "fsdp/ops/ops.h"
+#include "src/models/olmo2/olmo2.h"
 #include "test_util.h"
 
 namespace fsdp {
@@ -288,8 +290,9 @@ TEST(MiniLLM, MaterializeIsOneFlatBuffer) {
   EXPECT_EQ(flat.params.to_f64_vector(), flat2.params.to_f64_vector());
 }
 
-void expect_whole_model_gradient(const nn::TransformerConfig& c) {
-  nn::Transformer m(c);
+void expect_whole_model_gradient(const nn::TransformerConfig& c,
+                                 const nn::BlockFactory& blocks = nn::default_block) {
+  nn::Transformer m(c, blocks);
   auto flat = nn::materialize(m, DType::f64, 11);
   // Random small biases and norm weights away from one, so that their gradients are tested away
   // from their init.
@@ -710,6 +713,32 @@ TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {
 // The KV cache with grouped-query attention (cache sized by the kv heads), a head dim of its own,
 // q/k/v biases, a tied head and rope theta 1e5: prefill and one-at-a-time decode give the full
 // forward's logits.
+// The KV-cached decode of 8 ids (3 at once, then one at a time) against the full forward, in f64
+// with biases and norm weights away from their init.
+void expect_kv_cache_equals_full_forward(nn::Transformer& model, const std::string& what) {
+  const nn::TransformerConfig& c = model.config();
+  nn::materialize(model, DType::f64, 9);
+  for (auto& [n, p] : model.named_parameters()) {
+    if (n.find("bias") != std::string::npos)
+      nn::init_fill(nn::Init::uniform(-0.5, 0.5), 5, n, 0, p->data);
+    if (n.find("_norm") != std::string::npos)
+      nn::init_fill(nn::Init::uniform(0.5, 1.5), 6, n, 0, p->data);
+  }
+  const std::vector<int32_t> ids = {3, 14, 15, 9, 2, 6, 5, 35};
+  Tensor full = model.forward(Tensor::from_vector(ids, {1, 8})).view({8, c.vocab});
+  model.start_kv_cache(c.seq);
+  Tensor pre =
+      model.forward(Tensor::from_vector(std::vector<int32_t>(ids.begin(), ids.begin() + 3), {1, 3}))
+          .view({3, c.vocab});
+  EXPECT_LT(test::rel_error(pre, full.slice(0, 3)), 1e-12) << what;
+  for (int64_t t = 3; t < 8; ++t) {
+    Tensor row = model.forward(Tensor::from_vector(std::vector<int32_t>{ids[size_t(t)]}, {1, 1}))
+                     .view({1, c.vocab});
+    EXPECT_LT(test::rel_error(row, full.slice(t, t + 1)), 1e-12) << what << " position " << t;
+  }
+  model.stop_kv_cache();
+}
+
 TEST(Sample, GroupedQueryKvCacheEqualsTheFullForward) {
   for (int64_t kv : {2, 1, 3, 4}) {  // 3: kv 2 with QK-norm (Qwen3); 4: with Llama 3's rope scaling
     nn::TransformerConfig c = gqa_config(kv == 1 ? 1 : 2, true, true);
@@ -717,28 +746,69 @@ TEST(Sample, GroupedQueryKvCacheEqualsTheFullForward) {
     if (kv == 4) c.rope_scaling = {.factor = 8.0, .original_context = 16.0};
     c.vocab = 50, c.dim = 16, c.seq = 16;
     nn::Transformer model(c);
-    nn::materialize(model, DType::f64, 9);
-    for (auto& [n, p] : model.named_parameters()) {
-      if (n.find("bias") != std::string::npos)
-        nn::init_fill(nn::Init::uniform(-0.5, 0.5), 5, n, 0, p->data);
-      if (n.find("_norm") != std::string::npos)
-        nn::init_fill(nn::Init::uniform(0.5, 1.5), 6, n, 0, p->data);
+    expect_kv_cache_equals_full_forward(model, fmt::format("kv {}", kv));
+  }
+}
+
+// A family's own blocks in the generic decoder (a BlockFactory): here nn::TransformerBlock with a
+// QK-norm over the whole width of q and of k (AttentionOptions::qk_norm_whole, OLMo-2's): its
+// weights are [heads hd] and [kv_heads hd]; every gradient matches f64 finite differences and the
+// KV-cached decode (the cache found in the family's blocks) equals the full forward.
+nn::BlockFactory whole_width_qk_norm_blocks() {
+  return [](const nn::TransformerConfig& c, int64_t) -> std::unique_ptr<nn::Module> {
+    const nn::AttentionOptions attn{.bias = false,
+                                    .causal = true,
+                                    .rope_theta = c.rope_theta,
+                                    .xavier_in_proj = false,
+                                    .kv_heads = c.kv_heads,
+                                    .head_dim = c.head_dim,
+                                    .qk_norm = true,
+                                    .qk_norm_whole = true,
+                                    .norm_eps = c.norm_eps};
+    return std::make_unique<nn::TransformerBlock>(c.dim, c.heads, c.resolved_ffn_hidden(),
+                                                  nn::FeedForward::Kind::swiglu, attn,
+                                                  nn::NormOptions{.eps = c.norm_eps});
+  };
+}
+
+TEST(WholeModelGradient, FamilyBlocksWithAWholeWidthQkNorm) {
+  nn::TransformerConfig c = gqa_config(2, false, false);
+  c.norm_eps = 1e-6;
+  nn::Transformer m(c, whole_width_qk_norm_blocks());
+  std::map<std::string, std::vector<int64_t>> norms;
+  for (auto& [n, p] : m.named_parameters())
+    if (n.find("_norm.weight") != std::string::npos) norms[n] = p->shape;
+  EXPECT_EQ(norms["layers.1.attn.q_norm.weight"], (std::vector<int64_t>{4 * 6}));
+  EXPECT_EQ(norms["layers.1.attn.k_norm.weight"], (std::vector<int64_t>{2 * 6}));
+  EXPECT_EQ(norms.size(), 2 * size_t(c.layers));
+  expect_whole_model_gradient(c, whole_width_qk_norm_blocks());
+  c.vocab = 50, c.dim = 16, c.seq = 16;
+  nn::Transformer cached(c, whole_width_qk_norm_blocks());
+  expect_kv_cache_equals_full_forward(cached, "whole-width QK-norm");
+}
+
+// OLMo-2's block (src/models/olmo2/: norms after the attention and the FFN, QK-norm over the whole
+// q and k width), as its family builds it, with grouped-query attention (4 query heads over 2 kv
+// heads of 6 dims) and with and without its attention biases: every gradient against f64 finite
+// differences, and the KV-cached decode equals the full forward.
+TEST(WholeModelGradient, Olmo2Block) {
+  for (const char* options : {R"({"attention_bias":false})", R"({"attention_bias":true})"}) {
+    SCOPED_TRACE(options);
+    nn::TransformerConfig c = gqa_config(2, false, false);
+    c.norm_eps = 1e-6;
+    c.family = "olmo2";
+    c.family_options = options;
+    nn::Transformer m(c, models::olmo2::make_block);
+    int post_norms = 0;
+    for (auto& [n, p] : m.named_parameters()) {
+      post_norms += n.ends_with("post_attn_norm.weight") || n.ends_with("post_ffn_norm.weight");
+      EXPECT_EQ(n.find("norm1"), std::string::npos) << n;  // no norm before a sublayer
     }
-    const std::vector<int32_t> ids = {3, 14, 15, 9, 2, 6, 5, 35};
-    Tensor full = model.forward(Tensor::from_vector(ids, {1, 8})).view({8, c.vocab});
-    model.start_kv_cache(c.seq);
-    Tensor pre = model
-                     .forward(Tensor::from_vector(
-                         std::vector<int32_t>(ids.begin(), ids.begin() + 3), {1, 3}))
-                     .view({3, c.vocab});
-    EXPECT_LT(test::rel_error(pre, full.slice(0, 3)), 1e-12) << "kv " << kv;
-    for (int64_t t = 3; t < 8; ++t) {
-      Tensor row = model.forward(Tensor::from_vector(std::vector<int32_t>{ids[size_t(t)]}, {1, 1}))
-                       .view({1, c.vocab});
-      EXPECT_LT(test::rel_error(row, full.slice(t, t + 1)), 1e-12)
-          << "kv " << kv << " position " << t;
-    }
-    model.stop_kv_cache();
+    EXPECT_EQ(post_norms, 2 * int(c.layers));
+    expect_whole_model_gradient(c, models::olmo2::make_block);
+    c.vocab = 50, c.dim = 16, c.seq = 16;
+    nn::Transformer cached(c, models::olmo2::make_block);
+    expect_kv_cache_equals_full_forward(cached, options);
   }
 }
 

@@ -308,6 +308,8 @@ TEST(ModelSpec, ArchReadsTheFormsAndEachFamilysKeysAreItsConfigs) {
     every.norm_plus_one = every.sandwich_norms = every.geglu = every.embed_scale = true;
     every.sliding_window = 8, every.global_every = 2, every.rope_local_theta = 1e4;
     every.moe = {.experts = 4, .top_k = 2, .hidden = 8};
+    every.family = std::string(f->name);  // named, with its own options under its name (olmo2's)
+    every.family_options = "{}";
     const nlohmann::json j = nlohmann::json::parse(every.to_json());
     for (std::string_view key : f->shape_keys) EXPECT_TRUE(j.contains(key)) << key;
     const std::vector<profiler::GemmShape> shapes = f->gemm_shapes(c);

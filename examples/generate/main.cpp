@@ -38,6 +38,7 @@
 #include "fsdp/core/error.h"
 #include "fsdp/data/chat.h"
 #include "fsdp/data/tokenizer.h"
+#include "fsdp/models/spec.h"
 #include "fsdp/nn/sample.h"
 #include "fsdp/ops/blas.h"
 
@@ -65,7 +66,7 @@ Loaded load_model(const std::string& path, DType compute, Device device) {
              "give fsdp-export's file, a Hugging Face Llama folder or a GGUF file",
              path);
   l.cfg = *l.pre.config;
-  l.model = std::make_unique<nn::Transformer>(l.cfg);
+  l.model = models::spec_to_train(l.cfg).build(l.cfg);
   int64_t in_place = 0, converted = 0;
   for (auto& [name, p] : l.model->named_parameters()) {
     Tensor value = l.pre.read(l.cfg, name);
@@ -94,7 +95,7 @@ Loaded load_checkpoint(const std::string& ckpt, DType compute, Device device) {
   FSDP_CHECK(!path.empty(), "[fsdp-generate] no checkpoint in '{}'", ckpt);
   Loaded l;
   auto tensors = checkpoint::consolidate(path, &l.cfg);
-  l.model = std::make_unique<nn::Transformer>(l.cfg);
+  l.model = models::spec_to_train(l.cfg).build(l.cfg);
   for (auto& [name, t] : tensors) l.model->parameter(name).data = t.to(compute).to(device);
   if (auto saved = checkpoint::read_extra_file(path, "tokenizer.json"))
     l.tokenizer = data::Tokenizer::from_json(*saved, path + "/tokenizer.json");

@@ -98,14 +98,15 @@ NamedTensors consolidate_unchecked(const std::string& ckpt_path, nn::Transformer
   long double listed = 0;
   for (const auto& [name, t] : m.tensors) listed += (long double)shape_numel(t.shape);
   const bool lora = cfg.lora.enabled();  // its checkpoints hold the adapters, not the base
-  FSDP_CHECK(listed == (long double)(lora ? cfg.lora_parameters() : cfg.num_parameters()),
+  FSDP_CHECK(listed == (long double)(lora ? cfg.lora_parameters() : models::num_parameters(cfg)),
              "[checkpoint] {}/metadata.json: its config (layers {}, dim {}, vocab {}, ffn_hidden "
              "{}) makes a model of {} {}parameters but its tensors hold {:.0f}: the config and "
              "the tensors disagree (was metadata.json edited?)",
              ckpt_path, cfg.layers, cfg.dim, cfg.vocab, cfg.resolved_ffn_hidden(),
-             lora ? cfg.lora_parameters() : cfg.num_parameters(), lora ? "adapter " : "",
+             lora ? cfg.lora_parameters() : models::num_parameters(cfg), lora ? "adapter " : "",
              double(listed));
-  nn::Transformer model(cfg);
+  const std::unique_ptr<nn::Transformer> built = models::spec_to_train(cfg).build(cfg);
+  nn::Transformer& model = *built;
   std::optional<nn::FlatParameters> base;  // LoRA: the base, built as the run built it
   if (lora) base = lora_base(m, ckpt_path, model);
   NamedTensors out;

@@ -36,6 +36,7 @@
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/models/spec.h"
 #include "fsdp/models/state_dict_adapter.h"
+#include "fsdp/nn/transformer.h"
 #include "src/core/json_fields.h"
 #include "src/core/json_read.h"
 #include "src/checkpoint/pretrained_impl.h"
@@ -240,8 +241,22 @@ void check_against_tensors(const Pretrained& p, const PretrainedSource& src) {
     if (!g || !adapter) out.push_back(ours);
     return out;
   };
+  // The last layer's first parameter of the family's block (a one-block model's, shapes only; the
+  // in-projection, which other namings split, passed over): "norm1.weight" for llama's relatives.
+  std::string first = "norm1.weight";
+  {
+    nn::TransformerConfig one = cfg;
+    one.layers = 1;
+    std::erase_if(one.moe.dense_layers, [](int64_t layer) { return layer >= 1; });
+    const auto block = models::spec_to_train(one).build(one);
+    for (auto& [n, param] : block->named_parameters())
+      if (n.starts_with("layers.0.") && !models::is_in_proj(n) && !models::is_in_proj_bias(n)) {
+        first = n.substr(std::string_view("layers.0.").size());
+        break;
+      }
+  }
   const std::string last = std::to_string(cfg.layers - 1);
-  const std::vector<std::string> names = file_names("layers." + last + ".norm1.weight");
+  const std::vector<std::string> names = file_names("layers." + last + "." + first);
   bool found = false;
   for (const auto& n : names) found = found || has(n);
   FSDP_CHECK(found, "[pretrained] {}: {} is {} but there is no tensor named '{}'{}", p.path, field,

@@ -208,8 +208,8 @@ void pretrained_detail::check_one_layer_shapes(const Pretrained& p, const Pretra
   one.layers = 1;
   // An MoE's dense layers past the first are not layers of the one-layer model.
   std::erase_if(one.moe.dense_layers, [](int64_t layer) { return layer >= 1; });
-  nn::Transformer shapes(one);
-  for (auto& [name, param] : shapes.named_parameters())
+  const std::unique_ptr<nn::Transformer> shapes = models::spec_to_train(one).build(one);
+  for (auto& [name, param] : shapes->named_parameters())
     check_shape(src, one, name, parts_of(src, one, name), param->shape);
 }
 

@@ -1,5 +1,6 @@
 // The registry of model families (fsdp/models/spec.h): one line each in FSDP_MODEL_FAMILIES.
 #include <array>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -18,6 +19,7 @@
   X(mistral)                   \
   X(qwen3_moe)                 \
   X(mixtral)                   \
+  X(olmo2)                     \
   /* the end of the list */
 
 namespace fsdp::models {
@@ -37,7 +39,38 @@ constexpr std::array kSpecs = {FSDP_MODEL_FAMILIES(FSDP_SPEC_ENTRY)};
 
 std::span<const ModelSpec* const> model_specs() { return kSpecs; }
 
+namespace {
+// The families' names, ", "-joined (for messages).
+std::string family_names() {
+  std::string out;
+  for (const ModelSpec* s : kSpecs) out += (out.empty() ? "" : ", ") + std::string(s->name);
+  return out;
+}
+
+// The config's family by its "family" key, refused by name where there is none such or where the
+// family does not hold the config's options.
+const ModelSpec& named_family(const nn::TransformerConfig& c) {
+  const ModelSpec* s = spec_named(c.family);
+  FSDP_CHECK(s, "[models] the config names the family '{}', which is none of {}", c.family,
+             family_names());
+  FSDP_CHECK(s->matches(c),
+             "[models] the config names the family {} ({}) but holds options that are not its "
+             "(arch {}, qkv_bias {}, qk_norm {}, Gemma's norms {}, geglu {}, sliding_window {}, "
+             "moe {}, its own options {})",
+             s->name, s->what, nn::arch_name(c.arch), c.qkv_bias, c.qk_norm,
+             c.norm_plus_one || c.sandwich_norms, c.geglu, c.sliding_window, c.moe.enabled(),
+             c.family_options.empty() ? "none" : c.family_options);
+  return *s;
+}
+}  // namespace
+
+int64_t num_parameters(const nn::TransformerConfig& c) {
+  const ModelSpec& s = spec_to_train(c);
+  return s.num_parameters ? s.num_parameters(c) : c.num_parameters();
+}
+
 const ModelSpec& spec_of(const nn::TransformerConfig& c) {
+  if (!c.family.empty()) return named_family(c);
   const ModelSpec* found = nullptr;
   for (const ModelSpec* s : kSpecs)
     if (s->matches(c)) {
@@ -65,6 +98,7 @@ const ModelSpec& spec_of(const nn::TransformerConfig& c) {
 }
 
 const ModelSpec& spec_to_train(const nn::TransformerConfig& c) {
+  if (!c.family.empty()) return named_family(c);
   for (const ModelSpec* s : kSpecs)
     if (s->matches(c)) return *s;
   const ModelSpec* form = spec_named(nn::arch_name(c.arch));

@@ -234,11 +234,15 @@ MultiheadAttention::MultiheadAttention(int64_t dim, int64_t heads, AttentionOpti
       "out_proj", std::make_unique<Linear>(heads * hd_, dim, opt.bias,
                                            opt.lora.on(LoraTarget::o) ? opt.lora : LoraConfig{}));
   if (opt.bias) out_proj_->bias()->init = Init::constant(0.0);  // nn.MultiheadAttention zeroes it
+  FSDP_CHECK(opt.qk_norm || !opt.qk_norm_whole,
+             "[MultiheadAttention] qk_norm_whole (a QK-norm over the whole width) needs qk_norm");
   if (opt.qk_norm) {
-    q_norm_ =
-        &register_module("q_norm", std::make_unique<RMSNorm>(hd_, opt.norm_eps, opt.norm_plus_one));
-    k_norm_ =
-        &register_module("k_norm", std::make_unique<RMSNorm>(hd_, opt.norm_eps, opt.norm_plus_one));
+    const int64_t q_width = opt.qk_norm_whole ? heads * hd_ : hd_;
+    const int64_t k_width = opt.qk_norm_whole ? kv_heads_ * hd_ : hd_;
+    q_norm_ = &register_module(
+        "q_norm", std::make_unique<RMSNorm>(q_width, opt.norm_eps, opt.norm_plus_one));
+    k_norm_ = &register_module(
+        "k_norm", std::make_unique<RMSNorm>(k_width, opt.norm_eps, opt.norm_plus_one));
   }
   // q, k and v's rows of the packed in-projection, each adapted on its own where targeted.
   std::vector<std::pair<int64_t, int64_t>> parts;
@@ -275,7 +279,8 @@ void MultiheadAttention::qk_norm_forward(const Tensor& qkv) {
   auto norm_part = [&](RMSNorm& norm, int64_t offset, int64_t width) {
     Tensor part = Tensor::empty({n * width}, qkv.dtype(), qkv.device());
     ops::copy_segments(part, flat, part_rows(n, w, offset, width, true));
-    Tensor y = norm.forward(part.view({n * width / hd_, hd_}));
+    const int64_t unit = opt_.qk_norm_whole ? width : hd_;  // the span one RMS is taken over
+    Tensor y = norm.forward(part.view({n * width / unit, unit}));
     ops::copy_segments(flat, y.view({n * width}), part_rows(n, w, offset, width, false));
   };
   norm_part(*q_norm_, 0, dq);
@@ -288,7 +293,8 @@ void MultiheadAttention::qk_norm_backward(const Tensor& dqkv) {
   auto grad_part = [&](RMSNorm& norm, int64_t offset, int64_t width) {
     Tensor part = Tensor::empty({n * width}, dqkv.dtype(), dqkv.device());
     ops::copy_segments(part, flat, part_rows(n, w, offset, width, true));
-    Tensor dx = norm.backward(part.view({n * width / hd_, hd_}));
+    const int64_t unit = opt_.qk_norm_whole ? width : hd_;
+    Tensor dx = norm.backward(part.view({n * width / unit, unit}));
     ops::copy_segments(flat, dx.view({n * width}), part_rows(n, w, offset, width, false));
   };
   grad_part(*q_norm_, 0, dq);

@@ -20,6 +20,7 @@
 #include "fsdp/distributed/device_mesh.h"
 #include "fsdp/distributed/init.h"
 #include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/models/spec.h"
 #include "fsdp/profiler/ceilings.h"
 #include "fsdp/profiler/metrics.h"
 #include "fsdp/nn/module.h"
@@ -87,13 +88,13 @@ void Trainer::Impl::check_memory_plan() {
   // model itself out of memory): a model that cannot fit by them is refused before the plan.
   // (LoRA: the frozen base holds its parameters only; the adapters the four copies.)
   const long double trained =
-      cfg.lora.enabled() ? (long double)cfg.lora_parameters() : (long double)cfg.num_parameters();
-  long double frozen_bytes = ((long double)cfg.num_parameters() - trained) *
+      cfg.lora.enabled() ? (long double)cfg.lora_parameters() : (long double)models::num_parameters(cfg);
+  long double frozen_bytes = ((long double)models::num_parameters(cfg) - trained) *
                              (long double)dtype_size(frozen_dtype.value_or(dtype));
   if (frozen_packed) {  // a kept base: its stored bytes (the file's layers, checked on opening)
     frozen_bytes = 0;
-    nn::Transformer shapes(cfg);  // no storage
-    for (auto& [name, p] : shapes.named_parameters())
+    const auto shapes = models::spec_to_train(cfg).build(cfg);  // no storage
+    for (auto& [name, p] : shapes->named_parameters())
       if (!p->requires_grad) {
         const auto rows = frozen_packed(name);
         frozen_bytes += rows ? (long double)rows->bytes(0, rows->rows())
@@ -102,7 +103,7 @@ void Trainer::Impl::check_memory_plan() {
       }
   }
   if (pref)  // the reference's frozen copy of the base
-    frozen_bytes += (long double)(cfg.num_parameters() - (cfg.lora.enabled() ? cfg.lora_parameters() : 0)) *
+    frozen_bytes += (long double)(models::num_parameters(cfg) - (cfg.lora.enabled() ? cfg.lora_parameters() : 0)) *
                     (long double)dtype_size(frozen_dtype.value_or(dtype));
   const long double lower = (frozen_bytes + 4.0L * trained * (long double)dtype_size(dtype)) /
                             (long double)std::max<int64_t>(1, po.shards);
@@ -114,7 +115,7 @@ void Trainer::Impl::check_memory_plan() {
         "parameters, gradients and AdamW's two moments alone ({}, {} shard(s)), {:.2f} GB for the "
         "{} rank(s) on this {}, but only {:.2f} GB is available ({}); shard over more ranks, "
         "take a smaller model, or pass --allow-oversubscribe-memory to try anyway",
-        cfg.num_parameters(), double(lower / 1e9L), dtype_name(dtype), po.shards,
+        models::num_parameters(cfg), double(lower / 1e9L), dtype_name(dtype), po.shards,
         double(lower * local / 1e9L), local, device.is_cpu() ? "host" : "device",
         double(available) / 1e9, from);
   } else {
@@ -130,7 +131,7 @@ void Trainer::Impl::check_memory_plan() {
       error = fmt::format(
           "[fsdp-train] the memory plan of {} layers ({} parameters) ran out of memory itself: "
           "the model is far too large for this machine",
-          cfg.layers, cfg.num_parameters());
+          cfg.layers, models::num_parameters(cfg));
     }
     if (error.empty() && o.sharding.allow_oversubscribe_memory) return;
   }
@@ -148,7 +149,7 @@ void Trainer::Impl::check_memory_plan() {
         "{:.2f} GB for the {} rank(s) on this {}, but only {:.2f} GB is available ({}); shard over "
         "more ranks, take a smaller model or batch, use --activation-checkpoint, or pass "
         "--allow-oversubscribe-memory to try anyway",
-        cfg.num_parameters(), double(plan.persistent) / 1e9, dtype_name(dtype), po.shards,
+        models::num_parameters(cfg), double(plan.persistent) / 1e9, dtype_name(dtype), po.shards,
         double(plan.peak) / 1e9, cfg.batch, cfg.seq, terms, double(more) / 1e9,
         double(more * local) / 1e9, local, device.is_cpu() ? "host" : "device",
         double(available) / 1e9, from);

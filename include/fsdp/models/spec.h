@@ -9,14 +9,16 @@
 //   auto model = spec.build(cfg);
 //   models::Parallelized p = spec.parallelize(*model, {.mesh = mesh, .fsdp = {.seed = 1}});
 //
-// Every family builds the same module tree, nn::Transformer, whose options hold what each family
-// adds (q/k/v biases for qwen2, QK-norm for qwen3, Gemma 3's norms, GeGLU and sliding windows): a
-// family whose blocks need a layer nn has not yet is a new option there first, then its folder.
+// Every family builds the generic decoder, nn::Transformer, with its blocks: llama's relatives
+// nn::TransformerBlock, whose options hold what each adds (q/k/v biases for qwen2, QK-norm for
+// qwen3, Gemma 3's norms, GeGLU and sliding windows); a newer family its own block, composed from
+// nn's layers in its folder, with its own options, a struct of its folder saved under its name in
+// the config JSON (olmo2). A layer capability nn lacks is added to nn's layer, not to the family.
 //
 // Adding a family: a folder src/models/<family>/ with spec.cpp defining
 // fsdp::models::<family>::spec and its adapter (llama's relatives: llama::relative_adapter in
-// src/models/llama/names.h), its line in FSDP_MODEL_FAMILIES (src/models/registry.cpp), and the
-// file in CMakeLists.txt's sources.
+// src/models/llama/names.h), its line in FSDP_MODEL_FAMILIES (src/models/registry.cpp), and its
+// files in CMakeLists.txt's sources (docs/architecture.md's checklist).
 #pragma once
 
 #include <cstdint>
@@ -82,7 +84,10 @@ struct ModelSpec {
   // Its state-dict adapter: its parameters' Hugging Face and GGUF names, llama.cpp's architecture
   // and what its converter does (state_dict_adapter.h). Null: only our own names (seed).
   const StateDictAdapter* adapter = nullptr;
-  // Whether a config is this family's, by its options (spec_of asks each family).
+  // Whether a config is this family's: for a config that names it (its "family"), whether it
+  // holds the config's options (refusing its own options' bad fields by name); for a config
+  // without the key (written before it), by its options alone (spec_of asks each family). A
+  // family newer than the key (olmo2) holds only configs that name it.
   bool (*matches)(const nn::TransformerConfig& config);
   // config.json's text -> our config, validated; refuses, naming `where` and the field, what the
   // family's model here cannot hold. Null where hf_model_type is "".
@@ -104,17 +109,25 @@ struct ModelSpec {
   Parallelized (*parallelize)(nn::Transformer& model, const Parallelism& p);
   std::span<const std::string_view> shape_keys;
   std::vector<profiler::GemmShape> (*gemm_shapes)(const nn::TransformerConfig& config);
+  // Its parameters' element count from the config alone, for a family whose blocks are its own;
+  // null: nn::TransformerConfig::num_parameters (nn::TransformerBlock's). models::num_parameters.
+  int64_t (*num_parameters)(const nn::TransformerConfig& config) = nullptr;
 };
 
 // Every family, in registry order.
 std::span<const ModelSpec* const> model_specs();
-// The family a config belongs to; refuses, naming the options, a config no family holds (some of
-// Gemma's options but not all, QK-norm beside q/k/v biases).
+// The family a config belongs to: the one its "family" names (refused by name when there is none
+// such, or when the config holds options that are not that family's), else, for a config written
+// before families named themselves, the one whose `matches` holds it; refuses, naming the options,
+// a config no family holds (some of Gemma's options but not all, QK-norm beside q/k/v biases).
 const ModelSpec& spec_of(const nn::TransformerConfig& config);
 // The family that trains a config: spec_of's, or for a mix of options no family holds (an
 // experiment: GeGLU on llama), the family of its form (seed or llama), which builds, parallelizes
 // and resumes it alike; such a model has no Hugging Face or GGUF export.
 const ModelSpec& spec_to_train(const nn::TransformerConfig& config);
+// The element count of the parameters of the model spec_to_train(config) builds, from the config
+// alone (the spec's num_parameters, else the config's own).
+int64_t num_parameters(const nn::TransformerConfig& config);
 // The family of a config.json's model_type; null when none has it.
 const ModelSpec* spec_for_hf_model_type(std::string_view model_type);
 // The family whose GGUF files have general.architecture `arch` (its adapter's); null when none.

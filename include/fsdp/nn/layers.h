@@ -10,7 +10,8 @@
 //                     With kv_heads and head_dim (llama's grouped-query attention), the packed
 //                     in_proj_weight is [(heads + 2 kv_heads) hd, d]: the rows of q_proj, then
 //                     k_proj, then v_proj; in_proj_bias likewise; out_proj is [d, heads hd].
-//                     With qk_norm: q_norm.weight and k_norm.weight [hd] (RMSNorm, ones).
+//                     With qk_norm: q_norm.weight and k_norm.weight [hd] (RMSNorm, ones); over
+//                     the whole width (qk_norm_whole, OLMo-2's): [heads hd] and [kv_heads hd].
 //   FeedForward       seed: "0" Linear(d, 4d), SiLU, "2" Linear(4d, d), no bias
 //                     llama: w1 (gate), w3 (up), w2 (down), SwiGLU, no bias
 //   LoRA adapters     lora_A [parts * rank, in]   U(-1/sqrt(in), 1/sqrt(in)) (PEFT's
@@ -149,6 +150,9 @@ struct AttentionOptions {
   // QK-norm (Qwen3, Gemma 3): an RMSNorm over each head's dims of q and of k, before the rotary
   // embedding; weights "q_norm.weight" and "k_norm.weight" [head_dim], with this epsilon.
   bool qk_norm = false;
+  // With qk_norm: one RMSNorm over all of q's heads and one over all of k's (each token's whole
+  // projection, OLMo-2's), weights [heads * head_dim] and [kv_heads * head_dim], not per head.
+  bool qk_norm_whole = false;
   std::optional<double> norm_eps;
   bool norm_plus_one = false;  // the q/k norms are Gemma's (1 + w)
   // Adapters on q, k and v (one packed pair over the in-projection's rows: lora_A, lora_B) and
@@ -176,8 +180,9 @@ class MultiheadAttention : public Module {
 
  private:
   Tensor forward_cached(const Tensor& x);
-  // QK-norm in place on the packed qkv [B, T, (heads + 2 kv_heads) hd]: q and k gathered per head,
-  // normalized by q_norm_ and k_norm_ (each pushing its call's record), scattered back.
+  // QK-norm in place on the packed qkv [B, T, (heads + 2 kv_heads) hd]: q and k gathered (per head,
+  // or per token over the whole width), normalized by q_norm_ and k_norm_ (each pushing its call's
+  // record), scattered back.
   void qk_norm_forward(const Tensor& qkv);
   void qk_norm_backward(const Tensor& dqkv);
   int64_t dim_, heads_, kv_heads_, hd_;

@@ -1,6 +1,7 @@
-// nn::Transformer, the module tree every model family builds (fsdp/models/spec.h: each family is
-// a set of these options, read from its files): embedding, N transformer blocks, [final norm],
-// head (untied, or llama's tied to the embedding).
+// nn::Transformer, the generic decoder every model family builds (fsdp/models/spec.h): embedding,
+// N blocks, [final norm], head (untied, or llama's tied to the embedding). The blocks are the
+// family's (a BlockFactory: OLMo-2's is its own module, src/models/olmo2/); by default they are
+// nn::TransformerBlock driven by this config's options, which llama's relatives set.
 //
 // Two forms (Arch):
 //   seed   the reference script's model, exactly: bidirectional
@@ -25,6 +26,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -69,6 +71,12 @@ struct TransformerConfig {
   // A mixture of experts in the blocks moe.sparse(i) names (llama only; Qwen3-MoE, Mixtral): their
   // FFN is an nn::MoE, and the fused loss adds the router's loss (MoEConfig::aux_coef, z_coef).
   MoEConfig moe;
+  // The family that owns the config (the config JSON's "family" key; "": a config written before
+  // families named themselves, whose family models::spec_of finds by its options) and that
+  // family's own options: a JSON object's text, saved under the family's name ("olmo2": {...})
+  // and read by its folder (src/models/<family>/); "" for none (the family's defaults).
+  std::string family;
+  std::string family_options;
   // Layer i's attention: its window (0: full) and its rotary frequencies.
   int64_t layer_window(int64_t i) const;
   bool layer_global(int64_t i) const;
@@ -78,7 +86,8 @@ struct TransformerConfig {
   // seq, rope_theta, norm_eps when set, and kv_heads, head_dim, tie_embeddings, qkv_bias, qk_norm,
   // rope_scaling when they differ from the default, so older configs read and compare unchanged):
   // checkpoints and exports carry it, and from_json rebuilds the config, validated (absent keys are
-  // defaults). A missing or mistyped key is an error that names it.
+  // defaults; "family" and the family's options object when set). A missing or mistyped key is an
+  // error that names it.
   std::string to_json() const;
   static TransformerConfig from_json(const std::string& json);
   int64_t resolved_ffn_hidden() const;
@@ -92,7 +101,8 @@ struct TransformerConfig {
   int64_t active_parameters() const;
   // Every parameter's element count, from the shape alone (nn_test holds it to a built model's
   // num_parameters()): the size checked against memory and against a file's tensors before any
-  // module exists. Saturates at INT64_MAX rather than overflowing.
+  // module exists. Saturates at INT64_MAX rather than overflowing. (nn::TransformerBlock's: a
+  // family with blocks of its own counts its own, models::num_parameters.)
   int64_t num_parameters() const;
   // Training FLOPs per token: 6 * matmul_params (active) + 12 * heads * head_dim * seq per layer, a
   // windowed layer counting min(window, seq) keys in place of seq (its kernels skip the rest).
@@ -102,12 +112,28 @@ struct TransformerConfig {
   int64_t lora_parameters() const;
 };
 
+// Whether `name` may name a family in a config: a-z, 0-9 and _, 1 to 64 characters.
+bool is_family_name(const std::string& name);
+
 // Whether a parameter name is a LoRA adapter's ("layers.0.attn.lora_A", "...ffn.w2.lora_B").
 bool is_lora_parameter(const std::string& name);
 
+// A model family's block for layer `layer` of a config, composed from this header's layers with
+// its own forward and backward (src/models/<family>/); the Transformer registers it as
+// "layers.<layer>". Its attention modules (MultiheadAttention, anywhere in it) take the KV cache,
+// and its MoE modules the router loss.
+using BlockFactory =
+    std::function<std::unique_ptr<Module>(const TransformerConfig& config, int64_t layer)>;
+// The block the config's options describe: nn::TransformerBlock of the seed's form or of llama's
+// (a relative of llama's sets its options: biases, QK-norm, Gemma 3's norms, GeGLU, its window
+// and rope base on layer `layer`, an MoE where moe.sparse(layer)).
+std::unique_ptr<Module> default_block(const TransformerConfig& config, int64_t layer);
+
+// The generic decoder: embedding, the family's blocks, [final norm], head, the fused loss, the KV
+// cache.
 class Transformer : public Module {
  public:
-  explicit Transformer(const TransformerConfig& cfg);
+  explicit Transformer(const TransformerConfig& cfg, const BlockFactory& blocks = default_block);
   // tokens [B, T] (i32/i64) -> logits [B, T, vocab]; with the batch context's targets, the loss
   // instead (fuses_loss: nn::ChunkedLMLoss over the head, never the whole logits).
   Tensor forward_impl(const Tensor& tokens) override;
@@ -144,6 +170,7 @@ class Transformer : public Module {
   RMSNorm* norm_ = nullptr;
   Linear* head_ = nullptr;  // null when tied: the logits use embed_'s weight
   std::vector<MoE*> moe_;
+  std::vector<MultiheadAttention*> attention_;  // every block's, in layer order (the KV cache)
   std::function<void(std::vector<double>&)> reduce_;
   int64_t world_ = 1;
   double router_loss_ = 0;
