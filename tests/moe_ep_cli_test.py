@@ -9,7 +9,7 @@ top 2, the router's loss on, no torch).
     1e-6 relative in f32, and to 1e-12 in f64 (the ranks' sums are in another order than one
     rank's, so not bit for bit); the table shows the experts per rank; the step line and the log
     show the experts' load, np 1's in every layout; the memory plan's allocated peak is within 10%
-    of the run's;
+    of the run's, and its persistent bytes equal the rank's;
   - a Mixtral folder (moe_folder.py: Mixtral's router, the top 2 of the logits then softmax over
     them; both blocks sparse) at np 2 (EP 2) gives np 1's losses, gradient norms and both layers'
     load, 1e-6 relative in f32;
@@ -101,6 +101,11 @@ for dtype, tol in (("f32", 1e-6), ("f64", 1e-12)):
             ratio = re.search(r"MB allocated \(([0-9.]+)\)", out)
             check(ratio and 0.9 <= float(ratio.group(1)) <= 1.1,
                   f"np {np_} EP {ep}: measured/plan {ratio and ratio.group(1)}: {out[-600:]}")
+            # and its persistent bytes (shards, grads, AdamW moments) are the rank's, exactly: the
+            # experts a small share of this model, the 10% above would not see them planned wrong
+            held = re.search(r"persistent mem / rank\s*\|\s*([0-9.]+) MB formula, ([0-9.]+) MB measured", out)
+            check(held and held.group(1) == held.group(2),
+                  f"np {np_} EP {ep}: persistent planned/held {held and held.groups()}")
     base = runs.get((1, 1))
     for key, got in runs.items():
         if key != (1, 1) and base:
