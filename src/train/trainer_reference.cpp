@@ -87,8 +87,10 @@ std::string checksum(const nlohmann::json& key, const std::vector<std::vector<do
   return fmt::format("{:016x}", h);
 }
 std::string checksum(const nlohmann::json& key, const std::vector<RefSet>& sets) {
+  std::map<std::string, std::vector<double>> by_name;  // the sets by name, as a file's are read
+  for (const RefSet& s : sets) by_name[s.name] = s.logps;
   std::vector<std::vector<double>> values;
-  for (const RefSet& s : sets) values.push_back(s.logps);
+  for (const auto& [name, v] : by_name) values.push_back(v);
   return checksum(key, values);
 }
 

@@ -111,6 +111,10 @@ int64_t windows_read(const checkpoint::Loaded& loaded, const nlohmann::json& sav
 // data, tokenizer) must match the checkpoint's.
 checkpoint::RunState Trainer::Impl::run_state() {
   std::vector<std::string> model_keys(family->shape_keys.begin(), family->shape_keys.end());
+  // The family, whatever this run's is: a checkpoint of another family is refused by its name
+  // (configs that name none compare null with null, as every checkpoint written before).
+  if (std::find(model_keys.begin(), model_keys.end(), "family") == model_keys.end())
+    model_keys.emplace_back("family");
   model_keys.emplace_back("dtype");
   model_keys.emplace_back("base_content");  // LoRA: the frozen base the adapters were trained on
   return {.model = *root,

@@ -16,10 +16,10 @@
 // parameter's rows beyond its shard. Fill an unsharded model by leaving root null.
 //
 //   auto pre = checkpoint::load_pretrained("SmolLM2-135M-Instruct.Q4_1.gguf");
-//   nn::Transformer model(*pre.config);
-//   for (auto& b : model.layers()) fully_shard(b, mesh);
-//   FSDPModule& root = fully_shard(model, mesh);
-//   pre.load_into(model, &root);                     // this rank's rows only
+//   auto model = models::spec_to_train(*pre.config).build(*pre.config);  // its family's blocks
+//   for (auto& b : model->layers()) fully_shard(b, mesh);
+//   FSDPModule& root = fully_shard(*model, mesh);
+//   pre.load_into(*model, &root);                     // this rank's rows only
 //   std::string prompt = checkpoint::render_chat(pre, *pre.tokenizer, "Hi");
 #pragma once
 

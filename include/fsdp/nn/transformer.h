@@ -133,7 +133,11 @@ std::unique_ptr<Module> default_block(const TransformerConfig& config, int64_t l
 // cache.
 class Transformer : public Module {
  public:
-  explicit Transformer(const TransformerConfig& cfg, const BlockFactory& blocks = default_block);
+  // With the family's block factory (models::spec_of(cfg).build(cfg) passes it).
+  Transformer(const TransformerConfig& cfg, const BlockFactory& blocks);
+  // default_block's: a config that names a family (its blocks are its own) is refused, naming
+  // the family and models::spec_of(cfg).build(cfg), rather than built as another model.
+  explicit Transformer(const TransformerConfig& cfg);
   // tokens [B, T] (i32/i64) -> logits [B, T, vocab]; with the batch context's targets, the loss
   // instead (fuses_loss: nn::ChunkedLMLoss over the head, never the whole logits).
   Tensor forward_impl(const Tensor& tokens) override;

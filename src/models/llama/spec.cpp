@@ -35,7 +35,7 @@ namespace fsdp::models::llama {
 using json = nlohmann::json;
 
 std::unique_ptr<nn::Transformer> build(const nn::TransformerConfig& config) {
-  return std::make_unique<nn::Transformer>(config);
+  return std::make_unique<nn::Transformer>(config, nn::default_block);
 }
 
 namespace {
