@@ -139,6 +139,45 @@ TEST(Allocator, CountsCurrentAndPeak) {
   EXPECT_EQ(a.stats().peak, a.stats().current);
 }
 
+// The CPU allocator's cache, and the meta allocator's model of it (the memory plan): a request
+// takes a cached block up to a quarter larger; a block no allocation took during a whole step is
+// released at the step's end. Both run the same script and hold the same cached bytes whenever
+// no block is live.
+TEST(Allocator, CacheTakesCloseSizesAndReleasesWhatAStepDidNotTake) {
+  meta::reset({.device = Device::cpu(), .cpu_cache_bytes = int64_t(1) << 30});
+  const auto script = [](Device d) {
+    Allocator& a = allocator_for(d);
+    a.empty_cache();
+    const auto cached = [&] { return a.stats().reserved - a.stats().current; };
+    const auto bytes = [&](int64_t n) { return Tensor::empty({n / 4}, DType::f32, d); };
+    std::vector<int64_t> seen;
+    const void* first = nullptr;
+    {
+      const Tensor t = bytes(1 << 20);
+      first = t.raw_data();
+    }
+    seen.push_back(cached());  // 1 MiB cached
+    {
+      const Tensor t = bytes(900 << 10);  // within a quarter: takes the 1 MiB block
+      if (d.is_cpu()) EXPECT_EQ(t.raw_data(), first);
+    }
+    seen.push_back(cached());  // the 1 MiB block again, not a 900 KiB one
+    { const Tensor t = bytes(512 << 10); }  // more than a quarter smaller: a fresh block
+    seen.push_back(cached());               // 1.5 MiB
+    a.end_step();                           // both were cached during this step: kept
+    seen.push_back(cached());
+    { const Tensor t = bytes(1 << 20); }  // taken and cached again
+    a.end_step();                         // the 512 KiB block sat out a whole step: released
+    seen.push_back(cached());
+    a.end_step();  // and the 1 MiB block now
+    seen.push_back(cached());
+    return seen;
+  };
+  const std::vector<int64_t> want = {1 << 20, 1 << 20, 3 << 19, 3 << 19, 1 << 20, 0};
+  EXPECT_EQ(script(Device::cpu()), want);
+  EXPECT_EQ(script(Device::meta()), want);
+}
+
 TEST(Device, CudaTensorsAreRefusedWithoutCuda) {
   if (cuda_available()) GTEST_SKIP() << "a CUDA device is present";
 #ifdef FSDP_WITH_CUDA

@@ -1,6 +1,6 @@
-// The CPU allocator: aligned malloc behind a cache of large blocks, with exact
-// byte counters. The CUDA
-// allocator lives in src/core/cuda/allocator.cpp (src/core/gpu.h).
+// The CPU allocator: large blocks mapped from the system behind a cache of them, small ones from
+// aligned malloc, with exact byte counters. The CUDA allocator lives in
+// src/core/cuda/allocator.cpp (src/core/gpu.h).
 #include "fsdp/core/allocator.h"
 
 #include <atomic>
@@ -9,7 +9,10 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <unordered_map>
 #include <utility>
+
+#include <sys/mman.h>
 
 #include "fsdp/core/env.h"
 #include "fsdp/core/error.h"
@@ -21,12 +24,19 @@ namespace fsdp {
 
 namespace {
 
-// Large blocks are cached by exact (page-rounded) size and handed out again:
-// a training step frees and re-allocates the same sizes every step, and
-// without the cache each large block is a fresh mmap whose pages fault in
-// (and are zeroed by the kernel) on first touch. Small blocks go straight to
-// malloc. `current`/`peak` count the bytes asked for, like PyTorch's
-// memory_allocated; `reserved` adds what the cache holds.
+// Large blocks are cached by (page-rounded) size and handed out again: a
+// training step frees and re-allocates the same sizes every step, and without
+// the cache each large block is a fresh mmap whose pages fault in (and are
+// zeroed by the kernel) on first touch. A request takes a cached block up to a
+// quarter larger than it when none fits exactly, and a cached block that a
+// whole step did not take is unmapped at the step's end (end_step): sizes that
+// change every step (expert parallel's rows follow the routing) neither pile up
+// in the cache nor miss it every time. Large blocks are mapped here rather than
+// malloc'd: glibc raises its mmap threshold to the size of each mapped block
+// freed (up to 32 MiB), after which blocks of changing sizes come from its heap
+// and stay resident there, fragmented, after they are freed. Small blocks go
+// straight to malloc. `current`/`peak` count the bytes asked for, like
+// PyTorch's memory_allocated; `reserved` adds what the cache holds.
 class CpuAllocator final : public Allocator {
  public:
   static constexpr size_t kCacheMin = 64 << 10;
@@ -39,19 +49,21 @@ class CpuAllocator final : public Allocator {
       (void)cache_limit();
       const size_t rounded = round_up(nbytes);
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find(rounded);
-      if (it != free_.end()) {
-        p = it->second;
+      auto it = free_.lower_bound(rounded);
+      if (it != free_.end() && it->first <= fit_limit(rounded)) {
+        p = it->second.ptr;
+        if (it->first != rounded) larger_.emplace(p, it->first);
+        cached_ -= int64_t(it->first);
         free_.erase(it);
-        cached_ -= int64_t(rounded);
       }
     }
     if (!p) {
-      const size_t rounded = nbytes >= kCacheMin ? round_up(nbytes) : (nbytes + 63) / 64 * 64;
-      p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+      const bool large = nbytes >= kCacheMin;
+      const size_t rounded = large ? round_up(nbytes) : (nbytes + 63) / 64 * 64;
+      p = rounded ? fresh(rounded, large) : nullptr;
       if (!p && rounded) {  // give the cache back and try once more
-        release_cache();
-        p = std::aligned_alloc(64, rounded);
+        empty_cache();
+        p = fresh(rounded, large);
       }
       FSDP_CHECK(p || rounded == 0, "[allocator] cpu: out of memory allocating {} bytes", nbytes);
     }
@@ -68,13 +80,19 @@ class CpuAllocator final : public Allocator {
     const int64_t now = current_.fetch_sub(int64_t(nbytes)) - int64_t(nbytes);
     if (trace::recording_memory()) count(now);
     if (nbytes >= kCacheMin && ptr) {
-      const size_t rounded = round_up(nbytes);
+      size_t rounded = round_up(nbytes);
       std::lock_guard<std::mutex> lock(mu_);
+      if (auto l = larger_.find(ptr); l != larger_.end()) {  // a cached block larger than asked
+        rounded = l->second;
+        larger_.erase(l);
+      }
       if (cached_ + int64_t(rounded) <= cache_limit()) {
-        free_.emplace(rounded, ptr);
+        free_.emplace(rounded, Cached{ptr, step_});
         cached_ += int64_t(rounded);
         return;
       }
+      ::munmap(ptr, rounded);
+      return;
     }
     std::free(ptr);
   }
@@ -87,6 +105,19 @@ class CpuAllocator final : public Allocator {
   void empty_cache() override {
     std::lock_guard<std::mutex> lock(mu_);
     release_cache();
+  }
+  void end_step() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = free_.begin(); it != free_.end();) {
+      if (it->second.step < step_) {  // cached before this step began, and not taken since
+        ::munmap(it->second.ptr, it->first);
+        cached_ -= int64_t(it->first);
+        it = free_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    ++step_;
   }
 
  private:
@@ -101,19 +132,34 @@ class CpuAllocator final : public Allocator {
     trace::add(std::move(r));
   }
   static size_t round_up(size_t n) { return (n + 4095) / 4096 * 4096; }
+  // The largest cached block a request of `rounded` bytes takes: up to a quarter more (whole
+  // pages), so that sizes that change a little from step to step (expert parallel's rows) reuse
+  // each other's blocks. meta.cpp's plan takes the same.
+  static size_t fit_limit(size_t rounded) { return round_up(rounded + rounded / 4); }
   static int64_t cache_limit() {
     static const int64_t limit = int64_t(env_double("FSDP_CPU_CACHE_MB") * 1048576.0);
     return limit;
   }
+  // A large block is mapped (page-aligned, so 64-byte aligned); a small one is malloc'd.
+  static void* fresh(size_t rounded, bool large) {
+    if (!large) return std::aligned_alloc(64, rounded);
+    void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }
   void release_cache() {  // mu_ held
-    for (auto& [size, p] : free_) std::free(p);
+    for (auto& [size, c] : free_) ::munmap(c.ptr, size);
     free_.clear();
     cached_ = 0;
   }
 
+  struct Cached {
+    void* ptr;
+    int64_t step;  // end_step's count when it was cached
+  };
   mutable std::mutex mu_;
-  std::multimap<size_t, void*> free_;
-  int64_t cached_ = 0;
+  std::multimap<size_t, Cached> free_;  // page-rounded size -> blocks; equal sizes oldest first
+  std::unordered_map<void*, size_t> larger_;  // blocks handed out larger than asked: their size
+  int64_t cached_ = 0, step_ = 0;
   std::atomic<int64_t> current_{0}, peak_{0}, allocations_{0};
 };
 

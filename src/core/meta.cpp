@@ -45,24 +45,25 @@ class MetaAllocator final : public Allocator {
       slot = next_++;
     }
     void* p = reserved() + (slot << 6);
-    FSDP_CHECK(blocks_.emplace(p, Block{n, t_term}).second, "[meta] internal: a slot given twice");
+    int64_t held = page(n);  // the bytes of the block behind it (a cached one may be larger)
+    if (cpu_ && n >= kCacheMin) {
+      auto it = cached_.lower_bound(page(n));
+      if (it != cached_.end() && it->first <= page(page(n) + page(n) / 4)) {
+        held = it->first;
+        cached_.erase(it);
+        cached_bytes_ -= held;
+      } else {
+        resident_ += held;
+      }
+    } else if (cpu_) {
+      resident_ += granule(n);
+    }
+    FSDP_CHECK(blocks_.emplace(p, Block{n, held, t_term}).second,
+               "[meta] internal: a slot given twice");
     live_ += n;
     term_[size_t(t_term)] += n;
     s_.term_peak[size_t(t_term)] = std::max(s_.term_peak[size_t(t_term)], term_[size_t(t_term)]);
     ++allocations_;
-    if (cpu_) {
-      if (n >= kCacheMin) {
-        int64_t& cached = cached_[page(n)];
-        if (cached > 0) {
-          --cached;
-          cached_bytes_ -= page(n);
-        } else {
-          resident_ += page(n);
-        }
-      } else {
-        resident_ += granule(n);
-      }
-    }
     note(0);
     return p;
   }
@@ -71,7 +72,7 @@ class MetaAllocator final : public Allocator {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = blocks_.find(ptr);
     FSDP_CHECK(it != blocks_.end(), "[meta] internal: a block freed that was not allocated");
-    const auto [n, term] = it->second;
+    const auto [n, held, term] = it->second;
     blocks_.erase(it);
     free_.push_back((static_cast<char*>(ptr) - reserved()) >> 6);
     live_ -= n;
@@ -79,11 +80,11 @@ class MetaAllocator final : public Allocator {
     if (!cpu_) return;
     if (n < kCacheMin) {
       resident_ -= granule(n);
-    } else if (cached_bytes_ + page(n) <= cache_limit_) {
-      ++cached_[page(n)];
-      cached_bytes_ += page(n);
+    } else if (cached_bytes_ + held <= cache_limit_) {
+      cached_.emplace(held, step_);
+      cached_bytes_ += held;
     } else {
-      resident_ -= page(n);
+      resident_ -= held;
     }
   }
 
@@ -94,6 +95,20 @@ class MetaAllocator final : public Allocator {
   void reset_peak() override {
     std::lock_guard<std::mutex> lock(mu_);
     peak_live_ = live_;
+  }
+  // core/allocator.cpp's: the cached blocks no allocation took during the step now ending go.
+  void end_step() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = cached_.begin(); it != cached_.end();) {
+      if (cpu_ && it->second < step_) {
+        cached_bytes_ -= it->first;
+        resident_ -= it->first;
+        it = cached_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    ++step_;
   }
 
   void reset(const Target& t) {
@@ -108,7 +123,7 @@ class MetaAllocator final : public Allocator {
     cache_limit_ = t.cpu_cache_bytes;
     target_ = t;
     cached_.clear();
-    live_ = resident_ = cached_bytes_ = peak_live_ = allocations_ = 0;
+    live_ = resident_ = cached_bytes_ = peak_live_ = allocations_ = step_ = 0;
     term_ = {};
     s_ = Stats{};
   }
@@ -164,7 +179,7 @@ class MetaAllocator final : public Allocator {
   }
 
   struct Block {
-    int64_t bytes;
+    int64_t bytes, held;  // asked for; of the block behind it (CPU: page-rounded, or larger)
     Term term;
   };
   mutable std::mutex mu_;
@@ -172,9 +187,11 @@ class MetaAllocator final : public Allocator {
   int64_t cache_limit_ = 0;
   Target target_;
   std::unordered_map<void*, Block> blocks_;
-  std::map<int64_t, int64_t> cached_;  // page-rounded size -> free blocks of that size
+  // page-rounded size -> the end_step count when each free block of that size was cached, equal
+  // sizes oldest first (taken first), as the CPU allocator's
+  std::multimap<int64_t, int64_t> cached_;
   std::vector<int64_t> free_;          // slots of freed blocks
-  int64_t next_ = 0, live_ = 0, resident_ = 0, cached_bytes_ = 0, peak_live_ = 0;
+  int64_t next_ = 0, live_ = 0, resident_ = 0, cached_bytes_ = 0, peak_live_ = 0, step_ = 0;
   int64_t allocations_ = 0;
   std::array<int64_t, kTerms> term_{};
   Stats s_;

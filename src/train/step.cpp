@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/core/allocator.h"
 #include "fsdp/core/error.h"
 #include "fsdp/core/host_sync.h"
 #include "fsdp/core/interrupt.h"
@@ -116,6 +117,7 @@ profiler::StepMetrics train_step(const StepParts& p, int64_t step, const StepOpt
   m.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s /= m.step_seconds;
   m.mfu /= m.step_seconds;
+  allocator_for(device).end_step();  // sizes this step did not ask for again leave the cache
   return m;
 }
 

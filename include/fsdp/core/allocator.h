@@ -27,6 +27,12 @@ class Allocator {
   virtual void reset_peak() = 0;
   // Returns cached, unused blocks to the system.
   virtual void empty_cache() {}
+  // Marks the end of a training step (train::train_step calls it): cached blocks that no
+  // allocation took during the whole step now ending go back to the system. A step asks for the
+  // same sizes every step, so its blocks stay cached; a size that changes from step to step (the
+  // rows expert parallel receives follow the routing) would otherwise stay cached unused, one
+  // block per size ever seen, up to the cache's limit.
+  virtual void end_step() {}
 };
 
 Allocator& allocator_for(Device d);
