@@ -3,8 +3,11 @@
 # side by side in one run, alternating rounds:
 #   f32          --dtype f32, every GEMM f32 (the BLAS library's sgemm);
 #   bf16         --param-dtype bf16 --reduce-dtype f32: the all-gathered parameters and the
-#                activations in bf16, the GEMMs on AVX512_BF16's dot products with f32 sums
-#                (kernels/cpu/gemm_bf16.cpp), norms, softmax and the loss in f32;
+#                activations in bf16, the GEMMs on AMX's tiles where the CPU has them, else on
+#                AVX512_BF16's dot products, with f32 sums (kernels/cpu/gemm_bf16.cpp), norms,
+#                softmax and the loss in f32;
+#   bf16-avx512  the same with FSDP_BF16_GEMM=2: AVX512_BF16's dot products (only where the CPU
+#                has AMX too, where it differs from bf16);
 #   bf16-widened the same with FSDP_BF16_GEMM=0: the GEMMs in f32 on widened copies (before).
 # Reports ms/step (mean of steps 2.., the best of the rounds), tokens/s, the ratio to f32, the
 # memory plan's all-gather term and peak, and the largest relative loss difference from f32 over
@@ -28,11 +31,14 @@ export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 args=(--init-from "$gguf" --data /usr/share/common-licenses/GPL-3 --seq 256 --batch 2
   --steps "$steps" --sample-tokens 0 --threads "$OMP_NUM_THREADS" --lr 1e-5)
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
+modes=(f32 bf16 bf16-widened)
+grep -qw amx_bf16 /proc/cpuinfo && modes=(f32 bf16 bf16-avx512 bf16-widened)
 for r in $(seq "$rounds"); do
-  for mode in f32 bf16 bf16-widened; do
+  for mode in "${modes[@]}"; do
     case $mode in
       f32) extra=(--dtype f32) env=() ;;
       bf16) extra=(--param-dtype bf16 --reduce-dtype f32) env=() ;;
+      bf16-avx512) extra=(--param-dtype bf16 --reduce-dtype f32) env=(FSDP_BF16_GEMM=2) ;;
       bf16-widened) extra=(--param-dtype bf16 --reduce-dtype f32) env=(FSDP_BF16_GEMM=0) ;;
     esac
     env "${env[@]}" "$build/examples/fsdp-train" "${args[@]}" "${extra[@]}" \
@@ -51,7 +57,9 @@ def table_row(text, name):
     m = re.search(r"^\|\s*" + re.escape(name) + r"\s*\|\s*(.*?)\s*\|$", text, re.M)
     return m.group(1) if m else "?"
 res = {}
-for mode in ("f32", "bf16", "bf16-widened"):
+for mode in ("f32", "bf16", "bf16-avx512", "bf16-widened"):
+    if not os.path.exists(f"{log}/{mode}.1.jsonl"):
+        continue
     ms, losses, text = [], None, ""
     for r in range(1, rounds + 1):
         rows = [json.loads(l) for l in open(f"{log}/{mode}.{r}.jsonl")]
@@ -63,7 +71,7 @@ for mode in ("f32", "bf16", "bf16-widened"):
 tokens = 256 * 2
 print(f"# --param-dtype bf16 on the CPU: SmolLM2-135M full fine-tune, one rank ({datetime.date.today()})\n")
 print(f"`bench/bf16_cpu.sh {steps} {rounds}` at {commit}; {cpu}, {os.cpu_count()} cores, "
-      f"avx512_bf16 {'yes' if 'avx512_bf16' in flags else 'no'}; load average {load0} before, {load1} after "
+      f"avx512_bf16 {'yes' if 'avx512_bf16' in flags else 'no'}, amx_bf16 {'yes' if 'amx_bf16' in flags else 'no'}; load average {load0} before, {load1} after "
       f"(a shared machine: the ratios of alternating rounds are what to read). Model: "
       f"{os.path.basename(gguf)} dequantized; seq 256 x batch 2, AdamW, {os.environ.get('OMP_NUM_THREADS')} threads.\n")
 print("| run | bf16 gemm | ms/step (best; rounds) | tok/s | speed vs f32 | all-gather (plan) | peak (plan) | max rel. loss diff vs f32 |")

@@ -12,6 +12,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <initializer_list>
@@ -277,55 +278,70 @@ TEST(VecMath, ExpF32IsAccurate) {
   EXPECT_GT(kernels::cpu::exp_f32(1000.0f), 1e38f);
 }
 
-// kernels/cpu/gemm_bf16.cpp, the bf16 GEMM on AVX512_BF16 (where the CPU has it), directly: every
-// layout, edges of its 12 x 32 tile, k over its 384-deep blocks and odd, rows over its per-thread
+// kernels/cpu/gemm_bf16.cpp, the bf16 GEMM, directly, on each engine the CPU has (AVX512_BF16's
+// dot products; AMX's tiles where it has them): every layout, edges of the 12 x 32 tile and of
+// AMX's 32 x 32 blocks, k over the 384- and 512-deep blocks and odd, rows over the per-thread
 // blocks, alpha and beta; beta 0 never reads C (NaN there stays out). Against f64 sums of the same
 // bf16 values: within 1e-6 of sum |a||b| (f32 sums of exact products).
 TEST(Bf16Gemm, EveryLayoutAgainstF64) {
   if (!kernels::cpu::has_bf16_gemm()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  using kernels::cpu::Bf16Engine;
+  const Bf16Engine before = kernels::cpu::bf16_gemm_engine();
+  std::vector<Bf16Engine> engines = {Bf16Engine::avx512};
+  if (kernels::cpu::has_amx_bf16())
+    engines.push_back(Bf16Engine::amx);
+  else
+    std::printf("this CPU has no AMX tiles (or Linux gives none): AVX512_BF16 only\n");
   struct Shape3 {
     int64_t m, n, k;
   };
-  uint64_t state = 7;
-  const auto next = [&] {  // a value in [-2, 2), rounded to bf16
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    return bf16_to_f32(f32_to_bf16(float(int64_t(state >> 40) - (1 << 23)) / float(1 << 22)));
-  };
-  for (const Shape3 sh : {Shape3{1, 1, 1}, Shape3{13, 33, 7}, Shape3{37, 61, 769},
-                          Shape3{800, 70, 45}, Shape3{24, 4100, 2}})
-    for (const bool ta : {false, true})
-      for (const bool tb : {false, true})
-        for (const float beta : {0.0f, 0.5f}) {
-          const int64_t m = sh.m, n = sh.n, k = sh.k;
-          const int64_t lda = ta ? m : k, ldb = tb ? k : n;
-          std::vector<float> a(size_t(m * k)), b(size_t(k * n));
-          std::vector<uint16_t> ab(a.size()), bb(b.size());
-          for (size_t i = 0; i < a.size(); ++i) ab[i] = f32_to_bf16(a[i] = next()).bits;
-          for (size_t i = 0; i < b.size(); ++i) bb[i] = f32_to_bf16(b[i] = next()).bits;
-          std::vector<float> c(size_t(m * n));
-          for (float& v : c) v = beta == 0.0f ? NAN : next();
-          const std::vector<float> c0 = c;
-          kernels::cpu::gemm_bf16(ta, tb, m, n, k, 1.5f, ab.data(), lda, bb.data(), ldb, beta,
-                                  c.data(), n);
-          double worst = 0;
-          for (int64_t i = 0; i < m; ++i)
-            for (int64_t j = 0; j < n; ++j) {
-              double sum = 0, mag = 0;
-              for (int64_t p = 0; p < k; ++p) {
-                const double x = a[size_t(ta ? p * lda + i : i * lda + p)];
-                const double y = b[size_t(tb ? j * ldb + p : p * ldb + j)];
-                sum += x * y;
-                mag += std::abs(x * y);
+  for (const Bf16Engine engine : engines) {
+    kernels::cpu::set_bf16_gemm_engine(engine);
+    const char* name = engine == Bf16Engine::amx ? "amx" : "avx512";
+    uint64_t state = 7;
+    const auto next = [&] {  // a value in [-2, 2), rounded to bf16
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      return bf16_to_f32(f32_to_bf16(float(int64_t(state >> 40) - (1 << 23)) / float(1 << 22)));
+    };
+    for (const Shape3 sh : {Shape3{1, 1, 1}, Shape3{13, 33, 7}, Shape3{37, 61, 769},
+                            Shape3{800, 70, 45}, Shape3{24, 4100, 2}, Shape3{70, 40, 1100}})
+      for (const bool ta : {false, true})
+        for (const bool tb : {false, true})
+          for (const float beta : {0.0f, 0.5f}) {
+            const int64_t m = sh.m, n = sh.n, k = sh.k;
+            const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+            std::vector<float> a(size_t(m * k)), b(size_t(k * n));
+            std::vector<uint16_t> ab(a.size()), bb(b.size());
+            for (size_t i = 0; i < a.size(); ++i) ab[i] = f32_to_bf16(a[i] = next()).bits;
+            for (size_t i = 0; i < b.size(); ++i) bb[i] = f32_to_bf16(b[i] = next()).bits;
+            std::vector<float> c(size_t(m * n));
+            for (float& v : c) v = beta == 0.0f ? NAN : next();
+            const std::vector<float> c0 = c;
+            kernels::cpu::gemm_bf16(ta, tb, m, n, k, 1.5f, ab.data(), lda, bb.data(), ldb, beta,
+                                    c.data(), n);
+            double worst = 0;
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < n; ++j) {
+                double sum = 0, mag = 0;
+                for (int64_t p = 0; p < k; ++p) {
+                  const double x = a[size_t(ta ? p * lda + i : i * lda + p)];
+                  const double y = b[size_t(tb ? j * ldb + p : p * ldb + j)];
+                  sum += x * y;
+                  mag += std::abs(x * y);
+                }
+                const double c_in = beta == 0.0f ? 0.0 : double(c0[size_t(i * n + j)]);
+                const double want = 1.5 * sum + double(beta) * c_in;
+                const double got = c[size_t(i * n + j)];
+                ASSERT_TRUE(std::isfinite(got))
+                    << m << "x" << n << "x" << k << " at " << i << "," << j;
+                worst =
+                    std::max(worst, std::abs(got - want) / (1.5 * mag + std::abs(c_in) + 1e-30));
               }
-              const double c_in = beta == 0.0f ? 0.0 : double(c0[size_t(i * n + j)]);
-              const double want = 1.5 * sum + double(beta) * c_in;
-              const double got = c[size_t(i * n + j)];
-              ASSERT_TRUE(std::isfinite(got)) << m << "x" << n << "x" << k << " at " << i << "," << j;
-              worst = std::max(worst, std::abs(got - want) / (1.5 * mag + std::abs(c_in) + 1e-30));
-            }
-          EXPECT_LT(worst, 1e-6) << m << "x" << n << "x" << k << " ta " << ta << " tb " << tb
-                                 << " beta " << beta;
-        }
+            EXPECT_LT(worst, 1e-6) << name << " " << m << "x" << n << "x" << k << " ta " << ta
+                                   << " tb " << tb << " beta " << beta;
+          }
+  }
+  kernels::cpu::set_bf16_gemm_engine(before);
 }
 
 TEST(RMSNorm, DefaultEpsIsTheMachineEpsilon) {

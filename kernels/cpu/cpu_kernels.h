@@ -34,6 +34,14 @@ const char* blas_core_name();
 // and f32 C, accumulated in f32 with AVX512_BF16's dot products (has_bf16_gemm: this CPU has
 // them; gemm_bf16 must not be called where it has not). beta 0 never reads C.
 bool has_bf16_gemm();
+// Which instructions gemm_bf16 runs on: AVX512_BF16's VDPBF16PS, or AMX's TDPBF16PS tiles where
+// the CPU has them and Linux grants this process their state (has_amx_bf16). Unset, the
+// fastest there is; set_bf16_gemm_engine refuses amx where has_amx_bf16() is false. The products
+// are exact and the sums f32 on both, in different orders.
+enum class Bf16Engine { avx512, amx };
+bool has_amx_bf16();
+void set_bf16_gemm_engine(Bf16Engine e);
+Bf16Engine bf16_gemm_engine();
 void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
                int64_t lda, const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc);
 

@@ -47,9 +47,10 @@ const std::vector<EnvKnob>& env_knobs() {
        "choice; 2 (tests): also when OPENBLAS_CORETYPE named the generic kernels",
        EnvKind::integer, 0, 2},
       {"FSDP_BF16_GEMM", "1",
-       "0: GEMMs of bf16 operands compute in f32 on widened copies even where the CPU has "
-       "AVX512_BF16 (1: on its dot products, kernels/cpu/gemm_bf16.cpp)",
-       EnvKind::flag},
+       "GEMMs of bf16 operands (kernels/cpu/gemm_bf16.cpp): 1: on AMX's tiles where the CPU "
+       "has them, else on AVX512_BF16's dot products; 2: on AVX512_BF16's dot products; 0: in "
+       "f32 on widened copies",
+       EnvKind::integer, 0, 2},
       {"FSDP_BLAS_REEXEC_FROM", "",
        "set by the binaries, not by hand: the generic kernels OpenBLAS chose before they "
        "re-executed with better ones"},

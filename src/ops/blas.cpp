@@ -55,8 +55,20 @@ std::string blas_better_kernel() {
 }
 
 bool bf16_gemm_native() {
-  static const bool on = kernels::cpu::has_bf16_gemm() && env_double("FSDP_BF16_GEMM") != 0;
+  static const bool on = [] {
+    const double mode = env_double("FSDP_BF16_GEMM");
+    if (!kernels::cpu::has_bf16_gemm() || mode == 0) return false;
+    if (mode == 2) kernels::cpu::set_bf16_gemm_engine(kernels::cpu::Bf16Engine::avx512);
+    return true;
+  }();
   return on;
+}
+
+std::string bf16_gemm_name() {
+  if (!bf16_gemm_native()) return "f32 on widened copies";
+  return kernels::cpu::bf16_gemm_engine() == kernels::cpu::Bf16Engine::amx
+             ? "AMX tiles, f32 sums"
+             : "AVX512_BF16 dot products, f32 sums";
 }
 
 void use_best_blas_kernel(char** argv) {

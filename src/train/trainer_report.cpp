@@ -171,8 +171,7 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
     row("blas library", ops::blas_library());
     row("blas kernels", ops::blas_kernel_note());
     if (mp.param_dtype.value_or(dtype) == DType::bf16)
-      row("bf16 gemm", ops::bf16_gemm_native() ? "AVX512_BF16 dot products, f32 sums"
-                                               : "f32 on widened copies");
+      row("bf16 gemm", ops::bf16_gemm_name());
   }
   row("sgemm peak", fmt::format("{:.1f} GFLOP/s, all ranks (MFU denominator)", peak / 1e9));
   row("FLOPs / token", fmt::format("{:.3g}", cfg.flops_per_token()));

@@ -36,10 +36,13 @@ std::string blas_better_kernel();
 // returns. Call it first in main(), before threads, MPI or files are opened.
 void use_best_blas_kernel(char** argv);
 
-// Whether GEMMs of bf16 operands run on this CPU's AVX512_BF16 dot products, with f32
-// accumulation (kernels/cpu/gemm_bf16.cpp, our own: no library here has a faster bf16 path),
-// rather than in f32 on widened copies: the CPU has them and FSDP_BF16_GEMM is not 0 (read once).
+// Whether GEMMs of bf16 operands run on this CPU's bf16 instructions, with f32 accumulation
+// (kernels/cpu/gemm_bf16.cpp, our own: AMX's tiles where the CPU has them, else AVX512_BF16's dot
+// products), rather than in f32 on widened copies: the CPU has AVX512_BF16 and FSDP_BF16_GEMM is
+// not 0 (read once; 2 keeps to AVX512_BF16 where AMX is there too).
 bool bf16_gemm_native();
+// Which of the three runs, for the run's table: "AMX tiles, f32 sums", ...
+std::string bf16_gemm_name();
 
 // For a run's table: the kernels and how they were chosen, e.g. "SkylakeX (OpenBLAS chose
 // Prescott)" after a re-execution, "SkylakeX (OPENBLAS_CORETYPE)" or "Haswell".
