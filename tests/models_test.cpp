@@ -150,6 +150,19 @@ TEST(ModelSpec, MoeFamiliesNameTheirExpertsOnePerExpert) {
                 .find("norm_topk_prob false (the top k's weights not renormalized) is not "
                       "representable in llama.cpp's qwen3moe"),
             std::string::npos);
+  // transformers 5 names Qwen3-MoE's expert count num_local_experts (4: num_experts).
+  {
+    const nn::TransformerConfig q = one_of_each()[6].second;
+    const models::ModelSpec& qs = models::spec_of(q);
+    nlohmann::json v5 = nlohmann::json::parse(qs.write_hf_config(q));
+    v5["num_local_experts"] = v5.at("num_experts");
+    v5.erase("num_experts");
+    EXPECT_EQ(qs.read_hf_config(v5.dump(), "q/config.json").to_json(), q.to_json());
+    v5["num_experts"] = q.moe.experts + 1;
+    EXPECT_NE(error_of([&] { (void)qs.read_hf_config(v5.dump(), "q/config.json"); })
+                  .find("q/config.json: num_experts 9 and num_local_experts 8 disagree"),
+              std::string::npos);
+  }
   // Mixtral's: w1, w3, w2 under block_sparse_moe.
   const nn::TransformerConfig m = one_of_each()[7].second;
   EXPECT_EQ(models::spec_of(m).adapter->stacked_names("layers.0.ffn.experts.up_proj",

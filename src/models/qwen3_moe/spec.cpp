@@ -56,7 +56,12 @@ nn::TransformerConfig read(const std::string& text, const std::string& where) {
   };
   // transformers' Qwen3MoeConfig defaults where a key is absent.
   nn::MoEConfig& m = c.moe;
-  m.experts = integer("num_experts", 128);
+  // transformers 4 writes num_experts, transformers 5 num_local_experts (Mixtral's name).
+  m.experts = integer("num_local_experts", integer("num_experts", 128));
+  FSDP_CHECK(!jf::member(j, "num_experts") || !jf::member(j, "num_local_experts") ||
+                 integer("num_experts", 0) == m.experts,
+             "[hf] {}: num_experts {} and num_local_experts {} disagree", where,
+             integer("num_experts", 0), m.experts);
   m.top_k = integer("num_experts_per_tok", 8);
   m.hidden = integer("moe_intermediate_size", 768);
   m.norm_topk_prob = boolean("norm_topk_prob", false);
