@@ -130,7 +130,8 @@ scaling = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_f
 torch.manual_seed(2)
 lcfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                    num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
-                   rope_theta=5e5, rms_norm_eps=1e-5, tie_word_embeddings=True, rope_scaling=scaling)
+                   rope_theta=5e5, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                   rope_scaling=dict(scaling))  # a copy: transformers 5 adds rope_theta to it
 llama = LlamaForCausalLM(lcfg).eval()
 with torch.no_grad():
     for n, p in llama.named_parameters():
@@ -139,12 +140,16 @@ with torch.no_grad():
 ldir = os.path.join(work, "llama3")
 llama.save_pretrained(ldir, safe_serialization=True)
 saved = json.load(open(os.path.join(ldir, "config.json")))
-print(f"(d) config.json rope_scaling {saved.get('rope_scaling')}")
+# transformers 4 saves rope_scaling; transformers 5 rope_parameters (the scaling's keys and rope_theta)
+print(f"(d) config.json rope_scaling {saved.get('rope_scaling')}, rope_parameters {saved.get('rope_parameters')}")
 _, ours = logits_of("--model", ldir)
 ids = torch.tensor([list(prompt.encode())])
 with torch.no_grad():
     ref = llama(ids).logits[0]
-    plain_cfg = LlamaConfig(**{**lcfg.to_dict(), "rope_scaling": None})
+    plain_dict = {**lcfg.to_dict(), "rope_scaling": None}
+    if "rope_parameters" in plain_dict:  # transformers 5
+        plain_dict["rope_parameters"] = {"rope_type": "default", "rope_theta": 5e5}
+    plain_cfg = LlamaConfig(**plain_dict)
     plain = LlamaForCausalLM(plain_cfg).eval()
     plain.load_state_dict(llama.state_dict())
     unscaled = plain(ids).logits[0]
