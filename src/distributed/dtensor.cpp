@@ -3,9 +3,14 @@
 // the collectives work on dim 0 of contiguous tensors.
 #include "fsdp/distributed/dtensor.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cstddef>
+#include <string>
 #include <utility>
 #include <variant>
+#include <vector>
 
 namespace fsdp::dist {
 
@@ -210,6 +215,93 @@ DTensor DTensor::redistribute(const std::vector<Placement>& target) const {
   out.placements_ = target;
   out.shape_ = shape_;
   return out;
+}
+
+// ---------------------------------------------------------------- parameters
+
+std::string ParameterPlacement::str() const {
+  std::vector<std::string> p;
+  for (const Placement& pl : placements) p.push_back(placement_str(pl));
+  return fmt::format("[{}] on {}", fmt::join(p, ", "), mesh ? mesh->str() : "no mesh");
+}
+
+std::pair<int64_t, int64_t> ParameterPlacement::local_range(int dim) const {
+  int64_t begin = 0, n = global_shape.at(size_t(dim));
+  for (int i = 0; i < mesh->ndim(); ++i)
+    if (is_shard(placements[size_t(i)], dim)) {
+      auto [b, len] = chunk_range(n, mesh->size(i), mesh->local_rank(i));
+      begin += b;
+      n = len;
+    }
+  return {begin, n};
+}
+
+namespace {
+std::shared_ptr<ParameterPlacement> make_placement(const char* op, const nn::Parameter& p,
+                                                   const std::string& name,
+                                                   std::shared_ptr<DeviceMesh> mesh,
+                                                   std::vector<Placement> placements,
+                                                   Shape global_shape) {
+  const std::string who = name.empty() ? p.local_name : name;
+  FSDP_CHECK(mesh, "[{}] parameter '{}': no mesh", op, who);
+  FSDP_CHECK(!p.placement, "[{}] parameter '{}' is already placed ({}); place a parameter once",
+             op, who, p.placement->str());
+  FSDP_CHECK(int(placements.size()) == mesh->ndim(),
+             "[{}] parameter '{}': {} placements for the {}-D {}; expected one per mesh dim", op,
+             who, placements.size(), mesh->ndim(), mesh->str());
+  for (const Placement& pl : placements) {
+    FSDP_CHECK(!std::holds_alternative<Partial>(pl),
+               "[{}] parameter '{}': {} is not a parameter's placement (a parameter holds values, "
+               "not partial sums); expected Shard(d) or Replicate()",
+               op, who, placement_str(pl));
+    if (auto* sh = std::get_if<Shard>(&pl))
+      FSDP_CHECK(sh->dim >= 0 && sh->dim < int(global_shape.size()),
+                 "[{}] parameter '{}': {} is out of range for its {}-D shape {}", op, who,
+                 placement_str(pl), global_shape.size(), shape_str(global_shape));
+  }
+  auto out = std::make_shared<ParameterPlacement>();
+  out->global_shape = std::move(global_shape);
+  out->mesh = std::move(mesh);
+  out->placements = std::move(placements);
+  return out;
+}
+}  // namespace
+
+void distribute_parameter(nn::Parameter& p, std::shared_ptr<DeviceMesh> mesh,
+                          std::vector<Placement> placements, const std::string& name) {
+  auto pl = make_placement("distribute_parameter", p, name, std::move(mesh), std::move(placements),
+                           p.shape);
+  Shape local = p.shape;
+  for (int d = 0; d < int(local.size()); ++d) {
+    auto [b, len] = pl->local_range(d);
+    local[size_t(d)] = len;
+    if (p.data.defined() && len != p.data.size(d)) p.data = p.data.narrow(d, b, len);
+    if (p.grad.defined() && len != p.grad.size(d)) p.grad = p.grad.narrow(d, b, len);
+  }
+  // A copy of its own: the piece no longer shares the whole tensor's storage (a flat buffer).
+  if (p.data.defined()) p.data = p.data.contiguous().clone();
+  if (p.grad.defined()) p.grad = p.grad.contiguous().clone();
+  p.shape = std::move(local);
+  p.placement = std::move(pl);
+}
+
+void from_local_parameter(nn::Parameter& p, std::shared_ptr<DeviceMesh> mesh,
+                          std::vector<Placement> placements, Shape global_shape,
+                          const std::string& name) {
+  FSDP_CHECK(global_shape.size() == p.shape.size(),
+             "[from_local_parameter] parameter '{}' has shape {} but its global shape is {}; "
+             "expected as many dims",
+             name.empty() ? p.local_name : name, shape_str(p.shape), shape_str(global_shape));
+  auto pl = make_placement("from_local_parameter", p, name, std::move(mesh), std::move(placements),
+                           std::move(global_shape));
+  const Shape want = DTensor::local_shape(pl->global_shape, *pl->mesh, pl->placements,
+                                          pl->mesh->coordinate());
+  FSDP_CHECK(want == p.shape,
+             "[from_local_parameter] parameter '{}' has shape {} but this rank's piece of {} {} "
+             "is {}",
+             name.empty() ? p.local_name : name, shape_str(p.shape), shape_str(pl->global_shape),
+             pl->str(), shape_str(want));
+  p.placement = std::move(pl);
 }
 
 }  // namespace fsdp::dist
