@@ -30,6 +30,7 @@
 #include "fsdp/distributed/dtensor.h"
 #include "fsdp/distributed/init.h"
 #include "fsdp/fsdp/fully_shard.h"
+#include "fsdp/fsdp/replicate.h"
 #include "fsdp/nn/layers.h"
 #include "fsdp/nn/module.h"
 #include "fsdp/ops/ops.h"
@@ -326,6 +327,8 @@ TEST(Placements, RefusesWhatFullyShardCannotCompose) {
                    {"'weight'", "none of its mesh's dims"});
     dist::distribute_parameter(b.weight(), mesh, {dist::Shard{0}, dist::Replicate{}});
     expect_refused([&] { fully_shard(b, (*mesh)["dp"]); }, {"'weight'", "expected Replicate()"});
+    // replicate() (whole-model buffers, a world-wide all-reduce) takes no placed parameter
+    expect_refused([&] { replicate(a, dist::init_device_mesh({4})); }, {"'weight'", "placed"});
   }
 }
 
