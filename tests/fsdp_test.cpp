@@ -1215,10 +1215,8 @@ TEST(Options, GradientDivideFactorAndGlobalRows) {
   auto mesh = dist::init_device_mesh({N});
   nn::Linear mean(6, 5, false), halved(6, 5, false), placed(6, 5, false);
   fully_shard(mean, mesh, {.init_dtype = DType::f64, .seed = kSeed});
-  FSDPModule& h = fully_shard(halved, mesh,
-                              {.init_dtype = DType::f64,
-                               .seed = kSeed,
-                               .gradient_divide_factor = 2.0 * N});
+  FSDPModule& h = fully_shard(
+      halved, mesh, {.init_dtype = DType::f64, .seed = kSeed, .gradient_divide_factor = 2.0 * N});
   // Rank r holds rows [5r, 5r + 5) of a [5N, 6] weight, Shard(0) on "ep"; fully_shard shards
   // them over "dp", a dim of one rank here, so each rank keeps its five rows.
   auto mesh2 = dist::init_device_mesh({1, N}, {"dp", "ep"});
@@ -1242,8 +1240,7 @@ TEST(Options, GradientDivideFactorAndGlobalRows) {
   EXPECT_EQ(infos[0].local_begin, 5 * me);
   EXPECT_EQ(infos[0].local_rows, 5);
   EXPECT_EQ(infos[0].fsdp_dim, 0);
-  EXPECT_EQ(infos[0].placements,
-            (std::vector<dist::Placement>{dist::Shard{0}, dist::Shard{0}}));
+  EXPECT_EQ(infos[0].placements, (std::vector<dist::Placement>{dist::Shard{0}, dist::Shard{0}}));
   // Its values are the global tensor's rows: those a whole [5N, 6] parameter holds there.
   nn::Linear whole(6, 5 * N, false);
   nn::materialize(whole, DType::f64, kSeed);

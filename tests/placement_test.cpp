@@ -161,8 +161,7 @@ struct Plain {
 
 // The 2 x 2 layout: the column-parallel weight and bias Shard(0) on "tp", fully_shard over "dp".
 struct TwoByTwo {
-  std::shared_ptr<dist::DeviceMesh> mesh =
-      dist::init_device_mesh({2, 2}, {"dp", "tp"});
+  std::shared_ptr<dist::DeviceMesh> mesh = dist::init_device_mesh({2, 2}, {"dp", "tp"});
   TinyTP model{mesh->group("tp")};
   FSDPModule* root = nullptr;
   std::unique_ptr<optim::AdamW> opt;
@@ -201,8 +200,7 @@ TEST(Placements, ColumnParallelUnderFullyShardTrainsAsOneRank) {
         EXPECT_EQ(in.local_begin, tb + db);
         EXPECT_EQ(in.local_rows, dl);
         EXPECT_EQ(in.fsdp_dim, 0);
-        EXPECT_EQ(in.placements,
-                  (std::vector<dist::Placement>{dist::Shard{0}, dist::Shard{0}}));
+        EXPECT_EQ(in.placements, (std::vector<dist::Placement>{dist::Shard{0}, dist::Shard{0}}));
       }
     double most = 0;
     ASSERT_EQ(got.size(), want.size());
@@ -214,9 +212,10 @@ TEST(Placements, ColumnParallelUnderFullyShardTrainsAsOneRank) {
     }
     EXPECT_LT(want.back(), want.front());  // it trains
     if (dist::world()->rank() == 0)
-      fmt::print("[placement_test] {}: losses {:.6g} .. {:.6g}, largest relative difference to "
-                 "one rank {:.3g}\n",
-                 dtype_name(dtype), want.front(), want.back(), most);
+      fmt::print(
+          "[placement_test] {}: losses {:.6g} .. {:.6g}, largest relative difference to "
+          "one rank {:.3g}\n",
+          dtype_name(dtype), want.front(), want.back(), most);
   }
 }
 
@@ -309,8 +308,7 @@ TEST(Placements, RefusesWhatFullyShardCannotCompose) {
     nn::Linear m(kIn, kCol, false);
     expect_refused(
         [&] {
-          dist::distribute_parameter(m.weight(), mesh,
-                                     {dist::Replicate{}, dist::Partial{}});
+          dist::distribute_parameter(m.weight(), mesh, {dist::Replicate{}, dist::Partial{}});
         },
         {"'weight'", "Partial(sum)"});
     auto pl = std::make_shared<dist::ParameterPlacement>();

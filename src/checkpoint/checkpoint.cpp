@@ -172,8 +172,8 @@ SaveSnapshot snapshot(const std::string& dir, int64_t step, FSDPModule& root,
       if (!groups[in.group].grads.defined()) continue;
       // The rows this shard file holds: none where another rank writes the same ones.
       const int64_t rows = all_chunks[size_t(&in - infos.data())][size_t(s.shard)].rows;
-      s.tensors.emplace_back("param/" + in.name, rows_view(params[size_t(in.group)], in.offset,
-                                                           rows, in.global_shape));
+      s.tensors.emplace_back("param/" + in.name,
+                             rows_view(params[size_t(in.group)], in.offset, rows, in.global_shape));
       for (const auto& [state, flat] : states[size_t(in.group)])
         s.tensors.emplace_back(state + "/" + in.name,
                                rows_view(flat, in.offset, rows, in.global_shape));
@@ -205,14 +205,13 @@ SaveSnapshot snapshot(const std::string& dir, int64_t step, FSDPModule& root,
       // was fully_shard's.
       json placements = json::array();
       for (const dist::Placement& pl : in.placements) placements.push_back(dist::placement_str(pl));
-      tensors[in.name] = {
-          {"shape", in.global_shape},
-          {"dtype", std::string(dtype_name(groups[in.group].params.dtype()))},
-          {"placement", "Shard(0)"},
-          {"mesh", {{"names", in.mesh->names()}, {"shape", in.mesh->shape()}}},
-          {"placements", placements},
-          {"fsdp_dim", in.fsdp_dim},
-          {"chunks", chunks}};
+      tensors[in.name] = {{"shape", in.global_shape},
+                          {"dtype", std::string(dtype_name(groups[in.group].params.dtype()))},
+                          {"placement", "Shard(0)"},
+                          {"mesh", {{"names", in.mesh->names()}, {"shape", in.mesh->shape()}}},
+                          {"placements", placements},
+                          {"fsdp_dim", in.fsdp_dim},
+                          {"chunks", chunks}};
     }
     meta["tensors"] = tensors;
     if (!frozen.empty()) meta["frozen"] = frozen;

@@ -159,11 +159,11 @@ void check_fields(Manifest& m, const std::string& where) {
                t["placement"].dump());
     // How the tensor lay when saved (written since placements; loading reads the chunks only).
     if (t.contains("placements"))
-      FSDP_CHECK(t["placements"].is_array() &&
-                     std::all_of(t["placements"].begin(), t["placements"].end(),
-                                 [](const json& x) { return x.is_string(); }),
-                 "[checkpoint] {}: tensor '{}' has placements {}; expected an array of strings",
-                 where, name, json_read::brief(t["placements"]));
+      FSDP_CHECK(
+          t["placements"].is_array() && std::all_of(t["placements"].begin(), t["placements"].end(),
+                                                    [](const json& x) { return x.is_string(); }),
+          "[checkpoint] {}: tensor '{}' has placements {}; expected an array of strings", where,
+          name, json_read::brief(t["placements"]));
     FSDP_CHECK(
         t.contains("chunks") && t["chunks"].is_array() && t["chunks"].size() == size_t(m.shards),
         "[checkpoint] {}: tensor '{}' has {} chunks but 'shards' is {}; expected one chunk "

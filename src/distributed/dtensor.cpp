@@ -244,8 +244,8 @@ std::shared_ptr<ParameterPlacement> make_placement(const char* op, const nn::Par
                                                    Shape global_shape) {
   const std::string who = name.empty() ? p.local_name : name;
   FSDP_CHECK(mesh, "[{}] parameter '{}': no mesh", op, who);
-  FSDP_CHECK(!p.placement, "[{}] parameter '{}' is already placed ({}); place a parameter once",
-             op, who, p.placement->str());
+  FSDP_CHECK(!p.placement, "[{}] parameter '{}' is already placed ({}); place a parameter once", op,
+             who, p.placement->str());
   FSDP_CHECK(int(placements.size()) == mesh->ndim(),
              "[{}] parameter '{}': {} placements for the {}-D {}; expected one per mesh dim", op,
              who, placements.size(), mesh->ndim(), mesh->str());
@@ -294,8 +294,8 @@ void from_local_parameter(nn::Parameter& p, std::shared_ptr<DeviceMesh> mesh,
              name.empty() ? p.local_name : name, shape_str(p.shape), shape_str(global_shape));
   auto pl = make_placement("from_local_parameter", p, name, std::move(mesh), std::move(placements),
                            std::move(global_shape));
-  const Shape want = DTensor::local_shape(pl->global_shape, *pl->mesh, pl->placements,
-                                          pl->mesh->coordinate());
+  const Shape want =
+      DTensor::local_shape(pl->global_shape, *pl->mesh, pl->placements, pl->mesh->coordinate());
   FSDP_CHECK(want == p.shape,
              "[from_local_parameter] parameter '{}' has shape {} but this rank's piece of {} {} "
              "is {}",

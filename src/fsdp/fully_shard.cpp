@@ -223,9 +223,14 @@ std::vector<FSDPModule::ShardInfo> FSDPModule::shard_infos() {
     auto it = where.find(p);
     FSDP_CHECK(it != where.end(), "[fully_shard] parameter '{}' is not sharded", rel);
     const auto& [g, fp, s] = it->second;
-    ShardInfo in{fp->name,          fp->global_shape,  fp->global_offset + fp->local_begin,
-                 fp->local_rows,    g,                 fp->shard_offset,
-                 fp->packed.has_value(), fp->local_bytes};
+    ShardInfo in{fp->name,
+                 fp->global_shape,
+                 fp->global_offset + fp->local_begin,
+                 fp->local_rows,
+                 g,
+                 fp->shard_offset,
+                 fp->packed.has_value(),
+                 fp->local_bytes};
     if (fp->placement) {
       in.mesh = fp->placement->mesh;
       in.placements = fp->placement->placements;

@@ -140,7 +140,7 @@ class FSDPModule : public DataParallelModule {
   // is the shard's start in that group's flat buffer.
   struct ShardInfo {
     std::string name;
-    Shape global_shape;  // the global tensor's (nn::Parameter::global_shape)
+    Shape global_shape;                       // the global tensor's (nn::Parameter::global_shape)
     int64_t local_begin = 0, local_rows = 0;  // rows of dim 0 this rank holds, in global rows
     size_t group = 0;
     int64_t offset = 0;
