@@ -1240,7 +1240,9 @@ TEST(Options, GradientDivideFactorAndGlobalRows) {
   EXPECT_EQ(infos[0].local_begin, 5 * me);
   EXPECT_EQ(infos[0].local_rows, 5);
   EXPECT_EQ(infos[0].fsdp_dim, 0);
-  EXPECT_EQ(infos[0].placements, (std::vector<dist::Placement>{dist::Shard{0}, dist::Shard{0}}));
+  // fully_shard's Shard(0) on dp chunks what ep's left: strided over ep's N pieces
+  EXPECT_EQ(infos[0].placements, (std::vector<dist::Placement>{
+                                     dist::Shard{.dim = 0, .split_factor = N}, dist::Shard{0}}));
   // Its values are the global tensor's rows: those a whole [5N, 6] parameter holds there.
   nn::Linear whole(6, 5 * N, false);
   nn::materialize(whole, DType::f64, kSeed);

@@ -200,7 +200,9 @@ TEST(Placements, ColumnParallelUnderFullyShardTrainsAsOneRank) {
         EXPECT_EQ(in.local_begin, tb + db);
         EXPECT_EQ(in.local_rows, dl);
         EXPECT_EQ(in.fsdp_dim, 0);
-        EXPECT_EQ(in.placements, (std::vector<dist::Placement>{dist::Shard{0}, dist::Shard{0}}));
+        EXPECT_EQ(in.placements,  // FSDP2's (_StridedShard(0, split_factor=2), Shard(0))
+                  (std::vector<dist::Placement>{dist::Shard{.dim = 0, .split_factor = 2},
+                                                dist::Shard{0}}));
       }
     double most = 0;
     ASSERT_EQ(got.size(), want.size());
@@ -273,6 +275,18 @@ TEST(Placements, CheckpointAtTwoByTwoLoadsAtOneAndThreeRanks) {
     }
   };
   check(rows_of(*tp.root, *tp.opt), "2 x 2 against its load at one rank");
+  // sharded_parameters(): the column-parallel weight is a DTensor of its global shape on the
+  // 2 x 2 mesh, and every parameter's full_tensor() (collective) is the one-rank load's.
+  std::map<std::string, std::vector<double>> full1;
+  for (auto& [name, d] : one.root->sharded_parameters())
+    full1[name] = d.full_tensor().to_f64_vector();
+  for (auto& [name, d] : tp.root->sharded_parameters()) {
+    if (name == "col.proj.weight") {
+      EXPECT_EQ(d.shape(), (Shape{kCol, kHidden}));
+      EXPECT_EQ(d.mesh(), tp.mesh);
+    }
+    EXPECT_EQ(d.full_tensor().to_f64_vector(), full1.at(name)) << name;
+  }
 
   // Three ranks: ranks 0..2 load it over a group of three (rank 3 makes a group of one and
   // stands by).

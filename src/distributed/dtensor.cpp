@@ -93,9 +93,12 @@ Tensor reduce_scatter_dim(const Tensor& local, const DeviceMesh& mesh, int i, in
 Shape DTensor::local_shape(const Shape& global, const DeviceMesh& mesh,
                            const std::vector<Placement>& p, const std::vector<int64_t>& coord) {
   Shape s = global;
-  for (int i = 0; i < mesh.ndim(); ++i)
-    if (auto* sh = std::get_if<Shard>(&p[size_t(i)]))
-      s[size_t(sh->dim)] = chunk_range(s[size_t(sh->dim)], mesh.size(i), coord[size_t(i)]).second;
+  // The plain shards in mesh-dim order, then the strided ones, which chunk what those left.
+  for (bool strided : {false, true})
+    for (int i = 0; i < mesh.ndim(); ++i)
+      if (auto* sh = std::get_if<Shard>(&p[size_t(i)]); sh && (sh->split_factor > 1) == strided)
+        s[size_t(sh->dim)] =
+            chunk_range(s[size_t(sh->dim)], mesh.size(i), coord[size_t(i)]).second;
   return s;
 }
 
@@ -143,12 +146,32 @@ DTensor DTensor::distribute_tensor(const Tensor& full, std::shared_ptr<DeviceMes
 }
 
 Tensor DTensor::full_tensor() const {
-  return redistribute(std::vector<Placement>(size_t(mesh_->ndim()), Replicate{})).to_local();
+  // Strided shards first: they chunked last, so they are gathered first, each over the extent
+  // the plain shards left; what remains is plain.
+  DTensor plain = *this;
+  for (int i = 0; i < mesh_->ndim(); ++i)
+    if (auto* sh = std::get_if<Shard>(&placements_[size_t(i)]); sh && sh->split_factor > 1) {
+      Shape left = shape_;
+      for (int j = 0; j < mesh_->ndim(); ++j)
+        if (auto* o = std::get_if<Shard>(&plain.placements_[size_t(j)]);
+            o && o->split_factor == 1 && o->dim == sh->dim)
+          left[size_t(sh->dim)] =
+              chunk_range(left[size_t(sh->dim)], mesh_->size(j), mesh_->local_rank(j)).second;
+      plain.local_ = all_gather_dim(plain.local_, *mesh_, i, sh->dim, left[size_t(sh->dim)]);
+      plain.placements_[size_t(i)] = Replicate{};
+    }
+  return plain.redistribute(std::vector<Placement>(size_t(mesh_->ndim()), Replicate{})).to_local();
 }
 
 DTensor DTensor::redistribute(const std::vector<Placement>& target) const {
   const DeviceMesh& mesh = *mesh_;
   check_placements("DTensor::redistribute", mesh, target, int(shape_.size()));
+  for (const auto* list : {&placements_, &target})
+    for (const Placement& pl : *list)
+      FSDP_CHECK(!is_shard(pl) || std::get<Shard>(pl).split_factor == 1,
+                 "[DTensor::redistribute] {} is gathered whole only (full_tensor()); "
+                 "redistribute takes Shard, Replicate and Partial",
+                 placement_str(pl));
   const auto& coord = mesh.coordinate();
   std::vector<Placement> cur = placements_;
   Tensor local = local_;
@@ -227,12 +250,14 @@ std::string ParameterPlacement::str() const {
 
 std::pair<int64_t, int64_t> ParameterPlacement::local_range(int dim) const {
   int64_t begin = 0, n = global_shape.at(size_t(dim));
-  for (int i = 0; i < mesh->ndim(); ++i)
-    if (is_shard(placements[size_t(i)], dim)) {
-      auto [b, len] = chunk_range(n, mesh->size(i), mesh->local_rank(i));
-      begin += b;
-      n = len;
-    }
+  for (bool strided : {false, true})  // as DTensor::local_shape
+    for (int i = 0; i < mesh->ndim(); ++i)
+      if (auto* sh = std::get_if<Shard>(&placements[size_t(i)]);
+          sh && sh->dim == dim && (sh->split_factor > 1) == strided) {
+        auto [b, len] = chunk_range(n, mesh->size(i), mesh->local_rank(i));
+        begin += b;
+        n = len;
+      }
   return {begin, n};
 }
 
@@ -254,10 +279,15 @@ std::shared_ptr<ParameterPlacement> make_placement(const char* op, const nn::Par
                "[{}] parameter '{}': {} is not a parameter's placement (a parameter holds values, "
                "not partial sums); expected Shard(d) or Replicate()",
                op, who, placement_str(pl));
-    if (auto* sh = std::get_if<Shard>(&pl))
+    if (auto* sh = std::get_if<Shard>(&pl)) {
       FSDP_CHECK(sh->dim >= 0 && sh->dim < int(global_shape.size()),
                  "[{}] parameter '{}': {} is out of range for its {}-D shape {}", op, who,
                  placement_str(pl), global_shape.size(), shape_str(global_shape));
+      FSDP_CHECK(sh->split_factor == 1,
+                 "[{}] parameter '{}': {} is what fully_shard composes, not a placement to give "
+                 "a parameter; expected Shard(d) or Replicate()",
+                 op, who, placement_str(pl));
+    }
   }
   auto out = std::make_shared<ParameterPlacement>();
   out->global_shape = std::move(global_shape);

@@ -58,7 +58,8 @@ void read_placement(FSDPParam& fp, const dist::DeviceMesh& mesh) {
   for (int i = 0; i < pl->mesh->ndim(); ++i) {
     const dist::Placement& d = pl->placements[size_t(i)];
     const std::string dim_name = pl->mesh->names()[size_t(i)];
-    FSDP_CHECK(dist::is_shard(d, 0) || std::holds_alternative<dist::Replicate>(d),
+    FSDP_CHECK((dist::is_shard(d, 0) && std::get<dist::Shard>(d).split_factor == 1) ||
+                   std::holds_alternative<dist::Replicate>(d),
                "[fully_shard] parameter '{}' is {} on mesh dim '{}' of {}; fully_shard composes "
                "only with Shard(0) (rows split by tensor or expert parallel) and Replicate()",
                fp.name, dist::placement_str(d), dim_name, pl->str());
@@ -81,6 +82,17 @@ void read_placement(FSDPParam& fp, const dist::DeviceMesh& mesh) {
   fp.global_offset = pl->local_range(0).first;
   fp.placement = pl;
   fp.fsdp_dim = fsdp_dim;
+}
+
+// A placed parameter's placements with fully_shard's: Shard(0) on its dim, strided over the
+// pieces the other dims' Shard(0) made (FSDP2's _StridedShard after tensor parallel).
+std::vector<dist::Placement> composed(const FSDPParam& fp) {
+  std::vector<dist::Placement> out = fp.placement->placements;
+  int64_t pieces = 1;
+  for (int i = 0; i < fp.placement->mesh->ndim(); ++i)
+    if (dist::is_shard(out[size_t(i)], 0)) pieces *= fp.placement->mesh->size(i);
+  out[size_t(fp.fsdp_dim)] = dist::Shard{.dim = 0, .split_factor = pieces};
+  return out;
 }
 
 std::vector<FSDPState*> subtree_states(nn::Module& m) {
@@ -195,11 +207,16 @@ std::vector<std::pair<std::string, dist::DTensor>> FSDPModule::sharded_parameter
     if (fp->packed) continue;  // its shard is bytes: no float values to show
     Shape local_shape = p->shape;
     local_shape[0] = fp->local_rows;
+    const Tensor local = g->local_shard(*fp).view(local_shape);
+    if (fp->placement) {  // on the parameter's mesh, at its global shape
+      out.emplace_back(fp->name, dist::DTensor::from_local(local, fp->placement->mesh,
+                                                           composed(*fp), fp->global_shape));
+      continue;
+    }
     std::vector<dist::Placement> placements;
     if (s->mesh->ndim() == 2) placements.push_back(dist::Replicate{});
     placements.push_back(dist::Shard{0});
-    out.emplace_back(fp->name, dist::DTensor::from_local(g->local_shard(*fp).view(local_shape),
-                                                         s->mesh, placements, p->shape));
+    out.emplace_back(fp->name, dist::DTensor::from_local(local, s->mesh, placements, p->shape));
   }
   return out;
 }
@@ -223,18 +240,18 @@ std::vector<FSDPModule::ShardInfo> FSDPModule::shard_infos() {
     auto it = where.find(p);
     FSDP_CHECK(it != where.end(), "[fully_shard] parameter '{}' is not sharded", rel);
     const auto& [g, fp, s] = it->second;
-    ShardInfo in{fp->name,
-                 fp->global_shape,
-                 fp->global_offset + fp->local_begin,
-                 fp->local_rows,
-                 g,
-                 fp->shard_offset,
-                 fp->packed.has_value(),
-                 fp->local_bytes};
+    ShardInfo in;
+    in.name = fp->name;
+    in.global_shape = fp->global_shape;
+    in.local_begin = fp->global_offset + fp->local_begin;
+    in.local_rows = fp->local_rows;
+    in.group = g;
+    in.offset = fp->shard_offset;
+    in.packed = fp->packed.has_value();
+    in.packed_bytes = fp->local_bytes;
     if (fp->placement) {
       in.mesh = fp->placement->mesh;
-      in.placements = fp->placement->placements;
-      in.placements[size_t(fp->fsdp_dim)] = dist::Shard{0};
+      in.placements = composed(*fp);
       in.fsdp_dim = fp->fsdp_dim;
     } else {
       in.mesh = s->mesh;

@@ -131,9 +131,9 @@ class FSDPModule : public DataParallelModule {
   void zero_grad() override;
   // Parameter name -> its Shard(0) DTensor (the unpadded local shard) over fully_shard's mesh. A
   // packed frozen parameter (FullyShardOptions::frozen_packed), whose shard is bytes, is left out.
-  // A parameter that carries a placement (nn::Parameter::placement) is shown as FSDP shards it:
-  // its global shape here is the piece it held before fully_shard; shard_infos() gives the
-  // global tensor and the composed placements.
+  // A parameter that carries a placement (nn::Parameter::placement) is a DTensor of its global
+  // shape on its own mesh, with the composed placements (ShardInfo::placements), so full_tensor()
+  // is the global tensor.
   std::vector<std::pair<std::string, dist::DTensor>> sharded_parameters();
   // Where each parameter's local shard lives, in named_parameters() order:
   // `group` indexes param_groups() (and so the optimizer's state), `offset`
@@ -150,9 +150,9 @@ class FSDPModule : public DataParallelModule {
     int64_t packed_bytes = 0;
     // The composed placements, one per dim of `mesh`: fully_shard's mesh ([Replicate,] Shard(0))
     // for a whole parameter; the parameter's own mesh for one that carries a placement, with
-    // Shard(0) on fsdp_dim, fully_shard's dim. There FSDP chunks the rows the other dims' Shard(0)
-    // left this rank (what PyTorch's FSDP2 writes _StridedShard(0) after tensor parallel), which
-    // is why local_begin is one contiguous range of global rows.
+    // fully_shard's Shard(0) on fsdp_dim, strided (split_factor: the pieces the other dims'
+    // Shard(0) made; PyTorch's _StridedShard, as FSDP2 after tensor parallel): FSDP chunks the
+    // rows those dims left this rank, which is why local_begin is one contiguous range.
     std::shared_ptr<dist::DeviceMesh> mesh;
     std::vector<dist::Placement> placements;
     int fsdp_dim = 0;
