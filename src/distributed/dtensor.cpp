@@ -97,8 +97,7 @@ Shape DTensor::local_shape(const Shape& global, const DeviceMesh& mesh,
   for (bool strided : {false, true})
     for (int i = 0; i < mesh.ndim(); ++i)
       if (auto* sh = std::get_if<Shard>(&p[size_t(i)]); sh && (sh->split_factor > 1) == strided)
-        s[size_t(sh->dim)] =
-            chunk_range(s[size_t(sh->dim)], mesh.size(i), coord[size_t(i)]).second;
+        s[size_t(sh->dim)] = chunk_range(s[size_t(sh->dim)], mesh.size(i), coord[size_t(i)]).second;
   return s;
 }
 

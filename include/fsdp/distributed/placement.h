@@ -21,9 +21,7 @@ struct Shard {
   // in all, rather than chunking first, so a rank's rows stay one contiguous range. DTensor's
   // local shapes and full_tensor() know it; redistribute() refuses it.
   int64_t split_factor = 1;
-  bool operator==(const Shard& o) const {
-    return dim == o.dim && split_factor == o.split_factor;
-  }
+  bool operator==(const Shard& o) const { return dim == o.dim && split_factor == o.split_factor; }
 };
 struct Replicate {
   bool operator==(const Replicate&) const { return true; }
