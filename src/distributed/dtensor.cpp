@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <variant>
