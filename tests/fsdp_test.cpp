@@ -1206,19 +1206,23 @@ void expect_aligned(const std::vector<std::pair<std::string, const void*>>& seen
 // cuBLASLt's fast kernels and its bias epilogue need 16-byte-aligned operands: every unsharded
 // parameter (weights and biases) and gradient starts 16-byte aligned, whatever the sizes before it,
 // at every world size, in f32 (at one rank the shard itself is the parameter) and in bf16.
-// Expert parallel's options (the trainer's experts over dp_shard_mod_ep): a divide factor in
-// place of the shard group's mean, applied even at one rank, and parameters that are rows of a
-// bigger global tensor, which shard_infos() reports at their global rows.
+// Expert parallel's option (the trainer's experts over dp_shard_mod_ep): a divide factor in
+// place of the shard group's mean, applied even at one rank; and parameters that are rows of a
+// bigger global tensor (a placement's Shard(0) on another mesh dim), which shard_infos() reports
+// at their global rows.
 TEST(Options, GradientDivideFactorAndGlobalRows) {
   const int N = world()->size(), me = world()->rank();
   auto mesh = dist::init_device_mesh({N});
-  nn::Linear mean(6, 5, false), halved(6, 5, false);
+  nn::Linear mean(6, 5, false), halved(6, 5, false), placed(6, 5, false);
   fully_shard(mean, mesh, {.init_dtype = DType::f64, .seed = kSeed});
-  FSDPModule& h = fully_shard(halved, mesh,
-                              {.init_dtype = DType::f64,
-                               .seed = kSeed,
-                               .gradient_divide_factor = 2.0 * N,
-                               .global_rows = {.offset = 3, .rows = 10}});
+  FSDPModule& h = fully_shard(
+      halved, mesh, {.init_dtype = DType::f64, .seed = kSeed, .gradient_divide_factor = 2.0 * N});
+  // Rank r holds rows [5r, 5r + 5) of a [5N, 6] weight, Shard(0) on "ep"; fully_shard shards
+  // them over "dp", a dim of one rank here, so each rank keeps its five rows.
+  auto mesh2 = dist::init_device_mesh({1, N}, {"dp", "ep"});
+  dist::from_local_parameter(placed.weight(), mesh2, {dist::Replicate{}, dist::Shard{0}},
+                             {5 * N, 6}, "weight");
+  FSDPModule& pl = fully_shard(placed, (*mesh2)["dp"], {.init_dtype = DType::f64, .seed = kSeed});
   const Tensor x = test::random_tensor({4, 6}, 11, DType::f64);  // the same rows on every rank
   for (nn::Linear* m : {&mean, &halved}) m->backward(Tensor::full(m->forward(x).shape(), 1.0, DType::f64));
   const std::vector<double> g = fsdp_state(mean)->param_groups(0)[0].grads.to_f64_vector();
@@ -1230,13 +1234,26 @@ TEST(Options, GradientDivideFactorAndGlobalRows) {
     most = std::max(most, std::abs(g[i]));
   }
   if (!g.empty() && dist::chunk_range(5, N, me).second > 0) EXPECT_GT(most, 0.0);
-  const auto infos = h.shard_infos();
+  const auto infos = pl.shard_infos();
   ASSERT_EQ(infos.size(), 1u);
-  EXPECT_EQ(infos[0].global_shape, (Shape{10, 6}));
+  EXPECT_EQ(infos[0].global_shape, (Shape{5 * N, 6}));
+  EXPECT_EQ(infos[0].local_begin, 5 * me);
+  EXPECT_EQ(infos[0].local_rows, 5);
+  EXPECT_EQ(infos[0].fsdp_dim, 0);
+  // fully_shard's Shard(0) on dp chunks what ep's left: strided over ep's N pieces
+  EXPECT_EQ(infos[0].placements, (std::vector<dist::Placement>{
+                                     dist::Shard{.dim = 0, .split_factor = N}, dist::Shard{0}}));
+  // Its values are the global tensor's rows: those a whole [5N, 6] parameter holds there.
+  nn::Linear whole(6, 5 * N, false);
+  nn::materialize(whole, DType::f64, kSeed);
+  EXPECT_EQ(pl.param_groups(0)[0].params.to_f64_vector(),
+            whole.weight().data.narrow(0, 5 * me, 5).contiguous().reshape({-1}).to_f64_vector());
+  const auto plain = fsdp_state(mean)->shard_infos();
+  EXPECT_EQ(plain[0].global_shape, (Shape{5, 6}));
   const auto [begin, rows] = dist::chunk_range(5, N, me);
-  EXPECT_EQ(infos[0].local_begin, 3 + begin);
-  EXPECT_EQ(infos[0].local_rows, rows);
-  EXPECT_EQ(fsdp_state(mean)->shard_infos()[0].global_shape, (Shape{5, 6}));
+  EXPECT_EQ(plain[0].local_begin, begin);
+  EXPECT_EQ(plain[0].local_rows, rows);
+  EXPECT_EQ(plain[0].placements, (std::vector<dist::Placement>{dist::Shard{0}}));
 }
 
 TEST(Layout, UnshardedParametersAndGradientsAre16ByteAligned) {

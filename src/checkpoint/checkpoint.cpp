@@ -142,15 +142,21 @@ SaveSnapshot snapshot(const std::string& dir, int64_t step, FSDPModule& root,
   s.tmp = (fs::path(dir) / (".tmp_" + step_name(step))).string();
   s.step = step;
   s.rank = world ? world->rank() : 0;
-  s.shard = root.shard_rank();
-  s.first_replica = root.first_replica();
   s.world_size = world ? world->size() : 1;
+  // fully_shard's mesh covers the world: a shard file per rank of its shard dim, written by the
+  // first replica (HSDP). It covers part of it (the root sharded over mesh["dp"] beside a "tp"
+  // dim, whose parameters carry their placements): a shard file per rank, each tensor's rows
+  // written by the first rank that holds them (shard_chunks), an empty chunk by the others.
+  const bool per_rank = root.mesh()->size() != int64_t(s.world_size);
+  s.shard = per_rank ? s.rank : root.shard_rank();
+  s.first_replica = per_rank || root.first_replica();
   s.run_id = extras.run_id;
   const auto infos = root.shard_infos();
   auto groups = root.param_groups(0);
-  const int shards = root.shard_count();
+  const int shards = per_rank ? s.world_size : root.shard_count();
   s.shards = shards;
-  const auto all_chunks = detail::shard_chunks(infos, s.shard, shards, world);  // collective
+  const auto all_chunks =
+      detail::shard_chunks(infos, s.shard, shards, world, per_rank);  // collective
   if (s.first_replica) {
     // Each flat buffer is staged once; the parameters' rows are views of the staged copies.
     std::vector<Tensor> params;
@@ -164,11 +170,13 @@ SaveSnapshot snapshot(const std::string& dir, int64_t step, FSDPModule& root,
     }
     for (const auto& in : infos) {
       if (!groups[in.group].grads.defined()) continue;
-      s.tensors.emplace_back("param/" + in.name, rows_view(params[size_t(in.group)], in.offset,
-                                                           in.local_rows, in.global_shape));
+      // The rows this shard file holds: none where another rank writes the same ones.
+      const int64_t rows = all_chunks[size_t(&in - infos.data())][size_t(s.shard)].rows;
+      s.tensors.emplace_back("param/" + in.name,
+                             rows_view(params[size_t(in.group)], in.offset, rows, in.global_shape));
       for (const auto& [state, flat] : states[size_t(in.group)])
         s.tensors.emplace_back(state + "/" + in.name,
-                               rows_view(flat, in.offset, in.local_rows, in.global_shape));
+                               rows_view(flat, in.offset, rows, in.global_shape));
     }
   }
   if (s.rank == 0) {
@@ -192,9 +200,17 @@ SaveSnapshot snapshot(const std::string& dir, int64_t step, FSDPModule& root,
       json chunks = json::array();
       for (const detail::Chunk& c : all_chunks[size_t(&in - infos.data())])
         chunks.push_back({c.begin, c.rows});
+      // How the tensor lay when saved (for readers and tools: loading reads only the chunks,
+      // so a checkpoint loads into any layout): the mesh, its dims' placements, and which dim
+      // was fully_shard's.
+      json placements = json::array();
+      for (const dist::Placement& pl : in.placements) placements.push_back(dist::placement_str(pl));
       tensors[in.name] = {{"shape", in.global_shape},
                           {"dtype", std::string(dtype_name(groups[in.group].params.dtype()))},
                           {"placement", "Shard(0)"},
+                          {"mesh", {{"names", in.mesh->names()}, {"shape", in.mesh->shape()}}},
+                          {"placements", placements},
+                          {"fsdp_dim", in.fsdp_dim},
                           {"chunks", chunks}};
     }
     meta["tensors"] = tensors;

@@ -157,6 +157,13 @@ void check_fields(Manifest& m, const std::string& where) {
     FSDP_CHECK(t.value("placement", "Shard(0)") == "Shard(0)",
                "[checkpoint] {}: tensor '{}' has placement {}; expected Shard(0)", where, name,
                t["placement"].dump());
+    // How the tensor lay when saved (written since placements; loading reads the chunks only).
+    if (t.contains("placements"))
+      FSDP_CHECK(
+          t["placements"].is_array() && std::all_of(t["placements"].begin(), t["placements"].end(),
+                                                    [](const json& x) { return x.is_string(); }),
+          "[checkpoint] {}: tensor '{}' has placements {}; expected an array of strings", where,
+          name, json_read::brief(t["placements"]));
     FSDP_CHECK(
         t.contains("chunks") && t["chunks"].is_array() && t["chunks"].size() == size_t(m.shards),
         "[checkpoint] {}: tensor '{}' has {} chunks but 'shards' is {}; expected one chunk "
@@ -334,7 +341,8 @@ void check_finite(const Tensor& t, const std::string& file, const std::string& n
 
 std::vector<std::vector<Chunk>> shard_chunks(const std::vector<FSDPModule::ShardInfo>& infos,
                                              int shard, int shards,
-                                             const std::shared_ptr<dist::ProcessGroup>& world) {
+                                             const std::shared_ptr<dist::ProcessGroup>& world,
+                                             bool dedupe) {
   std::vector<double> all;
   for (const auto& in : infos)
     all.insert(all.end(), {double(shard), double(in.local_begin), double(in.local_rows)});
@@ -358,6 +366,24 @@ std::vector<std::vector<Chunk>> shard_chunks(const std::vector<FSDPModule::Shard
     for (int s = 0; s < shards; ++s)
       FSDP_CHECK(chunks[i][size_t(s)].rows >= 0, "[checkpoint] '{}': no rank holds shard {} of {}",
                  infos[i].name, s, shards);
+  if (dedupe)
+    for (size_t i = 0; i < infos.size(); ++i)
+      for (size_t s = 0; s < size_t(shards); ++s) {
+        Chunk& c = chunks[i][s];
+        for (size_t e = 0; e < s && c.rows > 0; ++e) {
+          const Chunk& o = chunks[i][e];
+          if (o.rows == 0) continue;
+          if (o.begin == c.begin && o.rows == c.rows) {
+            c.rows = 0;  // shard e saves these rows
+            break;
+          }
+          FSDP_CHECK(o.begin + o.rows <= c.begin || c.begin + c.rows <= o.begin,
+                     "[checkpoint] '{}': shard {} holds rows {}..{} and shard {} rows {}..{}: "
+                     "they overlap without being the same rows",
+                     infos[i].name, e, o.begin, o.begin + o.rows - 1, s, c.begin,
+                     c.begin + c.rows - 1);
+        }
+      }
   return chunks;
 }
 

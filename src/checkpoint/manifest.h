@@ -72,12 +72,16 @@ std::string complete_record(const std::string& metadata_bytes, const std::string
 Manifest read_manifest(const std::string& dir);
 
 // Each of `infos`'s chunks, one per shard, as the shards hold them: every rank's (shard, first
-// row, rows), all-gathered over `world` (null: one rank). A part of a global tensor (expert
-// parallel's experts, FullyShardOptions::global_rows) starts where its layout puts it, which the
-// shard count alone does not say. Collective over `world`.
+// row, rows), all-gathered over `world` (null: one rank). A part of a global tensor (a parameter
+// that carries a placement: expert parallel's experts, a tensor-parallel weight) starts where its
+// layout puts it, which the shard count alone does not say. dedupe (a shard per rank, ranks that
+// hold the same rows: the tp replicas of a parameter sharded over dp only): a chunk equal to a
+// lower shard's becomes empty, so each row is saved once; chunks that overlap otherwise are
+// refused. Collective over `world`.
 std::vector<std::vector<Chunk>> shard_chunks(const std::vector<FSDPModule::ShardInfo>& infos,
                                              int shard, int shards,
-                                             const std::shared_ptr<dist::ProcessGroup>& world);
+                                             const std::shared_ptr<dist::ProcessGroup>& world,
+                                             bool dedupe = false);
 
 // Opens shard s of a checked manifest: the file's checksum, its header's identity and its
 // tensors' shapes, checked against the manifest.

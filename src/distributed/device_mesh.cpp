@@ -11,7 +11,10 @@
 namespace fsdp::dist {
 
 std::string placement_str(const Placement& p) {
-  if (auto* s = std::get_if<Shard>(&p)) return fmt::format("Shard({})", s->dim);
+  if (auto* s = std::get_if<Shard>(&p))
+    return s->split_factor > 1
+               ? fmt::format("_StridedShard({}, split_factor={})", s->dim, s->split_factor)
+               : fmt::format("Shard({})", s->dim);
   if (std::holds_alternative<Replicate>(p)) return "Replicate()";
   return fmt::format("Partial({})", reduce_op_name(std::get<Partial>(p).op));
 }

@@ -3,9 +3,15 @@
 // the collectives work on dim 0 of contiguous tensors.
 #include "fsdp/distributed/dtensor.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cstddef>
+#include <initializer_list>
+#include <string>
 #include <utility>
 #include <variant>
+#include <vector>
 
 namespace fsdp::dist {
 
@@ -88,9 +94,11 @@ Tensor reduce_scatter_dim(const Tensor& local, const DeviceMesh& mesh, int i, in
 Shape DTensor::local_shape(const Shape& global, const DeviceMesh& mesh,
                            const std::vector<Placement>& p, const std::vector<int64_t>& coord) {
   Shape s = global;
-  for (int i = 0; i < mesh.ndim(); ++i)
-    if (auto* sh = std::get_if<Shard>(&p[size_t(i)]))
-      s[size_t(sh->dim)] = chunk_range(s[size_t(sh->dim)], mesh.size(i), coord[size_t(i)]).second;
+  // The plain shards in mesh-dim order, then the strided ones, which chunk what those left.
+  for (bool strided : {false, true})
+    for (int i = 0; i < mesh.ndim(); ++i)
+      if (auto* sh = std::get_if<Shard>(&p[size_t(i)]); sh && (sh->split_factor > 1) == strided)
+        s[size_t(sh->dim)] = chunk_range(s[size_t(sh->dim)], mesh.size(i), coord[size_t(i)]).second;
   return s;
 }
 
@@ -138,12 +146,32 @@ DTensor DTensor::distribute_tensor(const Tensor& full, std::shared_ptr<DeviceMes
 }
 
 Tensor DTensor::full_tensor() const {
-  return redistribute(std::vector<Placement>(size_t(mesh_->ndim()), Replicate{})).to_local();
+  // Strided shards first: they chunked last, so they are gathered first, each over the extent
+  // the plain shards left; what remains is plain.
+  DTensor plain = *this;
+  for (int i = 0; i < mesh_->ndim(); ++i)
+    if (auto* sh = std::get_if<Shard>(&placements_[size_t(i)]); sh && sh->split_factor > 1) {
+      Shape left = shape_;
+      for (int j = 0; j < mesh_->ndim(); ++j)
+        if (auto* o = std::get_if<Shard>(&plain.placements_[size_t(j)]);
+            o && o->split_factor == 1 && o->dim == sh->dim)
+          left[size_t(sh->dim)] =
+              chunk_range(left[size_t(sh->dim)], mesh_->size(j), mesh_->local_rank(j)).second;
+      plain.local_ = all_gather_dim(plain.local_, *mesh_, i, sh->dim, left[size_t(sh->dim)]);
+      plain.placements_[size_t(i)] = Replicate{};
+    }
+  return plain.redistribute(std::vector<Placement>(size_t(mesh_->ndim()), Replicate{})).to_local();
 }
 
 DTensor DTensor::redistribute(const std::vector<Placement>& target) const {
   const DeviceMesh& mesh = *mesh_;
   check_placements("DTensor::redistribute", mesh, target, int(shape_.size()));
+  for (const auto* list : {&placements_, &target})
+    for (const Placement& pl : *list)
+      FSDP_CHECK(!is_shard(pl) || std::get<Shard>(pl).split_factor == 1,
+                 "[DTensor::redistribute] {} is gathered whole only (full_tensor()); "
+                 "redistribute takes Shard, Replicate and Partial",
+                 placement_str(pl));
   const auto& coord = mesh.coordinate();
   std::vector<Placement> cur = placements_;
   Tensor local = local_;
@@ -210,6 +238,100 @@ DTensor DTensor::redistribute(const std::vector<Placement>& target) const {
   out.placements_ = target;
   out.shape_ = shape_;
   return out;
+}
+
+// ---------------------------------------------------------------- parameters
+
+std::string ParameterPlacement::str() const {
+  std::vector<std::string> p;
+  for (const Placement& pl : placements) p.push_back(placement_str(pl));
+  return fmt::format("[{}] on {}", fmt::join(p, ", "), mesh ? mesh->str() : "no mesh");
+}
+
+std::pair<int64_t, int64_t> ParameterPlacement::local_range(int dim) const {
+  int64_t begin = 0, n = global_shape.at(size_t(dim));
+  for (bool strided : {false, true})  // as DTensor::local_shape
+    for (int i = 0; i < mesh->ndim(); ++i)
+      if (auto* sh = std::get_if<Shard>(&placements[size_t(i)]);
+          sh && sh->dim == dim && (sh->split_factor > 1) == strided) {
+        auto [b, len] = chunk_range(n, mesh->size(i), mesh->local_rank(i));
+        begin += b;
+        n = len;
+      }
+  return {begin, n};
+}
+
+namespace {
+std::shared_ptr<ParameterPlacement> make_placement(const char* op, const nn::Parameter& p,
+                                                   const std::string& name,
+                                                   std::shared_ptr<DeviceMesh> mesh,
+                                                   std::vector<Placement> placements,
+                                                   Shape global_shape) {
+  const std::string who = name.empty() ? p.local_name : name;
+  FSDP_CHECK(mesh, "[{}] parameter '{}': no mesh", op, who);
+  FSDP_CHECK(!p.placement, "[{}] parameter '{}' is already placed ({}); place a parameter once", op,
+             who, p.placement->str());
+  FSDP_CHECK(int(placements.size()) == mesh->ndim(),
+             "[{}] parameter '{}': {} placements for the {}-D {}; expected one per mesh dim", op,
+             who, placements.size(), mesh->ndim(), mesh->str());
+  for (const Placement& pl : placements) {
+    FSDP_CHECK(!std::holds_alternative<Partial>(pl),
+               "[{}] parameter '{}': {} is not a parameter's placement (a parameter holds values, "
+               "not partial sums); expected Shard(d) or Replicate()",
+               op, who, placement_str(pl));
+    if (auto* sh = std::get_if<Shard>(&pl)) {
+      FSDP_CHECK(sh->dim >= 0 && sh->dim < int(global_shape.size()),
+                 "[{}] parameter '{}': {} is out of range for its {}-D shape {}", op, who,
+                 placement_str(pl), global_shape.size(), shape_str(global_shape));
+      FSDP_CHECK(sh->split_factor == 1,
+                 "[{}] parameter '{}': {} is what fully_shard composes, not a placement to give "
+                 "a parameter; expected Shard(d) or Replicate()",
+                 op, who, placement_str(pl));
+    }
+  }
+  auto out = std::make_shared<ParameterPlacement>();
+  out->global_shape = std::move(global_shape);
+  out->mesh = std::move(mesh);
+  out->placements = std::move(placements);
+  return out;
+}
+}  // namespace
+
+void distribute_parameter(nn::Parameter& p, std::shared_ptr<DeviceMesh> mesh,
+                          std::vector<Placement> placements, const std::string& name) {
+  auto pl = make_placement("distribute_parameter", p, name, std::move(mesh), std::move(placements),
+                           p.shape);
+  Shape local = p.shape;
+  for (int d = 0; d < int(local.size()); ++d) {
+    auto [b, len] = pl->local_range(d);
+    local[size_t(d)] = len;
+    if (p.data.defined() && len != p.data.size(d)) p.data = p.data.narrow(d, b, len);
+    if (p.grad.defined() && len != p.grad.size(d)) p.grad = p.grad.narrow(d, b, len);
+  }
+  // A copy of its own: the piece no longer shares the whole tensor's storage (a flat buffer).
+  if (p.data.defined()) p.data = p.data.contiguous().clone();
+  if (p.grad.defined()) p.grad = p.grad.contiguous().clone();
+  p.shape = std::move(local);
+  p.placement = std::move(pl);
+}
+
+void from_local_parameter(nn::Parameter& p, std::shared_ptr<DeviceMesh> mesh,
+                          std::vector<Placement> placements, Shape global_shape,
+                          const std::string& name) {
+  FSDP_CHECK(global_shape.size() == p.shape.size(),
+             "[from_local_parameter] parameter '{}' has shape {} but its global shape is {}; "
+             "expected as many dims",
+             name.empty() ? p.local_name : name, shape_str(p.shape), shape_str(global_shape));
+  auto pl = make_placement("from_local_parameter", p, name, std::move(mesh), std::move(placements),
+                           std::move(global_shape));
+  const Shape want =
+      DTensor::local_shape(pl->global_shape, *pl->mesh, pl->placements, pl->mesh->coordinate());
+  FSDP_CHECK(want == p.shape,
+             "[from_local_parameter] parameter '{}' has shape {} but this rank's piece of {} {} "
+             "is {}",
+             name.empty() ? p.local_name : name, shape_str(p.shape), shape_str(pl->global_shape),
+             pl->str(), shape_str(want));
+  p.placement = std::move(pl);
 }
 
 }  // namespace fsdp::dist

@@ -6,10 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "fsdp/distributed/dtensor.h"
 #include "fsdp/fsdp/fully_shard.h"
 #include "fsdp/nn/module.h"
 #include "fsdp/ops/ops.h"
@@ -19,7 +21,15 @@ namespace fsdp {
 struct FSDPParam {
   std::string name;
   nn::Parameter* param = nullptr;
-  int64_t dim0 = 0, row = 0;  // global rows and elements per row
+  int64_t dim0 = 0, row = 0;  // rows FSDP shards (the parameter's, as it lies) and elements per row
+  // Where the parameter's rows sit in its global tensor (a placement's Shard(0) on another mesh
+  // dim: nn::Parameter::placement): global_offset + local_begin is this shard's first global row.
+  Shape global_shape;
+  int64_t global_offset = 0;
+  // The parameter's placement (null: whole) and the dim of its mesh that fully_shard's shards lie
+  // on (its group is fully_shard's shard group).
+  std::shared_ptr<const dist::ParameterPlacement> placement;
+  int fsdp_dim = -1;
   int64_t padded_rows = 0;    // rows of the largest chunk
   int64_t local_begin = 0, local_rows = 0;
   int64_t shard_offset = 0;      // in the sharded buffer (and in each block of a rank-major one)

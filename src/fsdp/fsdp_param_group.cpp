@@ -69,8 +69,7 @@ FSDPParamGroup::FSDPParamGroup(std::vector<FSDPParam> params,
         local.copy_(
             p.data.narrow(0, fp.local_begin, fp.local_rows).reshape({fp.local_rows * fp.row}));
     } else {
-      nn::init_fill(p.init, opt.seed, fp.name, (opt.global_rows.offset + fp.local_begin) * fp.row,
-                    local);
+      nn::init_fill(p.init, opt.seed, fp.name, (fp.global_offset + fp.local_begin) * fp.row, local);
     }
     p.data = Tensor();  // nothing unsharded until the first unshard
     p.grad = Tensor();

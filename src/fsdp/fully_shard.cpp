@@ -8,7 +8,10 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <memory>
+#include <string>
 #include <tuple>
+#include <variant>
 
 #include "fsdp/distributed/placement.h"
 #include "fsdp/fsdp/replicate.h"
@@ -33,6 +36,63 @@ void collect(nn::Module& m, const std::string& prefix, bool top, std::vector<FSD
   }
   for (auto& [cname, child] : m.named_children())
     collect(*child, join_name(prefix, cname), false, out);
+}
+
+// Reads a parameter's placement (nn::Parameter::placement): fully_shard shards, over `mesh`'s one
+// dim, the rows the placement's other dims leave this rank; see fully_shard() in the header for
+// what composes.
+void read_placement(FSDPParam& fp, const dist::DeviceMesh& mesh) {
+  const nn::Parameter& p = *fp.param;
+  fp.global_shape = p.shape;
+  if (!p.placement) return;
+  auto pl = std::dynamic_pointer_cast<const dist::ParameterPlacement>(p.placement);
+  FSDP_CHECK(pl && pl->mesh,
+             "[fully_shard] parameter '{}' carries a placement that is not a dist::"
+             "ParameterPlacement ({}); place it with dist::distribute_parameter",
+             fp.name, p.placement->str());
+  FSDP_CHECK(mesh.ndim() == 1,
+             "[fully_shard] parameter '{}' is placed {}; fully_shard composes with a placement "
+             "over a 1-D mesh (one dim of the parameter's), not the {}-D {} (HSDP)",
+             fp.name, pl->str(), mesh.ndim(), mesh.str());
+  int fsdp_dim = -1;
+  for (int i = 0; i < pl->mesh->ndim(); ++i) {
+    const dist::Placement& d = pl->placements[size_t(i)];
+    const std::string dim_name = pl->mesh->names()[size_t(i)];
+    FSDP_CHECK((dist::is_shard(d, 0) && std::get<dist::Shard>(d).split_factor == 1) ||
+                   std::holds_alternative<dist::Replicate>(d),
+               "[fully_shard] parameter '{}' is {} on mesh dim '{}' of {}; fully_shard composes "
+               "only with Shard(0) (rows split by tensor or expert parallel) and Replicate()",
+               fp.name, dist::placement_str(d), dim_name, pl->str());
+    if (pl->mesh->group(i).get() == mesh.group(0).get()) {
+      FSDP_CHECK(std::holds_alternative<dist::Replicate>(d),
+                 "[fully_shard] parameter '{}' is {} on mesh dim '{}' of {}, the dim fully_shard "
+                 "shards over; expected Replicate() there",
+                 fp.name, dist::placement_str(d), dim_name, pl->str());
+      fsdp_dim = i;
+    }
+  }
+  FSDP_CHECK(fsdp_dim >= 0,
+             "[fully_shard] parameter '{}' is placed {} but fully_shard's {} is none of its mesh's "
+             "dims; pass the parameter mesh's data-parallel dim (mesh[\"dp\"])",
+             fp.name, pl->str(), mesh.str());
+  FSDP_CHECK(pl->global_shape.size() == p.shape.size(),
+             "[fully_shard] parameter '{}' has shape {} but its placement's global shape is {}",
+             fp.name, shape_str(p.shape), shape_str(pl->global_shape));
+  fp.global_shape = pl->global_shape;
+  fp.global_offset = pl->local_range(0).first;
+  fp.placement = pl;
+  fp.fsdp_dim = fsdp_dim;
+}
+
+// A placed parameter's placements with fully_shard's: Shard(0) on its dim, strided over the
+// pieces the other dims' Shard(0) made (FSDP2's _StridedShard after tensor parallel).
+std::vector<dist::Placement> composed(const FSDPParam& fp) {
+  std::vector<dist::Placement> out = fp.placement->placements;
+  int64_t pieces = 1;
+  for (int i = 0; i < fp.placement->mesh->ndim(); ++i)
+    if (dist::is_shard(out[size_t(i)], 0)) pieces *= fp.placement->mesh->size(i);
+  out[size_t(fp.fsdp_dim)] = dist::Shard{.dim = 0, .split_factor = pieces};
+  return out;
 }
 
 std::vector<FSDPState*> subtree_states(nn::Module& m) {
@@ -147,11 +207,16 @@ std::vector<std::pair<std::string, dist::DTensor>> FSDPModule::sharded_parameter
     if (fp->packed) continue;  // its shard is bytes: no float values to show
     Shape local_shape = p->shape;
     local_shape[0] = fp->local_rows;
+    const Tensor local = g->local_shard(*fp).view(local_shape);
+    if (fp->placement) {  // on the parameter's mesh, at its global shape
+      out.emplace_back(fp->name, dist::DTensor::from_local(local, fp->placement->mesh,
+                                                           composed(*fp), fp->global_shape));
+      continue;
+    }
     std::vector<dist::Placement> placements;
     if (s->mesh->ndim() == 2) placements.push_back(dist::Replicate{});
     placements.push_back(dist::Shard{0});
-    out.emplace_back(fp->name, dist::DTensor::from_local(g->local_shard(*fp).view(local_shape),
-                                                         s->mesh, placements, p->shape));
+    out.emplace_back(fp->name, dist::DTensor::from_local(local, s->mesh, placements, p->shape));
   }
   return out;
 }
@@ -160,30 +225,47 @@ std::vector<FSDPModule::ShardInfo> FSDPModule::shard_infos() {
   struct Where {
     size_t group;
     const FSDPParam* fp;
-    FullyShardOptions::GlobalRows global;
+    const FSDPState* state;
   };
   std::map<const nn::Parameter*, Where> where;
   size_t group = 0;
   for (FSDPState* s : subtree_states(*impl_->module))
     for (const FSDPParamGroup& g : s->groups) {
       if (g.empty()) continue;
-      for (auto& fp : g.params()) where[fp.param] = {group, &fp, s->opt.global_rows};
+      for (auto& fp : g.params()) where[fp.param] = {group, &fp, s};
       ++group;
     }
   std::vector<ShardInfo> out;
   for (auto& [rel, p] : impl_->module->named_parameters()) {
     auto it = where.find(p);
     FSDP_CHECK(it != where.end(), "[fully_shard] parameter '{}' is not sharded", rel);
-    const auto& [g, fp, global] = it->second;
-    Shape shape = p->shape;  // a part of a global tensor (expert parallel) reports the global rows
-    if (global.rows > 0) shape[0] = global.rows;
-    out.push_back({fp->name, shape, global.offset + fp->local_begin, fp->local_rows, g,
-                   fp->shard_offset, fp->packed.has_value(), fp->local_bytes});
+    const auto& [g, fp, s] = it->second;
+    ShardInfo in;
+    in.name = fp->name;
+    in.global_shape = fp->global_shape;
+    in.local_begin = fp->global_offset + fp->local_begin;
+    in.local_rows = fp->local_rows;
+    in.group = g;
+    in.offset = fp->shard_offset;
+    in.packed = fp->packed.has_value();
+    in.packed_bytes = fp->local_bytes;
+    if (fp->placement) {
+      in.mesh = fp->placement->mesh;
+      in.placements = composed(*fp);
+      in.fsdp_dim = fp->fsdp_dim;
+    } else {
+      in.mesh = s->mesh;
+      if (s->mesh->ndim() == 2) in.placements.push_back(dist::Replicate{});
+      in.placements.push_back(dist::Shard{0});
+      in.fsdp_dim = s->mesh->ndim() - 1;
+    }
+    out.push_back(std::move(in));
   }
   return out;
 }
 
 int FSDPModule::shard_rank() const { return shard_group()->rank(); }
+const std::shared_ptr<dist::DeviceMesh>& FSDPModule::mesh() const { return impl_->mesh; }
 std::shared_ptr<dist::ProcessGroup> FSDPModule::shard_group() const {
   return impl_->mesh->group(impl_->mesh->ndim() - 1);
 }
@@ -268,12 +350,10 @@ FSDPModule& fully_shard(nn::Module& module, std::shared_ptr<dist::DeviceMesh> me
   FSDP_CHECK(options.gradient_divide_factor >= 0,
              "[fully_shard] {}: gradient_divide_factor {} is negative", where,
              options.gradient_divide_factor);
-  FSDP_CHECK(options.global_rows.offset >= 0 && options.global_rows.rows >= 0,
-             "[fully_shard] {}: global rows {} from {}; expected neither negative", where,
-             options.global_rows.rows, options.global_rows.offset);
 
   std::vector<FSDPParam> params;
   collect(module, module.path(), true, params);
+  for (FSDPParam& fp : params) read_placement(fp, *mesh);
   auto state = std::make_shared<FSDPModule>(
       std::make_unique<FSDPState>(module, std::move(mesh), options, std::move(params)));
   module.add_hooks(state);  // never removed: the state lives as long as the module

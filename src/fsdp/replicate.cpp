@@ -79,12 +79,18 @@ ReplicateModule& replicate(nn::Module& module, std::shared_ptr<dist::DeviceMesh>
                "replicated or sharded",
                where, m.path());
   });
-  for (auto& [name, p] : module.named_parameters())
+  for (auto& [name, p] : module.named_parameters()) {
     FSDP_CHECK(p->requires_grad,
                "[replicate] {}: parameter '{}' is frozen (requires_grad false, a LoRA base); "
                "replicate steps every parameter of one flat buffer: shard the model with "
                "fully_shard, which keeps frozen parameters apart",
                where, name);
+    // Its whole-model flat buffers and world-wide all-reduce know no placement.
+    FSDP_CHECK(!p->placement,
+               "[replicate] {}: parameter '{}' is placed {}; replicate composes with no "
+               "placement: shard the model with fully_shard over the data-parallel dim",
+               where, name, p->placement->str());
+  }
   auto state = std::make_shared<ReplicateModule>(module, std::move(mesh), options);
   module.add_hooks(state);  // never removed: the state lives as long as the module
   return *state;

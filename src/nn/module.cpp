@@ -258,7 +258,7 @@ void Module::for_each_module(const std::function<void(Module&)>& fn) {
 
 Parameter& Module::register_parameter(std::string local_name, Shape shape, Init init) {
   params_.push_back(std::make_unique<Parameter>(
-      Parameter{std::move(local_name), std::move(shape), init, {}, {}}));
+      Parameter{std::move(local_name), std::move(shape), init, {}, {}, true, nullptr}));
   return *params_.back();
 }
 

@@ -12,10 +12,13 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/distributed/device_mesh.h"
 #include "fsdp/distributed/placement.h"
+#include "fsdp/nn/module.h"
 
 namespace fsdp::dist {
 
@@ -54,5 +57,30 @@ class DTensor {
   std::vector<Placement> placements_;
   Shape shape_;
 };
+
+// Where a parameter lies before fully_shard (nn::ParameterPlacement's form): a mesh and one
+// placement per mesh dim of a tensor of global_shape. Parameter::shape is this rank's piece.
+struct ParameterPlacement : nn::ParameterPlacement {
+  std::shared_ptr<DeviceMesh> mesh;
+  std::vector<Placement> placements;
+  std::string str() const override;
+  // [first, first + length) of tensor dim `dim` that this rank holds (the nested torch.chunk
+  // ranges of the mesh dims that shard it, in mesh-dim order).
+  std::pair<int64_t, int64_t> local_range(int dim) const;
+};
+
+// PyTorch's distribute_tensor for a module's parameter: `p` is whole (declared, or holding the
+// whole tensor); it keeps this rank's piece (its shape, and its values when it has them, as a
+// contiguous copy) and records the placement, so fully_shard composes with it and checkpoints see
+// the global tensor. Shard(d) and Replicate; Partial is refused (a parameter's value is not a sum).
+// Local: every rank of the mesh calls it with the same whole parameter.
+void distribute_parameter(nn::Parameter& p, std::shared_ptr<DeviceMesh> mesh,
+                          std::vector<Placement> placements, const std::string& name = "");
+// DTensor::from_local for a parameter that already holds only this rank's piece (expert
+// parallel's experts): records the placement of a tensor of `global_shape`, refusing a piece
+// whose shape is not this rank's for it.
+void from_local_parameter(nn::Parameter& p, std::shared_ptr<DeviceMesh> mesh,
+                          std::vector<Placement> placements, Shape global_shape,
+                          const std::string& name = "");
 
 }  // namespace fsdp::dist

@@ -1,5 +1,6 @@
 // How a DTensor lies on one dim of a DeviceMesh, with DTensor's names:
 //   Shard(d)     each rank along the mesh dim holds one torch.chunk of tensor dim d
+//                (split_factor > 1: _StridedShard, a chunk of what the other dims left)
 //   Replicate    each rank holds the whole (along that mesh dim)
 //   Partial(op)  each rank holds a partial value; the true value is their sum or average
 #pragma once
@@ -15,7 +16,12 @@ namespace fsdp::dist {
 
 struct Shard {
   int dim = 0;
-  bool operator==(const Shard& o) const { return dim == o.dim; }
+  // > 1: PyTorch's _StridedShard, as FSDP2 writes its own Shard(0) after tensor parallel: this
+  // mesh dim chunks the piece the other (plain) Shard(dim) mesh dims left, split_factor pieces
+  // in all, rather than chunking first, so a rank's rows stay one contiguous range. DTensor's
+  // local shapes and full_tensor() know it; redistribute() refuses it.
+  int64_t split_factor = 1;
+  bool operator==(const Shard& o) const { return dim == o.dim && split_factor == o.split_factor; }
 };
 struct Replicate {
   bool operator==(const Replicate&) const { return true; }

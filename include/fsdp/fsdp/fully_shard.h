@@ -91,15 +91,10 @@ struct FullyShardOptions {
   // the shard group (torchtitan's gradient_divide_factor). Expert parallel's experts, sharded
   // over dp_shard_mod_ep, whose gradient on each rank already sums its ep group's tokens, divide
   // by the world size, so that their gradient is one rank's over the global batch. A group with
-  // a factor always reduces, even over one rank.
+  // a factor always reduces, even over one rank. (A tensor-parallel weight needs none: each tp
+  // rank's gradient of its rows is already the whole gradient of those rows for its dp rank's
+  // batch, so the mean over the shard group, dp, is right.)
   double gradient_divide_factor = 0;
-  // The parameters are rows [offset, offset + dim 0) of global tensors of `rows` rows on dim 0
-  // (rows 0: the parameters are the global tensors). Expert parallel: an ep rank's experts, rows
-  // [ep_rank E/ep, ...) of [E, ...]. shard_infos() (so checkpoints and pretrained loading) and
-  // the initialiser see global rows, so a tensor is the same whatever the layout.
-  struct GlobalRows {
-    int64_t offset = 0, rows = 0;
-  } global_rows;
 };
 
 struct FSDPState;  // the runtime (src/fsdp/fsdp_state.h)
@@ -134,15 +129,18 @@ class FSDPModule : public DataParallelModule {
   // gradient reached. Between the two they still hold the last step's values (optim's
   // Optimizer::zero_grad() zeroes at once).
   void zero_grad() override;
-  // Parameter name -> its Shard(0) DTensor (the unpadded local shard). A packed frozen parameter
-  // (FullyShardOptions::frozen_packed), whose shard is bytes, is left out.
+  // Parameter name -> its Shard(0) DTensor (the unpadded local shard) over fully_shard's mesh. A
+  // packed frozen parameter (FullyShardOptions::frozen_packed), whose shard is bytes, is left out.
+  // A parameter that carries a placement (nn::Parameter::placement) is a DTensor of its global
+  // shape on its own mesh, with the composed placements (ShardInfo::placements), so full_tensor()
+  // is the global tensor.
   std::vector<std::pair<std::string, dist::DTensor>> sharded_parameters();
   // Where each parameter's local shard lives, in named_parameters() order:
   // `group` indexes param_groups() (and so the optimizer's state), `offset`
   // is the shard's start in that group's flat buffer.
   struct ShardInfo {
     std::string name;
-    Shape global_shape;  // dim 0: FullyShardOptions::global_rows where given
+    Shape global_shape;                       // the global tensor's (nn::Parameter::global_shape)
     int64_t local_begin = 0, local_rows = 0;  // rows of dim 0 this rank holds, in global rows
     size_t group = 0;
     int64_t offset = 0;
@@ -150,12 +148,22 @@ class FSDPModule : public DataParallelModule {
     // buffer, and its shard is `packed_bytes` bytes, this rank's rows as stored.
     bool packed = false;
     int64_t packed_bytes = 0;
+    // The composed placements, one per dim of `mesh`: fully_shard's mesh ([Replicate,] Shard(0))
+    // for a whole parameter; the parameter's own mesh for one that carries a placement, with
+    // fully_shard's Shard(0) on fsdp_dim, strided (split_factor: the pieces the other dims'
+    // Shard(0) made; PyTorch's _StridedShard, as FSDP2 after tensor parallel): FSDP chunks the
+    // rows those dims left this rank, which is why local_begin is one contiguous range.
+    std::shared_ptr<dist::DeviceMesh> mesh;
+    std::vector<dist::Placement> placements;
+    int fsdp_dim = 0;
   };
   std::vector<ShardInfo> shard_infos();
   // This rank's place on the shard dim, and whether it is the first replica (HSDP).
   int shard_rank() const;
   int shard_count() const;
   bool first_replica() const;
+  // fully_shard's mesh.
+  const std::shared_ptr<dist::DeviceMesh>& mesh() const;
   // The group of the mesh's shard dim (the last), over which the shards of a parameter lie.
   std::shared_ptr<dist::ProcessGroup> shard_group() const override;
 
@@ -186,6 +194,11 @@ class FSDPModule : public DataParallelModule {
 
 // Shards `module`'s parameters that no inner fully_shard owns, installing its hooks in the
 // module's chain beside any others (a user's: nn::ModuleHooks gives the order they run in).
+// A parameter that carries a placement (dist::distribute_parameter: tensor parallel's Shard(0) on
+// a "tp" dim, expert parallel's on "ep") is sharded on top of it: `mesh` must be 1-D and be one of
+// the parameter mesh's dims (mesh["dp"]: the same group) on which it is Replicate(), and every
+// other dim must hold it as Shard(0) or Replicate(); FSDP then chunks the rows this rank holds.
+// Shard(d) with d != 0 and Partial are refused, naming the parameter and the placement.
 // Refused, by name, on a module sharded already, or replicated (replicate()), or inside or
 // holding a replicated one.
 FSDPModule& fully_shard(nn::Module& module, std::shared_ptr<dist::DeviceMesh> mesh,

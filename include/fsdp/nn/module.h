@@ -54,14 +54,30 @@
 
 namespace fsdp::nn {
 
+// Where a parameter's tensor lies before fully_shard: a DTensor's spec (a mesh, one placement per
+// mesh dim, the global shape), as a PyTorch parameter is a DTensor after tensor or expert parallel.
+// nn only carries it, so it names no mesh: distributed defines it (dist::ParameterPlacement, made
+// by dist::distribute_parameter) and fully_shard reads it, as nn::ExpertExchange is carried.
+struct ParameterPlacement {
+  virtual ~ParameterPlacement() = default;
+  Shape global_shape;
+  // For messages: "[Replicate(), Shard(0)] on DeviceMesh(dp=2, tp=2, mpi)".
+  virtual std::string str() const = 0;
+};
+
 struct Parameter {
   std::string local_name;  // "weight"; the dotted path comes from the tree
-  Shape shape;
+  Shape shape;  // this rank's piece before fully_shard: the whole tensor unless `placement` is set
   Init init;
   Tensor data, grad;  // defined after materialize(); grad stays undefined when frozen
   // false: frozen (a LoRA base): no gradient buffer, no reduce-scatter, no optimizer state; a
   // layer's backward skips the weight gradient it would add into (grad undefined).
   bool requires_grad = true;
+  // null: the parameter is whole. Set: `shape` is this rank's piece of a tensor of
+  // placement->global_shape (a tensor-parallel weight's rows, an ep rank's experts); the
+  // initialiser and checkpoints see global element indices and rows.
+  std::shared_ptr<const ParameterPlacement> placement;
+  const Shape& global_shape() const { return placement ? placement->global_shape : shape; }
 };
 
 class Module;

@@ -19,6 +19,7 @@
 
 #include "fsdp/core/error.h"
 #include "fsdp/distributed/device_mesh.h"
+#include "fsdp/distributed/dtensor.h"
 #include "fsdp/distributed/expert_parallel.h"
 #include "fsdp/distributed/init.h"
 #include "fsdp/fsdp/fully_shard.h"
@@ -67,20 +68,29 @@ class CallerHooks : public nn::ModuleHooks {
 // Expert parallel: each MoE holds its ep rank's E/ep experts, fully_shard'ed over the ranks that
 // hold the same ones (dp_shard_mod_ep), before the blocks take the rest over the world. Each
 // local expert's gradient sums the ep group's tokens, so the reduce-scatter divides by the world
-// (torchtitan's gradient_divide_factor); the experts' rows are global rows of [E, ...].
-void shard_experts(nn::Transformer& model, const dist::DeviceMesh& expert_mesh,
+// (torchtitan's gradient_divide_factor). The experts' parameters carry their placement, Shard(0)
+// on the ep dim of [E, ...] (Replicate on dp_shard_mod_ep, which fully_shard shards), so the
+// initialiser, checkpoints and pretrained loading see global rows.
+void shard_experts(nn::Transformer& model, const std::shared_ptr<dist::DeviceMesh>& expert_mesh,
                    const FullyShardOptions& fsdp) {
-  const auto ep = expert_mesh.group("ep");
-  const auto experts_mesh = expert_mesh["dp_shard_mod_ep"];
+  const auto ep = expert_mesh->group("ep");
+  const auto experts_mesh = (*expert_mesh)["dp_shard_mod_ep"];
+  const int ep_dim = expert_mesh->dim_index("ep");
   for (nn::MoE* moe : model.moe_layers()) {
     moe->set_expert_parallel(dist::expert_parallel(ep, moe->options().experts));
     nn::Module* experts = nullptr;
     for (auto& [name, child] : moe->named_children())
       if (name == "experts") experts = child;
     FSDP_CHECK(experts, "[parallelize] {} has no experts module", moe->describe());
+    std::vector<dist::Placement> placements(size_t(expert_mesh->ndim()), dist::Replicate{});
+    placements[size_t(ep_dim)] = dist::Shard{0};
+    for (auto& [name, p] : experts->named_parameters(experts->path())) {
+      Shape global = p->shape;
+      global[0] = moe->options().experts;
+      dist::from_local_parameter(*p, expert_mesh, placements, global, name);
+    }
     FullyShardOptions o = fsdp;
-    o.gradient_divide_factor = double(expert_mesh.size());
-    o.global_rows = {.offset = moe->first_local_expert(), .rows = moe->options().experts};
+    o.gradient_divide_factor = double(expert_mesh->size());
     FSDPModule& state = fully_shard(*experts, experts_mesh, o);
     moe->add_hooks(std::make_shared<CallerHooks>(*experts, state));
   }
@@ -94,7 +104,7 @@ Parallelized parallelize(nn::Transformer& model, const Parallelism& p) {
   FSDP_CHECK(!p.expert_mesh || !p.replicate,
              "[parallelize] expert parallel shards the experts with fully_shard; replicate() "
              "holds every expert on every rank");
-  if (p.expert_mesh) shard_experts(model, *p.expert_mesh, p.fsdp);
+  if (p.expert_mesh) shard_experts(model, p.expert_mesh, p.fsdp);
   if (!p.replicate) {
     for (nn::Module& block : model.layers()) fully_shard(block, mesh, p.fsdp);
     out.parallel = out.root = &fully_shard(model, mesh, p.fsdp);
