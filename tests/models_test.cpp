@@ -35,7 +35,7 @@ namespace {
 
 nn::TransformerConfig llama_like() {
   nn::TransformerConfig c = nn::TransformerConfig::preset("tiny");
-  c.arch = nn::Arch::llama;
+  c.arch = nn::Arch::decoder;
   c.heads = 4, c.kv_heads = 2, c.head_dim = 32, c.layers = 4;
   c.norm_eps = 1e-6;
   return c;
@@ -387,7 +387,7 @@ std::string expect_round_trip(const models::StateDictAdapter& a, const std::stri
 TEST(StateDictAdapter, EveryParameterRoundTripsThroughHuggingFaceAndGgufNames) {
   using models::Naming;
   nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
-  cfg.arch = nn::Arch::llama;
+  cfg.arch = nn::Arch::decoder;
   cfg.layers = 2;
   cfg.qkv_bias = true;
   cfg.tie_embeddings = false;
@@ -436,7 +436,7 @@ TEST(StateDictAdapter, EveryParameterRoundTripsThroughHuggingFaceAndGgufNames) {
 TEST(StateDictAdapter, SandwichNormsHaveGemmasNames) {
   using models::Naming;
   nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
-  cfg.arch = nn::Arch::llama, cfg.layers = 2, cfg.tie_embeddings = true;
+  cfg.arch = nn::Arch::decoder, cfg.layers = 2, cfg.tie_embeddings = true;
   cfg.qk_norm = cfg.norm_plus_one = cfg.sandwich_norms = cfg.geglu = cfg.embed_scale = true;
   const models::ModelSpec& spec = models::spec_of(cfg);
   ASSERT_EQ(spec.name, "gemma3");
@@ -488,6 +488,6 @@ TEST(StateDictAdapter, TheRegistryFindsEachFamilysConventions) {
   const std::string err = error_of([&] { models::adapter_of(seed, "[export] a PEFT adapter"); });
   EXPECT_NE(err.find("[export] a PEFT adapter: the seed family"), std::string::npos) << err;
   nn::TransformerConfig llama = seed;
-  llama.arch = nn::Arch::llama;
+  llama.arch = nn::Arch::decoder;
   EXPECT_EQ(&models::adapter_of(llama, "[test]"), models::spec_named("llama")->adapter);
 }

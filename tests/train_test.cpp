@@ -117,7 +117,7 @@ TEST(Flags, SetFlagReadsValuesAsTheCommandLineDoes) {
   EXPECT_EQ(o.sharding.activation_checkpoint.every, 3);
   EXPECT_EQ(o.profile.profile_steps, (StepRange{3, 5}));
   EXPECT_EQ(o.model.kv_heads, std::optional<int64_t>(3));
-  EXPECT_EQ(o.model.arch, std::optional<nn::Arch>(nn::Arch::llama));
+  EXPECT_EQ(o.model.arch, std::optional<nn::Arch>(nn::Arch::decoder));
   EXPECT_EQ(o.sharding.param_dtype, std::optional<DType>(DType::bf16));
   EXPECT_TRUE(o.checkpoint.resume);
   EXPECT_FALSE(o.sharding.reshard_after_forward);
@@ -227,14 +227,14 @@ TEST(Options, ValidateNamesTheFlagsOfTheRuleItRefuses) {
   EXPECT_NE(error_of([] {
               TrainOptions o;
               o.model.lora_rank = -1;
-              (void)o.lora_config(nn::Arch::llama);
+              (void)o.lora_config(nn::Arch::decoder);
             }).find("--lora-rank must be >= 0"),
             std::string::npos);
   EXPECT_NE(error_of([] {
               TrainOptions o;
               o.model.lora_rank = 4;
               o.model.lora_targets = "q,proj";
-              (void)o.lora_config(nn::Arch::llama);
+              (void)o.lora_config(nn::Arch::decoder);
             }).find("unknown target 'proj'"),
             std::string::npos);
   // --pack-eos: an id, and only with --pack; --val-data: not the training data itself.
@@ -257,11 +257,11 @@ TEST(Options, ValidateNamesTheFlagsOfTheRuleItRefuses) {
             std::string::npos);
   TrainOptions all;  // --lora-targets all: every projection the architecture has
   all.model.lora_rank = 4;
-  EXPECT_EQ(all.lora_config(nn::Arch::llama).targets,
+  EXPECT_EQ(all.lora_config(nn::Arch::decoder).targets,
             nn::parse_lora_targets("q,k,v,o,gate,up,down"));
   EXPECT_EQ(all.lora_config(nn::Arch::seed).targets, nn::parse_lora_targets("q,k,v,o,up,down"));
   // A mixture of experts: its attention (the experts and the router stay frozen).
-  EXPECT_EQ(all.lora_config(nn::Arch::llama, true).targets, nn::parse_lora_targets("q,k,v,o"));
+  EXPECT_EQ(all.lora_config(nn::Arch::decoder, true).targets, nn::parse_lora_targets("q,k,v,o"));
 }
 
 TEST(Options, ModelConfigIsThePresetWithTheOverrides) {
@@ -273,7 +273,7 @@ TEST(Options, ModelConfigIsThePresetWithTheOverrides) {
   set_flag(o, "--kv-heads", "2");
   set_flag(o, "--tie-embeddings", "true");
   const nn::TransformerConfig c = o.model_config();
-  EXPECT_EQ(c.arch, nn::Arch::llama);
+  EXPECT_EQ(c.arch, nn::Arch::decoder);
   EXPECT_EQ(c.heads, 4);
   EXPECT_EQ(c.resolved_kv_heads(), 2);
   EXPECT_TRUE(c.tie_embeddings);
@@ -616,7 +616,7 @@ TEST(Trainer, TakesItsPartsAndItsPlanPlansThem) {
 
 TEST(MemoryPlan, ACudaRunsPlanIsMadeWithoutAGpu) {
   nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
-  cfg.arch = nn::Arch::llama;
+  cfg.arch = nn::Arch::decoder;
   auto plan = [&](int64_t shards) {
     return train::plan_memory({.model = cfg,
                                .device = Device::cuda(0),

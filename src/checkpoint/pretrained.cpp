@@ -39,6 +39,7 @@
 #include "fsdp/nn/transformer.h"
 #include "src/core/json_fields.h"
 #include "src/core/json_read.h"
+#include "src/checkpoint/gguf_format_names.h"
 #include "src/checkpoint/pretrained_impl.h"
 
 namespace fsdp::checkpoint {
@@ -108,11 +109,11 @@ void open_gguf(Pretrained& p, PretrainedSource& src) {
   p.family = f.get_string("general.architecture", "");
   p.config = config_from_gguf(f);
   if (const std::string model = f.get_string("tokenizer.ggml.model", "");
-      !model.empty() && model != "gpt2" && model != "llama") {
-    p.tokenizer_unread = fmt::format(
-        "{}: its tokenizer (tokenizer.ggml.model '{}') is not read: fsdp.cpp reads \"gpt2\" and "
-        "\"llama\"",
-        p.path, model);
+      !model.empty() && model != gguf_format::kByteLevelBpe &&
+      model != gguf_format::kSentencePiece) {
+    p.tokenizer_unread =
+        fmt::format("{}: its tokenizer (tokenizer.ggml.model '{}') is not read: fsdp.cpp reads {}",
+                    p.path, model, gguf_format::kTokenizerModels);
     p.bos_id = f.has("tokenizer.ggml.bos_token_id")
                    ? std::optional<int32_t>(int32_t(f.get_int("tokenizer.ggml.bos_token_id")))
                    : std::nullopt;
@@ -242,7 +243,7 @@ void check_against_tensors(const Pretrained& p, const PretrainedSource& src) {
     return out;
   };
   // The last layer's first parameter of the family's block (a one-block model's, shapes only; the
-  // in-projection, which other namings split, passed over): "norm1.weight" for llama's relatives.
+  // in-projection, which other namings split, passed over): "norm1.weight" for nn::TransformerBlock.
   std::string first = "norm1.weight";
   {
     nn::TransformerConfig one = cfg;
