@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/models/spec.h"
 #include "fsdp/models/state_dict_adapter.h"
 #include "fsdp/nn/transformer.h"
@@ -197,6 +198,37 @@ TEST(ModelSpec, ConfigJsonWrittenAndReadBackIsTheSameModel) {
     EXPECT_EQ(back.rope_local_theta, c.rope_local_theta);
     EXPECT_EQ(&models::spec_of(back), &s);
   }
+}
+
+// Every family names its configs (models::named_config, the config JSON's "family"): one written
+// before the key, a preset's with the family's options, and those its readers build from a
+// config.json (checkpoint::config_from_family); a mix of options no family holds stays unnamed
+// and trains as its form's family, and so does the seed's (its name is a run config's "seed" key,
+// the run's random seed, which fsdp-train's checkpoints hold beside the model's keys).
+TEST(ModelSpec, EveryFamilyNamesItsConfigsAndAMixStaysUnnamed) {
+  for (const auto& [name, c] : one_of_each()) {
+    SCOPED_TRACE(name);
+    const nn::TransformerConfig named = models::named_config(c);
+    const std::string want = name == "seed" ? "" : name;
+    EXPECT_EQ(named.family, want);
+    EXPECT_EQ(nlohmann::json::parse(named.to_json()).value("family", ""), want);
+    EXPECT_EQ(nn::TransformerConfig::from_json(named.to_json()).family, want);
+    EXPECT_EQ(&models::spec_of(named), &models::spec_of(c));
+    EXPECT_EQ(models::named_config(named).to_json(), named.to_json());
+    const models::ModelSpec& s = models::spec_of(c);
+    if (s.write_hf_config)
+      EXPECT_EQ(checkpoint::config_from_family(std::string(s.hf_model_type), s.write_hf_config(c),
+                                               name + "/config.json")
+                    .family,
+                name);
+  }
+  EXPECT_EQ(checkpoint::config_from_family("minillm", llama_like().to_json(), "m/config.json")
+                .family,
+            "llama");
+  nn::TransformerConfig mix = llama_like();
+  mix.geglu = true;  // an experiment: GeGLU on llama
+  EXPECT_EQ(models::named_config(mix).family, "");
+  EXPECT_EQ(models::spec_to_train(models::named_config(mix)).name, "llama");
 }
 
 // A family's reader refuses what its model here cannot hold, naming the file and the field.

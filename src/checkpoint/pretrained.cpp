@@ -97,7 +97,9 @@ nn::TransformerConfig config_from_gguf(const GgufFile& f) {
       "[gguf] {}: general.architecture '{}' is not read{}; fsdp.cpp reads {}", f.path(), arch,
       spec ? fmt::format(" (the {} family's GGUF files are not read yet)", spec->name) : "",
       models::gguf_archs());
-  return spec->read_gguf_config(GgufHeaderOf(f));
+  // Named by its options, not by the file's architecture: llama.cpp's architecture with experts
+  // is another family's.
+  return models::named_config(spec->read_gguf_config(GgufHeaderOf(f)));
 }
 
 namespace {
@@ -206,11 +208,12 @@ void open_safetensors(Pretrained& p, PretrainedSource& src) {
 
 nn::TransformerConfig config_from_family(const std::string& family, const std::string& config_json,
                                          const std::string& where) {
-  if (family == "minillm") return nn::TransformerConfig::from_json(config_json);  // our own names
+  if (family == "minillm")  // our own names (an export before configs named their family too)
+    return models::named_config(nn::TransformerConfig::from_json(config_json));
   const models::ModelSpec* spec = models::spec_for_hf_model_type(family);
   FSDP_CHECK(spec, "[pretrained] {}: model family '{}' is not supported; known: {}, minillm", where,
              family, models::hf_model_types());
-  return spec->read_hf_config(config_json, where);
+  return models::named_config(spec->read_hf_config(config_json, where));
 }
 
 namespace {
