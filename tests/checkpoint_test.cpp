@@ -60,7 +60,7 @@ struct TinyRun {
   std::shared_ptr<dist::ProcessGroup> world = dist::init_process_group();
   nn::Transformer model{[] {
     nn::TransformerConfig c = nn::TransformerConfig::preset("tiny");
-    c.arch = nn::Arch::llama, c.vocab = 32, c.dim = 16, c.layers = 1, c.heads = 2, c.seq = 8;
+    c.arch = nn::Arch::decoder, c.vocab = 32, c.dim = 16, c.layers = 1, c.heads = 2, c.seq = 8;
     return c;
   }()};
   FSDPModule& root = fully_shard(model, dist::init_device_mesh({1}), {.seed = 3});

@@ -538,7 +538,7 @@ std::vector<double> five_steps(nn::Arch arch, Device device, bool sharded = fals
 
 TEST(Cuda, MiniLLMFiveStepsMatchTheCpu) {
   REQUIRE_CUDA();
-  for (nn::Arch arch : {nn::Arch::seed, nn::Arch::llama}) {
+  for (nn::Arch arch : {nn::Arch::seed, nn::Arch::decoder}) {
     auto cpu = five_steps(arch, Device::cpu()), gpu = five_steps(arch, kGpu);
     for (size_t s = 0; s < cpu.size(); ++s)
       EXPECT_NEAR(gpu[s], cpu[s], 1e-4 * std::abs(cpu[s])) << nn::arch_name(arch) << " step " << s;
@@ -555,12 +555,12 @@ TEST(Nccl, CollectivesAndFullyShardAtWorldSizeOne) {
   pg->reduce_scatter_tensor(out, in, dist::ReduceOp::AVG)->wait();
   EXPECT_EQ(out.to_f64_vector(), in.to_f64_vector());
   // Same dtypes: the parameters are the shards themselves, no collective.
-  auto plain = five_steps(nn::Arch::llama, kGpu), sharded = five_steps(nn::Arch::llama, kGpu, true);
+  auto plain = five_steps(nn::Arch::decoder, kGpu), sharded = five_steps(nn::Arch::decoder, kGpu, true);
   for (size_t s = 0; s < plain.size(); ++s)
     EXPECT_NEAR(sharded[s], plain[s], 1e-6 * plain[s]) << "step " << s;
   // bf16 parameters and f32 reduction: all-gather, copy-out, chunk-cat and reduce-scatter over
   // NCCL.
-  auto mixed = five_steps(nn::Arch::llama, kGpu, true,
+  auto mixed = five_steps(nn::Arch::decoder, kGpu, true,
                           {.param_dtype = DType::bf16, .reduce_dtype = DType::f32});
   for (size_t s = 0; s < plain.size(); ++s)
     EXPECT_NEAR(mixed[s], plain[s], 2e-2 * plain[s]) << "step " << s;
@@ -580,9 +580,9 @@ TEST(Nccl, MixedPrecisionThroughTheCollectivesAtOneGpu) {
   const MixedPrecisionPolicy mp{.param_dtype = DType::bf16, .reduce_dtype = DType::f32};
   std::vector<std::string> shortcut_log, nccl_log;
   ::setenv("FSDP_ONE_RANK_CAST", "1", 1);
-  const auto shortcut = five_steps(nn::Arch::llama, kGpu, true, mp, &shortcut_log);
+  const auto shortcut = five_steps(nn::Arch::decoder, kGpu, true, mp, &shortcut_log);
   ::setenv("FSDP_ONE_RANK_CAST", "0", 1);
-  const auto nccl = five_steps(nn::Arch::llama, kGpu, true, mp, &nccl_log);
+  const auto nccl = five_steps(nn::Arch::decoder, kGpu, true, mp, &nccl_log);
   ::setenv("FSDP_ONE_RANK_CAST", "1", 1);
   dist::destroy_process_group();
   ASSERT_EQ(nccl.size(), shortcut.size());

@@ -50,7 +50,7 @@ constexpr int kSteps = 5;
 constexpr uint64_t kSeed = 7;
 
 struct Run {
-  nn::Arch arch = nn::Arch::llama;
+  nn::Arch arch = nn::Arch::decoder;
   DType dtype = DType::f64;
   bool reshard_after_forward = true;
   int64_t hsdp = 0;  // replica groups
@@ -105,7 +105,7 @@ nn::TransformerConfig config(nn::Arch arch) {
   c.vocab = 37;
   c.dim = 20;
   c.layers = 3;
-  c.heads = arch == nn::Arch::llama ? 2 : 4;
+  c.heads = arch == nn::Arch::decoder ? 2 : 4;
   c.seq = 6;
   c.ffn_hidden = 22;
   return c;
@@ -520,7 +520,7 @@ TEST(OneRank, CastStraightIntoTheComputeDtypeIsBitIdenticalToTheCollectivesPath)
   }
   // The event log of a step: casts, no collective and no gradient add (the reduce dtype is the
   // master's: the layers add straight into the shard's gradients).
-  nn::TransformerConfig c = config(nn::Arch::llama);
+  nn::TransformerConfig c = config(nn::Arch::decoder);
   auto mesh = dist::init_device_mesh({1});
   nn::Transformer model(c);
   FullyShardOptions fo{.mp_policy = {.param_dtype = DType::bf16, .reduce_dtype = DType::f32},
@@ -541,7 +541,7 @@ TEST(OneRank, CastStraightIntoTheComputeDtypeIsBitIdenticalToTheCollectivesPath)
 }
 
 TEST(Sharding, SameSeedSameModelAtAnyWorldSize) {
-  nn::TransformerConfig c = config(nn::Arch::llama);
+  nn::TransformerConfig c = config(nn::Arch::decoder);
   nn::Transformer plain(c);
   nn::materialize(plain, DType::f64, kSeed);
   nn::Transformer model(c);
@@ -567,7 +567,7 @@ int64_t formula_bytes(nn::Transformer& m, int64_t N, DType dt) {
 }
 
 nn::TransformerConfig memory_config() {
-  nn::TransformerConfig c = config(nn::Arch::llama);
+  nn::TransformerConfig c = config(nn::Arch::decoder);
   c.vocab = 64;
   c.dim = 64;
   c.heads = 4;
@@ -674,7 +674,7 @@ TEST(ActivationCheckpoint, FullAndEveryTwoAreBitIdentical) {
 // per block in the backward, checkpointed or not (FSDP2 has gathered twice, pytorch #105635).
 TEST(ActivationCheckpoint, OneAllGatherPerBlockInTheBackward) {
   if (world()->size() < 2) GTEST_SKIP() << "one rank uses its shards in place: no all-gather";
-  nn::TransformerConfig c = config(nn::Arch::llama);
+  nn::TransformerConfig c = config(nn::Arch::decoder);
   auto mesh = dist::init_device_mesh({world()->size()});
   nn::Transformer model(c);
   for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh);
@@ -704,7 +704,7 @@ TEST(ActivationCheckpoint, OneAllGatherPerBlockInTheBackward) {
 // A forward hook inside the module's own backward (a recompute through forward()) is refused,
 // naming the module and both states.
 TEST(ActivationCheckpoint, AForwardInsideItsOwnBackwardIsNamed) {
-  nn::TransformerConfig c = config(nn::Arch::llama);
+  nn::TransformerConfig c = config(nn::Arch::decoder);
   auto mesh = dist::init_device_mesh({world()->size()});
   nn::Transformer model(c);
   FSDPModule& block = fully_shard(model.layers()[0], mesh);
@@ -723,7 +723,7 @@ TEST(ActivationCheckpoint, AForwardInsideItsOwnBackwardIsNamed) {
 
 TEST(Overlap, PrefetchAndReduceScatterByOrderOfEvents) {
   if (world()->size() < 2) GTEST_SKIP() << "needs 2 ranks";
-  nn::TransformerConfig c = config(nn::Arch::llama);
+  nn::TransformerConfig c = config(nn::Arch::decoder);
   auto mesh = dist::init_device_mesh({world()->size()});
   nn::Transformer model(c);
   for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh);
@@ -766,7 +766,7 @@ TEST(Overlap, PrefetchAndReduceScatterByOrderOfEvents) {
 }
 
 TEST(Clip, GlobalNormAcrossShardsEqualsTheUnshardedNorm) {
-  nn::TransformerConfig c = config(nn::Arch::llama);
+  nn::TransformerConfig c = config(nn::Arch::decoder);
   const int N = world()->size(), me = world()->rank();
   nn::Transformer plain(c);
   auto flat = nn::materialize(plain, DType::f64, kSeed);
@@ -799,7 +799,7 @@ TEST(Clip, GlobalNormAcrossShardsEqualsTheUnshardedNorm) {
 // model.zero_grad() on a sharded model clears the sharded gradients (it used to compile and
 // leave them, so a second backward doubled the grad norm); inside a sharded module it refuses.
 TEST(ZeroGrad, ModuleZeroGradClearsShardedGradientsOrRefuses) {
-  nn::TransformerConfig c = config(nn::Arch::llama);
+  nn::TransformerConfig c = config(nn::Arch::decoder);
   const int N = world()->size(), me = world()->rank();
   auto mesh = dist::init_device_mesh({N});
   nn::Transformer model(c);
@@ -919,7 +919,7 @@ std::map<std::string, std::vector<double>> local_grads(FSDPModule& root) {
 //   the unscaled run's times 2 exactly, every other gradient equals the unscaled run's bit for bit;
 // - removed, the links no longer run, and the next step's gradients are the unscaled run's.
 TEST(Hooks, AUserHookOnAShardedBlockSeesAndScalesItsInputGradient) {
-  const nn::TransformerConfig c = config(nn::Arch::llama);
+  const nn::TransformerConfig c = config(nn::Arch::decoder);
   const int N = world()->size(), me = world()->rank();
   const int64_t B = kGlobalRows / N;
   data::RandomTokenSource src(c.vocab, kSeed);
@@ -1002,7 +1002,7 @@ class Scalar : public nn::Module {
 TEST(BadInput, ShardingTwiceZeroDimAndShapesThatDiffer) {
   auto mesh = dist::init_device_mesh({world()->size()});
   {
-    nn::Transformer model(config(nn::Arch::llama));
+    nn::Transformer model(config(nn::Arch::decoder));
     std::vector<std::string> log;
     model.layers()[0].add_hooks(std::make_shared<UserHooks>("user", &log));  // no obstacle
     fully_shard(model.layers()[0], mesh);
@@ -1026,7 +1026,7 @@ TEST(BadInput, ShardingTwiceZeroDimAndShapesThatDiffer) {
     }
   }
   if (world()->size() < 2) return;
-  nn::TransformerConfig c = config(nn::Arch::llama);
+  nn::TransformerConfig c = config(nn::Arch::decoder);
   if (world()->rank() == 1) c.ffn_hidden += 1;  // this rank's FFN weights differ
   nn::Transformer model(c);
   for (size_t i = 0; i < model.layers().size(); ++i) fully_shard(model.layers()[i], mesh);
@@ -1047,7 +1047,7 @@ TEST(BadInput, ParameterOnAnotherDeviceThanTheMesh) {
   if (!cuda_available())
     GTEST_SKIP() << "no CUDA device (needs a parameter on cuda:0 and a CPU mesh)";
   auto mesh = dist::init_device_mesh({world()->size()});
-  nn::Transformer model(config(nn::Arch::llama));
+  nn::Transformer model(config(nn::Arch::decoder));
   nn::materialize(model, DType::f32, kSeed, Device::cuda(0));
   try {
     fully_shard(model, mesh);

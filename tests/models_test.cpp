@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/checkpoint/pretrained.h"
 #include "fsdp/models/spec.h"
 #include "fsdp/models/state_dict_adapter.h"
 #include "fsdp/nn/transformer.h"
@@ -35,7 +36,7 @@ namespace {
 
 nn::TransformerConfig llama_like() {
   nn::TransformerConfig c = nn::TransformerConfig::preset("tiny");
-  c.arch = nn::Arch::llama;
+  c.arch = nn::Arch::decoder;
   c.heads = 4, c.kv_heads = 2, c.head_dim = 32, c.layers = 4;
   c.norm_eps = 1e-6;
   return c;
@@ -197,6 +198,37 @@ TEST(ModelSpec, ConfigJsonWrittenAndReadBackIsTheSameModel) {
     EXPECT_EQ(back.rope_local_theta, c.rope_local_theta);
     EXPECT_EQ(&models::spec_of(back), &s);
   }
+}
+
+// Every family names its configs (models::named_config, the config JSON's "family"): one written
+// before the key, a preset's with the family's options, and those its readers build from a
+// config.json (checkpoint::config_from_family); a mix of options no family holds stays unnamed
+// and trains as its form's family, and so does the seed's (its name is a run config's "seed" key,
+// the run's random seed, which fsdp-train's checkpoints hold beside the model's keys).
+TEST(ModelSpec, EveryFamilyNamesItsConfigsAndAMixStaysUnnamed) {
+  for (const auto& [name, c] : one_of_each()) {
+    SCOPED_TRACE(name);
+    const nn::TransformerConfig named = models::named_config(c);
+    const std::string want = name == "seed" ? "" : name;
+    EXPECT_EQ(named.family, want);
+    EXPECT_EQ(nlohmann::json::parse(named.to_json()).value("family", ""), want);
+    EXPECT_EQ(nn::TransformerConfig::from_json(named.to_json()).family, want);
+    EXPECT_EQ(&models::spec_of(named), &models::spec_of(c));
+    EXPECT_EQ(models::named_config(named).to_json(), named.to_json());
+    const models::ModelSpec& s = models::spec_of(c);
+    if (s.write_hf_config)
+      EXPECT_EQ(checkpoint::config_from_family(std::string(s.hf_model_type), s.write_hf_config(c),
+                                               name + "/config.json")
+                    .family,
+                name);
+  }
+  EXPECT_EQ(checkpoint::config_from_family("minillm", llama_like().to_json(), "m/config.json")
+                .family,
+            "llama");
+  nn::TransformerConfig mix = llama_like();
+  mix.geglu = true;  // an experiment: GeGLU on llama
+  EXPECT_EQ(models::named_config(mix).family, "");
+  EXPECT_EQ(models::spec_to_train(models::named_config(mix)).name, "llama");
 }
 
 // A family's reader refuses what its model here cannot hold, naming the file and the field.
@@ -387,7 +419,7 @@ std::string expect_round_trip(const models::StateDictAdapter& a, const std::stri
 TEST(StateDictAdapter, EveryParameterRoundTripsThroughHuggingFaceAndGgufNames) {
   using models::Naming;
   nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
-  cfg.arch = nn::Arch::llama;
+  cfg.arch = nn::Arch::decoder;
   cfg.layers = 2;
   cfg.qkv_bias = true;
   cfg.tie_embeddings = false;
@@ -436,7 +468,7 @@ TEST(StateDictAdapter, EveryParameterRoundTripsThroughHuggingFaceAndGgufNames) {
 TEST(StateDictAdapter, SandwichNormsHaveGemmasNames) {
   using models::Naming;
   nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
-  cfg.arch = nn::Arch::llama, cfg.layers = 2, cfg.tie_embeddings = true;
+  cfg.arch = nn::Arch::decoder, cfg.layers = 2, cfg.tie_embeddings = true;
   cfg.qk_norm = cfg.norm_plus_one = cfg.sandwich_norms = cfg.geglu = cfg.embed_scale = true;
   const models::ModelSpec& spec = models::spec_of(cfg);
   ASSERT_EQ(spec.name, "gemma3");
@@ -488,6 +520,6 @@ TEST(StateDictAdapter, TheRegistryFindsEachFamilysConventions) {
   const std::string err = error_of([&] { models::adapter_of(seed, "[export] a PEFT adapter"); });
   EXPECT_NE(err.find("[export] a PEFT adapter: the seed family"), std::string::npos) << err;
   nn::TransformerConfig llama = seed;
-  llama.arch = nn::Arch::llama;
+  llama.arch = nn::Arch::decoder;
   EXPECT_EQ(&models::adapter_of(llama, "[test]"), models::spec_named("llama")->adapter);
 }

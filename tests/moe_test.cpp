@@ -373,7 +373,7 @@ TEST(MoE, RefusesBadOptionsByName) {
 // A Qwen3-MoE-shaped model: layer 0 dense (mlp_only_layers), layers 1 and 2 MoE, GQA, QK-norm.
 nn::TransformerConfig moe_model() {
   nn::TransformerConfig c;
-  c.arch = nn::Arch::llama;
+  c.arch = nn::Arch::decoder;
   c.vocab = 13, c.dim = kDim, c.layers = 3, c.heads = 2, c.kv_heads = 1, c.head_dim = 4;
   c.seq = 5, c.batch = 2, c.ffn_hidden = 7, c.qk_norm = true, c.norm_eps = 1e-6;
   c.moe = {.experts = kExperts, .top_k = 2, .hidden = kHidden, .norm_topk_prob = true,

@@ -96,7 +96,7 @@ TEST(MiniLLM, PresetsAndValidation) {
   EXPECT_EQ(seed.resolved_ffn_hidden(), 8192);
   auto tiny = nn::TransformerConfig::preset("tiny");
   EXPECT_EQ(tiny.dim, 256);
-  tiny.arch = nn::Arch::llama;
+  tiny.arch = nn::Arch::decoder;
   EXPECT_EQ(tiny.resolved_ffn_hidden(), 768);
   EXPECT_THROW(nn::TransformerConfig::preset("huge"), Error);
   tiny.dim = 250;
@@ -110,12 +110,12 @@ TEST(MiniLLM, PresetsAndValidation) {
 
 TEST(MiniLLM, ConfigJsonRoundTripsAndNamesWhatIsWrong) {
   nn::TransformerConfig c = nn::TransformerConfig::preset("tiny");
-  c.arch = nn::Arch::llama;
+  c.arch = nn::Arch::decoder;
   c.rope_theta = 500000.0;
   c.norm_eps = 1e-5;
   const nn::TransformerConfig r = nn::TransformerConfig::from_json(c.to_json());
   EXPECT_EQ(r.to_json(), c.to_json());
-  EXPECT_EQ(r.arch, nn::Arch::llama);
+  EXPECT_EQ(r.arch, nn::Arch::decoder);
   EXPECT_EQ(r.ffn_hidden, c.resolved_ffn_hidden());
   EXPECT_EQ(r.rope_theta, 500000.0);
   EXPECT_EQ(r.norm_eps, std::optional<double>(1e-5));
@@ -138,7 +138,7 @@ TEST(MiniLLM, ConfigJsonRoundTripsAndNamesWhatIsWrong) {
 
 TEST(Sample, SeededTopKAndGreedy) {
   nn::TransformerConfig c = nn::TransformerConfig::preset("tiny");
-  c.arch = nn::Arch::llama, c.vocab = 300, c.dim = 32, c.layers = 1, c.heads = 2, c.seq = 16;
+  c.arch = nn::Arch::decoder, c.vocab = 300, c.dim = 32, c.layers = 1, c.heads = 2, c.seq = 16;
   nn::Transformer model(c);
   nn::materialize(model, DType::f32, 5);
   const std::vector<int32_t> ctx = {72, 105};
@@ -208,7 +208,7 @@ TEST(SlidingWindow, KvCacheEqualsTheFullForwardAndTheGradientIsRight) {
 // time, gives every row of the full sequence's logits; a greedy sample with the cache equals one
 // that recomputes the window, while the sequence fits (seq 16, 3 + 10 ids).
 TEST(Sample, KvCacheEqualsTheFullForward) {
-  nn::TransformerConfig c = small_config(nn::Arch::llama);
+  nn::TransformerConfig c = small_config(nn::Arch::decoder);
   c.vocab = 50, c.dim = 16, c.heads = 4, c.seq = 16;
   nn::Transformer model(c);
   nn::materialize(model, DType::f64, 7);
@@ -239,7 +239,7 @@ TEST(Sample, KvCacheEqualsTheFullForward) {
 }
 
 TEST(Sample, TopPKeepsTheLikeliestAndStopsAtTheStopId) {
-  nn::TransformerConfig c = small_config(nn::Arch::llama);
+  nn::TransformerConfig c = small_config(nn::Arch::decoder);
   c.vocab = 40, c.dim = 16, c.heads = 4, c.seq = 32;
   nn::Transformer model(c);
   nn::materialize(model, DType::f64, 8);
@@ -275,7 +275,7 @@ TEST(LMLoss, InPlaceGradientEqualsTheOutOfPlaceOne) {
 }
 
 TEST(MiniLLM, MaterializeIsOneFlatBuffer) {
-  nn::Transformer m(small_config(nn::Arch::llama));
+  nn::Transformer m(small_config(nn::Arch::decoder));
   auto flat = nn::materialize(m, DType::f32, 3);
   EXPECT_EQ(flat.params.numel(), m.num_parameters());
   for (auto& [n, p] : m.named_parameters()) {
@@ -285,7 +285,7 @@ TEST(MiniLLM, MaterializeIsOneFlatBuffer) {
   // norms start at one, as nn.RMSNorm does
   for (double v : m.parameter("layers.1.norm2.weight").data.to_f64_vector()) EXPECT_EQ(v, 1.0);
   // the same seed gives the same model
-  nn::Transformer m2(small_config(nn::Arch::llama));
+  nn::Transformer m2(small_config(nn::Arch::decoder));
   auto flat2 = nn::materialize(m2, DType::f32, 3);
   EXPECT_EQ(flat.params.to_f64_vector(), flat2.params.to_f64_vector());
 }
@@ -344,7 +344,7 @@ TEST_P(WholeModelGradient, MatchesFiniteDifferencesInF64) {
 // and the head tied to the embedding, whose one gradient sums the head's dW and the
 // embedding's scatter-add.
 nn::TransformerConfig gqa_config(int64_t kv_heads, bool tied, bool bias) {
-  nn::TransformerConfig c = small_config(nn::Arch::llama);
+  nn::TransformerConfig c = small_config(nn::Arch::decoder);
   c.heads = 4;
   c.kv_heads = kv_heads;
   c.head_dim = 6;
@@ -609,7 +609,7 @@ TEST(MiniLLM, GroupedQueryAndTiedParameters) {
   EXPECT_EQ(m.parameter("layers.0.attn.out_proj.weight").shape, Shape({8, 24}));
   // SmolLM2-135M: 30 layers, dim 576, 9 heads over 3 kv heads, ffn 1536, vocab 49152, tied.
   nn::TransformerConfig smol;
-  smol.arch = nn::Arch::llama, smol.vocab = 49152, smol.dim = 576, smol.layers = 30;
+  smol.arch = nn::Arch::decoder, smol.vocab = 49152, smol.dim = 576, smol.layers = 30;
   smol.heads = 9, smol.kv_heads = 3, smol.ffn_hidden = 1536, smol.rope_theta = 100000.0;
   smol.tie_embeddings = true, smol.seq = 2048;
   EXPECT_EQ(nn::Transformer(smol).num_parameters(), 134515008);  // Hugging Face's count
@@ -629,7 +629,7 @@ TEST(MiniLLM, ParameterCountFromTheShapeEqualsTheBuiltModel) {
   nn::TransformerConfig c = nn::TransformerConfig::preset("tiny");
   c.vocab = 96, c.dim = 32, c.layers = 3, c.heads = 4, c.ffn_hidden = 40;
   cfgs.push_back(c);  // seed
-  c.arch = nn::Arch::llama;
+  c.arch = nn::Arch::decoder;
   cfgs.push_back(c);
   c.kv_heads = 2, c.head_dim = 16, c.tie_embeddings = true, c.qkv_bias = true, c.ffn_hidden = 0;
   cfgs.push_back(c);
@@ -656,7 +656,7 @@ TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {
   EXPECT_TRUE(r.qkv_bias);
   EXPECT_EQ(r.rope_theta, 100000.0);
   // Defaults are not written: a plain config reads and compares as before the options existed.
-  const std::string plain = small_config(nn::Arch::llama).to_json();
+  const std::string plain = small_config(nn::Arch::decoder).to_json();
   for (const char* key : {"kv_heads", "head_dim", "tie_embeddings", "qkv_bias", "qk_norm"})
     EXPECT_EQ(plain.find(key), std::string::npos) << key;
   nn::TransformerConfig qk = c;
@@ -700,7 +700,7 @@ TEST(MiniLLM, LlamaOptionsRoundTripAndValidate) {
   bad = c, bad.rope_scaling = {.factor = 8.0, .low_freq_factor = 4.0, .high_freq_factor = 1.0};
   refused(bad, "low below the high");
   // A head dim of its own frees dim from heads: dim 8 with 3 heads of 4.
-  nn::TransformerConfig decoupled = small_config(nn::Arch::llama);
+  nn::TransformerConfig decoupled = small_config(nn::Arch::decoder);
   decoupled.heads = 3, decoupled.head_dim = 4;
   EXPECT_NO_THROW(decoupled.validate());
   EXPECT_NO_THROW(nn::TransformerConfig::from_json(decoupled.to_json()));
@@ -813,7 +813,7 @@ TEST(WholeModelGradient, Olmo2Block) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BothArchs, WholeModelGradient,
-                         ::testing::Values(nn::Arch::seed, nn::Arch::llama),
+                         ::testing::Values(nn::Arch::seed, nn::Arch::decoder),
                          [](const auto& info) { return nn::arch_name(info.param); });
 
 // Activation checkpointing without FSDP: full and every:2 give bit-identical gradients to the
@@ -821,7 +821,7 @@ INSTANTIATE_TEST_SUITE_P(BothArchs, WholeModelGradient,
 // unchanged, and a checkpointed forward keeps less memory until the backward: only each
 // checkpointed block's input.
 TEST(ActivationCheckpoint, SameGradientsLessMemoryHeldAfterTheForward) {
-  nn::TransformerConfig c = small_config(nn::Arch::llama);
+  nn::TransformerConfig c = small_config(nn::Arch::decoder);
   c.layers = 4;
   Tensor tokens = test::random_ids({c.batch, c.seq}, c.vocab, 12);
   Tensor targets = test::random_ids({c.batch * c.seq}, c.vocab, 13);
@@ -857,7 +857,7 @@ TEST(ActivationCheckpoint, SameGradientsLessMemoryHeldAfterTheForward) {
 
 // A checkpointed module's backward without a forward before it is named.
 TEST(ActivationCheckpoint, BackwardWithoutForwardIsNamed) {
-  nn::TransformerConfig c = small_config(nn::Arch::llama);
+  nn::TransformerConfig c = small_config(nn::Arch::decoder);
   nn::Transformer m(c);
   nn::materialize(m, DType::f64, 11);
   m.layers()[1].set_activation_checkpoint(true);
@@ -1092,7 +1092,7 @@ size_t records_held(nn::Module& m) {
 // on any module's stack after the backward. Three uses, and the block checkpointed (its calls'
 // inputs kept, recomputed in the backward), give the same: the checkpointed gradients bit for bit.
 TEST(ReusedModule, ABlockCalledTwiceGetsTheGradientsOfFiniteDifferences) {
-  const nn::TransformerConfig c = small_config(nn::Arch::llama);
+  const nn::TransformerConfig c = small_config(nn::Arch::decoder);
   Tensor tokens = test::random_ids({c.batch, c.seq}, c.vocab, 12);
   Tensor targets = test::random_ids({c.batch * c.seq}, c.vocab, 13);
   for (int uses : {2, 3}) {
@@ -1135,7 +1135,7 @@ TEST(ReusedModule, ABlockCalledTwiceGetsTheGradientsOfFiniteDifferences) {
 // takes its own forward's records, so the gradients equal those of the two run one after the
 // other. A backward with no forward of its microbatch left is named.
 TEST(ReusedModule, TwoMicrobatchesInFlightTakeTheirOwnRecords) {
-  const nn::TransformerConfig c = small_config(nn::Arch::llama);
+  const nn::TransformerConfig c = small_config(nn::Arch::decoder);
   ReusedBlock m(c, 2);
   auto flat = nn::materialize(m, DType::f64, 11);
   perturb(m);
@@ -1173,7 +1173,7 @@ TEST(ReusedModule, TwoMicrobatchesInFlightTakeTheirOwnRecords) {
 // A forward with no backward to come (an evaluation, a preference reference) keeps no record, so
 // its activations are not held until the next forward; its output is the training forward's.
 TEST(ReusedModule, AForwardWithNoBackwardKeepsNoRecords) {
-  const nn::TransformerConfig c = small_config(nn::Arch::llama);
+  const nn::TransformerConfig c = small_config(nn::Arch::decoder);
   ReusedBlock m(c, 2);
   nn::materialize(m, DType::f64, 11);
   const Tensor tokens = test::random_ids({c.batch, c.seq}, c.vocab, 12);

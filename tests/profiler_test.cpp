@@ -307,7 +307,7 @@ TEST(Profiler, ClassifyFollowsTheThresholds) {
 
 TEST(Profiler, ProfilingChangesNoResult) {
   nn::TransformerConfig c;
-  c.arch = nn::Arch::llama, c.vocab = 50, c.dim = 32, c.layers = 2, c.heads = 2, c.seq = 16,
+  c.arch = nn::Arch::decoder, c.vocab = 50, c.dim = 32, c.layers = 2, c.heads = 2, c.seq = 16,
   c.batch = 2;
   auto run = [&](bool profile) {
     nn::Transformer m(c);

@@ -55,6 +55,7 @@
 #include "fsdp/train/options.h"
 #include "fsdp/train/step.h"
 #include "fsdp/train/trainer.h"
+#include "src/checkpoint/manifest.h"
 #include "test_util.h"
 
 using namespace fsdp;
@@ -117,7 +118,7 @@ TEST(Flags, SetFlagReadsValuesAsTheCommandLineDoes) {
   EXPECT_EQ(o.sharding.activation_checkpoint.every, 3);
   EXPECT_EQ(o.profile.profile_steps, (StepRange{3, 5}));
   EXPECT_EQ(o.model.kv_heads, std::optional<int64_t>(3));
-  EXPECT_EQ(o.model.arch, std::optional<nn::Arch>(nn::Arch::llama));
+  EXPECT_EQ(o.model.arch, std::optional<nn::Arch>(nn::Arch::decoder));
   EXPECT_EQ(o.sharding.param_dtype, std::optional<DType>(DType::bf16));
   EXPECT_TRUE(o.checkpoint.resume);
   EXPECT_FALSE(o.sharding.reshard_after_forward);
@@ -227,14 +228,14 @@ TEST(Options, ValidateNamesTheFlagsOfTheRuleItRefuses) {
   EXPECT_NE(error_of([] {
               TrainOptions o;
               o.model.lora_rank = -1;
-              (void)o.lora_config(nn::Arch::llama);
+              (void)o.lora_config(nn::Arch::decoder);
             }).find("--lora-rank must be >= 0"),
             std::string::npos);
   EXPECT_NE(error_of([] {
               TrainOptions o;
               o.model.lora_rank = 4;
               o.model.lora_targets = "q,proj";
-              (void)o.lora_config(nn::Arch::llama);
+              (void)o.lora_config(nn::Arch::decoder);
             }).find("unknown target 'proj'"),
             std::string::npos);
   // --pack-eos: an id, and only with --pack; --val-data: not the training data itself.
@@ -257,11 +258,11 @@ TEST(Options, ValidateNamesTheFlagsOfTheRuleItRefuses) {
             std::string::npos);
   TrainOptions all;  // --lora-targets all: every projection the architecture has
   all.model.lora_rank = 4;
-  EXPECT_EQ(all.lora_config(nn::Arch::llama).targets,
+  EXPECT_EQ(all.lora_config(nn::Arch::decoder).targets,
             nn::parse_lora_targets("q,k,v,o,gate,up,down"));
   EXPECT_EQ(all.lora_config(nn::Arch::seed).targets, nn::parse_lora_targets("q,k,v,o,up,down"));
   // A mixture of experts: its attention (the experts and the router stay frozen).
-  EXPECT_EQ(all.lora_config(nn::Arch::llama, true).targets, nn::parse_lora_targets("q,k,v,o"));
+  EXPECT_EQ(all.lora_config(nn::Arch::decoder, true).targets, nn::parse_lora_targets("q,k,v,o"));
 }
 
 TEST(Options, ModelConfigIsThePresetWithTheOverrides) {
@@ -273,7 +274,7 @@ TEST(Options, ModelConfigIsThePresetWithTheOverrides) {
   set_flag(o, "--kv-heads", "2");
   set_flag(o, "--tie-embeddings", "true");
   const nn::TransformerConfig c = o.model_config();
-  EXPECT_EQ(c.arch, nn::Arch::llama);
+  EXPECT_EQ(c.arch, nn::Arch::decoder);
   EXPECT_EQ(c.heads, 4);
   EXPECT_EQ(c.resolved_kv_heads(), 2);
   EXPECT_TRUE(c.tie_embeddings);
@@ -339,9 +340,11 @@ const std::vector<std::pair<const char*, const char*>> kSmallLlama = {
 
 // Trains 6 steps whole, and 4 then 2 more resumed from the checkpoint of step 4 (in tmp/ck):
 // the same losses, bit for bit. `more` are flags beside the small llama's.
+// `between` runs on tmp/ck between the two parts.
 void expect_resume_equals_uninterrupted(
     const TempDir& tmp, const std::shared_ptr<dist::ProcessGroup>& pg,
-    const std::vector<std::pair<const char*, const char*>>& more) {
+    const std::vector<std::pair<const char*, const char*>>& more,
+    const std::function<void(const fs::path& ck)>& between = {}) {
   TrainOptions o;
   for (const auto& [flag, value] : kSmallLlama) set_flag(o, flag, value);
   const std::vector<std::pair<const char*, const char*>> flags = {
@@ -370,6 +373,7 @@ void expect_resume_equals_uninterrupted(
     Trainer t(first, pg);
     t.fit();
   }
+  if (between) between(tmp.path / "ck");
   TrainOptions rest = first;
   rest.schedule.steps = 6;
   rest.checkpoint.resume = true;
@@ -398,6 +402,62 @@ TEST(Trainer, AResumedRunGivesTheUninterruptedRunsLossesExactly) {
   dist::destroy_process_group();
 }
 
+// A checkpoint as configs were before they named their family: the newest one's config without
+// its "family" key (the key the run wrote, "llama"), resealed (complete.json's checksum of the new
+// metadata.json).
+void strip_family(const fs::path& ck) {
+  const fs::path step = checkpoint::latest(ck.string());
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(step / "metadata.json"));
+  ASSERT_EQ(meta.at("config").at("family"), "llama");
+  meta["config"].erase("family");
+  const std::string bytes = meta.dump();
+  std::ofstream(step / "metadata.json", std::ios::binary | std::ios::trunc) << bytes;
+  const nlohmann::json seal = nlohmann::json::parse(std::ifstream(step / "complete.json"));
+  std::ofstream(step / "complete.json", std::ios::binary | std::ios::trunc)
+      << checkpoint::detail::complete_record(bytes, seal.at("run_id").get<std::string>(),
+                                             seal.at("step").get<int64_t>());
+}
+
+// A run's config names its family (models::named_config: here the flags' llama), and so does its
+// checkpoint. A checkpoint written before that (no "family" key) resumes into the family its
+// options are, with the uninterrupted run's losses; a run of another family (here qwen3's, by
+// --qk-norm) is refused by the family's name, from that checkpoint and from one that names its
+// family.
+TEST(Trainer, ACheckpointBeforeFamilyKeysResumesIntoItsFamilyAndAnotherIsRefused) {
+  TempDir tmp;
+  auto pg = dist::init_process_group();
+  expect_resume_equals_uninterrupted(tmp, pg, {}, strip_family);
+  TrainOptions o;
+  for (const auto& [flag, value] : kSmallLlama) set_flag(o, flag, value);
+  set_flag(o, "--qk-norm", "true");
+  o.schedule.steps = 6;
+  o.sample.sample_tokens = 0;
+  o.profile.log_every = 0;
+  o.checkpoint = {.ckpt_dir = (tmp.path / "ck").string(), .resume = true};
+  strip_family(tmp.path / "ck");  // step 6's, which the resumed run wrote with the key
+  const std::string unnamed = error_of([&] { Trainer t(o, pg); });
+  EXPECT_NE(unnamed.find("was saved before configs named their family; its options are the llama "
+                         "family's, but this run trains the qwen3 family"),
+            std::string::npos)
+      << unnamed;
+  TrainOptions named = o;  // step 6's checkpoint names its family
+  named.checkpoint.ckpt_dir = (tmp.path / "named").string();
+  named.checkpoint.resume = false;
+  named.checkpoint.ckpt_every = 2;
+  named.model.qk_norm = false;
+  named.schedule.steps = 2;
+  {
+    Trainer t(named, pg);
+    t.fit();
+  }
+  o.checkpoint.ckpt_dir = named.checkpoint.ckpt_dir;
+  const std::string refused = error_of([&] { Trainer t(o, pg); });
+  EXPECT_NE(refused.find("was saved with family \"llama\" but this run has family \"qwen3\""),
+            std::string::npos)
+      << refused;
+  dist::destroy_process_group();
+}
+
 // LoRA (--lora-rank): a resumed run equals the uninterrupted one; its checkpoint holds the
 // adapters alone (and their AdamW state) and names the frozen base, here the seed's
 // initialisation, by content: a resume whose base differs (another seed) or that drops the
@@ -422,7 +482,9 @@ TEST(Trainer, LoraResumesExactlyAndItsCheckpointHoldsTheAdaptersAlone) {
   nn::TransformerConfig cfg;
   const checkpoint::NamedTensors unmerged = checkpoint::consolidate(step, &cfg, false);
   EXPECT_EQ(cfg.lora.rank, 4);
-  nn::Transformer fresh(cfg);
+  EXPECT_EQ(cfg.family, "llama");  // the run's config names its family: its spec builds it
+  const std::unique_ptr<nn::Transformer> built = models::spec_of(cfg).build(cfg);
+  nn::Transformer& fresh = *built;
   nn::materialize(fresh, DType::f32, 1337);
   for (const auto& [name, t] : unmerged)
     if (!nn::is_lora_parameter(name))
@@ -490,7 +552,8 @@ TEST(Trainer, LoraResumesExactlyAndItsCheckpointHoldsTheAdaptersAlone) {
   nn::TransformerConfig hc;
   const checkpoint::NamedTensors hb =
       checkpoint::consolidate((tmp.path / "half" / "step_00000002").string(), &hc, false);
-  nn::Transformer fresh_half(hc);
+  const std::unique_ptr<nn::Transformer> built_half = models::spec_of(hc).build(hc);
+  nn::Transformer& fresh_half = *built_half;
   nn::materialize(fresh_half, DType::bf16, 1337);
   int half_checked = 0;
   for (const auto& [name, t] : hb)
@@ -616,7 +679,7 @@ TEST(Trainer, TakesItsPartsAndItsPlanPlansThem) {
 
 TEST(MemoryPlan, ACudaRunsPlanIsMadeWithoutAGpu) {
   nn::TransformerConfig cfg = nn::TransformerConfig::preset("tiny");
-  cfg.arch = nn::Arch::llama;
+  cfg.arch = nn::Arch::decoder;
   auto plan = [&](int64_t shards) {
     return train::plan_memory({.model = cfg,
                                .device = Device::cuda(0),

@@ -149,13 +149,13 @@ int main(int argc, char** argv) {
     fmt::print("export: {} tensors, {} {} layers dim {}\n", tensors.size(), nn::arch_name(cfg.arch),
                cfg.layers, cfg.dim);
     if (!out.empty()) {
-      auto named = cfg.arch == nn::Arch::llama && names == "auto"
+      auto named = cfg.arch == nn::Arch::decoder && names == "auto"
                        ? checkpoint::to_hf(cfg, tensors)
                        : tensors;
       for (auto& [n, t] : named) t = t.contiguous().to(dtype);
       checkpoint::save_safetensors(out, named, {{"format", "pt"}, {"fsdp.config", cfg.to_json()}});
       fmt::print("export: wrote {} ({} tensors, {})\n", out, named.size(), dtype_name(dtype));
-      if (cfg.arch == nn::Arch::llama && names == "auto") {
+      if (cfg.arch == nn::Arch::decoder && names == "auto") {
         const auto dir = std::filesystem::path(out).parent_path();
         std::vector<std::pair<std::string, std::string>> files = {
             {"config.json",

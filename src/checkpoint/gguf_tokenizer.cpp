@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -26,6 +27,7 @@
 #include "fsdp/ops/rope.h"
 #include "fsdp/models/spec.h"
 #include "fsdp/models/state_dict_adapter.h"
+#include "src/checkpoint/gguf_format_names.h"
 #include "src/data/byte_level.h"
 
 namespace fsdp::checkpoint {
@@ -221,11 +223,10 @@ std::string sentencepiece_json(const GgufFile& f, const std::vector<std::string>
 GgufTokenizerInfo gguf_tokenizer_info(const GgufFile& f) {
   GgufTokenizerInfo info;
   info.model = f.get_string("tokenizer.ggml.model");
-  FSDP_CHECK(info.model == "gpt2" || info.model == "llama",
-             "[gguf] {}: tokenizer.ggml.model is '{}'; fsdp.cpp reads \"gpt2\" (byte-level BPE) "
-             "and \"llama\" (SentencePiece BPE)",
-             f.path(), info.model);
-  info.pre = f.get_string("tokenizer.ggml.pre", "default");  // llama.cpp's name when absent
+  FSDP_CHECK(info.model == gguf_format::kByteLevelBpe || info.model == gguf_format::kSentencePiece,
+             "[gguf] {}: tokenizer.ggml.model is '{}'; fsdp.cpp reads {}", f.path(), info.model,
+             gguf_format::kTokenizerModels);
+  info.pre = f.get_string("tokenizer.ggml.pre", std::string(gguf_format::kDefaultPre));
   info.chat_template = f.get_string("tokenizer.chat_template", "");
   const auto& tokens = f.get_strings("tokenizer.ggml.tokens");
   FSDP_CHECK(!tokens.empty() && tokens.size() < (size_t(1) << 31),
@@ -264,7 +265,7 @@ GgufTokenizerInfo gguf_tokenizer_info(const GgufFile& f) {
   info.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", false);
   info.add_eos = f.get_bool("tokenizer.ggml.add_eos_token", false);
 
-  if (info.model == "llama") {
+  if (info.model == gguf_format::kSentencePiece) {
     info.tokenizer_json = sentencepiece_json(f, tokens, types, info.unk);
     return info;
   }
@@ -307,35 +308,30 @@ GgufTokenizerInfo gguf_tokenizer_info(const GgufFile& f) {
                                                     (run_of(a, true) && run_of(b, false)));
       if (!never) merges.push_back(json::array({a, b}));
     }
-  // llama.cpp's pre-tokenizer names: "gpt-2" is GPT-2's split alone; "smollm", "starcoder" and
-  // "refact" split every number code point off first (Hugging Face: Digits(individual_digits)
-  // then ByteLevel); Llama 3's ("llama-bpe", ...) and Qwen2's and 3's ("qwen2", ...) regexes
-  // split before a ByteLevel without its own, as transformers maps them. Others use other
-  // regexes, which our tokenizer does not have.
-  const bool digits = info.pre == "smollm" || info.pre == "starcoder" || info.pre == "refact";
-  const bool llama3 = info.pre == "llama-bpe" || info.pre == "llama3" || info.pre == "llama-v3" ||
-                      info.pre == "smaug-bpe";
-  const bool qwen2 = info.pre == "qwen2" || info.pre == "deepseek-r1-qwen";
-  FSDP_CHECK(digits || llama3 || qwen2 || info.pre == "gpt-2" || info.pre == "gpt2",
-             "[gguf] {}: tokenizer.ggml.pre is '{}'; fsdp.cpp splits text as \"gpt-2\", "
-             "\"smollm\", \"starcoder\", \"refact\", \"llama-bpe\" (Llama 3) and \"qwen2\" do",
-             f.path(), info.pre);
+  // llama.cpp's pre-tokenizer names (gguf_format_names.h): GPT-2's split alone; every number
+  // code point split off first; or a split regex before a ByteLevel without its own. Others use
+  // other regexes, which our tokenizer does not have.
+  const bool digits = gguf_format::splits_digits(info.pre);
+  const char* const split = gguf_format::split_regex(info.pre);
+  FSDP_CHECK(digits || split || gguf_format::splits_gpt2(info.pre),
+             "[gguf] {}: tokenizer.ggml.pre is '{}'; fsdp.cpp splits text as {} do", f.path(),
+             info.pre, gguf_format::kPreNames);
   const json byte_level = {
       {"type", "ByteLevel"},
       {"add_prefix_space", f.get_bool("tokenizer.ggml.add_space_prefix", false)},
       {"trim_offsets", true},
-      {"use_regex", !(llama3 || qwen2)}};
+      {"use_regex", split == nullptr}};
   json pre = byte_level;
   if (digits)
     pre = {{"type", "Sequence"},
            {"pretokenizers",
             json::array({json{{"type", "Digits"}, {"individual_digits", true}}, byte_level})}};
-  if (llama3 || qwen2)
+  if (split)
     pre = {{"type", "Sequence"},
            {"pretokenizers",
             json::array(
                 {json{{"type", "Split"},
-                      {"pattern", {{"Regex", llama3 ? data::kLlama3Split : data::kQwen2Split}}},
+                      {"pattern", {{"Regex", split}}},
                       {"behavior", "Isolated"},
                       {"invert", false}},
                  byte_level})}};

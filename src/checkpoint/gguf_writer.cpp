@@ -21,6 +21,7 @@
 #include "fsdp/core/file.h"
 #include "fsdp/models/spec.h"
 #include "fsdp/models/state_dict_adapter.h"
+#include "src/checkpoint/gguf_format_names.h"
 
 namespace fsdp::checkpoint {
 
@@ -182,7 +183,8 @@ void write_gguf(const std::string& path, const nn::TransformerConfig& cfg, const
   kv.kv_u32(a + "embedding_length", uint32_t(cfg.dim));
   kv.kv_u32(a + "block_count", uint32_t(cfg.layers));
   // A mixture of experts: its sizes; the experts' width in expert_feed_forward_length beside the
-  // dense blocks' (qwen3moe's), or as feed_forward_length itself (llama's with experts).
+  // dense blocks' (as llama.cpp's architecture "qwen3moe" keys it), or as feed_forward_length
+  // itself (as its architecture "llama" does with experts).
   const bool experts_in_ffn_key = cfg.moe.enabled() && !names.gguf_expert_ffn_key;
   kv.kv_u32(a + "feed_forward_length",
             uint32_t(experts_in_ffn_key ? cfg.moe.hidden : cfg.resolved_ffn_hidden()));
@@ -250,7 +252,7 @@ void write_gguf(const std::string& path, const nn::TransformerConfig& cfg, const
     types[size_t(*bos)] = types[size_t(*eos)] = CONTROL;
   }
   if (spm) {
-    kv.kv_str("tokenizer.ggml.model", "llama");
+    kv.kv_str("tokenizer.ggml.model", std::string(gguf_format::kSentencePiece));
     kv.kv_strs("tokenizer.ggml.tokens", tokens);
     kv.kv_f32s("tokenizer.ggml.scores", scores);
     kv.kv_i32s("tokenizer.ggml.token_type", types);
@@ -258,8 +260,8 @@ void write_gguf(const std::string& path, const nn::TransformerConfig& cfg, const
   } else {
     std::vector<std::string> merges = tok.merges();
     if (merges.empty()) merges.push_back("a 1");
-    kv.kv_str("tokenizer.ggml.model", "gpt2");
-    kv.kv_str("tokenizer.ggml.pre", meta.pre.empty() ? "gpt-2" : meta.pre);
+    kv.kv_str("tokenizer.ggml.model", std::string(gguf_format::kByteLevelBpe));
+    kv.kv_str("tokenizer.ggml.pre", meta.pre.empty() ? std::string(gguf_format::kGpt2Split) : meta.pre);
     kv.kv_strs("tokenizer.ggml.tokens", tokens);
     kv.kv_i32s("tokenizer.ggml.token_type", types);
     kv.kv_strs("tokenizer.ggml.merges", merges);

@@ -39,6 +39,7 @@
 #include "fsdp/nn/transformer.h"
 #include "src/core/json_fields.h"
 #include "src/core/json_read.h"
+#include "src/checkpoint/gguf_format_names.h"
 #include "src/checkpoint/pretrained_impl.h"
 
 namespace fsdp::checkpoint {
@@ -96,7 +97,9 @@ nn::TransformerConfig config_from_gguf(const GgufFile& f) {
       "[gguf] {}: general.architecture '{}' is not read{}; fsdp.cpp reads {}", f.path(), arch,
       spec ? fmt::format(" (the {} family's GGUF files are not read yet)", spec->name) : "",
       models::gguf_archs());
-  return spec->read_gguf_config(GgufHeaderOf(f));
+  // Named by its options, not by the file's architecture: llama.cpp's architecture with experts
+  // is another family's.
+  return models::named_config(spec->read_gguf_config(GgufHeaderOf(f)));
 }
 
 namespace {
@@ -108,11 +111,11 @@ void open_gguf(Pretrained& p, PretrainedSource& src) {
   p.family = f.get_string("general.architecture", "");
   p.config = config_from_gguf(f);
   if (const std::string model = f.get_string("tokenizer.ggml.model", "");
-      !model.empty() && model != "gpt2" && model != "llama") {
-    p.tokenizer_unread = fmt::format(
-        "{}: its tokenizer (tokenizer.ggml.model '{}') is not read: fsdp.cpp reads \"gpt2\" and "
-        "\"llama\"",
-        p.path, model);
+      !model.empty() && model != gguf_format::kByteLevelBpe &&
+      model != gguf_format::kSentencePiece) {
+    p.tokenizer_unread =
+        fmt::format("{}: its tokenizer (tokenizer.ggml.model '{}') is not read: fsdp.cpp reads {}",
+                    p.path, model, gguf_format::kTokenizerModels);
     p.bos_id = f.has("tokenizer.ggml.bos_token_id")
                    ? std::optional<int32_t>(int32_t(f.get_int("tokenizer.ggml.bos_token_id")))
                    : std::nullopt;
@@ -205,11 +208,12 @@ void open_safetensors(Pretrained& p, PretrainedSource& src) {
 
 nn::TransformerConfig config_from_family(const std::string& family, const std::string& config_json,
                                          const std::string& where) {
-  if (family == "minillm") return nn::TransformerConfig::from_json(config_json);  // our own names
+  if (family == "minillm")  // our own names (an export before configs named their family too)
+    return models::named_config(nn::TransformerConfig::from_json(config_json));
   const models::ModelSpec* spec = models::spec_for_hf_model_type(family);
   FSDP_CHECK(spec, "[pretrained] {}: model family '{}' is not supported; known: {}, minillm", where,
              family, models::hf_model_types());
-  return spec->read_hf_config(config_json, where);
+  return models::named_config(spec->read_hf_config(config_json, where));
 }
 
 namespace {
@@ -242,7 +246,7 @@ void check_against_tensors(const Pretrained& p, const PretrainedSource& src) {
     return out;
   };
   // The last layer's first parameter of the family's block (a one-block model's, shapes only; the
-  // in-projection, which other namings split, passed over): "norm1.weight" for llama's relatives.
+  // in-projection, which other namings split, passed over): "norm1.weight" for nn::TransformerBlock.
   std::string first = "norm1.weight";
   {
     nn::TransformerConfig one = cfg;

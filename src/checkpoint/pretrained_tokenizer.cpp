@@ -36,6 +36,7 @@
 #include "fsdp/models/spec.h"
 #include "src/core/json_fields.h"
 #include "src/core/json_read.h"
+#include "src/checkpoint/gguf_format_names.h"
 #include "src/checkpoint/pretrained_impl.h"
 
 namespace fsdp::checkpoint {
@@ -96,21 +97,20 @@ void read_hf_tokenizer(Pretrained& p, const fs::path& dir) {
   p.tokenizer = data::Tokenizer::from_file((dir / "tokenizer.json").string());
   p.bos_id = p.tokenizer->bos_id();
   p.eos_id = p.tokenizer->eos_id();
-  // Hugging Face's Sequence [Digits(individual_digits), ByteLevel] is llama.cpp's "smollm" split,
-  // Llama 3's and Qwen2's Split regexes its "llama-bpe" and "qwen2".
+  // Hugging Face's Sequence [Digits(individual_digits), ByteLevel] and its Split regexes by
+  // llama.cpp's pre-tokenizer names (gguf_format_names.h).
   try {
     const json tj = json::parse(p.tokenizer->json());
-    p.tokenizer_pre = "gpt-2";
+    p.tokenizer_pre = gguf_format::kGpt2Split;
     const json& pre = tj.value("pre_tokenizer", json());
     if (pre.is_object() && pre.value("type", "") == "Sequence")
       for (const json& s : pre.value("pretokenizers", json::array())) {
-        if (s.value("type", "") == "Digits") p.tokenizer_pre = "smollm";
-        // llama.cpp's names for Llama 3's and Qwen2's split regexes
+        if (s.value("type", "") == "Digits") p.tokenizer_pre = gguf_format::kDigitsPre;
         const std::string regex = s.contains("pattern") && s["pattern"].is_object()
                                       ? s["pattern"].value("Regex", "")
                                       : "";
-        if (regex == data::kLlama3Split) p.tokenizer_pre = "llama-bpe";
-        if (regex == data::kQwen2Split) p.tokenizer_pre = "qwen2";
+        if (const std::string_view name = gguf_format::split_pre_name(regex); !name.empty())
+          p.tokenizer_pre = name;
       }
   } catch (const json::exception&) {
   }

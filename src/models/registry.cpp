@@ -97,6 +97,19 @@ const ModelSpec& spec_of(const nn::TransformerConfig& c) {
       c.qk_norm, c.norm_plus_one, c.sandwich_norms, c.geglu, c.embed_scale, c.sliding_window);
 }
 
+nn::TransformerConfig named_config(nn::TransformerConfig c) {
+  // The seed's form is its family alone (no option of another's), and its name is the key under
+  // which a run's config (fsdp-train's checkpoints) holds its random seed, where the config JSON
+  // would look for the family's options: its configs stay unnamed, as before.
+  if (!c.family.empty() || c.arch == nn::Arch::seed) return c;
+  for (const ModelSpec* s : kSpecs)
+    if (s->matches(c)) {  // spec_of's choice: one family at most holds a config
+      c.family = s->name;
+      return c;
+    }
+  return c;
+}
+
 const ModelSpec& spec_to_train(const nn::TransformerConfig& c) {
   if (!c.family.empty()) return named_family(c);
   for (const ModelSpec* s : kSpecs)

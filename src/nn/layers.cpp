@@ -302,7 +302,7 @@ void MultiheadAttention::qk_norm_backward(const Tensor& dqkv) {
 }
 
 void MultiheadAttention::start_kv_cache(int64_t capacity) {
-  FSDP_CHECK(opt_.causal, "[MultiheadAttention] a KV cache needs causal attention (arch llama)");
+  FSDP_CHECK(opt_.causal, "[MultiheadAttention] a KV cache needs causal attention (the decoder form)");
   FSDP_CHECK(capacity > 0, "[MultiheadAttention] KV cache capacity must be positive, got {}",
              capacity);
   if (capacity != kv_cap_) k_cache_ = v_cache_ = Tensor();  // allocated at the next forward
@@ -363,7 +363,7 @@ Tensor MultiheadAttention::forward_impl(const Tensor& x) {
     return forward_cached(x);
   }
   FSDP_CHECK(!ds.defined() || opt_.causal,
-             "[MultiheadAttention] packed rows need causal attention (arch llama); this model's "
+             "[MultiheadAttention] packed rows need causal attention (the decoder form); this model's "
              "attention is bidirectional");
   Tensor qkv =
       ops::linear_forward(x, in_proj_weight_->data, in_proj_bias_ ? in_proj_bias_->data : Tensor());

@@ -182,8 +182,8 @@ MoE::MoE(int64_t dim, MoEOptions opt) : Module("MoE"), dim_(dim), opt_(opt) {
   FSDP_CHECK(opt.experts <= std::numeric_limits<int32_t>::max(), "[MoE] {} experts: too many",
              opt.experts);
   FSDP_CHECK(opt.router == RouterKind::softmax_topk || !opt.norm_topk_prob,
-             "[MoE] norm_topk_prob is Qwen3-MoE's (softmax then top k); Mixtral's router (top k "
-             "then softmax) is normalized already");
+             "[MoE] norm_topk_prob renormalizes router softmax_topk's weights (softmax then top "
+             "k); router topk_softmax's (top k then softmax) are normalized already");
   gate_ = &register_module("gate", std::make_unique<Linear>(dim, opt.experts, false));
   experts_ = &register_module("experts", std::make_unique<Experts>(dim, opt.experts, opt.hidden));
 }

@@ -1,4 +1,4 @@
-// Temperature, top-k and top-p sampling from a Transformer, with a KV cache for llama.
+// Temperature, top-k and top-p sampling from a Transformer, with a KV cache for the decoder form.
 #include "fsdp/nn/sample.h"
 
 #include <algorithm>
@@ -65,7 +65,7 @@ std::vector<int32_t> sample(Transformer& model, std::vector<int32_t> ctx, const 
                c.vocab);
   if (ctx.empty()) ctx.push_back(int32_t(' ') % int32_t(c.vocab));
   const int64_t v = o.max_id > 0 ? std::min(o.max_id, c.vocab) : c.vocab;
-  const bool cached = o.kv_cache && c.arch == Arch::llama;
+  const bool cached = o.kv_cache && c.arch == Arch::decoder;
   SampleStats st;
   st.prompt_tokens = int64_t(ctx.size());
   std::vector<int32_t> out;

@@ -24,7 +24,7 @@ namespace fsdp::nn {
 std::unique_ptr<Module> default_block(const TransformerConfig& cfg, int64_t i) {
   AttentionOptions a;
   FeedForward::Kind ffn_kind = FeedForward::Kind::silu_mlp;
-  if (cfg.arch == Arch::llama) {
+  if (cfg.arch == Arch::decoder) {
     a = {.bias = false,
          .causal = true,
          .rope_theta = cfg.rope_theta,
@@ -79,7 +79,7 @@ Transformer::Transformer(const TransformerConfig& cfg, const BlockFactory& block
     if (auto* moe = dynamic_cast<MoE*>(&m)) moe_.push_back(moe);
     if (auto* attn = dynamic_cast<MultiheadAttention*>(&m)) attention_.push_back(attn);
   });
-  if (cfg.arch == Arch::llama)
+  if (cfg.arch == Arch::decoder)
     norm_ = &register_module("norm",
                              std::make_unique<RMSNorm>(cfg.dim, cfg.norm_eps, cfg.norm_plus_one));
   if (!cfg.tie_embeddings)
@@ -95,13 +95,14 @@ bool is_lora_parameter(const std::string& name) {
 }
 
 double Transformer::embed_scale(DType dtype) const {
-  // sqrt(dim) rounded to the activations' dtype, as Gemma's embed_scale.to(weight.dtype)
+  // sqrt(dim) rounded to the activations' dtype, as transformers' embed_scale.to(weight.dtype)
   return Tensor::full({1}, std::sqrt(double(cfg_.dim)), dtype).to(DType::f64).to_f64_vector()[0];
 }
 
 void Transformer::start_kv_cache(int64_t capacity) {
-  FSDP_CHECK(cfg_.arch == Arch::llama,
-             "[model] a KV cache needs causal attention: arch llama, not {}", arch_name(cfg_.arch));
+  FSDP_CHECK(cfg_.arch == Arch::decoder,
+             "[model] a KV cache needs causal attention: arch {}, not {}", arch_name(Arch::decoder),
+             arch_name(cfg_.arch));
   for (MultiheadAttention* a : attention_) a->start_kv_cache(capacity);
 }
 

@@ -9,23 +9,17 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "fsdp/core/error.h"
 #include "fsdp/nn/transformer.h"
+#include "fsdp/ops/rope.h"
 #include "src/core/json_read.h"
 #include "src/nn/transformer_moe.h"
 
 namespace fsdp::nn {
-
-Arch parse_arch(const std::string& s) {
-  if (s == "seed") return Arch::seed;
-  if (s == "llama") return Arch::llama;
-  FSDP_FAIL("[model] unknown arch '{}'; expected seed or llama", s);
-}
-
-std::string arch_name(Arch a) { return a == Arch::seed ? "seed" : "llama"; }
 
 TransformerConfig TransformerConfig::preset(const std::string& name) {
   TransformerConfig c;
@@ -78,7 +72,7 @@ std::string TransformerConfig::to_json() const {
     if (!family_options.empty()) j[family] = nlohmann::json::parse(family_options);
   }
   if (rope_scaling.enabled())
-    j["rope_scaling"] = {{"type", "llama3"},
+    j["rope_scaling"] = {{"type", ops::kRopeScalingType},
                          {"factor", rope_scaling.factor},
                          {"low_freq_factor", rope_scaling.low_freq_factor},
                          {"high_freq_factor", rope_scaling.high_freq_factor},
@@ -163,9 +157,9 @@ TransformerConfig TransformerConfig::from_json(const std::string& text) {
     }
     if (j.contains("rope_scaling")) {
       const nlohmann::json& s = j["rope_scaling"];
-      FSDP_CHECK(s.is_object() && s.value("type", "") == "llama3",
-                 "[model] config field 'rope_scaling' must be an object of type llama3, got {}",
-                 json_read::brief(s));
+      FSDP_CHECK(s.is_object() && s.value("type", "") == ops::kRopeScalingType,
+                 "[model] config field 'rope_scaling' must be an object of type {}, got {}",
+                 ops::kRopeScalingType, json_read::brief(s));
       auto number = [&](const char* key) {
         FSDP_CHECK(s.contains(key) && s[key].is_number(),
                    "[model] config field 'rope_scaling.{}' must be a number, got {}", key,
@@ -194,11 +188,12 @@ bool is_family_name(const std::string& name) {
 int64_t TransformerConfig::resolved_ffn_hidden() const {
   if (ffn_hidden > 0) return ffn_hidden;
   if (arch == Arch::seed) return 4 * dim;
-  const int64_t h = 2 * (4 * dim) / 3;  // llama: 2/3 of 4d, rounded up to a multiple of 256
+  const int64_t h = 2 * (4 * dim) / 3;  // decoder: 2/3 of 4d, rounded up to a multiple of 256
   return (h + 255) / 256 * 256;
 }
 
 void TransformerConfig::validate() const {
+  const std::string decoder = arch_name(Arch::decoder);  // as users name it, in the messages
   FSDP_CHECK(vocab > 0, "[model] vocab must be positive, got {}", vocab);
   FSDP_CHECK(dim > 0, "[model] dim must be positive, got {}", dim);
   FSDP_CHECK(layers > 0, "[model] layers must be positive, got {}", layers);
@@ -214,25 +209,25 @@ void TransformerConfig::validate() const {
              heads, resolved_kv_heads());
   if (arch == Arch::seed) {
     FSDP_CHECK(resolved_kv_heads() == heads,
-               "[model] kv_heads {} is for arch llama; seed is nn.MultiheadAttention (kv_heads "
+               "[model] kv_heads {} is for arch {}; seed is nn.MultiheadAttention (kv_heads "
                "= heads {})",
-               kv_heads, heads);
+               kv_heads, decoder, heads);
     FSDP_CHECK(head_dim == 0 || head_dim * heads == dim,
-               "[model] head_dim {} is for arch llama; seed's head dim is dim / heads = {}",
-               head_dim, dim / heads);
+               "[model] head_dim {} is for arch {}; seed's head dim is dim / heads = {}",
+               head_dim, decoder, dim / heads);
     FSDP_CHECK(!tie_embeddings,
-               "[model] tie_embeddings is for arch llama; seed has an untied "
-               "head");
+               "[model] tie_embeddings is for arch {}; seed has an untied head", decoder);
     FSDP_CHECK(!qkv_bias,
-               "[model] qkv_bias is for arch llama; seed's in-projection already "
-               "has a bias");
-    FSDP_CHECK(!qk_norm, "[model] qk_norm is for arch llama; seed has no norm on q and k");
+               "[model] qkv_bias is for arch {}; seed's in-projection already has a bias",
+               decoder);
+    FSDP_CHECK(!qk_norm, "[model] qk_norm is for arch {}; seed has no norm on q and k", decoder);
     FSDP_CHECK(!rope_scaling.enabled(),
-               "[model] rope_scaling is for arch llama; seed has no rotary embedding");
+               "[model] rope_scaling is for arch {}; seed has no rotary embedding", decoder);
     FSDP_CHECK(!norm_plus_one && !sandwich_norms && !geglu && !embed_scale && sliding_window == 0 &&
                    rope_local_theta == 0,
-               "[model] Gemma's options (norm_plus_one, sandwich_norms, geglu, embed_scale, "
-               "sliding_window, rope_local_theta) are for arch llama");
+               "[model] the options norm_plus_one, sandwich_norms, geglu, embed_scale, "
+               "sliding_window and rope_local_theta are for arch {}",
+               decoder);
   }
   FSDP_CHECK(seq > 0, "[model] seq must be positive, got {}", seq);
   FSDP_CHECK(batch > 0, "[model] batch must be positive, got {}", batch);
@@ -265,9 +260,9 @@ void TransformerConfig::validate() const {
                "step's sizes overflow 64 bits",
                vocab, dim, f, batch, seq);
   }
-  if (arch == Arch::llama) {
+  if (arch == Arch::decoder) {
     FSDP_CHECK(resolved_head_dim() % 2 == 0,
-               "[model] llama's rotary embedding needs an even head dim, got {}{}",
+               "[model] the rotary embedding needs an even head dim, got {}{}",
                resolved_head_dim(),
                head_dim > 0 ? std::string(" (head_dim)")
                             : fmt::format(" (dim {} / heads {})", dim, heads));
@@ -288,8 +283,9 @@ void TransformerConfig::validate() const {
              "[model] family options {} without a family", family_options);
   moe.validate(layers);
   if (moe.enabled()) {
-    FSDP_CHECK(arch == Arch::llama, "[model] moe is for arch llama; seed has no SwiGLU FFN");
-    FSDP_CHECK(!geglu, "[model] moe's experts are SwiGLU; geglu is Gemma's dense FFN");
+    FSDP_CHECK(arch == Arch::decoder, "[model] moe is for arch {}; seed has no SwiGLU FFN",
+               decoder);
+    FSDP_CHECK(!geglu, "[model] moe's experts are SwiGLU; geglu is a dense FFN's gate");
     FSDP_CHECK(!lora.on(LoraTarget::gate) && !lora.on(LoraTarget::up) &&
                    !lora.on(LoraTarget::down),
                "[model] LoRA targets gate, up and down are not supported with moe: a mixture of "
@@ -303,7 +299,7 @@ void TransformerConfig::validate() const {
                "[model] LoRA needs a rank in [1, 2^20], a positive alpha and at least one "
                "target; got rank {}, alpha {}, targets '{}'",
                lora.rank, lora.alpha, lora_target_names(lora.targets));
-    FSDP_CHECK(arch == Arch::llama || !lora.on(LoraTarget::gate),
+    FSDP_CHECK(arch == Arch::decoder || !lora.on(LoraTarget::gate),
                "[model] LoRA target gate: arch seed's FFN has no gate projection");
   }
 }
@@ -339,10 +335,10 @@ int64_t TransformerConfig::num_parameters() const {
     if (sandwich_norms) block += 2 * d;
   }
   const LD sparse = LD(moe.sparse_layers(layers));  // FFNs: dense, or a router and experts
-  if (arch == Arch::llama) block += 3 * d * h;
+  if (arch == Arch::decoder) block += 3 * d * h;
   LD n = LD(vocab) * d + LD(layers) * block - sparse * 3 * d * h +
          sparse * (LD(moe.experts) * d + 3 * LD(moe.experts) * LD(moe.hidden) * d);
-  if (arch == Arch::llama) n += d;            // final norm
+  if (arch == Arch::decoder) n += d;            // final norm
   if (!tie_embeddings) n += d * LD(vocab);    // head
   n += LD(lora_parameters());                 // validated: small beside the blocks
   return n >= LD(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max()

@@ -137,8 +137,8 @@ Device FlagValue<Device>::parse(std::string_view flag, std::string_view text) {
 std::string FlagValue<Device>::str(const Device& v) { return v.str(); }
 const char* FlagValue<Device>::type_name() { return "DEVICE"; }
 
-// --arch: the module tree's form, named as the family that is it (seed, llama); the families
-// within llama's form (qwen2, qwen3, gemma3) are its options, or an --init-from model's config.
+// --arch: the module tree's form, by the name of the family that is it (nn::arch_name); the other
+// families of a form are its options, or an --init-from model's config.
 nn::Arch FlagValue<nn::Arch>::parse(std::string_view flag, std::string_view text) {
   std::string names;
   for (const models::ModelSpec* s : models::model_specs()) {

@@ -48,8 +48,9 @@ void Trainer::Impl::open_data() {
              "[fsdp-train] --pack packs the samples of a .jsonl --data or the documents of a text "
              "or shard --data; random data has neither");
   FSDP_CHECK(!o.data.pack || cfg.arch != nn::Arch::seed,
-             "[fsdp-train] --pack needs causal attention (--arch llama): arch seed attends in both "
-             "directions, across the samples of a row");
+             "[fsdp-train] --pack needs causal attention (--arch {}): arch seed attends in both "
+             "directions, across the samples of a row",
+             nn::arch_name(nn::Arch::decoder));
   const bool pairs = !o.data.data.empty() && std::filesystem::is_regular_file(o.data.data) &&
                      data::names_preference_pairs(o.data.data);
   FSDP_CHECK(pairs || o.preference.preference.empty() || o.data.data.empty(),
@@ -137,8 +138,9 @@ void Trainer::Impl::open_data() {
     if (cfg.arch == nn::Arch::seed && main())
       fmt::print(stderr,
                  "warning: arch seed attends in both directions with no mask, so on text it "
-                 "sees the next token it must predict; use --arch llama to learn a language "
-                 "model\n");
+                 "sees the next token it must predict; use --arch {} to learn a language "
+                 "model\n",
+                 nn::arch_name(nn::Arch::decoder));
   } else if (parts.data) {  // the caller's
     src = parts.data;
   } else {
@@ -191,7 +193,7 @@ std::unique_ptr<data::TokenStream> Trainer::Impl::open_stream(const std::string&
   std::ifstream f(spec, std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(f)), {});
   std::vector<int32_t> ids = tokenizer->encode(text);
-  // The tokenizer's framing of a text (Gemma's and Llama's BOS) begins the stream.
+  // The tokenizer's framing of a text (a BOS, where its template has one) begins the stream.
   if (const auto bos = tokenizer->text_prefix_id(); bos && (ids.empty() || ids[0] != *bos))
     ids.insert(ids.begin(), *bos);
   FSDP_CHECK(int64_t(ids.size()) > cfg.seq,

@@ -71,8 +71,9 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
     row("local layers / norms", what);
   }
   if (const ops::RopeScaling& s = cfg.rope_scaling; s.enabled())
-    row("rope scaling", fmt::format("llama3 x{:g}, freq factors {:g}/{:g} of {:g}", s.factor,
-                                    s.low_freq_factor, s.high_freq_factor, s.original_context));
+    row("rope scaling", fmt::format("{} x{:g}, freq factors {:g}/{:g} of {:g}", ops::kRopeScalingType,
+                                    s.factor, s.low_freq_factor, s.high_freq_factor,
+                                    s.original_context));
   row("seq x batch",
       fmt::format("{} x {} x {} ranks x {} accum = {} tokens/step", cfg.seq, cfg.batch, size,
                   o.sharding.grad_accum, cfg.seq * cfg.batch * size * o.sharding.grad_accum));
@@ -158,9 +159,9 @@ void Trainer::Impl::print_config(int64_t persistent, int64_t persistent_measured
   const auto path = [&](int64_t window) {
     return ops::attention_path(device, mp.param_dtype.value_or(dtype), cfg.batch, cfg.seq,
                                cfg.heads, cfg.resolved_kv_heads(), cfg.resolved_head_dim(),
-                               cfg.arch == nn::Arch::llama, window);
+                               cfg.arch == nn::Arch::decoder, window);
   };
-  if (cfg.sliding_window > 0 && cfg.arch == nn::Arch::llama) {  // local layers, and global ones
+  if (cfg.sliding_window > 0 && cfg.arch == nn::Arch::decoder) {  // local layers, and global ones
     row("attention (local)", path(cfg.sliding_window));
     if (cfg.global_every > 0) row("attention (global)", path(0));
   } else {

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
+#include <filesystem>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -18,7 +20,10 @@
 #include "fsdp/checkpoint/manager.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/token_sources.h"
+#include "fsdp/models/spec.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/optim/adamw.h"
+#include "src/core/json_read.h"
 #include "src/train/trainer_impl.h"
 
 namespace fsdp::train {
@@ -104,6 +109,37 @@ int64_t windows_read(const checkpoint::Loaded& loaded, const nlohmann::json& sav
   return loaded.data_position * rows;
 }
 
+// A checkpoint written before configs named their family has no "family" key, where this run's
+// config names one: it is of the family whose options its config holds (models::named_config),
+// compared with this run's here, by name, and the key is left out of those checkpoint::load
+// compares (null against the name would refuse every such checkpoint). A checkpoint that names
+// its family is compared by the key, in the load. `path` is the checkpoint the load takes
+// (checkpoint::latest, as checkpoint::Manager's resume); a metadata.json that cannot be read
+// here is left to the load, which refuses it by name.
+void hold_unnamed_family(const std::string& path, const nn::TransformerConfig& run,
+                         std::vector<std::string>& model_keys) {
+  if (path.empty() || run.family.empty()) return;
+  const std::string meta = (std::filesystem::path(path) / "metadata.json").string();
+  nlohmann::json saved;
+  std::string saved_family;
+  try {
+    saved = json_read::parse_file(meta, "[fsdp-train]").at("config");
+    if (!saved.is_object() || saved.contains("family")) return;
+    saved_family = models::named_config(nn::TransformerConfig::from_json(saved.dump())).family;
+  } catch (const std::exception&) {
+    return;
+  }
+  // No family holds its options (an experiment of its form): the load compares them, and its
+  // null "family" against this run's.
+  if (saved_family.empty()) return;
+  FSDP_CHECK(saved_family == run.family,
+             "[fsdp-train] --resume: {} was saved before configs named their family; its options "
+             "are the {} family's, but this run trains the {} family: resume with the run's "
+             "model, or start a new --ckpt-dir",
+             path, saved_family, run.family);
+  std::erase(model_keys, "family");
+}
+
 }  // namespace
 
 // The newest complete checkpoint, as checkpoint::Manager picks and loads it (newer incomplete
@@ -111,10 +147,11 @@ int64_t windows_read(const checkpoint::Loaded& loaded, const nlohmann::json& sav
 // data, tokenizer) must match the checkpoint's.
 checkpoint::RunState Trainer::Impl::run_state() {
   std::vector<std::string> model_keys(family->shape_keys.begin(), family->shape_keys.end());
-  // The family, whatever this run's is: a checkpoint of another family is refused by its name
-  // (configs that name none compare null with null, as every checkpoint written before).
-  if (std::find(model_keys.begin(), model_keys.end(), "family") == model_keys.end())
-    model_keys.emplace_back("family");
+  // The family first, whatever this run's is: a checkpoint of another family is refused by its
+  // name, before any option of it (one written before configs named theirs: hold_unnamed_family,
+  // at the resume).
+  std::erase(model_keys, "family");
+  model_keys.insert(model_keys.begin(), "family");
   model_keys.emplace_back("dtype");
   model_keys.emplace_back("base_content");  // LoRA: the frozen base the adapters were trained on
   return {.model = *root,
@@ -125,7 +162,9 @@ checkpoint::RunState Trainer::Impl::run_state() {
 }
 
 void Trainer::Impl::resume() {
-  const std::optional<checkpoint::Loaded> found = ckpt->load(run_state());
+  checkpoint::RunState run = run_state();
+  hold_unnamed_family(checkpoint::latest(o.checkpoint.ckpt_dir), cfg, run.model_keys);
+  const std::optional<checkpoint::Loaded> found = ckpt->load(run);
   if (!found) return;
   const checkpoint::Loaded& loaded = *found;
   const std::string& path = ckpt->loaded_path();

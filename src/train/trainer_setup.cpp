@@ -159,8 +159,12 @@ Trainer::Impl::Impl(const TrainOptions& options, std::shared_ptr<dist::ProcessGr
           checkpoint::set_chat_template(*p, options.data.chat_template);
         return std::shared_ptr<const checkpoint::Pretrained>(std::move(p));
       }()),
-      cfg(pretrained && pretrained->config ? config_from_model(options, *pretrained)
-                                           : options.model_config()),
+      // Named (its family's key in the run's checkpoints), whether a pretrained model's or the
+      // flags' (a preset with the options of one family; models::named_config says which stay
+      // unnamed).
+      cfg(models::named_config(pretrained && pretrained->config
+                                   ? config_from_model(options, *pretrained)
+                                   : options.model_config())),
       family(&models::spec_to_train(cfg)),
       pg(std::move(group)),
       parts(std::move(given)) {

@@ -61,7 +61,7 @@ bool sharded_round_trip(const fsdp::nn::TransformerConfig& c, const fsdp::Tensor
 int main() {
   using namespace fsdp;
   nn::TransformerConfig c = nn::TransformerConfig::preset("tiny");
-  c.arch = nn::Arch::llama;
+  c.arch = nn::Arch::decoder;
   c.vocab = 64, c.dim = 32, c.layers = 2, c.heads = 2, c.seq = 16, c.batch = 2;
   nn::Transformer model(c);
   auto flat = nn::materialize(model, DType::f32, 1);

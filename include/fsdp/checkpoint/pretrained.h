@@ -104,13 +104,15 @@ std::string model_identity(const std::string& path);
 
 // The model config of a config.json's model_type: the family's reader (models::ModelSpec, one per
 // folder of src/models/: llama, qwen2, qwen3, gemma3_text), or "minillm" for our own config JSON.
-// Refuses another model_type by name, listing the known ones.
+// Refuses another model_type by name, listing the known ones. The config names its family
+// (models::named_config), so that the checkpoints and exports of a run from it say which it is.
 nn::TransformerConfig config_from_family(const std::string& family, const std::string& config_json,
                                          const std::string& where);
 
 // The model config of a GGUF file: the family of its general.architecture reads it
 // (models::ModelSpec::read_gguf_config: llama, with experts Mixtral's, qwen2, qwen3, gemma3,
-// qwen3moe); another architecture, or one whose family reads no GGUF, is refused by name.
+// qwen3moe); another architecture, or one whose family reads no GGUF, is refused by name. The
+// config names its family (models::named_config).
 nn::TransformerConfig config_from_gguf(const GgufFile& f);
 
 // The chat template of a Jinja file in place of the model's own (Gemma 3's base GGUF ships none:

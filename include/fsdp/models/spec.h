@@ -121,6 +121,13 @@ std::span<const ModelSpec* const> model_specs();
 // before families named themselves, the one whose `matches` holds it; refuses, naming the options,
 // a config no family holds (some of Gemma's options but not all, QK-norm beside q/k/v biases).
 const ModelSpec& spec_of(const nn::TransformerConfig& config);
+// The config with its family's name (config.family, the config JSON's "family" key, which
+// checkpoints and exports then carry): for a config that names none (one a family's reader or a
+// preset built, or one written before families named themselves), the family whose `matches`
+// holds it; unchanged where it names one, or where no family holds its options (an experiment,
+// which spec_to_train trains as its form's family, unnamed as before), and for the seed's form,
+// whose family's name is a run config's "seed" key (the run's random seed).
+nn::TransformerConfig named_config(nn::TransformerConfig config);
 // The family that trains a config: spec_of's, or for a mix of options no family holds (an
 // experiment: GeGLU on llama), the family of its form (seed or llama), which builds, parallelizes
 // and resumes it alike; such a model has no Hugging Face or GGUF export.

@@ -1,23 +1,23 @@
 // nn::Transformer, the generic decoder every model family builds (fsdp/models/spec.h): embedding,
-// N blocks, [final norm], head (untied, or llama's tied to the embedding). The blocks are the
+// N blocks, [final norm], head (untied, or tied to the embedding). The blocks are the
 // family's (a BlockFactory: OLMo-2's is its own module, src/models/olmo2/); by default they are
 // nn::TransformerBlock driven by this config's options, which llama's relatives set.
 //
 // Two forms (Arch):
-//   seed   the reference script's model, exactly: bidirectional
-//          nn.MultiheadAttention (packed in-projection with bias, out-projection
-//          with bias, no positions), FFN Linear-SiLU-Linear without bias, no
-//          final norm. Parameter names are that script's state_dict keys.
-//   llama  what llama.cpp and Hugging Face call llama: causal attention with
-//          rotary embedding, SwiGLU FFN, no biases, a final RMSNorm. Its options
-//          cover the pretrained checkpoints of that family (SmolLM2, Llama 3,
-//          Qwen2.5): grouped-query attention (kv_heads), a head dim stated on its
-//          own (head_dim), the head tied to the embedding (tie_embeddings: one
-//          parameter, "embed.weight", no "head.weight") and q/k/v biases
-//          (qkv_bias, Qwen2) and an RMSNorm over each head of q and k before the rotary
-//          embedding (qk_norm, Qwen3), Llama 3's scaled rotary frequencies
-//          (rope_scaling: Llama 3.1, 3.2), and Gemma 3's norms, GeGLU, scaled
-//          embedding and sliding windows.
+//   seed     the reference script's model, exactly: bidirectional
+//            nn.MultiheadAttention (packed in-projection with bias, out-projection
+//            with bias, no positions), FFN Linear-SiLU-Linear without bias, no
+//            final norm. Parameter names are that script's state_dict keys.
+//   decoder  a causal decoder with rotary embedding, SwiGLU FFN, no biases and a
+//            final RMSNorm (what llama.cpp and Hugging Face call llama, and users
+//            call it: --arch llama, "arch": "llama"). Its options cover the
+//            pretrained checkpoints of the families of that form (src/models/):
+//            grouped-query attention (kv_heads), a head dim stated on its own
+//            (head_dim), the head tied to the embedding (tie_embeddings: one
+//            parameter, "embed.weight", no "head.weight"), q/k/v biases (qkv_bias),
+//            an RMSNorm over each head of q and k before the rotary embedding
+//            (qk_norm), scaled rotary frequencies (rope_scaling), (1 + w) and
+//            sandwich norms, GeGLU, a scaled embedding and sliding windows.
 //
 // Presets: "seed" (the reference size) and "tiny" (sized for a 2-core CPU).
 // Every field can be overridden after picking a preset; validate() refuses
@@ -37,7 +37,10 @@
 
 namespace fsdp::nn {
 
-enum class Arch : uint8_t { seed, llama };
+enum class Arch : uint8_t { seed, decoder };
+// The forms' names as users write them (--arch, the config JSON's "arch"): each is named after the
+// family that is it (seed, llama), so the names are defined with the families
+// (src/models/forms.cpp), not here. parse_arch refuses another name, listing these.
 Arch parse_arch(const std::string& s);
 std::string arch_name(Arch a);
 
@@ -45,10 +48,10 @@ struct TransformerConfig {
   Arch arch = Arch::seed;
   int64_t vocab = 32000, dim = 2048, layers = 12, heads = 16;
   int64_t seq = 1024, batch = 8;
-  int64_t ffn_hidden = 0;          // 0: 4*dim for seed, llama's 8/3*dim rounded up to 256 for llama
-  double rope_theta = 10000.0;     // llama only
+  int64_t ffn_hidden = 0;          // 0: 4*dim for seed, 8/3*dim rounded up to 256 for decoder
+  double rope_theta = 10000.0;     // decoder only
   std::optional<double> norm_eps;  // unset: the compute dtype's epsilon, as nn.RMSNorm(eps=None)
-  // llama only:
+  // decoder only:
   int64_t kv_heads = 0;           // 0 or heads: multi-head; 1: multi-query; dividing heads: GQA
   int64_t head_dim = 0;           // 0: dim / heads; else q is heads*head_dim, k/v kv_heads*head_dim
   bool tie_embeddings = false;    // the head computes with the embedding's weight (one parameter,
@@ -56,7 +59,7 @@ struct TransformerConfig {
   bool qkv_bias = false;          // biases on q, k and v (Qwen2), in the packed in_proj_bias
   bool qk_norm = false;           // RMSNorm over each head's dims of q and k (Qwen3)
   ops::RopeScaling rope_scaling;  // Llama 3's scaled rotary frequencies (factor 0: none)
-  // Gemma 3's options (llama only):
+  // Gemma 3's options (decoder only):
   bool norm_plus_one = false;   // every RMSNorm is (1 + w), its weight initialised to 0
   bool sandwich_norms = false;  // norms on the attention's and the FFN's outputs too
   bool geglu = false;           // the FFN's gate is gelu's tanh form, not silu
@@ -68,7 +71,7 @@ struct TransformerConfig {
   // LoRA adapters on the projections lora.targets names, in every block; with them every other
   // parameter is frozen (requires_grad false): only the adapters train.
   LoraConfig lora;
-  // A mixture of experts in the blocks moe.sparse(i) names (llama only; Qwen3-MoE, Mixtral): their
+  // A mixture of experts in the blocks moe.sparse(i) names (decoder only; Qwen3-MoE, Mixtral): their
   // FFN is an nn::MoE, and the fused loss adds the router's loss (MoEConfig::aux_coef, z_coef).
   MoEConfig moe;
   // The family that owns the config (the config JSON's "family" key; "": a config written before
@@ -148,7 +151,7 @@ class Transformer : public Module {
   bool fuses_loss() const override { return true; }
   const TransformerConfig& config() const { return cfg_; }
   ModuleList& layers() { return *layers_; }
-  // Generation with a KV cache of `capacity` positions in every block (arch llama): after
+  // Generation with a KV cache of `capacity` positions in every block (the decoder form): after
   // start_kv_cache, each forward takes the next ids of one sequence [1, n] and returns their
   // logits, computing only the new positions. kv_length() is -1 when off.
   void start_kv_cache(int64_t capacity);

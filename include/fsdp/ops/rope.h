@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fsdp::ops {
@@ -21,6 +22,9 @@ struct RopeScaling {
   bool enabled() const { return factor != 0.0; }
   bool operator==(const RopeScaling&) const = default;
 };
+// This scaling's name in the formats that record it: transformers' rope_type (config.json) and
+// our config JSON's rope_scaling.type, both "llama3" after the model that introduced it.
+inline constexpr std::string_view kRopeScalingType = "llama3";
 
 struct Rope {
   double theta = 10000.0;

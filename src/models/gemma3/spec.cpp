@@ -30,7 +30,7 @@ namespace {
 using json = nlohmann::json;
 
 bool matches(const nn::TransformerConfig& c) {
-  return c.arch == nn::Arch::llama && c.qk_norm && c.norm_plus_one && c.sandwich_norms && c.geglu &&
+  return c.arch == nn::Arch::decoder && c.qk_norm && c.norm_plus_one && c.sandwich_norms && c.geglu &&
          c.embed_scale && !c.qkv_bias &&
          !c.moe.enabled();
 }
@@ -60,7 +60,7 @@ nn::TransformerConfig read(const std::string& text, const std::string& where) {
                json_read::brief(j[key]), what);
   };
   nn::TransformerConfig c;
-  c.arch = nn::Arch::llama;
+  c.arch = nn::Arch::decoder;
   c.dim = num("hidden_size");
   c.ffn_hidden = num("intermediate_size");
   c.heads = num("num_attention_heads");
@@ -160,7 +160,7 @@ std::string write(const nn::TransformerConfig& cfg) {
 // 1/sqrt(head dim). Refuses rope scaling (Gemma 3 1B and up scale the global layers' rope).
 nn::TransformerConfig read_gguf(const GgufHeader& f) {
   nn::TransformerConfig c;
-  c.arch = nn::Arch::llama;
+  c.arch = nn::Arch::decoder;
   c.dim = f.get_int("gemma3.embedding_length");
   c.layers = f.get_int("gemma3.block_count");
   c.heads = f.get_int("gemma3.attention.head_count");
@@ -233,7 +233,7 @@ const ModelSpec spec = {
     .what =
         "Gemma 3: QK-norm, (1 + w) sandwich norms, GeGLU, a scaled embedding, sliding-window "
         "local layers, a tied head",
-    .arch = nn::Arch::llama,
+    .arch = nn::Arch::decoder,
     .hf_model_type = "gemma3_text",
     .hf_class = "Gemma3ForCausalLM",
     .adapter = &adapter,

@@ -157,7 +157,7 @@ nn::TransformerConfig read_hf_config(const std::string& text, const std::string&
     return field(key).integer(*v);
   };
   nn::TransformerConfig c;
-  c.arch = nn::Arch::llama;
+  c.arch = nn::Arch::decoder;
   c.dim = num("hidden_size");
   c.ffn_hidden = num("intermediate_size");
   c.heads = num("num_attention_heads");
@@ -326,7 +326,7 @@ nn::TransformerConfig read_gguf_keys(const GgufHeader& f, const std::string& arc
   const std::string& path = f.path();
   const std::string a = arch + ".";
   nn::TransformerConfig c;
-  c.arch = nn::Arch::llama;
+  c.arch = nn::Arch::decoder;
   c.dim = f.get_int(a + "embedding_length");
   c.layers = f.get_int(a + "block_count");
   c.heads = f.get_int(a + "attention.head_count");
@@ -403,7 +403,7 @@ std::vector<std::pair<std::string, Tensor>> gguf_rope_freqs(const nn::Transforme
 namespace {
 
 bool matches(const nn::TransformerConfig& c) {
-  return c.arch == nn::Arch::llama && !c.qkv_bias && !c.qk_norm && !has_gemma_options(c) &&
+  return c.arch == nn::Arch::decoder && !c.qkv_bias && !c.qk_norm && !has_gemma_options(c) &&
          !c.moe.enabled();
 }
 
@@ -425,7 +425,7 @@ const ModelSpec spec = {
     .what =
         "Llama-family (SmolLM2, Llama 3.x): causal, RoPE (Llama 3's scaling too), SwiGLU, "
         "RMSNorm, grouped-query attention, tied or untied head",
-    .arch = nn::Arch::llama,
+    .arch = nn::Arch::decoder,
     .hf_model_type = "llama",
     .hf_class = "LlamaForCausalLM",
     .adapter = &adapter,

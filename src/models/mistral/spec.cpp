@@ -22,7 +22,7 @@ extern const ModelSpec spec;
 namespace {
 
 bool matches(const nn::TransformerConfig& c) {
-  return c.arch == nn::Arch::llama && c.sliding_window > 0 && c.global_every == 0 &&
+  return c.arch == nn::Arch::decoder && c.sliding_window > 0 && c.global_every == 0 &&
          c.rope_local_theta == 0 && !c.qkv_bias && !c.qk_norm && !c.norm_plus_one &&
          !c.sandwich_norms && !c.geglu && !c.embed_scale &&
          !c.moe.enabled();
@@ -59,7 +59,7 @@ constexpr StateDictAdapter adapter = llama::relative_adapter({});
 const ModelSpec spec = {
     .name = "mistral",
     .what = "Mistral: llama with a sliding window on every layer",
-    .arch = nn::Arch::llama,
+    .arch = nn::Arch::decoder,
     .hf_model_type = "mistral",
     .hf_class = "MistralForCausalLM",
     .adapter = &adapter,

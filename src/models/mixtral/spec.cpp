@@ -32,7 +32,7 @@ namespace {
 using json = nlohmann::json;
 
 bool matches(const nn::TransformerConfig& c) {
-  return c.arch == nn::Arch::llama && !c.qk_norm && !c.qkv_bias && !llama::has_gemma_options(c) &&
+  return c.arch == nn::Arch::decoder && !c.qk_norm && !c.qkv_bias && !llama::has_gemma_options(c) &&
          c.moe.enabled() && c.moe.router == nn::RouterKind::topk_softmax &&
          c.moe.sparse_layers(c.layers) == c.layers;
 }
@@ -99,7 +99,7 @@ const ModelSpec spec = {
     .name = "mixtral",
     .what = "Mixtral: llama's attention with a mixture of experts (top k, softmax over the k) in "
             "every block",
-    .arch = nn::Arch::llama,
+    .arch = nn::Arch::decoder,
     .hf_model_type = "mixtral",
     .hf_class = "MixtralForCausalLM",
     .adapter = &adapter,

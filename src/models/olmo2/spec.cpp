@@ -36,7 +36,7 @@ using json = nlohmann::json;
 bool matches(const nn::TransformerConfig& c) {
   if (c.family != "olmo2") return false;
   (void)options_of(c);  // refuses, by field, options that are not OLMo-2's
-  return c.arch == nn::Arch::llama && !c.qkv_bias && !c.qk_norm && !llama::has_gemma_options(c) &&
+  return c.arch == nn::Arch::decoder && !c.qkv_bias && !c.qk_norm && !llama::has_gemma_options(c) &&
          !c.moe.enabled() && !c.rope_scaling.enabled();
 }
 
@@ -102,7 +102,7 @@ const ModelSpec spec = {
     .what =
         "OLMo-2: norms after the attention and the FFN, QK-norm over the whole width, RoPE, "
         "SwiGLU, untied head (its GGUF export, llama.cpp's olmo2, is not written here)",
-    .arch = nn::Arch::llama,
+    .arch = nn::Arch::decoder,
     .hf_model_type = "olmo2",
     .hf_class = "Olmo2ForCausalLM",
     .adapter = &adapter,

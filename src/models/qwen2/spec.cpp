@@ -15,7 +15,7 @@ extern const ModelSpec spec;
 namespace {
 
 bool matches(const nn::TransformerConfig& c) {
-  return c.arch == nn::Arch::llama && c.qkv_bias && !c.qk_norm && !llama::has_gemma_options(c) &&
+  return c.arch == nn::Arch::decoder && c.qkv_bias && !c.qk_norm && !llama::has_gemma_options(c) &&
          !c.moe.enabled();
 }
 
@@ -35,7 +35,7 @@ constexpr StateDictAdapter adapter =
 const ModelSpec spec = {
     .name = "qwen2",
     .what = "Qwen2 and Qwen2.5: llama with q/k/v biases",
-    .arch = nn::Arch::llama,
+    .arch = nn::Arch::decoder,
     .hf_model_type = "qwen2",
     .hf_class = "Qwen2ForCausalLM",
     .adapter = &adapter,

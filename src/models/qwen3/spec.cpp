@@ -15,7 +15,7 @@ extern const ModelSpec spec;
 namespace {
 
 bool matches(const nn::TransformerConfig& c) {
-  return c.arch == nn::Arch::llama && c.qk_norm && !c.qkv_bias && !llama::has_gemma_options(c) &&
+  return c.arch == nn::Arch::decoder && c.qk_norm && !c.qkv_bias && !llama::has_gemma_options(c) &&
          !c.moe.enabled();
 }
 
@@ -34,7 +34,7 @@ constexpr StateDictAdapter adapter =
 const ModelSpec spec = {
     .name = "qwen3",
     .what = "Qwen3: llama with QK-norm and no biases",
-    .arch = nn::Arch::llama,
+    .arch = nn::Arch::decoder,
     .hf_model_type = "qwen3",
     .hf_class = "Qwen3ForCausalLM",
     .adapter = &adapter,

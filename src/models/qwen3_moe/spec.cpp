@@ -36,7 +36,7 @@ namespace {
 using json = nlohmann::json;
 
 bool matches(const nn::TransformerConfig& c) {
-  return c.arch == nn::Arch::llama && c.qk_norm && !c.qkv_bias && !llama::has_gemma_options(c) &&
+  return c.arch == nn::Arch::decoder && c.qk_norm && !c.qkv_bias && !llama::has_gemma_options(c) &&
          c.moe.enabled() && c.moe.router == nn::RouterKind::softmax_topk;
 }
 
@@ -131,7 +131,7 @@ constexpr StateDictAdapter adapter = llama::moe_adapter(
 const ModelSpec spec = {
     .name = "qwen3_moe",
     .what = "Qwen3-MoE: Qwen3's attention with a mixture of experts (dropless, top k) as the FFN",
-    .arch = nn::Arch::llama,
+    .arch = nn::Arch::decoder,
     .hf_model_type = "qwen3_moe",
     .hf_class = "Qwen3MoeForCausalLM",
     .adapter = &adapter,
