@@ -316,16 +316,24 @@ TEST(ModelSpec, AConfigNamesItsFamilyAndCarriesItsOptionsUnderItsName) {
                 .find("config field 'qwen3' (the qwen3 family's options) must be an object, got 5"),
             std::string::npos);
   EXPECT_EQ(nlohmann::json::parse(llama_like().to_json()).count("family"), 0u);  // as before
-  // A config that names its family is built by the family (its blocks may be its own): the
-  // generic decoder with llama's block refuses it by name rather than build another model.
+  // A config that names its family is built with that family's blocks (OLMo-2's are its own),
+  // by nn::Transformer(config) as by the spec: the same parameters, in the same order.
   nn::TransformerConfig olmo2 = one_of_each().back().second;
   ASSERT_EQ(olmo2.family, "olmo2");
-  EXPECT_NE(error_of([&] { nn::Transformer m(olmo2); })
-                .find("the config names the family 'olmo2', whose blocks are its own: build it "
-                      "with models::spec_of(config).build(config)"),
-            std::string::npos);
-  EXPECT_NO_THROW((void)models::spec_of(olmo2).build(olmo2));
-  EXPECT_NO_THROW((void)models::spec_of(q).build(q));  // a llama relative named: llama's block
+  const auto names = [](nn::Module& m) {
+    std::vector<std::pair<std::string, Shape>> v;
+    for (const auto& [name, p] : m.named_parameters()) v.emplace_back(name, p->shape);
+    return v;
+  };
+  for (const nn::TransformerConfig& c : {olmo2, q}) {
+    nn::Transformer direct(c);
+    EXPECT_EQ(names(direct), names(*models::spec_of(c).build(c))) << c.family;
+  }
+  nn::Transformer own(olmo2), llamas(olmo2, nn::default_block);
+  EXPECT_NE(names(own), names(llamas));  // OLMo-2's blocks, not llama's
+  nn::TransformerConfig unknown = q;
+  unknown.family = "nosuch";
+  EXPECT_NE(error_of([&] { nn::Transformer m(unknown); }).find("nosuch"), std::string::npos);
 }
 
 // OLMo-2 (src/models/olmo2/): its options live under "olmo2" in the config JSON and round-trip;

@@ -164,3 +164,13 @@ std::string hf_model_types() {
 }
 
 }  // namespace fsdp::models
+
+namespace fsdp::nn {
+
+BlockFactory family_blocks(const TransformerConfig& config) {
+  if (config.family.empty()) return default_block;
+  const models::ModelSpec& spec = models::spec_of(config);
+  return spec.block ? BlockFactory(spec.block) : BlockFactory(default_block);
+}
+
+}  // namespace fsdp::nn

@@ -16,7 +16,6 @@
 
 #include "fsdp/core/meta.h"
 #include "fsdp/ops/ops.h"
-#include "src/core/json_read.h"
 #include "src/nn/transformer_moe.h"
 
 namespace fsdp::nn {
@@ -52,17 +51,7 @@ std::unique_ptr<Module> default_block(const TransformerConfig& cfg, int64_t i) {
                                             ffn_kind, a, norms, std::move(moe));
 }
 
-Transformer::Transformer(const TransformerConfig& cfg)
-    : Transformer(
-          [&]() -> const TransformerConfig& {
-            FSDP_CHECK(cfg.family.empty(),
-                       "[model] the config names the family '{}', whose blocks are its own: "
-                       "build it with models::spec_of(config).build(config), not "
-                       "nn::Transformer(config)",
-                       json_read::printable(cfg.family, 80));
-            return cfg;
-          }(),
-          default_block) {}
+Transformer::Transformer(const TransformerConfig& cfg) : Transformer(cfg, family_blocks(cfg)) {}
 
 Transformer::Transformer(const TransformerConfig& cfg, const BlockFactory& blocks)
     : Module("Transformer"), cfg_(cfg) {

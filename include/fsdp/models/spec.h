@@ -112,6 +112,8 @@ struct ModelSpec {
   // Its parameters' element count from the config alone, for a family whose blocks are its own;
   // null: nn::TransformerConfig::num_parameters (nn::TransformerBlock's). models::num_parameters.
   int64_t (*num_parameters)(const nn::TransformerConfig& config) = nullptr;
+  // Its own block, for nn::Transformer(config) (nn::family_blocks); null: nn::default_block.
+  std::unique_ptr<nn::Module> (*block)(const nn::TransformerConfig& config, int64_t layer) = nullptr;
 };
 
 // Every family, in registry order.

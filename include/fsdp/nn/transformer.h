@@ -131,6 +131,11 @@ using BlockFactory =
 // (a relative of llama's sets its options: biases, QK-norm, Gemma 3's norms, GeGLU, its window
 // and rope base on layer `layer`, an MoE where moe.sparse(layer)).
 std::unique_ptr<Module> default_block(const TransformerConfig& config, int64_t layer);
+// The blocks of the config's family: its own where it has them (OLMo-2's), else default_block
+// (llama's relatives, and a config that names no family). The families live in src/models, whose
+// registry defines this, as src/models/forms.cpp defines parse_arch; a family name that is no
+// family is refused there, by name.
+BlockFactory family_blocks(const TransformerConfig& config);
 
 // The generic decoder: embedding, the family's blocks, [final norm], head, the fused loss, the KV
 // cache.
@@ -138,8 +143,7 @@ class Transformer : public Module {
  public:
   // With the family's block factory (models::spec_of(cfg).build(cfg) passes it).
   Transformer(const TransformerConfig& cfg, const BlockFactory& blocks);
-  // default_block's: a config that names a family (its blocks are its own) is refused, naming
-  // the family and models::spec_of(cfg).build(cfg), rather than built as another model.
+  // With the blocks of the config's family (family_blocks): the model its family builds.
   explicit Transformer(const TransformerConfig& cfg);
   // tokens [B, T] (i32/i64) -> logits [B, T, vocab]; with the batch context's targets, the loss
   // instead (fuses_loss: nn::ChunkedLMLoss over the head, never the whole logits).

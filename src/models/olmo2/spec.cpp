@@ -65,7 +65,7 @@ std::string write(const nn::TransformerConfig& c) {
 }
 
 std::unique_ptr<nn::Transformer> build(const nn::TransformerConfig& c) {
-  return std::make_unique<nn::Transformer>(c, make_block);
+  return std::make_unique<nn::Transformer>(c, spec.block);
 }
 
 // nn::TransformerBlock's count (two norms a block, the attention, the FFN, the final norm, the
@@ -116,6 +116,7 @@ const ModelSpec spec = {
     .shape_keys = kShapeKeys,
     .gemm_shapes = llama::gemm_shapes,
     .num_parameters = num_parameters,
+    .block = make_block,
 };
 
 }  // namespace fsdp::models::olmo2
