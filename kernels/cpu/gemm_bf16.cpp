@@ -196,7 +196,7 @@ __attribute__((target("avx512f,avx512bf16"))) void micro_kernel(
 // VDPBF16PS's, in another order.
 constexpr int64_t kAmxM = 32;    // rows of C per micro-kernel (two A tiles)
 constexpr int64_t kAmxKC = 768;  // most k per packed block (k is split into equal blocks)
-constexpr int64_t kAmxMC = 256;  // rows of A per block: 256 KB packed
+constexpr int64_t kAmxMC = 256;  // rows of A per block: up to 384 KB packed (k 768)
 
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 

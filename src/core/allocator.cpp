@@ -36,7 +36,8 @@ namespace {
 // freed (up to 32 MiB), after which blocks of changing sizes come from its heap
 // and stay resident there, fragmented, after they are freed. Small blocks go
 // straight to malloc. `current`/`peak` count the bytes asked for, like
-// PyTorch's memory_allocated; `reserved` adds what the cache holds.
+// PyTorch's memory_allocated; `reserved` adds what the cache holds and what a
+// block taken larger than its request holds beyond it.
 class CpuAllocator final : public Allocator {
  public:
   static constexpr size_t kCacheMin = 64 << 10;
@@ -52,7 +53,10 @@ class CpuAllocator final : public Allocator {
       auto it = free_.lower_bound(rounded);
       if (it != free_.end() && it->first <= fit_limit(rounded)) {
         p = it->second.ptr;
-        if (it->first != rounded) larger_.emplace(p, it->first);
+        if (it->first != rounded) {
+          larger_.emplace(p, it->first);
+          larger_bytes_ += int64_t(it->first - rounded);
+        }
         cached_ -= int64_t(it->first);
         free_.erase(it);
       }
@@ -83,6 +87,7 @@ class CpuAllocator final : public Allocator {
       size_t rounded = round_up(nbytes);
       std::lock_guard<std::mutex> lock(mu_);
       if (auto l = larger_.find(ptr); l != larger_.end()) {  // a cached block larger than asked
+        larger_bytes_ -= int64_t(l->second - rounded);
         rounded = l->second;
         larger_.erase(l);
       }
@@ -99,7 +104,8 @@ class CpuAllocator final : public Allocator {
 
   MemoryStats stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return {current_.load(), peak_.load(), allocations_.load(), current_.load() + cached_};
+    return {current_.load(), peak_.load(), allocations_.load(),
+            current_.load() + cached_ + larger_bytes_};
   }
   void reset_peak() override { peak_.store(current_.load()); }
   void empty_cache() override {
@@ -160,6 +166,7 @@ class CpuAllocator final : public Allocator {
   std::multimap<size_t, Cached> free_;  // page-rounded size -> blocks; equal sizes oldest first
   std::unordered_map<void*, size_t> larger_;  // blocks handed out larger than asked: their size
   int64_t cached_ = 0, step_ = 0;
+  int64_t larger_bytes_ = 0;  // what the blocks in larger_ hold beyond their requests' pages
   std::atomic<int64_t> current_{0}, peak_{0}, allocations_{0};
 };
 

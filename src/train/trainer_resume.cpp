@@ -18,8 +18,11 @@
 
 #include "fsdp/checkpoint/checkpoint.h"
 #include "fsdp/checkpoint/manager.h"
+#include "fsdp/core/error.h"
+#include "fsdp/core/tensor.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/token_sources.h"
+#include "fsdp/distributed/process_group.h"
 #include "fsdp/models/spec.h"
 #include "fsdp/nn/transformer.h"
 #include "fsdp/optim/adamw.h"
@@ -115,29 +118,42 @@ int64_t windows_read(const checkpoint::Loaded& loaded, const nlohmann::json& sav
 // compares (null against the name would refuse every such checkpoint). A checkpoint that names
 // its family is compared by the key, in the load. `path` is the checkpoint the load takes
 // (checkpoint::latest, as checkpoint::Manager's resume); a metadata.json that cannot be read
-// here is left to the load, which refuses it by name.
+// here is left to the load, which refuses it by name. Each rank reads its own view of the
+// folder, so the ranks agree before any refuses (one refusing alone would leave the others in
+// the load's collectives) and leave the key out only where all of them would.
 void hold_unnamed_family(const std::string& path, const nn::TransformerConfig& run,
-                         std::vector<std::string>& model_keys) {
-  if (path.empty() || run.family.empty()) return;
-  const std::string meta = (std::filesystem::path(path) / "metadata.json").string();
-  nlohmann::json saved;
-  std::string saved_family;
-  try {
-    saved = json_read::parse_file(meta, "[fsdp-train]").at("config");
-    if (!saved.is_object() || saved.contains("family")) return;
-    saved_family = models::named_config(nn::TransformerConfig::from_json(saved.dump())).family;
-  } catch (const std::exception&) {
-    return;
+                         std::vector<std::string>& model_keys, dist::ProcessGroup& pg) {
+  std::string refusal;
+  bool hold = false;
+  if (!path.empty() && !run.family.empty()) {
+    const std::string meta = (std::filesystem::path(path) / "metadata.json").string();
+    std::string saved_family;
+    try {
+      const nlohmann::json saved = json_read::parse_file(meta, "[fsdp-train]").at("config");
+      if (saved.is_object() && !saved.contains("family"))
+        saved_family = models::named_config(nn::TransformerConfig::from_json(saved.dump())).family;
+    } catch (const std::exception&) {
+      saved_family.clear();
+    }
+    // No family holds its options (an experiment of its form): the load compares them, and its
+    // null "family" against this run's.
+    if (!saved_family.empty() && saved_family != run.family)
+      refusal = fmt::format(
+          "[fsdp-train] --resume: {} was saved before configs named their family; its options "
+          "are the {} family's, but this run trains the {} family: resume with the run's model, "
+          "or start a new --ckpt-dir",
+          path, saved_family, run.family);
+    hold = !saved_family.empty() && saved_family == run.family;
   }
-  // No family holds its options (an experiment of its form): the load compares them, and its
-  // null "family" against this run's.
-  if (saved_family.empty()) return;
-  FSDP_CHECK(saved_family == run.family,
-             "[fsdp-train] --resume: {} was saved before configs named their family; its options "
-             "are the {} family's, but this run trains the {} family: resume with the run's "
-             "model, or start a new --ckpt-dir",
-             path, saved_family, run.family);
-  std::erase(model_keys, "family");
+  Tensor votes = Tensor::from_vector<int32_t>({refusal.empty() ? 0 : 1, hold ? 0 : 1}, {2});
+  pg.all_reduce(votes, dist::ReduceOp::SUM)->wait();  // a host tensor: no device wait
+  const int32_t* v = votes.data<int32_t>();
+  FSDP_CHECK(v[0] == 0, "{}",
+             refusal.empty() ? fmt::format("[fsdp-train] --resume: another rank refused {} (its "
+                                           "family is not this run's); see its message",
+                                           path)
+                             : refusal);
+  if (v[1] == 0) std::erase(model_keys, "family");
 }
 
 }  // namespace
@@ -163,7 +179,7 @@ checkpoint::RunState Trainer::Impl::run_state() {
 
 void Trainer::Impl::resume() {
   checkpoint::RunState run = run_state();
-  hold_unnamed_family(checkpoint::latest(o.checkpoint.ckpt_dir), cfg, run.model_keys);
+  hold_unnamed_family(checkpoint::latest(o.checkpoint.ckpt_dir), cfg, run.model_keys, *pg);
   const std::optional<checkpoint::Loaded> found = ckpt->load(run);
   if (!found) return;
   const checkpoint::Loaded& loaded = *found;

@@ -15,13 +15,16 @@ struct MemoryStats {
   int64_t current = 0;  // bytes allocated and not yet freed
   int64_t peak = 0;     // high-water mark of `current` since reset_peak()
   int64_t allocations = 0;
-  int64_t reserved = 0;  // current plus what the allocator keeps cached for reuse
+  int64_t reserved = 0;  // current plus what the allocator keeps cached for reuse (CPU: and the
+                         // bytes of a cached block handed out beyond its request)
 };
 
 class Allocator {
  public:
   virtual ~Allocator() = default;
   virtual void* allocate(size_t nbytes) = 0;
+  // nbytes is allocate's for that pointer (the CPU allocator maps a block of 64 KiB or more and
+  // mallocs a smaller one, and tells them apart by it).
   virtual void deallocate(void* ptr, size_t nbytes) = 0;
   virtual MemoryStats stats() const = 0;
   virtual void reset_peak() = 0;
