@@ -151,6 +151,31 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void pack_b_panel(bool tb, 
   }
 }
 
+// A row of up to 32 columns of C from its two accumulators: alpha * acc + (first ? beta * C : C);
+// beta 0 on the first k block never reads C. Both micro-kernels end with it.
+struct Epilogue {
+  __m512 va, vb;
+  __mmask16 m0, m1;
+  bool read_c, first;
+  __attribute__((target("avx512f"))) Epilogue(int64_t cols, float alpha, float beta, bool first_)
+      : va(_mm512_set1_ps(alpha)), vb(_mm512_set1_ps(beta)), read_c(!first_ || beta != 0.0f),
+        first(first_) {
+    const int64_t n0 = std::min<int64_t>(cols, 16), n1 = std::clamp<int64_t>(cols - 16, 0, 16);
+    m0 = n0 == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n0) - 1);
+    m1 = n1 == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n1) - 1);
+  }
+  __attribute__((target("avx512f"))) void store(float* cr, __m512 acc0, __m512 acc1) const {
+    __m512 y0 = _mm512_mul_ps(acc0, va), y1 = _mm512_mul_ps(acc1, va);
+    if (read_c) {
+      const __m512 s = first ? vb : _mm512_set1_ps(1.0f);
+      y0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, cr), s, y0);
+      y1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, cr + 16), s, y1);
+    }
+    _mm512_mask_storeu_ps(cr, m0, y0);
+    if (m1) _mm512_mask_storeu_ps(cr + 16, m1, y1);
+  }
+};
+
 // C[0:rows, 0:cols] (row stride ldc) = alpha * Ap Bp + (first ? beta * C : C), over kp_n pairs.
 __attribute__((target("avx512f,avx512bf16"))) void micro_kernel(
     int64_t kp_n, const uint32_t* ap, const uint32_t* bp, float* c, int64_t ldc, int64_t rows,
@@ -169,21 +194,8 @@ __attribute__((target("avx512f,avx512bf16"))) void micro_kernel(
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], av, b1);
     }
   }
-  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  const int64_t n0 = std::min<int64_t>(cols, 16), n1 = std::clamp<int64_t>(cols - 16, 0, 16);
-  const __mmask16 m0 = n0 == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n0) - 1);
-  const __mmask16 m1 = n1 == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n1) - 1);
-  for (int r = 0; r < rows; ++r) {
-    float* cr = c + r * ldc;
-    __m512 y0 = _mm512_mul_ps(acc[r][0], va), y1 = _mm512_mul_ps(acc[r][1], va);
-    if (!first || beta != 0.0f) {
-      const __m512 s = first ? vb : _mm512_set1_ps(1.0f);
-      y0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, cr), s, y0);
-      y1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, cr + 16), s, y1);
-    }
-    _mm512_mask_storeu_ps(cr, m0, y0);
-    if (m1) _mm512_mask_storeu_ps(cr + 16, m1, y1);
-  }
+  const Epilogue e(cols, alpha, beta, first);
+  for (int r = 0; r < rows; ++r) e.store(c + r * ldc, acc[r][0], acc[r][1]);
 }
 
 // ---- AMX (TDPBF16PS) ----
@@ -280,22 +292,9 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void amx_kernel(
   _tile_stored(1, &acc[0][16], kNR * 4);
   _tile_stored(2, &acc[16][0], kNR * 4);
   _tile_stored(3, &acc[16][16], kNR * 4);
-  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  const int64_t n0 = std::min<int64_t>(cols, 16), n1 = std::clamp<int64_t>(cols - 16, 0, 16);
-  const __mmask16 m0 = n0 == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n0) - 1);
-  const __mmask16 m1 = n1 == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n1) - 1);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* cr = c + r * ldc;
-    __m512 y0 = _mm512_mul_ps(_mm512_load_ps(&acc[r][0]), va);
-    __m512 y1 = _mm512_mul_ps(_mm512_load_ps(&acc[r][16]), va);
-    if (!first || beta != 0.0f) {
-      const __m512 s = first ? vb : _mm512_set1_ps(1.0f);
-      y0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, cr), s, y0);
-      y1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, cr + 16), s, y1);
-    }
-    _mm512_mask_storeu_ps(cr, m0, y0);
-    if (m1) _mm512_mask_storeu_ps(cr + 16, m1, y1);
-  }
+  const Epilogue e(cols, alpha, beta, first);
+  for (int64_t r = 0; r < rows; ++r)
+    e.store(c + r * ldc, _mm512_load_ps(&acc[r][0]), _mm512_load_ps(&acc[r][16]));
 }
 
 __attribute__((target("amx-tile"))) void amx_configure() {
